@@ -1,0 +1,1 @@
+"""tether runner: the light daemon on a borrowed server."""

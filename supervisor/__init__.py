@@ -1,0 +1,1 @@
+"""tether supervisor: the owned box that holds the record."""

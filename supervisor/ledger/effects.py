@@ -1,0 +1,121 @@
+"""The effect domain: a step's result becomes its one effect, exactly once.
+
+A commit is one transaction: the fence is current, the payload hash equals the intent's, the
+task has not ended, the effect is inserted under `effect_key = sha256(step_id, payload_hash)`,
+the step is committed and the event appended. A report for a step already committed answers
+`replayed` and writes nothing: delivery is at-least-once, the effect is exactly-once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
+from supervisor.ledger.fencing import current_step, end_attempt, find_step
+from supervisor.ledger.journal import append_event
+from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
+from supervisor.ledger.tx import Tx, dumps
+from supervisor.ledger.verification import verify
+from tether.wire import Outcome, effect_key
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Report:
+    step_id: str
+    fence: int
+    payload_hash: str
+    output: Any
+    usage: dict[str, int] = dataclasses.field(default_factory=dict)
+    candidate_sha: str | None = None
+    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def tokens_spent(usage: dict[str, int]) -> int:
+    if "total_tokens" in usage:
+        return max(0, int(usage["total_tokens"]))
+    return max(0, int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)))
+
+
+def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
+    """Commit the step's one effect, or answer `replayed` if it is already committed."""
+    step = find_step(tx, rep.step_id, pool)
+    about = {"task_id": step["task_id"], "step_id": rep.step_id, "fence": rep.fence}
+    if rep.payload_hash != step["payload_hash"]:
+        raise PayloadDrift(
+            f"payload hash {rep.payload_hash} is not step {rep.step_id}'s intent"
+            f" {step['payload_hash']}"
+        ).about(**about)
+    if step["state"] == StepState.COMMITTED and tx.checks.effect_identity:
+        return Outcome.REPLAYED
+    if TaskState(step["task_state"]) in TERMINAL:
+        raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
+    if tx.checks.fence:
+        current_step(tx, rep.step_id, rep.fence)
+    for name, digest in rep.artifacts.items():
+        if not name or not digest:
+            raise InvalidRequest("artifact names and digests must be non-empty")
+    if rep.artifacts and not rep.candidate_sha:
+        raise InvalidRequest("artifacts must name the candidate_sha they were produced for")
+    # The planted `double-effect` bug keys effects by attempt instead of by step identity.
+    key = (
+        effect_key(rep.step_id, rep.payload_hash)
+        if tx.checks.effect_identity
+        else effect_key(rep.step_id, tx.new_id())
+    )
+    tx.run(
+        "INSERT INTO effects (effect_key, step_id, task_id, fence, payload_hash, output_json,"
+        " usage_json, candidate_sha, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            key, rep.step_id, step["task_id"], rep.fence, rep.payload_hash, dumps(rep.output),
+            dumps(rep.usage), rep.candidate_sha, tx.now,
+        ),
+    )  # fmt: skip
+    tx.run(
+        "UPDATE steps SET state = ?, output_json = ?, candidate_sha = ?, committed_at = ?,"
+        " lease_deadline = NULL, accept_deadline = NULL WHERE id = ?",
+        (StepState.COMMITTED.value, dumps(rep.output), rep.candidate_sha, tx.now, rep.step_id),
+    )
+    end_attempt(tx, rep.step_id, rep.fence, AttemptState.COMMITTED, "committed")
+    tx.db.executemany(
+        "INSERT OR REPLACE INTO artifacts (task_id, step_id, candidate_sha, name, digest)"
+        " VALUES (?, ?, ?, ?, ?)",
+        [
+            (step["task_id"], rep.step_id, rep.candidate_sha, name, digest)
+            for name, digest in rep.artifacts.items()
+        ],
+    )
+    spent = tokens_spent(rep.usage)
+    if spent:
+        tx.run(
+            "UPDATE tenants SET tokens_used = tokens_used + ? WHERE name = ?",
+            (spent, step["tenant"]),
+        )
+    append_event(
+        tx, step["task_id"], "step_committed", step["task_state"],
+        {"step_id": rep.step_id, "fence": rep.fence, "effect_key": key,
+         "candidate_sha": rep.candidate_sha},
+    )  # fmt: skip
+    advance(tx, step["task_id"])
+    return Outcome.APPLIED
+
+
+def advance(tx: Tx, task_id: str) -> None:
+    """Queue the next step, or, when every step is committed, verify and end the task."""
+    pending = tx.one(
+        "SELECT id, state FROM steps WHERE task_id = ? AND state != ? ORDER BY position LIMIT 1",
+        (task_id, StepState.COMMITTED.value),
+    )
+    if pending is not None:
+        if pending["state"] == StepState.WAITING:
+            tx.run(
+                "UPDATE steps SET state = ? WHERE id = ?", (StepState.QUEUED.value, pending["id"])
+            )
+            tx.queued_work = True
+        return
+    transition(tx, task_id, TaskState.VERIFYING)
+    failure = verify(tx, task_id)
+    if failure is None:
+        transition(tx, task_id, TaskState.SUCCEEDED)
+    else:
+        transition(tx, task_id, TaskState.FAILED, reason=failure)

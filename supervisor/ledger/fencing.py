@@ -1,0 +1,231 @@
+"""The clock domain: fenced leases.
+
+Every grant takes a new token from one strictly increasing counter that survives restarts.
+Renew, release and result carry the token; any token but the step's current one is refused as
+`StaleFence` and recorded. Leases are judged by the supervisor's clock alone: a runner is told
+durations (`ttl_s`, `renew_every_s`), never a deadline. A runner acknowledges a lease by
+renewing it at once; a lease never acknowledged within `accept_window_s` (its claim answer was
+lost on the wire) is reaped early instead of stranding its step for a whole TTL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from typing import Any
+
+from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
+from supervisor.ledger.journal import append_event
+from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
+from supervisor.ledger.tx import Tx, loads
+from tether.wire import ReleaseReason
+
+# Releases that say nothing about the step itself: they never count toward max_attempts.
+UNCOUNTED_RELEASES = frozenset({ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Lease:
+    step_id: str
+    task_id: str
+    name: str
+    kind: str
+    attempt: int
+    fence: int
+    payload: Any
+    payload_hash: str
+    ttl_s: float
+    renew_every_s: float
+    outputs: list[dict[str, Any]]
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Renewal:
+    ttl_s: float
+    renew_every_s: float
+    cancelled: bool
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def next_fence(tx: Tx) -> int:
+    row = tx.one("UPDATE counters SET value = value + 1 WHERE name = 'fence' RETURNING value")
+    assert row is not None
+    return int(row["value"])
+
+
+def claim(tx: Tx, runner_id: str, pool: str, capacity: int) -> list[Lease]:
+    """Grant up to `capacity` leases on queued steps, oldest task first, one step per task."""
+    if not runner_id or len(runner_id) > 200:
+        raise InvalidRequest("runner_id must be 1..200 characters")
+    if not 1 <= capacity <= 256:
+        raise InvalidRequest("capacity must be 1..256")
+    rows = tx.all(
+        "SELECT s.* FROM steps s JOIN tasks t ON t.id = s.task_id"
+        " LEFT JOIN tenants b ON b.name = t.tenant"
+        " WHERE s.state = 'queued' AND t.state IN ('QUEUED', 'RUNNING') AND t.pool = ?"
+        " AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)"
+        " ORDER BY t.created_order, s.position LIMIT ?",
+        (pool, capacity),
+    )
+    return [_grant(tx, row, runner_id) for row in rows]
+
+
+def _grant(tx: Tx, step: sqlite3.Row, runner_id: str) -> Lease:
+    fence = next_fence(tx)
+    attempt = step["attempt"] + 1
+    cfg = tx.config
+    tx.run(
+        "UPDATE steps SET state = ?, attempt = ?, fence = ?, runner_id = ?,"
+        " lease_deadline = ?, accept_deadline = ? WHERE id = ?",
+        (
+            StepState.LEASED.value, attempt, fence, runner_id,
+            tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s, step["id"],
+        ),
+    )  # fmt: skip
+    tx.run(
+        "INSERT INTO attempts (step_id, attempt, fence, runner_id, state, granted_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (step["id"], attempt, fence, runner_id, AttemptState.LEASED.value, tx.now),
+    )
+    task_id = step["task_id"]
+    task = tx.one("SELECT state FROM tasks WHERE id = ?", (task_id,))
+    assert task is not None
+    state = TaskState(task["state"])
+    if state is TaskState.QUEUED:
+        transition(tx, task_id, TaskState.RUNNING)
+        state = TaskState.RUNNING
+    append_event(
+        tx, task_id, "step_leased", state,
+        {"step_id": step["id"], "attempt": attempt, "fence": fence, "runner_id": runner_id},
+    )  # fmt: skip
+    earlier = tx.all(
+        "SELECT id, name, output_json FROM steps WHERE task_id = ? AND position < ?"
+        " ORDER BY position",
+        (task_id, step["position"]),
+    )
+    return Lease(
+        step_id=step["id"],
+        task_id=task_id,
+        name=step["name"],
+        kind=step["kind"],
+        attempt=attempt,
+        fence=fence,
+        payload=loads(step["payload_json"]),
+        payload_hash=step["payload_hash"],
+        ttl_s=cfg.lease_ttl_s,
+        renew_every_s=cfg.renew_every_s,
+        outputs=[
+            {"step_id": r["id"], "name": r["name"], "output": loads(r["output_json"])}
+            for r in earlier
+        ],
+    )
+
+
+def find_step(tx: Tx, step_id: str, pool: str | None) -> sqlite3.Row:
+    """The step with its task's state and tenant; `NotFound` outside the runner's pool."""
+    step = tx.one(
+        "SELECT s.*, t.state AS task_state, t.tenant, t.pool FROM steps s"
+        " JOIN tasks t ON t.id = s.task_id WHERE s.id = ?",
+        (step_id,),
+    )
+    if step is None or (pool is not None and step["pool"] != pool):
+        raise NotFound(f"no step {step_id}")
+    return step
+
+
+def current_step(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> sqlite3.Row:
+    """The step, if `fence` is its current token; else `StaleFence`, to be recorded."""
+    step = find_step(tx, step_id, pool)
+    if step["fence"] != fence:
+        raise StaleFence(f"fence {fence} is not step {step_id}'s current token").about(
+            task_id=step["task_id"], step_id=step_id, fence=fence
+        )
+    return step
+
+
+def renew(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Renewal:
+    """Extend a lease by one TTL from now; say whether the task was cancelled meanwhile."""
+    step = current_step(tx, step_id, fence, pool)
+    cfg = tx.config
+    if step["task_state"] == TaskState.CANCELLED:
+        return Renewal(ttl_s=0.0, renew_every_s=cfg.renew_every_s, cancelled=True)
+    if step["state"] != StepState.LEASED:
+        raise StaleFence(f"step {step_id} is {step['state']}; the lease is over").about(
+            task_id=step["task_id"], step_id=step_id, fence=fence
+        )
+    tx.run(
+        "UPDATE steps SET lease_deadline = ?, accept_deadline = NULL WHERE id = ?",
+        (tx.now + cfg.lease_ttl_s, step_id),
+    )
+    return Renewal(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.renew_every_s, cancelled=False)
+
+
+def release(
+    tx: Tx,
+    step_id: str,
+    fence: int,
+    reason: ReleaseReason,
+    retryable: bool,
+    detail: str,
+    pool: str | None = None,
+) -> None:
+    """Hand a lease back. Non-retryable fails the task; operator-side and shutdown releases
+    requeue without counting; the rest count toward `max_attempts`."""
+    step = current_step(tx, step_id, fence, pool)
+    if step["task_state"] == TaskState.CANCELLED:
+        return
+    if step["state"] != StepState.LEASED:
+        raise StaleFence(f"step {step_id} is {step['state']}; the lease is over").about(
+            task_id=step["task_id"], step_id=step_id, fence=fence
+        )
+    end_attempt(tx, step_id, fence, AttemptState.RELEASED, f"{reason}: {detail}"[:500])
+    if not retryable:
+        fail_step(tx, step, f"step {step['name']} failed ({reason}): {detail}"[:500])
+        return
+    counted = reason not in UNCOUNTED_RELEASES
+    requeue(tx, step, counted=counted, why=f"released ({reason})")
+
+
+def end_attempt(tx: Tx, step_id: str, fence: int, state: AttemptState, reason: str) -> None:
+    """Close a live attempt. An attempt that already ended keeps how it ended."""
+    tx.run(
+        "UPDATE attempts SET state = ?, reason = ?, ended_at = ?"
+        " WHERE step_id = ? AND fence = ? AND state = 'leased'",
+        (state.value, reason, tx.now, step_id, fence),
+    )
+
+
+def requeue(tx: Tx, step: sqlite3.Row, *, counted: bool, why: str) -> None:
+    """Put a step back in the queue with the same step id, or fail its task when it has used up
+    its attempts. The old fence stops being current here."""
+    burned = step["burned"] + (1 if counted else 0)
+    if burned >= tx.config.max_attempts:
+        tx.run("UPDATE steps SET burned = ? WHERE id = ?", (burned, step["id"]))
+        fail_step(
+            tx, step, f"step {step['name']} used {burned} of {tx.config.max_attempts} attempts"
+        )
+        return
+    tx.run(
+        "UPDATE steps SET state = ?, burned = ?, fence = NULL, runner_id = NULL,"
+        " lease_deadline = NULL, accept_deadline = NULL WHERE id = ?",
+        (StepState.QUEUED.value, burned, step["id"]),
+    )
+    append_event(
+        tx, step["task_id"], "step_requeued", step["task_state"],
+        {"step_id": step["id"], "attempt": step["attempt"], "why": why, "counted": counted},
+    )  # fmt: skip
+    tx.queued_work = True
+
+
+def fail_step(tx: Tx, step: sqlite3.Row, reason: str) -> None:
+    tx.run(
+        "UPDATE steps SET state = ?, fence = NULL, lease_deadline = NULL, accept_deadline = NULL"
+        " WHERE id = ?",
+        (StepState.FAILED.value, step["id"]),
+    )
+    transition(tx, step["task_id"], TaskState.FAILED, reason=reason)

@@ -1,0 +1,147 @@
+"""Step identity: a task's plan becomes durable intents (step id + payload hash) at creation.
+
+Creation is idempotent on `(tenant, idempotency_key)`: the key names one logical execution.
+The same key with the same plan answers the existing task; with another plan it is refused,
+so a client that retries after a lost answer can never start a second execution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
+from supervisor.ledger.journal import append_event
+from supervisor.ledger.states import StepState, TaskState
+from supervisor.ledger.tx import Tx, dumps
+from tether.wire import content_hash
+
+MAX_NAME = 200
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepSpec:
+    name: str
+    kind: str
+    payload: Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """What an operator asks for. Fields after `steps` are declarations for the review record."""
+
+    tenant: str
+    idempotency_key: str
+    steps: tuple[StepSpec, ...]
+    repository: str | None = None
+    base_sha: str | None = None
+    requirement_revision: str | None = None
+    allowed_paths: tuple[str, ...] = ()
+    expected_checks: tuple[str, ...] = ()
+    owner: str | None = None
+    pool: str = "default"
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        return {
+            "steps": [{"name": s.name, "kind": s.kind, "payload": s.payload} for s in self.steps]
+        }
+
+    @property
+    def plan_hash(self) -> str:
+        return content_hash(self.plan)
+
+    def declared(self) -> dict[str, Any]:
+        """Everything but the plan that a duplicate create must repeat to be 'the same task'."""
+        return {
+            "repository": self.repository,
+            "declared_base_sha": self.base_sha,
+            "requirement_revision": self.requirement_revision,
+            "allowed_paths_json": dumps(list(self.allowed_paths)),
+            "expected_checks_json": dumps(list(self.expected_checks)),
+            "owner": self.owner,
+            "pool": self.pool,
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Created:
+    task_id: str
+    created: bool  # False: an earlier create with the same key and plan
+
+
+def step_id_for(task_id: str, position: int) -> str:
+    """Stable across every attempt and replay: the step's identity never changes."""
+    return f"{task_id}.{position}"
+
+
+def validate(spec: TaskSpec, max_steps: int) -> None:
+    for label, value in (("tenant", spec.tenant), ("idempotency_key", spec.idempotency_key)):
+        if not value or len(value) > MAX_NAME:
+            raise InvalidRequest(f"{label} must be 1..{MAX_NAME} characters")
+    if not spec.steps:
+        raise InvalidRequest("plan.steps must hold at least one step")
+    if len(spec.steps) > max_steps:
+        raise InvalidRequest(f"plan.steps holds {len(spec.steps)} steps; at most {max_steps}")
+    for i, step in enumerate(spec.steps):
+        if not step.name or len(step.name) > MAX_NAME:
+            raise InvalidRequest(f"plan.steps[{i}].name must be 1..{MAX_NAME} characters")
+        if not step.kind or len(step.kind) > MAX_NAME:
+            raise InvalidRequest(f"plan.steps[{i}].kind must be 1..{MAX_NAME} characters")
+    if spec.expected_checks and not spec.repository:
+        raise InvalidRequest("expected_checks need a repository to be checked against")
+    if spec.base_sha and not spec.repository:
+        raise InvalidRequest("base_sha needs a repository")
+
+
+def create_task(tx: Tx, spec: TaskSpec) -> Created:
+    """Record the task and every step's intent; answer the existing task for a duplicate."""
+    validate(spec, tx.config.max_steps)
+    plan_hash = spec.plan_hash
+    declared = spec.declared()
+    if tx.checks.idempotency:
+        row = tx.one(
+            "SELECT * FROM tasks WHERE tenant = ? AND idempotency_key = ?",
+            (spec.tenant, spec.idempotency_key),
+        )
+        if row is not None:
+            same = row["plan_hash"] == plan_hash and all(row[k] == v for k, v in declared.items())
+            if not same:
+                raise IdempotencyConflict(
+                    f"idempotency key {spec.idempotency_key!r} already names task {row['id']}"
+                    " with another plan"
+                )
+            return Created(task_id=row["id"], created=False)
+    task_id = tx.new_id()
+    order = tx.one("SELECT COALESCE(MAX(created_order), 0) + 1 AS n FROM tasks")
+    assert order is not None
+    tx.run(
+        "INSERT INTO tasks (id, tenant, idempotency_key, state, plan_hash, plan_json,"
+        " repository, declared_base_sha, requirement_revision, allowed_paths_json,"
+        " expected_checks_json, owner, pool, created_order, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            task_id, spec.tenant, spec.idempotency_key, TaskState.PLANNED.value, plan_hash,
+            dumps(spec.plan), declared["repository"], declared["declared_base_sha"],
+            declared["requirement_revision"], declared["allowed_paths_json"],
+            declared["expected_checks_json"], declared["owner"], declared["pool"],
+            order["n"], tx.now,
+        ),
+    )  # fmt: skip
+    tx.db.executemany(
+        "INSERT INTO steps (id, task_id, position, name, kind, payload_json, payload_hash, state)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                step_id_for(task_id, i), task_id, i, s.name, s.kind, dumps(s.payload),
+                content_hash(s.payload), StepState.WAITING.value,
+            )
+            for i, s in enumerate(spec.steps)
+        ],
+    )  # fmt: skip
+    tx.run("INSERT OR IGNORE INTO tenants (name) VALUES (?)", (spec.tenant,))
+    append_event(
+        tx, task_id, "state", TaskState.PLANNED,
+        {"plan_hash": plan_hash, "idempotency_key": spec.idempotency_key},
+    )  # fmt: skip
+    return Created(task_id=task_id, created=True)

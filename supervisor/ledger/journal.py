@@ -1,0 +1,44 @@
+"""The event journal: append-only, one strictly increasing sequence number for the whole ledger.
+
+Consumers apply events in sequence order and ignore any sequence number at or below the last
+one they applied, so a redelivered or replayed event can never move their view backwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from supervisor.ledger.tx import Tx, dumps
+
+
+def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str, Any]) -> int:
+    cursor = tx.db.execute(
+        "INSERT INTO events (task_id, kind, state, data_json, at) VALUES (?, ?, ?, ?, ?)",
+        (task_id, kind, str(state), dumps(dict(data)), tx.now),
+    )
+    seq = cursor.lastrowid
+    assert seq is not None
+    tx.run("UPDATE tasks SET last_seq = ? WHERE id = ?", (seq, task_id))
+    tx.touched_tasks.add(task_id)
+    return seq
+
+
+def record_rejection(
+    tx: Tx,
+    *,
+    code: str,
+    detail: str,
+    task_id: str | None,
+    step_id: str | None,
+    fence: int | None,
+) -> None:
+    """A refused write, kept for operators and the review record; it never changes a state."""
+    if task_id is None and step_id is not None:
+        row = tx.one("SELECT task_id FROM steps WHERE id = ?", (step_id,))
+        task_id = row["task_id"] if row else None
+    tx.run(
+        "INSERT INTO rejections (task_id, step_id, fence, code, detail, at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (task_id, step_id, fence, code, detail, tx.now),
+    )

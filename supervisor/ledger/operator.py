@@ -1,0 +1,96 @@
+"""What operators do to a task after creating it: approve, cancel, report a repository's head,
+set a tenant's token budget. Every rule here checks ownership: another tenant's task is
+`NotFound`, never a hint that it exists."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from supervisor.ledger.errors import InvalidRequest, NotFound, PlanMismatch, TerminalState
+from supervisor.ledger.journal import append_event
+from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
+from supervisor.ledger.tx import Tx
+
+
+def owned_task(tx: Tx, tenant: str, task_id: str) -> sqlite3.Row:
+    row = tx.one("SELECT * FROM tasks WHERE id = ? AND tenant = ?", (task_id, tenant))
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    return row
+
+
+def approve(tx: Tx, tenant: str, task_id: str, plan_hash: str, base_sha: str | None) -> None:
+    """Bind the plan hash and base SHA, then queue the task's first step.
+
+    A repeated approval with the same binding is answered as done, so a client may retry one
+    whose answer it lost.
+    """
+    task = owned_task(tx, tenant, task_id)
+    if plan_hash != task["plan_hash"]:
+        raise PlanMismatch(f"task {task_id} has plan hash {task['plan_hash']}, not {plan_hash}")
+    if task["repository"] and not base_sha:
+        raise InvalidRequest(f"task {task_id} names repository {task['repository']}: give base_sha")
+    if task["approved_at"] is not None and task["approved_base_sha"] == base_sha:
+        return
+    transition(tx, task_id, TaskState.APPROVED, data={"plan_hash": plan_hash, "base_sha": base_sha})
+    tx.run("UPDATE tasks SET approved_base_sha = ? WHERE id = ?", (base_sha, task_id))
+    if task["repository"]:
+        # The approver asserts this base; it becomes the known head if none was reported yet.
+        tx.run(
+            "INSERT OR IGNORE INTO repositories (tenant, name, head_sha, updated_at)"
+            " VALUES (?, ?, ?, ?)",
+            (tenant, task["repository"], base_sha, tx.now),
+        )
+    transition(tx, task_id, TaskState.QUEUED)
+    tx.run(
+        "UPDATE steps SET state = ? WHERE task_id = ? AND position = 0",
+        (StepState.QUEUED.value, task_id),
+    )
+    tx.queued_work = True
+
+
+def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
+    """Cancel a task that has not ended. A step in flight learns of it at its next renew."""
+    task = owned_task(tx, tenant, task_id)
+    if TaskState(task["state"]) in TERMINAL and tx.checks.terminal:
+        raise TerminalState(f"task {task_id} is already {task['state']}").about(task_id=task_id)
+    transition(tx, task_id, TaskState.CANCELLED, reason=reason or "cancelled")
+    tx.run(
+        "UPDATE attempts SET state = ?, reason = 'task cancelled', ended_at = ?"
+        " WHERE state = ? AND step_id IN (SELECT id FROM steps WHERE task_id = ?)",
+        (AttemptState.CANCELLED.value, tx.now, AttemptState.LEASED.value, task_id),
+    )
+    tx.run(
+        "UPDATE steps SET state = ?, lease_deadline = NULL, accept_deadline = NULL"
+        " WHERE task_id = ? AND state NOT IN (?, ?)",
+        (StepState.CANCELLED.value, task_id, StepState.COMMITTED.value, StepState.FAILED.value),
+    )
+
+
+def set_repository_head(tx: Tx, tenant: str, repository: str, sha: str) -> None:
+    if not repository or not sha:
+        raise InvalidRequest("repository and sha must be non-empty")
+    tx.run(
+        "INSERT INTO repositories (tenant, name, head_sha, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (tenant, name) DO UPDATE SET head_sha = excluded.head_sha,"
+        " updated_at = excluded.updated_at",
+        (tenant, repository, sha, tx.now),
+    )
+    for row in tx.all(
+        "SELECT id, state FROM tasks WHERE tenant = ? AND repository = ?", (tenant, repository)
+    ):
+        if TaskState(row["state"]) not in TERMINAL:
+            append_event(tx, row["id"], "base_changed", row["state"], {"head_sha": sha})
+
+
+def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
+    """A tenant that has spent its budget gets no lease; its tasks wait, they do not fail."""
+    if tokens is not None and tokens < 0:
+        raise InvalidRequest("a token budget cannot be negative")
+    tx.run(
+        "INSERT INTO tenants (name, token_budget) VALUES (?, ?)"
+        " ON CONFLICT (name) DO UPDATE SET token_budget = excluded.token_budget",
+        (tenant, tokens),
+    )
+    if tokens is None or tokens > 0:
+        tx.queued_work = True

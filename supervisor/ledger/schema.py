@@ -1,0 +1,105 @@
+"""Opening a ledger file: pragmas, the integrity check, numbered migrations.
+
+Migrations are the files `sql/NNNN_*.sql`, applied in order inside one transaction each; the
+number applied is kept in `PRAGMA user_version`. A file newer than this code is refused.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from importlib import resources
+from pathlib import Path
+
+from supervisor.ledger.errors import IntegrityCheckFailed, SchemaTooNew
+
+SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def migrations() -> list[tuple[int, str]]:
+    folder = resources.files("supervisor.ledger").joinpath("sql")
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
+    return [(int(f.name.split("_", 1)[0]), f.read_text(encoding="utf-8")) for f in files]
+
+
+def connect(
+    path: Path | str, *, synchronous: str = "FULL", readonly: bool = False
+) -> sqlite3.Connection:
+    """A connection in autocommit mode: transactions are begun explicitly (`BEGIN IMMEDIATE`)."""
+    if synchronous.upper() not in SYNCHRONOUS_MODES:
+        raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}")
+    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+    db.execute("PRAGMA foreign_keys = ON")
+    db.execute("PRAGMA busy_timeout = 30000")
+    if readonly:
+        db.execute("PRAGMA query_only = ON")
+    return db
+
+
+def integrity_problems(db: sqlite3.Connection) -> list[str]:
+    rows = [r[0] for r in db.execute("PRAGMA integrity_check").fetchall()]
+    problems = [] if rows == ["ok"] else rows
+    problems += [
+        f"foreign key: {r[0]} row {r[1]} -> {r[2]}"
+        for r in db.execute("PRAGMA foreign_key_check").fetchall()
+    ]
+    return problems
+
+
+def check_integrity(db: sqlite3.Connection) -> None:
+    problems = integrity_problems(db)
+    if problems:
+        raise IntegrityCheckFailed(f"PRAGMA integrity_check failed: {'; '.join(problems[:3])}")
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Apply every migration above the file's `user_version`; answer the version reached."""
+    current = int(db.execute("PRAGMA user_version").fetchone()[0])
+    known = migrations()
+    newest = known[-1][0] if known else 0
+    if current > newest:
+        raise SchemaTooNew(f"ledger schema version {current} is newer than this tether ({newest})")
+    for version, script in known:
+        if version <= current:
+            continue
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(script):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {version}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        current = version
+    return current
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements (executescript would commit on its own)."""
+    out: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            out.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        out.append(buffer.strip())
+    return out
+
+
+def open_ledger_file(path: Path | str, *, synchronous: str = "FULL") -> sqlite3.Connection:
+    """Open, check integrity, migrate. Raises `IntegrityCheckFailed` on a damaged file."""
+    db = connect(path, synchronous=synchronous)
+    try:
+        check_integrity(db)
+        migrate(db)
+    except BaseException:
+        db.close()
+        raise
+    return db

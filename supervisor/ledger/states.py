@@ -1,0 +1,114 @@
+"""The task state machine of SPEC §4: the table of allowed transitions is data, and one
+function applies it inside the transaction that appends the event."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from supervisor.ledger.errors import InvalidTransition, NotFound, TerminalState
+from supervisor.ledger.journal import append_event
+from supervisor.ledger.tx import Tx
+
+
+class TaskState(enum.StrEnum):
+    PLANNED = "PLANNED"
+    APPROVED = "APPROVED"
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    VERIFYING = "VERIFYING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+class StepState(enum.StrEnum):
+    WAITING = "waiting"  # an earlier step is not committed yet
+    QUEUED = "queued"  # may be leased
+    LEASED = "leased"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class AttemptState(enum.StrEnum):
+    LEASED = "leased"
+    COMMITTED = "committed"
+    EXPIRED = "expired"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+TERMINAL: frozenset[TaskState] = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED}
+)
+
+ALLOWED: Mapping[TaskState, frozenset[TaskState]] = {
+    TaskState.PLANNED: frozenset({TaskState.APPROVED, TaskState.CANCELLED}),
+    TaskState.APPROVED: frozenset({TaskState.QUEUED, TaskState.CANCELLED}),
+    TaskState.QUEUED: frozenset({TaskState.RUNNING, TaskState.FAILED, TaskState.CANCELLED}),
+    TaskState.RUNNING: frozenset({TaskState.VERIFYING, TaskState.FAILED, TaskState.CANCELLED}),
+    TaskState.VERIFYING: frozenset({TaskState.SUCCEEDED, TaskState.FAILED}),
+    TaskState.SUCCEEDED: frozenset(),
+    TaskState.FAILED: frozenset(),
+    TaskState.CANCELLED: frozenset(),
+}
+
+# Columns stamped when a task enters a state, for the review record.
+_STAMPS: Mapping[TaskState, str] = {
+    TaskState.APPROVED: "approved_at",
+    TaskState.RUNNING: "started_at",
+    TaskState.SUCCEEDED: "finished_at",
+    TaskState.FAILED: "finished_at",
+    TaskState.CANCELLED: "finished_at",
+}
+
+
+def is_allowed(current: TaskState, target: TaskState) -> bool:
+    return target in ALLOWED[current]
+
+
+def task_state(tx: Tx, task_id: str) -> TaskState:
+    row = tx.one("SELECT state FROM tasks WHERE id = ?", (task_id,))
+    if row is None:
+        raise NotFound(f"no task {task_id}")
+    return TaskState(row["state"])
+
+
+def transition(
+    tx: Tx,
+    task_id: str,
+    target: TaskState,
+    *,
+    reason: str | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> int:
+    """Move a task to `target` and append its event; answer the event's sequence number.
+
+    A terminal task refuses with `TerminalState`, any other forbidden move with
+    `InvalidTransition`; the store records either as a rejected attempt.
+    """
+    current = task_state(tx, task_id)
+    if current in TERMINAL and tx.checks.terminal:
+        raise TerminalState(f"task {task_id} is {current}; it cannot become {target}").about(
+            task_id=task_id
+        )
+    if not is_allowed(current, target) and (tx.checks.terminal or current not in TERMINAL):
+        raise InvalidTransition(f"task {task_id}: {current} -> {target} is not allowed").about(
+            task_id=task_id
+        )
+    stamp = _STAMPS.get(target)
+    stamp_sql = f", {stamp} = COALESCE({stamp}, ?)" if stamp else ""
+    params: tuple[Any, ...] = (target.value, reason)
+    if stamp:
+        params += (tx.now,)
+    tx.run(
+        f"UPDATE tasks SET state = ?, reason = COALESCE(?, reason){stamp_sql} WHERE id = ?",
+        (*params, task_id),
+    )
+    payload = {"from": current.value, **(data or {})}
+    if reason:
+        payload["reason"] = reason
+    return append_event(tx, task_id, "state", target, payload)

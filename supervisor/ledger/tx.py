@@ -1,0 +1,92 @@
+"""The context every ledger rule runs in: one open write transaction and the supervisor's clock.
+
+Rules are plain synchronous functions of a `Tx`. The store runs them on its writer thread inside
+`BEGIN IMMEDIATE`; the schedule explorer runs the very same functions on a temporary file with a
+virtual clock. Nothing in a rule reads the wall clock or generates randomness on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LedgerConfig:
+    """The ledger's tunables (SPEC §9 names and defaults)."""
+
+    lease_ttl_s: float = 30.0
+    accept_window_s: float = 10.0
+    max_attempts: int = 5
+    max_steps: int = 256
+
+    @property
+    def renew_every_s(self) -> float:
+        """A third of the TTL, and often enough to acknowledge within the acceptance window."""
+        return min(self.lease_ttl_s / 3, self.accept_window_s / 2)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checks:
+    """Ledger checks that the schedule explorer can switch off (`--plant`) to prove it catches
+    their absence. Production always runs with every check on."""
+
+    fence: bool = True  # stale-fence: a result must carry the step's current fence
+    effect_identity: bool = True  # double-effect: effects keyed by step identity, replays deduped
+    terminal: bool = True  # terminal-overwrite: terminal states never transition
+    idempotency: bool = True  # key-reuse: (tenant, idempotency_key) names one task
+    verification: bool = True  # unverified-success: success needs matching evidence
+
+    @classmethod
+    def planted(cls, bug: str | None) -> Checks:
+        if bug is None:
+            return cls()
+        field = PLANTS.get(bug)
+        if field is None:
+            raise ValueError(f"unknown planted bug {bug!r}; known: {', '.join(sorted(PLANTS))}")
+        return dataclasses.replace(cls(), **{field: False})
+
+
+PLANTS: dict[str, str] = {
+    "stale-fence": "fence",
+    "double-effect": "effect_identity",
+    "terminal-overwrite": "terminal",
+    "key-reuse": "idempotency",
+    "unverified-success": "verification",
+}
+
+
+@dataclasses.dataclass(kw_only=True)
+class Tx:
+    """One write transaction: the connection, the time it happens at, and what it woke up."""
+
+    db: sqlite3.Connection
+    now: float
+    config: LedgerConfig
+    new_id: Callable[[], str]
+    checks: Checks = dataclasses.field(default_factory=Checks)
+    # Set by rules so the store can wake long-pollers after the commit is durable.
+    queued_work: bool = False
+    touched_tasks: set[str] = dataclasses.field(default_factory=set)
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.db.execute(sql, params).fetchone()
+        return row
+
+    def all(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        return self.db.execute(sql, params).fetchall()
+
+    def run(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        """Execute a write; answer the number of rows it changed."""
+        return self.db.execute(sql, params).rowcount
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)

@@ -1,0 +1,82 @@
+"""One structlog configuration for both programs.
+
+JSON lines when stdout is not a terminal (systemd's journal, a pipe, a file), readable colour
+when it is. A redaction processor runs last before rendering: every secret the program has
+read is registered here, and any occurrence of it in any field is masked, so a token that
+slips into an exception message still never reaches a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+_REDACTED = "***"
+_SENSITIVE_KEYS = frozenset(
+    {"authorization", "token", "api_key", "model_key", "secret", "password"}
+)
+_secrets: set[str] = set()
+
+
+def register_secret(value: str) -> None:
+    """Mask `value` wherever it appears in later log lines."""
+    if value:
+        _secrets.add(value)
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        for secret in _secrets:
+            if secret in value:
+                value = value.replace(secret, _REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {
+            k: _REDACTED if str(k).lower() in _SENSITIVE_KEYS else _scrub(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(_scrub(v) for v in value)
+    return value
+
+
+def redact_secrets(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """structlog processor: mask sensitive keys and every registered secret's text."""
+    for key in list(event_dict):
+        if key.lower() in _SENSITIVE_KEYS:
+            event_dict[key] = _REDACTED
+        else:
+            event_dict[key] = _scrub(event_dict[key])
+    return event_dict
+
+
+def configure_logging(*, json_lines: bool | None = None, level: str = "info") -> None:
+    """Set up structlog for a program. `json_lines=None` decides by whether stdout is a TTY."""
+    if json_lines is None:
+        json_lines = not sys.stdout.isatty()
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json_lines
+        else structlog.dev.ConsoleRenderer(colors=True)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            redact_secrets,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        cache_logger_on_first_use=False,
+    )
