@@ -1,0 +1,114 @@
+"""Commands on the ledger file itself, for operators on the owned box: tokens, check, backup,
+budgets. They run the ledger's own rules through `execute_batch`, beside a running supervisor
+if there is one (WAL and `BEGIN IMMEDIATE` serialise the writers)."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, tokens
+from supervisor.ledger.batch import execute_batch
+from supervisor.ledger.operator import set_budget
+from supervisor.ledger.schema import connect, integrity_problems, open_ledger_file
+from supervisor.ledger.store import random_id
+
+
+class AdminError(Exception):
+    """An admin command cannot proceed; the message is the one line to print."""
+
+
+@contextlib.contextmanager
+def ledger_file(path: Path, *, must_exist: bool = True) -> Iterator[sqlite3.Connection]:
+    if must_exist and not path.exists():
+        raise AdminError(f"no ledger file at {path}")
+    try:
+        db = open_ledger_file(path)
+    except (LedgerError, sqlite3.DatabaseError) as exc:
+        raise AdminError(f"cannot open ledger {path}: {exc}") from None
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+def run_rule(db: sqlite3.Connection, rule: Callable[[Tx], Any]) -> Any:
+    def make_tx() -> Tx:
+        return Tx(db=db, now=time.time(), config=LedgerConfig(), new_id=random_id)
+
+    [outcome] = execute_batch(db, [rule], make_tx).outcomes
+    if outcome.error is not None:
+        raise AdminError(str(outcome.error))
+    return outcome.value
+
+
+def create_token(path: Path, scope: str, role: str) -> str:
+    with ledger_file(path, must_exist=False) as db:
+        _token_id, secret = run_rule(db, lambda tx: tokens.create_token(tx, scope, role))
+    return str(secret)
+
+
+def list_tokens(path: Path) -> list[str]:
+    with ledger_file(path) as db:
+        records = tokens.list_tokens(db)
+    return [
+        " ".join(
+            [
+                r.id, r.scope, r.role.value,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.created_at)),
+                *(["revoked"] if r.revoked else []),
+            ]
+        )
+        for r in records
+    ]  # fmt: skip
+
+
+def revoke_token(path: Path, token_id: str) -> None:
+    with ledger_file(path) as db:
+        run_rule(db, lambda tx: tokens.revoke_token(tx, token_id))
+
+
+def set_tenant_budget(path: Path, tenant: str, budget: int | None) -> None:
+    with ledger_file(path, must_exist=False) as db:
+        run_rule(db, lambda tx: set_budget(tx, tenant, budget))
+
+
+def check(path: Path) -> list[str]:
+    """Integrity and every ledger invariant; an empty list means the file is sound."""
+    if not path.exists():
+        raise AdminError(f"no ledger file at {path}")
+    try:
+        db = connect(path, readonly=True)
+    except sqlite3.DatabaseError as exc:
+        return [f"integrity: {exc}"]
+    try:
+        problems = [f"integrity: {p}" for p in integrity_problems(db)]
+        if not problems:
+            problems += invariants.find_violations(db)
+    except sqlite3.DatabaseError as exc:
+        problems = [f"integrity: {exc}"]
+    finally:
+        db.close()
+    return problems
+
+
+def backup(path: Path, dest: Path) -> None:
+    """An online, consistent copy through SQLite's backup API, checked after it is written."""
+    if dest.exists():
+        raise AdminError(f"{dest} exists; refusing to overwrite a backup")
+    if not path.exists():
+        raise AdminError(f"no ledger file at {path}")
+    source = connect(path, readonly=True)
+    target = sqlite3.connect(str(dest))
+    try:
+        source.backup(target)
+        problems = integrity_problems(target)
+    finally:
+        target.close()
+        source.close()
+    if problems:
+        raise AdminError(f"the backup at {dest} failed its integrity check: {problems[0]}")

@@ -1,0 +1,47 @@
+"""The supervisor's HTTP app (SPEC §5): thin routes over the ledger port.
+
+The app's lifespan opens the ledger and starts the reaper; tests enter it explicitly when they
+talk to the app through `httpx.ASGITransport`, which does not run lifespans by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+
+from supervisor.api import health, operator_routes, runner_routes
+from supervisor.api.auth import TokenCache
+from supervisor.api.errors import ApiError, on_api_error, on_http_exception, on_ledger_error
+from supervisor.ledger import LedgerError
+from supervisor.service import running_ledger
+from supervisor.settings import SupervisorSettings
+
+
+def create_app(
+    settings: SupervisorSettings,
+    *,
+    clock: Callable[[], float] = time.time,
+    reaper: bool = True,
+) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with running_ledger(settings, clock=clock, reaper=reaper) as ledger:
+            app.state.ledger = ledger
+            app.state.tokens = TokenCache(ledger)
+            yield
+
+    app = Starlette(
+        routes=[*operator_routes.ROUTES, *runner_routes.ROUTES, *health.ROUTES],
+        exception_handlers={
+            ApiError: on_api_error,
+            LedgerError: on_ledger_error,
+            HTTPException: on_http_exception,
+        },
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    return app

@@ -1,0 +1,51 @@
+"""Bearer-token authentication: operators act for one tenant, runners for one pool.
+
+Each token is looked up by its hash in the ledger file. A short cache spares the ledger one read
+per request under load; its lifetime bounds how late a revocation made by the CLI in another
+process takes effect.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+
+from supervisor.api.errors import ApiError
+from supervisor.ledger import Ledger, Principal, Role
+from tether.wire import ErrorCode
+
+CACHE_S = 1.0
+
+
+class TokenCache:
+    def __init__(self, ledger: Ledger, lifetime_s: float = CACHE_S) -> None:
+        self._ledger = ledger
+        self._lifetime = lifetime_s
+        self._entries: dict[str, tuple[float, Principal | None]] = {}
+
+    async def principal(self, secret: str) -> Principal | None:
+        now = time.monotonic()
+        hit = self._entries.get(secret)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        found = await self._ledger.authenticate(secret)
+        if len(self._entries) > 10_000:
+            self._entries.clear()
+        self._entries[secret] = (now + self._lifetime, found)
+        return found
+
+
+async def require(request: Request, role: Role) -> Principal:
+    """The caller's principal, which must hold `role`; 401 or 403 otherwise."""
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise ApiError(ErrorCode.UNAUTHORIZED, "send 'Authorization: Bearer <token>'")
+    cache: TokenCache = request.app.state.tokens
+    principal = await cache.principal(secret.strip())
+    if principal is None:
+        raise ApiError(ErrorCode.UNAUTHORIZED, "the token is unknown or revoked")
+    if principal.role is not role:
+        raise ApiError(ErrorCode.FORBIDDEN, f"this call needs a {role} token")
+    return principal

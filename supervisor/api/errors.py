@@ -1,0 +1,75 @@
+"""Every error on the wire is `{"error": CODE, "detail": TEXT}` with a stable code."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from supervisor.ledger import LedgerError, StorageError
+from tether.wire import ErrorCode
+
+log = structlog.get_logger("tether.api")
+
+STATUS: Mapping[ErrorCode, int] = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.MALFORMED_JSON: 400,
+    ErrorCode.INVALID_FIELD: 422,
+    ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.IDEMPOTENCY_CONFLICT: 409,
+    ErrorCode.PLAN_MISMATCH: 409,
+    ErrorCode.INVALID_TRANSITION: 409,
+    ErrorCode.TERMINAL: 409,
+    ErrorCode.STALE_FENCE: 409,
+    ErrorCode.PAYLOAD_DRIFT: 409,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+class ApiError(Exception):
+    """A request the HTTP layer refuses before it reaches the ledger."""
+
+    def __init__(self, code: ErrorCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+def error_response(code: ErrorCode, detail: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if code is ErrorCode.UNAUTHORIZED else None
+    return JSONResponse(
+        {"error": code.value, "detail": detail}, status_code=STATUS[code], headers=headers
+    )
+
+
+async def on_api_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.code, exc.detail)
+
+
+async def on_ledger_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, LedgerError)
+    if isinstance(exc, StorageError):
+        log.error("ledger storage failed", path=request.url.path, detail=exc.detail)
+        return error_response(ErrorCode.UNAVAILABLE, exc.detail)
+    if exc.code is ErrorCode.INTERNAL:
+        log.error("ledger rule failed", path=request.url.path, detail=exc.detail)
+    return error_response(exc.code, exc.detail)
+
+
+async def on_http_exception(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {
+        404: ErrorCode.NOT_FOUND,
+        405: ErrorCode.METHOD_NOT_ALLOWED,
+        413: ErrorCode.BODY_TOO_LARGE,
+    }.get(exc.status_code, ErrorCode.BAD_REQUEST)
+    return error_response(code, str(exc.detail))

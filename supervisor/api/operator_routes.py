@@ -1,0 +1,131 @@
+"""Operator routes: tasks of the caller's tenant, their events and review, repository heads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from supervisor.api import requests as rq
+from supervisor.api.auth import require
+from supervisor.api.errors import ApiError
+from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
+from tether.wire import ErrorCode
+
+
+def _ledger(request: Request) -> Ledger:
+    ledger: Ledger = request.app.state.ledger
+    return ledger
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    return await rq.json_body(request, request.app.state.settings.max_body_bytes)
+
+
+def parse_task(tenant: str, body: dict[str, Any]) -> TaskSpec:
+    plan = body.get("plan")
+    if not isinstance(plan, dict) or not isinstance(plan.get("steps"), list):
+        raise ApiError(ErrorCode.INVALID_FIELD, "'plan' must be an object with a 'steps' list")
+    steps = []
+    for i, raw in enumerate(plan["steps"]):
+        if not isinstance(raw, dict) or "payload" not in raw:
+            raise ApiError(
+                ErrorCode.INVALID_FIELD, f"plan.steps[{i}] must be {{name, kind, payload}}"
+            )
+        steps.append(
+            StepSpec(name=rq.text(raw, "name"), kind=rq.text(raw, "kind"), payload=raw["payload"])
+        )
+    return TaskSpec(
+        tenant=tenant,
+        idempotency_key=rq.text(body, "idempotency_key"),
+        steps=tuple(steps),
+        repository=rq.optional_text(body, "repository"),
+        base_sha=rq.optional_text(body, "base_sha"),
+        requirement_revision=rq.optional_text(body, "requirement_revision"),
+        allowed_paths=rq.text_list(body, "allowed_paths"),
+        expected_checks=rq.text_list(body, "expected_checks"),
+        owner=rq.optional_text(body, "owner"),
+        pool=rq.optional_text(body, "pool") or "default",
+    )
+
+
+async def create_task(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    spec = parse_task(who.scope, await _body(request))
+    created = await _ledger(request).create_task(spec)
+    view = await _ledger(request).task(created.task_id, who.scope)
+    return JSONResponse(view, status_code=201 if created.created else 200)
+
+
+async def list_tasks(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    cursor_raw = request.query_params.get("cursor")
+    cursor = None
+    if cursor_raw is not None:
+        if not cursor_raw.isdigit():
+            raise ApiError(ErrorCode.INVALID_FIELD, "query parameter 'cursor' is not valid")
+        cursor = int(cursor_raw)
+    limit = rq.query_int(request, "limit", default=50, low=1, high=200)
+    page = await _ledger(request).list_tasks(
+        who.scope, request.query_params.get("state"), cursor, limit
+    )
+    return JSONResponse(page)
+
+
+async def get_task(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    return JSONResponse(await _ledger(request).task(request.path_params["task_id"], who.scope))
+
+
+async def approve(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    body = await _body(request)
+    task_id = request.path_params["task_id"]
+    await _ledger(request).approve(
+        who.scope, task_id, rq.text(body, "plan_hash", limit=64), rq.optional_text(body, "base_sha")
+    )
+    return JSONResponse(await _ledger(request).task(task_id, who.scope))
+
+
+async def cancel(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    body = await _body(request)
+    task_id = request.path_params["task_id"]
+    await _ledger(request).cancel(who.scope, task_id, rq.free_text(body, "reason") or "cancelled")
+    return JSONResponse(await _ledger(request).task(task_id, who.scope))
+
+
+async def events(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    settings = request.app.state.settings
+    after = rq.query_int(request, "after", default=0, low=0, high=2**62)
+    wait = rq.query_float(request, "wait", default=0.0, low=0.0, high=settings.events_wait_max_s)
+    found = await _ledger(request).events(request.path_params["task_id"], who.scope, after, wait)
+    return JSONResponse({"events": found})
+
+
+async def review(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    return JSONResponse(await _ledger(request).review(request.path_params["task_id"], who.scope))
+
+
+async def repository_head(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    sha = rq.text((await _body(request)), "sha", limit=128)
+    name = request.path_params["name"]
+    await _ledger(request).set_repository_head(who.scope, name, sha)
+    return JSONResponse({"repository": name, "head_sha": sha})
+
+
+ROUTES = [
+    Route("/v1/tasks", create_task, methods=["POST"]),
+    Route("/v1/tasks", list_tasks, methods=["GET"]),
+    Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
+    Route("/v1/tasks/{task_id}/approve", approve, methods=["POST"]),
+    Route("/v1/tasks/{task_id}/cancel", cancel, methods=["POST"]),
+    Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
+    Route("/v1/tasks/{task_id}/review", review, methods=["GET"]),
+    Route("/v1/repositories/{name}/head", repository_head, methods=["PUT"]),
+]

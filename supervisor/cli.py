@@ -1,0 +1,193 @@
+"""`tether-supervisor`: serve the API, administer the ledger file, drive tasks, explore schedules.
+
+The forms of SPEC §9 are relied on by scripts outside this repository; keep them exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tether.cli_support import Parser, fail
+from tether.settings import SettingsError, config_file_from, load_settings, read_secret
+
+PROG = "tether-supervisor"
+
+
+def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
+    parser = Parser(prog=PROG, description="tether's supervisor: the ledger on the owned box.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    serve = sub.add_parser("serve", help="serve the HTTP API v1 over the ledger")
+    serve.add_argument("--config", help="TOML settings file (default: $TETHER_CONFIG)")
+    serve.add_argument("--db", help="ledger file (default: tether.db)")
+    serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default: 8080)")
+
+    token = sub.add_parser("token", help="create, list and revoke bearer tokens")
+    token_sub = token.add_subparsers(dest="token_command", required=True, parser_class=Parser)
+    create = token_sub.add_parser("create", help="create a token; prints it alone on stdout")
+    create.add_argument("--db", required=True, help="ledger file")
+    create.add_argument("--tenant", required=True, help="tenant (operator) or pool (runner)")
+    create.add_argument("--role", required=True, choices=["operator", "runner"])
+    listing = token_sub.add_parser("list", help="one line per token; never a secret")
+    listing.add_argument("--db", required=True, help="ledger file")
+    revoke = token_sub.add_parser("revoke", help="revoke a token by its id")
+    revoke.add_argument("--db", required=True, help="ledger file")
+    revoke.add_argument("token_id")
+
+    check = sub.add_parser("check", help="integrity and ledger invariants; exit 1 on violation")
+    check.add_argument("--db", required=True, help="ledger file")
+
+    backup = sub.add_parser("backup", help="online, consistent copy of the ledger")
+    backup.add_argument("--db", required=True, help="ledger file")
+    backup.add_argument("dest", help="where to write the copy (must not exist)")
+
+    budget = sub.add_parser("budget", help="set a tenant's token budget (tasks wait past it)")
+    budget.add_argument("--db", required=True, help="ledger file")
+    budget.add_argument("--tenant", required=True)
+    budget.add_argument("--tokens", required=True, help="a whole number, or 'none' for unlimited")
+
+    task = sub.add_parser("task", help="submit, approve, cancel, show and watch tasks")
+    task_sub = task.add_subparsers(dest="task_command", required=True, parser_class=Parser)
+
+    def task_command(name: str, text: str) -> argparse.ArgumentParser:
+        p = task_sub.add_parser(name, help=text)
+        p.add_argument("--url", required=True, help="the supervisor's base URL")
+        p.add_argument(
+            "--token-file",
+            help="operator token file (default: $CREDENTIALS_DIRECTORY/operator-token)",
+        )
+        return p
+
+    submit = task_command("submit", "submit a task from a JSON file (the POST /v1/tasks body)")
+    submit.add_argument("--file", required=True, help="task JSON: idempotency_key, plan, ...")
+    submit.add_argument("--approve", action="store_true", help="approve the plan just sent")
+    submit.add_argument("--base-sha", help="base SHA to approve with (repository tasks)")
+    approve = task_command("approve", "approve a task's plan hash and base SHA")
+    approve.add_argument("task_id")
+    approve.add_argument("--plan-hash", required=True)
+    approve.add_argument("--base-sha")
+    cancel = task_command("cancel", "cancel a task that has not ended")
+    cancel.add_argument("task_id")
+    cancel.add_argument("--reason", default="cancelled by operator")
+    show = task_command("show", "print a task with its steps, attempts and fences")
+    show.add_argument("task_id")
+    watch = task_command("watch", "follow a task's event journal until it ends")
+    watch.add_argument("task_id")
+    watch.add_argument("--after", type=int, default=0, help="start after this sequence number")
+
+    chaos = sub.add_parser(
+        "chaos", help="schedule exploration against the real ledger", add_help=False
+    )
+    chaos.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from supervisor.server import serve
+
+    try:
+        from supervisor.settings import SupervisorSettings
+
+        settings = load_settings(
+            SupervisorSettings,
+            config_file=config_file_from(args.config),
+            flags={"db": args.db, "host": args.host, "port": args.port},
+        )
+    except SettingsError as exc:
+        fail(PROG, str(exc))
+    return serve(settings)
+
+
+def _admin(args: argparse.Namespace) -> int:
+    from supervisor import admin
+
+    db = Path(args.db)
+    try:
+        if args.command == "token":
+            if args.token_command == "create":  # noqa: S105
+                print(admin.create_token(db, args.tenant, args.role))
+            elif args.token_command == "list":  # noqa: S105
+                for line in admin.list_tokens(db):
+                    print(line)
+            else:
+                admin.revoke_token(db, args.token_id)
+                print(f"revoked {args.token_id}", file=sys.stderr)
+        elif args.command == "check":
+            problems = admin.check(db)
+            for problem in problems:
+                print(problem)
+            if problems:
+                return 1
+            print(f"ok: {db} passes integrity and every ledger invariant")
+        elif args.command == "backup":
+            admin.backup(db, Path(args.dest))
+            print(f"backed up {db} to {args.dest}", file=sys.stderr)
+        elif args.command == "budget":
+            raw = args.tokens.strip().lower()
+            if raw != "none" and not raw.isdigit():
+                fail(PROG, "--tokens must be a whole number or 'none'", 2)
+            admin.set_tenant_budget(db, args.tenant, None if raw == "none" else int(raw))
+    except admin.AdminError as exc:
+        fail(PROG, str(exc))
+    return 0
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _task(args: argparse.Namespace) -> int:
+    from supervisor import operator_client as oc
+
+    try:
+        token = read_secret(
+            Path(args.token_file) if args.token_file else None, "operator-token", os.environ
+        )
+    except SettingsError as exc:
+        fail(PROG, str(exc))
+    client = oc.OperatorClient(args.url, token)
+    try:
+        if args.task_command == "submit":
+            body = oc.load_task_file(Path(args.file))
+            task = client.submit(body)
+            if args.approve:
+                task = client.approve(task["id"], oc.plan_hash_of(body), args.base_sha)
+            _print_json(task)
+        elif args.task_command == "approve":
+            _print_json(client.approve(args.task_id, args.plan_hash, args.base_sha))
+        elif args.task_command == "cancel":
+            _print_json(client.cancel(args.task_id, args.reason))
+        elif args.task_command == "show":
+            _print_json(client.show(args.task_id))
+        else:
+            final = oc.watch(client, args.task_id, after=args.after)
+            print(f"task {args.task_id} ended {final}", file=sys.stderr)
+    except oc.ClientError as exc:
+        fail(PROG, str(exc))
+    finally:
+        client.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["chaos"]:
+        from supervisor.chaos.explore import main as chaos_main
+
+        return chaos_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "task":
+        return _task(args)
+    return _admin(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""`tether-supervisor task ...`: the operator's client for the HTTP API.
+
+A thin adapter: it sends what the operator typed, prints what the supervisor answered, and
+decides nothing itself. `watch` follows the event journal by long-poll and prints one readable
+line per event, applying events in sequence order and skipping any it has already shown.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+import tenacity
+
+from tether.wire import content_hash
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+class ClientError(Exception):
+    """The supervisor refused the request or could not be reached; the message says which."""
+
+
+class Unreachable(ClientError):
+    """The supervisor did not answer; trying again later may work."""
+
+
+class OperatorClient:
+    def __init__(self, url: str, token: str, *, transport: httpx.BaseTransport | None = None):
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(10.0, read=70.0),
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot reach the supervisor: {exc}") from None
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                message = f"{body['error']}: {body['detail']}"
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:200]
+            raise ClientError(f"{response.status_code} {message}")
+        return response.json() if response.content else None
+
+    def submit(self, body: dict[str, Any]) -> Any:
+        return self._call("POST", "/v1/tasks", json=body)
+
+    def approve(self, task_id: str, plan_hash: str, base_sha: str | None) -> Any:
+        return self._call(
+            "POST",
+            f"/v1/tasks/{task_id}/approve",
+            json={"plan_hash": plan_hash, "base_sha": base_sha},
+        )
+
+    def cancel(self, task_id: str, reason: str) -> Any:
+        return self._call("POST", f"/v1/tasks/{task_id}/cancel", json={"reason": reason})
+
+    def show(self, task_id: str) -> Any:
+        return self._call("GET", f"/v1/tasks/{task_id}")
+
+    def events(self, task_id: str, after: int, wait_s: float) -> list[dict[str, Any]]:
+        body = self._call(
+            "GET", f"/v1/tasks/{task_id}/events", params={"after": after, "wait": wait_s}
+        )
+        return list(body["events"])
+
+
+def load_task_file(path: Path) -> dict[str, Any]:
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ClientError(f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ClientError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("plan"), dict):
+        raise ClientError(f"{path} must hold a task object with a 'plan'")
+    return body
+
+
+def plan_hash_of(body: dict[str, Any]) -> str:
+    """The hash the supervisor will compute: approving with it binds exactly what was sent."""
+    return content_hash(body["plan"])
+
+
+def describe(event: dict[str, Any]) -> str:
+    """One readable line per event."""
+    stamp = time.strftime("%H:%M:%S", time.gmtime(event.get("at", 0)))
+    data = event.get("data") or {}
+    details = " ".join(
+        f"{k}={v}" for k, v in data.items() if k in {"step_id", "attempt", "fence", "reason",
+                                                      "runner_id", "why", "head_sha", "from"}
+    )  # fmt: skip
+    return f"{event['seq']:>6} {stamp} {event['state']:<9} {event['kind']:<14} {details}".rstrip()
+
+
+def watch(client: OperatorClient, task_id: str, *, after: int = 0, out: TextIO = sys.stdout) -> str:
+    """Print events until the task ends; answer its terminal state. Survives restarts of the
+    supervisor by retrying the long-poll."""
+    last = after
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(Unreachable),
+        wait=tenacity.wait_exponential_jitter(initial=0.5, max=10),
+        stop=tenacity.stop_after_delay(300),
+        reraise=True,
+    )
+    while True:
+        batch = retrying(client.events, task_id, last, 30.0)
+        for event in batch:
+            if event["seq"] <= last:
+                continue  # already shown: never move the view backwards
+            last = event["seq"]
+            print(describe(event), file=out, flush=True)
+            if event["kind"] == "state" and event["state"] in TERMINAL_STATES:
+                return str(event["state"])

@@ -1,0 +1,71 @@
+"""`tether-supervisor serve`: uvicorn around the API app, with systemd notify and a refusal to
+start on a damaged ledger file."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+
+import anyio
+import structlog
+import uvicorn
+
+from supervisor.api import create_app
+from supervisor.ledger import LedgerError
+from supervisor.ledger.schema import open_ledger_file
+from supervisor.settings import SupervisorSettings
+from tether.logs import configure_logging
+from tether.sdnotify import Notifier
+
+log = structlog.get_logger("tether.supervisor")
+
+
+def preflight(settings: SupervisorSettings) -> str | None:
+    """Open, integrity-check and migrate the ledger; answer the one line to print on failure."""
+    try:
+        open_ledger_file(settings.db, synchronous=settings.synchronous).close()
+    except (LedgerError, sqlite3.DatabaseError) as exc:
+        return f"ledger {settings.db} refused: {exc}"
+    return None
+
+
+async def _notify_when_started(server: uvicorn.Server, notifier: Notifier) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        await anyio.sleep(0.05)
+    notifier.send("READY=1", "STATUS=serving")
+    interval = notifier.watchdog_interval_s()
+    while interval is not None and not server.should_exit:
+        notifier.send("WATCHDOG=1")
+        await anyio.sleep(interval)
+
+
+async def _serve(server: uvicorn.Server, notifier: Notifier) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_notify_when_started, server, notifier)
+        await server.serve()
+        notifier.send("STOPPING=1")
+        tg.cancel_scope.cancel()
+
+
+def serve(settings: SupervisorSettings) -> int:
+    configure_logging(level=settings.log_level)
+    problem = preflight(settings)
+    if problem is not None:
+        sys.stderr.write(f"tether-supervisor: error: {problem}\n")
+        return 1
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+    server = uvicorn.Server(config)
+    log.info("supervisor starting", db=str(settings.db), host=settings.host, port=settings.port)
+    anyio.run(_serve, server, Notifier())
+    log.info("supervisor stopped")
+    return 0 if server.started else 1

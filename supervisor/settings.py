@@ -1,0 +1,52 @@
+"""The supervisor's settings (SPEC §9): defaults < `config/supervisor.toml` < `TETHER_*` < flags.
+
+Every key here appears, with its default and a comment, in `config/supervisor.toml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from supervisor.ledger.schema import SYNCHRONOUS_MODES
+from supervisor.ledger.tx import LedgerConfig
+from tether.settings import SettingsError, require_positive
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SupervisorSettings:
+    db: Path = Path("tether.db")
+    host: str = "127.0.0.1"
+    port: int = 8080
+    lease_ttl_s: float = 30.0
+    accept_window_s: float = 10.0
+    max_attempts: int = 5
+    max_body_bytes: int = 1024 * 1024
+    synchronous: str = "FULL"
+    claim_wait_max_s: float = 30.0
+    events_wait_max_s: float = 60.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for name in ("lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s"):
+            require_positive(name, getattr(self, name))
+        require_positive("max_attempts", self.max_attempts)
+        require_positive("max_body_bytes", self.max_body_bytes)
+        if self.accept_window_s > self.lease_ttl_s:
+            raise SettingsError("setting 'accept_window_s' must not exceed 'lease_ttl_s'")
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"setting 'port' must be 1..65535, got {self.port}")
+        if self.synchronous.upper() not in SYNCHRONOUS_MODES:
+            raise SettingsError(
+                f"setting 'synchronous' must be one of {', '.join(SYNCHRONOUS_MODES)}"
+            )
+        if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
+            raise SettingsError("setting 'log_level' must be debug, info, warning or error")
+
+    @property
+    def ledger_config(self) -> LedgerConfig:
+        return LedgerConfig(
+            lease_ttl_s=self.lease_ttl_s,
+            accept_window_s=self.accept_window_s,
+            max_attempts=self.max_attempts,
+        )
