@@ -3,8 +3,11 @@ start on a damaged ledger file."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sqlite3
 import sys
+from collections.abc import Iterator
 
 import anyio
 import structlog
@@ -41,9 +44,29 @@ async def _notify_when_started(server: uvicorn.Server, notifier: Notifier) -> No
         await anyio.sleep(interval)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM once it has shut down, which kills the process
+    before its last log lines are flushed; we take the signals ourselves instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _stop_on_signals(server: uvicorn.Server, notifier: Notifier) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if server.should_exit:
+                server.force_exit = True  # a second signal: stop without waiting
+            server.should_exit = True
+            notifier.send("STOPPING=1")
+            log.info("supervisor stopping", signal=signal.Signals(signum).name)
+
+
 async def _serve(server: uvicorn.Server, notifier: Notifier) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_notify_when_started, server, notifier)
+        tg.start_soon(_stop_on_signals, server, notifier)
         await server.serve()
         notifier.send("STOPPING=1")
         tg.cancel_scope.cancel()
@@ -64,7 +87,7 @@ def serve(settings: SupervisorSettings) -> int:
         lifespan="on",
         timeout_graceful_shutdown=10,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     log.info("supervisor starting", db=str(settings.db), host=settings.host, port=settings.port)
     anyio.run(_serve, server, Notifier())
     log.info("supervisor stopped")
