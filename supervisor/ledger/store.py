@@ -60,7 +60,11 @@ class _Pending:
 
 
 class _Signal:
-    """A broadcast that long-pollers wait on: set once, then replaced."""
+    """A broadcast that long-pollers wait on: set once, then replaced.
+
+    A poller takes `armed()` *before* it looks for work and waits on that event afterwards, so
+    a fire that lands between its look and its wait (e.g. in the same batch) still wakes it.
+    """
 
     def __init__(self) -> None:
         self._event = anyio.Event()
@@ -69,9 +73,13 @@ class _Signal:
         self._event.set()
         self._event = anyio.Event()
 
-    async def wait(self, seconds: float) -> None:
+    def armed(self) -> anyio.Event:
+        """The event the next `fire` sets."""
+        return self._event
+
+    async def wait(self, seconds: float, armed: anyio.Event | None = None) -> None:
         with anyio.move_on_after(seconds):
-            await self._event.wait()
+            await (armed or self._event).wait()
 
 
 class SqliteLedger:
@@ -213,12 +221,13 @@ class SqliteLedger:
         """Grant leases now, or wait up to `wait_s` for work to be queued."""
         deadline = anyio.current_time() + max(0.0, wait_s)
         while True:
+            armed = self._work.armed()
             leases = await self.write(lambda tx: fencing.claim(tx, runner_id, pool, capacity))
             remaining = deadline - anyio.current_time()
             if leases or remaining <= 0:
                 self.counters["leases_granted"] += len(leases)
                 return leases
-            await self._work.wait(remaining)
+            await self._work.wait(remaining, armed)
 
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> fencing.Renewal:
         renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))
@@ -269,11 +278,12 @@ class SqliteLedger:
         await self.task_exists(task_id, tenant)
         deadline = anyio.current_time() + max(0.0, wait_s)
         while True:
+            armed = self._events.armed()
             found = await self.read(lambda db: views.events_after(db, task_id, after))
             remaining = deadline - anyio.current_time()
             if found or remaining <= 0:
                 return found
-            await self._events.wait(remaining)
+            await self._events.wait(remaining, armed)
 
     async def task_exists(self, task_id: str, tenant: str | None) -> None:
         await self.read(lambda db: views._task_row(db, tenant, task_id))
