@@ -69,7 +69,9 @@ def claim(tx: Tx, runner_id: str, pool: str, capacity: int) -> list[Lease]:
         " LEFT JOIN tenants b ON b.name = t.tenant"
         " WHERE s.state = 'queued' AND t.state IN ('QUEUED', 'RUNNING') AND t.pool = ?"
         " AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)"
-        " ORDER BY t.created_order, s.position LIMIT ?",
+        # Steps are inserted in task-creation order, position by position, so rowid order is
+        # (created_order, position) and walks the partial index on queued steps without a sort.
+        " ORDER BY s.rowid LIMIT ?",
         (pool, capacity),
     )
     return [_grant(tx, row, runner_id) for row in rows]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from supervisor.ledger import (
@@ -149,12 +150,7 @@ class SqliteLedger:
     async def _write_loop(self, receive: MemoryObjectReceiveStream[_Pending]) -> None:
         async with receive:
             async for first in receive:
-                batch = [first]
-                while len(batch) < MAX_BATCH:
-                    try:
-                        batch.append(receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
+                batch = await self._gather(first, receive)
                 assert self._writer is not None
                 result = await anyio.to_thread.run_sync(
                     execute_batch,
@@ -174,6 +170,25 @@ class SqliteLedger:
                     self._work.fire()
                 if result.touched_tasks:
                     self._events.fire()
+
+    @staticmethod
+    async def _gather(
+        first: _Pending, receive: MemoryObjectReceiveStream[_Pending]
+    ) -> list[_Pending]:
+        """Collect every rule that is ready to be queued. Callers woken by the previous batch
+        enqueue their next rule only once they run, so yield to them until none arrives."""
+        batch = [first]
+        while len(batch) < MAX_BATCH:
+            await anyio.lowlevel.checkpoint()
+            before = len(batch)
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            if len(batch) == before:
+                break
+        return batch
 
     async def write(self, rule: Callable[[Tx], T]) -> T:
         """Run one rule in the next group-commit batch; answer once it is durable."""
