@@ -34,6 +34,7 @@ CREATE TABLE tasks (
 ) STRICT;
 -- Kept as its own index so the schedule explorer's `key-reuse` plant can drop it.
 CREATE UNIQUE INDEX tasks_idempotency ON tasks (tenant, idempotency_key);
+CREATE UNIQUE INDEX tasks_by_order ON tasks (created_order);
 CREATE INDEX tasks_by_tenant ON tasks (tenant, created_order);
 CREATE INDEX tasks_by_state ON tasks (state, created_order);
 
