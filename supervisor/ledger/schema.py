@@ -10,7 +10,7 @@ import sqlite3
 from importlib import resources
 from pathlib import Path
 
-from supervisor.ledger.errors import IntegrityCheckFailed, SchemaTooNew
+from supervisor.ledger.errors import IntegrityCheckFailed, SchemaTooNew, StorageError
 
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -29,12 +29,16 @@ def connect(
         raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}")
     db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
     db.row_factory = sqlite3.Row
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-    db.execute("PRAGMA foreign_keys = ON")
-    db.execute("PRAGMA busy_timeout = 30000")
-    if readonly:
-        db.execute("PRAGMA query_only = ON")
+    try:
+        db.execute("PRAGMA journal_mode = WAL")  # the first read: a non-database fails here
+        db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        db.execute("PRAGMA foreign_keys = ON")
+        db.execute("PRAGMA busy_timeout = 30000")
+        if readonly:
+            db.execute("PRAGMA query_only = ON")
+    except BaseException:
+        db.close()
+        raise
     return db
 
 
@@ -51,7 +55,9 @@ def integrity_problems(db: sqlite3.Connection) -> list[str]:
 def check_integrity(db: sqlite3.Connection) -> None:
     problems = integrity_problems(db)
     if problems:
-        raise IntegrityCheckFailed(f"PRAGMA integrity_check failed: {'; '.join(problems[:3])}")
+        # One line for the operator: integrity_check's own rows may span several lines.
+        summary = "; ".join(" ".join(p.split()) for p in problems[:3])
+        raise IntegrityCheckFailed(f"PRAGMA integrity_check failed: {summary}")
 
 
 def migrate(db: sqlite3.Connection) -> int:
@@ -93,13 +99,35 @@ def _statements(script: str) -> list[str]:
     return out
 
 
+def _is_damage(exc: sqlite3.Error) -> bool:
+    """SQLITE_CORRUPT (any extended code) or SQLITE_NOTADB: the file itself is damaged."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
 def open_ledger_file(path: Path | str, *, synchronous: str = "FULL") -> sqlite3.Connection:
-    """Open, check integrity, migrate. Raises `IntegrityCheckFailed` on a damaged file."""
-    db = connect(path, synchronous=synchronous)
+    """Open, check integrity, migrate. Raises `IntegrityCheckFailed` on a damaged file, including
+    one so damaged that SQLite raises instead of reporting (a garbage header: "file is not a
+    database"; a garbage b-tree page: "malformed"), and `StorageError` when the file cannot be
+    used for another SQLite reason, so callers see the ledger's errors, never the driver's."""
+    db: sqlite3.Connection | None = None
     try:
+        db = connect(path, synchronous=synchronous)
         check_integrity(db)
         migrate(db)
+    except sqlite3.Error as exc:
+        if db is not None:
+            db.close()
+        one_line = str(exc).replace("\n", " ")
+        if _is_damage(exc):
+            raise IntegrityCheckFailed(f"ledger file {path} is damaged: {one_line}") from exc
+        raise StorageError(f"cannot open ledger file {path}: {one_line}") from exc
+    except UnicodeDecodeError as exc:  # SQLite's own message quoted bytes of a damaged schema
+        if db is not None:
+            db.close()
+        raise IntegrityCheckFailed(f"ledger file {path} is damaged: {exc}") from exc
     except BaseException:
-        db.close()
+        if db is not None:
+            db.close()
         raise
     return db

@@ -1,0 +1,202 @@
+"""Restart and storage (issue 2): nothing committed is lost, the fence counter stays above every
+fence ever issued, open leases get a fresh TTL, and a damaged or too-new file is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.ledger import (
+    IntegrityCheckFailed,
+    SchemaTooNew,
+    SqliteLedger,
+    StorageError,
+    schema,
+)
+from supervisor.ledger.schema import migrations, open_ledger_file
+from tether.wire import Outcome
+
+from .conftest import FakeClock, open_ledger, queued_task, raw_db, report_for
+
+
+async def test_a_reopened_ledger_has_lost_nothing(ledger_path: Path, clock: FakeClock) -> None:
+    async with open_ledger(ledger_path, clock) as ledger:
+        done = await queued_task(ledger, "done", steps=2)
+        for _ in range(2):
+            [lease] = await ledger.claim("r1", "default", 1, 0)
+            await ledger.report(report_for(lease, output=f"out-{lease.step_id}"))
+        midway = await queued_task(ledger, "midway", steps=2)
+        [lease] = await ledger.claim("r1", "default", 1, 0)
+        await ledger.report(report_for(lease))
+        before = {t: await ledger.task(t) for t in (done, midway)}
+        events = {t: await ledger.events(t, None, 0, 0) for t in (done, midway)}
+    async with open_ledger(ledger_path, clock) as ledger:
+        assert {t: await ledger.task(t) for t in (done, midway)} == before
+        assert {t: await ledger.events(t, None, 0, 0) for t in (done, midway)} == events
+        assert before[done]["state"] == "SUCCEEDED"
+        # The committed step replays; the next step is still there to run.
+        assert await ledger.report(report_for(lease)) is Outcome.REPLAYED
+        [nxt] = await ledger.claim("r1", "default", 1, 0)
+        assert nxt.step_id == f"{midway}.1"
+        assert nxt.outputs[0]["output"] == "done"
+        assert await ledger.violations() == []
+
+
+@pytest.mark.parametrize("counter", [0, 1, None], ids=["reset", "behind", "normal"])
+async def test_the_fence_counter_continues_above_every_fence_ever_issued(
+    ledger_path: Path, clock: FakeClock, counter: int | None
+) -> None:
+    async with open_ledger(ledger_path, clock) as ledger:
+        for i in range(3):
+            await queued_task(ledger, f"k{i}")
+        leases = await ledger.claim("r1", "default", 3, 0)
+        await ledger.report(report_for(leases[0]))
+    issued = max(lease.fence for lease in leases)
+    if counter is not None:
+        db = raw_db(ledger_path)
+        db.execute("UPDATE counters SET value = ? WHERE name = 'fence'", (counter,))
+        db.close()
+    clock.advance(3600)
+    async with open_ledger(ledger_path, clock) as ledger:
+        await queued_task(ledger, "after")
+        [fresh] = await ledger.claim("r1", "default", 1, 0)
+        assert fresh.fence > issued
+        assert await ledger.violations() == []
+
+
+async def test_open_leases_get_a_fresh_ttl_from_the_new_clock(
+    ledger_path: Path, clock: FakeClock
+) -> None:
+    async with open_ledger(ledger_path, clock) as ledger:
+        task_id = await queued_task(ledger)
+        [lease] = await ledger.claim("r1", "default", 1, 0)
+        await ledger.renew(lease.step_id, lease.fence)
+    clock.advance(10_000)  # the supervisor was down far longer than any TTL
+    async with open_ledger(ledger_path, clock) as ledger:
+        assert await ledger.expire() == 0
+        assert await ledger.next_deadline() == clock.now + 30
+        clock.advance(29)
+        assert await ledger.expire() == 0
+        assert (await ledger.renew(lease.step_id, lease.fence)).cancelled is False
+        assert await ledger.report(report_for(lease)) is Outcome.APPLIED
+        assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+
+
+async def test_an_unacknowledged_lease_gets_a_fresh_acceptance_window(
+    ledger_path: Path, clock: FakeClock
+) -> None:
+    async with open_ledger(ledger_path, clock) as ledger:
+        await queued_task(ledger)
+        await ledger.claim("r1", "default", 1, 0)
+    clock.advance(10_000)
+    async with open_ledger(ledger_path, clock) as ledger:
+        assert await ledger.expire() == 0
+        clock.advance(10)
+        assert await ledger.expire() == 1
+
+
+async def closed_ledger_with_data(path: Path, clock: FakeClock) -> None:
+    async with open_ledger(path, clock) as ledger:
+        for i in range(40):
+            spec_key = f"task-{i}-" + "x" * 150
+            await queued_task(ledger, spec_key, steps=4)
+
+
+def overwrite(path: Path, offset: int, length: int) -> None:
+    assert path.stat().st_size > offset + length  # garbage over pages, not past the end
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(bytes((i * 37 + 11) % 256 for i in range(length)))
+
+
+@pytest.mark.parametrize(
+    ("offset", "length"),
+    [(0, 100), (4096, 8192), (4096 * 5, 4096 * 3)],
+    ids=["header", "pages-2-3", "pages-6-8"],
+)
+async def test_a_corrupted_file_is_refused_with_a_storage_error(
+    ledger_path: Path, clock: FakeClock, offset: int, length: int
+) -> None:
+    await closed_ledger_with_data(ledger_path, clock)
+    overwrite(ledger_path, offset, length)
+    with pytest.raises(StorageError) as caught:
+        async with open_ledger(ledger_path, clock):
+            pass
+    assert isinstance(caught.value, IntegrityCheckFailed)
+    assert caught.value.detail
+    assert "\n" not in caught.value.detail
+
+
+async def test_open_ledger_file_itself_refuses_a_damaged_file(
+    ledger_path: Path, clock: FakeClock
+) -> None:
+    await closed_ledger_with_data(ledger_path, clock)
+    overwrite(ledger_path, 4096, 8192)
+    with pytest.raises(IntegrityCheckFailed):
+        open_ledger_file(ledger_path)
+
+
+async def test_a_schema_newer_than_the_code_is_refused(ledger_path: Path, clock: FakeClock) -> None:
+    async with open_ledger(ledger_path, clock):
+        pass
+    newest = migrations()[-1][0]
+    db = raw_db(ledger_path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == newest
+    db.execute(f"PRAGMA user_version = {newest + 1}")
+    db.close()
+    with pytest.raises(SchemaTooNew):
+        async with open_ledger(ledger_path, clock):
+            pass
+    db = raw_db(ledger_path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == newest + 1
+    db.close()
+
+
+async def test_a_fresh_file_is_migrated_to_the_newest_schema(
+    ledger: SqliteLedger, ledger_path: Path
+) -> None:
+    db = raw_db(ledger_path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == migrations()[-1][0]
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    ["CREATE garbage", "CAST(X'435245415445d3d3' AS TEXT)"],
+    ids=["malformed-schema", "schema-not-utf8"],
+)
+async def test_a_damaged_schema_is_refused_with_integrity_check_failed(
+    ledger_path: Path, clock: FakeClock, sql: str
+) -> None:
+    async with open_ledger(ledger_path, clock):
+        pass
+    db = raw_db(ledger_path)
+    db.execute("PRAGMA writable_schema = ON")
+    value = sql if sql.startswith("CAST") else f"'{sql}'"
+    db.execute(f"UPDATE sqlite_schema SET sql = {value} WHERE name = 'tasks_by_state'")
+    db.close()
+    with pytest.raises(IntegrityCheckFailed) as caught:
+        open_ledger_file(ledger_path)
+    assert "damaged" in caught.value.detail
+
+
+async def test_a_file_that_cannot_be_opened_is_a_storage_error(tmp_path: Path) -> None:
+    with pytest.raises(StorageError) as caught:
+        open_ledger_file(tmp_path)  # a directory
+    assert str(tmp_path) in caught.value.detail
+
+
+def test_integrity_problems_are_reported_on_one_line(
+    ledger_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        schema,
+        "integrity_problems",
+        lambda db: ["*** in database main ***\nOn tree page 36 cell 24: Rowid 43 out of order"],
+    )
+    with pytest.raises(IntegrityCheckFailed) as caught:
+        open_ledger_file(ledger_path)
+    assert "\n" not in caught.value.detail
+    assert "Rowid 43 out of order" in caught.value.detail
