@@ -1,0 +1,119 @@
+"""The runner's exceptions, grouped by what the runner does about them.
+
+    RunnerError
+    ├── LeaseLost                 the step is no longer ours: drop it at once, report nothing
+    ├── StepFailure               the step ends here on this runner: release the lease
+    │   ├── StepRejected          it cannot succeed as given (model 400, bad payload):
+    │   │                         release `invalid`, not retryable, the task fails
+    │   ├── StepUnsupported       this runner cannot run it (unknown kind, hash mismatch):
+    │   │                         release `invalid`, retryable, counted toward max_attempts
+    │   ├── OperatorProblem       a missing or rejected model key, an exhausted quota, a wrong
+    │   │                         model URL: release `operator` (not counted), pause claiming
+    │   └── TransientFailure      the model stayed unavailable within the step's deadline:
+    │                             release `transient`, retryable, counted
+    └── SupervisorError           talking to the supervisor went wrong
+        ├── SupervisorUnreachable transport error or 5xx: back off and try again
+        ├── TokenRejected         401/403: the runner token is wrong or revoked; stop claiming
+        └── SupervisorRefused     any other 4xx: the runner sent something the supervisor
+                                  will never accept (a bug or a version skew)
+
+The docstring of each class is its default message.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from tether.wire import ReleaseReason
+
+
+class RunnerError(Exception):
+    """The runner hit a problem."""
+
+    def __init__(self, detail: str | None = None) -> None:
+        self.detail = detail or (self.__doc__ or type(self).__name__).strip()
+        super().__init__(self.detail)
+
+
+class LostBecause(enum.StrEnum):
+    """Why a lease is no longer ours."""
+
+    STALE_FENCE = "stale_fence"
+    PAYLOAD_DRIFT = "payload_drift"
+    TERMINAL = "terminal"
+    NOT_FOUND = "not_found"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    TOKEN_REJECTED = "token_rejected"  # noqa: S105 (a reason, not a secret)
+
+
+class LeaseLost(RunnerError):
+    """The lease is no longer ours; the step is dropped and nothing is reported."""
+
+    def __init__(self, because: LostBecause, detail: str | None = None) -> None:
+        self.because = because
+        super().__init__(detail or f"lease lost: {because}")
+
+
+class StepFailure(RunnerError):
+    """The step cannot finish on this runner."""
+
+    reason: ReleaseReason = ReleaseReason.TRANSIENT
+    retryable: bool = True
+
+
+class StepRejected(StepFailure):
+    """The step's payload cannot succeed; retrying it would fail the same way."""
+
+    reason = ReleaseReason.INVALID
+    retryable = False
+
+
+class StepUnsupported(StepFailure):
+    """This runner cannot run the step; another runner might."""
+
+    reason = ReleaseReason.INVALID
+    retryable = True
+
+
+class OperatorProblem(StepFailure):
+    """The model provider refused us for a reason only an operator can fix."""
+
+    reason = ReleaseReason.OPERATOR
+    retryable = True
+
+    def __init__(self, detail: str | None = None, *, action: str) -> None:
+        self.action = action
+        super().__init__(detail)
+
+
+class TransientFailure(StepFailure):
+    """The model stayed unavailable within the step's deadline."""
+
+    reason = ReleaseReason.TRANSIENT
+    retryable = True
+
+    def __init__(self, detail: str | None = None, *, retry_after_s: float | None = None) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(detail)
+
+
+class SupervisorError(RunnerError):
+    """The supervisor call failed."""
+
+
+class SupervisorUnreachable(SupervisorError):
+    """The supervisor did not answer usefully (connection error, timeout or 5xx)."""
+
+
+class TokenRejected(SupervisorError):
+    """The supervisor refused the runner token (401/403): it is wrong or was revoked."""
+
+
+class SupervisorRefused(SupervisorError):
+    """The supervisor refused the request as malformed."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        self.status = status
+        self.code = code
+        super().__init__(f"{status} {code}: {detail}")

@@ -1,0 +1,98 @@
+"""The runner's settings (SPEC §9): defaults < TOML `--config` < `TETHER_*` < flags.
+
+`supervisor_url`, `model_url` and `model` have no useful default and must be given somewhere.
+Secrets are never settings: `token_file` and `model_key_file` name files, and when they are
+unset the runner looks in systemd's `$CREDENTIALS_DIRECTORY` for `runner-token` and
+`model-key`. A missing runner token stops the runner at start; a missing model key is the
+operator problem of SPEC §6 (each claimed step is released, claiming pauses) only when
+`model_key_file` names a file; with no file and no credential the runner sends no key at all,
+for a local model server that needs none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+
+from tether.settings import SettingsError, require_positive
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "json", "console")
+# The supervisor refuses a claim whose `wait_s` exceeds its `claim_wait_max_s` (30 by default).
+MAX_CLAIM_WAIT_S = 60.0
+
+
+def default_runner_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _check_url(name: str, value: str) -> None:
+    if not value:
+        raise SettingsError(
+            f"setting {name!r} is required: give it in the config file,"
+            f" as TETHER_{name.upper()} or as a flag"
+        )
+    if not value.startswith(("http://", "https://")):
+        raise SettingsError(f"setting {name!r} must be an http:// or https:// URL, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunnerSettings:
+    supervisor_url: str = ""
+    token_file: Path | None = None
+    model_url: str = ""
+    model_key_file: Path | None = None
+    model: str = ""
+    concurrency: int = 4
+    shutdown_grace_s: float = 20.0
+    runner_id: str = dataclasses.field(default_factory=default_runner_id)
+    claim_wait_s: float = 20.0
+    # The whole budget for one step's model call, retries and Retry-After waits included.
+    model_timeout_s: float = 300.0
+    # Timeout of one renew, release or result call (claims add their `claim_wait_s`).
+    request_timeout_s: float = 10.0
+    # Claiming pauses after an operator problem, doubling from `pause_initial_s` up to
+    # `pause_max_s`; a completed step resets it.
+    pause_initial_s: float = 5.0
+    pause_max_s: float = 300.0
+    log_level: str = "info"
+    log_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check_url("supervisor_url", self.supervisor_url)
+        _check_url("model_url", self.model_url)
+        if not self.model:
+            raise SettingsError(
+                "setting 'model' is required (the model name sent to the provider):"
+                " give it in the config file, as TETHER_MODEL or as --model"
+            )
+        if not 1 <= self.concurrency <= 256:
+            raise SettingsError(f"setting 'concurrency' must be 1..256, got {self.concurrency}")
+        if not 1 <= len(self.runner_id) <= 200:
+            raise SettingsError("setting 'runner_id' must be 1..200 characters")
+        for name in (
+            "shutdown_grace_s",
+            "model_timeout_s",
+            "request_timeout_s",
+            "pause_initial_s",
+            "pause_max_s",
+        ):
+            require_positive(name, getattr(self, name))
+        if not 0 <= self.claim_wait_s <= MAX_CLAIM_WAIT_S:
+            raise SettingsError(
+                f"setting 'claim_wait_s' must be 0..{MAX_CLAIM_WAIT_S:g} and not above the"
+                f" supervisor's claim_wait_max_s, got {self.claim_wait_s}"
+            )
+        if self.pause_max_s < self.pause_initial_s:
+            raise SettingsError("setting 'pause_max_s' must not be below 'pause_initial_s'")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise SettingsError(f"setting 'log_level' must be one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(f"setting 'log_format' must be one of {', '.join(LOG_FORMATS)}")
+
+    @property
+    def json_logs(self) -> bool | None:
+        """None lets the logging setup decide by whether stdout is a terminal."""
+        return {"auto": None, "json": True, "console": False}[self.log_format]
