@@ -1,0 +1,181 @@
+"""An OpenAI-compatible chat client: `POST {model_url}/chat/completions`, retried with care.
+
+Retried (tenacity, honouring `Retry-After`, until the step's deadline): 429 without
+`insufficient_quota`, 408, 409, 5xx, malformed 200 answers and transport errors.
+Never retried:
+- 400, 413, 422: the request cannot succeed as given -> `StepRejected` (the task fails);
+- 401, 403, a missing key: the key is wrong -> `OperatorProblem`;
+- 402, 429 `insufficient_quota`: the quota is spent -> `OperatorProblem`;
+- 404 and other 4xx: `model_url` or `model` is wrong -> `OperatorProblem`.
+An operator problem never burns the step. Retries exhausted within the deadline ->
+`TransientFailure`, carrying the last `Retry-After` so the runner can hold off claiming.
+
+A provider's message for 401/403 is never copied anywhere: some echo part of the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity.wait import wait_base
+
+from runner.clock import Clock
+from runner.errors import OperatorProblem, StepRejected, TransientFailure
+from runner.retry_after import HasRetryAfter, parse_retry_after, stop_before_deadline
+from runner.retry_after import wait_retry_after as wait_retry_after_header
+
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Completion:
+    text: str
+    finish_reason: str | None
+    model: str
+    usage: dict[str, int]
+
+
+class _Retryable(HasRetryAfter):
+    """One failed try worth another."""
+
+    def __init__(self, detail: str, retry_after_s: float | None = None) -> None:
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+        super().__init__(detail)
+
+
+def _provider_error(response: httpx.Response) -> tuple[str, str]:
+    """`(code, message)` from an OpenAI-style `{"error": {...}}` body, tolerant of others."""
+    try:
+        body = response.json()
+    except ValueError:
+        return "", response.text[:200]
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        code = error.get("code") or error.get("type") or ""
+        return str(code), str(error.get("message", ""))[:300]
+    if isinstance(error, str):
+        return error, str(body.get("detail", ""))[:300]
+    return "", str(body)[:200]
+
+
+def _usage(raw: Any) -> dict[str, int]:
+    usage = {}
+    if isinstance(raw, dict):
+        for key in USAGE_KEYS:
+            value = raw.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                usage[key] = value
+    if "total_tokens" not in usage and usage:
+        usage["total_tokens"] = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+    return usage
+
+
+def parse_completion(response: httpx.Response, asked_model: str) -> Completion:
+    """The first choice of a 200 answer; `_Retryable` if it is not a completion at all."""
+    try:
+        body = response.json()
+        choice = body["choices"][0]
+        text = choice["message"]["content"]
+        if not isinstance(text, str):
+            text = "" if text is None else str(text)
+        finish = choice.get("finish_reason")
+        model = body.get("model") or asked_model
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        raise _Retryable("200 answer is not a chat completion") from None
+    return Completion(
+        text=text,
+        finish_reason=None if finish is None else str(finish),
+        model=str(model),
+        usage=_usage(body.get("usage")),
+    )
+
+
+class ModelClient:
+    """Chat completions against one OpenAI-compatible base URL."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        clock: Clock,
+        key_hint: str = "the model key file",
+        transport: httpx.AsyncBaseTransport | None = None,
+        backoff: wait_base | None = None,
+    ) -> None:
+        self._clock = clock
+        self._key_hint = key_hint
+        self._backoff = backoff or wait_exponential_jitter(initial=0.5, max=20.0, jitter=0.5)
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._http = httpx.AsyncClient(transport=transport, headers={"User-Agent": "tether"})
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def _operator(self, detail: str, action: str) -> OperatorProblem:
+        return OperatorProblem(detail, action=action)
+
+    def _classify(self, response: httpx.Response) -> Exception | None:
+        """None for success; the exception a non-2xx answer stands for otherwise."""
+        status = response.status_code
+        if 200 <= status < 300:
+            return None
+        code, message = _provider_error(response)
+        if status in (401, 403):
+            return self._operator(
+                f"model provider rejected the API key ({status})",
+                f"put a valid API key in {self._key_hint}; the runner re-reads it",
+            )
+        if status == 402 or (status == 429 and code == "insufficient_quota"):
+            return self._operator(
+                f"model provider quota exhausted ({status} {code or 'payment required'})",
+                "raise the provider quota or add credit; steps wait, they do not fail",
+            )
+        if status in (400, 413, 422):
+            return StepRejected(f"model rejected the request ({status} {code}): {message}")
+        if status == 429 or status in (408, 409) or status >= 500:
+            return _Retryable(
+                f"model answered {status} {code}".strip(), parse_retry_after(response.headers)
+            )
+        return self._operator(
+            f"model endpoint answered {status} {code}: {message}".strip(),
+            "check model_url and the model name in the runner's settings",
+        )
+
+    async def _try_once(self, body: dict[str, Any], key: str | None, deadline: float) -> Completion:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        remaining = max(0.01, deadline - self._clock.now())
+        try:
+            response = await self._http.post(
+                self._url, json=body, headers=headers, timeout=remaining
+            )
+        except httpx.TransportError as exc:
+            raise _Retryable(f"model unreachable: {type(exc).__name__}") from exc
+        problem = self._classify(response)
+        if problem is not None:
+            raise problem
+        return parse_completion(response, str(body.get("model", "")))
+
+    async def chat(self, body: dict[str, Any], *, key: str | None, deadline: float) -> Completion:
+        """One completion, retried until `deadline` (on the runner's clock) at the latest."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_Retryable),
+            wait=wait_retry_after_header(self._backoff),
+            stop=stop_before_deadline(self._clock, deadline),
+            sleep=self._clock.sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._try_once(body, key, deadline)
+        except _Retryable as exc:
+            tries = retrying.statistics.get("attempt_number", 1)
+            raise TransientFailure(
+                f"{exc.detail}; gave up after {tries} tries within the step's deadline",
+                retry_after_s=exc.retry_after_s,
+            ) from None
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover

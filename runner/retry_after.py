@@ -1,0 +1,89 @@
+"""Reading a provider's `Retry-After`, and a tenacity wait and stop built on it.
+
+`Retry-After` is either seconds or an HTTP date. A date is turned into seconds against the
+same answer's own `Date` header, never against this machine's wall clock (SPEC A3); without
+a `Date` header a date is ignored and the ordinary backoff applies. OpenAI's `retry-after-ms`
+is honoured too. The stop ends the retries when the next wait would overrun the step's
+deadline, measured on the runner's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+from collections.abc import Mapping
+
+from tenacity import RetryCallState
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
+from runner.clock import Clock
+
+# A provider asking for more than this is treated as asking for this much.
+MAX_RETRY_AFTER_S = 3600.0
+
+
+def _seconds(raw: str) -> float | None:
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return min(value, MAX_RETRY_AFTER_S)
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the provider asks us to wait, or None when it did not say (usably)."""
+    if (ms := headers.get("retry-after-ms")) is not None:
+        seconds = _seconds(ms)
+        if seconds is not None:
+            return min(seconds / 1000.0, MAX_RETRY_AFTER_S)
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if (seconds := _seconds(raw)) is not None:
+        return seconds
+    date = headers.get("date")
+    if date is None:
+        return None
+    try:
+        then = email.utils.parsedate_to_datetime(raw)
+        now = email.utils.parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return None
+    if then.tzinfo is None or now.tzinfo is None:
+        return None
+    return min(max(0.0, (then - now).total_seconds()), MAX_RETRY_AFTER_S)
+
+
+class HasRetryAfter(Exception):
+    """An exception that may carry the provider's requested wait."""
+
+    retry_after_s: float | None = None
+
+
+class wait_retry_after(wait_base):
+    """Wait what the failed answer's `Retry-After` asked for, else `fallback`."""
+
+    def __init__(self, fallback: wait_base) -> None:
+        self.fallback = fallback
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None and outcome.failed else None
+        if isinstance(exc, HasRetryAfter) and exc.retry_after_s is not None:
+            return exc.retry_after_s
+        return float(self.fallback(retry_state))
+
+
+class stop_before_deadline(stop_base):
+    """Stop when sleeping the upcoming wait would reach `deadline` on `clock`."""
+
+    def __init__(self, clock: Clock, deadline: float) -> None:
+        self.clock = clock
+        self.deadline = deadline
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.clock.now() + retry_state.upcoming_sleep >= self.deadline
