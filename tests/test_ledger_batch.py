@@ -1,0 +1,105 @@
+"""Group commit (`execute_batch`, `SqliteLedger.write`): many rules share one transaction, and
+a rule that is refused, or that crashes, is rolled back alone while its neighbours commit."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+
+import anyio
+import pytest
+
+from supervisor.ledger import (
+    Created,
+    LedgerError,
+    NotFound,
+    PlanMismatch,
+    SqliteLedger,
+    TaskState,
+    TerminalState,
+    Tx,
+)
+from supervisor.ledger.batch import RuleCrashed
+from supervisor.ledger.identity import create_task
+from supervisor.ledger.states import transition
+
+from .conftest import Sim, count, make_spec
+
+
+async def test_concurrent_writes_share_batches(ledger: SqliteLedger, ledger_path: Path) -> None:
+    batches, rules = ledger.counters["batches"], ledger.counters["batched_rules"]
+    created: list[Created] = []
+
+    async def create(i: int) -> None:
+        created.append(await ledger.create_task(make_spec(f"k{i}")))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(100):
+            tg.start_soon(create, i)
+    assert len({c.task_id for c in created}) == 100
+    assert count(ledger_path, "tasks") == 100
+    assert ledger.counters["batched_rules"] - rules == 100
+    assert ledger.counters["batches"] - batches < 100
+    assert ledger.counters["batches"] < ledger.counters["batched_rules"]
+
+
+def test_a_refused_rule_does_not_roll_back_its_neighbours(sim: Sim) -> None:
+    def cancel_a_missing_task(tx: Tx) -> None:
+        transition(tx, "no-such-task", TaskState.CANCELLED)
+
+    done = sim.run(lambda tx: create_task(tx, make_spec("done"))).task_id
+    sim.db.execute("UPDATE tasks SET state = 'SUCCEEDED' WHERE id = ?", (done,))
+    first, refused, missing, crashed, last = sim.batch(
+        lambda tx: create_task(tx, make_spec("a")),
+        lambda tx: transition(tx, done, TaskState.RUNNING),
+        cancel_a_missing_task,
+        crash_after_writing,
+        lambda tx: create_task(tx, make_spec("b")),
+    )
+    assert first.error is None
+    assert last.error is None
+    assert isinstance(refused.error, TerminalState)
+    assert isinstance(missing.error, NotFound)
+    assert isinstance(crashed.error, RuleCrashed)
+    keys = [r[0] for r in sim.db.execute("SELECT idempotency_key FROM tasks ORDER BY rowid")]
+    assert keys == ["done", "a", "b"]
+    assert sim.db.execute("SELECT state FROM tasks WHERE id = ?", (done,)).fetchone()[0] == (
+        "SUCCEEDED"
+    )
+    assert [r[0] for r in sim.db.execute("SELECT code FROM rejections")] == ["terminal"]
+    assert sim.db.execute("SELECT owner FROM tasks WHERE owner = 'crashed'").fetchone() is None
+
+
+def crash_after_writing(tx: Tx) -> None:
+    tx.run("UPDATE tasks SET owner = 'crashed'")
+    raise RuntimeError("a bug in a rule")
+
+
+async def test_a_refused_write_through_the_store_leaves_concurrent_ones_intact(
+    ledger: SqliteLedger, ledger_path: Path
+) -> None:
+    spec = make_spec("target")
+    target = (await ledger.create_task(spec)).task_id
+    outcomes: dict[str, object] = {}
+
+    async def attempt(name: str, call: Callable[[], Awaitable[object]]) -> None:
+        try:
+            outcomes[name] = await call()
+        except LedgerError as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(attempt, f"create{i}", partial(ledger.create_task, make_spec(f"n{i}")))
+        tg.start_soon(attempt, "mismatch", partial(ledger.approve, "acme", target, "0" * 64, None))
+        tg.start_soon(attempt, "crash", partial(ledger.write, crash_after_writing))
+    assert isinstance(outcomes.pop("mismatch"), PlanMismatch)
+    assert isinstance(outcomes.pop("crash"), RuleCrashed)
+    assert all(isinstance(v, Created) for v in outcomes.values())
+    assert count(ledger_path, "tasks") == 11
+    assert count(ledger_path, "tasks", "owner = 'crashed'") == 0
+    # The writer survived the crash: the ledger still answers.
+    assert (await ledger.create_task(make_spec("after"))).created is True
+    with pytest.raises(PlanMismatch):
+        await ledger.approve("acme", target, "1" * 64, None)

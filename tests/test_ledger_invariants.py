@@ -1,0 +1,244 @@
+"""`invariants.find_violations`: silent on a clean ledger, and names each kind of violation
+when one is planted by hand with sqlite3 (what `tether-supervisor check` and the explorer rely
+on). Every invariant has a plant here, and each plant trips exactly the invariants listed."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from supervisor.ledger import Report
+from supervisor.ledger.effects import report
+from supervisor.ledger.fencing import claim
+from supervisor.ledger.identity import create_task
+from supervisor.ledger.invariants import INVARIANTS, find_violations
+from supervisor.ledger.operator import approve
+from supervisor.ledger.reaper import expire
+from tether.wire import effect_key
+
+from .conftest import Sim, make_spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class World:
+    """A small clean ledger: every kind of row the invariants look at."""
+
+    done: str  # SUCCEEDED; its step committed under its second fence, the first expired
+    old_fence: int
+    new_fence: int
+    running: str  # RUNNING: step 0 committed, step 1 leased
+    repo: str  # repository task SUCCEEDED with a candidate and its artifacts
+    queued: str  # QUEUED, its step never leased
+    retried: str  # RUNNING, its step expired twice and queued again
+    retried_fences: tuple[int, int]
+
+
+def queue(sim: Sim, key: str, steps: int = 1, **extra: object) -> str:
+    spec = make_spec(key, steps, **extra)  # type: ignore[arg-type]
+    task_id: str = sim.run(lambda tx: create_task(tx, spec)).task_id
+    sim.run(lambda tx: approve(tx, "acme", task_id, spec.plan_hash, spec.base_sha))
+    return task_id
+
+
+def lease(sim: Sim, pool: str = "default") -> tuple[str, int, str]:
+    [got] = sim.run(lambda tx: claim(tx, "r1", pool, 1))
+    return got.step_id, got.fence, got.payload_hash
+
+
+def commit(sim: Sim, **extra: object) -> int:
+    step_id, fence, payload_hash = lease(sim)
+    rep = Report(step_id=step_id, fence=fence, payload_hash=payload_hash, output="ok", **extra)  # type: ignore[arg-type]
+    sim.run(lambda tx: report(tx, rep))
+    return fence
+
+
+def expire_all(sim: Sim) -> None:
+    sim.clock.advance(31)
+    sim.run(expire)
+
+
+@pytest.fixture
+def world(sim: Sim) -> World:
+    done = queue(sim, "done")
+    _, old_fence, _ = lease(sim)
+    expire_all(sim)
+    new_fence = commit(sim)
+    retried = queue(sim, "retried", pool="slow")  # its own pool: claims elsewhere miss it
+    _, first, _ = lease(sim, "slow")
+    expire_all(sim)
+    _, second, _ = lease(sim, "slow")
+    expire_all(sim)
+    running = queue(sim, "running", steps=2)
+    commit(sim)
+    lease(sim)
+    repo = queue(sim, "repo", repository="repo", base_sha="b1", expected_checks=("tests",))
+    commit(sim, candidate_sha="c1", artifacts={"tests": "d" * 64})
+    queued = queue(sim, "queued")
+    states = dict(sim.db.execute("SELECT id, state FROM tasks").fetchall())
+    assert states == {
+        done: "SUCCEEDED", running: "RUNNING", repo: "SUCCEEDED", queued: "QUEUED",
+        retried: "RUNNING",
+    }  # fmt: skip
+    attempts = sim.db.execute(
+        "SELECT s.task_id, a.fence, a.state FROM attempts a JOIN steps s ON s.id = a.step_id"
+        " ORDER BY a.fence"
+    ).fetchall()
+    assert [tuple(a) for a in attempts] == [
+        (done, old_fence, "expired"), (done, new_fence, "committed"),
+        (retried, first, "expired"), (retried, second, "expired"),
+        (running, new_fence + 3, "committed"), (running, new_fence + 4, "leased"),
+        (repo, new_fence + 5, "committed"),
+    ]  # fmt: skip
+    return World(
+        done=done, old_fence=old_fence, new_fence=new_fence, running=running, repo=repo,
+        queued=queued, retried=retried, retried_fences=(first, second),
+    )  # fmt: skip
+
+
+def names(db: sqlite3.Connection) -> set[str]:
+    return {v.split(":", 1)[0] for v in find_violations(db)}
+
+
+def test_a_clean_ledger_has_no_violation(sim: Sim, world: World) -> None:
+    assert find_violations(sim.db) == []
+    assert sim.db.execute("SELECT COUNT(*) FROM effects").fetchone()[0] == 3
+
+
+Plant = Callable[[sqlite3.Connection, World], None]
+
+
+def two_effects_for_one_step(db: sqlite3.Connection, w: World) -> None:
+    db.execute(
+        "INSERT INTO effects SELECT ?, step_id, task_id, fence, payload_hash, output_json,"
+        " usage_json, candidate_sha, created_at FROM effects WHERE task_id = ?",
+        ("e" * 64, w.done),
+    )
+
+
+def effect_for_an_uncommitted_step(db: sqlite3.Connection, w: World) -> None:
+    step = db.execute("SELECT * FROM steps WHERE task_id = ?", (w.queued,)).fetchone()
+    db.execute(
+        "INSERT INTO effects VALUES (?, ?, ?, 0, ?, '\"x\"', '{}', NULL, 0)",
+        (effect_key(step["id"], step["payload_hash"]), step["id"], w.queued, step["payload_hash"]),
+    )
+
+
+def terminal_then_later_state(db: sqlite3.Connection, w: World) -> None:
+    db.execute(
+        "INSERT INTO events (task_id, kind, state, data_json, at) VALUES (?, 'state', 'RUNNING',"
+        " '{}', 0)",
+        (w.done,),
+    )
+    db.execute("UPDATE tasks SET state = 'RUNNING' WHERE id = ?", (w.done,))
+
+
+def duplicate_idempotency_key(db: sqlite3.Connection, w: World) -> None:
+    db.execute("DROP INDEX tasks_idempotency")
+    columns = [r["name"] for r in db.execute("PRAGMA table_info(tasks)")]
+    copied = ", ".join(
+        {"id": "'dup'", "created_order": "created_order + 1000"}.get(c, c) for c in columns
+    )
+    db.execute(f"INSERT INTO tasks SELECT {copied} FROM tasks WHERE id = ?", (w.queued,))
+
+
+def stale_commit(db: sqlite3.Connection, w: World) -> None:
+    """The effect is credited to the older, fenced-out attempt."""
+    db.execute("UPDATE effects SET fence = ? WHERE task_id = ?", (w.old_fence, w.done))
+    db.execute("UPDATE attempts SET state = 'committed' WHERE fence = ?", (w.old_fence,))
+    db.execute("UPDATE attempts SET state = 'expired' WHERE fence = ?", (w.new_fence,))
+
+
+def committed_without_effect(db: sqlite3.Connection, w: World) -> None:
+    db.execute("DELETE FROM effects WHERE task_id = ?", (w.done,))
+
+
+def effect_not_matching_intent(db: sqlite3.Connection, w: World) -> None:
+    db.execute("UPDATE steps SET payload_hash = ? WHERE task_id = ?", ("f" * 64, w.done))
+
+
+def two_live_leases(db: sqlite3.Connection, w: World) -> None:
+    step = db.execute(
+        "SELECT * FROM steps WHERE task_id = ? AND state = 'leased'", (w.running,)
+    ).fetchone()
+    db.execute("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
+    fence = db.execute("SELECT value FROM counters").fetchone()[0]
+    db.execute(
+        "INSERT INTO attempts (step_id, attempt, fence, runner_id, state, granted_at)"
+        " VALUES (?, ?, ?, 'r9', 'leased', 0)",
+        (step["id"], step["attempt"] + 1, fence),
+    )
+
+
+def fences_not_increasing(db: sqlite3.Connection, w: World) -> None:
+    first, second = w.retried_fences
+    db.execute("UPDATE attempts SET fence = -1 WHERE fence = ?", (first,))
+    db.execute("UPDATE attempts SET fence = ? WHERE fence = ?", (first, second))
+    db.execute("UPDATE attempts SET fence = ? WHERE fence = -1", (second,))
+
+
+def counter_behind(db: sqlite3.Connection, w: World) -> None:
+    db.execute("UPDATE counters SET value = 1 WHERE name = 'fence'")
+
+
+def success_with_an_uncommitted_step(db: sqlite3.Connection, w: World) -> None:
+    db.execute("DELETE FROM effects WHERE task_id = ?", (w.done,))
+    db.execute("UPDATE steps SET state = 'queued' WHERE task_id = ?", (w.done,))
+
+
+def success_without_evidence(db: sqlite3.Connection, w: World) -> None:
+    db.execute("DELETE FROM artifacts WHERE task_id = ?", (w.repo,))
+
+
+def success_after_the_base_moved(db: sqlite3.Connection, w: World) -> None:
+    top = db.execute("SELECT MAX(seq) FROM events").fetchone()[0]
+    db.execute(
+        "UPDATE events SET seq = ? WHERE task_id = ? AND state = 'SUCCEEDED'", (top + 2, w.repo)
+    )
+    db.execute(
+        "INSERT INTO events (seq, task_id, kind, state, data_json, at)"
+        " VALUES (?, ?, 'base_changed', 'RUNNING', '{\"head_sha\": \"b2\"}', 0)",
+        (top + 1, w.repo),
+    )
+
+
+def state_not_the_journal_s(db: sqlite3.Connection, w: World) -> None:
+    db.execute("UPDATE tasks SET state = 'CANCELLED' WHERE id = ?", (w.queued,))
+
+
+def effect_key_not_identity(db: sqlite3.Connection, w: World) -> None:
+    db.execute("UPDATE effects SET effect_key = ? WHERE task_id = ?", ("0" * 64, w.done))
+
+
+# plant -> every invariant it must trip (the first is the one it is about)
+PLANTS: dict[str, tuple[Plant, set[str]]] = {
+    "one-effect-per-step": (two_effects_for_one_step, {"effect-key-is-identity"}),
+    "effect-has-commit": (effect_for_an_uncommitted_step, {"no-stale-commit"}),
+    "terminal-is-final": (terminal_then_later_state, set()),
+    "idempotency-key-unique": (duplicate_idempotency_key, set()),
+    "no-stale-commit": (stale_commit, set()),
+    "committed-has-effect": (committed_without_effect, set()),
+    "effect-matches-intent": (effect_not_matching_intent, set()),
+    "one-live-lease-per-step": (two_live_leases, set()),
+    "fences-increase": (fences_not_increasing, set()),
+    "fence-counter-ahead": (counter_behind, set()),
+    "success-is-complete": (success_with_an_uncommitted_step, set()),
+    "success-is-verified": (success_without_evidence, set()),
+    "success-on-approved-base": (success_after_the_base_moved, set()),
+    "task-state-is-last-event": (state_not_the_journal_s, set()),
+    "effect-key-is-identity": (effect_key_not_identity, set()),
+}
+
+
+def test_every_invariant_has_a_plant() -> None:
+    assert set(PLANTS) == set(INVARIANTS)
+
+
+@pytest.mark.parametrize("name", list(PLANTS))
+def test_a_planted_violation_is_named(sim: Sim, world: World, name: str) -> None:
+    plant, collateral = PLANTS[name]
+    plant(sim.db, world)
+    assert names(sim.db) == {name} | collateral
+    assert all(v.split(": ", 1)[1] for v in find_violations(sim.db))  # each has a description

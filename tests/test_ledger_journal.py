@@ -1,0 +1,106 @@
+"""The event journal (SPEC §4): one strictly increasing sequence, `after` filtering, and a
+long-poll that wakes on a new event."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from supervisor.ledger import NotFound, SqliteLedger
+
+from .conftest import FakeClock, make_spec, queued_task, raw_db, report_for
+
+
+async def test_seq_strictly_increases_across_the_whole_ledger(
+    ledger: SqliteLedger, clock: FakeClock, ledger_path: Path
+) -> None:
+    first = await queued_task(ledger, "a", steps=2)
+    second = await queued_task(ledger, "b")
+    for _ in range(3):
+        for lease in await ledger.claim("r1", "default", 5, 0):
+            await ledger.report(report_for(lease))
+    await ledger.cancel("acme", (await ledger.create_task(make_spec("c"))).task_id, "no")
+    db = raw_db(ledger_path)
+    seqs = [r[0] for r in db.execute("SELECT seq FROM events ORDER BY rowid")]
+    db.close()
+    assert len(seqs) > 10
+    assert seqs == sorted(set(seqs))
+    for task_id in (first, second):
+        events = await ledger.events(task_id, None, 0, 0)
+        assert [e["seq"] for e in events] == sorted({e["seq"] for e in events})
+        view = await ledger.task(task_id)
+        assert view["seq"] == events[-1]["seq"]
+        assert events[-1]["state"] == view["state"] == "SUCCEEDED"
+
+
+async def test_after_returns_only_later_events(ledger: SqliteLedger) -> None:
+    task_id = await queued_task(ledger)
+    everything = await ledger.events(task_id, None, 0, 0)
+    assert [e["state"] for e in everything] == ["PLANNED", "APPROVED", "QUEUED"]
+    middle = everything[1]["seq"]
+    assert await ledger.events(task_id, None, middle, 0) == everything[2:]
+    assert await ledger.events(task_id, None, everything[-1]["seq"], 0) == []
+    # A consumer that replays an older seq gets nothing at or below what it asked for.
+    assert all(e["seq"] > middle for e in await ledger.events(task_id, None, middle, 0))
+
+
+async def test_events_belong_to_their_tenant(ledger: SqliteLedger) -> None:
+    task_id = await queued_task(ledger)
+    assert len(await ledger.events(task_id, "acme", 0, 0)) == 3
+    try:
+        await ledger.events(task_id, "globex", 0, 0)
+    except NotFound:
+        pass
+    else:
+        raise AssertionError("another tenant read the journal")
+
+
+async def test_the_long_poll_wakes_on_a_new_event(ledger: SqliteLedger) -> None:
+    task_id = await queued_task(ledger)
+    last = (await ledger.events(task_id, None, 0, 0))[-1]["seq"]
+    waiting = anyio.Event()
+    original = ledger._events.wait
+
+    async def wait(*args: Any, **kwargs: Any) -> None:
+        waiting.set()
+        await original(*args, **kwargs)
+
+    ledger._events.wait = wait  # type: ignore[method-assign]
+    got: list[dict[str, Any]] = []
+
+    async def poll() -> None:
+        got.extend(await ledger.events(task_id, None, last, 60))
+
+    with anyio.fail_after(10):  # far below the 60 s wait: only the wake-up can end it in time
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            await waiting.wait()
+            await ledger.claim("r1", "default", 1, 0)
+    assert [e["kind"] for e in got][:1] == ["state"]
+    assert got[0]["state"] == "RUNNING"
+    assert all(e["seq"] > last for e in got)
+
+
+async def test_the_long_poll_racing_a_commit_is_not_left_asleep(ledger: SqliteLedger) -> None:
+    for i in range(20):
+        task_id = await queued_task(ledger, f"k{i}")
+        last = (await ledger.events(task_id, None, 0, 0))[-1]["seq"]
+        got: list[dict[str, Any]] = []
+
+        async def poll(task: str, after: int, into: list[dict[str, Any]]) -> None:
+            into.extend(await ledger.events(task, None, after, 60))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll, task_id, last, got)
+                tg.start_soon(ledger.cancel, "acme", task_id, "stop")
+        assert [e["state"] for e in got] == ["CANCELLED"]
+
+
+async def test_the_long_poll_answers_empty_after_wait_s(ledger: SqliteLedger) -> None:
+    task_id = await queued_task(ledger)
+    last = (await ledger.events(task_id, None, 0, 0))[-1]["seq"]
+    with anyio.fail_after(10):
+        assert await ledger.events(task_id, None, last, 0.05) == []
