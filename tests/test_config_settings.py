@@ -8,10 +8,12 @@ the command line's wiring runs).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 import supervisor.server
 from supervisor.cli import main as supervisor_main
@@ -237,3 +239,86 @@ def test_operator_token_from_credentials_is_not_echoed_when_the_call_fails(
     captured: Any = capsys.readouterr()
     assert "cannot reach the supervisor" in captured.err
     assert SECRET not in captured.err + captured.out
+
+
+# -- the runner's command line reads the same layers --------------------------------------------
+
+
+@pytest.fixture
+def runner_served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, str]]]:
+    """(settings, token) that `tether-runner run` would have served with, instead of serving."""
+    import runner.cli
+
+    seen: list[tuple[Any, str]] = []
+
+    async def fake_serve(settings: Any, token_value: str, *_args: Any) -> int:
+        seen.append((settings, token_value))
+        return 0
+
+    monkeypatch.setattr(runner.cli, "serve", fake_serve)
+    yield seen
+    structlog.reset_defaults()
+
+
+RUNNER_TOML = """
+supervisor_url = "http://127.0.0.1:8080"
+model_url = "http://127.0.0.1:9000/v1"
+model = "from-file"
+concurrency = 2
+shutdown_grace_s = 5
+"""
+
+
+def test_runner_applies_file_env_and_flags_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runner_served: list[tuple[Any, str]]
+) -> None:
+    from runner.cli import main as runner_main
+
+    config = _toml(tmp_path, RUNNER_TOML, "runner.toml")
+    (tmp_path / "runner-token").write_text(SECRET, encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    monkeypatch.setenv("TETHER_CONCURRENCY", "3")
+    monkeypatch.setenv("TETHER_MODEL", "from-env")
+    argv = ["run", "--config", str(config), "--model", "from-flag", "--log-format", "json"]
+    assert runner_main(argv) == 0
+    ((settings, token),) = runner_served
+    assert settings.shutdown_grace_s == 5.0  # file over default
+    assert settings.concurrency == 3  # environment over file
+    assert settings.model == "from-flag"  # flag over environment
+    assert settings.claim_wait_s == 20.0  # default
+    assert token == SECRET  # from $CREDENTIALS_DIRECTORY/runner-token
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [("concurrency_limit = 3\n", "concurrency_limit"), ('concurrency = "four"\n', "concurrency")],
+)
+def test_runner_refuses_to_start_naming_the_key(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    runner_served: list[tuple[Any, str]],
+    extra: str,
+    key: str,
+) -> None:
+    from runner.cli import main as runner_main
+
+    config = _toml(tmp_path, RUNNER_TOML.replace("concurrency = 2\n", "") + extra, "runner.toml")
+    token = tmp_path / "token"
+    token.write_text(SECRET, encoding="utf-8")
+    assert runner_main(["run", "--config", str(config), "--token-file", str(token)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"'{key}'" in err
+    assert SECRET not in err
+    assert runner_served == []
+
+
+def test_runner_without_a_token_says_where_to_put_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], runner_served: list[tuple[Any, str]]
+) -> None:
+    from runner.cli import main as runner_main
+
+    config = _toml(tmp_path, RUNNER_TOML, "runner.toml")
+    assert runner_main(["run", "--config", str(config)]) != 0
+    assert "runner-token" in capsys.readouterr().err
+    assert runner_served == []

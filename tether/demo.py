@@ -1,0 +1,522 @@
+"""`make demo`: a revoked server mid-step, and the ledger's account of what happened.
+
+Starts, as separate processes on 127.0.0.1 only, a supervisor on a SQLite file in a temporary
+folder, the stand-in model (a test double that answers like an OpenAI-compatible API after
+about a second), and two runners with distinct runner ids and tokens in files. It submits and
+approves a four-step chat task whose later steps use the earlier outputs, waits until a step
+of the middle of the plan is leased, and SIGKILLs the runner holding it, as a cloud provider
+reclaiming the server would. The lease expires on the supervisor's clock (a 4 s TTL here), the
+step is re-queued with the same step id, and the other runner replays it under a new fence.
+
+It ends by printing the ledger's account (each step, its attempts and fences, its one effect,
+the terminal state), checks it against the effects table and `tether-supervisor check`, and
+exits 0; any surprise exits 1 with one line saying what was off and the tail of each
+process's log. Every child is stopped before exit, and the temporary folder is removed
+unless the demo failed (then its path is printed, logs inside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from tether.wire import content_hash, effect_key
+
+DEADLINE_S = 55.0
+LEASE_TTL_S = 4
+ACCEPT_WINDOW_S = 2
+MODEL_LATENCY_S = 1.0
+CLAIM_WAIT_S = 2
+RUNNER_IDS = ("demo-runner-a", "demo-runner-b")
+KILL_STEP = 1  # zero-based: the second step, once the first has committed
+TENANT = "demo"
+POOL = "default"
+SERVE_ARGS = ("--host", "127.0.0.1", "--port")
+# Inherited variables that would point a child at another configuration or another systemd.
+_SCRUBBED_PREFIXES = ("TETHER_",)
+_SCRUBBED = frozenset({"CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})
+
+PLAN: dict[str, Any] = {
+    "steps": [
+        {
+            "name": "outline",
+            "kind": "chat",
+            "payload": {
+                "messages": [
+                    {"role": "system", "content": "You are a careful release engineer."},
+                    {"role": "user", "content": "Outline a rollout of billing-api v2.3.1."},
+                ]
+            },
+        },
+        {
+            "name": "risks",
+            "kind": "chat",
+            "payload": {
+                "messages": [{"role": "user", "content": "Name the riskiest step above."}],
+                "use_outputs": True,
+            },
+        },
+        {
+            "name": "rollback",
+            "kind": "chat",
+            "payload": {
+                "messages": [{"role": "user", "content": "Write its rollback procedure."}],
+                "use_outputs": True,
+            },
+        },
+        {
+            "name": "announce",
+            "kind": "chat",
+            "payload": {
+                "messages": [{"role": "user", "content": "Draft the change announcement."}],
+                "use_outputs": True,
+            },
+        },
+    ]
+}
+
+
+class DemoError(Exception):
+    """The demo did not go as the ledger promises; the message says what was off."""
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def program(name: str) -> str:
+    """A console script of this installation: beside this Python first, then on PATH."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise DemoError(f"{name} is not installed; run `make demo`, which installs the project")
+    return found
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _SCRUBBED and not k.startswith(_SCRUBBED_PREFIXES)
+    }
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"  # loopback never via a proxy
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclasses.dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+    def tail(self, lines: int = 12) -> str:
+        if not self.log_file.closed:
+            self.log_file.flush()
+        text = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(f"    {line}" for line in text[-lines:]) or "    (no output)"
+
+
+class Children:
+    """The demo's processes: started with their output in a log file, always stopped."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+        self.all: dict[str, Child] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
+        log_path = self._folder / f"{name}.log"
+        log_file = log_path.open("wb")
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env
+        )
+        child = Child(name=name, process=process, log_path=log_path, log_file=log_file)
+        self.all[name] = child
+        return child
+
+    def stop_all(self, timeout_s: float = 15.0) -> None:
+        """Stop in reverse start order (runners before the supervisor they poll): SIGTERM each,
+        SIGKILL whoever outlives `timeout_s`."""
+        for child in reversed(self.all.values()):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+                try:
+                    child.process.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    child.process.kill()
+                    child.process.wait()
+            child.log_file.close()
+
+    def report(self) -> str:
+        return "\n".join(
+            f"  {c.name} (exit {c.process.returncode}), {c.log_path}:\n{c.tail()}"
+            for c in self.all.values()
+        )
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self._end = time.monotonic() + seconds
+        self.seconds = seconds
+
+    def left(self) -> float:
+        return self._end - time.monotonic()
+
+    def check(self, waiting_for: str) -> None:
+        if self.left() <= 0:
+            raise DemoError(f"still waiting for {waiting_for} after {self.seconds:g} s")
+
+
+def wait_until_up(url: str, child: Child, deadline: Deadline) -> None:
+    with httpx.Client(trust_env=False, timeout=2.0) as http:
+        while True:
+            if child.process.poll() is not None:
+                raise DemoError(f"{child.name} exited with {child.process.returncode} at start")
+            with contextlib.suppress(httpx.TransportError):
+                if http.get(url).status_code < 500:
+                    return
+            deadline.check(f"{child.name} to answer on {url}")
+            time.sleep(0.1)
+
+
+def create_token(db: Path, tenant: str, role: str) -> str:
+    argv = [program("tether-supervisor"), "token", "create", "--db", str(db)]
+    argv += ["--tenant", tenant, "--role", role]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=child_environment(),
+        timeout=30,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise DemoError(f"token create failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def write_secret(path: Path, value: str) -> Path:
+    path.touch(mode=0o600)
+    path.write_text(value + "\n", encoding="utf-8")
+    return path
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Setup:
+    db: Path
+    supervisor_url: str
+    operator_token: str
+
+
+def start_everything(children: Children, folder: Path, deadline: Deadline) -> Setup:
+    db = folder / "ledger.db"
+    operator_token = create_token(db, TENANT, "operator")
+    runner_token_file = write_secret(folder / "runner-token", create_token(db, POOL, "runner"))
+
+    sup_port, model_port = free_port(), free_port()
+    supervisor_url = f"http://127.0.0.1:{sup_port}"
+    supervisor = children.start(
+        "supervisor",
+        [program("tether-supervisor"), "serve", "--db", str(db), *SERVE_ARGS, str(sup_port)],
+        child_environment(
+            TETHER_LEASE_TTL_S=str(LEASE_TTL_S), TETHER_ACCEPT_WINDOW_S=str(ACCEPT_WINDOW_S)
+        ),
+    )
+    model = children.start("stand-in-model", standin_argv(model_port), child_environment())
+    wait_until_up(f"{supervisor_url}/healthz", supervisor, deadline)
+    wait_until_up(f"http://127.0.0.1:{model_port}/healthz", model, deadline)
+    say(f"supervisor   {supervisor_url}  ledger {db}  lease TTL {LEASE_TTL_S} s")
+    say(f"stand-in     http://127.0.0.1:{model_port}/v1  (a test double, ~{MODEL_LATENCY_S:g} s)")
+
+    for runner_id in RUNNER_IDS:
+        children.start(
+            runner_id,
+            runner_argv(runner_id, supervisor_url, runner_token_file, model_port),
+            # A short claim long-poll, so the supervisor's shutdown does not wait on one.
+            child_environment(TETHER_CLAIM_WAIT_S=str(CLAIM_WAIT_S), TETHER_LOG_FORMAT="json"),
+        )
+        say(f"runner       {runner_id}  (token in {runner_token_file.name}, mode 0600)")
+    return Setup(db=db, supervisor_url=supervisor_url, operator_token=operator_token)
+
+
+def runner_argv(
+    runner_id: str, supervisor_url: str, token_file: Path, model_port: int
+) -> list[str]:
+    argv = [program("tether-runner"), "run", "--runner-id", runner_id]
+    argv += ["--supervisor", supervisor_url]
+    argv += ["--token-file", str(token_file), "--concurrency", "1"]
+    argv += ["--model-url", f"http://127.0.0.1:{model_port}/v1", "--model", "stand-in"]
+    return argv
+
+
+def standin_argv(port: int) -> list[str]:
+    argv = [sys.executable, "-m", "tether.standin_model", "--port", str(port)]
+    argv += ["--latency", str(MODEL_LATENCY_S)]
+    return argv
+
+
+def call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
+    try:
+        response = http.request(method, path, **kwargs)
+    except httpx.TransportError as exc:
+        raise DemoError(f"{method} {path}: the supervisor did not answer ({exc})") from None
+    if response.status_code >= 400:
+        raise DemoError(f"{method} {path} answered {response.status_code}: {response.text[:300]}")
+    return response.json()
+
+
+def submit(http: httpx.Client) -> str:
+    body = {"idempotency_key": f"demo-{os.getpid()}-{time.time_ns()}", "plan": PLAN, "pool": POOL}
+    task = call(http, "POST", "/v1/tasks", json=body)
+    approved = call(
+        http,
+        "POST",
+        f"/v1/tasks/{task['id']}/approve",
+        json={"plan_hash": content_hash(PLAN), "base_sha": None},
+    )
+    steps = len(PLAN["steps"])
+    say(f"task         {task['id']}  {steps} chat steps, approved: {approved['state']}")
+    return str(task["id"])
+
+
+class Progress:
+    """Prints each attempt's changes once, as the task view shows them."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, int, str]] = set()
+
+    def show(self, view: dict[str, Any]) -> None:
+        for position, step in enumerate(view["steps"], start=1):
+            for attempt in step["attempts"]:
+                key = (step["id"], attempt["attempt"], attempt["state"])
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                say(
+                    f"  step {position} {step['name']:<9} attempt {attempt['attempt']}"
+                    f"  fence {attempt['fence']:<3} {attempt['runner_id']:<14} {attempt['state']}"
+                )
+
+
+def kill_the_holder(
+    http: httpx.Client, task_id: str, children: Children, progress: Progress, deadline: Deadline
+) -> tuple[str, str, int]:
+    """SIGKILL the runner holding step KILL_STEP mid-call; answer (runner_id, step_id, fence)."""
+    while True:
+        view = call(http, "GET", f"/v1/tasks/{task_id}")
+        progress.show(view)
+        step = view["steps"][KILL_STEP]
+        leased = [a for a in step["attempts"] if a["state"] == "leased"]
+        if leased:
+            break
+        if step["state"] == "committed":
+            raise DemoError(f"step {step['name']} committed before the demo saw its lease")
+        deadline.check(f"step {step['name']!r} to be leased")
+        time.sleep(0.05)
+    holder, fence = leased[0]["runner_id"], int(leased[0]["fence"])
+    if holder not in children.all:
+        raise DemoError(f"step leased to {holder!r}, which is not one of the demo's runners")
+    time.sleep(MODEL_LATENCY_S / 3)  # let the model call get under way
+    children.all[holder].process.kill()
+    children.all[holder].process.wait()
+    say(
+        f"  SIGKILL {holder} (pid {children.all[holder].process.pid}) while it holds step"
+        f" {KILL_STEP + 1} {step['name']!r} under fence {fence}: a revoked server"
+    )
+    return str(holder), str(step["id"]), fence
+
+
+def wait_for_end(
+    http: httpx.Client, task_id: str, progress: Progress, deadline: Deadline
+) -> dict[str, Any]:
+    while True:
+        view: dict[str, Any] = call(http, "GET", f"/v1/tasks/{task_id}")
+        progress.show(view)
+        if view["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+            return view
+        deadline.check(f"task {task_id} to end (it is {view['state']})")
+        time.sleep(0.1)
+
+
+def effects_by_step(db: Path) -> dict[str, list[tuple[str, int]]]:
+    """The effects table itself, read-only: (effect_key, fence) per step id."""
+    found: dict[str, list[tuple[str, int]]] = {}
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as ledger:
+        for step_id, key, fence in ledger.execute(
+            "SELECT step_id, effect_key, fence FROM effects ORDER BY fence"
+        ):
+            found.setdefault(step_id, []).append((key, fence))
+    return found
+
+
+def ledger_check(db: Path) -> str:
+    done = subprocess.run(
+        [program("tether-supervisor"), "check", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        env=child_environment(),
+        timeout=30,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise DemoError(f"tether-supervisor check found a violation:\n{done.stdout}{done.stderr}")
+    return done.stdout.strip()
+
+
+def account(
+    view: dict[str, Any], effects: dict[str, list[tuple[str, int]]], killed: tuple[str, str, int]
+) -> list[str]:
+    """The ledger's account as printed lines; raises DemoError on anything the ledger promises
+    that did not hold."""
+    killed_runner, killed_step, killed_fence = killed
+    lines = [f"task {view['id']}  state {view['state']}  plan {view['plan_hash'][:12]}"]
+    problems: list[str] = []
+    if view["state"] != "SUCCEEDED":
+        problems.append(f"the task ended {view['state']} ({view.get('reason')})")
+    for position, step in enumerate(view["steps"], start=1):
+        mine = effects.get(step["id"], [])
+        expected_key = effect_key(step["id"], step["payload_hash"])
+        lines.append(
+            f"  step {position} {step['name']:<9} {step['state']:<10} id {step['id']}"
+            f"  effects {len(mine)}  effect_key {(step['effect_key'] or '-')[:16]}"
+        )
+        for attempt in step["attempts"]:
+            note = ""
+            if attempt["runner_id"] == killed_runner and attempt["fence"] == killed_fence:
+                note = "  <- SIGKILLed mid-step; fenced out by the supervisor's clock"
+            elif step["id"] == killed_step and attempt["state"] == "committed":
+                note = "  <- replayed: same step id, new attempt, higher fence"
+            lines.append(
+                f"      attempt {attempt['attempt']}  fence {attempt['fence']:<3}"
+                f" {attempt['runner_id']:<14} {attempt['state']}{note}"
+            )
+        if step["state"] != "committed":
+            problems.append(f"step {step['name']} is {step['state']}, not committed")
+        if len(mine) != 1:
+            problems.append(f"step {step['name']} has {len(mine)} effects in the ledger")
+        elif mine[0][0] != expected_key or step["effect_key"] != expected_key:
+            problems.append(f"step {step['name']}'s effect is not keyed sha256(step_id, hash)")
+    stray = set(effects) - {s["id"] for s in view["steps"]}
+    if stray:
+        problems.append(f"effects for steps outside the task: {sorted(stray)}")
+    replay = next((s for s in view["steps"] if s["id"] == killed_step), None)
+    if replay is not None:
+        states = {(a["runner_id"], a["fence"]): a["state"] for a in replay["attempts"]}
+        if states.get((killed_runner, killed_fence)) == "committed":
+            problems.append("the killed runner's attempt committed: the kill came too late")
+        winners = [a for a in replay["attempts"] if a["state"] == "committed"]
+        if len(winners) != 1 or winners[0]["runner_id"] == killed_runner:
+            problems.append(f"step {replay['name']} was not replayed by the other runner")
+        elif winners[0]["fence"] <= killed_fence:
+            problems.append(f"step {replay['name']}'s replay did not take a higher fence")
+    total = sum(len(v) for v in effects.values())
+    lines.append(
+        f"effects in the ledger: {total} for {len(view['steps'])} steps"
+        + (" (exactly one each)" if not problems else "")
+    )
+    if problems:
+        raise DemoError("; ".join(problems) + "\n" + "\n".join(lines))
+    return lines
+
+
+def stopped_cleanly(children: Children, killed_runner: str) -> list[str]:
+    """After SIGTERM, the supervisor and the surviving runner must have exited 0."""
+    bad = [
+        f"{c.name} exited {c.process.returncode}"
+        for c in children.all.values()
+        # the stand-in is a test double: how it dies proves nothing
+        if c.name not in (killed_runner, "stand-in-model") and c.process.returncode != 0
+    ]
+    return bad
+
+
+def run(*, keep: bool) -> int:
+    deadline = Deadline(DEADLINE_S)
+    folder = Path(tempfile.mkdtemp(prefix="tether-demo-"))
+    children = Children(folder)
+    failure: str | None = None
+    try:
+        say("== tether demo: two runners, one revoked mid-step ==")
+        setup = start_everything(children, folder, deadline)
+        with httpx.Client(
+            base_url=setup.supervisor_url,
+            headers={"Authorization": f"Bearer {setup.operator_token}"},
+            trust_env=False,
+            timeout=10.0,
+        ) as http:
+            task_id = submit(http)
+            progress = Progress()
+            killed = kill_the_holder(http, task_id, children, progress, deadline)
+            final = wait_for_end(http, task_id, progress, deadline)
+        children.stop_all()
+        problems = stopped_cleanly(children, killed[0])
+        if problems:
+            raise DemoError("after SIGTERM: " + ", ".join(problems))
+        say("")
+        say("== the ledger's account ==")
+        for line in account(final, effects_by_step(setup.db), killed):
+            say(line)
+        say(f"tether-supervisor check: {ledger_check(setup.db)}")
+        say(
+            f"demo ok: {killed[0]} was SIGKILLed mid-step, the other runner replayed it,"
+            f" every step has exactly one effect, task {final['state']}"
+            f" ({DEADLINE_S - deadline.left():.1f} s)"
+        )
+    except DemoError as exc:
+        failure = str(exc)
+        return 1
+    except KeyboardInterrupt:
+        failure = "interrupted"
+        return 130
+    else:
+        return 0
+    finally:
+        children.stop_all()
+        if failure is not None:
+            print(f"demo: error: {failure}", file=sys.stderr)
+            print(children.report(), file=sys.stderr)
+            print(f"demo: logs kept in {folder}", file=sys.stderr)
+        elif keep:
+            say(f"logs and ledger kept in {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tether.demo",
+        description="Run a supervisor, the stand-in model and two runners on 127.0.0.1, kill"
+        " the runner holding a lease mid-step, and print the ledger's account.",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args(argv)
+    return run(keep=args.keep)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
