@@ -1,1 +1,13 @@
-"""tether runner: the light daemon on a borrowed server."""
+"""tether runner: the light daemon on a borrowed server.
+
+It claims fenced leases from the supervisor, runs each step (a `chat` call to an
+OpenAI-compatible model, or a kind a deployment registers), renews its leases by fence while
+it works, and reports the result. It keeps nothing that matters: a step it loses is replayed
+elsewhere with the same step id. Run-time dependencies: anyio, httpx, structlog, tenacity.
+"""
+
+from runner.daemon import Runner
+from runner.kinds import KindRegistry, StepContext, StepKind, StepOutput
+from runner.settings import RunnerSettings
+
+__all__ = ["KindRegistry", "Runner", "RunnerSettings", "StepContext", "StepKind", "StepOutput"]

@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 from tenacity.wait import wait_base
 
 from runner.clock import Clock
@@ -108,7 +108,7 @@ class ModelClient:
     ) -> None:
         self._clock = clock
         self._key_hint = key_hint
-        self._backoff = backoff or wait_exponential_jitter(initial=0.5, max=20.0, jitter=0.5)
+        self._backoff = backoff or wait_random_exponential(multiplier=0.5, max=20.0)
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._http = httpx.AsyncClient(transport=transport, headers={"User-Agent": "tether"})
 

@@ -1,0 +1,179 @@
+"""`tether-runner run`: read settings and secrets, then serve until SIGTERM.
+
+Exit codes: 0 after a graceful shutdown; 2 for bad usage or configuration (one line on
+stderr naming what is wrong); 128+N when a second signal N cut the shutdown short.
+A missing runner token stops the runner at start; a missing model key does not (see
+`runner.settings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import anyio
+import httpx
+import structlog
+
+from runner.clock import MonotonicClock
+from runner.credentials import SecretMissing, SecretSource
+from runner.daemon import Runner
+from runner.kinds import KindRegistry
+from runner.model_client import ModelClient
+from runner.notify import Notifier
+from runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
+from runner.supervisor_client import SupervisorClient
+from tether.logs import configure_logging
+from tether.settings import SettingsError, config_file_from, load_settings
+
+PROG = "tether-runner"
+EXIT_USAGE = 2
+
+log = structlog.get_logger("runner")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad usage is one line on stderr, not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="The tether runner: claims steps from a supervisor and runs them.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run = commands.add_parser(
+        "run",
+        help="serve until SIGTERM",
+        description=(
+            "Claim steps from the supervisor and run them. Settings: defaults < --config TOML"
+            " < TETHER_* environment < these flags."
+        ),
+    )
+    run.add_argument("--config", metavar="FILE", help="TOML settings file (or TETHER_CONFIG)")
+    run.add_argument("--supervisor", dest="supervisor_url", metavar="URL")
+    run.add_argument("--token-file", metavar="F", help="file holding the runner token")
+    run.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL")
+    run.add_argument("--model-key-file", metavar="F", help="file holding the model API key")
+    run.add_argument("--model", metavar="NAME", help="model name sent to the provider")
+    run.add_argument("--concurrency", type=int, metavar="N", help="steps at once (default 4)")
+    run.add_argument("--runner-id", metavar="ID", help="default: hostname-pid")
+    run.add_argument("--log-level", choices=LOG_LEVELS)
+    run.add_argument("--log-format", choices=LOG_FORMATS)
+    return parser
+
+
+_FLAGS = (
+    "supervisor_url",
+    "token_file",
+    "model_url",
+    "model_key_file",
+    "model",
+    "concurrency",
+    "runner_id",
+    "log_level",
+    "log_format",
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(
+            RunnerSettings,
+            config_file=config_file_from(args.config),
+            flags={name: getattr(args, name) for name in _FLAGS},
+        )
+        token = SecretSource(
+            path=settings.token_file, credential="runner-token", setting="token_file"
+        )
+        token_value = token.read_now()
+        kinds = KindRegistry.default()
+    except (SettingsError, SecretMissing) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # a broken step-kind entry point, named clearly
+        print(f"{PROG}: cannot load step kinds: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    assert token_value is not None
+    model_key = SecretSource(
+        path=settings.model_key_file, credential="model-key", setting="model_key_file",
+        optional=True,
+    )  # fmt: skip
+    configure_logging(json_lines=settings.json_logs, level=settings.log_level)
+    try:
+        if model_key.read_now() is None:
+            log.info("no model key configured; requests go without Authorization")
+    except SecretMissing as exc:
+        log.warning(
+            f"model key missing: {exc}. Steps are released until it is there",
+            operator_action=f"put the model API key in {model_key.describe()}",
+        )
+    return anyio.run(serve, settings, token_value, token, model_key, kinds)
+
+
+async def serve(
+    settings: RunnerSettings,
+    token_value: str,
+    token: SecretSource,
+    model_key: SecretSource,
+    kinds: KindRegistry,
+    supervisor_transport: httpx.AsyncBaseTransport | None = None,
+    model_transport: httpx.AsyncBaseTransport | None = None,
+) -> int:
+    """Run the daemon with signal handling; answers the exit code."""
+    clock = MonotonicClock()
+    supervisor = SupervisorClient(
+        base_url=settings.supervisor_url,
+        token=token_value,
+        clock=clock,
+        timeout_s=settings.request_timeout_s,
+        transport=supervisor_transport,
+    )
+    model = ModelClient(
+        base_url=settings.model_url,
+        clock=clock,
+        key_hint=model_key.describe(),
+        transport=model_transport,
+    )
+    try:
+        runner = Runner(
+            settings=settings,
+            supervisor=supervisor,
+            model=model,
+            model_key=model_key,
+            token=token,
+            kinds=kinds,
+            clock=clock,
+            notifier=Notifier(),
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_handle_signals, runner)
+            code = await runner.run()
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await supervisor.aclose()
+            await model.aclose()
+    return code
+
+
+async def _handle_signals(runner: Runner) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            name: Any = signal.Signals(signum).name
+            if runner.stopping:
+                runner.force_stop(128 + signum)
+            else:
+                log.info("signal received", signal=name)
+                runner.request_shutdown()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""The runner daemon: the claim loop, the step slots, pauses, and a graceful shutdown.
+
+- Claims long-poll the supervisor for as many leases as there are free slots (`concurrency`),
+  each step running as a `StepRun` in one task group. The first claim does not wait, so
+  `READY=1` follows the supervisor's first answer (any answer: a rejected token is reported on
+  STATUS rather than by a start-up failure loop).
+- An unreachable supervisor: tenacity backoff with jitter; one line when the link goes down,
+  one when it comes back, none per retry.
+- An operator problem (model key missing or rejected, quota spent) or a rejected runner token
+  pauses claiming, with one line naming the operator's action. Pauses double from
+  `pause_initial_s` up to `pause_max_s`; a reported step resets them. A rejected token is read
+  again from its file when claiming resumes. A provider's `Retry-After` pauses claiming for
+  that long, without growing.
+- `request_shutdown()` (first SIGTERM/SIGINT): stop claiming (an answer cut off mid-flight
+  goes back to the queue through the supervisor's accept window), let steps finish within
+  `shutdown_grace_s`, then cancel the rest and release them (`shutdown`, retryable).
+  `force_stop()` (second signal) cancels everything at once; unreleased leases expire.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+
+import anyio
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_never,
+    wait_random_exponential,
+)
+
+from runner.clock import Clock, MonotonicClock
+from runner.credentials import SecretMissing, SecretSource
+from runner.errors import (
+    OperatorProblem,
+    SupervisorRefused,
+    SupervisorUnreachable,
+    TokenRejected,
+)
+from runner.kinds import KindRegistry
+from runner.lease import Lease
+from runner.model_client import ModelClient
+from runner.notify import Notifier
+from runner.settings import RunnerSettings
+from runner.step import StepRun
+from runner.supervisor_client import SupervisorClient
+
+log = structlog.get_logger("runner")
+
+
+class Link(enum.StrEnum):
+    UNKNOWN = "unknown"
+    UP = "up"
+    DOWN = "down"
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        settings: RunnerSettings,
+        supervisor: SupervisorClient,
+        model: ModelClient,
+        model_key: SecretSource,
+        token: SecretSource | None = None,
+        kinds: KindRegistry | None = None,
+        clock: Clock | None = None,
+        notifier: Notifier | None = None,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self._settings = settings
+        self._supervisor = supervisor
+        self._model = model
+        self._model_key = model_key
+        self._token = token
+        self._kinds = kinds or KindRegistry.default()
+        self._clock = clock or MonotonicClock()
+        self._notifier = notifier or Notifier({})
+        self._backoff_max_s = backoff_max_s
+        self._claim_scope = anyio.CancelScope()
+        self._root_scope: anyio.CancelScope | None = None
+        self._in_flight: dict[tuple[str, int], StepRun] = {}
+        self._changed = anyio.Event()
+        self._link = Link.UNKNOWN
+        self._link_down_at = 0.0
+        self._answered = False
+        self._paused_until = -math.inf
+        self._pause_next_s = settings.pause_initial_s
+        self._pause_why = ""
+        self._token_stale = False
+        self.stopping = False
+        self.exit_code = 0
+        self.started_steps: list[StepRun] = []
+
+    # ---- the life of the daemon -------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Serve until shut down; answers the process's exit code."""
+        s = self._settings
+        log.info(
+            "runner starting",
+            runner_id=s.runner_id,
+            supervisor_url=s.supervisor_url,
+            model_url=s.model_url,
+            model=s.model,
+            concurrency=s.concurrency,
+            kinds=self._kinds.names(),
+        )
+        async with anyio.create_task_group() as root:
+            self._root_scope = root.cancel_scope
+            root.start_soon(self._watchdog_loop)
+            async with anyio.create_task_group() as steps:
+                with self._claim_scope:
+                    await self._claim_loop(steps)
+                await self._drain()
+            root.cancel_scope.cancel()
+        log.info("runner stopped", exit_code=self.exit_code)
+        return self.exit_code
+
+    def request_shutdown(self) -> None:
+        """Stop claiming; in-flight steps get `shutdown_grace_s`, then are released."""
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info(
+            "shutting down: claiming stopped",
+            in_flight=len(self._in_flight),
+            grace_s=self._settings.shutdown_grace_s,
+        )
+        self._notifier.stopping()
+        self._update_status()
+        self._claim_scope.cancel()
+
+    def force_stop(self, exit_code: int) -> None:
+        """Exit at once, releasing nothing: the leases expire on the supervisor."""
+        log.warning("second signal: exiting now; unreleased leases will expire")
+        self.stopping = True
+        self.exit_code = exit_code
+        self._claim_scope.cancel()
+        if self._root_scope is not None:
+            self._root_scope.cancel()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def _drain(self) -> None:
+        if self._in_flight:
+            log.info("waiting for in-flight steps", in_flight=len(self._in_flight))
+            async with anyio.create_task_group() as tg:
+
+                async def grace_timer() -> None:
+                    await self._clock.sleep(self._settings.shutdown_grace_s)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(grace_timer)
+                await self.wait_until(lambda: not self._in_flight)
+                tg.cancel_scope.cancel()
+        for step in list(self._in_flight.values()):
+            step.abort()
+
+    async def _watchdog_loop(self) -> None:
+        interval = self._notifier.watchdog_interval_s
+        if interval is None:
+            return
+        while True:
+            self._notifier.watchdog()
+            await self._clock.sleep(interval)
+
+    # ---- claiming ---------------------------------------------------------------------------
+
+    def _notify_changed(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Wait until `condition()` holds, checked whenever a step starts or ends."""
+        while not condition():
+            await self._changed.wait()
+
+    async def _claim_loop(self, steps: anyio.abc.TaskGroup) -> None:
+        concurrency = self._settings.concurrency
+        while True:
+            await self._wait_unpaused()
+            await self.wait_until(lambda: len(self._in_flight) < concurrency)
+            if self._token_stale:
+                await self._reload_token()
+            wait_s = self._settings.claim_wait_s if self._answered else 0.0
+            try:
+                leases = await self._claim(concurrency - len(self._in_flight), wait_s)
+            except TokenRejected as exc:
+                self._answered_once()
+                self.token_rejected(exc.detail)
+                continue
+            except SupervisorRefused as exc:
+                self._answered_once()
+                log.error("claim refused by the supervisor", error=exc.detail)  # noqa: TRY400
+                await self._clock.sleep(self._backoff_max_s)
+                continue
+            for lease in leases:
+                self._start(steps, lease)
+
+    async def _claim(self, capacity: int, wait_s: float) -> list[Lease]:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(SupervisorUnreachable),
+            wait=wait_random_exponential(multiplier=0.5, max=self._backoff_max_s),
+            stop=stop_never,
+            sleep=self._clock.sleep,
+            before_sleep=self._link_down,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                leases = await self._supervisor.claim(self._settings.runner_id, capacity, wait_s)
+        self._link_up()
+        return leases
+
+    def _answered_once(self) -> None:
+        if not self._answered:
+            self._answered = True
+            self._notifier.ready()
+
+    def _link_down(self, retry_state: RetryCallState) -> None:
+        if self._link is Link.DOWN:
+            return
+        outcome = retry_state.outcome
+        error = str(outcome.exception()) if outcome is not None else ""
+        log.warning("supervisor unreachable; retrying with backoff", error=error)
+        self._link = Link.DOWN
+        self._link_down_at = self._clock.now()
+        self._update_status()
+
+    def _link_up(self) -> None:
+        self._answered_once()
+        if self._link is Link.DOWN:
+            log.info(
+                "supervisor reachable again",
+                down_s=round(self._clock.now() - self._link_down_at, 3),
+            )
+        elif self._link is Link.UNKNOWN:
+            log.info("supervisor answered; claiming")
+        self._link = Link.UP
+        self._update_status()
+
+    def _start(self, steps: anyio.abc.TaskGroup, lease: Lease) -> None:
+        step = StepRun(
+            lease=lease,
+            supervisor=self._supervisor,
+            model=self._model,
+            model_key=self._model_key,
+            kinds=self._kinds,
+            clock=self._clock,
+            host=self,
+            default_model=self._settings.model,
+            model_timeout_s=self._settings.model_timeout_s,
+        )
+        key = (lease.step_id, lease.fence)
+        self._in_flight[key] = step
+        self.started_steps.append(step)
+        self._update_status()
+        self._notify_changed()
+        steps.start_soon(self._run_step, key, step)
+
+    async def _run_step(self, key: tuple[str, int], step: StepRun) -> None:
+        try:
+            await step.run()
+        finally:
+            self._in_flight.pop(key, None)
+            self._notify_changed()
+            self._update_status()
+
+    # ---- pauses: what the steps tell the runner ----------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self._clock.now() < self._paused_until
+
+    async def _wait_unpaused(self) -> None:
+        if not self.paused:
+            return
+        while (left := self._paused_until - self._clock.now()) > 0:
+            await self._clock.sleep(left)
+        log.info("claiming resumed", after=self._pause_why)
+        self._update_status()
+
+    def _pause(self, seconds: float, why: str, action: str | None) -> bool:
+        """Pause claiming; False (and silence) when already paused."""
+        if self.paused:
+            return False
+        self._paused_until = self._clock.now() + seconds
+        self._pause_why = why
+        message = f"claiming paused for {seconds:g}s: {why}"
+        if action:
+            message += f". Operator action: {action}"
+        log.warning(message, pause_s=seconds, operator_action=action)
+        self._update_status()
+        return True
+
+    def operator_problem(self, problem: OperatorProblem) -> None:
+        if self._pause(self._pause_next_s, problem.detail, problem.action):
+            self._pause_next_s = min(2 * self._pause_next_s, self._settings.pause_max_s)
+
+    def token_rejected(self, detail: str) -> None:
+        where = self._token.describe() if self._token is not None else "the runner's token file"
+        self._token_stale = True
+        if self._token is not None:
+            self._token.invalidate()
+        action = (
+            "create a runner token (tether-supervisor token create --role runner ...) and"
+            f" write it to {where}; the runner re-reads it"
+        )
+        if self._pause(self._pause_next_s, f"supervisor rejected the runner token ({detail})",
+                       action):  # fmt: skip
+            self._pause_next_s = min(2 * self._pause_next_s, self._settings.pause_max_s)
+
+    def rate_limited(self, seconds: float) -> None:
+        self._pause(seconds, "the model provider asked to wait (Retry-After)", None)
+
+    def step_succeeded(self) -> None:
+        self._pause_next_s = self._settings.pause_initial_s
+
+    async def _reload_token(self) -> None:
+        if self._token is None:
+            return
+        try:
+            token = await self._token.get()
+        except SecretMissing as exc:
+            log.warning("runner token could not be read again; keeping the old one", error=str(exc))
+            return
+        if token:
+            self._supervisor.set_token(token)
+        self._token_stale = False
+
+    def _update_status(self) -> None:
+        if self.stopping:
+            state = "stopping"
+        elif self._link is Link.DOWN:
+            state = "supervisor unreachable"
+        elif self.paused:
+            state = f"paused: {self._pause_why}"
+        else:
+            state = "claiming"
+        self._notifier.status(f"{len(self._in_flight)} steps in flight; {state}")

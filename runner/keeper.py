@@ -1,0 +1,133 @@
+"""The lease keeper: acknowledges a lease at once, renews it on time, and gives up honestly.
+
+Two loops per lease. The renew loop renews now (the acknowledgement the supervisor waits for
+within its accept window) and then every `renew_every_s`, retrying a renew that got no answer.
+The expiry watch ends the lease when the runner's own monotonic clock says it cannot still be
+valid. Every deadline is counted from when the renew that earned it was *sent*, the earliest
+moment the supervisor could have stamped it, so the runner gives up no later than the
+supervisor does. Before the acknowledgement nothing runs, and the bound is the claim answer's
+arrival plus `ttl_s`.
+
+Any loss (`stale_fence`, a cancelled task, an unknown step, a rejected token, expiry) is
+handed to `on_lost` once per event; the step decides what to cancel. The keeper never reads
+or sends a wall-clock time: it only sends the fence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from runner.clock import Clock
+from runner.errors import (
+    LeaseLost,
+    LostBecause,
+    SupervisorRefused,
+    SupervisorUnreachable,
+    TokenRejected,
+)
+from runner.lease import Lease
+from runner.supervisor_client import SupervisorClient
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        *,
+        lease: Lease,
+        client: SupervisorClient,
+        clock: Clock,
+        log: Any,
+        on_lost: Callable[[LeaseLost], None],
+        on_token_rejected: Callable[[str], None] = lambda _detail: None,
+    ) -> None:
+        self._lease = lease
+        self._client = client
+        self._clock = clock
+        self._log = log
+        self._on_lost = on_lost
+        self._on_token_rejected = on_token_rejected
+        self.expires_at = lease.claim_answered_at + lease.ttl_s
+        self.renew_every_s = lease.renew_every_s
+        self.lost: LeaseLost | None = None
+        self.acknowledged = anyio.Event()
+        self.renewals = 0
+
+    @property
+    def _retry_s(self) -> float:
+        return max(0.05, min(1.0, self.renew_every_s / 4))
+
+    def _lose(self, lost: LeaseLost) -> None:
+        if self.lost is None:
+            self.lost = lost
+        self.acknowledged.set()  # wake a step still waiting for the acknowledgement
+        self._on_lost(lost)
+
+    async def run(self) -> None:
+        """Keep the lease until cancelled, or until it is lost (then return)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_expiry, tg.cancel_scope)
+            await self._renew_loop()
+            # A refusal ends renewing; the expiry watch still ends the lease on time.
+
+    async def _watch_expiry(self, scope: anyio.CancelScope) -> None:
+        while (left := self.expires_at - self._clock.now()) > 0:
+            await self._clock.sleep(left)
+        self._log.warning(
+            "lease expired on the runner's clock; dropping the step",
+            ttl_s=self._lease.ttl_s,
+        )
+        self._lose(LeaseLost(LostBecause.EXPIRED))
+        scope.cancel()
+
+    async def _renew_loop(self) -> None:
+        next_at = self._clock.now()
+        while True:
+            await self._clock.sleep(next_at - self._clock.now())
+            sent_at = await self._renew_once()
+            if sent_at is None:
+                return
+            next_at = sent_at + self.renew_every_s
+
+    async def _renew_once(self) -> float | None:
+        """One answered renewal; answers when it was sent, or None once the lease is lost."""
+        unreachable = False
+        while True:
+            sent_at = self._clock.now()
+            try:
+                renewal = await self._client.renew(self._lease.step_id, self._lease.fence)
+            except SupervisorUnreachable as exc:
+                if not unreachable:
+                    self._log.warning("renew got no answer; retrying", error=exc.detail)
+                    unreachable = True
+                await self._clock.sleep(self._retry_s)
+                continue
+            except LeaseLost as lost:
+                self._log.warning("renew refused; dropping the step", because=str(lost.because))
+                self._lose(lost)
+                return None
+            except TokenRejected as exc:
+                self._on_token_rejected(exc.detail)
+                self._lose(LeaseLost(LostBecause.TOKEN_REJECTED, exc.detail))
+                return None
+            except SupervisorRefused as exc:
+                # A malformed renew is a bug on one side; retrying cannot help, the lease
+                # will expire and the supervisor re-queues the step.
+                self._log.error("renew refused as malformed; dropping the step", error=exc.detail)
+                self._lose(LeaseLost(LostBecause.NOT_FOUND, exc.detail))
+                return None
+            if unreachable:
+                self._log.info("renew answered again")
+            if renewal.cancelled:
+                self._log.info("task cancelled; dropping the step")
+                self._lose(LeaseLost(LostBecause.CANCELLED))
+                return None
+            self.expires_at = max(self.expires_at, sent_at + renewal.ttl_s)
+            self.renew_every_s = renewal.renew_every_s
+            self.renewals += 1
+            if not self.acknowledged.is_set():
+                self._log.debug("lease acknowledged")
+                self.acknowledged.set()
+            return sent_at

@@ -1,0 +1,190 @@
+"""Step kinds: what a step of a given `kind` does with its payload. `chat` is built in.
+
+A kind is an async function `(StepContext) -> StepOutput`. A deployment adds its own with
+`KindRegistry.register`, or, without touching the runner's code, through the entry-point
+group `tether.runner.kinds` (`name = "package.module:function"`), loaded at start.
+
+The `chat` payload (a typo in a key is refused, never ignored):
+
+    {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...],  # required
+     "model": str,                    # optional; default: the runner's `model` setting
+     "temperature": float, "top_p": float, "max_tokens": int, "seed": int,
+     "stop": str | [str, ...],        # optional model parameters, passed through
+     "use_outputs": bool}             # optional, default false
+
+With `use_outputs: true` the outputs of the task's earlier steps go to the model as one
+`user` message placed after the payload's leading `system` messages: one section per step,
+`## <step name>` followed by its `text` (a chat output) or its canonical JSON.
+
+The `chat` output: `{"text", "finish_reason", "model", "usage"}`; `usage` (the provider's
+token counts) also goes with the result, for the tenant's budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from runner.errors import StepRejected, StepUnsupported
+from runner.lease import EarlierOutput
+from runner.model_client import Completion
+from tether.wire import canonical_json
+
+ENTRY_POINT_GROUP = "tether.runner.kinds"
+
+
+class ChatModel(Protocol):
+    """The model, as one step sees it: key and deadline already bound."""
+
+    async def __call__(self, body: dict[str, Any]) -> Completion: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepContext:
+    step_id: str
+    task_id: str
+    name: str
+    attempt: int
+    payload: Any
+    outputs: tuple[EarlierOutput, ...]
+    default_model: str
+    chat: ChatModel
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepOutput:
+    output: Any
+    usage: dict[str, int] = dataclasses.field(default_factory=dict)
+    candidate_sha: str | None = None
+    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+StepKind = Callable[[StepContext], Awaitable[StepOutput]]
+
+
+class KindRegistry:
+    """Kinds by name. `default()` holds `chat` and whatever entry points add."""
+
+    def __init__(self, kinds: Iterable[tuple[str, StepKind]] = ()) -> None:
+        self._kinds: dict[str, StepKind] = {}
+        for name, kind in kinds:
+            self.register(name, kind)
+
+    def register(self, name: str, kind: StepKind) -> None:
+        if not name or not name.isprintable():
+            raise ValueError(f"step kind name {name!r} is not usable")
+        self._kinds[name] = kind
+
+    def get(self, name: str) -> StepKind:
+        try:
+            return self._kinds[name]
+        except KeyError:
+            known = ", ".join(sorted(self._kinds)) or "none"
+            raise StepUnsupported(
+                f"this runner has no step kind {name!r} (it knows: {known})"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+    @classmethod
+    def default(cls, *, entry_points: bool = True) -> KindRegistry:
+        registry = cls([("chat", run_chat)])
+        if entry_points:
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                registry.register(ep.name, ep.load())
+        return registry
+
+
+_ROLES = frozenset({"system", "user", "assistant"})
+_PARAMS: dict[str, tuple[type, ...]] = {
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "max_tokens": (int,),
+    "seed": (int,),
+    "stop": (str, list),
+}
+_KEYS = frozenset({"messages", "model", "use_outputs", *_PARAMS})
+
+
+def _reject(why: str) -> StepRejected:
+    return StepRejected(f"chat payload: {why}")
+
+
+def chat_request(
+    payload: Any, outputs: tuple[EarlierOutput, ...], default_model: str
+) -> dict[str, Any]:
+    """The provider request for a `chat` payload; `StepRejected` names what is wrong."""
+    if not isinstance(payload, dict):
+        raise _reject("must be a JSON object")
+    unknown = sorted(set(payload) - _KEYS)
+    if unknown:
+        raise _reject(f"unknown key(s) {', '.join(map(repr, unknown))}")
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _reject("'messages' must be a non-empty list")
+    for i, message in enumerate(messages):
+        if (
+            not isinstance(message, dict)
+            or set(message) != {"role", "content"}
+            or message["role"] not in _ROLES
+            or not isinstance(message["content"], str)
+        ):
+            raise _reject(
+                f"messages[{i}] must be {{'role': system|user|assistant, 'content': str}}"
+            )
+    model = payload.get("model", default_model)
+    if not isinstance(model, str) or not model:
+        raise _reject("'model' must be a non-empty string")
+    body: dict[str, Any] = {"model": model}
+    for key, types in _PARAMS.items():
+        if key in payload:
+            value = payload[key]
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise _reject(f"{key!r} has the wrong type")
+            if (
+                key == "stop"
+                and isinstance(value, list)
+                and not all(isinstance(s, str) for s in value)
+            ):
+                raise _reject("'stop' must be a string or a list of strings")
+            body[key] = value
+    use_outputs = payload.get("use_outputs", False)
+    if not isinstance(use_outputs, bool):
+        raise _reject("'use_outputs' must be true or false")
+    messages = list(messages)
+    if use_outputs and outputs:
+        lead = 0
+        while lead < len(messages) and messages[lead]["role"] == "system":
+            lead += 1
+        messages.insert(lead, {"role": "user", "content": earlier_outputs_text(outputs)})
+    body["messages"] = messages
+    return body
+
+
+def earlier_outputs_text(outputs: tuple[EarlierOutput, ...]) -> str:
+    sections = ["Outputs of the earlier steps of this task:"]
+    for earlier in outputs:
+        out = earlier.output
+        if isinstance(out, dict) and isinstance(out.get("text"), str):
+            text = out["text"]
+        else:
+            text = canonical_json(out).decode("utf-8")
+        sections.append(f"## {earlier.name}\n{text}")
+    return "\n\n".join(sections)
+
+
+async def run_chat(ctx: StepContext) -> StepOutput:
+    """The built-in `chat` kind: one completion for the payload's messages."""
+    completion = await ctx.chat(chat_request(ctx.payload, ctx.outputs, ctx.default_model))
+    return StepOutput(
+        output={
+            "text": completion.text,
+            "finish_reason": completion.finish_reason,
+            "model": completion.model,
+            "usage": completion.usage,
+        },
+        usage=completion.usage,
+    )

@@ -1,0 +1,297 @@
+"""One attempt at one step: acknowledge, run the kind, report or release, or drop.
+
+The attempt runs inside one cancel scope. The lease keeper cancels it the moment the lease is
+lost (nothing is reported then: the step is not ours). Shutdown cancels it after the grace
+period, and the lease is released (`shutdown`, retryable) outside that scope. While the result
+is being reported, a renew refusal does not cancel: the result's own answer is the truth
+(`applied`/`replayed` are success, a 409 means the step is not ours); only expiry does.
+
+A result or release with no answer is retried, with backoff, until it is answered or the
+lease is lost. Every log line carries `task_id, step_id, attempt, fence`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import structlog
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_random_exponential
+
+from runner.clock import Clock
+from runner.credentials import SecretMissing, SecretSource
+from runner.errors import (
+    LeaseLost,
+    LostBecause,
+    OperatorProblem,
+    StepFailure,
+    StepRejected,
+    StepUnsupported,
+    SupervisorRefused,
+    SupervisorUnreachable,
+    TokenRejected,
+    TransientFailure,
+)
+from runner.keeper import LeaseKeeper
+from runner.kinds import KindRegistry, StepContext, StepOutput
+from runner.lease import Lease
+from runner.model_client import Completion, ModelClient
+from runner.supervisor_client import ResultReport, SupervisorClient
+from tether.wire import ReleaseReason, content_hash
+
+T = TypeVar("T")
+
+# How long a shutdown release may take before the runner exits without it (the lease then
+# expires on the supervisor after its TTL).
+SHUTDOWN_RELEASE_S = 5.0
+
+
+class Phase(enum.StrEnum):
+    ACKNOWLEDGING = "acknowledging"
+    WORKING = "working"
+    REPORTING = "reporting"
+    RELEASING = "releasing"
+    DONE = "done"
+
+
+class StepHost(Protocol):
+    """What a step needs from the runner around it."""
+
+    def operator_problem(self, problem: OperatorProblem) -> None: ...
+    def token_rejected(self, detail: str) -> None: ...
+    def rate_limited(self, seconds: float) -> None: ...
+    def step_succeeded(self) -> None: ...
+
+
+class StepRun:
+    def __init__(
+        self,
+        *,
+        lease: Lease,
+        supervisor: SupervisorClient,
+        model: ModelClient,
+        model_key: SecretSource,
+        kinds: KindRegistry,
+        clock: Clock,
+        host: StepHost,
+        default_model: str,
+        model_timeout_s: float,
+    ) -> None:
+        self.lease = lease
+        self._supervisor = supervisor
+        self._model = model
+        self._model_key = model_key
+        self._kinds = kinds
+        self._clock = clock
+        self._host = host
+        self._default_model = default_model
+        self._model_timeout_s = model_timeout_s
+        self.log = structlog.get_logger("runner.step").bind(**lease.log_context())
+        self.phase = Phase.ACKNOWLEDGING
+        self._scope = anyio.CancelScope()
+        self._aborted = False
+        self._key_in_use: str | None = None
+        self.keeper = LeaseKeeper(
+            lease=lease,
+            client=supervisor,
+            clock=clock,
+            log=self.log,
+            on_lost=self._on_lost,
+            on_token_rejected=host.token_rejected,
+        )
+        self.outcome: str | None = None
+
+    def _on_lost(self, lost: LeaseLost) -> None:
+        if self.phase is Phase.REPORTING and lost.because is not LostBecause.EXPIRED:
+            return  # the result's own answer decides
+        self._scope.cancel()
+
+    def abort(self) -> None:
+        """Shutdown's grace is over: stop the work; the lease is released after."""
+        if self.phase is not Phase.DONE:
+            self._aborted = True
+            self._scope.cancel()
+
+    async def run(self) -> None:
+        self.log.info("step leased", kind=self.lease.kind, name=self.lease.name)
+        with self._scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.keeper.run)
+                await self.keeper.acknowledged.wait()
+                if self.keeper.lost is None:
+                    await self._attempt()
+                tg.cancel_scope.cancel()
+        if self.phase is Phase.DONE:
+            return
+        if self.keeper.lost is not None:
+            self.outcome = f"dropped: {self.keeper.lost.because}"
+            self.log.warning(
+                "step dropped; nothing reported", because=str(self.keeper.lost.because)
+            )
+        elif self._aborted:
+            await self._release_for_shutdown()
+        self.phase = Phase.DONE
+
+    async def _attempt(self) -> None:
+        self.phase = Phase.WORKING
+        try:
+            output = await self._work()
+        except OperatorProblem as problem:
+            self._host.operator_problem(problem)
+            await self._release(problem)
+            return
+        except StepFailure as failure:
+            if isinstance(failure, TransientFailure) and failure.retry_after_s:
+                self._host.rate_limited(failure.retry_after_s)
+            await self._release(failure)
+            return
+        except Exception as exc:  # a bug in a step kind must not take the runner down
+            self.log.exception("step kind crashed")
+            await self._release(TransientFailure(f"runner error: {type(exc).__name__}: {exc}"))
+            return
+        await self._report(output)
+
+    async def _work(self) -> StepOutput:
+        computed = content_hash(self.lease.payload)
+        if computed != self.lease.payload_hash:
+            self.log.error(
+                "payload does not match its hash; releasing",
+                payload_hash=self.lease.payload_hash,
+                computed=computed,
+            )
+            # Maybe this runner hashes differently (an older tether): another runner deserves
+            # a try, and max_attempts bounds it.
+            raise StepUnsupported("payload hash mismatch: the runner computed another hash")
+        kind = self._kinds.get(self.lease.kind)
+        context = StepContext(
+            step_id=self.lease.step_id,
+            task_id=self.lease.task_id,
+            name=self.lease.name,
+            attempt=self.lease.attempt,
+            payload=self.lease.payload,
+            outputs=self.lease.outputs,
+            default_model=self._default_model,
+            chat=self._chat,
+        )
+        return await kind(context)
+
+    async def _chat(self, body: dict[str, Any]) -> Completion:
+        try:
+            key = await self._model_key.get()
+        except SecretMissing as exc:
+            raise OperatorProblem(
+                f"model key missing: {exc}",
+                action=f"put the model API key in {self._model_key.describe()}",
+            ) from None
+        self._key_in_use = key
+        deadline = self._clock.now() + self._model_timeout_s
+        try:
+            return await self._model.chat(body, key=key, deadline=deadline)
+        except OperatorProblem:
+            self._model_key.invalidate()  # the operator may fix the file; read it again
+            raise
+
+    def _detail(self, failure: StepFailure) -> str:
+        detail = failure.detail
+        if self._key_in_use:
+            detail = detail.replace(self._key_in_use, "***")
+        return detail[:500]
+
+    async def _until_answered(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Retry `call` while the supervisor gives no answer; the keeper bounds it by expiry."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(SupervisorUnreachable),
+            wait=wait_random_exponential(multiplier=0.2, max=min(5.0, self.keeper.renew_every_s)),
+            stop=stop_never,
+            sleep=self._clock.sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await call()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _release(self, failure: StepFailure) -> None:
+        self.phase = Phase.RELEASING
+        detail = self._detail(failure)
+        self.log.warning(
+            "releasing the step",
+            reason=str(failure.reason),
+            retryable=failure.retryable,
+            detail=detail,
+        )
+        try:
+            await self._until_answered(
+                lambda: self._supervisor.release(
+                    self.lease.step_id,
+                    self.lease.fence,
+                    failure.reason,
+                    retryable=failure.retryable,
+                    detail=detail,
+                )
+            )
+        except LeaseLost as lost:
+            self.log.info("release refused; the step was no longer ours", because=str(lost.because))
+        except TokenRejected as exc:
+            self._host.token_rejected(exc.detail)
+        except SupervisorRefused as exc:
+            self.log.error("release refused as malformed", error=exc.detail)  # noqa: TRY400
+        self.outcome = f"released: {failure.reason}"
+        self.phase = Phase.DONE
+
+    async def _report(self, output: StepOutput) -> None:
+        self.phase = Phase.REPORTING
+        report = ResultReport(
+            fence=self.lease.fence,
+            payload_hash=content_hash(self.lease.payload),
+            output=output.output,
+            usage=output.usage,
+            candidate_sha=output.candidate_sha,
+            artifacts=output.artifacts,
+        )
+        try:
+            outcome = await self._until_answered(
+                lambda: self._supervisor.report(self.lease.step_id, report)
+            )
+        except LeaseLost as lost:
+            self.outcome = f"dropped: {lost.because}"
+            log = self.log.error if lost.because is LostBecause.PAYLOAD_DRIFT else self.log.warning
+            log("result refused; the step is no longer ours", because=str(lost.because))
+            self.phase = Phase.DONE
+            return
+        except TokenRejected as exc:
+            self._host.token_rejected(exc.detail)
+            self.outcome = "dropped: token_rejected"
+            self.phase = Phase.DONE
+            return
+        except SupervisorRefused as exc:
+            # The supervisor will never take this output (too large, malformed): the step
+            # would fail the same way on every runner.
+            await self._release(StepRejected(f"result refused by the supervisor: {exc.detail}"))
+            return
+        self.outcome = str(outcome)
+        self.phase = Phase.DONE
+        self.log.info("step reported", outcome=str(outcome), usage=output.usage)
+        self._host.step_succeeded()
+
+    async def _release_for_shutdown(self) -> None:
+        self.phase = Phase.RELEASING
+        self.log.info("shutting down: releasing the step")
+        with anyio.move_on_after(SHUTDOWN_RELEASE_S) as scope:
+            try:
+                await self._until_answered(
+                    lambda: self._supervisor.release(
+                        self.lease.step_id,
+                        self.lease.fence,
+                        ReleaseReason.SHUTDOWN,
+                        retryable=True,
+                        detail="runner shutting down",
+                    )
+                )
+            except (LeaseLost, TokenRejected, SupervisorRefused) as exc:
+                self.log.info("shutdown release refused", error=str(exc))
+        if scope.cancelled_caught:
+            self.log.warning("shutdown release got no answer; the lease will expire")
+        self.outcome = "released: shutdown"
