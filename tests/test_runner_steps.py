@@ -1,0 +1,338 @@
+"""The runner with a fake supervisor and a fake model: leases, drops, results, shutdown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import httpx
+
+from runner.kinds import KindRegistry, StepContext, StepOutput
+from tests.test_runner_fakes import (
+    TOKEN,
+    FakeModel,
+    JumpClock,
+    Rig,
+    completion,
+    error,
+    hang,
+    json_response,
+    make_lease,
+    make_rig,
+)
+from tether.wire import content_hash
+
+
+async def until(rig: Rig, condition: Callable[[], bool], within: float = 5.0) -> None:
+    """Wait for a condition on the runner's own state, checked as its steps start and end."""
+    with anyio.fail_after(within):
+        await rig.runner.wait_until(condition)
+
+
+class Gate:
+    """A model answer that waits for the test, and notes whether it was cancelled."""
+
+    def __init__(self, answer: httpx.Response | None = None) -> None:
+        self.open = anyio.Event()
+        self.cancelled = False
+        self.answer = answer or completion("done", prompt=5, out=1)
+
+    async def __call__(self, _request: httpx.Request) -> httpx.Response:
+        try:
+            await self.open.wait()
+        except anyio.get_cancelled_exc_class():
+            self.cancelled = True
+            raise
+        return self.answer
+
+
+async def run_until(rig: Rig, condition: Callable[[], bool]) -> None:
+    """Serve until `condition`, then shut down gracefully."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await until(rig, condition)
+        rig.runner.request_shutdown()
+    assert rig.exit_code == 0
+
+
+def step_outcomes(rig: Rig) -> list[str | None]:
+    return [s.outcome for s in rig.runner.started_steps]
+
+
+async def test_a_lease_is_acknowledged_before_work_renewed_during_it_and_reported(
+    tmp_path: Path,
+) -> None:
+    rig = make_rig(tmp_path)
+    sup = rig.supervisor
+    acks_before_model: list[int] = []
+    gate = Gate()
+
+    async def model(request: httpx.Request) -> httpx.Response:
+        acks_before_model.append(len(sup.of("renew", "s1")))
+        return await gate(request)
+
+    rig.model.script(model)
+    lease = make_lease("s1", fence=41, renew_every_s=0.02)
+    sup.offer(lease)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await sup.until(lambda: len(sup.of("renew", "s1")) >= 5)
+        gate.open.set()
+        await sup.until(lambda: bool(sup.of("result", "s1")))
+        rig.runner.request_shutdown()
+    assert rig.exit_code == 0
+    assert acks_before_model == [1]
+    assert all(c.body == {"fence": 41} for c in sup.of("renew", "s1"))
+    (result,) = sup.of("result", "s1")
+    assert result.headers["authorization"] == f"Bearer {TOKEN}"
+    assert result.body == {
+        "fence": 41,
+        "payload_hash": content_hash(lease["payload"]),
+        "output": {
+            "text": "done",
+            "finish_reason": "stop",
+            "model": "m",
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        },
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+    }
+    assert step_outcomes(rig) == ["applied"]
+    assert sup.of("release") == []
+    first_claim = sup.of("claim")[0].body
+    assert first_claim == {"runner_id": "test-runner", "capacity": 2, "wait_s": 0.0}
+
+
+async def test_stale_fence_on_renew_drops_the_step_and_reports_nothing(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    gate = Gate()
+    rig.model.script(gate)
+    rig.supervisor.offer(make_lease("s1", fence=5, renew_every_s=0.02))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        rig.supervisor.fences["s1"] = 6  # another runner holds it now
+        await until(rig, lambda: step_outcomes(rig) == ["dropped: stale_fence"])
+        rig.runner.request_shutdown()
+    assert gate.cancelled
+    assert rig.supervisor.of("result") == []
+    assert rig.supervisor.of("release") == []
+
+
+async def test_a_cancelled_task_is_dropped_at_the_next_renew_and_the_slot_is_reused(
+    tmp_path: Path,
+) -> None:
+    rig = make_rig(tmp_path, concurrency=1)
+    sup = rig.supervisor
+    gate = Gate()
+    rig.model.script(gate)
+    sup.offer(make_lease("s1", task_id="t1", renew_every_s=0.02))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        renews_at_cancel = len(sup.of("renew", "s1"))
+        sup.cancel_task("t1")
+        await until(rig, lambda: step_outcomes(rig) == ["dropped: cancelled"])
+        assert len(sup.of("renew", "s1")) == renews_at_cancel + 1  # within one renew interval
+        assert gate.cancelled
+        sup.offer(make_lease("s2", task_id="t2"))
+        await sup.until(lambda: bool(sup.of("result", "s2")))
+        rig.runner.request_shutdown()
+    assert sup.of("result", "s1") == []
+    assert step_outcomes(rig) == ["dropped: cancelled", "applied"]
+
+
+async def test_a_lease_the_runners_clock_says_has_expired_is_dropped(tmp_path: Path) -> None:
+    clock = JumpClock()
+    rig = make_rig(tmp_path, clock=clock)
+    sup = rig.supervisor
+    gate = Gate()
+    rig.model.script(gate)
+    sup.offer(make_lease("s1", ttl_s=5.0, renew_every_s=1.0))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        sup.script("renew", hang, hang, hang)  # the supervisor stops answering renews
+        clock.jump(5.0)  # the runner's monotonic clock: five seconds passed (a GC pause)
+        await until(rig, lambda: step_outcomes(rig) == ["dropped: expired"])
+        rig.runner.request_shutdown()
+    assert gate.cancelled
+    assert sup.of("result") == []
+    assert sup.of("release") == []
+
+
+async def test_a_model_400_releases_the_step_as_invalid_and_not_retryable(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.model.script(json_response(400, {"error": {"message": "bad messages", "code": None}}))
+    rig.supervisor.offer(make_lease("s1"))
+    await run_until(rig, lambda: bool(rig.supervisor.of("release", "s1")))
+    (release,) = rig.supervisor.of("release", "s1")
+    assert release.body["reason"] == "invalid"
+    assert release.body["retryable"] is False
+    assert "400" in release.body["detail"]
+    assert len(rig.model.requests) == 1
+    assert rig.supervisor.of("result") == []
+
+
+async def test_a_500_is_retried_and_the_step_completes(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.model.script(json_response(500, {"error": {"message": "oops"}}), completion("second"))
+    rig.supervisor.offer(make_lease("s1"))
+    await run_until(rig, lambda: step_outcomes(rig) == ["applied"])
+    assert len(rig.model.requests) == 2
+    assert rig.supervisor.of("result", "s1")[0].body["output"]["text"] == "second"
+
+
+async def test_the_result_is_retried_until_answered(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    sup = rig.supervisor
+    sup.script(
+        "result",
+        error(503, "unavailable"),
+        httpx.ConnectError("refused"),
+        httpx.ReadTimeout("slow"),
+    )
+    sup.offer(make_lease("s1", fence=9))
+    await run_until(rig, lambda: step_outcomes(rig) == ["applied"])
+    results = sup.of("result", "s1")
+    assert len(results) == 4
+    assert {(r.body["fence"], r.body["payload_hash"]) for r in results} == {
+        (9, results[0].body["payload_hash"])
+    }
+    assert len(rig.model.requests) == 1  # the work is not redone, only the report
+    assert sup.of("release") == []
+
+
+async def test_replayed_is_success(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.supervisor.script("result", json_response(200, {"outcome": "replayed"}))
+    rig.supervisor.offer(make_lease("s1"))
+    await run_until(rig, lambda: step_outcomes(rig) == ["replayed"])
+    assert rig.supervisor.of("release") == []
+
+
+async def test_a_409_on_the_result_means_not_ours_and_nothing_is_released(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.supervisor.script("result", error(409, "terminal", "task was cancelled"))
+    rig.supervisor.offer(make_lease("s1"))
+    await run_until(rig, lambda: step_outcomes(rig) == ["dropped: terminal"])
+    assert rig.supervisor.of("release") == []
+
+
+async def test_a_payload_that_does_not_match_its_hash_is_released_not_run(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.supervisor.offer(make_lease("s1", payload_hash="0" * 64))
+    await run_until(rig, lambda: bool(rig.supervisor.of("release", "s1")))
+    body = rig.supervisor.of("release", "s1")[0].body
+    assert (body["reason"], body["retryable"]) == ("invalid", True)
+    assert rig.model.requests == []
+
+
+async def test_an_unknown_kind_is_released_for_another_runner(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path)
+    rig.supervisor.requeue_released = False
+    rig.supervisor.offer(make_lease("s1", kind="shell"))
+    await run_until(rig, lambda: bool(rig.supervisor.of("release", "s1")))
+    body = rig.supervisor.of("release", "s1")[0].body
+    assert (body["reason"], body["retryable"]) == ("invalid", True)
+    assert "shell" in body["detail"]
+
+
+async def test_a_custom_kind_gets_earlier_outputs_and_reports_candidate_and_artifacts(
+    tmp_path: Path,
+) -> None:
+    seen: list[StepContext] = []
+
+    async def patch(ctx: StepContext) -> StepOutput:
+        seen.append(ctx)
+        return StepOutput(
+            output={"ok": True}, usage={"total_tokens": 0}, candidate_sha="c0ffee",
+            artifacts={"tests": "ab" * 32},
+        )  # fmt: skip
+
+    kinds = KindRegistry.default(entry_points=False)
+    kinds.register("patch", patch)
+    rig = make_rig(tmp_path, kinds=kinds)
+    earlier = [{"step_id": "s0", "name": "plan", "output": {"text": "plan it"}}]
+    rig.supervisor.offer(make_lease("s1", kind="patch", payload={"x": 1}, outputs=earlier))
+    await run_until(rig, lambda: step_outcomes(rig) == ["applied"])
+    assert seen[0].outputs[0].output == {"text": "plan it"}
+    body = rig.supervisor.of("result", "s1")[0].body
+    assert body["candidate_sha"] == "c0ffee"
+    assert body["artifacts"] == {"tests": "ab" * 32}
+
+
+async def test_shutdown_lets_an_in_flight_step_finish_within_the_grace(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, shutdown_grace_s=30.0)
+    sup = rig.supervisor
+    gate = Gate()
+    rig.model.script(gate)
+    sup.offer(make_lease("s1"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        rig.runner.request_shutdown()
+        claims_at_shutdown = len(sup.of("claim"))
+        sup.offer(make_lease("s2"))  # must not be claimed any more
+        gate.open.set()
+    assert rig.exit_code == 0
+    assert step_outcomes(rig) == ["applied"]
+    assert len(sup.of("claim")) == claims_at_shutdown
+    assert sup.of("release") == []
+
+
+async def test_shutdown_releases_what_did_not_finish_within_the_grace(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, shutdown_grace_s=0.1)
+    rig.supervisor.requeue_released = False
+    gate = Gate()
+    rig.model.script(gate)
+    rig.supervisor.offer(make_lease("s1", fence=3))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        rig.runner.request_shutdown()
+    assert rig.exit_code == 0
+    assert gate.cancelled
+    (release,) = rig.supervisor.of("release", "s1")
+    assert release.body["fence"] == 3
+    assert (release.body["reason"], release.body["retryable"]) == ("shutdown", True)
+    assert rig.supervisor.of("result") == []
+
+
+async def test_a_second_signal_exits_at_once_without_releasing(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, shutdown_grace_s=60.0)
+    rig.model.script(Gate())
+    rig.supervisor.offer(make_lease("s1"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        rig.runner.request_shutdown()
+        rig.runner.force_stop(143)
+    assert rig.exit_code == 143
+    assert rig.supervisor.of("release") == []
+
+
+async def test_concurrency_bounds_the_steps_in_flight(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, concurrency=2)
+    gates = [Gate(), Gate(), Gate()]
+    rig.model.script(*gates)
+    for i in range(3):
+        rig.supervisor.offer(make_lease(f"s{i}", task_id=f"t{i}"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: len(rig.model.requests) == 2)
+        assert rig.runner.in_flight == 2
+        assert [c.body["capacity"] for c in rig.supervisor.of("claim")][:1] == [2]
+        gates[0].open.set()
+        gates[1].open.set()
+        await rig.model.until(lambda: len(rig.model.requests) == 3)
+        gates[2].open.set()
+        await until(rig, lambda: step_outcomes(rig) == ["applied"] * 3)
+        rig.runner.request_shutdown()
+
+
+async def test_a_fake_model_default_answer_is_used_when_nothing_is_scripted() -> None:
+    model = FakeModel()
+    async with httpx.AsyncClient(transport=model.transport) as http:
+        answer = await http.post("http://m/v1/chat/completions", json={})
+    assert answer.json()["choices"][0]["message"]["content"] == "hello"
