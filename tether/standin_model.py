@@ -1,0 +1,284 @@
+"""A stand-in model server: a TEST DOUBLE of an OpenAI-compatible chat API, for tests and demos.
+
+It is not a model and not for production: production points the runner's `model_url` at a
+real provider. It serves `POST /v1/chat/completions` with deterministic answers (an echo of
+the last user message and a hash of all messages) and word-count token usage, and it can be
+told to misbehave, by constructor arguments, command-line flags, or at run time through a tiny
+admin endpoint:
+
+    POST /_admin/knobs   {"latency_s": 0.5, "fail_429": 2, "retry_after_s": 1, "fail_500": 1,
+                          "quota_exhausted": true, "expected_key": "k"}  -> the knobs now
+    GET  /_admin/knobs   the knobs (the expected key itself is never shown)
+    GET  /_admin/stats   {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...]}
+
+Knobs, applied to each call in this order: a wrong or missing key while `expected_key` is set
+answers 401; `quota_exhausted` answers 429 `insufficient_quota` (never retried by the runner);
+`fail_429` answers the next N calls 429 with `Retry-After: retry_after_s`; `fail_500` answers
+the next N calls 500; `latency_s` delays every answer. The admin endpoint has no
+authentication: bind it to 127.0.0.1 only.
+
+    python -m tether.standin_model --port 8090 [--host 127.0.0.1] [--key K | --key-file F]
+        [--latency S] [--fail-429 N] [--retry-after S] [--fail-500 N] [--quota-exhausted]
+
+Starlette and uvicorn are imported here only: the runner never imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hmac
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tether.wire import canonical_json, sha256_hex
+
+_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+_KNOB_TYPES: dict[str, tuple[type, ...]] = {
+    "latency_s": (int, float),
+    "fail_429": (int,),
+    "retry_after_s": (int, float),
+    "fail_500": (int,),
+    "quota_exhausted": (bool,),
+    "expected_key": (str, type(None)),
+}
+
+
+@dataclasses.dataclass(kw_only=True)
+class Knobs:
+    """How the stand-in misbehaves; mutable at run time through `/_admin/knobs`."""
+
+    latency_s: float = 0.0
+    fail_429: int = 0
+    retry_after_s: float = 1.0
+    fail_500: int = 0
+    quota_exhausted: bool = False
+    expected_key: str | None = None
+
+    def public(self) -> dict[str, Any]:
+        shown = dataclasses.asdict(self)
+        shown["key_required"] = shown.pop("expected_key") is not None
+        return shown
+
+    def update(self, changes: Any) -> str | None:
+        """Apply `changes`, all or nothing; answers an error text for bad input."""
+        if not isinstance(changes, dict):
+            return "body must be a JSON object"
+        for key, value in changes.items():
+            types = _KNOB_TYPES.get(key)
+            if types is None:
+                return f"unknown knob {key!r} (known: {', '.join(sorted(_KNOB_TYPES))})"
+            if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+                return f"knob {key!r} has the wrong type"
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                return f"knob {key!r} must not be negative"
+        for key, value in changes.items():
+            setattr(self, key, value)
+        return None
+
+
+def _openai_error(status: int, message: str, kind: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "code": code, "param": None}},
+        status_code=status,
+    )
+
+
+def _tokens(text: str) -> int:
+    return len(text.split())
+
+
+def answer_for(body: dict[str, Any]) -> dict[str, Any]:
+    """The deterministic completion for a valid request body."""
+    messages = body["messages"]
+    digest = sha256_hex(canonical_json(messages))
+    last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+    text = f"echo {digest[:16]}: {last_user}".strip()
+    finish = "stop"
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, int) and _tokens(text) > max_tokens:
+        text = " ".join(text.split()[:max_tokens])
+        finish = "length"
+    prompt = sum(_tokens(m.get("content") or "") + 3 for m in messages)
+    completion = _tokens(text)
+    return {
+        "id": f"chatcmpl-{digest[:24]}",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
+def _invalid_request(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "'model' is required"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty array"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            return f"messages[{i}] needs a valid 'role'"
+        if not isinstance(message.get("content"), str | None):
+            return f"messages[{i}].content must be a string"
+    return None
+
+
+def create_app(knobs: Knobs | None = None) -> Starlette:
+    """The stand-in as an ASGI app; `app.state.knobs` and `app.state.stats` are live."""
+    state_knobs = knobs or Knobs()
+    calls: Counter[str] = Counter()
+    answered: list[str] = []
+
+    async def chat_completions(request: Request) -> Response:
+        k = state_knobs
+        calls["total"] += 1
+        response = await _decide(request, k)
+        calls[str(response.status_code)] += 1
+        return response
+
+    async def _decide(request: Request, k: Knobs) -> Response:
+        if k.expected_key is not None:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {k.expected_key}".encode()):
+                return _openai_error(
+                    401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+                )
+        if k.quota_exhausted:
+            return _openai_error(
+                429,
+                "You exceeded your current quota, please check your plan and billing details.",
+                "insufficient_quota",
+                "insufficient_quota",
+            )
+        if k.fail_429 > 0:
+            k.fail_429 -= 1
+            response = _openai_error(
+                429, "Rate limit reached (stand-in).", "requests", "rate_limit_exceeded"
+            )
+            response.headers["Retry-After"] = f"{k.retry_after_s:g}"
+            return response
+        if k.fail_500 > 0:
+            k.fail_500 -= 1
+            return _openai_error(500, "The server had an error (stand-in).", "server_error")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _openai_error(400, "request body is not valid JSON", "invalid_request_error")
+        problem = _invalid_request(body)
+        if problem is not None:
+            return _openai_error(400, problem, "invalid_request_error")
+        if k.latency_s > 0:
+            await anyio.sleep(k.latency_s)
+        completion = answer_for(body)
+        answered.append(completion["id"])
+        return JSONResponse(completion)
+
+    async def knobs_route(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                changes = await request.json()
+            except ValueError:
+                return JSONResponse(
+                    {"error": "malformed_json", "detail": "body is not JSON"}, status_code=400
+                )
+            problem = state_knobs.update(changes)
+            if problem is not None:
+                return JSONResponse({"error": "invalid_field", "detail": problem}, 400)
+        return JSONResponse(state_knobs.public())
+
+    async def stats_route(_request: Request) -> Response:
+        by_status = {k: v for k, v in calls.items() if k != "total"}
+        return JSONResponse(
+            {"calls": calls["total"], "by_status": by_status, "answered": list(answered)}
+        )
+
+    async def models_route(_request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models_route, methods=["GET"]),
+            Route("/_admin/knobs", knobs_route, methods=["GET", "POST"]),
+            Route("/_admin/stats", stats_route, methods=["GET"]),
+        ]
+    )
+    app.state.knobs = state_knobs
+    app.state.calls = calls
+    return app
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m tether.standin_model",
+        description="A stand-in OpenAI-compatible chat server: a test double, not a model.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    key = parser.add_mutually_exclusive_group()
+    key.add_argument("--key", help="expected API key (visible in ps; prefer --key-file)")
+    key.add_argument("--key-file", type=Path, help="file holding the expected API key")
+    parser.add_argument("--latency", type=float, default=0.0, metavar="S")
+    parser.add_argument("--fail-429", type=int, default=0, metavar="N")
+    parser.add_argument("--retry-after", type=float, default=1.0, metavar="S")
+    parser.add_argument("--fail-500", type=int, default=0, metavar="N")
+    parser.add_argument("--quota-exhausted", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    expected = args.key
+    if args.key_file is not None:
+        try:
+            expected = args.key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            print(f"standin_model: cannot read {args.key_file}: {exc.strerror}", file=sys.stderr)
+            return 2
+    knobs = Knobs(
+        latency_s=args.latency,
+        fail_429=args.fail_429,
+        retry_after_s=args.retry_after,
+        fail_500=args.fail_500,
+        quota_exhausted=args.quota_exhausted,
+        expected_key=expected or None,
+    )
+    if not 0 < args.port < 65536:
+        print(f"standin_model: --port must be 1..65535, got {args.port}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    uvicorn.run(create_app(knobs), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
