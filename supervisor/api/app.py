@@ -15,7 +15,13 @@ from starlette.exceptions import HTTPException
 
 from supervisor.api import health, operator_routes, runner_routes
 from supervisor.api.auth import TokenCache
-from supervisor.api.errors import ApiError, on_api_error, on_http_exception, on_ledger_error
+from supervisor.api.errors import (
+    ApiError,
+    on_api_error,
+    on_http_exception,
+    on_ledger_error,
+    on_unexpected,
+)
 from supervisor.ledger import LedgerError
 from supervisor.service import running_ledger
 from supervisor.settings import SupervisorSettings
@@ -40,6 +46,7 @@ def create_app(
             ApiError: on_api_error,
             LedgerError: on_ledger_error,
             HTTPException: on_http_exception,
+            Exception: on_unexpected,
         },
         lifespan=lifespan,
     )

@@ -47,5 +47,6 @@ async def require(request: Request, role: Role) -> Principal:
     if principal is None:
         raise ApiError(ErrorCode.UNAUTHORIZED, "the token is unknown or revoked")
     if principal.role is not role:
-        raise ApiError(ErrorCode.FORBIDDEN, f"this call needs a {role} token")
+        article = "an" if role is Role.OPERATOR else "a"
+        raise ApiError(ErrorCode.FORBIDDEN, f"this call needs {article} {role} token")
     return principal

@@ -1,4 +1,5 @@
-"""Every error on the wire is `{"error": CODE, "detail": TEXT}` with a stable code."""
+"""Every error on the wire is `{"error": CODE, "detail": TEXT}` with a stable code, including
+unknown routes, wrong methods and failures nobody foresaw (`internal`, logged here)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,12 @@ async def on_http_exception(_request: Request, exc: Exception) -> Response:
         413: ErrorCode.BODY_TOO_LARGE,
     }.get(exc.status_code, ErrorCode.BAD_REQUEST)
     return error_response(code, str(exc.detail))
+
+
+async def on_unexpected(request: Request, exc: Exception) -> Response:
+    """A bug, not a refusal: log it with its traceback and answer in the wire's error shape.
+
+    Starlette still re-raises it afterwards, so the server's own error log sees it too.
+    """
+    log.error("request failed", path=request.url.path, error=type(exc).__name__, exc_info=exc)
+    return error_response(ErrorCode.INTERNAL, "the supervisor failed to handle this request")

@@ -64,7 +64,7 @@ async def list_tasks(request: Request) -> Response:
     cursor_raw = request.query_params.get("cursor")
     cursor = None
     if cursor_raw is not None:
-        if not cursor_raw.isdigit():
+        if not (cursor_raw.isascii() and cursor_raw.isdigit() and len(cursor_raw) <= 18):
             raise ApiError(ErrorCode.INVALID_FIELD, "query parameter 'cursor' is not valid")
         cursor = int(cursor_raw)
     limit = rq.query_int(request, "limit", default=50, low=1, high=200)

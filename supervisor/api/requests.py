@@ -1,20 +1,25 @@
 """Reading request bodies and fields: size-limited JSON, typed fields, clear refusals.
 
 Wire-level typing lives here; what the values mean (a plan, a fence) is the ledger's business.
+A body is accepted only if it is strict JSON that canonical JSON can encode, so nothing a
+client sends can reach a ledger rule and fail there (that would be a 500, not a refusal).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
 
 from supervisor.api.errors import ApiError
-from tether.wire import ErrorCode
+from tether.wire import ErrorCode, canonical_json
 
 MAX_TEXT = 10_000
+_INTEGER = re.compile(r"-?[0-9]{1,19}")
+_DECIMAL = re.compile(r"-?[0-9]{1,19}(\.[0-9]{1,9})?")
 
 
 def _invalid(detail: str) -> ApiError:
@@ -40,12 +45,22 @@ async def json_body(request: Request, limit: int) -> dict[str, Any]:
     if not raw:
         raise ApiError(ErrorCode.MALFORMED_JSON, "the body is empty; send a JSON object")
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        body = json.loads(raw, parse_constant=_refuse_constant)
+        # Everything accepted must hash and store: canonical JSON refuses lone surrogates.
+        canonical_json(body)
+    except RecursionError:
+        raise ApiError(ErrorCode.MALFORMED_JSON, "the body is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeError, an integer of 4300+ digits
         raise ApiError(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(ErrorCode.MALFORMED_JSON, "the body must be a JSON object")
     return body
+
+
+def _refuse_constant(name: str) -> Any:
+    """Python's json reads NaN and Infinity, which are not JSON: a payload or an output holding
+    one could be stored but never answered (every response is strict JSON)."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def text(body: Mapping[str, Any], name: str, *, limit: int = 200) -> str:
@@ -125,10 +140,9 @@ def query_int(request: Request, name: str, *, default: int, low: int, high: int)
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _invalid(f"query parameter {name!r} must be an integer") from None
+    if not _INTEGER.fullmatch(raw):  # int() would also take " 7", "7_0" and non-ASCII digits
+        raise _invalid(f"query parameter {name!r} must be an integer")
+    value = int(raw)
     if not low <= value <= high:
         raise _invalid(f"query parameter {name!r} must be in {low}..{high}")
     return value
@@ -138,10 +152,9 @@ def query_float(request: Request, name: str, *, default: float, low: float, high
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise _invalid(f"query parameter {name!r} must be a number") from None
+    if not _DECIMAL.fullmatch(raw):  # float() would also take "nan", "1e9", " 7"
+        raise _invalid(f"query parameter {name!r} must be a number")
+    value = float(raw)
     if not low <= value <= high:
         raise _invalid(f"query parameter {name!r} must be in {low}..{high}")
     return value
