@@ -148,3 +148,149 @@ def sim(ledger_path: Path, clock: FakeClock) -> Iterator[Sim]:
         yield Sim(db=db, clock=clock)
     finally:
         db.close()
+
+
+# -- the HTTP API in process (tests/test_api_*.py; any test that needs a real supervisor app) --
+
+import contextlib  # noqa: E402 - this section is appended; the imports above belong to others
+
+API_TENANT = "acme"
+API_RIVAL = "rival"
+API_POOL = "default"
+
+
+@dataclasses.dataclass
+class ApiHarness:
+    """A supervisor app on its own ledger file with its lifespan entered, reached through
+    `httpx.ASGITransport`. Tokens were made on the file beforehand, as the CLI makes them:
+    `operator` acts for tenant acme, `rival` for another tenant, `runner` for the default pool,
+    `stranger` for another pool. Each is a ready `Authorization` header."""
+
+    app: Any
+    client: Any  # httpx.AsyncClient
+    path: Path
+    clock: FakeClock
+    secrets: dict[str, str]
+
+    def auth(self, name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.secrets[name]}"}
+
+    @property
+    def operator(self) -> dict[str, str]:
+        return self.auth("operator")
+
+    @property
+    def runner(self) -> dict[str, str]:
+        return self.auth("runner")
+
+    async def create(self, key: str = "k1", steps: int = 1, **extra: Any) -> dict[str, Any]:
+        """Create a task over HTTP (201 or 200); answer its view."""
+        response = await self.client.post(
+            "/v1/tasks", headers=self.operator, json=task_body(key, steps, **extra)
+        )
+        assert response.status_code in (200, 201), response.text
+        task: dict[str, Any] = response.json()
+        return task
+
+    async def queued(self, key: str = "k1", steps: int = 1, **extra: Any) -> dict[str, Any]:
+        """Create and approve a task over HTTP; answer its view (QUEUED)."""
+        task = await self.create(key, steps, **extra)
+        response = await self.client.post(
+            f"/v1/tasks/{task['id']}/approve",
+            headers=self.operator,
+            json={"plan_hash": task["plan_hash"], "base_sha": extra.get("base_sha")},
+        )
+        assert response.status_code == 200, response.text
+        approved: dict[str, Any] = response.json()
+        return approved
+
+    async def claim(self, capacity: int = 1, runner_id: str = "r1") -> list[dict[str, Any]]:
+        response = await self.client.post(
+            "/v1/leases/claim",
+            headers=self.runner,
+            json={"runner_id": runner_id, "capacity": capacity, "wait_s": 0},
+        )
+        if response.status_code == 204:
+            return []
+        assert response.status_code == 200, response.text
+        leases: list[dict[str, Any]] = response.json()["leases"]
+        return leases
+
+    async def report(self, lease: dict[str, Any], output: Any = "done", **extra: Any) -> Any:
+        body = {
+            "fence": lease["fence"],
+            "payload_hash": lease["payload_hash"],
+            "output": output,
+            "usage": {"total_tokens": 3},
+            **extra,
+        }
+        return await self.client.post(
+            f"/v1/steps/{lease['step_id']}/result", headers=self.runner, json=body
+        )
+
+
+def task_body(key: str = "k1", steps: int = 1, **extra: Any) -> dict[str, Any]:
+    """A `POST /v1/tasks` body shaped like `make_spec`'s task."""
+    plan = {
+        "steps": [
+            {"name": f"s{i}", "kind": "chat", "payload": {"cmd": "apply-patch", "rev": i}}
+            for i in range(steps)
+        ]
+    }
+    return {"idempotency_key": key, "plan": plan, **extra}
+
+
+@contextlib.asynccontextmanager
+async def open_api(path: Path, clock: FakeClock, **settings: Any) -> AsyncIterator[ApiHarness]:
+    """`ApiHarness` on `path`; `settings` override `SupervisorSettings` fields."""
+    import httpx
+
+    from supervisor import admin
+    from supervisor.api import create_app
+    from supervisor.settings import SupervisorSettings
+
+    secrets = {
+        name: admin.create_token(path, scope, role)
+        for name, scope, role in [
+            ("operator", API_TENANT, "operator"),
+            ("rival", API_RIVAL, "operator"),
+            ("runner", API_POOL, "runner"),
+            ("stranger", "elsewhere", "runner"),
+        ]
+    }
+    app = create_app(SupervisorSettings(db=path, **settings), clock=clock, reaper=False)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://supervisor.test") as client,
+    ):
+        yield ApiHarness(app=app, client=client, path=path, clock=clock, secrets=secrets)
+
+
+@pytest.fixture
+async def api(tmp_path: Path, clock: FakeClock) -> AsyncIterator[ApiHarness]:
+    async with open_api(tmp_path / "api.db", clock, synchronous="OFF") as harness:
+        yield harness
+
+
+def ledger_snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, to show that a refused request wrote nothing."""
+    db = raw_db(path)
+    try:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: [tuple(r) for r in db.execute(f"SELECT * FROM {t} ORDER BY 1")] for t in tables}
+    finally:
+        db.close()
+
+
+def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
+    """The response is the wire's error: this status, exactly `{"error", "detail"}`, this code
+    and a detail that says something."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body: dict[str, Any] = response.json()
+    assert set(body) == {"error", "detail"}, body
+    assert body["error"] == code, body
+    assert isinstance(body["detail"], str), body
+    assert body["detail"].strip(), body
+    return body
