@@ -139,7 +139,6 @@ async def serve(
     model = ModelClient(
         base_url=settings.model_url,
         clock=clock,
-        key_hint=model_key.describe(),
         transport=model_transport,
     )
     try:

@@ -185,8 +185,9 @@ class Runner:
     async def _claim_loop(self, steps: anyio.abc.TaskGroup) -> None:
         concurrency = self._settings.concurrency
         while True:
-            await self._wait_unpaused()
             await self.wait_until(lambda: len(self._in_flight) < concurrency)
+            # After the slot: the step that freed it may just have paused claiming.
+            await self._wait_unpaused()
             if self._token_stale:
                 await self._reload_token()
             wait_s = self._settings.claim_wait_s if self._answered else 0.0

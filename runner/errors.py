@@ -82,8 +82,9 @@ class OperatorProblem(StepFailure):
     reason = ReleaseReason.OPERATOR
     retryable = True
 
-    def __init__(self, detail: str | None = None, *, action: str) -> None:
+    def __init__(self, detail: str | None = None, *, action: str, about_key: bool = False) -> None:
         self.action = action
+        self.about_key = about_key  # the key itself is wrong or missing: name its file
         super().__init__(detail)
 
 

@@ -102,21 +102,16 @@ class ModelClient:
         *,
         base_url: str,
         clock: Clock,
-        key_hint: str = "the model key file",
         transport: httpx.AsyncBaseTransport | None = None,
         backoff: wait_base | None = None,
     ) -> None:
         self._clock = clock
-        self._key_hint = key_hint
         self._backoff = backoff or wait_random_exponential(multiplier=0.5, max=20.0)
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._http = httpx.AsyncClient(transport=transport, headers={"User-Agent": "tether"})
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-    def _operator(self, detail: str, action: str) -> OperatorProblem:
-        return OperatorProblem(detail, action=action)
 
     def _classify(self, response: httpx.Response) -> Exception | None:
         """None for success; the exception a non-2xx answer stands for otherwise."""
@@ -125,14 +120,15 @@ class ModelClient:
             return None
         code, message = _provider_error(response)
         if status in (401, 403):
-            return self._operator(
+            return OperatorProblem(
                 f"model provider rejected the API key ({status})",
-                f"put a valid API key in {self._key_hint}; the runner re-reads it",
+                action="put a valid API key in the model key file; the runner re-reads it",
+                about_key=True,
             )
         if status == 402 or (status == 429 and code == "insufficient_quota"):
-            return self._operator(
+            return OperatorProblem(
                 f"model provider quota exhausted ({status} {code or 'payment required'})",
-                "raise the provider quota or add credit; steps wait, they do not fail",
+                action="raise the provider quota or add credit; steps wait, they do not fail",
             )
         if status in (400, 413, 422):
             return StepRejected(f"model rejected the request ({status} {code}): {message}")
@@ -140,9 +136,9 @@ class ModelClient:
             return _Retryable(
                 f"model answered {status} {code}".strip(), parse_retry_after(response.headers)
             )
-        return self._operator(
+        return OperatorProblem(
             f"model endpoint answered {status} {code}: {message}".strip(),
-            "check model_url and the model name in the runner's settings",
+            action="check model_url and the model name in the runner's settings",
         )
 
     async def _try_once(self, body: dict[str, Any], key: str | None, deadline: float) -> Completion:

@@ -189,8 +189,12 @@ class StepRun:
         deadline = self._clock.now() + self._model_timeout_s
         try:
             return await self._model.chat(body, key=key, deadline=deadline)
-        except OperatorProblem:
+        except OperatorProblem as problem:
             self._model_key.invalidate()  # the operator may fix the file; read it again
+            if problem.about_key:
+                problem.action = (
+                    f"put a valid API key in {self._model_key.describe()}; the runner re-reads it"
+                )
             raise
 
     def _detail(self, failure: StepFailure) -> str:

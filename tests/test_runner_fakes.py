@@ -322,6 +322,8 @@ def settings(**overrides: Any) -> RunnerSettings:
         "model_timeout_s": 5.0,
     }
     values.update(overrides)
+    if "pause_max_s" not in overrides:
+        values["pause_max_s"] = max(values["pause_max_s"], 10 * values["pause_initial_s"])
     return RunnerSettings(**values)
 
 
