@@ -91,3 +91,36 @@ def test_no_secret_in_a_config_file(name: str) -> None:
     active, examples = _split(CONFIG / name)
     for key in {**active, **examples}:
         assert not re.search(r"(^|_)(token|key|secret|password)$", key), key
+
+
+README = CONFIG.parent / "README.md"
+_ROW = re.compile(r"^\| `([a-z_]+)` \|(.*)$")
+
+
+def _readme_table(heading: str) -> dict[str, str]:
+    """The configuration reference rows under `heading`: key -> rest of the row."""
+    text = README.read_text(encoding="utf-8").split(heading, 1)[1]
+    rows: dict[str, str] = {}
+    for line in text.splitlines()[3:]:  # skip the heading's end, the blank line, the header
+        if line.startswith("|---"):
+            continue
+        if not line.startswith("|"):
+            break
+        match = _ROW.match(line)
+        assert match is not None, line
+        rows[match.group(1)] = match.group(2)
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("heading", "cls"),
+    [
+        ("Supervisor (`tether-supervisor serve`):", SupervisorSettings),
+        ("Runner (`tether-runner run`):", RunnerSettings),
+    ],
+)
+def test_readme_reference_lists_every_key_with_its_variable(heading: str, cls: type[Any]) -> None:
+    rows = _readme_table(heading)
+    assert set(rows) == _fields(cls)
+    for key, rest in rows.items():
+        assert f"`TETHER_{key.upper()}`" in rest, key
