@@ -20,6 +20,7 @@ from supervisor.ledger import (
 from tether.wire import Outcome, effect_key
 
 from .conftest import FakeClock, count, queued_task, report_for
+from .test_ledger_fencing import asleep
 
 CHECKS = ("tests", "lint")
 
@@ -244,6 +245,7 @@ async def test_a_spent_budget_holds_leases_back_without_failing_tasks(
 async def test_raising_the_budget_wakes_a_waiting_claim(ledger: SqliteLedger) -> None:
     await ledger.set_budget("acme", 0)
     task_id = await queued_task(ledger)
+    waiting = asleep(ledger)
     got: list[Lease] = []
 
     async def claimer() -> None:
@@ -252,6 +254,7 @@ async def test_raising_the_budget_wakes_a_waiting_claim(ledger: SqliteLedger) ->
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(claimer)
+            await waiting.wait()
             await ledger.set_budget("acme", None)
     assert [lease.task_id for lease in got] == [task_id]
 

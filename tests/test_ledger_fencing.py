@@ -4,6 +4,7 @@ tokens refused on the record, bounded retries, the acceptance window, the reaper
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -24,6 +25,20 @@ from .conftest import FakeClock, count, make_spec, open_ledger, queued_task, rep
 async def claim_one(ledger: SqliteLedger, runner: str = "r1") -> Lease:
     [lease] = await ledger.claim(runner, "default", 1, 0)
     return lease
+
+
+def asleep(ledger: SqliteLedger) -> anyio.Event:
+    """Set once a claim has looked, found nothing and gone to sleep: lets a test wake it
+    deterministically instead of guessing how long to wait."""
+    waiting = anyio.Event()
+    original = ledger._work.wait
+
+    async def wait(*args: Any, **kwargs: Any) -> None:
+        waiting.set()
+        await original(*args, **kwargs)
+
+    ledger._work.wait = wait  # type: ignore[method-assign]
+    return waiting
 
 
 async def fences_ever(ledger: SqliteLedger, *task_ids: str) -> list[int]:
@@ -104,14 +119,7 @@ async def test_claim_long_poll_wakes_when_work_is_approved_while_it_waits(
     """The claim must be asleep before the approval: the signal is watched, not the clock."""
     spec = make_spec()
     task_id = (await ledger.create_task(spec)).task_id
-    waiting = anyio.Event()
-    original = ledger._work.wait
-
-    async def wait(*args: object, **kwargs: object) -> None:
-        waiting.set()
-        await original(*args, **kwargs)  # type: ignore[arg-type]
-
-    ledger._work.wait = wait  # type: ignore[method-assign]
+    waiting = asleep(ledger)
     got: list[Lease] = []
 
     async def claimer() -> None:
@@ -351,3 +359,32 @@ async def test_max_attempts_comes_from_the_config(tmp_path: Path, clock: FakeClo
         lease = await claim_one(ledger)
         await ledger.release(lease.step_id, lease.fence, ReleaseReason.TRANSIENT, True, "503")
         assert (await ledger.task(task_id))["state"] == "FAILED"
+
+
+@pytest.mark.parametrize("wake_by", ["commit", "release", "expiry"])
+async def test_claim_long_poll_wakes_when_a_step_becomes_leasable(
+    ledger: SqliteLedger, clock: FakeClock, wake_by: str
+) -> None:
+    """Work is queued not only by approval: the next step after a commit, a released step and a
+    reaped step must each wake a claim that is already asleep."""
+    task_id = await queued_task(ledger, steps=2)
+    lease = await claim_one(ledger)
+    waiting = asleep(ledger)
+    got: list[Lease] = []
+
+    async def claimer() -> None:
+        got.extend(await ledger.claim("r2", "default", 1, 60))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claimer)
+            await waiting.wait()
+            if wake_by == "commit":
+                await ledger.report(report_for(lease))
+            elif wake_by == "release":
+                await ledger.release(lease.step_id, lease.fence, ReleaseReason.SHUTDOWN, True, "")
+            else:
+                clock.advance(31)
+                assert await ledger.expire() == 1
+    expected = f"{task_id}.1" if wake_by == "commit" else lease.step_id
+    assert [g.step_id for g in got] == [expected]
