@@ -24,6 +24,7 @@ from tenacity.wait import wait_base
 
 from runner.clock import Clock
 from runner.errors import OperatorProblem, StepRejected, TransientFailure
+from runner.http import make_client
 from runner.retry_after import HasRetryAfter, parse_retry_after, stop_before_deadline
 from runner.retry_after import wait_retry_after as wait_retry_after_header
 
@@ -108,7 +109,7 @@ class ModelClient:
         self._clock = clock
         self._backoff = backoff or wait_random_exponential(multiplier=0.5, max=20.0)
         self._url = base_url.rstrip("/") + "/chat/completions"
-        self._http = httpx.AsyncClient(transport=transport, headers={"User-Agent": "tether"})
+        self._http = make_client(transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -21,6 +21,7 @@ from runner.errors import (
     SupervisorUnreachable,
     TokenRejected,
 )
+from runner.http import make_client
 from runner.lease import Lease, parse_lease
 from tether.wire import API_PREFIX, Outcome, ReleaseReason
 
@@ -90,11 +91,8 @@ class SupervisorClient:
     ) -> None:
         self._clock = clock
         self._timeout_s = timeout_s
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            transport=transport,
-            timeout=timeout_s,
-            headers={"User-Agent": "tether-runner"},
+        self._http = make_client(
+            base_url=base_url.rstrip("/"), transport=transport, timeout=timeout_s
         )
         self._token = token
 

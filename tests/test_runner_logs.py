@@ -1,0 +1,173 @@
+"""What the runner says and what it never reads: step context on every step line, no secret in
+any line, and no wall-clock time anywhere (SPEC A3)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import structlog
+import structlog.testing
+
+from tests.test_runner_fakes import (
+    MODEL_KEY,
+    TOKEN,
+    JumpClock,
+    Rig,
+    error,
+    json_response,
+    make_lease,
+    make_rig,
+)
+from tests.test_runner_operator import GOOD_KEY, key_checking_model
+from tether.logs import configure_logging
+
+STEP_FIELDS = ("task_id", "step_id", "attempt", "fence")
+
+
+@pytest.fixture
+def fresh_structlog() -> Iterator[None]:
+    yield
+    structlog.reset_defaults()
+
+
+async def eventful_run(rig: Rig, clock: JumpClock) -> None:
+    """A run that logs most of what the runner can say: a 401 from the model (key in the
+    Authorization header), a pause, a fixed key, a 429 with Retry-After, a retried result,
+    a 409, a stale renew, an outage of the supervisor, and a shutdown."""
+    sup = rig.supervisor
+    rig.model.default = key_checking_model(GOOD_KEY)
+    sup.script("result", error(503, "unavailable", f"echo {TOKEN}"))
+    sup.offer(make_lease("s1", task_id="t1", fence=10))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await sup.until(lambda: bool(sup.of("release", "s1")))
+        rig.key_file.write_text(GOOD_KEY)
+        rig.model.script(json_response(429, {"error": {"code": "rate"}}, {"Retry-After": "0"}))
+        clock.jump(3600.0)
+        with anyio.fail_after(5):
+            await rig.runner.wait_until(
+                lambda: [s.outcome for s in rig.runner.started_steps][-1:] == ["applied"]
+            )
+        sup.script("result", error(409, "stale_fence"))
+        sup.offer(make_lease("s2", task_id="t2", fence=20))
+        await sup.until(lambda: bool(sup.of("result", "s2")))
+        sup.down = True
+        await sup.until(lambda: len(sup.of("claim")) >= 8)
+        sup.down = False
+        rig.runner.request_shutdown()
+    assert rig.exit_code == 0
+
+
+async def test_step_lines_carry_their_context_and_no_line_carries_a_secret(
+    tmp_path: Path,
+) -> None:
+    clock = JumpClock()
+    rig = make_rig(tmp_path, clock=clock, pause_initial_s=3600.0, concurrency=1)
+    with structlog.testing.capture_logs() as logs:
+        await eventful_run(rig, clock)
+    # capture_logs runs no redaction: the runner itself must never put a secret in a line.
+    text = repr(logs)
+    for secret in (MODEL_KEY, GOOD_KEY, TOKEN):
+        assert secret not in text
+    step_events = {
+        "step leased",
+        "releasing the step",
+        "step reported",
+        "result refused; the step is no longer ours",
+    }
+    seen = {e["event"] for e in logs}
+    assert step_events <= seen
+    for entry in logs:
+        if entry["event"] in step_events or any(f in entry for f in STEP_FIELDS):
+            assert all(f in entry for f in STEP_FIELDS), entry
+
+
+async def test_the_printed_json_lines_hold_no_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fresh_structlog: None
+) -> None:
+    configure_logging(json_lines=True, level="debug")
+    clock = JumpClock()
+    rig = make_rig(tmp_path, clock=clock, pause_initial_s=3600.0, concurrency=1)
+    await eventful_run(rig, clock)
+    out = capsys.readouterr().out
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert len(lines) > 10
+    for secret in (MODEL_KEY, GOOD_KEY, TOKEN):
+        assert secret not in out
+    leased = [e for e in lines if e["event"] == "step leased"]
+    assert leased
+    assert all(all(f in e for f in STEP_FIELDS) for e in leased)
+
+
+async def test_the_runner_never_reads_the_wall_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A jump of the wall clock cannot change anything the runner does, because it never
+    reads it: with time.time() raising, a whole eventful run behaves the same."""
+    calls: list[str] = []
+
+    def forbidden(*_args: Any) -> float:
+        calls.append("time.time")
+        raise AssertionError("the runner read the wall clock")
+
+    clock = JumpClock()
+    rig = make_rig(tmp_path, clock=clock, pause_initial_s=3600.0, concurrency=1)
+    with structlog.testing.capture_logs():
+        monkeypatch.setattr(time, "time", forbidden)
+        monkeypatch.setattr(time, "time_ns", forbidden)
+        try:
+            await eventful_run(rig, clock)
+        finally:
+            monkeypatch.undo()
+    assert calls == []
+    assert [s.outcome for s in rig.runner.started_steps][-2:] == ["applied", "dropped: stale_fence"]
+
+
+async def test_a_lease_deadline_is_counted_from_when_the_renew_was_sent(tmp_path: Path) -> None:
+    """A renew answered late does not stretch the lease: the deadline starts at the send."""
+    clock = JumpClock()
+    rig = make_rig(tmp_path, clock=clock)
+    sup = rig.supervisor
+    answered = anyio.Event()
+
+    async def late_ack(_request: httpx.Request) -> httpx.Response:
+        clock.jump(4.0)  # the answer takes four seconds to arrive
+        answered.set()
+        return json_response(200, {"ttl_s": 5.0, "renew_every_s": 10.0, "cancelled": False})
+
+    sup.script("renew", late_ack)
+    rig.model.script(hang_model := _Hang())
+    sup.offer(make_lease("s1", ttl_s=5.0, renew_every_s=5.0))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        keeper = rig.runner.started_steps[0].keeper
+        sent_at = keeper.expires_at - 5.0
+        assert clock.now() - sent_at >= 4.0
+        clock.jump(1.0)  # five seconds after the send: expired, though one after the answer
+        with anyio.fail_after(5):
+            await rig.runner.wait_until(lambda: rig.runner.in_flight == 0)
+        rig.runner.request_shutdown()
+    assert answered.is_set()
+    assert hang_model.cancelled
+    assert rig.runner.started_steps[0].outcome == "dropped: expired"
+
+
+class _Hang:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def __call__(self, _request: httpx.Request) -> httpx.Response:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            self.cancelled = True
+            raise
+        raise AssertionError("unreachable")
