@@ -102,13 +102,24 @@ def backup(path: Path, dest: Path) -> None:
         raise AdminError(f"{dest} exists; refusing to overwrite a backup")
     if not path.exists():
         raise AdminError(f"no ledger file at {path}")
-    source = connect(path, readonly=True)
-    target = sqlite3.connect(str(dest))
+    try:
+        source = connect(path, readonly=True)
+    except sqlite3.DatabaseError as exc:
+        raise AdminError(f"cannot read ledger {path}: {exc}") from None
+    try:
+        target = sqlite3.connect(str(dest))
+    except sqlite3.Error as exc:
+        source.close()
+        raise AdminError(f"cannot write {dest}: {exc}") from None
     try:
         source.backup(target)
         problems = integrity_problems(target)
+    except sqlite3.Error as exc:
+        problems = [str(exc)]
     finally:
         target.close()
         source.close()
     if problems:
-        raise AdminError(f"the backup at {dest} failed its integrity check: {problems[0]}")
+        # A copy that is not sound must not be mistaken for a backup later.
+        dest.unlink(missing_ok=True)
+        raise AdminError(f"the backup of {path} to {dest} failed: {problems[0]}")

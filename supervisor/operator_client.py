@@ -91,8 +91,21 @@ def load_task_file(path: Path) -> dict[str, Any]:
 
 
 def plan_hash_of(body: dict[str, Any]) -> str:
-    """The hash the supervisor will compute: approving with it binds exactly what was sent."""
-    return content_hash(body["plan"])
+    """The hash the supervisor computes for this task file's plan, so approving with it binds
+    exactly what was sent. The supervisor hashes only each step's name, kind and payload (other
+    keys in a task file, such as a step's description, are not part of the plan), and so must
+    we, or a task file with one extra key could be submitted but never approved."""
+    steps = body["plan"].get("steps")
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise ClientError("the task's plan must hold a 'steps' list of objects")
+    return content_hash(
+        {
+            "steps": [
+                {"name": s.get("name"), "kind": s.get("kind"), "payload": s.get("payload")}
+                for s in steps
+            ]
+        }
+    )
 
 
 def describe(event: dict[str, Any]) -> str:
@@ -106,17 +119,29 @@ def describe(event: dict[str, Any]) -> str:
     return f"{event['seq']:>6} {stamp} {event['state']:<9} {event['kind']:<14} {details}".rstrip()
 
 
-def watch(client: OperatorClient, task_id: str, *, after: int = 0, out: TextIO = sys.stdout) -> str:
+def watch(
+    client: OperatorClient, task_id: str, *, after: int = 0, out: TextIO | None = None
+) -> str:
     """Print events until the task ends; answer its terminal state. Survives restarts of the
-    supervisor by retrying the long-poll."""
+    supervisor by retrying the long-poll.
+
+    A task that ended at or before `after` has no event left to show: the task itself says so,
+    before the first long-poll and after any that comes back empty, so watching never hangs.
+    """
+    out = sys.stdout if out is None else out  # looked up per call: redirections apply
     last = after
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(Unreachable),
-        wait=tenacity.wait_exponential_jitter(initial=0.5, max=10),
+        wait=tenacity.wait_random_exponential(multiplier=0.5, max=10),
         stop=tenacity.stop_after_delay(300),
         reraise=True,
     )
+    batch: list[dict[str, Any]] = []
     while True:
+        if not batch:
+            task = retrying(client.show, task_id)
+            if task["state"] in TERMINAL_STATES and task["seq"] <= last:
+                return str(task["state"])
         batch = retrying(client.events, task_id, last, 30.0)
         for event in batch:
             if event["seq"] <= last:
