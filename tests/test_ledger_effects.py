@@ -262,3 +262,20 @@ async def test_raising_the_budget_wakes_a_waiting_claim(ledger: SqliteLedger) ->
 async def test_a_negative_budget_is_refused(ledger: SqliteLedger) -> None:
     with pytest.raises(InvalidRequest):
         await ledger.set_budget("acme", -1)
+
+
+async def test_a_new_repository_head_is_journalled_on_the_tasks_it_concerns(
+    ledger: SqliteLedger,
+) -> None:
+    live = await repo_task(ledger)
+    other_repo = await queued_task(ledger, "other", repository="other", base_sha="base1")
+    plain = await queued_task(ledger, "plain")
+    theirs = await queued_task(
+        ledger, "theirs", tenant="globex", repository="repo", base_sha="base1"
+    )
+    await ledger.set_repository_head("acme", "repo", "base2")
+    for task_id, expected in ((live, ["base2"]), (other_repo, []), (plain, []), (theirs, [])):
+        events = await ledger.events(task_id, None, 0, 0)
+        assert [e["data"]["head_sha"] for e in events if e["kind"] == "base_changed"] == expected
+    # The journal records a moved base, not a state change.
+    assert (await ledger.task(live))["state"] == "QUEUED"

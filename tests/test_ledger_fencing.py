@@ -17,6 +17,7 @@ from supervisor.ledger import (
     SqliteLedger,
     StaleFence,
 )
+from supervisor.ledger.operator import approve
 from tether.wire import Outcome, ReleaseReason
 
 from .conftest import FakeClock, count, make_spec, open_ledger, queued_task, report_for
@@ -151,6 +152,31 @@ async def test_claim_racing_the_approval_in_one_batch_is_not_left_asleep(
                 tg.start_soon(claimer, got)
                 tg.start_soon(ledger.approve, "acme", task_id, spec.plan_hash, None)
         assert [lease.task_id for lease in got] == [task_id]
+
+
+async def test_an_approval_between_the_look_and_the_sleep_still_wakes_the_claim(
+    ledger: SqliteLedger,
+) -> None:
+    """Deterministic form of the race above: the claim finds nothing, then the approval commits
+    and fires before the claim sleeps."""
+    spec = make_spec()
+    task_id = (await ledger.create_task(spec)).task_id
+    original = ledger.write
+    interfered = False
+
+    async def write_then_approve(rule: Any) -> Any:
+        nonlocal interfered
+        value = await original(rule)
+        if not interfered and value == []:
+            interfered = True
+            await original(lambda tx: approve(tx, "acme", task_id, spec.plan_hash, None))
+        return value
+
+    ledger.write = write_then_approve  # type: ignore[method-assign]
+    with anyio.fail_after(10):
+        got = await ledger.claim("r1", "default", 1, 60)
+    assert interfered
+    assert [lease.task_id for lease in got] == [task_id]
 
 
 async def test_claim_long_poll_gives_up_empty_after_wait_s(ledger: SqliteLedger) -> None:
