@@ -1,0 +1,193 @@
+"""The stand-in model server (a test double): deterministic answers and its misbehaviour knobs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from runner.clock import MonotonicClock
+from runner.errors import OperatorProblem, StepRejected
+from runner.model_client import ModelClient
+from tether.standin_model import Knobs, create_app, main
+
+BODY = {
+    "model": "stand-in",
+    "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi there"},
+    ],
+}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+async def knobs() -> Knobs:
+    return Knobs()
+
+
+@pytest.fixture
+async def http(knobs: Knobs) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=create_app(knobs))
+    async with httpx.AsyncClient(transport=transport, base_url="http://standin") as client:
+        yield client
+
+
+async def chat(http: httpx.AsyncClient, body: Any = None, key: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return await http.post("/v1/chat/completions", json=body or BODY, headers=headers)
+
+
+async def test_answers_are_deterministic_with_usage(http: httpx.AsyncClient) -> None:
+    first, second = (await chat(http)).json(), (await chat(http)).json()
+    assert first == second
+    message = first["choices"][0]["message"]
+    assert message["role"] == "assistant"
+    assert message["content"].endswith("hi there")
+    assert first["choices"][0]["finish_reason"] == "stop"
+    usage = first["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+    other = dict(BODY, messages=[{"role": "user", "content": "something else"}])
+    assert (await chat(http, other)).json()["choices"][0]["message"] != message
+
+
+async def test_max_tokens_truncates_with_finish_reason_length(http: httpx.AsyncClient) -> None:
+    answer = (await chat(http, dict(BODY, max_tokens=1))).json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 1
+
+
+async def test_a_bad_request_is_a_400_in_openai_shape(http: httpx.AsyncClient) -> None:
+    answer = await chat(http, {"model": "m", "messages": []})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_the_key_is_checked_when_one_is_expected(
+    knobs: Knobs, http: httpx.AsyncClient
+) -> None:
+    knobs.expected_key = "right"
+    assert (await chat(http)).status_code == 401
+    assert (await chat(http, key="wrong")).status_code == 401
+    assert (await chat(http, key="right")).status_code == 200
+
+
+async def test_429_and_500_for_the_next_n_calls_then_normal(
+    knobs: Knobs, http: httpx.AsyncClient
+) -> None:
+    knobs.fail_429, knobs.retry_after_s, knobs.fail_500 = 2, 3, 1
+    statuses = []
+    for _ in range(4):
+        answer = await chat(http)
+        statuses.append(answer.status_code)
+        if answer.status_code == 429:
+            assert answer.headers["retry-after"] == "3"
+    assert statuses == [429, 429, 500, 200]
+    stats = (await http.get("/_admin/stats")).json()
+    assert stats["calls"] == 4
+    assert stats["by_status"] == {"429": 2, "500": 1, "200": 1}
+
+
+async def test_quota_exhaustion_is_429_insufficient_quota(
+    knobs: Knobs, http: httpx.AsyncClient
+) -> None:
+    knobs.quota_exhausted = True
+    answer = await chat(http)
+    assert answer.status_code == 429
+    assert answer.json()["error"]["code"] == "insufficient_quota"
+
+
+async def test_knobs_change_at_run_time_all_or_nothing(http: httpx.AsyncClient) -> None:
+    changed = await http.post("/_admin/knobs", json={"fail_500": 1, "expected_key": "k"})
+    assert changed.status_code == 200
+    assert changed.json()["fail_500"] == 1
+    assert changed.json()["key_required"] is True
+    assert "k" not in changed.json().values()
+    for bad in ({"fail_500": 2, "nope": 1}, {"fail_500": -1}, {"latency_s": "slow"}, [1]):
+        refused = await http.post("/_admin/knobs", json=bad)
+        assert refused.status_code == 400
+        assert refused.json()["error"] == "invalid_field"
+    assert (await http.get("/_admin/knobs")).json()["fail_500"] == 1
+
+
+async def test_latency_delays_the_answer(knobs: Knobs, http: httpx.AsyncClient) -> None:
+    knobs.latency_s = 10.0
+    with anyio.move_on_after(0.2) as scope:
+        await chat(http)
+    assert scope.cancelled_caught
+
+
+async def test_the_runners_model_client_reads_the_stand_in_as_a_provider(knobs: Knobs) -> None:
+    transport = httpx.ASGITransport(app=create_app(knobs))
+    client = ModelClient(base_url="http://standin/v1", clock=MonotonicClock(), transport=transport)
+    knobs.fail_429, knobs.retry_after_s, knobs.fail_500 = 1, 0, 1
+    got = await client.chat(BODY, key=None, deadline=anyio.current_time() + 30)
+    assert got.text.endswith("hi there")
+    assert got.usage["total_tokens"] > 0
+    knobs.expected_key = "right"
+    with pytest.raises(OperatorProblem):
+        await client.chat(BODY, key="wrong", deadline=anyio.current_time() + 30)
+    with pytest.raises(StepRejected):
+        await client.chat(
+            {"model": "m", "messages": []}, key="right", deadline=anyio.current_time() + 30
+        )
+    await client.aclose()
+
+
+def test_cli_help_and_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    assert "test double" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        main([])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["--port", "1", "--key-file", "/nonexistent"]) == 2
+
+
+def test_it_runs_as_a_process(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    key_file = tmp_path / "key"
+    key_file.write_text("proc-key\n")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tether.standin_model",
+            "--port",
+            str(port),
+            "--key-file",
+            str(key_file),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            for _ in range(200):  # the server needs a moment to listen
+                try:
+                    client.get("/v1/models")
+                    break
+                except httpx.TransportError:
+                    if proc.poll() is not None:
+                        pytest.fail(f"stand-in exited with {proc.returncode}")
+                    time.sleep(0.05)
+            headers = {"Authorization": "Bearer proc-key"}
+            answer = client.post("/v1/chat/completions", json=BODY, headers=headers)
+            assert answer.status_code == 200
+            assert client.post("/v1/chat/completions", json=BODY).status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
