@@ -10,6 +10,7 @@ admin endpoint:
                           "quota_exhausted": true, "expected_key": "k"}  -> the knobs now
     GET  /_admin/knobs   the knobs (the expected key itself is never shown)
     GET  /_admin/stats   {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...]}
+    GET  /healthz        {"ok": true} once it listens
 
 Knobs, applied to each call in this order: a wrong or missing key while `expected_key` is set
 answers 401; `quota_exhausted` answers 429 `insufficient_quota` (never retried by the runner);
@@ -215,6 +216,9 @@ def create_app(knobs: Knobs | None = None) -> Starlette:
             {"calls": calls["total"], "by_status": by_status, "answered": list(answered)}
         )
 
+    async def healthz_route(_request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
     async def models_route(_request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
 
@@ -222,6 +226,7 @@ def create_app(knobs: Knobs | None = None) -> Starlette:
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models_route, methods=["GET"]),
+            Route("/healthz", healthz_route, methods=["GET"]),
             Route("/_admin/knobs", knobs_route, methods=["GET", "POST"]),
             Route("/_admin/stats", stats_route, methods=["GET"]),
         ]
