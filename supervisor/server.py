@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import anyio
 import structlog
 import uvicorn
+from starlette.applications import Starlette
 
-from supervisor.api import create_app
+from supervisor.api import create_app, drain
 from supervisor.ledger import LedgerError
 from supervisor.ledger.schema import open_ledger_file
 from supervisor.settings import SupervisorSettings
@@ -53,20 +54,21 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def _stop_on_signals(server: uvicorn.Server, notifier: Notifier) -> None:
+async def _stop_on_signals(server: uvicorn.Server, notifier: Notifier, app: Starlette) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             if server.should_exit:
                 server.force_exit = True  # a second signal: stop without waiting
             server.should_exit = True
+            drain(app)  # runners' claims and operators' watches answer now, not at the timeout
             notifier.send("STOPPING=1")
             log.info("supervisor stopping", signal=signal.Signals(signum).name)
 
 
-async def _serve(server: uvicorn.Server, notifier: Notifier) -> None:
+async def _serve(server: uvicorn.Server, notifier: Notifier, app: Starlette) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_notify_when_started, server, notifier)
-        tg.start_soon(_stop_on_signals, server, notifier)
+        tg.start_soon(_stop_on_signals, server, notifier, app)
         await server.serve()
         notifier.send("STOPPING=1")
         tg.cancel_scope.cancel()
@@ -78,8 +80,9 @@ def serve(settings: SupervisorSettings) -> int:
     if problem is not None:
         sys.stderr.write(f"tether-supervisor: error: {problem}\n")
         return 1
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_config=None,
@@ -89,6 +92,6 @@ def serve(settings: SupervisorSettings) -> int:
     )
     server = _Server(config)
     log.info("supervisor starting", db=str(settings.db), host=settings.host, port=settings.port)
-    anyio.run(_serve, server, Notifier())
+    anyio.run(_serve, server, Notifier(), app)
     log.info("supervisor stopped")
     return 0 if server.started else 1

@@ -8,6 +8,8 @@ from typing import Any
 import anyio
 import pytest
 
+from supervisor.api import drain
+
 from .conftest import ApiHarness, assert_error, count, ledger_snapshot, task_body
 
 # -- POST /v1/tasks ----------------------------------------------------------------------------
@@ -564,3 +566,41 @@ async def test_metrics_count_what_happened(api: ApiHarness) -> None:
     assert metric(text, 'tether_steps{state="committed"}') == 1
     assert metric(text, 'tether_steps{state="leased"}') == 1
     assert metric(text, "tether_leases_expired_total ") == 0
+
+
+# -- shutdown drains long-polls ----------------------------------------------------------------
+
+
+async def test_drain_ends_long_polls_with_their_empty_answers(api: ApiHarness) -> None:
+    task = await api.create("k")
+    answers: dict[str, Any] = {}
+
+    async def claim() -> None:
+        body = {"runner_id": "r1", "capacity": 1, "wait_s": 25}
+        answers["claim"] = await api.client.post("/v1/leases/claim", headers=api.runner, json=body)
+
+    async def events() -> None:
+        url = f"/v1/tasks/{task['id']}/events"
+        params = {"after": task["seq"], "wait": "25"}
+        answers["events"] = await api.client.get(url, headers=api.operator, params=params)
+
+    with anyio.fail_after(5):  # far below the 25 s the polls would wait
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            tg.start_soon(events)
+            await anyio.sleep(0.2)  # proving an absence: both polls are waiting
+            assert answers == {}
+            drain(api.app)
+    assert answers["claim"].status_code == 204
+    assert answers["events"].json() == {"events": []}
+
+    # Draining: work queued now is not leased, and unknown ids are still unknown.
+    await api.client.post(
+        f"/v1/tasks/{task['id']}/approve",
+        headers=api.operator,
+        json={"plan_hash": task["plan_hash"]},
+    )
+    assert await api.claim() == []
+    assert count(api.path, "attempts") == 0
+    unknown = await api.client.get("/v1/tasks/nope/events?wait=25", headers=api.operator)
+    assert_error(unknown, 404, "not_found")

@@ -107,13 +107,29 @@ def serving(db: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]
 
 
 def test_serve_answers_healthz_and_exits_0_on_sigterm(tmp_path: Path) -> None:
+    """A runner's claim is always waiting on a live supervisor: SIGTERM answers it (204, no
+    lease) instead of leaving it to uvicorn's graceful timeout and a 500."""
     db = tmp_path / "ledger.db"
     log = tmp_path / "serve.log"
+    runner = {"Authorization": f"Bearer {admin.create_token(db, 'default', 'runner')}"}
+    claims: list[int] = []
+
+    def long_claim(url: str) -> None:
+        body = {"runner_id": "r1", "capacity": 1, "wait_s": 25}
+        response = httpx.post(f"{url}/v1/leases/claim", headers=runner, json=body, timeout=30)
+        claims.append(response.status_code)
+
     with serving(db, log) as (proc, url):
         assert httpx.get(f"{url}/healthz", timeout=5).json() == {"status": "ok"}
         assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+        claimer = threading.Thread(target=long_claim, args=(url,), daemon=True)
+        claimer.start()
+        claimer.join(timeout=0.5)  # proving an absence: the claim is waiting for work
+        assert claimer.is_alive()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=STOP_TIMEOUT_S) == 0
+        claimer.join(timeout=STOP_TIMEOUT_S)
+    assert claims == [204]
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert [e["event"] for e in lines if e["event"].startswith("supervisor st")] == [
         "supervisor starting", "supervisor stopping", "supervisor stopped"

@@ -22,6 +22,7 @@ from supervisor.api.errors import (
     on_ledger_error,
     on_unexpected,
 )
+from supervisor.api.longpoll import LongPolls
 from supervisor.ledger import LedgerError
 from supervisor.service import running_ledger
 from supervisor.settings import SupervisorSettings
@@ -51,4 +52,11 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.long_polls = LongPolls()
     return app
+
+
+def drain(app: Starlette) -> None:
+    """Shutdown has begun: end the long-polls in flight now (see `longpoll`)."""
+    polls: LongPolls = app.state.long_polls
+    polls.drain()

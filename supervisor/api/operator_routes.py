@@ -11,6 +11,7 @@ from starlette.routing import Route
 from supervisor.api import requests as rq
 from supervisor.api.auth import require
 from supervisor.api.errors import ApiError
+from supervisor.api.longpoll import LongPolls
 from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
 from tether.wire import ErrorCode
 
@@ -102,7 +103,12 @@ async def events(request: Request) -> Response:
     settings = request.app.state.settings
     after = rq.query_int(request, "after", default=0, low=0, high=2**62)
     wait = rq.query_float(request, "wait", default=0.0, low=0.0, high=settings.events_wait_max_s)
-    found = await _ledger(request).events(request.path_params["task_id"], who.scope, after, wait)
+    polls: LongPolls = request.app.state.long_polls
+    found: list[dict[str, Any]] = []
+    with polls.until_drained():
+        found = await _ledger(request).events(
+            request.path_params["task_id"], who.scope, after, 0.0 if polls.draining else wait
+        )
     return JSONResponse({"events": found})
 
 

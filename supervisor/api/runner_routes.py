@@ -12,7 +12,8 @@ from starlette.routing import Route
 from supervisor.api import requests as rq
 from supervisor.api.auth import require
 from supervisor.api.errors import ApiError
-from supervisor.ledger import Ledger, Report, Role
+from supervisor.api.longpoll import LongPolls
+from supervisor.ledger import Lease, Ledger, Report, Role
 from tether.wire import ErrorCode, ReleaseReason
 
 MAX_FENCE = 2**62
@@ -31,12 +32,14 @@ async def claim(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
     body = await _body(request)
     settings = request.app.state.settings
-    leases = await _ledger(request).claim(
-        rq.text(body, "runner_id"),
-        who.scope,
-        rq.integer(body, "capacity", low=1, high=256),
-        rq.number(body, "wait_s", default=0.0, low=0.0, high=settings.claim_wait_max_s),
-    )
+    runner_id = rq.text(body, "runner_id")
+    capacity = rq.integer(body, "capacity", low=1, high=256)
+    wait_s = rq.number(body, "wait_s", default=0.0, low=0.0, high=settings.claim_wait_max_s)
+    polls: LongPolls = request.app.state.long_polls
+    leases: list[Lease] = []
+    if not polls.draining:  # a supervisor on its way down grants nothing more
+        with polls.until_drained():
+            leases = await _ledger(request).claim(runner_id, who.scope, capacity, wait_s)
     if not leases:
         return Response(status_code=204)
     return JSONResponse({"leases": [lease.to_wire() for lease in leases]})

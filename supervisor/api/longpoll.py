@@ -1,0 +1,42 @@
+"""Long-polls end early when the supervisor begins to shut down.
+
+A runner always has a claim waiting (up to `claim_wait_max_s`) and an operator's `watch` an
+events poll, so without this every stop would wait out uvicorn's graceful timeout and then
+answer those polls with a 500. On drain, each poll in flight answers what it would have
+answered had nothing happened meanwhile (204 for a claim, no events), and new ones do so at
+once; clients simply poll again, against the restarted supervisor.
+
+A claim cancelled while its ledger write is in flight may have been granted a lease whose
+answer is lost: that is the lost-claim-answer case the acceptance window already covers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import anyio
+
+
+class LongPolls:
+    """The cancel scopes of the long-polls in flight."""
+
+    def __init__(self) -> None:
+        self._scopes: set[anyio.CancelScope] = set()
+        self.draining = False
+
+    @contextlib.contextmanager
+    def until_drained(self) -> Iterator[anyio.CancelScope]:
+        """Run the body, or stop it quietly when draining begins. Callers check `draining`
+        before entering, so a request that starts after the drain still gets its 404s."""
+        with anyio.CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.discard(scope)
+
+    def drain(self) -> None:
+        self.draining = True
+        for scope in list(self._scopes):
+            scope.cancel()
