@@ -132,8 +132,8 @@ def _admin(args: argparse.Namespace) -> int:
             print(f"backed up {db} to {args.dest}", file=sys.stderr)
         elif args.command == "budget":
             raw = args.tokens.strip().lower()
-            if raw != "none" and not raw.isdigit():
-                fail(PROG, "--tokens must be a whole number or 'none'", 2)
+            if raw != "none" and not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+                fail(PROG, "--tokens must be a whole number (up to 18 digits) or 'none'", 2)
             admin.set_tenant_budget(db, args.tenant, None if raw == "none" else int(raw))
     except admin.AdminError as exc:
         fail(PROG, str(exc))

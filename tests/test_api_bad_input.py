@@ -236,6 +236,8 @@ def field_cases() -> list[Case]:
         invalid("result_fence_negative", "POST", RESULT, lambda w: result(w, fence=-1), "runner"),
         invalid("result_usage_negative", "POST", RESULT,
                 lambda w: result(w, usage={"total_tokens": -1}), "runner"),
+        invalid("result_usage_beyond_any_model", "POST", RESULT,
+                lambda w: result(w, usage={"total_tokens": 10**20}), "runner"),
         invalid("result_usage_not_object", "POST", RESULT,
                 lambda w: result(w, usage=[1]), "runner"),
         invalid("result_artifacts_not_strings", "POST", RESULT,

@@ -256,7 +256,7 @@ def test_budget_sets_and_clears_a_tenants_budget(
     assert budget_of(ledger_path, "acme") is None
 
 
-@pytest.mark.parametrize("tokens", ["-5", "lots", "1.5", ""])
+@pytest.mark.parametrize("tokens", ["-5", "lots", "1.5", "", "²", "9" * 30])
 def test_budget_refuses_what_is_not_a_whole_number(
     capsys: pytest.CaptureFixture[str], ledger_path: Path, tokens: str
 ) -> None:

@@ -18,6 +18,7 @@ from supervisor.api.errors import ApiError
 from tether.wire import ErrorCode, canonical_json
 
 MAX_TEXT = 10_000
+MAX_USAGE = 10**12  # tokens in one step's report; no model comes near
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
 _DECIMAL = re.compile(r"-?[0-9]{1,19}(\.[0-9]{1,9})?")
 
@@ -127,12 +128,18 @@ def string_map(body: Mapping[str, Any], name: str) -> dict[str, str]:
 
 
 def usage_map(body: Mapping[str, Any], name: str) -> dict[str, int]:
+    """Token counts. Bounded so that a tenant's running total always fits SQLite's 64-bit
+    integers: an unbounded count would fail the commit itself, and the runner could never
+    report that step."""
     value = body.get(name, {})
     if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        isinstance(k, str)
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        and 0 <= v <= MAX_USAGE
         for k, v in value.items()
     ):
-        raise _invalid(f"{name!r} must be an object of non-negative integers")
+        raise _invalid(f"{name!r} must be an object of integers in 0..{MAX_USAGE}")
     return dict(value)
 
 
