@@ -36,7 +36,8 @@ import httpx
 
 from tether.wire import content_hash, effect_key
 
-DEADLINE_S = 55.0
+DEADLINE_S = 45.0  # the run itself; stopping adds at most STOP_BUDGET_S
+STOP_BUDGET_S = 10.0
 LEASE_TTL_S = 4
 ACCEPT_WINDOW_S = 2
 MODEL_LATENCY_S = 1.0
@@ -159,14 +160,15 @@ class Children:
         self.all[name] = child
         return child
 
-    def stop_all(self, timeout_s: float = 15.0) -> None:
+    def stop_all(self, budget_s: float = STOP_BUDGET_S) -> None:
         """Stop in reverse start order (runners before the supervisor they poll): SIGTERM each,
-        SIGKILL whoever outlives `timeout_s`."""
+        and SIGKILL whoever is still running when the shared `budget_s` is spent."""
+        end = time.monotonic() + budget_s
         for child in reversed(self.all.values()):
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
                 try:
-                    child.process.wait(timeout_s)
+                    child.process.wait(max(0.1, end - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     child.process.kill()
                     child.process.wait()
@@ -499,7 +501,8 @@ def run(*, keep: bool) -> int:
         children.stop_all()
         if failure is not None:
             print(f"demo: error: {failure}", file=sys.stderr)
-            print(children.report(), file=sys.stderr)
+            if failure != "interrupted":
+                print(children.report(), file=sys.stderr)
             print(f"demo: logs kept in {folder}", file=sys.stderr)
         elif keep:
             say(f"logs and ledger kept in {folder}")
