@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -65,11 +66,39 @@ async def _stop_on_signals(server: uvicorn.Server, notifier: Notifier, app: Star
             log.info("supervisor stopping", signal=signal.Signals(signum).name)
 
 
-async def _serve(server: uvicorn.Server, notifier: Notifier, app: Starlette) -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here rather than inside uvicorn, so that an address in use
+    is one clear line and exit 1 instead of uvicorn's `sys.exit` inside our task group."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+class ListenError(Exception):
+    """The supervisor cannot listen where it was told to; the message is the line to print."""
+
+
+async def _serve(
+    server: uvicorn.Server, notifier: Notifier, app: Starlette, sock: socket.socket
+) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_notify_when_started, server, notifier)
         tg.start_soon(_stop_on_signals, server, notifier, app)
-        await server.serve()
+        # uvicorn raises SystemExit when the app's startup fails (having logged why); `serve`
+        # then sees `server.started` is false and exits 1 with one line of its own.
+        with contextlib.suppress(SystemExit):
+            await server.serve(sockets=[sock])
         notifier.send("STOPPING=1")
         tg.cancel_scope.cancel()
 
@@ -79,6 +108,11 @@ def serve(settings: SupervisorSettings) -> int:
     problem = preflight(settings)
     if problem is not None:
         sys.stderr.write(f"tether-supervisor: error: {problem}\n")
+        return 1
+    try:
+        sock = listen(settings.host, settings.port)
+    except ListenError as exc:
+        sys.stderr.write(f"tether-supervisor: error: {exc}\n")
         return 1
     app = create_app(settings)
     config = uvicorn.Config(
@@ -92,6 +126,12 @@ def serve(settings: SupervisorSettings) -> int:
     )
     server = _Server(config)
     log.info("supervisor starting", db=str(settings.db), host=settings.host, port=settings.port)
-    anyio.run(_serve, server, Notifier(), app)
+    try:
+        anyio.run(_serve, server, Notifier(), app, sock)
+    finally:
+        sock.close()
+    if not server.started:
+        sys.stderr.write("tether-supervisor: error: the supervisor failed to start (see above)\n")
+        return 1
     log.info("supervisor stopped")
-    return 0 if server.started else 1
+    return 0

@@ -183,6 +183,27 @@ def test_serve_refuses_a_corrupted_ledger_with_one_line(tmp_path: Path, kind: st
     assert db.read_bytes() == before  # refusing to start does not touch the evidence
 
 
+def test_serve_on_a_port_in_use_fails_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.Popen(
+            [*program(), "serve", "--db", str(tmp_path / "ledger.db"), "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=clean_env(),
+        )
+        try:
+            _, err = proc.communicate(timeout=START_TIMEOUT_S)
+        finally:
+            stop(proc)
+    assert proc.returncode == 1
+    text = err.decode()
+    assert text.count("\n") == 1, text
+    assert text.startswith(f"tether-supervisor: error: cannot listen on 127.0.0.1:{port}")
+
+
 # -- task submit | approve | cancel | show | watch ----------------------------------------------
 
 
