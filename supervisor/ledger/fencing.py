@@ -69,9 +69,8 @@ def claim(tx: Tx, runner_id: str, pool: str, capacity: int) -> list[Lease]:
         " LEFT JOIN tenants b ON b.name = t.tenant"
         " WHERE s.state = 'queued' AND t.state IN ('QUEUED', 'RUNNING') AND t.pool = ?"
         " AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)"
-        # Steps are inserted in task-creation order, position by position, so rowid order is
-        # (created_order, position) and walks the partial index on queued steps without a sort.
-        " ORDER BY s.rowid LIMIT ?",
+        # Oldest task first: walks the partial index on queued steps without a sort.
+        " ORDER BY s.task_order, s.position LIMIT ?",
         (pool, capacity),
     )
     return [_grant(tx, row, runner_id) for row in rows]

@@ -129,11 +129,11 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
         ),
     )  # fmt: skip
     tx.db.executemany(
-        "INSERT INTO steps (id, task_id, position, name, kind, payload_json, payload_hash, state)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO steps (id, task_id, position, task_order, name, kind, payload_json,"
+        " payload_hash, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (
-                step_id_for(task_id, i), task_id, i, s.name, s.kind, dumps(s.payload),
+                step_id_for(task_id, i), task_id, i, order["n"], s.name, s.kind, dumps(s.payload),
                 content_hash(s.payload), StepState.WAITING.value,
             )
             for i, s in enumerate(spec.steps)

@@ -30,6 +30,8 @@ def approve(tx: Tx, tenant: str, task_id: str, plan_hash: str, base_sha: str | N
         raise PlanMismatch(f"task {task_id} has plan hash {task['plan_hash']}, not {plan_hash}")
     if task["repository"] and not base_sha:
         raise InvalidRequest(f"task {task_id} names repository {task['repository']}: give base_sha")
+    if base_sha and not task["repository"]:
+        raise InvalidRequest(f"task {task_id} names no repository: a base_sha binds nothing")
     if task["approved_at"] is not None and task["approved_base_sha"] == base_sha:
         return
     transition(tx, task_id, TaskState.APPROVED, data={"plan_hash": plan_hash, "base_sha": base_sha})

@@ -42,6 +42,7 @@ CREATE TABLE steps (
     id              TEXT PRIMARY KEY,
     task_id         TEXT NOT NULL REFERENCES tasks (id),
     position        INTEGER NOT NULL,
+    task_order      INTEGER NOT NULL,           -- the task's created_order: queue order
     name            TEXT NOT NULL,
     kind            TEXT NOT NULL,
     payload_json    TEXT NOT NULL,
@@ -58,7 +59,7 @@ CREATE TABLE steps (
     committed_at    REAL,
     UNIQUE (task_id, position)
 ) STRICT;
-CREATE INDEX steps_queued ON steps (state) WHERE state = 'queued';
+CREATE INDEX steps_queued ON steps (task_order, position) WHERE state = 'queued';
 CREATE INDEX steps_leased ON steps (state, lease_deadline) WHERE state = 'leased';
 
 CREATE TABLE attempts (
