@@ -51,9 +51,17 @@ class OperatorClient:
                 body = response.json()
                 message = f"{body['error']}: {body['detail']}"
             except (ValueError, KeyError, TypeError):
-                message = response.text[:200]
-            raise ClientError(f"{response.status_code} {message}")
-        return response.json() if response.content else None
+                message = f"not a tether supervisor's answer: {_one_line(response.text)}"
+            raise ClientError(f"{response.status_code} {_one_line(message)}")
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise ClientError(
+                f"{response.status_code} not a tether supervisor's answer:"
+                f" {_one_line(response.text)}"
+            ) from None
 
     def submit(self, body: dict[str, Any]) -> Any:
         return self._call("POST", "/v1/tasks", json=body)
@@ -75,7 +83,14 @@ class OperatorClient:
         body = self._call(
             "GET", f"/v1/tasks/{task_id}/events", params={"after": after, "wait": wait_s}
         )
+        if not isinstance(body, dict) or not isinstance(body.get("events"), list):
+            raise ClientError("not a tether supervisor's answer: no 'events' list")
         return list(body["events"])
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """Whatever a server said, as one line of the CLI's one-line error."""
+    return " ".join(text.split())[:limit]
 
 
 def load_task_file(path: Path) -> dict[str, Any]:
@@ -83,6 +98,8 @@ def load_task_file(path: Path) -> dict[str, Any]:
         body = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ClientError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ClientError(f"{path} is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ClientError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(body, dict) or not isinstance(body.get("plan"), dict):

@@ -1,0 +1,162 @@
+"""The operator's client (`tether-supervisor task ...`) against scripted answers: odd servers
+give one-line errors, the plan hash is the supervisor's, and `watch` applies events in sequence
+order, never showing one twice, through a dropped connection."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from supervisor import operator_client as oc
+from supervisor.ledger import StepSpec, TaskSpec
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def client(handler: Handler) -> oc.OperatorClient:
+    return oc.OperatorClient(
+        "http://supervisor.test", "tok", transport=httpx.MockTransport(handler)
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "text"),
+    [(404, "<html>\n<body>\n<p>Error code: 404</p>\n</body>\n</html>\n"),
+     (502, "Bad Gateway\n\nnginx"), (200, "<html>not json</html>"), (200, "[1, 2")],
+)  # fmt: skip
+def test_an_answer_that_is_not_the_supervisors_is_a_one_line_error(status: int, text: str) -> None:
+    http = client(lambda _request: httpx.Response(status, text=text))
+    with pytest.raises(oc.ClientError) as caught:
+        http.show("t1")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{status} not a tether supervisor's answer")
+
+
+def test_the_supervisors_error_is_code_and_detail() -> None:
+    body = {"error": "not_found", "detail": "no task t1"}
+    http = client(lambda _request: httpx.Response(404, json=body))
+    with pytest.raises(oc.ClientError, match=r"^404 not_found: no task t1$"):
+        http.show("t1")
+
+
+def test_a_connection_failure_is_unreachable() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(oc.Unreachable, match="cannot reach the supervisor"):
+        client(refuse).show("t1")
+
+
+def test_the_token_is_sent_as_a_bearer() -> None:
+    seen: list[str] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["authorization"])
+        return httpx.Response(200, json={"id": "t1"})
+
+    client(record).show("t1")
+    assert seen == ["Bearer tok"]
+
+
+def test_plan_hash_of_a_task_file_is_the_supervisors() -> None:
+    body = {
+        "idempotency_key": "k",
+        "plan": {
+            "steps": [{"name": "a", "kind": "chat", "payload": {"q": 1}, "note": "not hashed"}],
+            "comment": "not hashed either",
+        },
+    }
+    spec = TaskSpec(
+        tenant="acme", idempotency_key="k",
+        steps=(StepSpec(name="a", kind="chat", payload={"q": 1}),),
+    )  # fmt: skip
+    assert oc.plan_hash_of(body) == spec.plan_hash
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"\xff\xfe\x00binary", "not UTF-8"), (b"{oops", "not valid JSON"),
+     (b"[]", "must hold a task object"), (b'{"plan": []}', "must hold a task object")],
+)  # fmt: skip
+def test_a_bad_task_file_is_a_one_line_error(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "task.json"
+    path.write_bytes(content)
+    with pytest.raises(oc.ClientError, match=message):
+        oc.load_task_file(path)
+
+
+def test_a_missing_task_file_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(oc.ClientError, match="cannot read"):
+        oc.load_task_file(tmp_path / "absent.json")
+
+
+def event(seq: int, kind: str, state: str, **data: Any) -> dict[str, Any]:
+    return {"seq": seq, "task_id": "t1", "kind": kind, "state": state, "data": data, "at": 0.0}
+
+
+class ScriptedSupervisor:
+    """Answers `GET /v1/tasks/t1` and its events from a script, one answer per poll."""
+
+    def __init__(self, polls: list[list[dict[str, Any]] | Exception], state: str) -> None:
+        self.polls = polls
+        self.state = state
+        self.afters: list[int] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            self.afters.append(int(request.url.params["after"]))
+            answer = self.polls.pop(0)
+            if isinstance(answer, Exception):
+                raise httpx.ConnectError(str(answer), request=request)
+            return httpx.Response(200, json={"events": answer})
+        return httpx.Response(200, json={"id": "t1", "state": self.state, "seq": 2})
+
+
+def test_watch_prints_each_event_once_in_order_through_a_dropped_connection() -> None:
+    script = ScriptedSupervisor(
+        [
+            [event(1, "state", "PLANNED"), event(2, "state", "APPROVED")],
+            RuntimeError("connection dropped"),
+            # A redelivery after reconnecting: 2 was already shown, so it is skipped.
+            [event(2, "state", "APPROVED"), event(3, "state", "QUEUED")],
+            [event(4, "step_leased", "RUNNING", step_id="t1.0", attempt=1, fence=7)],
+            [event(5, "state", "SUCCEEDED"), event(6, "late", "SUCCEEDED")],
+        ],
+        state="RUNNING",
+    )
+    out = io.StringIO()
+    final = oc.watch(client(script), "t1", out=out)
+    assert final == "SUCCEEDED"
+    lines = out.getvalue().splitlines()
+    assert [int(line.split()[0]) for line in lines] == [1, 2, 3, 4, 5]
+    assert "step_id=t1.0 attempt=1 fence=7" in lines[3]
+    assert script.afters == [0, 2, 2, 3, 4]
+
+
+def test_watch_after_the_end_of_an_ended_task_returns_at_once() -> None:
+    script = ScriptedSupervisor([], state="CANCELLED")
+    out = io.StringIO()
+    assert oc.watch(client(script), "t1", after=2, out=out) == "CANCELLED"
+    assert out.getvalue() == ""
+    assert script.afters == []
+
+
+def test_describe_is_one_readable_line() -> None:
+    line = oc.describe(event(12, "step_requeued", "RUNNING", step_id="t1.0", why="lease expired"))
+    assert "\n" not in line
+    assert line.split()[0] == "12"
+    assert "RUNNING" in line
+    assert "step_requeued" in line
+    assert "why=lease expired" in line
+
+
+def test_events_without_an_events_list_is_a_client_error() -> None:
+    http = client(lambda _request: httpx.Response(200, json={"tasks": []}))
+    with pytest.raises(oc.ClientError, match="no 'events' list"):
+        http.events("t1", 0, 0.0)
