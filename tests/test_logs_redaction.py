@@ -83,11 +83,6 @@ def test_console_format_never_holds_the_secret(
     assert secret not in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tether/logs.py scrubs only str values, dicts and lists: an exception object, bytes"
-    " or a dict key holding the secret is rendered verbatim (reported to the owner)",
-)
 def test_secret_inside_non_string_values_is_masked(
     secret: str, capsys: pytest.CaptureFixture[str], restore_structlog: None
 ) -> None:

@@ -1,9 +1,9 @@
 """One structlog configuration for both programs.
 
 JSON lines when stdout is not a terminal (systemd's journal, a pipe, a file), readable colour
-when it is. A redaction processor runs last before rendering: every secret the program has
-read is registered here, and any occurrence of it in any field is masked, so a token that
-slips into an exception message still never reaches a log line.
+when it is. A redaction processor runs before rendering and again over the rendered line: every secret the
+program has read is registered here, and any occurrence of it is masked, so a token that slips
+into an exception message still never reaches a log line.
 """
 
 from __future__ import annotations
@@ -56,6 +56,14 @@ def redact_secrets(
     return event_dict
 
 
+def scrub_rendered(_logger: Any, _method: str, rendered: Any) -> Any:
+    """Last in the chain, after the renderer: a secret hidden in something the key-wise pass
+    cannot see into (an exception object, bytes, a dict key) is masked in the final text."""
+    if isinstance(rendered, str):
+        return _scrub(rendered)
+    return rendered
+
+
 def configure_logging(*, json_lines: bool | None = None, level: str = "info") -> None:
     """Set up structlog for a program. `json_lines=None` decides by whether stdout is a TTY."""
     if json_lines is None:
@@ -73,6 +81,7 @@ def configure_logging(*, json_lines: bool | None = None, level: str = "info") ->
             structlog.processors.format_exc_info,
             redact_secrets,
             renderer,
+            scrub_rendered,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]

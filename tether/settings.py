@@ -152,6 +152,8 @@ def read_secret(
         secret = target.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise SettingsError(f"cannot read {credential} from {target}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{credential} file {target} is not UTF-8 text") from None
     if not secret:
         raise SettingsError(f"{credential} file {target} is empty")
     return secret
