@@ -1,9 +1,9 @@
 """One structlog configuration for both programs.
 
 JSON lines when stdout is not a terminal (systemd's journal, a pipe, a file), readable colour
-when it is. A redaction processor runs before rendering and again over the rendered line: every secret the
-program has read is registered here, and any occurrence of it is masked, so a token that slips
-into an exception message still never reaches a log line.
+when it is. A redaction processor runs before rendering and again over the rendered line:
+every secret the program has read is registered here, and any occurrence of it is masked, so a
+token that slips into an exception message still never reaches a log line.
 """
 
 from __future__ import annotations
