@@ -190,6 +190,9 @@ async def test_events_after_a_sequence_number(api: ApiHarness) -> None:
     assert [e["seq"] for e in later["events"]] == seqs[1:]
     none = await api.client.get(url, headers=api.operator, params={"after": seqs[-1]})
     assert none.json() == {"events": []}
+    for wait in ("0", "0.05", ".05", "1."):  # the decimal forms a person or a script writes
+        polled = await api.client.get(url, headers=api.operator, params={"after": 0, "wait": wait})
+        assert polled.status_code == 200, (wait, polled.text)
 
 
 async def test_events_long_poll_returns_when_an_event_is_appended(api: ApiHarness) -> None:

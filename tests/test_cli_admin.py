@@ -7,6 +7,7 @@ import re
 import sqlite3
 from pathlib import Path
 
+import anyio
 import pytest
 
 from supervisor import admin
@@ -14,7 +15,7 @@ from supervisor.cli import main
 from supervisor.ledger import effects, fencing, identity, operator
 from supervisor.ledger.tokens import hash_secret
 
-from .conftest import Sim, make_spec, raw_db, report_for
+from .conftest import ApiHarness, Sim, make_spec, raw_db, report_for
 
 TOKEN_LINE = re.compile(
     r"(?P<id>[0-9a-f]{12}) (?P<scope>\S+) (?P<role>operator|runner)"
@@ -197,6 +198,18 @@ def test_backup_is_a_sound_copy_with_the_same_tasks(
     assert len(tasks_of(dest)) == 2
     assert tasks_of(dest) == tasks_of(ledger_path)
     assert run(capsys, "check", "--db", str(dest))[0] == 0
+
+
+async def test_backup_is_online_beside_a_running_supervisor(
+    api: ApiHarness, tmp_path: Path
+) -> None:
+    """Tasks written a moment ago live in the WAL of a file the supervisor holds open; the copy
+    must have them all the same."""
+    created = [(await api.create(f"k{i}"))["id"] for i in range(3)]
+    dest = tmp_path / "online.db"
+    await anyio.to_thread.run_sync(admin.backup, api.path, dest)
+    assert sorted(task_id for task_id, _ in tasks_of(dest)) == sorted(created)
+    assert admin.check(dest) == []
 
 
 def test_backup_refuses_an_existing_destination(

@@ -20,7 +20,7 @@ from tether.wire import ErrorCode, canonical_json
 MAX_TEXT = 10_000
 MAX_USAGE = 10**12  # tokens in one step's report; no model comes near
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
-_DECIMAL = re.compile(r"-?[0-9]{1,19}(\.[0-9]{1,9})?")
+_DECIMAL = re.compile(r"-?([0-9]{1,19}(\.[0-9]{0,9})?|\.[0-9]{1,9})")
 
 
 def _invalid(detail: str) -> ApiError:
