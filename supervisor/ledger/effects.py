@@ -31,6 +31,10 @@ class Report:
     artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
+# A tenant's running total saturates here rather than overflow SQLite's 64-bit integer.
+TOKENS_CEILING = 2**62
+
+
 def tokens_spent(usage: dict[str, int]) -> int:
     if "total_tokens" in usage:
         return max(0, int(usage["total_tokens"]))
@@ -88,8 +92,8 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
     spent = tokens_spent(rep.usage)
     if spent:
         tx.run(
-            "UPDATE tenants SET tokens_used = tokens_used + ? WHERE name = ?",
-            (spent, step["tenant"]),
+            "UPDATE tenants SET tokens_used = MIN(tokens_used + ?, ?) WHERE name = ?",
+            (spent, TOKENS_CEILING, step["tenant"]),
         )
     append_event(
         tx, step["task_id"], "step_committed", step["task_state"],
