@@ -269,6 +269,8 @@ class Runner:
     async def _run_step(self, key: tuple[str, int], step: StepRun) -> None:
         try:
             await step.run()
+        except Exception:  # a bug must cost one step (its lease expires), not the daemon
+            step.log.exception("step crashed; its lease will expire")
         finally:
             self._in_flight.pop(key, None)
             self._notify_changed()

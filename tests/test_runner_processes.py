@@ -408,6 +408,17 @@ def test_sigterm_finishes_or_releases_the_step_in_flight_and_exits_zero(
     assert cluster.state(released) in ("QUEUED", "RUNNING")
     assert cluster.effects(released) == []
     assert b.events("runner stopped")[0]["exit_code"] == 0
+
+    # A second signal cuts the grace short: exit at once, release nothing (the lease expires).
+    c = cluster.start_runner("runner-c", TETHER_SHUTDOWN_GRACE_S="60")
+    wait_for(lambda: cluster.leased_to(released) == "runner-c", "runner-c's lease", 15, cluster)
+    c.popen.send_signal(signal.SIGTERM)
+    wait_for(lambda: c.events("shutting down"), "runner-c's first signal", 10, cluster)
+    started = time.monotonic()
+    assert c.stop(signal.SIGTERM) == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 10  # not the 60 s grace
+    mine = [x for x in cluster.attempts(released) if x["runner_id"] == "runner-c"]
+    assert "released" not in {x["state"] for x in mine}
     cluster.check_ledger()
 
 

@@ -336,3 +336,21 @@ async def test_a_fake_model_default_answer_is_used_when_nothing_is_scripted() ->
     async with httpx.AsyncClient(transport=model.transport) as http:
         answer = await http.post("http://m/v1/chat/completions", json={})
     assert answer.json()["choices"][0]["message"]["content"] == "hello"
+
+
+async def test_a_crashing_kind_costs_one_release_not_the_daemon(tmp_path: Path) -> None:
+    async def broken(_ctx: StepContext) -> StepOutput:
+        raise RuntimeError("bug in a deployment's kind")
+
+    kinds = KindRegistry.default(entry_points=False)
+    kinds.register("broken", broken)
+    rig = make_rig(tmp_path, kinds=kinds)
+    rig.supervisor.requeue_released = False
+    rig.supervisor.offer(make_lease("s1", kind="broken"))
+    rig.supervisor.offer(make_lease("s2", task_id="t2"))
+    await run_until(rig, lambda: sorted(map(str, step_outcomes(rig))) == [
+        "applied", "released: transient"
+    ])  # fmt: skip
+    body = rig.supervisor.of("release", "s1")[0].body
+    assert (body["reason"], body["retryable"]) == ("transient", True)
+    assert "RuntimeError" in body["detail"]
