@@ -59,6 +59,8 @@ class Link(enum.StrEnum):
 
 
 class Runner:
+    """The daemon. Build it inside the event loop (it holds anyio primitives), then `run()`."""
+
     def __init__(
         self,
         *,

@@ -158,13 +158,16 @@ class SupervisorClient:
             raise self._lease_error(response)
         try:
             body = response.json()
-            return Renewal(
+            renewal = Renewal(
                 ttl_s=float(body["ttl_s"]),
                 renew_every_s=float(body["renew_every_s"]),
                 cancelled=bool(body["cancelled"]),
             )
         except (ValueError, KeyError, TypeError):
             raise SupervisorRefused(200, "bad_answer", "renew answer is malformed") from None
+        if not renewal.renew_every_s > 0:  # would make the keeper spin
+            raise SupervisorRefused(200, "bad_answer", "renew answer needs renew_every_s > 0")
+        return renewal
 
     async def release(
         self, step_id: str, fence: int, reason: ReleaseReason, *, retryable: bool, detail: str
