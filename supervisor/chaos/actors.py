@@ -1,0 +1,248 @@
+"""The simulated parties: an operator, runners and the messages they put on the network.
+
+A message is one request as it travels to the supervisor; the network may lose, duplicate or
+reorder it, and lose its answer. Clients only learn what answers reach them: a runner that
+never hears its claim answer holds nothing, one that never hears its report answer reports
+again. A crashed runner forgets everything; answers meant for the process that died are lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from random import Random
+from typing import Any
+
+from supervisor.ledger import effects, fencing, identity, operator
+from supervisor.ledger.effects import Report
+from supervisor.ledger.fencing import Lease, Renewal
+from supervisor.ledger.identity import Created, StepSpec, TaskSpec
+from supervisor.ledger.tx import Tx
+from tether.wire import ReleaseReason
+
+OPERATOR = "operator"
+POOL = "default"
+TENANTS = ("acme", "globex")
+CHECKS = ("lint", "test")
+
+
+class Kind(enum.StrEnum):
+    CREATE = "create"
+    APPROVE = "approve"
+    CANCEL = "cancel"
+    HEAD = "head"
+    CLAIM = "claim"
+    RENEW = "renew"
+    RELEASE = "release"
+    REPORT = "report"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Message:
+    id: int
+    sender: str
+    incarnation: int
+    kind: Kind
+    order: int = -1
+    spec: TaskSpec | None = None
+    tenant: str = ""
+    task_id: str = ""
+    plan_hash: str = ""
+    base_sha: str | None = None
+    repository: str = ""
+    sha: str = ""
+    capacity: int = 1
+    step_id: str = ""
+    fence: int = 0
+    reason: ReleaseReason = ReleaseReason.TRANSIENT
+    retryable: bool = True
+    report: Report | None = None
+
+    def rule(self) -> Callable[[Tx], Any]:
+        k = Kind
+        if self.kind is k.CREATE:
+            assert self.spec is not None
+            spec = self.spec
+            return lambda tx: identity.create_task(tx, spec)
+        if self.kind is k.APPROVE:
+            return lambda tx: operator.approve(
+                tx, self.tenant, self.task_id, self.plan_hash, self.base_sha
+            )
+        if self.kind is k.CANCEL:
+            return lambda tx: operator.cancel(tx, self.tenant, self.task_id, "chaos cancel")
+        if self.kind is k.HEAD:
+            return lambda tx: operator.set_repository_head(
+                tx, self.tenant, self.repository, self.sha
+            )
+        if self.kind is k.CLAIM:
+            return lambda tx: fencing.claim(tx, self.sender, POOL, self.capacity)
+        if self.kind is k.RENEW:
+            return lambda tx: fencing.renew(tx, self.step_id, self.fence, POOL)
+        if self.kind is k.RELEASE:
+            return lambda tx: fencing.release(
+                tx, self.step_id, self.fence, self.reason, self.retryable, "chaos", POOL
+            )
+        assert self.report is not None
+        rep = self.report
+        return lambda tx: effects.report(tx, rep, POOL)
+
+    @property
+    def subject(self) -> tuple[str, str]:
+        """What a client waits on while this message is in flight: one claim per runner, one
+        request per lease, order or task."""
+        if self.kind is Kind.CLAIM:
+            return (self.sender, "claim")
+        if self.report is not None:
+            return (self.sender, self.report.step_id)
+        if self.kind is Kind.CREATE and self.spec is not None:
+            return (self.sender, f"key {self.spec.idempotency_key}")
+        return (self.sender, self.step_id or self.task_id or self.repository)
+
+    def label(self) -> str:
+        k, who = Kind, f"m{self.id} {self.sender}"
+        if self.kind is k.CREATE:
+            assert self.spec is not None
+            return (
+                f"{who} create {self.spec.tenant}/{self.spec.idempotency_key}"
+                f" plan {self.spec.plan_hash[:8]}"
+            )
+        if self.kind is k.APPROVE:
+            return f"{who} approve {self.task_id} plan {self.plan_hash[:8]} base {self.base_sha}"
+        if self.kind is k.CANCEL:
+            return f"{who} cancel {self.task_id}"
+        if self.kind is k.HEAD:
+            return f"{who} head {self.tenant}/{self.repository} = {self.sha}"
+        if self.kind is k.CLAIM:
+            return f"{who} claim x{self.capacity}"
+        if self.kind is k.RENEW:
+            return f"{who} renew {self.step_id} fence {self.fence}"
+        if self.kind is k.RELEASE:
+            kind = "retryable" if self.retryable else "final"
+            return f"{who} release {self.step_id} fence {self.fence} {self.reason} {kind}"
+        assert self.report is not None
+        rep = self.report
+        artifacts = ",".join(f"{n}={d}" for n, d in sorted(rep.artifacts.items())) or "-"
+        return (
+            f"{who} report {rep.step_id} fence {rep.fence} payload {rep.payload_hash[:8]}"
+            f" candidate {rep.candidate_sha or '-'} artifacts {artifacts}"
+        )
+
+
+def describe(kind: Kind, value: Any) -> str:
+    """An answer, for the trace."""
+    if isinstance(value, Created):
+        return f"{value.task_id} {'new' if value.created else 'existing'}"
+    if kind is Kind.CLAIM:
+        leases: list[Lease] = value
+        return ", ".join(f"{x.step_id} a{x.attempt} f{x.fence}" for x in leases) or "nothing"
+    if isinstance(value, Renewal):
+        return "cancelled" if value.cancelled else "renewed"
+    return "ok" if value is None else str(value)
+
+
+# -- the operator ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Order:
+    """One logical execution the operator wants: its spec, and a conflicting spec that reuses
+    its idempotency key with another plan."""
+
+    spec: TaskSpec
+    conflicting: TaskSpec
+    task_id: str | None = None
+    sent: bool = False
+
+
+def make_orders(rng: Random, count: int) -> list[Order]:
+    orders = []
+    for i in range(count):
+        tenant = TENANTS[0] if rng.random() < 0.8 else TENANTS[1]
+        repository = f"repo{rng.randrange(2)}" if rng.random() < 0.6 else None
+        checks = tuple(c for c in CHECKS if rng.random() < 0.5) if repository else ()
+        n = rng.randint(1, 3)
+        steps = tuple(
+            StepSpec(
+                name=f"s{j}",
+                kind="chat",
+                payload={
+                    "order": i,
+                    "n": j,
+                    "repo": bool(repository),
+                    "last": j == n - 1,
+                    "checks": list(checks) if j == n - 1 else [],
+                },
+            )
+            for j in range(n)
+        )
+        spec = TaskSpec(
+            tenant=tenant,
+            idempotency_key=f"k{i}",
+            steps=steps,
+            repository=repository,
+            base_sha="sha0" if repository else None,
+            expected_checks=checks,
+        )
+        other = dataclasses.replace(
+            spec, steps=(StepSpec(name="s0", kind="chat", payload={"order": i, "other": True}),)
+        )
+        orders.append(Order(spec=spec, conflicting=other))
+    return orders
+
+
+@dataclasses.dataclass
+class Operator:
+    orders: list[Order]
+
+    def answer(self, msg: Message, value: Any, error: BaseException | None) -> None:
+        if msg.kind is Kind.CREATE and error is None and isinstance(value, Created):
+            order = self.orders[msg.order]
+            if msg.spec is order.spec:
+                order.task_id = value.task_id
+
+
+# -- runners --------------------------------------------------------------------------------
+
+
+class Phase(enum.StrEnum):
+    NEW = "new"  # granted; not yet acknowledged by a renew
+    WORKING = "working"
+    REPORTING = "reporting"  # the result is ready; report until an answer arrives
+
+
+@dataclasses.dataclass
+class Held:
+    lease: Lease
+    phase: Phase = Phase.NEW
+    report: Report | None = None
+
+
+@dataclasses.dataclass
+class Runner:
+    id: str
+    incarnation: int = 0
+    held: dict[str, Held] = dataclasses.field(default_factory=dict)
+
+    def crash(self) -> None:
+        self.incarnation += 1
+        self.held.clear()
+
+    def answer(self, msg: Message, value: Any, error: BaseException | None) -> None:
+        if msg.incarnation != self.incarnation:
+            return  # the process that asked is gone
+        if msg.kind is Kind.CLAIM:
+            if error is None:
+                for lease in value:
+                    self.held[lease.step_id] = Held(lease=lease)
+            return
+        step_id = msg.report.step_id if msg.report is not None else msg.step_id
+        held = self.held.get(step_id)
+        if held is None or held.lease.fence != (msg.report.fence if msg.report else msg.fence):
+            return
+        if msg.kind is Kind.RENEW and error is None and not value.cancelled:
+            if held.phase is Phase.NEW:
+                held.phase = Phase.WORKING
+            return
+        # Any other answer ends this runner's part: committed, replayed, refused or cancelled.
+        del self.held[step_id]

@@ -1,0 +1,263 @@
+"""`tether-supervisor chaos explore`: run N seeded schedules against the real ledger.
+
+Schedules are split into fixed chunks and spread over `--jobs` processes; results are taken in
+schedule order, so the output and the trace digest are the same whatever the number of jobs.
+The run stops at the first schedule (in schedule order) that violates an invariant, prints its
+seed, its ordered events with their fences and SHAs, and the one command that replays exactly
+that schedule. Exit 0: no violation; 1: a violation; 2: bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import NoReturn, TextIO
+
+from supervisor.chaos.harness import Workspace, scratch_root
+from supervisor.chaos.schedule import run_schedule
+from supervisor.chaos.seeds import fresh_seed, parse_seed, schedule_seed
+from supervisor.ledger.tx import PLANTS
+
+PROG = "tether-supervisor chaos"
+CHUNK = 50
+MAX_SCHEDULES = 10_000_000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Found:
+    index: int
+    seed: int
+    violations: list[str]
+    trace: list[str]
+    snapshot: list[str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Chunk:
+    digests: list[str]
+    found: Found | None
+    traces: list[list[str]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Job:
+    root: Path
+    run_seed: int
+    start: int
+    stop: int
+    plant: str | None
+    keep_traces: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Exploration:
+    seed: int
+    count: int
+    digest: str
+    found: Found | None
+    wall_s: float
+
+
+_workspaces: dict[Path, Workspace] = {}
+
+
+def run_chunk(job: Job) -> Chunk:
+    """Run schedules `start..stop` of a run; stop early at the first violation."""
+    workspace = _workspaces.get(job.root)
+    if workspace is None or workspace.dir.name != f"p{os.getpid()}":
+        workspace = _workspaces[job.root] = Workspace(job.root)
+    digests: list[str] = []
+    traces: list[list[str]] = []
+    for index in range(job.start, job.stop):
+        seed = schedule_seed(job.run_seed, index)
+        result = run_schedule(seed, workspace, job.plant)
+        digests.append(result.digest)
+        if job.keep_traces:
+            traces.append(result.trace)
+        if result.violations:
+            found = Found(
+                index=index, seed=seed, violations=result.violations, trace=result.trace,
+                snapshot=result.snapshot,
+            )  # fmt: skip
+            return Chunk(digests=digests, found=found, traces=traces)
+    return Chunk(digests=digests, found=None, traces=traces)
+
+
+def explore(
+    *,
+    schedules: int,
+    seed: int,
+    plant: str | None = None,
+    jobs: int = 1,
+    trace_out: TextIO | None = None,
+) -> Exploration:
+    started = time.perf_counter()
+    run_digest = hashlib.sha256()
+    count = 0
+    found: Found | None = None
+    with scratch_root() as root:
+        chunks = [
+            Job(root=root, run_seed=seed, start=start, stop=min(start + CHUNK, schedules),
+                plant=plant, keep_traces=trace_out is not None)
+            for start in range(0, schedules, CHUNK)
+        ]  # fmt: skip
+        with _results(chunks, jobs) as results:
+            for chunk in results:
+                for offset, digest in enumerate(chunk.digests):
+                    run_digest.update(digest.encode())
+                    if trace_out is not None:
+                        index = count + offset
+                        print(f"-- schedule {index} seed {schedule_seed(seed, index)}",
+                              file=trace_out)  # fmt: skip
+                        print("\n".join(chunk.traces[offset]), file=trace_out)
+                count += len(chunk.digests)
+                if chunk.found is not None:
+                    found = chunk.found
+                    break
+    return Exploration(
+        seed=seed,
+        count=count,
+        digest=run_digest.hexdigest(),
+        found=found,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+@contextlib.contextmanager
+def _results(chunks: list[Job], jobs: int) -> Iterator[Iterable[Chunk]]:
+    """Chunk results in chunk order, from this process or from a pool of `jobs`."""
+    if jobs <= 1 or len(chunks) <= 1:
+        yield (run_chunk(job) for job in chunks)
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with context.Pool(min(jobs, len(chunks))) as pool:  # leaving it terminates the workers
+        yield pool.imap(run_chunk, chunks)
+
+
+def replay_command(seed: int, plant: str | None) -> str:
+    command = f"tether-supervisor chaos explore --schedules 1 --seed {seed}"
+    return f"{command} --plant {plant}" if plant else command
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if not 1 <= value <= MAX_SCHEDULES:
+        raise argparse.ArgumentTypeError(f"expected 1..{MAX_SCHEDULES}, not {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        return parse_seed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Schedule exploration against the real ledger.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="explore")
+    ex = sub.add_parser(
+        "explore",
+        help="run seeded schedules with faults; exit 1 on any invariant violation",
+        description=__doc__,
+        epilog=f"planted bugs (--plant): {', '.join(sorted(PLANTS))}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ex.add_argument(
+        "--schedules", type=_positive, default=10_000, metavar="N",
+        help="how many schedules to run (default 10000)",
+    )  # fmt: skip
+    ex.add_argument(
+        "--seed", type=_seed, default=None, metavar="S",
+        help="run seed (default: a fresh one, printed); schedule 0 uses S itself, so"
+        " --schedules 1 --seed S replays the schedule whose seed is S",
+    )  # fmt: skip
+    ex.add_argument(
+        "--plant", choices=sorted(PLANTS), default=None, metavar="BUG",
+        help="switch off one ledger check, to prove the explorer catches it",
+    )  # fmt: skip
+    ex.add_argument(
+        "--jobs", type=_positive, default=os.cpu_count() or 1, metavar="J",
+        help="worker processes (default: the CPU count); the output is the same",
+    )  # fmt: skip
+    ex.add_argument(
+        "--trace", action="store_true",
+        help="print every schedule's ordered events, not only a violating one's",
+    )  # fmt: skip
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """`argv` is what follows `chaos` on the command line, e.g. `["explore", "--schedules",
+    "100"]`."""
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    seed: int = fresh_seed() if args.seed is None else args.seed
+    plant: str | None = args.plant
+    print(
+        f"chaos explore: {args.schedules} schedules, seed {seed}, plant {plant or 'none'},"
+        f" jobs {args.jobs}",
+        flush=True,
+    )
+    result = explore(
+        schedules=args.schedules,
+        seed=seed,
+        plant=plant,
+        jobs=args.jobs,
+        trace_out=sys.stdout if args.trace else None,
+    )
+    if result.found is not None:
+        _print_violation(result.found, seed, plant)
+    rate = result.count / result.wall_s if result.wall_s > 0 else 0.0
+    violations = 0 if result.found is None else 1
+    print(
+        f"explored {result.count} schedules (seed {seed}) in {result.wall_s:.1f}s:"
+        f" {rate:.0f} schedules/s, {violations} violating"
+        + (" (stopped at the first)" if violations else "")
+    )
+    print(f"trace digest: {result.digest}")
+    return 1 if result.found else 0
+
+
+def _print_violation(found: Found, run_seed: int, plant: str | None) -> None:
+    out = sys.stdout
+    print(f"VIOLATION in schedule {found.index} of run seed {run_seed}: schedule seed"
+          f" {found.seed}, plant {plant or 'none'}", file=out)  # fmt: skip
+    for violation in found.violations:
+        print(f"  {violation}", file=out)
+    print("events (fences as 'fence N' / 'fN', SHAs as 'base', 'head', 'candidate'):", file=out)
+    for line in found.trace:
+        print(f"  {line}", file=out)
+    print("ledger after the violating event (attempts as aN:fFENCE:RUNNER:STATE):", file=out)
+    for line in found.snapshot:
+        print(f"    {line}", file=out)
+    print(f"replay: {replay_command(found.seed, plant)}", file=out)

@@ -1,0 +1,138 @@
+"""The real ledger, run synchronously on a scratch SQLite file with a virtual clock.
+
+No event loop and no writer thread: rules go straight to `execute_batch`, the same group commit
+the store uses, so one schedule costs milliseconds. Ids come from a counter, so one seed always
+writes the same ledger. A supervisor crash closes the connection (an open transaction is rolled
+back, as after a power cut) and reopens the file the way `SqliteLedger.open` does: integrity
+check, migrations, then `refresh_after_restart`.
+
+Each process builds a migrated template once and copies it for every schedule; scratch files
+live under /dev/shm when it exists, so nothing touches a disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from supervisor.ledger import reaper
+from supervisor.ledger.batch import Outcome, execute_batch
+from supervisor.ledger.schema import open_ledger_file
+from supervisor.ledger.tx import Checks, LedgerConfig, Tx
+
+Rule = Callable[[Tx], Any]
+
+START = 1_000_000.0
+SHM = Path("/dev/shm")  # noqa: S108 - a private mkdtemp inside it, never a fixed name
+SIDECARS = ("-wal", "-shm", "-journal")
+
+
+@contextlib.contextmanager
+def scratch_root() -> Iterator[Path]:
+    """A private directory for scratch ledgers, removed afterwards."""
+    base = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
+    root = Path(tempfile.mkdtemp(prefix="tether-chaos-", dir=base))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    for suffix in ("", *SIDECARS):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f"{path}{suffix}")
+
+
+class Workspace:
+    """One process's scratch directory: a migrated template and the file schedules run on."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root / f"p{os.getpid()}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.template = self.dir / "template.db"
+        self.ledger = self.dir / "ledger.db"
+        _remove(self.template)
+        open_ledger_file(self.template, synchronous="OFF").close()
+
+    def fresh(self) -> Path:
+        _remove(self.ledger)
+        shutil.copyfile(self.template, self.ledger)
+        return self.ledger
+
+
+class Harness:
+    """The ledger file of one schedule, its virtual clock and its id counter."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        config: LedgerConfig,
+        checks: Checks,
+        drop_key_index: bool = False,
+    ) -> None:
+        self.path = path
+        self.config = config
+        self.checks = checks
+        self.now = START
+        self._ids = 0
+        self.db = open_ledger_file(path, synchronous="OFF")
+        if drop_key_index:
+            # The `key-reuse` plant switches off the whole key-uniqueness defence.
+            self.db.execute("DROP INDEX IF EXISTS tasks_idempotency")
+
+    def new_id(self) -> str:
+        self._ids += 1
+        return f"T{self._ids}"
+
+    def make_tx(self) -> Tx:
+        return Tx(
+            db=self.db, now=self.now, config=self.config, new_id=self.new_id, checks=self.checks
+        )
+
+    def run(self, rules: Sequence[Rule]) -> list[Outcome]:
+        """One group-commit batch, committed before this returns."""
+        return execute_batch(self.db, rules, self.make_tx).outcomes
+
+    def crash_before_commit(self, rules: Sequence[Rule]) -> int:
+        """Run `rules` in one transaction, then die before `COMMIT` and restart: nothing of them
+        survives. Answer the leases refreshed by the restart."""
+        self.db.execute("BEGIN IMMEDIATE")
+        for rule in rules:
+            self.db.execute("SAVEPOINT rule")
+            try:
+                rule(self.make_tx())
+            except Exception:  # a refusal or a crash: the transaction dies anyway
+                self.db.execute("ROLLBACK TO rule")
+            self.db.execute("RELEASE rule")
+        self.db.close()  # closing with an open transaction rolls it back
+        return self._boot()
+
+    def restart(self) -> int:
+        """A supervisor crash between transactions and its restart; answer the leases refreshed."""
+        self.db.close()
+        return self._boot()
+
+    def _boot(self) -> int:
+        self.db = open_ledger_file(self.path, synchronous="OFF")
+        [outcome] = self.run([reaper.refresh_after_restart])
+        if outcome.error is not None:
+            raise outcome.error
+        refreshed: int = outcome.value
+        return refreshed
+
+    def states(self) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in self.db.execute("SELECT id, state FROM tasks ORDER BY id")]
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        return self.db.execute(sql, params).fetchall()
+
+    def close(self) -> None:
+        self.db.close()

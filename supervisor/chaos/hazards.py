@@ -1,0 +1,170 @@
+"""The adversarial histories of the second seed article, as moves a schedule can make.
+
+Each hazard looks for the situation it needs in the current world and, when it finds it, plays
+the history there and answers True; otherwise it changes nothing and answers False. Random
+schedules pick them from their fault plan; `scenarios` sets each one up on purpose.
+
+- cancel between verification and commit: the report that completes a task and a cancel of that
+  task reach the supervisor in one group-commit batch, in either order, or the supervisor dies
+  before that batch commits. Verification and commit are one transaction in this ledger, so the
+  batch is the narrowest gap there is; exactly one terminal decision must come out of it, and
+  the loser is a rejected attempt.
+- renew after fenced out: a runner holding a lease pauses past its TTL, the reaper fences it
+  out, another runner claims, then the paused runner wakes and renews and reports with its old
+  fence: both refused, neither a state.
+- consumer replay after success: a status consumer that has seen a task succeed is handed the
+  task's older events again, shuffled and duplicated; its view must not move.
+- crash around the unique-key insert: the supervisor dies just before the create's commit (the
+  insert is rolled back) or just after it (the answer is lost); the client retries; there is
+  one task for the key, never a second logical execution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from supervisor.chaos.actors import OPERATOR, Kind, Message, Phase, Runner
+from supervisor.chaos.observer import TERMINAL_NAMES
+from supervisor.chaos.world import World
+from supervisor.ledger.identity import step_id_for
+
+
+def completes_task(world: World, step_id: str) -> bool:
+    """Would committing `step_id` commit the last uncommitted step of a live task?"""
+    obs = world.observer
+    task_id, position = step_id.rsplit(".", 1)
+    spec = obs.specs.get(task_id)
+    if spec is None or obs.states.get(task_id) in TERMINAL_NAMES or step_id in obs.applied:
+        return False
+    others = (step_id_for(task_id, i) for i in range(len(spec.steps)) if i != int(position))
+    return all(other in obs.applied for other in others)
+
+
+def completing_reports(world: World) -> list[Message]:
+    """Reports that would complete a task: queued ones, else one a working runner sends now."""
+    queued = [
+        m for m in world.queue
+        if m.kind is Kind.REPORT and m.report is not None
+        and completes_task(world, m.report.step_id)
+    ]  # fmt: skip
+    if queued:
+        return queued
+    working = [
+        (runner, step_id)
+        for runner in world.runners
+        for step_id, held in sorted(runner.held.items())
+        if held.phase is not Phase.NEW and completes_task(world, step_id)
+    ]
+    if not working:
+        return []
+    runner, step_id = world.rng.choice(working)
+    return [world.act(runner, step_id, finish=True)]
+
+
+def cancel_between_verification_and_commit(world: World, *, variant: str | None = None) -> bool:
+    """`variant`: "cancel-first", "report-first" or "crash"; chosen at random when None."""
+    reports = completing_reports(world)
+    if not reports:
+        return False
+    report = world.rng.choice(reports)
+    assert report.report is not None
+    task_id = report.report.step_id.rsplit(".", 1)[0]
+    tenant = world.observer.specs[task_id].tenant
+    cancel = world.send(OPERATOR, 0, Kind.CANCEL, tenant=tenant, task_id=task_id)
+    variant = variant or world.rng.choice(("cancel-first", "report-first", "crash"))
+    world.log(f"hazard: cancel {task_id} between verification and commit ({variant})")
+    if variant == "crash":
+        world.crash_during([report, cancel])
+        # Both clients retry after the restart; the race is run again, in the batch's order.
+        report = world.send(report.sender, report.incarnation, Kind.REPORT, report=report.report)
+        cancel = world.send(OPERATOR, 0, Kind.CANCEL, tenant=tenant, task_id=task_id)
+        variant = "report-first"
+    batch = [cancel, report] if variant == "cancel-first" else [report, cancel]
+    world.deliver(batch)
+    return True
+
+
+def renew_after_fenced_out(world: World, *, sleeper: Runner | None = None) -> bool:
+    holders = [r for r in world.runners if r.held]
+    if sleeper is None:
+        if not holders:
+            return False
+        sleeper = world.rng.choice(holders)
+    if not sleeper.held:
+        return False
+    step_id = world.rng.choice(sorted(sleeper.held))
+    old = sleeper.held[step_id].lease
+    world.log(f"hazard: {sleeper.id} pauses holding {step_id} fence {old.fence}")
+    pause(world, sleeper, world.h.config.lease_ttl_s + 1 + world.rng.randrange(10))
+    others = [r for r in world.runners if r is not sleeper]
+    if others:
+        world.deliver([world.claim(world.rng.choice(others), 2)])
+    if step_id in sleeper.held and sleeper.held[step_id].phase is not Phase.NEW:
+        world.deliver([world.act(sleeper, step_id, finish=True)])  # its work finished meanwhile
+    renew = world.send(
+        sleeper.id, sleeper.incarnation, Kind.RENEW, step_id=step_id, fence=old.fence
+    )
+    world.deliver([renew])
+    return True
+
+
+def pause(world: World, sleeper: Runner, seconds: float) -> None:
+    """`sleeper` stops (a GC pause, SIGSTOP) for `seconds` while every other runner keeps
+    renewing; the supervisor's reaper runs on its own clock meanwhile."""
+    world.log(f"runner {sleeper.id} pauses for {seconds:g}s")
+    half = seconds / 2
+    for _ in range(2):
+        world.advance(half)
+        renews = [
+            world.send(r.id, r.incarnation, Kind.RENEW, step_id=s, fence=h.lease.fence)
+            for r in world.runners
+            if r is not sleeper
+            for s, h in sorted(r.held.items())
+        ]
+        if renews:
+            world.deliver(renews)
+    world.reap()
+
+
+def consumer_replay_after_success(world: World, *, task_id: str | None = None) -> bool:
+    states = world.observer.states
+    if task_id is None:
+        ended = sorted(t for t, s in states.items() if s == "SUCCEEDED") or sorted(
+            t for t, s in states.items() if s in TERMINAL_NAMES
+        )
+        if not ended:
+            return False
+        task_id = world.rng.choice(ended)
+    world.log(f"hazard: consumer of {task_id} gets old events after {states.get(task_id)}")
+    world.poll(task_id)
+    world.replay_old(task_id, after=0)
+    return True
+
+
+def crash_around_key_insert(
+    world: World, *, index: int | None = None, when: str | None = None
+) -> bool:
+    """`when`: "before" or "after" the commit that inserts the key; random when None."""
+    orders = world.operator.orders
+    if index is None:
+        fresh = [i for i, o in enumerate(orders) if not o.sent]
+        index = world.rng.choice(fresh if fresh else range(len(orders)))
+    when = when or world.rng.choice(("before", "after"))
+    key = orders[index].spec.idempotency_key
+    world.log(f"hazard: supervisor crash just {when} the insert of key {key}")
+    msg = world.create(index)
+    if when == "before":
+        world.crash_during([msg])
+    else:
+        world.deliver([msg], lose_answers=True)
+        world.restart()
+    world.deliver([world.create(index)])  # the client retries with the same key
+    return True
+
+
+HAZARDS: dict[str, Callable[[World], bool]] = {
+    "cancel-vs-commit": cancel_between_verification_and_commit,
+    "fenced-renew": renew_after_fenced_out,
+    "consumer-replay": consumer_replay_after_success,
+    "crash-around-key": crash_around_key_insert,
+}

@@ -1,0 +1,299 @@
+"""The explorer's own record of what it saw, and the checks it makes after every event.
+
+The ledger checks itself with `invariants.find_violations`; the observer checks the ledger from
+outside, from the answers it gave: a shadow of every live lease (granted, renewed, reaped on the
+supervisor's clock, refreshed after a restart, ended by a commit, release or cancel), so it
+knows which fence is current without asking the ledger; the first terminal state each task
+reached; which task each idempotency key named; every applied effect; and the repository heads
+and approved bases, so it can say what verification must decide before the ledger decides it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from supervisor.ledger.effects import Report
+from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift
+from supervisor.ledger.fencing import Lease, Renewal
+from supervisor.ledger.identity import Created, TaskSpec, step_id_for
+from supervisor.ledger.states import TERMINAL, TaskState
+from supervisor.ledger.tx import LedgerConfig
+from tether.wire import Outcome, content_hash
+
+TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+
+
+@dataclasses.dataclass
+class ShadowLease:
+    task_id: str
+    fence: int
+    deadline: float
+    accept_deadline: float | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Expectation:
+    state: TaskState
+    why: str
+
+
+def same_task(a: TaskSpec, b: TaskSpec) -> bool:
+    return a.plan_hash == b.plan_hash and a.declared() == b.declared()
+
+
+class Observer:
+    def __init__(self, config: LedgerConfig) -> None:
+        self.config = config
+        self.violations: list[str] = []
+        self.leases: dict[str, ShadowLease] = {}
+        self.top_fence = 0
+        self.attempts: dict[str, int] = {}
+        self.applied: dict[str, Report] = {}
+        self.specs: dict[str, TaskSpec] = {}  # task id -> what was asked for
+        self.keys: dict[tuple[str, str], str] = {}  # (tenant, key) -> task id
+        self.states: dict[str, str] = {}  # last observed
+        self.first_terminal: dict[str, str] = {}
+        self.expected_end: dict[str, Expectation] = {}
+        self.heads: dict[tuple[str, str], str] = {}
+        self.approved: dict[str, str | None] = {}
+        self.cancelled: set[str] = set()
+
+    def violation(self, text: str) -> None:
+        if text not in self.violations:
+            self.violations.append(text)
+
+    # -- operator answers ---------------------------------------------------------------------
+
+    def created(self, spec: TaskSpec, value: Created | None, error: LedgerError | None) -> None:
+        key = (spec.tenant, spec.idempotency_key)
+        known = self.keys.get(key)
+        if isinstance(error, IdempotencyConflict):
+            if known is None or same_task(self.specs[known], spec):
+                self.violation(f"create {key} refused as a conflict, yet no other plan holds it")
+            return
+        if error is not None or value is None:
+            self.violation(f"create {key} failed unexpectedly: {error}")
+            return
+        if known is None:
+            if not value.created:
+                self.violation(f"create {key}: a new key answered an existing task {value.task_id}")
+            self.keys[key] = value.task_id
+            self.specs[value.task_id] = spec
+            return
+        if value.created or value.task_id != known:
+            self.violation(
+                f"key-uniqueness: key {key} names {known}; a duplicate create made"
+                f" {value.task_id}, a second logical execution"
+            )
+            self.specs.setdefault(value.task_id, spec)
+        elif not same_task(self.specs[known], spec):
+            self.violation(f"create {key} with another plan answered the existing task {known}")
+
+    def approved_task(self, task_id: str, base_sha: str | None) -> None:
+        self.approved[task_id] = base_sha
+        spec = self.specs.get(task_id)
+        if spec is not None and spec.repository and base_sha:
+            self.heads.setdefault((spec.tenant, spec.repository), base_sha)
+
+    def head_moved(self, tenant: str, repository: str, sha: str) -> None:
+        self.heads[(tenant, repository)] = sha
+
+    def cancelled_task(self, task_id: str) -> None:
+        self.cancelled.add(task_id)
+        for step_id in [s for s, lease in self.leases.items() if lease.task_id == task_id]:
+            del self.leases[step_id]
+
+    # -- runner answers -----------------------------------------------------------------------
+
+    def granted(self, lease: Lease, now: float) -> None:
+        step = lease.step_id
+        live = self.leases.get(step)
+        if live is not None:
+            self.violation(
+                f"one-live-lease: {step} granted fence {lease.fence} while fence {live.fence}"
+                " is live"
+            )
+        if lease.fence <= self.top_fence:
+            self.violation(f"fences-increase: fence {lease.fence} after fence {self.top_fence}")
+        self.top_fence = max(self.top_fence, lease.fence)
+        if lease.attempt != self.attempts.get(step, 0) + 1:
+            self.violation(f"attempts: {step} granted attempt {lease.attempt} out of order")
+        self.attempts[step] = lease.attempt
+        if step in self.applied:
+            self.violation(f"lease on committed step {step} (fence {lease.fence})")
+        position = int(step.rsplit(".", 1)[1])
+        for earlier in range(position):
+            if step_id_for(lease.task_id, earlier) not in self.applied:
+                self.violation(f"order: {step} leased before step {earlier} committed")
+                break
+        if lease.task_id in self.first_terminal:
+            self.violation(f"lease {step} on ended task ({self.first_terminal[lease.task_id]})")
+        self.leases[step] = ShadowLease(
+            task_id=lease.task_id,
+            fence=lease.fence,
+            deadline=now + self.config.lease_ttl_s,
+            accept_deadline=now + self.config.accept_window_s,
+        )
+
+    def renewed(self, step_id: str, fence: int, renewal: Renewal, now: float) -> None:
+        task_id = step_id.rsplit(".", 1)[0]
+        if renewal.cancelled:
+            if task_id not in self.cancelled:
+                self.violation(f"renew of {step_id} says cancelled; {task_id} was not cancelled")
+            return
+        live = self.leases.get(step_id)
+        if live is None or live.fence != fence:
+            current = "none" if live is None else live.fence
+            self.violation(
+                f"stale-renew: {step_id} renewed under fence {fence}; the current fence is"
+                f" {current}"
+            )
+            return
+        live.deadline = now + self.config.lease_ttl_s
+        live.accept_deadline = None
+
+    def released(self, step_id: str, fence: int) -> None:
+        task_id = step_id.rsplit(".", 1)[0]
+        live = self.leases.pop(step_id, None)
+        if task_id in self.cancelled and live is None:
+            return
+        if live is None or live.fence != fence:
+            current = "none" if live is None else live.fence
+            self.violation(
+                f"stale-release: {step_id} released under fence {fence} (current {current})"
+            )
+
+    def reported(self, rep: Report, outcome: Outcome | None, error: LedgerError | None) -> None:
+        step = rep.step_id
+        task_id = step.rsplit(".", 1)[0]
+        spec = self.specs.get(task_id)
+        intent = _intent_hash(spec, step)
+        drifted = intent is not None and rep.payload_hash != intent
+        if isinstance(error, PayloadDrift) and not drifted:
+            self.violation(f"{step}: a faithful report was refused as payload drift")
+        if outcome is Outcome.REPLAYED and step not in self.applied:
+            self.violation(f"{step}: answered replayed, but no effect was ever applied")
+        if outcome is not Outcome.APPLIED:
+            return
+        if drifted:
+            self.violation(f"payload-drift: {step} committed a payload other than its intent")
+        if step in self.applied:
+            self.violation(
+                f"one-effect-per-step: {step} applied twice (fences"
+                f" {self.applied[step].fence} and {rep.fence})"
+            )
+        live = self.leases.pop(step, None)
+        if live is None or live.fence != rep.fence:
+            current = "none (lease ended)" if live is None else str(live.fence)
+            self.violation(
+                f"no-stale-commit: {step} committed under fence {rep.fence}; the current fence"
+                f" was {current}"
+            )
+        self.applied[step] = rep
+        if spec is not None and all(
+            step_id_for(task_id, i) in self.applied for i in range(len(spec.steps))
+        ):
+            self.expected_end[task_id] = self._verdict(task_id, spec)
+
+    def _verdict(self, task_id: str, spec: TaskSpec) -> Expectation:
+        """What verification must decide once every step is committed (SPEC §4)."""
+        if not spec.repository:
+            return Expectation(state=TaskState.SUCCEEDED, why="all steps committed")
+        head = self.heads.get((spec.tenant, spec.repository))
+        base = self.approved.get(task_id)
+        if head != base:
+            return Expectation(state=TaskState.FAILED, why=f"stale base {base}, head {head}")
+        reports = [self.applied[step_id_for(task_id, i)] for i in range(len(spec.steps))]
+        candidates = [r.candidate_sha for r in reports if r.candidate_sha]
+        if not candidates:
+            return Expectation(state=TaskState.FAILED, why="no candidate sha")
+        candidate = candidates[-1]
+        for check in spec.expected_checks:
+            if not any(r.candidate_sha == candidate and check in r.artifacts for r in reports):
+                return Expectation(
+                    state=TaskState.FAILED, why=f"no artifact {check} for candidate {candidate}"
+                )
+        return Expectation(state=TaskState.SUCCEEDED, why=f"verified at {candidate} on {base}")
+
+    # -- the supervisor's own doings ----------------------------------------------------------
+
+    def expired(self, count: int, now: float) -> None:
+        ended = sorted(
+            step
+            for step, lease in self.leases.items()
+            if lease.deadline <= now
+            or (lease.accept_deadline is not None and lease.accept_deadline <= now)
+        )
+        if count != len(ended):
+            self.violation(f"reaper ended {count} leases; the shadow says {len(ended)} {ended}")
+        for step in ended:
+            del self.leases[step]
+
+    def restarted(self, now: float) -> None:
+        for lease in self.leases.values():
+            lease.deadline = now + self.config.lease_ttl_s
+            if lease.accept_deadline is not None:
+                lease.accept_deadline = now + self.config.accept_window_s
+
+    def saw_states(self, rows: Iterable[tuple[str, str]]) -> list[str]:
+        """Terminal monotonicity and verification, from the task states after one rule.
+        Answer the changes, for the trace."""
+        changes: list[str] = []
+        for task_id, state in rows:
+            before = self.states.get(task_id)
+            if before != state:
+                changes.append(f"{task_id} {before or 'new'}->{state}")
+                self.states[task_id] = state
+            first = self.first_terminal.get(task_id)
+            if first is not None:
+                if state != first:
+                    self.violation(f"terminal-monotonicity: {task_id} ended {first}, now {state}")
+                continue
+            if state not in TERMINAL_NAMES:
+                continue
+            self.first_terminal[task_id] = state
+            expected = self.expected_end.get(task_id)
+            if state == TaskState.SUCCEEDED and expected is None:
+                self.violation(
+                    f"unverified-success: {task_id} SUCCEEDED before every step committed"
+                )
+            elif expected is not None and state != expected.state:
+                self.violation(
+                    f"verification: {task_id} ended {state}; the evidence says"
+                    f" {expected.state} ({expected.why})"
+                )
+        return changes
+
+
+def _intent_hash(spec: TaskSpec | None, step_id: str) -> str | None:
+    if spec is None:
+        return None
+    position = int(step_id.rsplit(".", 1)[1])
+    return content_hash(spec.steps[position].payload) if position < len(spec.steps) else None
+
+
+@dataclasses.dataclass
+class Consumer:
+    """A status consumer of one task's journal (SPEC §4): applies events in sequence order and
+    ignores any sequence number at or below the last one applied."""
+
+    task_id: str
+    last_seq: int = 0
+    state: str | None = None
+
+    def apply(self, events: Sequence[dict[str, Any]]) -> list[str]:
+        """Apply a delivery; answer what went wrong, if anything."""
+        problems: list[str] = []
+        for event in events:
+            if event["seq"] <= self.last_seq:
+                continue
+            self.last_seq = event["seq"]
+            if self.state in TERMINAL_NAMES and event["state"] != self.state:
+                problems.append(
+                    f"consumer: {self.task_id} view moved from {self.state} to {event['state']}"
+                    f" at seq {event['seq']}"
+                )
+            self.state = event["state"]
+        return problems

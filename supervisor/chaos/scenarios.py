@@ -1,0 +1,142 @@
+"""The adversarial histories as named, hand-set scenarios on the explorer's own world.
+
+Each scenario builds the situation its hazard needs on purpose (a repository task with an
+expected check, two runners), plays the hazard, then drives the world to quiescence; every
+check of the explorer runs throughout, exactly as in a random schedule. Tests assert on the
+world afterwards: its trace, the observer's record and the ledger file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from random import Random
+
+from supervisor.chaos import hazards
+from supervisor.chaos.actors import Order, Runner
+from supervisor.chaos.harness import Harness, Workspace, scratch_root
+from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS
+from supervisor.chaos.world import Habits, World
+from supervisor.ledger.identity import StepSpec, TaskSpec
+from supervisor.ledger.tx import Checks
+
+
+def order(steps: int = 2) -> Order:
+    spec = TaskSpec(
+        tenant="acme",
+        idempotency_key="scenario",
+        steps=tuple(
+            StepSpec(
+                name=f"s{j}",
+                kind="chat",
+                payload={
+                    "n": j,
+                    "repo": True,
+                    "last": j == steps - 1,
+                    "checks": ["lint"] if j == steps - 1 else [],
+                },
+            )
+            for j in range(steps)
+        ),
+        repository="repo0",
+        base_sha="sha0",
+        expected_checks=("lint",),
+    )
+    other = dataclasses.replace(spec, steps=(StepSpec(name="s0", kind="chat", payload={}),))
+    return Order(spec=spec, conflicting=other)
+
+
+@contextlib.contextmanager
+def scenario_world(seed: int = 0, *, steps: int = 2, plant: str | None = None) -> Iterator[World]:
+    with scratch_root() as root:
+        harness = Harness(
+            Workspace(root).fresh(),
+            config=CONFIG,
+            checks=Checks.planted(plant),
+            drop_key_index=plant == "key-reuse",
+        )
+        try:
+            yield World(
+                harness, Random(seed), orders=[order(steps)], runners=2, habits=Habits(release=0)
+            )
+        finally:
+            harness.close()
+
+
+def submit(world: World) -> str:
+    """Create and approve the scenario's task; answer its id."""
+    world.deliver([world.create(0)])
+    task_id = world.operator.orders[0].task_id
+    assert task_id is not None
+    world.deliver([world.approve(0)])  # type: ignore[list-item]
+    return task_id
+
+
+def work(world: World, runner: Runner) -> str:
+    """`runner` claims the next step and acknowledges it; answer the step id."""
+    world.deliver([world.claim(runner)])
+    [step_id] = runner.held
+    world.deliver([world.act(runner, step_id, finish=False)])
+    return step_id
+
+
+def finish(world: World, runner: Runner, step_id: str) -> None:
+    world.deliver([world.act(runner, step_id, finish=True)])
+
+
+def cancel_vs_commit(variant: str) -> Callable[[World], None]:
+    def play(world: World) -> None:
+        submit(world)
+        a = world.runners[0]
+        finish(world, a, work(world, a))  # step 0 commits
+        step_id = work(world, a)  # the last step is in flight
+        world.act(a, step_id, finish=True)  # its report is on the wire
+        assert hazards.cancel_between_verification_and_commit(world, variant=variant)
+
+    return play
+
+
+def fenced_renew(world: World) -> None:
+    submit(world)
+    a = world.runners[0]
+    work(world, a)
+    assert hazards.renew_after_fenced_out(world, sleeper=a)
+
+
+def consumer_replay(world: World) -> None:
+    task_id = submit(world)
+    a = world.runners[0]
+    for _ in range(2):
+        finish(world, a, work(world, a))
+    world.poll(task_id)
+    assert hazards.consumer_replay_after_success(world, task_id=task_id)
+
+
+def crash_around_key(when: str) -> Callable[[World], None]:
+    def play(world: World) -> None:
+        assert hazards.crash_around_key_insert(world, index=0, when=when)
+        world.deliver([world.create(0)])  # and once more, for good measure
+
+    return play
+
+
+SCENARIOS: dict[str, Callable[[World], None]] = {
+    "cancel-vs-commit/cancel-first": cancel_vs_commit("cancel-first"),
+    "cancel-vs-commit/report-first": cancel_vs_commit("report-first"),
+    "cancel-vs-commit/crash": cancel_vs_commit("crash"),
+    "fenced-renew": fenced_renew,
+    "consumer-replay": consumer_replay,
+    "crash-around-key/before": crash_around_key("before"),
+    "crash-around-key/after": crash_around_key("after"),
+}
+
+
+@contextlib.contextmanager
+def played(name: str, *, seed: int = 0, plant: str | None = None) -> Iterator[World]:
+    """The world after scenario `name` and quiescence; the ledger file is still open."""
+    with scenario_world(seed, plant=plant) as world:
+        SCENARIOS[name](world)
+        if not world.violations:
+            world.quiesce(QUIESCENCE_TTLS)
+        yield world

@@ -1,0 +1,218 @@
+"""One schedule: a seeded fault plan, a few dozen random events, then quiescence.
+
+Everything a schedule does comes from `Random(seed)`: the plan (how many tasks, runners and
+events, which faults are on and how often, which adversarial histories may be played, how the
+clients misbehave) and every choice after it. So a seed is a complete, exact replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from random import Random
+
+from supervisor.chaos.actors import OPERATOR, Runner, make_orders
+from supervisor.chaos.harness import Harness, Workspace
+from supervisor.chaos.hazards import HAZARDS, pause
+from supervisor.chaos.world import Habits, World
+from supervisor.ledger.tx import Checks, LedgerConfig
+
+CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=5)
+QUIESCENCE_TTLS = 4.0
+# chance per event that an armed hazard tries to play (it plays only if its situation exists)
+HAZARD_EAGERNESS = {
+    "cancel-vs-commit": 0.5, "fenced-renew": 0.03, "consumer-replay": 0.05,
+    "crash-around-key": 0.03,
+}  # fmt: skip
+
+# event -> weight when on; faults are switched on per schedule by the plan
+NORMAL = {
+    "operator": 5.0, "create": 0.5, "cancel": 0.5, "head": 0.7, "runner": 10.0,
+    "deliver": 14.0, "batch": 3.0, "tick": 2.5, "reap": 1.0, "poll": 1.0,
+}  # fmt: skip
+FAULTS = {
+    "duplicate": 1.5, "lose": 0.8, "crash-runner": 0.5, "restart": 0.4, "crash-in-batch": 0.4,
+    "pause": 0.4, "replay-old": 0.6,
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FaultPlan:
+    events: int
+    tasks: int
+    runners: int
+    weights: dict[str, float]
+    lose_answer: float
+    hazards: tuple[str, ...]
+    habits: Habits
+
+    @classmethod
+    def draw(cls, rng: Random) -> FaultPlan:
+        weights = dict(NORMAL)
+        for fault, weight in FAULTS.items():
+            if rng.random() < 0.55:
+                weights[fault] = weight * rng.uniform(0.5, 2.0)
+        hazards = tuple(h for h in HAZARDS if rng.random() < 0.4)
+        habits = Habits(
+            drift=0.08 if rng.random() < 0.25 else 0.0,
+            sloppy=0.3 if rng.random() < 0.4 else 0.0,
+            release=0.06 if rng.random() < 0.5 else 0.0,
+            stale_approval=0.25 if rng.random() < 0.3 else 0.0,
+            wrong_plan=0.2 if rng.random() < 0.2 else 0.0,
+        )
+        return cls(
+            events=rng.randint(50, 120),
+            tasks=rng.randint(1, 3),
+            runners=rng.randint(1, 3),
+            weights=weights,
+            lose_answer=rng.uniform(0.05, 0.3) if rng.random() < 0.5 else 0.0,
+            hazards=hazards,
+            habits=habits,
+        )
+
+    def describe(self) -> str:
+        faults = sorted(f for f in FAULTS if f in self.weights)
+        values = dataclasses.asdict(self.habits)
+        habits = [f"{name} {value:g}" for name, value in values.items() if value]
+        return (
+            f"plan: {self.tasks} tasks, {self.runners} runners, {self.events} events;"
+            f" faults: {', '.join(faults) or 'none'}; lost answers {self.lose_answer:.2f};"
+            f" hazards: {', '.join(self.hazards) or 'none'}; habits: {', '.join(habits) or 'none'}"
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScheduleResult:
+    seed: int
+    trace: list[str]
+    violations: list[str]
+    snapshot: list[str] = dataclasses.field(default_factory=list)  # the ledger at a violation
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256("\n".join(self.trace).encode()).hexdigest()
+
+
+def run_schedule(seed: int, workspace: Workspace, plant: str | None = None) -> ScheduleResult:
+    rng = Random(seed)
+    plan = FaultPlan.draw(rng)
+    harness = Harness(
+        workspace.fresh(),
+        config=CONFIG,
+        checks=Checks.planted(plant),
+        drop_key_index=plant == "key-reuse",
+    )
+    try:
+        world = World(
+            harness,
+            rng,
+            orders=make_orders(rng, plan.tasks),
+            runners=plan.runners,
+            habits=plan.habits,
+        )
+        world.log(plan.describe())
+        names = list(plan.weights)
+        weights = [plan.weights[n] for n in names]
+        for _ in range(plan.events):
+            step(world, plan, rng.choices(names, weights)[0])
+            for hazard in plan.hazards:
+                # An armed hazard plays soon after its situation arises.
+                if not world.violations and rng.random() < HAZARD_EAGERNESS[hazard]:
+                    HAZARDS[hazard](world)
+            if world.violations:
+                break
+        else:
+            world.quiesce(QUIESCENCE_TTLS)
+        snapshot = world.snapshot() if world.violations else []
+    finally:
+        harness.close()
+    return ScheduleResult(
+        seed=seed, trace=world.trace, violations=list(world.violations), snapshot=snapshot
+    )
+
+
+def _operator_moves(world: World) -> list[tuple[str, int]]:
+    moves = []
+    for index, order in enumerate(world.operator.orders):
+        if order.task_id is None:
+            if not world.busy(OPERATOR, f"key {order.spec.idempotency_key}"):
+                moves.append(("create", index))
+        elif world.observer.states.get(order.task_id) == "PLANNED" and not world.busy(
+            OPERATOR, order.task_id
+        ):
+            moves.append(("approve", index))
+    return moves
+
+
+def _holder(world: World, rng: Random) -> Runner | None:
+    """A runner holding a lease, if any does."""
+    holders = [r for r in world.runners if r.held]
+    return rng.choice(holders) if holders else None
+
+
+def step(world: World, plan: FaultPlan, event: str) -> None:  # noqa: PLR0915
+    """Play one event of the schedule; one that finds nothing to do does nothing."""
+    rng = world.rng
+    orders = world.operator.orders
+    index = rng.randrange(len(orders))
+    queue = world.queue
+    lose = plan.lose_answer > 0 and rng.random() < plan.lose_answer
+    if event == "operator":  # the operator's next move on an order that needs one
+        moves = _operator_moves(world)
+        if moves:
+            move, index = rng.choice(moves)
+            if move == "create":
+                world.create(index)  # a first try, or a retry after a lost answer
+            else:
+                world.approve(index)
+    elif event == "create":  # a duplicate create, with the same or (rarely) another plan
+        conflicting = orders[index].task_id is not None and rng.random() < 0.3
+        world.create(index, conflicting=conflicting)
+    elif event == "cancel":
+        world.cancel(index)
+    elif event == "head":
+        world.move_head(index, revert=rng.random() < 0.3)
+    elif event == "runner":  # a runner's next move: work on a lease it holds, or claim
+        runner = rng.choice(world.runners)
+        idle = [s for s in sorted(runner.held) if not world.busy(runner.id, s)]
+        if idle and (rng.random() < 0.75 or world.busy(runner.id, "claim")):
+            world.act(runner, rng.choice(idle))
+        elif not world.busy(runner.id, "claim"):
+            world.claim(runner, rng.randint(1, 2))
+    elif event == "deliver":
+        if queue:
+            world.deliver([rng.choice(queue)], lose_answers=lose)
+    elif event == "batch":
+        if queue:
+            world.deliver(rng.sample(queue, min(len(queue), rng.randint(2, 4))), lose_answers=lose)
+    elif event == "duplicate":
+        if queue:
+            world.deliver([rng.choice(queue)], keep=True, lose_answers=lose)
+    elif event == "lose":
+        if queue:
+            world.drop(rng.choice(queue))
+    elif event == "crash-runner":
+        world.crash_runner(rng.choice(world.runners))
+    elif event == "restart":
+        world.restart()
+    elif event == "crash-in-batch":
+        world.crash_during(rng.sample(queue, min(len(queue), rng.randint(1, 3))))
+    elif event == "tick":
+        world.advance(rng.randint(1, 6))
+        if rng.random() < 0.8:
+            world.reap()
+    elif event == "pause":
+        runner = _holder(world, rng) or rng.choice(world.runners)
+        pause(world, runner, world.h.config.lease_ttl_s + rng.randint(1, 15))
+    elif event == "reap":
+        world.reap()
+    elif event in ("poll", "replay-old"):
+        tasks = sorted(world.observer.states)
+        if tasks:
+            task_id = rng.choice(tasks)
+            if event == "poll":
+                world.poll(task_id)
+            else:
+                world.replay_old(task_id)
+    else:
+        raise ValueError(f"unknown schedule event {event!r}")

@@ -1,0 +1,474 @@
+"""One simulated world: the ledger harness, the actors, the network and the observer.
+
+Every primitive here is one event of a schedule: it changes the world, appends one line to the
+trace (with the fences, SHAs and answers involved) and, when the ledger was touched, runs every
+check: the observer's, then `find_violations` over the whole file. The schedule decides which
+primitive comes next; the hazards compose them into the adversarial histories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from random import Random
+from typing import Any
+
+from supervisor.chaos.actors import (
+    OPERATOR,
+    Held,
+    Kind,
+    Message,
+    Operator,
+    Order,
+    Phase,
+    Runner,
+    describe,
+)
+from supervisor.chaos.harness import START, Harness
+from supervisor.chaos.observer import TERMINAL_NAMES, Consumer, Observer
+from supervisor.ledger import reaper, views
+from supervisor.ledger.batch import RuleCrashed
+from supervisor.ledger.effects import Report
+from supervisor.ledger.errors import LedgerError, Refused
+from supervisor.ledger.invariants import find_violations
+from supervisor.ledger.tx import Tx
+from tether.wire import Outcome, ReleaseReason, content_hash
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Habits:
+    """How the simulated clients misbehave, as probabilities per action."""
+
+    drift: float = 0.0  # a runner reports a payload other than its lease's
+    sloppy: float = 0.0  # a runner's result lacks the candidate SHA or an artifact
+    release: float = 0.05  # a runner hands a lease back instead of finishing it
+    stale_approval: float = 0.0  # the operator approves an out-of-date base
+    wrong_plan: float = 0.0  # the operator approves with another plan hash
+
+
+QUICK_STEPS = 0.3
+
+
+def _observed(rule: Callable[[Tx], Any]) -> Callable[[Tx], Any]:
+    """Run `rule`, then read every task's state inside the same savepoint."""
+
+    def run(tx: Tx) -> tuple[Any, list[tuple[str, str]]]:
+        value = rule(tx)
+        return value, [(r[0], r[1]) for r in tx.db.execute("SELECT id, state FROM tasks")]
+
+    return run
+
+
+class World:
+    def __init__(
+        self,
+        harness: Harness,
+        rng: Random,
+        *,
+        orders: list[Order],
+        runners: int,
+        habits: Habits,
+    ) -> None:
+        self.h = harness
+        self.rng = rng
+        self.habits = habits
+        self.operator = Operator(orders)
+        self.runners = [Runner(f"r{i}") for i in range(runners)]
+        self.queue: list[Message] = []
+        self.in_flight: set[tuple[str, str]] = set()
+        self.observer = Observer(harness.config)
+        self.consumers: dict[str, Consumer] = {}
+        self.trace: list[str] = []
+        self._messages = 0
+        self._shas = 0
+        self.honest = False  # set once faults stop: clients then behave
+
+    def _misbehaves(self, probability: float) -> bool:
+        return not self.honest and self.rng.random() < probability
+
+    @property
+    def violations(self) -> list[str]:
+        return self.observer.violations
+
+    def log(self, text: str) -> None:
+        self.trace.append(f"{len(self.trace):03d} t+{self.h.now - START:g}s {text}")
+
+    def check(self) -> None:
+        before = len(self.violations)
+        for found in find_violations(self.h.db):
+            self.observer.violation(found)
+        for found in self.violations[before:]:
+            self.log(f"VIOLATION {found}")
+
+    def _flag_new(self, before: int) -> None:
+        for found in self.violations[before:]:
+            self.log(f"VIOLATION {found}")
+
+    # -- the network --------------------------------------------------------------------------
+
+    def send(self, sender: str, incarnation: int, kind: Kind, **fields: Any) -> Message:
+        self._messages += 1
+        msg = Message(
+            id=self._messages, sender=sender, incarnation=incarnation, kind=kind, **fields
+        )
+        self.queue.append(msg)
+        self.in_flight.add(msg.subject)
+        return msg
+
+    def busy(self, sender: str, subject: str) -> bool:
+        """Is `sender` still waiting for an answer about `subject`?"""
+        return (sender, subject) in self.in_flight
+
+    def _gone(self, msg: Message) -> None:
+        """`msg` left the network; its client stops waiting (an answer or a timeout)."""
+        self.queue.remove(msg)
+        if not any(m.subject == msg.subject for m in self.queue):
+            self.in_flight.discard(msg.subject)
+
+    def deliver(
+        self, msgs: Sequence[Message], *, lose_answers: bool = False, keep: bool = False
+    ) -> None:
+        """Deliver `msgs` to the supervisor as one group-commit batch, in this order."""
+        if not keep:
+            for msg in msgs:
+                self._gone(msg)
+        before, changes_before = len(self.violations), self.h.db.total_changes
+        outcomes = self.h.run([_observed(m.rule()) for m in msgs])
+        batch = f"batch of {len(msgs)}: " if len(msgs) > 1 else ""
+        for msg, outcome in zip(msgs, outcomes, strict=True):
+            value: Any = None
+            if outcome.error is None:
+                value, states = outcome.value
+                self._observe(msg, value, None)
+                changes = self.observer.saw_states(states)
+                answer = describe(msg.kind, value)
+            else:
+                error = outcome.error
+                self._observe(msg, None, error)
+                changes = []
+                answer = f"refused {error.code.value}" if isinstance(error, Refused) else "FAILED"
+                if isinstance(error, RuleCrashed) or not isinstance(error, Refused):
+                    self.observer.violation(f"rule crashed: {msg.label()}: {error}")
+            lost = " (answer lost)" if lose_answers else ""
+            dup = " (duplicate)" if keep else ""
+            moved = f"; {', '.join(changes)}" if changes else ""
+            self.log(f"deliver {batch}{msg.label()}{dup} -> {answer}{lost}{moved}")
+            if not lose_answers:
+                self._answer(msg, value, outcome.error)
+        self._flag_new(before)
+        # A batch that wrote nothing cannot break an invariant, nor can renewals: they write
+        # only lease deadlines and rejections, which no invariant reads (the observer checks
+        # each renewal's fence itself).
+        wrote = self.h.db.total_changes != changes_before
+        if wrote and any(m.kind is not Kind.RENEW for m in msgs):
+            self.check()
+
+    def _observe(self, msg: Message, value: Any, error: BaseException | None) -> None:
+        obs, k = self.observer, Kind
+        ledger_error = error if isinstance(error, LedgerError) else None
+        if msg.kind is k.CREATE:
+            assert msg.spec is not None
+            obs.created(msg.spec, value, ledger_error)
+        elif error is not None:
+            if msg.kind is k.REPORT and isinstance(error, LedgerError):
+                assert msg.report is not None
+                obs.reported(msg.report, None, error)
+        elif msg.kind is k.APPROVE:
+            obs.approved_task(msg.task_id, msg.base_sha)
+        elif msg.kind is k.CANCEL:
+            obs.cancelled_task(msg.task_id)
+        elif msg.kind is k.HEAD:
+            obs.head_moved(msg.tenant, msg.repository, msg.sha)
+        elif msg.kind is k.CLAIM:
+            for lease in value:
+                obs.granted(lease, self.h.now)
+        elif msg.kind is k.RENEW:
+            obs.renewed(msg.step_id, msg.fence, value, self.h.now)
+        elif msg.kind is k.RELEASE:
+            obs.released(msg.step_id, msg.fence)
+        elif msg.kind is k.REPORT:
+            assert msg.report is not None
+            obs.reported(msg.report, Outcome(value), None)
+
+    def _answer(self, msg: Message, value: Any, error: BaseException | None) -> None:
+        if msg.sender == OPERATOR:
+            self.operator.answer(msg, value, error)
+            return
+        for runner in self.runners:
+            if runner.id == msg.sender:
+                runner.answer(msg, value, error)
+
+    def drop(self, msg: Message) -> None:
+        self._gone(msg)
+        self.log(f"lose {msg.label()}")
+
+    # -- the supervisor -----------------------------------------------------------------------
+
+    def crash_during(self, msgs: Sequence[Message]) -> None:
+        """The supervisor dies inside the batch carrying `msgs`, before its commit."""
+        for msg in msgs:
+            self._gone(msg)
+        refreshed = self.h.crash_before_commit([m.rule() for m in msgs])
+        labels = "; ".join(m.label() for m in msgs)
+        self.log(f"supervisor crash before commit of [{labels}]; restart refreshed {refreshed}")
+        self.observer.restarted(self.h.now)
+        self.check()
+
+    def restart(self) -> None:
+        refreshed = self.h.restart()
+        self.log(f"supervisor crash and restart; refreshed {refreshed} leases")
+        self.observer.restarted(self.h.now)
+        self.check()
+
+    def advance(self, seconds: float) -> None:
+        self.h.now += seconds
+        self.log(f"clock +{seconds:g}s")
+
+    def reap(self) -> None:
+        before, changes_before = len(self.violations), self.h.db.total_changes
+        [outcome] = self.h.run([_observed(reaper.expire)])
+        if outcome.error is not None:
+            self.observer.violation(f"rule crashed: reaper: {outcome.error}")
+            self._flag_new(before)
+            return
+        count, states = outcome.value
+        self.observer.expired(count, self.h.now)
+        changes = self.observer.saw_states(states)
+        if count or changes:
+            moved = f"; {', '.join(changes)}" if changes else ""
+            self.log(f"reaper expired {count}{moved}")
+        self._flag_new(before)
+        if self.h.db.total_changes != changes_before:
+            self.check()
+
+    # -- the operator -------------------------------------------------------------------------
+
+    def create(self, index: int, *, conflicting: bool = False) -> Message:
+        order = self.operator.orders[index]
+        order.sent = True
+        spec = order.conflicting if conflicting else order.spec
+        return self.send(OPERATOR, 0, Kind.CREATE, order=index, spec=spec)
+
+    def approve(self, index: int) -> Message | None:
+        """Approve against the head the operator believes current (sometimes a stale one)."""
+        order = self.operator.orders[index]
+        if order.task_id is None:
+            return None
+        spec = order.spec
+        base = None
+        if spec.repository:
+            base = self.observer.heads.get((spec.tenant, spec.repository), spec.base_sha)
+            if self._misbehaves(self.habits.stale_approval):
+                base = "sha0" if base != "sha0" else f"old{self.rng.randrange(3)}"
+        plan_hash = spec.plan_hash
+        if self._misbehaves(self.habits.wrong_plan):
+            plan_hash = order.conflicting.plan_hash
+        return self.send(
+            OPERATOR, 0, Kind.APPROVE, tenant=spec.tenant, task_id=order.task_id,
+            plan_hash=plan_hash, base_sha=base,
+        )  # fmt: skip
+
+    def cancel(self, index: int) -> Message | None:
+        order = self.operator.orders[index]
+        if order.task_id is None:
+            return None
+        return self.send(OPERATOR, 0, Kind.CANCEL, tenant=order.spec.tenant, task_id=order.task_id)
+
+    def move_head(self, index: int, *, revert: bool = False) -> Message | None:
+        spec = self.operator.orders[index].spec
+        if not spec.repository:
+            return None
+        if revert:
+            sha = self.observer.approved.get(self.operator.orders[index].task_id or "") or "sha0"
+        else:
+            self._shas += 1
+            sha = f"sha{self._shas}"
+        return self.send(
+            OPERATOR, 0, Kind.HEAD, tenant=spec.tenant, repository=spec.repository, sha=sha
+        )
+
+    # -- runners ------------------------------------------------------------------------------
+
+    def claim(self, runner: Runner, capacity: int = 1) -> Message:
+        return self.send(runner.id, runner.incarnation, Kind.CLAIM, capacity=capacity)
+
+    def act(self, runner: Runner, step_id: str, *, finish: bool | None = None) -> Message:
+        """The runner's next move on one held lease: acknowledge, renew, finish, or report."""
+        held = runner.held[step_id]
+        lease = held.lease
+        if held.phase is Phase.NEW and finish is None and self.rng.random() < QUICK_STEPS:
+            held.phase = Phase.WORKING  # a quick step: done before its first renew
+        if held.phase is Phase.WORKING:
+            roll = self.rng.random()
+            if finish is None and roll < self.habits.release and not self.honest:
+                return self._release(runner, held)
+            if finish or (finish is None and roll < 0.75):
+                held.phase = Phase.REPORTING
+                held.report = self._result(lease.step_id, lease.fence, lease.payload, held)
+        if held.phase is Phase.REPORTING:
+            assert held.report is not None
+            return self.send(runner.id, runner.incarnation, Kind.REPORT, report=held.report)
+        return self.send(
+            runner.id, runner.incarnation, Kind.RENEW, step_id=step_id, fence=lease.fence
+        )
+
+    def _release(self, runner: Runner, held: Held) -> Message:
+        reason = self.rng.choice(list(ReleaseReason))
+        retryable = reason is not ReleaseReason.INVALID
+        return self.send(
+            runner.id, runner.incarnation, Kind.RELEASE, step_id=held.lease.step_id,
+            fence=held.lease.fence, reason=reason, retryable=retryable,
+        )  # fmt: skip
+
+    def _result(self, step_id: str, fence: int, payload: Any, held: Held) -> Report:
+        payload_hash = held.lease.payload_hash
+        if self._misbehaves(self.habits.drift):
+            payload_hash = content_hash({"drifted": payload})
+        candidate: str | None = None
+        artifacts: dict[str, str] = {}
+        if payload.get("repo"):
+            candidate = f"c{fence}"
+            artifacts = {check: f"d{fence}{check[0]}" for check in payload.get("checks", [])}
+            if self._misbehaves(self.habits.sloppy):
+                if artifacts and self.rng.random() < 0.5:
+                    artifacts.pop(self.rng.choice(sorted(artifacts)))
+                elif not payload.get("last"):
+                    candidate = None
+                else:
+                    candidate, artifacts = None, {}
+        return Report(
+            step_id=step_id, fence=fence, payload_hash=payload_hash,
+            output={"step": step_id, "fence": fence}, usage={"total_tokens": 10},
+            candidate_sha=candidate, artifacts=artifacts,
+        )  # fmt: skip
+
+    def crash_runner(self, runner: Runner) -> None:
+        held = ", ".join(f"{s} f{h.lease.fence}" for s, h in sorted(runner.held.items()))
+        runner.crash()
+        self.log(f"runner {runner.id} crashes, forgetting [{held}]")
+
+    # -- status consumers ---------------------------------------------------------------------
+
+    def consumer(self, task_id: str) -> Consumer:
+        return self.consumers.setdefault(task_id, Consumer(task_id))
+
+    def poll(self, task_id: str) -> None:
+        consumer = self.consumer(task_id)
+        after, before = consumer.last_seq, len(self.violations)
+        events = views.events_after(self.h.db, task_id, after)
+        for problem in consumer.apply(events):
+            self.observer.violation(problem)
+        self.log(f"consumer {task_id} polls after seq {after}: {len(events)} events,"
+                 f" view {consumer.state} at seq {consumer.last_seq}")  # fmt: skip
+        self._flag_new(before)
+
+    def replay_old(self, task_id: str, after: int | None = None) -> None:
+        """Redeliver events the consumer already applied, shuffled and duplicated."""
+        consumer = self.consumer(task_id)
+        start = self.rng.randrange(consumer.last_seq + 1) if after is None else after
+        events = views.events_after(self.h.db, task_id, start)
+        events = [e for e in events if e["seq"] <= consumer.last_seq]
+        events = events + self.rng.sample(events, len(events) // 2)
+        self.rng.shuffle(events)
+        before = len(self.violations)
+        view = consumer.state
+        for problem in consumer.apply(events):
+            self.observer.violation(problem)
+        if consumer.state != view:
+            self.observer.violation(
+                f"consumer: replaying old seqs moved {task_id}'s view from {view} to"
+                f" {consumer.state}"
+            )
+        self.log(f"consumer {task_id} gets {len(events)} old events (seq > {start}) again;"
+                 f" view stays {consumer.state}")  # fmt: skip
+        self._flag_new(before)
+
+    def snapshot(self) -> list[str]:
+        """The ledger's tasks, steps, attempts, fences, effects and repository heads, for a
+        violation report."""
+        q = self.h.query
+        [counter] = q("SELECT value FROM counters WHERE name = 'fence'")
+        lines = [f"fence counter {counter[0]}"]
+        lines += [
+            f"repository {r['tenant']}/{r['name']} head {r['head_sha']}"
+            for r in q("SELECT * FROM repositories ORDER BY tenant, name")
+        ]
+        for task in q("SELECT * FROM tasks ORDER BY created_order"):
+            lines.append(
+                f"task {task['id']} {task['tenant']}/{task['idempotency_key']} {task['state']}"
+                f" repository {task['repository'] or '-'} approved base"
+                f" {task['approved_base_sha'] or '-'} reason {task['reason'] or '-'}"
+            )
+            for step in q("SELECT * FROM steps WHERE task_id = ? ORDER BY position", (task["id"],)):
+                attempts = " ".join(
+                    f"a{a['attempt']}:f{a['fence']}:{a['runner_id']}:{a['state']}"
+                    for a in q("SELECT * FROM attempts WHERE step_id = ? ORDER BY attempt",
+                               (step["id"],))
+                )  # fmt: skip
+                effects = [e[0] for e in q("SELECT fence FROM effects WHERE step_id = ?",
+                                           (step["id"],))]  # fmt: skip
+                lines.append(
+                    f"  step {step['id']} {step['state']} fence {step['fence'] or '-'} candidate"
+                    f" {step['candidate_sha'] or '-'} attempts [{attempts}] effects under fences"
+                    f" {effects}"
+                )
+        return lines
+
+    # -- the end of a schedule ----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Deliver everything in flight, in order, as one group-commit batch."""
+        if self.queue:
+            self.deliver(list(self.queue))
+
+    def quiesce(self, ttls: float) -> None:
+        """Faults stop: the network delivers in order, clients behave, the clock runs in renew
+        intervals. Every task must end within `ttls` lease TTLs of virtual time."""
+        self.honest = True
+        self.log("faults stop; drive to quiescence")
+        config = self.h.config
+        deadline = self.h.now + ttls * config.lease_ttl_s
+        orders = self.operator.orders
+        while not self.violations:
+            for i, order in enumerate(orders):
+                if order.sent and order.task_id is None:
+                    self.create(i)
+            self.flush()
+            for i, order in enumerate(orders):
+                if order.task_id and self.observer.states.get(order.task_id) == "PLANNED":
+                    self.approve(i)
+            self.flush()
+            for runner in self.runners:
+                self.claim(runner, 2)
+            self.flush()
+            for _ in range(2):  # acknowledge new leases, then finish and report
+                for runner in self.runners:
+                    for step_id in sorted(runner.held):
+                        self.act(runner, step_id, finish=True)
+                self.flush()
+            if not self.queue and all(
+                state in TERMINAL_NAMES for state in self.observer.states.values()
+            ):
+                break
+            if self.h.now >= deadline:
+                stuck = sorted(
+                    f"{t} {s}" for t, s in self.observer.states.items() if s not in TERMINAL_NAMES
+                )
+                self.observer.violation(
+                    f"liveness: after {ttls:g} TTLs without faults, not ended: {', '.join(stuck)}"
+                )
+                self.log(f"VIOLATION {self.violations[-1]}")
+                return
+            self.advance(config.renew_every_s)
+            self.reap()
+        if self.violations:
+            return
+        for task_id in sorted(self.observer.states):
+            self.poll(task_id)
+            consumer = self.consumers[task_id]
+            if consumer.state != self.observer.states[task_id]:
+                self.observer.violation(
+                    f"consumer: {task_id} view {consumer.state}, ledger"
+                    f" {self.observer.states[task_id]}"
+                )
+                self.log(f"VIOLATION {self.violations[-1]}")

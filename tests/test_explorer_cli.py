@@ -1,0 +1,160 @@
+"""`chaos explore` as operators and CI run it: usage, determinism, planted bugs caught and
+replayed exactly, and the CI-sized run of 10,000 schedules with zero violations."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.chaos.explore import explore, main
+from supervisor.ledger.tx import PLANTS
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI_SCRIPT = Path(sys.executable).parent / "tether-supervisor"
+CI_SCHEDULES = 10_000
+CI_SEED = 20_260_601
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.chaos", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def run_replay(command: str) -> subprocess.CompletedProcess[str]:
+    """Run a printed replay command as printed, through the installed `tether-supervisor`
+    when it is there, else through `python -m supervisor.chaos`."""
+    words = shlex.split(command)
+    assert words[:2] == ["tether-supervisor", "chaos"], command
+    argv = [str(CLI_SCRIPT), *words[1:]] if CLI_SCRIPT.exists() else [
+        sys.executable, "-m", "supervisor.chaos", *words[2:]
+    ]  # fmt: skip
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+
+
+def digest(output: str) -> str:
+    found = re.search(r"^trace digest: ([0-9a-f]{64})$", output, re.MULTILINE)
+    assert found, output
+    return found.group(1)
+
+
+def violation_lines(output: str) -> list[str]:
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("VIOLATION in schedule"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("events ("))
+    return [line.strip() for line in lines[start + 1 : end]]
+
+
+def report_body(output: str) -> list[str]:
+    """A violation report from its events to its replay command."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("events ("))
+    end = next(i for i, line in enumerate(lines) if line.startswith("replay: "))
+    return lines[start : end + 1]
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["explore", "--schedules", "0"], "--schedules"),
+        (["explore", "--schedules", "many"], "--schedules"),
+        (["explore", "--seed", "banana"], "--seed"),
+        (["explore", "--seed", "-3"], "--seed"),
+        (["explore", "--plant", "gremlin"], "--plant"),
+        (["explore", "--jobs", "0"], "--jobs"),
+        (["explore", "--bogus"], "unrecognized"),
+        ([], "required"),
+        (["implode"], "invalid choice"),
+    ],
+)
+def test_bad_usage_exits_2_with_one_line(
+    args: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("tether-supervisor chaos: error:")
+    assert complaint in err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explore", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--schedules", "--seed", "--plant", "--jobs", *PLANTS):
+        assert flag in out
+
+
+def test_same_seed_same_digest_any_jobs_other_seed_other_digest() -> None:
+    one = run("explore", "--schedules", "60", "--seed", "5", "--jobs", "1")
+    again = run("explore", "--schedules", "60", "--seed", "5", "--jobs", "2")
+    other = run("explore", "--schedules", "60", "--seed", "6", "--jobs", "1")
+    for proc in (one, again, other):
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert re.search(r"^explored 60 schedules \(seed [56]\) in [0-9.]+s", proc.stdout, re.M)
+    assert digest(one.stdout) == digest(again.stdout)
+    assert digest(one.stdout) != digest(other.stdout)
+
+
+def test_digest_covers_every_schedule() -> None:
+    shorter = explore(schedules=20, seed=5).digest
+    longer = explore(schedules=21, seed=5).digest
+    assert shorter != longer
+    assert explore(schedules=20, seed=5).digest == shorter
+
+
+def test_one_schedule_with_trace_prints_its_events() -> None:
+    proc = run("explore", "--schedules", "1", "--seed", "12345", "--trace", "--jobs", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "-- schedule 0 seed 12345" in proc.stdout
+    assert "plan:" in proc.stdout
+    assert "faults stop; drive to quiescence" in proc.stdout
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_planted_bug_is_caught_and_its_replay_reproduces_it(plant: str) -> None:
+    proc = run("explore", "--schedules", str(CI_SCHEDULES), "--seed", "1", "--plant", plant)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    count = int(re.search(r"^explored (\d+) schedules", out, re.M).group(1))  # type: ignore[union-attr]
+    assert count <= CI_SCHEDULES
+    header = re.search(r"^VIOLATION in schedule (\d+) .*schedule seed (\d+)", out, re.M)
+    assert header, out
+    assert count == int(header.group(1)) + 1  # stopped at the first violating schedule
+    violations = violation_lines(out)
+    assert violations, out
+    [replay] = re.findall(r"^replay: (.+)$", out, re.M)
+    assert replay == (
+        f"tether-supervisor chaos explore --schedules 1 --seed {header.group(2)} --plant {plant}"
+    )
+    assert re.search(r"^    fence counter \d+$", out, re.M)  # the fences and SHAs at the end
+
+    again = run_replay(replay)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert violation_lines(again.stdout) == violations
+    assert report_body(again.stdout) == report_body(out)  # the same events, fences and SHAs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ci_explores_ten_thousand_schedules_without_a_violation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    seed = os.environ.get("TETHER_CHAOS_SEED", str(CI_SEED))
+    proc = run("explore", "--schedules", str(CI_SCHEDULES), "--seed", seed, timeout=580)
+    with capsys.disabled():
+        print(f"\n{proc.stdout.strip()}\n{proc.stderr.strip()}".rstrip())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(
+        rf"^explored {CI_SCHEDULES} schedules \(seed {seed}\) in [0-9.]+s: .*0 violating$",
+        proc.stdout,
+        re.M,
+    ), proc.stdout
+    digest(proc.stdout)

@@ -1,0 +1,165 @@
+"""The adversarial histories as named scenarios on the explorer's world, the explorer's checks
+failing when a ledger check is planted, and the pieces of the explorer that decide replay."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.chaos import hazards
+from supervisor.chaos.harness import Workspace, scratch_root
+from supervisor.chaos.observer import Consumer
+from supervisor.chaos.scenarios import SCENARIOS, played
+from supervisor.chaos.schedule import FaultPlan, run_schedule
+from supervisor.chaos.seeds import parse_seed, schedule_seed
+
+
+def rejections(world: object) -> list[tuple[str, int | None]]:
+    rows = world.h.query("SELECT code, fence FROM rejections ORDER BY id")  # type: ignore[attr-defined]
+    return [(r["code"], r["fence"]) for r in rows]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario_has_no_violation_and_ends(name: str) -> None:
+    with played(name) as world:
+        assert world.violations == []
+        states = world.observer.states
+        assert states, world.trace
+        assert all(s in {"SUCCEEDED", "FAILED", "CANCELLED"} for s in states.values())
+        assert world.h.query("SELECT COUNT(*) FROM tasks")[0][0] == 1  # one logical execution
+
+
+@pytest.mark.parametrize(
+    ("variant", "winner", "effects"),
+    [("cancel-first", "CANCELLED", 1), ("report-first", "SUCCEEDED", 2), ("crash", "SUCCEEDED", 2)],
+)
+def test_cancel_between_verification_and_commit(variant: str, winner: str, effects: int) -> None:
+    with played(f"cancel-vs-commit/{variant}") as world:
+        [(task_id, state)] = world.observer.states.items()
+        assert state == winner
+        assert world.observer.first_terminal == {task_id: winner}
+        assert world.h.query("SELECT COUNT(*) FROM effects")[0][0] == effects
+        # The loser is a rejected attempt, never a state.
+        assert [code for code, _ in rejections(world)] == ["terminal"]
+        terminal_events = world.h.query(
+            "SELECT state FROM events WHERE kind = 'state' AND state IN"
+            " ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+        )
+        assert [r[0] for r in terminal_events] == [winner]
+
+
+def test_renew_after_fenced_out_is_refused() -> None:
+    with played("fenced-renew") as world:
+        refused = rejections(world)
+        assert refused == [("stale_fence", 1), ("stale_fence", 1)]  # its report, then its renew
+        assert any("renew T1.0 fence 1 -> refused stale_fence" in line for line in world.trace)
+        fences = [r[0] for r in world.h.query("SELECT fence FROM effects ORDER BY created_at")]
+        assert 1 not in fences
+        assert world.observer.states == {"T1": "SUCCEEDED"}
+
+
+def test_consumer_replaying_old_seqs_after_success_keeps_its_view() -> None:
+    with played("consumer-replay") as world:
+        consumer = world.consumers["T1"]
+        assert consumer.state == "SUCCEEDED"
+        assert any("old events (seq > 0) again; view stays SUCCEEDED" in x for x in world.trace)
+
+
+def test_consumer_model_ignores_old_seqs_and_reports_regressions() -> None:
+    consumer = Consumer("T1")
+    done = [{"seq": 1, "state": "PLANNED"}, {"seq": 5, "state": "SUCCEEDED"}]
+    assert consumer.apply(done) == []
+    assert consumer.apply([{"seq": 3, "state": "RUNNING"}, {"seq": 5, "state": "RUNNING"}]) == []
+    assert (consumer.state, consumer.last_seq) == ("SUCCEEDED", 5)
+    # A journal that moved on from a terminal state is what the consumer must report.
+    [problem] = consumer.apply([{"seq": 6, "state": "RUNNING"}])
+    assert "moved from SUCCEEDED to RUNNING" in problem
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_crash_around_the_key_insert_returns_the_existing_task(when: str) -> None:
+    with played(f"crash-around-key/{when}") as world:
+        tasks = world.h.query("SELECT id FROM tasks")
+        assert len(tasks) == 1
+        assert world.operator.orders[0].task_id == tasks[0][0]
+        answers = [
+            line.split("-> ", 1)[1].split(";")[0].removesuffix(" (answer lost)")
+            for line in world.trace
+            if "operator create" in line and "->" in line
+        ]
+        task_id = tasks[0][0]
+        # "before": the first try left nothing; "after": its answer was lost. Then two retries.
+        tries = 2 if when == "before" else 3
+        assert answers == [f"{task_id} new"] + [f"{task_id} existing"] * (tries - 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "plant", "finding"),
+    [
+        ("fenced-renew", "stale-fence", "no-stale-commit"),
+        ("crash-around-key/after", "key-reuse", "key-uniqueness"),
+        ("cancel-vs-commit/report-first", "terminal-overwrite", "terminal"),
+        ("consumer-replay", "double-effect", "effect-key-is-identity"),
+    ],
+)
+def test_a_planted_bug_turns_its_history_into_a_violation(
+    name: str, plant: str, finding: str
+) -> None:
+    with played(name, plant=plant) as world:
+        assert any(finding in v for v in world.violations), world.violations
+        assert any(line.split(" ", 2)[2].startswith("VIOLATION") for line in world.trace)
+
+
+def test_every_hazard_is_reachable_from_random_schedules() -> None:
+    """The fault plan arms each adversarial history somewhere in the first few hundred
+    schedules, and each one plays there."""
+    played_names = {
+        "cancel": "cancel-vs-commit",
+        "r": "fenced-renew",
+        "consumer": "consumer-replay",
+        "supervisor": "crash-around-key",
+    }
+    seen: set[str] = set()
+    with scratch_root() as root:
+        workspace = Workspace(root)
+        for index in range(400):
+            result = run_schedule(schedule_seed(2024, index), workspace)
+            assert result.violations == []
+            for line in result.trace:
+                if " hazard: " in line:
+                    first = line.split(" hazard: ", 1)[1].split(" ", 1)[0]
+                    seen.add(played_names.get(first, played_names["r"]))
+            if seen == set(hazards.HAZARDS):
+                break
+    assert seen == set(hazards.HAZARDS)
+
+
+def test_schedule_seeds_replay_and_differ() -> None:
+    assert schedule_seed(42, 0) == 42  # --schedules 1 --seed X runs the schedule whose seed is X
+    seeds = [schedule_seed(42, i) for i in range(1000)]
+    assert len(set(seeds)) == 1000
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert parse_seed("0x10") == 16
+    with pytest.raises(ValueError, match="integer"):
+        parse_seed("banana")
+    with pytest.raises(ValueError, match="seed must be in"):
+        parse_seed(str(2**63))
+
+
+def test_one_seed_is_one_schedule() -> None:
+    with scratch_root() as root:
+        workspace = Workspace(root)
+        first = run_schedule(7, workspace)
+        again = run_schedule(7, workspace)
+        other = run_schedule(8, workspace)
+    assert first.trace == again.trace
+    assert first.digest == again.digest
+    assert first.digest != other.digest
+
+
+def test_fault_plans_vary() -> None:
+    from random import Random
+
+    plans = [FaultPlan.draw(Random(i)) for i in range(200)]
+    assert len({p.describe() for p in plans}) > 150
+    assert any(p.hazards for p in plans)
+    assert any(not p.hazards for p in plans)

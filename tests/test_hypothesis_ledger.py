@@ -1,0 +1,412 @@
+"""Hypothesis drives the real ledger rules and a small pure-Python model of SPEC §2-4 side by
+side, and after every step compares them: answers (or the refusal's code), task and step states,
+current fences, attempts, effects per step and the fence counter; the ledger's own invariant
+check must stay empty throughout.
+
+Profiles: a small, fast one by default; `CI=true` selects the `ci` profile of 1,000 examples.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from supervisor.chaos.harness import Harness, Workspace, scratch_root
+from supervisor.ledger import effects, fencing, identity, operator, reaper
+from supervisor.ledger.effects import Report
+from supervisor.ledger.errors import LedgerError
+from supervisor.ledger.identity import StepSpec, TaskSpec
+from supervisor.ledger.invariants import find_violations
+from supervisor.ledger.tx import Checks, LedgerConfig
+from tether.wire import Outcome, ReleaseReason, content_hash
+
+settings.register_profile(
+    "ledger-dev", max_examples=40, stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+settings.register_profile(
+    "ledger-ci", max_examples=1000, stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+PROFILE = "ledger-ci" if os.environ.get("CI", "").lower() == "true" else "ledger-dev"
+
+CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=2)
+TENANT = "acme"
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+_scratch = scratch_root()
+_workspace = Workspace(_scratch.__enter__())
+atexit.register(_scratch.__exit__, None, None, None)
+
+
+def make_spec(key: str, variant: int, steps: int, repository: bool) -> TaskSpec:
+    return TaskSpec(
+        tenant=TENANT,
+        idempotency_key=key,
+        steps=tuple(
+            StepSpec(name=f"s{j}", kind="chat", payload={"v": variant, "n": j})
+            for j in range(steps)
+        ),
+        repository="repo" if repository else None,
+        base_sha="sha0" if repository else None,
+        expected_checks=("lint",) if repository else (),
+    )
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class MStep:
+    id: str
+    payload_hash: str
+    state: str = "waiting"
+    fence: int | None = None
+    attempt: int = 0
+    burned: int = 0
+    deadline: float | None = None
+    accept: float | None = None
+    effects: int = 0
+    candidate: str | None = None
+
+
+@dataclasses.dataclass
+class MTask:
+    id: str
+    spec: TaskSpec
+    steps: list[MStep]
+    state: str = "PLANNED"
+    approved: bool = False
+    base: str | None = None
+    artifacts: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (candidate, name)
+
+
+class Refusal(Exception):
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Model:
+    """SPEC §2-4 in a few dozen lines: what the ledger must answer and become."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.fence = 0
+        self.tasks: dict[str, MTask] = {}
+        self.keys: dict[str, str] = {}
+        self.heads: dict[str, str] = {}
+
+    def step(self, step_id: str) -> tuple[MTask, MStep]:
+        task = self.tasks[step_id.rsplit(".", 1)[0]]
+        return task, task.steps[int(step_id.rsplit(".", 1)[1])]
+
+    def create(self, spec: TaskSpec, new_id: str) -> tuple[str, bool]:
+        known = self.keys.get(spec.idempotency_key)
+        if known is not None:
+            if self.tasks[known].spec != spec:
+                raise Refusal("idempotency_conflict")
+            return known, False
+        steps = [MStep(f"{new_id}.{j}", content_hash(s.payload)) for j, s in enumerate(spec.steps)]
+        self.tasks[new_id] = MTask(id=new_id, spec=spec, steps=steps)
+        self.keys[spec.idempotency_key] = new_id
+        return new_id, True
+
+    def move(self, task: MTask, target: str) -> None:
+        allowed = {
+            "PLANNED": {"APPROVED", "CANCELLED"}, "APPROVED": {"QUEUED", "CANCELLED"},
+            "QUEUED": {"RUNNING", "FAILED", "CANCELLED"},
+            "RUNNING": {"VERIFYING", "FAILED", "CANCELLED"}, "VERIFYING": {"SUCCEEDED", "FAILED"},
+        }  # fmt: skip
+        if task.state in TERMINAL:
+            raise Refusal("terminal")
+        if target not in allowed[task.state]:
+            raise Refusal("invalid_transition")
+        task.state = target
+
+    def approve(self, task: MTask, plan_hash: str, base: str | None) -> None:
+        if plan_hash != task.spec.plan_hash:
+            raise Refusal("plan_mismatch")
+        if task.approved and task.base == base:
+            return
+        self.move(task, "APPROVED")
+        task.approved, task.base = True, base
+        if task.spec.repository and base:
+            self.heads.setdefault(task.spec.repository, base)
+        self.move(task, "QUEUED")
+        task.steps[0].state = "queued"
+
+    def cancel(self, task: MTask) -> None:
+        self.move(task, "CANCELLED")
+        for s in task.steps:
+            if s.state not in ("committed", "failed"):
+                s.state, s.deadline, s.accept = "cancelled", None, None
+
+    def claim(self) -> list[str]:
+        for task in self.tasks.values():  # creation order
+            if task.state not in ("QUEUED", "RUNNING"):
+                continue
+            for s in task.steps:
+                if s.state == "queued":
+                    self.fence += 1
+                    s.state, s.fence, s.attempt = "leased", self.fence, s.attempt + 1
+                    s.deadline, s.accept = self.now + CONFIG.lease_ttl_s, self.now + 10.0
+                    if task.state == "QUEUED":
+                        task.state = "RUNNING"
+                    return [s.id]
+        return []
+
+    def current(self, step_id: str, fence: int) -> tuple[MTask, MStep]:
+        task, s = self.step(step_id)
+        if s.fence != fence:
+            raise Refusal("stale_fence")
+        return task, s
+
+    def renew(self, step_id: str, fence: int) -> bool:
+        task, s = self.current(step_id, fence)
+        if task.state == "CANCELLED":
+            return True
+        if s.state != "leased":
+            raise Refusal("stale_fence")
+        s.deadline, s.accept = self.now + CONFIG.lease_ttl_s, None
+        return False
+
+    def release(self, step_id: str, fence: int, reason: ReleaseReason, retryable: bool) -> None:
+        task, s = self.current(step_id, fence)
+        if task.state == "CANCELLED":
+            return
+        if s.state != "leased":
+            raise Refusal("stale_fence")
+        if not retryable:
+            self.fail(task, s)
+            return
+        self.requeue(
+            task, s, counted=reason not in (ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN)
+        )
+
+    def requeue(self, task: MTask, s: MStep, *, counted: bool) -> None:
+        s.burned += 1 if counted else 0
+        if s.burned >= CONFIG.max_attempts:
+            self.fail(task, s)
+            return
+        s.state, s.fence, s.deadline, s.accept = "queued", None, None, None
+
+    def fail(self, task: MTask, s: MStep) -> None:
+        s.state, s.fence, s.deadline, s.accept = "failed", None, None, None
+        self.move(task, "FAILED")
+
+    def report(self, rep: Report) -> Outcome:
+        task, s = self.step(rep.step_id)
+        if rep.payload_hash != s.payload_hash:
+            raise Refusal("payload_drift")
+        if s.state == "committed":
+            return Outcome.REPLAYED
+        if task.state in TERMINAL:
+            raise Refusal("terminal")
+        self.current(rep.step_id, rep.fence)
+        s.state, s.effects, s.candidate = "committed", s.effects + 1, rep.candidate_sha
+        s.deadline = s.accept = None
+        task.artifacts |= {(rep.candidate_sha or "", name) for name in rep.artifacts}
+        pending = [x for x in task.steps if x.state != "committed"]
+        if pending:
+            if pending[0].state == "waiting":
+                pending[0].state = "queued"
+            return Outcome.APPLIED
+        self.move(task, "VERIFYING")
+        self.move(task, "SUCCEEDED" if self.verified(task) else "FAILED")
+        return Outcome.APPLIED
+
+    def verified(self, task: MTask) -> bool:
+        if not task.spec.repository:
+            return True
+        if self.heads.get(task.spec.repository) != task.base:
+            return False
+        candidates = [s.candidate for s in task.steps if s.candidate]
+        if not candidates:
+            return False
+        return all((candidates[-1], c) in task.artifacts for c in task.spec.expected_checks)
+
+    def expire(self) -> int:
+        reaped = 0
+        for task in self.tasks.values():
+            for s in task.steps:
+                late = s.deadline is not None and s.deadline <= self.now
+                unacknowledged = s.accept is not None and s.accept <= self.now
+                if s.state == "leased" and (late or unacknowledged):
+                    reaped += 1
+                    self.requeue(task, s, counted=True)
+        return reaped
+
+    def restart(self) -> None:
+        for task in self.tasks.values():
+            for s in task.steps:
+                if s.state == "leased":
+                    s.deadline = self.now + CONFIG.lease_ttl_s
+                    s.accept = None if s.accept is None else self.now + 10.0
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+
+class LedgerVersusModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = Harness(_workspace.fresh(), config=CONFIG, checks=Checks())
+        self.model = Model()
+        self.model.now = self.h.now
+        self.leases: list[tuple[str, int]] = []  # every (step, fence) ever granted
+
+    def teardown(self) -> None:
+        self.h.close()
+
+    def ledger(self, rule: Any) -> tuple[Any, str | None]:
+        [outcome] = self.h.run([rule])
+        if outcome.error is None:
+            return outcome.value, None
+        assert isinstance(outcome.error, LedgerError), outcome.error
+        return None, outcome.error.code.value
+
+    def both(self, rule: Any, model_call: Any) -> tuple[Any, Any]:
+        value, code = self.ledger(rule)
+        try:
+            expected, expected_code = model_call(), None
+        except Refusal as refusal:
+            expected, expected_code = None, refusal.code
+        assert code == expected_code, (code, expected_code)
+        return value, expected
+
+    @initialize()
+    def start(self) -> None:
+        assert self.h.states() == []
+
+    @rule(
+        key=st.sampled_from(["k0", "k1", "k2"]), variant=st.integers(0, 1),
+        steps=st.integers(1, 2), repository=st.booleans(),
+    )  # fmt: skip
+    def create(self, key: str, variant: int, steps: int, repository: bool) -> None:
+        spec = make_spec(key, variant, steps, repository)
+        value, code = self.ledger(lambda tx: identity.create_task(tx, spec))
+        new_id = value.task_id if value is not None else "?"
+        try:
+            expected, expected_code = self.model.create(spec, new_id), None
+        except Refusal as refusal:
+            expected, expected_code = None, refusal.code
+        assert code == expected_code
+        if expected is not None:
+            assert (value.task_id, value.created) == expected
+
+    @precondition(lambda self: self.model.tasks)
+    @rule(data=st.data(), wrong_plan=st.booleans(), base=st.sampled_from(["sha0", "sha1"]))
+    def approve(self, data: st.DataObject, wrong_plan: bool, base: str) -> None:
+        task = self.model.tasks[data.draw(st.sampled_from(sorted(self.model.tasks)))]
+        plan_hash = "0" * 64 if wrong_plan else task.spec.plan_hash
+        sha = base if task.spec.repository else None
+        self.both(
+            lambda tx: operator.approve(tx, TENANT, task.id, plan_hash, sha),
+            lambda: self.model.approve(task, plan_hash, sha),
+        )
+
+    @precondition(lambda self: self.model.tasks)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        task = self.model.tasks[data.draw(st.sampled_from(sorted(self.model.tasks)))]
+        self.both(
+            lambda tx: operator.cancel(tx, TENANT, task.id, "test"), lambda: self.model.cancel(task)
+        )
+
+    @rule(sha=st.sampled_from(["sha0", "sha1", "sha2"]))
+    def move_head(self, sha: str) -> None:
+        self.both(
+            lambda tx: operator.set_repository_head(tx, TENANT, "repo", sha),
+            lambda: self.model.heads.__setitem__("repo", sha),
+        )
+
+    @rule(runner=st.sampled_from(["r0", "r1"]))
+    def claim(self, runner: str) -> None:
+        leases, expected = self.both(
+            lambda tx: fencing.claim(tx, runner, "default", 1), self.model.claim
+        )
+        assert [x.step_id for x in leases] == expected
+        self.leases += [(x.step_id, x.fence) for x in leases]
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def renew(self, data: st.DataObject) -> None:
+        step_id, fence = data.draw(st.sampled_from(self.leases))
+        value, cancelled = self.both(
+            lambda tx: fencing.renew(tx, step_id, fence, "default"),
+            lambda: self.model.renew(step_id, fence),
+        )
+        assert value is None or value.cancelled == cancelled
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), reason=st.sampled_from(list(ReleaseReason)), retryable=st.booleans())
+    def release(self, data: st.DataObject, reason: ReleaseReason, retryable: bool) -> None:
+        step_id, fence = data.draw(st.sampled_from(self.leases))
+        self.both(
+            lambda tx: fencing.release(tx, step_id, fence, reason, retryable, "t", "default"),
+            lambda: self.model.release(step_id, fence, reason, retryable),
+        )
+
+    @precondition(lambda self: self.leases)
+    @rule(
+        data=st.data(), drift=st.booleans(), evidence=st.sampled_from(["full", "none", "partial"])
+    )
+    def report(self, data: st.DataObject, drift: bool, evidence: str) -> None:
+        step_id, fence = data.draw(st.sampled_from(self.leases))
+        _, s = self.model.step(step_id)
+        candidate = None if evidence == "none" else f"c{fence}"
+        rep = Report(
+            step_id=step_id, fence=fence,
+            payload_hash=content_hash({"drift": step_id}) if drift else s.payload_hash,
+            output={"fence": fence}, usage={"total_tokens": 1}, candidate_sha=candidate,
+            artifacts={"lint": f"d{fence}"} if evidence == "full" else {},
+        )  # fmt: skip
+        outcome, expected = self.both(
+            lambda tx: effects.report(tx, rep, "default"), lambda: self.model.report(rep)
+        )
+        assert outcome == expected
+
+    @rule(seconds=st.sampled_from([1.0, 5.0, 10.0, 29.0, 31.0]))
+    def tick_and_reap(self, seconds: float) -> None:
+        self.h.now += seconds
+        self.model.now = self.h.now
+        reaped, expected = self.both(reaper.expire, self.model.expire)
+        assert reaped == expected
+
+    @rule(runner=st.sampled_from(["r0", "r1"]))
+    def claim_then_vanish(self, runner: str) -> None:
+        """A runner claims and vanishes: its lease runs out and the reaper takes it back."""
+        self.claim(runner)
+        self.tick_and_reap(CONFIG.lease_ttl_s + 1)
+
+    @rule()
+    def restart(self) -> None:
+        self.h.restart()
+        self.model.restart()
+
+    @invariant()
+    def ledger_matches_model(self) -> None:
+        q = self.h.query
+        assert dict(self.h.states()) == {t.id: t.state for t in self.model.tasks.values()}
+        steps = {
+            r["id"]: (r["state"], r["fence"], r["attempt"], r["burned"])
+            for r in q("SELECT id, state, fence, attempt, burned FROM steps")
+        }
+        counts = dict(q("SELECT step_id, COUNT(*) FROM effects GROUP BY step_id"))
+        for task in self.model.tasks.values():
+            for s in task.steps:
+                assert steps[s.id] == (s.state, s.fence, s.attempt, s.burned), s
+                assert counts.get(s.id, 0) == s.effects <= 1
+        assert q("SELECT value FROM counters WHERE name = 'fence'")[0][0] == self.model.fence
+        assert find_violations(self.h.db) == []
+
+
+LedgerVersusModel.TestCase.settings = settings.get_profile(PROFILE)
+TestLedgerVersusModel = LedgerVersusModel.TestCase
