@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -28,6 +29,15 @@ async def _body(request: Request) -> dict[str, Any]:
     return await rq.json_body(request, request.app.state.settings.max_body_bytes)
 
 
+async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
+    """A runner that hung up (shut down, crashed) must not be granted leases it will never
+    see: they would sit out the acceptance window. The body is already read, so the next ASGI
+    message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
 async def claim(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
     body = await _body(request)
@@ -38,8 +48,11 @@ async def claim(request: Request) -> Response:
     polls: LongPolls = request.app.state.long_polls
     leases: list[Lease] = []
     if not polls.draining:  # a supervisor on its way down grants nothing more
-        with polls.until_drained():
-            leases = await _ledger(request).claim(runner_id, who.scope, capacity, wait_s)
+        with polls.until_drained() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_disconnect, request, scope)
+                leases = await _ledger(request).claim(runner_id, who.scope, capacity, wait_s)
+                tg.cancel_scope.cancel()
     if not leases:
         return Response(status_code=204)
     return JSONResponse({"leases": [lease.to_wire() for lease in leases]})

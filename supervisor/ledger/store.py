@@ -233,11 +233,17 @@ class SqliteLedger:
     async def claim(
         self, runner_id: str, pool: str, capacity: int, wait_s: float
     ) -> list[fencing.Lease]:
-        """Grant leases now, or wait up to `wait_s` for work to be queued."""
+        """Grant leases now, or wait up to `wait_s` for work to be queued.
+
+        Cancelling a claim (its client went away, the server is draining) takes effect only
+        while it waits: a grant already on its way to the writer is seen through and returned,
+        so no lease is granted to a caller that stopped listening mid-write.
+        """
         deadline = anyio.current_time() + max(0.0, wait_s)
         while True:
             armed = self._work.armed()
-            leases = await self.write(lambda tx: fencing.claim(tx, runner_id, pool, capacity))
+            with anyio.CancelScope(shield=True):
+                leases = await self.write(lambda tx: fencing.claim(tx, runner_id, pool, capacity))
             remaining = deadline - anyio.current_time()
             if leases or remaining <= 0:
                 self.counters["leases_granted"] += len(leases)

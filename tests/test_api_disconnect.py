@@ -1,0 +1,56 @@
+"""A claim whose runner hung up is never granted a lease: the step stays queued for a runner
+that is listening, instead of sitting out the acceptance window on a dead connection."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+
+from .conftest import ApiHarness, count
+
+
+async def test_a_disconnected_claim_grants_nothing_and_the_step_stays_queued(
+    api: ApiHarness,
+) -> None:
+    body = json.dumps({"runner_id": "gone", "capacity": 1, "wait_s": 20}).encode()
+    hung_up = anyio.Event()
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/leases/claim", "raw_path": b"/v1/leases/claim",
+        "query_string": b"", "root_path": "", "server": ("test", 80), "client": ("test", 1),
+        "headers": [
+            (b"authorization", api.runner["Authorization"].encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "state": dict(api.app.state._state) if hasattr(api.app.state, "_state") else {},
+    }  # fmt: skip
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(api.app, scope, receive, send)
+            await anyio.wait_all_tasks_blocked()
+            hung_up.set()  # the runner goes away while its claim waits for work
+            await anyio.wait_all_tasks_blocked()
+            task = await api.queued("after-hangup")  # work arrives after the hang-up
+
+    assert sent[0]["status"] == 204
+    assert count(api.path, "attempts") == 0
+    leases = await api.claim(runner_id="listening")
+    assert [lease["task_id"] for lease in leases] == [task["id"]]
