@@ -119,8 +119,7 @@ def test_every_hazard_is_reachable_from_random_schedules() -> None:
         "supervisor": "crash-around-key",
     }
     seen: set[str] = set()
-    with scratch_root() as root:
-        workspace = Workspace(root)
+    with scratch_root() as root, Workspace(root) as workspace:
         for index in range(400):
             result = run_schedule(schedule_seed(2024, index), workspace)
             assert result.violations == []
@@ -146,8 +145,7 @@ def test_schedule_seeds_replay_and_differ() -> None:
 
 
 def test_one_seed_is_one_schedule() -> None:
-    with scratch_root() as root:
-        workspace = Workspace(root)
+    with scratch_root() as root, Workspace(root) as workspace:
         first = run_schedule(7, workspace)
         again = run_schedule(7, workspace)
         other = run_schedule(8, workspace)

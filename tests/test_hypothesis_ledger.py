@@ -31,11 +31,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 settings.register_profile(
-    "ledger-ci", max_examples=1000, stateful_step_count=25, deadline=None,
+    "ledger-ci", max_examples=1000, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )  # fmt: skip
 PROFILE = "ledger-ci" if os.environ.get("CI", "").lower() == "true" else "ledger-dev"
 
+FEW = st.sampled_from([False, False, False, True])  # a fault now and then, not half the time
 CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=2)
 TENANT = "acme"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -257,7 +258,7 @@ class Model:
 class LedgerVersusModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.h = Harness(_workspace.fresh(), config=CONFIG, checks=Checks())
+        self.h = Harness(_workspace, config=CONFIG, checks=Checks())
         self.model = Model()
         self.model.now = self.h.now
         self.leases: list[tuple[str, int]] = []  # every (step, fence) ever granted
@@ -302,7 +303,7 @@ class LedgerVersusModel(RuleBasedStateMachine):
             assert (value.task_id, value.created) == expected
 
     @precondition(lambda self: self.model.tasks)
-    @rule(data=st.data(), wrong_plan=st.booleans(), base=st.sampled_from(["sha0", "sha1"]))
+    @rule(data=st.data(), wrong_plan=FEW, base=st.sampled_from(["sha0", "sha1"]))
     def approve(self, data: st.DataObject, wrong_plan: bool, base: str) -> None:
         task = self.model.tasks[data.draw(st.sampled_from(sorted(self.model.tasks)))]
         plan_hash = "0" * 64 if wrong_plan else task.spec.plan_hash
@@ -335,10 +336,22 @@ class LedgerVersusModel(RuleBasedStateMachine):
         assert [x.step_id for x in leases] == expected
         self.leases += [(x.step_id, x.fence) for x in leases]
 
+    def pick_lease(self, data: st.DataObject) -> tuple[str, int]:
+        """Mostly a live lease (the runner holding it), sometimes any lease ever granted (a
+        fenced-out worker)."""
+        live = [
+            (s.id, s.fence)
+            for t in self.model.tasks.values()
+            for s in t.steps
+            if s.state == "leased" and s.fence is not None
+        ]
+        stale = data.draw(st.sampled_from([False, False, True])) or not live
+        return data.draw(st.sampled_from(self.leases if stale else live))
+
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
     def renew(self, data: st.DataObject) -> None:
-        step_id, fence = data.draw(st.sampled_from(self.leases))
+        step_id, fence = self.pick_lease(data)
         value, cancelled = self.both(
             lambda tx: fencing.renew(tx, step_id, fence, "default"),
             lambda: self.model.renew(step_id, fence),
@@ -348,18 +361,19 @@ class LedgerVersusModel(RuleBasedStateMachine):
     @precondition(lambda self: self.leases)
     @rule(data=st.data(), reason=st.sampled_from(list(ReleaseReason)), retryable=st.booleans())
     def release(self, data: st.DataObject, reason: ReleaseReason, retryable: bool) -> None:
-        step_id, fence = data.draw(st.sampled_from(self.leases))
+        step_id, fence = self.pick_lease(data)
         self.both(
             lambda tx: fencing.release(tx, step_id, fence, reason, retryable, "t", "default"),
             lambda: self.model.release(step_id, fence, reason, retryable),
         )
 
     @precondition(lambda self: self.leases)
-    @rule(
-        data=st.data(), drift=st.booleans(), evidence=st.sampled_from(["full", "none", "partial"])
-    )
+    @rule(data=st.data(), drift=FEW, evidence=st.sampled_from(["full", "full", "none", "partial"]))
     def report(self, data: st.DataObject, drift: bool, evidence: str) -> None:
-        step_id, fence = data.draw(st.sampled_from(self.leases))
+        step_id, fence = self.pick_lease(data)
+        self.report_as(step_id, fence, drift, evidence)
+
+    def report_as(self, step_id: str, fence: int, drift: bool, evidence: str) -> None:
         _, s = self.model.step(step_id)
         candidate = None if evidence == "none" else f"c{fence}"
         rep = Report(
@@ -379,6 +393,14 @@ class LedgerVersusModel(RuleBasedStateMachine):
         self.model.now = self.h.now
         reaped, expected = self.both(reaper.expire, self.model.expire)
         assert reaped == expected
+
+    @rule(runner=st.sampled_from(["r0", "r1"]), evidence=st.sampled_from(["full", "none"]))
+    def claim_then_finish(self, runner: str, evidence: str) -> None:
+        """A runner claims, works and reports under its fence, all at once."""
+        before = len(self.leases)
+        self.claim(runner)
+        for step_id, fence in self.leases[before:]:
+            self.report_as(step_id, fence, False, evidence)
 
     @rule(runner=st.sampled_from(["r0", "r1"]))
     def claim_then_vanish(self, runner: str) -> None:

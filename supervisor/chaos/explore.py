@@ -122,6 +122,9 @@ def explore(
                 if chunk.found is not None:
                     found = chunk.found
                     break
+        workspace = _workspaces.pop(root, None)  # this process ran schedules itself
+        if workspace is not None:
+            workspace.close()
     return Exploration(
         seed=seed,
         count=count,

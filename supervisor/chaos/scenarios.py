@@ -49,9 +49,9 @@ def order(steps: int = 2) -> Order:
 
 @contextlib.contextmanager
 def scenario_world(seed: int = 0, *, steps: int = 2, plant: str | None = None) -> Iterator[World]:
-    with scratch_root() as root:
+    with scratch_root() as root, Workspace(root) as workspace:
         harness = Harness(
-            Workspace(root).fresh(),
+            workspace,
             config=CONFIG,
             checks=Checks.planted(plant),
             drop_key_index=plant == "key-reuse",

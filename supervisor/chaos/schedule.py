@@ -97,7 +97,7 @@ def run_schedule(seed: int, workspace: Workspace, plant: str | None = None) -> S
     rng = Random(seed)
     plan = FaultPlan.draw(rng)
     harness = Harness(
-        workspace.fresh(),
+        workspace,
         config=CONFIG,
         checks=Checks.planted(plant),
         drop_key_index=plant == "key-reuse",

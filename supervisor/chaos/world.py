@@ -157,10 +157,14 @@ class World:
                 self._answer(msg, value, outcome.error)
         self._flag_new(before)
         # A batch that wrote nothing cannot break an invariant, nor can renewals: they write
-        # only lease deadlines and rejections, which no invariant reads (the observer checks
-        # each renewal's fence itself).
+        # only lease deadlines, which no invariant reads (the observer checks each renewal's
+        # fence itself).
+        # Refused rules are rolled back and leave only a rejection row, which no invariant reads.
         wrote = self.h.db.total_changes != changes_before
-        if wrote and any(m.kind is not Kind.RENEW for m in msgs):
+        if wrote and any(
+            m.kind is not Kind.RENEW and o.error is None
+            for m, o in zip(msgs, outcomes, strict=True)
+        ):
             self.check()
 
     def _observe(self, msg: Message, value: Any, error: BaseException | None) -> None:
