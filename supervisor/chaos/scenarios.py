@@ -16,7 +16,7 @@ from random import Random
 from supervisor.chaos import hazards
 from supervisor.chaos.actors import Order, Runner
 from supervisor.chaos.harness import Harness, Workspace, scratch_root
-from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS
+from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS, quiesce
 from supervisor.chaos.world import Habits, World
 from supervisor.ledger.identity import StepSpec, TaskSpec
 from supervisor.ledger.tx import Checks
@@ -138,5 +138,5 @@ def played(name: str, *, seed: int = 0, plant: str | None = None) -> Iterator[Wo
     with scenario_world(seed, plant=plant) as world:
         SCENARIOS[name](world)
         if not world.violations:
-            world.quiesce(QUIESCENCE_TTLS)
+            quiesce(world, QUIESCENCE_TTLS)
         yield world

@@ -14,6 +14,8 @@ from random import Random
 from supervisor.chaos.actors import OPERATOR, Runner, make_orders
 from supervisor.chaos.harness import Harness, Workspace
 from supervisor.chaos.hazards import HAZARDS, pause
+from supervisor.chaos.observer import TERMINAL_NAMES
+from supervisor.chaos.snapshot import ledger_snapshot
 from supervisor.chaos.world import Habits, World
 from supervisor.ledger.tx import Checks, LedgerConfig
 
@@ -122,8 +124,8 @@ def run_schedule(seed: int, workspace: Workspace, plant: str | None = None) -> S
             if world.violations:
                 break
         else:
-            world.quiesce(QUIESCENCE_TTLS)
-        snapshot = world.snapshot() if world.violations else []
+            quiesce(world, QUIESCENCE_TTLS)
+        snapshot = ledger_snapshot(harness.db) if world.violations else []
     finally:
         harness.close()
     return ScheduleResult(
@@ -216,3 +218,56 @@ def step(world: World, plan: FaultPlan, event: str) -> None:  # noqa: PLR0915
                 world.replay_old(task_id)
     else:
         raise ValueError(f"unknown schedule event {event!r}")
+
+
+def quiesce(world: World, ttls: float) -> None:
+    """Faults stop: the network delivers in order, clients behave, the clock runs in renew
+    intervals. Every task must end within `ttls` lease TTLs of virtual time."""
+    world.honest = True
+    world.log("faults stop; drive to quiescence")
+    config = world.h.config
+    deadline = world.h.now + ttls * config.lease_ttl_s
+    orders = world.operator.orders
+    while not world.violations:
+        for i, order in enumerate(orders):
+            if order.sent and order.task_id is None:
+                world.create(i)
+        world.flush()
+        for i, order in enumerate(orders):
+            if order.task_id and world.observer.states.get(order.task_id) == "PLANNED":
+                world.approve(i)
+        world.flush()
+        for runner in world.runners:
+            world.claim(runner, 2)
+        world.flush()
+        for _ in range(2):  # acknowledge new leases, then finish and report
+            for runner in world.runners:
+                for step_id in sorted(runner.held):
+                    world.act(runner, step_id, finish=True)
+            world.flush()
+        if not world.queue and all(
+            state in TERMINAL_NAMES for state in world.observer.states.values()
+        ):
+            break
+        if world.h.now >= deadline:
+            stuck = sorted(
+                f"{t} {s}" for t, s in world.observer.states.items() if s not in TERMINAL_NAMES
+            )
+            world.observer.violation(
+                f"liveness: after {ttls:g} TTLs without faults, not ended: {', '.join(stuck)}"
+            )
+            world.log(f"VIOLATION {world.violations[-1]}")
+            return
+        world.advance(config.renew_every_s)
+        world.reap()
+    if world.violations:
+        return
+    for task_id in sorted(world.observer.states):
+        world.poll(task_id)
+        consumer = world.consumers[task_id]
+        if consumer.state != world.observer.states[task_id]:
+            world.observer.violation(
+                f"consumer: {task_id} view {consumer.state}, ledger"
+                f" {world.observer.states[task_id]}"
+            )
+            world.log(f"VIOLATION {world.violations[-1]}")

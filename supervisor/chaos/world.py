@@ -25,7 +25,7 @@ from supervisor.chaos.actors import (
     describe,
 )
 from supervisor.chaos.harness import START, Harness
-from supervisor.chaos.observer import TERMINAL_NAMES, Consumer, Observer
+from supervisor.chaos.observer import Consumer, Observer
 from supervisor.ledger import reaper, views
 from supervisor.ledger.batch import RuleCrashed
 from supervisor.ledger.effects import Report
@@ -156,10 +156,9 @@ class World:
             if not lose_answers:
                 self._answer(msg, value, outcome.error)
         self._flag_new(before)
-        # A batch that wrote nothing cannot break an invariant, nor can renewals: they write
-        # only lease deadlines, which no invariant reads (the observer checks each renewal's
-        # fence itself).
-        # Refused rules are rolled back and leave only a rejection row, which no invariant reads.
+        # Skip the scan when nothing an invariant reads can have changed: a batch that wrote
+        # nothing, renewals (lease deadlines only; the observer checks their fences) and
+        # refusals (rolled back, leaving a rejection row).
         wrote = self.h.db.total_changes != changes_before
         if wrote and any(
             m.kind is not Kind.RENEW and o.error is None
@@ -387,92 +386,9 @@ class World:
                  f" view stays {consumer.state}")  # fmt: skip
         self._flag_new(before)
 
-    def snapshot(self) -> list[str]:
-        """The ledger's tasks, steps, attempts, fences, effects and repository heads, for a
-        violation report."""
-        q = self.h.query
-        [counter] = q("SELECT value FROM counters WHERE name = 'fence'")
-        lines = [f"fence counter {counter[0]}"]
-        lines += [
-            f"repository {r['tenant']}/{r['name']} head {r['head_sha']}"
-            for r in q("SELECT * FROM repositories ORDER BY tenant, name")
-        ]
-        for task in q("SELECT * FROM tasks ORDER BY created_order"):
-            lines.append(
-                f"task {task['id']} {task['tenant']}/{task['idempotency_key']} {task['state']}"
-                f" repository {task['repository'] or '-'} approved base"
-                f" {task['approved_base_sha'] or '-'} reason {task['reason'] or '-'}"
-            )
-            for step in q("SELECT * FROM steps WHERE task_id = ? ORDER BY position", (task["id"],)):
-                attempts = " ".join(
-                    f"a{a['attempt']}:f{a['fence']}:{a['runner_id']}:{a['state']}"
-                    for a in q("SELECT * FROM attempts WHERE step_id = ? ORDER BY attempt",
-                               (step["id"],))
-                )  # fmt: skip
-                effects = [e[0] for e in q("SELECT fence FROM effects WHERE step_id = ?",
-                                           (step["id"],))]  # fmt: skip
-                lines.append(
-                    f"  step {step['id']} {step['state']} fence {step['fence'] or '-'} candidate"
-                    f" {step['candidate_sha'] or '-'} attempts [{attempts}] effects under fences"
-                    f" {effects}"
-                )
-        return lines
-
     # -- the end of a schedule ----------------------------------------------------------------
 
     def flush(self) -> None:
         """Deliver everything in flight, in order, as one group-commit batch."""
         if self.queue:
             self.deliver(list(self.queue))
-
-    def quiesce(self, ttls: float) -> None:
-        """Faults stop: the network delivers in order, clients behave, the clock runs in renew
-        intervals. Every task must end within `ttls` lease TTLs of virtual time."""
-        self.honest = True
-        self.log("faults stop; drive to quiescence")
-        config = self.h.config
-        deadline = self.h.now + ttls * config.lease_ttl_s
-        orders = self.operator.orders
-        while not self.violations:
-            for i, order in enumerate(orders):
-                if order.sent and order.task_id is None:
-                    self.create(i)
-            self.flush()
-            for i, order in enumerate(orders):
-                if order.task_id and self.observer.states.get(order.task_id) == "PLANNED":
-                    self.approve(i)
-            self.flush()
-            for runner in self.runners:
-                self.claim(runner, 2)
-            self.flush()
-            for _ in range(2):  # acknowledge new leases, then finish and report
-                for runner in self.runners:
-                    for step_id in sorted(runner.held):
-                        self.act(runner, step_id, finish=True)
-                self.flush()
-            if not self.queue and all(
-                state in TERMINAL_NAMES for state in self.observer.states.values()
-            ):
-                break
-            if self.h.now >= deadline:
-                stuck = sorted(
-                    f"{t} {s}" for t, s in self.observer.states.items() if s not in TERMINAL_NAMES
-                )
-                self.observer.violation(
-                    f"liveness: after {ttls:g} TTLs without faults, not ended: {', '.join(stuck)}"
-                )
-                self.log(f"VIOLATION {self.violations[-1]}")
-                return
-            self.advance(config.renew_every_s)
-            self.reap()
-        if self.violations:
-            return
-        for task_id in sorted(self.observer.states):
-            self.poll(task_id)
-            consumer = self.consumers[task_id]
-            if consumer.state != self.observer.states[task_id]:
-                self.observer.violation(
-                    f"consumer: {task_id} view {consumer.state}, ledger"
-                    f" {self.observer.states[task_id]}"
-                )
-                self.log(f"VIOLATION {self.violations[-1]}")

@@ -1,0 +1,40 @@
+"""The ledger as a violation report shows it: the fence counter, repository heads, and every
+task with its steps, attempts (fence, runner, how each ended) and effects."""
+
+from __future__ import annotations
+
+import sqlite3
+
+
+def ledger_snapshot(db: sqlite3.Connection) -> list[str]:
+    def q(sql: str, params: tuple[str, ...] = ()) -> list[sqlite3.Row]:
+        return db.execute(sql, params).fetchall()
+
+    [counter] = q("SELECT value FROM counters WHERE name = 'fence'")
+    lines = [f"fence counter {counter[0]}"]
+    lines += [
+        f"repository {r['tenant']}/{r['name']} head {r['head_sha']}"
+        for r in q("SELECT * FROM repositories ORDER BY tenant, name")
+    ]
+    for task in q("SELECT * FROM tasks ORDER BY created_order"):
+        lines.append(
+            f"task {task['id']} {task['tenant']}/{task['idempotency_key']} {task['state']}"
+            f" repository {task['repository'] or '-'} approved base"
+            f" {task['approved_base_sha'] or '-'} reason {task['reason'] or '-'}"
+        )
+        for step in q("SELECT * FROM steps WHERE task_id = ? ORDER BY position", (task["id"],)):
+            attempts = " ".join(
+                f"a{a['attempt']}:f{a['fence']}:{a['runner_id']}:{a['state']}"
+                for a in q(
+                    "SELECT * FROM attempts WHERE step_id = ? ORDER BY attempt", (step["id"],)
+                )
+            )
+            effects = [
+                e[0] for e in q("SELECT fence FROM effects WHERE step_id = ?", (step["id"],))
+            ]
+            lines.append(
+                f"  step {step['id']} {step['state']} fence {step['fence'] or '-'} candidate"
+                f" {step['candidate_sha'] or '-'} attempts [{attempts}] effects under fences"
+                f" {effects}"
+            )
+    return lines
