@@ -70,6 +70,7 @@ def report_body(output: str) -> list[str]:
         (["explore", "--plant", "gremlin"], "--plant"),
         (["explore", "--jobs", "0"], "--jobs"),
         (["explore", "--bogus"], "unrecognized"),
+        (["explore", "--replay", "5", "--seed", "5"], "--replay"),
         ([], "required"),
         (["implode"], "invalid choice"),
     ],
@@ -116,6 +117,12 @@ def test_one_schedule_with_trace_prints_its_events() -> None:
     assert "-- schedule 0 seed 12345" in proc.stdout
     assert "plan:" in proc.stdout
     assert "faults stop; drive to quiescence" in proc.stdout
+    replay = run("explore", "--replay", "12345", "--jobs", "1")
+    assert replay.returncode == 0, replay.stderr
+    events = [line for line in proc.stdout.splitlines() if not line.startswith("explored")]
+    assert [line for line in replay.stdout.splitlines() if not line.startswith("explored")] == (
+        events
+    )
 
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))

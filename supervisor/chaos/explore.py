@@ -28,6 +28,7 @@ from supervisor.ledger.tx import PLANTS
 
 PROG = "tether-supervisor chaos"
 CHUNK = 50
+DEFAULT_SCHEDULES = 10_000
 MAX_SCHEDULES = 10_000_000
 
 
@@ -191,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ex.add_argument(
-        "--schedules", type=_positive, default=10_000, metavar="N",
-        help="how many schedules to run (default 10000)",
+        "--schedules", type=_positive, default=None, metavar="N",
+        help=f"how many schedules to run (default {DEFAULT_SCHEDULES})",
     )  # fmt: skip
     ex.add_argument(
         "--seed", type=_seed, default=None, metavar="S",
@@ -206,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--jobs", type=_positive, default=os.cpu_count() or 1, metavar="J",
         help="worker processes (default: the CPU count); the output is the same",
+    )  # fmt: skip
+    ex.add_argument(
+        "--replay", type=_seed, default=None, metavar="SEED",
+        help="run the one schedule whose seed is SEED and print its events: the same as"
+        " --schedules 1 --seed SEED --trace",
     )  # fmt: skip
     ex.add_argument(
         "--trace", action="store_true",
@@ -224,15 +230,22 @@ def main(argv: list[str]) -> int:
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
+    if args.replay is not None:
+        if args.schedules is not None or args.seed is not None:
+            print(f"{PROG}: error: --replay names one schedule; drop --schedules and --seed",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        args.schedules, args.seed, args.trace = 1, args.replay, True
+    schedules: int = DEFAULT_SCHEDULES if args.schedules is None else args.schedules
     seed: int = fresh_seed() if args.seed is None else args.seed
     plant: str | None = args.plant
     print(
-        f"chaos explore: {args.schedules} schedules, seed {seed}, plant {plant or 'none'},"
+        f"chaos explore: {schedules} schedules, seed {seed}, plant {plant or 'none'},"
         f" jobs {args.jobs}",
         flush=True,
     )
     result = explore(
-        schedules=args.schedules,
+        schedules=schedules,
         seed=seed,
         plant=plant,
         jobs=args.jobs,
