@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv test lint types pytest demo bench bench-quick clean
+.PHONY: all venv test lint types pytest demo bench bench-quick bench-peers-venv clean
 
 all: test
 
@@ -33,7 +33,19 @@ test: lint types pytest
 demo: $(STAMP)
 	$(BIN)/python -m tether.demo
 
-bench: $(STAMP)
+# The peers (Huey, DBOS) live in a venv of their own, never in the project's.
+PEERS_VENV := bench/.peers-venv
+PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
+
+$(PEERS_STAMP): bench/requirements-peers.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/requirements-peers.txt
+	touch $(PEERS_STAMP)
+
+bench-peers-venv: $(PEERS_STAMP)
+
+bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python -m bench
 
 bench-quick: $(STAMP)

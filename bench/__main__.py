@@ -1,0 +1,213 @@
+"""`python -m bench [--quick]`: every measurement of issue 6, in one run, on this machine.
+
+Order: the disk's bound; group commit off/on (in process); then one supervisor on one ledger
+file in a fresh work directory: 1,000 idle long-polls (first, on a fresh supervisor), runner
+RSS, steps/s at 1/16/64/256, the supervisor alone, overhead at half of the peak, renewals,
+steps under renewals; then the peers. `--quick` (under two minutes) shortens every window and
+skips the peers. Prints a table; writes JSON to `$BENCH_JSON` when it is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import (
+    claimcost,
+    disk,
+    groupcommit,
+    idle,
+    machine,
+    overhead,
+    peers_run,
+    renewals,
+    report,
+    runner_rss,
+    seed,
+    steps,
+)
+from bench.procs import children
+from bench.stack import Stack
+
+CONCURRENCIES = (1, 16, 64, 256)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    disk_s: float
+    gc_tasks: int
+    idle_window_s: float
+    steps_s: float
+    bare_s: float
+    overhead_s: float
+    renew_s: float
+    peers_s: float | None
+    claim_depths: tuple[int, ...]
+
+
+FULL = Plan(disk_s=5, gc_tasks=2000, idle_window_s=25, steps_s=15, bare_s=10, overhead_s=20,
+            renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000))  # fmt: skip
+QUICK = Plan(disk_s=1.5, gc_tasks=600, idle_window_s=4, steps_s=3, bare_s=3, overhead_s=4,
+             renew_s=3, peers_s=None, claim_depths=(100, 1000))  # fmt: skip
+
+
+def say(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def tasks_for(rate: float, seconds: float) -> int:
+    """About as many queued tasks as the run can take. A claim costs more the deeper the queue
+    (see `bench.claimcost`), so the queue is kept near what the window needs; a pool that
+    drains early only shortens the window the rate is computed over."""
+    return min(20_000, int(200 + 1.2 * rate * seconds))
+
+
+def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
+    r: dict[str, Any] = {"mode": "quick" if plan is QUICK else "full", "peer_steps_per_s": {}}
+    r["machine"] = machine.describe(workdir)
+    say(f"work directory {workdir} ({r['machine']['ledger_filesystem']})")
+    for busy in r["machine"]["busy_processes_at_start"]:
+        say(f"warning: sharing the machine with {busy}")
+
+    r["disk_commits_per_s"] = disk.commits_per_s(workdir, plan.disk_s)
+    say(f"disk bound {r['disk_commits_per_s']:.0f} commits/s")
+
+    gc: dict[str, Any] = {}
+    for side, on in (("off", False), ("on", True)):
+        run = groupcommit.run(workdir / f"gc-{side}.db", batching=on, tasks=plan.gc_tasks)
+        gc[side] = {"steps_per_s": run.steps_per_s, "rules_per_batch": run.rules_per_batch,
+                    "steps": run.steps}  # fmt: skip
+        say(f"group commit {side}: {run.steps_per_s:.0f} steps/s")
+    r["group_commit"] = gc
+
+    r["claim_ms_by_queue_depth"] = claimcost.run(workdir, plan.claim_depths)
+    say(f"claim rule cost by queue depth (ms): {r['claim_ms_by_queue_depth']}")
+
+    db = workdir / "ledger.db"
+    seed.create_tasks(db, "warm", 1, approve=False)  # create and migrate the file
+    with children(workdir) as kids:
+        stack = Stack(kids=kids, workdir=workdir, db=db)
+        stack.token("idle")  # tokens are read from the file; create before serving
+        stack.start_supervisor()
+        stack.start_model(latency_s=0.0)
+
+        idle_run = idle.run(stack, window_s=plan.idle_window_s)
+        r["idle_1000_cpu_pct"] = idle_run.cpu_pct
+        r["idle_1000_rss_mb"] = idle_run.rss_mb
+        r["idle_1000"] = dataclasses.asdict(idle_run)
+        say(f"idle: {idle_run.cpu_pct:.1f}% cpu, {idle_run.rss_mb:.0f} MB, "
+            f"{idle_run.connections} connections")  # fmt: skip
+
+        rss = runner_rss.run(stack)
+        r["runner_rss_idle_mb"] = rss.idle_mb
+        r["runner_rss_100_mb"] = rss.in_flight_mb
+        r["runner_rss_in_flight"] = rss.in_flight
+        say(f"runner rss: idle {rss.idle_mb:.0f} MB, in flight ({rss.in_flight}) "
+            f"{rss.in_flight_mb:.0f} MB")  # fmt: skip
+
+        r["steps_per_s"] = {}
+        r["steps_detail"] = {}
+        best = 100.0
+        sup_rss = 0.0
+        for c in CONCURRENCIES:
+            run = steps.run(stack, concurrency=c, seconds=plan.steps_s,
+                            tasks=tasks_for(best, plan.steps_s))  # fmt: skip
+            r["steps_per_s"][str(c)] = run.steps_per_s
+            r["steps_detail"][str(c)] = dataclasses.asdict(run)
+            best = max(best, run.steps_per_s)
+            sup_rss = max(sup_rss, run.supervisor_rss_max_mb)
+            cpu = run.supervisor_cpu_pct
+            say(f"steps at {c}: {run.steps_per_s:.0f}/s ({run.steps} steps, "
+                f"{run.processes} runners, supervisor {cpu:.0f}% cpu)")  # fmt: skip
+        peak = max(r["steps_per_s"].values())
+
+        bare = steps.supervisor_only(stack, seconds=plan.bare_s, tasks=tasks_for(300, plan.bare_s))
+        r["supervisor_only_steps_per_s"] = bare
+        say(f"supervisor only: {bare:.0f} steps/s")
+
+        fsync_ms = 1000 / r["disk_commits_per_s"]
+        ov = overhead.run(stack, rate=peak / 2, seconds=plan.overhead_s, fsync_ms=fsync_ms)
+        r["p50_overhead_ms"] = ov.p50_ms
+        r["p99_overhead_ms"] = ov.p99_ms
+        r["overhead_load_steps_per_s"] = ov.achieved_per_s
+        r["overhead"] = dataclasses.asdict(ov)
+        say(f"overhead at {ov.achieved_per_s:.0f}/s: p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms")
+
+        rm = renewals.max_rate(stack, seconds=plan.renew_s)
+        r["renews_per_s"] = rm["renews_per_s"]
+        r["renewals_max"] = rm
+        say(f"renewals: {rm['renews_per_s']:.0f}/s")
+
+        under = renewals.steps_while_renewing(
+            stack, seconds=plan.steps_s, tasks=tasks_for(best, plan.steps_s)
+        )
+        r["steps_per_s_while_1000_renew"] = under.steps.steps_per_s
+        r["renewals_paced"] = under.renewals
+        sup_rss = max(sup_rss, under.steps.supervisor_rss_max_mb)
+        say(f"steps under 1,000 renewing leases: {under.steps.steps_per_s:.0f}/s; renewals "
+            f"{under.renewals['renews_per_s']:.0f}/s, {under.renewals['late']} late")  # fmt: skip
+        r["supervisor_rss_mb"] = sup_rss
+
+        stack.stop_supervisor()
+        if peers and plan.peers_s is not None:
+            if peers_run.available():
+                found = peers_run.run_all(kids, workdir, seconds=plan.peers_s)
+                r["peers"] = found
+                r["peer_steps_per_s"] = {n: p["steps_per_s"] for n, p in found.items()}
+                for n, p in found.items():
+                    say(f"peer {n}: {p['steps_per_s']:.0f}/s {p['by_concurrency']}")
+            else:
+                say(f"peers skipped: no {peers_run.PEERS_PYTHON} (make bench builds it)")
+    r["disk_commits_per_s_end"] = disk.commits_per_s(workdir, plan.disk_s)
+    say(f"disk bound again at the end: {r['disk_commits_per_s_end']:.0f} commits/s")
+    report.ratios(r)
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="short windows, no peers (< 2 min)")
+    p.add_argument("--no-peers", action="store_true", help="skip Huey and DBOS")
+    p.add_argument("--dir", type=Path, help="put the ledger here (default: a temp directory)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = p.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    base = args.dir
+    if base is not None:
+        base.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="tether-bench-", dir=base))
+    started = time.monotonic()
+    try:
+        results = measure(plan, workdir, peers=not args.no_peers)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results["wall_s"] = time.monotonic() - started
+    print(f"\ntether benchmarks ({results['mode']}, {results['wall_s']:.0f} s)")
+    m = results["machine"]
+    print(f"machine: {m['nproc']} cores, {m['memory_gib']} GiB, {m['cpu_model']};"
+          f" ledger on {m['ledger_filesystem']};"
+          f" Python {m['python']}, SQLite {m['sqlite']}")  # fmt: skip
+    busy = "; ".join(m["busy_processes_at_start"]) or "none"
+    print(f"load average at start {m['loadavg_at_start'][0]:.2f}; other busy processes: {busy}")
+    print(f"disk bound at the start {results['disk_commits_per_s']:,.0f} commits/s, at the end"
+          f" {results['disk_commits_per_s_end']:,.0f} (ratios use the start)\n")  # fmt: skip
+    print(report.table(results))
+    print("\nmethod:")
+    print(report.notes())
+    out = os.environ.get("BENCH_JSON")
+    if out:
+        report.write_json(results, Path(out))
+        print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

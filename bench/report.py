@@ -1,0 +1,165 @@
+"""The printed table and the JSON document (`BENCH_JSON`), from one run's figures.
+
+Every rate is also given as a ratio to the disk's bound (single-row commits/s) and to the naive
+ceiling (the disk's bound / 2: two durable writes per step). Targets are issue 6's; the table
+says for each whether this run met it. Benchmarks report; they never fail on a figure.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+NOTES = [
+    "disk: one connection inserting one row per transaction, WAL, synchronous=FULL, in the"
+    " ledger's directory.",
+    "steps/s: real tether-runner processes (one per 16 slots, at most 8) -> tether-supervisor"
+    " serve (HTTP, synchronous=FULL) with the stand-in model at zero latency; committed steps"
+    " / (last commit - first grant) from the ledger; SUCCEEDED tasks counted.",
+    "supervisor only: one load process on 64 raw keep-alive connections doing claim -> renew"
+    " -> result, no runner or model: the supervisor's own ceiling through HTTP.",
+    "overhead: tasks approved over HTTP at half the peak steps/s (open loop), runners at 64;"
+    " effects.created_at - attempts.granted_at + one fsync (the commit's own), model call to"
+    " the zero-latency stand-in not subtracted.",
+    "renewals/s: one load process, 64 connections renewing 1,000 acknowledged leases round"
+    " robin. Under renewals: 1,000 other leases renewed once a second by 200 connections.",
+    "idle: one load process holding 1,000 claim long-polls (wait_s 25) on an empty pool;"
+    " supervisor CPU (% of one core, user+system) over the window, RSS at its end.",
+    "runner RSS: one runner, concurrency 100, idle on an empty pool; then 100 leases held"
+    " while a stand-in model answers after 5 s.",
+    "group commit: the ledger in process (no HTTP), 64 workers claim -> renew -> result;"
+    " 'off' is a bench-local SqliteLedger subclass whose writer takes one rule per"
+    " transaction.",
+    "queue depth: each run's pool starts with about as many queued tasks as its window needs;"
+    " a claim's cost grows with the queue (claim rule alone, in ms, by queue depth: see"
+    " claim_ms_by_queue_depth).",
+    "peers: own venv, same filesystem, same one-step no-op job, durable; best over client"
+    " concurrency 1/16/64. ratio = tether steps/s at concurrency 64 / the peer's best.",
+]
+
+
+def ratios(results: dict[str, Any]) -> None:
+    """Add every ratio to the disk bound and the naive ceiling, and to the peers."""
+    disk = results["disk_commits_per_s"]
+    ceiling = disk / 2
+    results["naive_ceiling_steps_per_s"] = ceiling
+    results["steps_ratio_to_disk"] = {c: v / disk for c, v in results["steps_per_s"].items()}
+    results["steps_ratio_to_naive_ceiling"] = {
+        c: v / ceiling for c, v in results["steps_per_s"].items()
+    }
+    for key in (
+        "renews_per_s",
+        "steps_per_s_while_1000_renew",
+        "supervisor_only_steps_per_s",
+        "overhead_load_steps_per_s",
+    ):
+        if key in results:
+            results[f"{key.removesuffix('_per_s')}_ratio_to_disk"] = results[key] / disk
+    gc = results.get("group_commit")
+    if gc:
+        for side in ("off", "on"):
+            gc[side]["ratio_to_naive_ceiling"] = gc[side]["steps_per_s"] / ceiling
+    tether64 = results["steps_per_s"].get("64", 0.0)
+    results["ratio_to_peer"] = {}
+    if results.get("peer_steps_per_s"):
+        results["ratio_to_peer"] = {
+            name: (tether64 / rate if rate else None)
+            for name, rate in results["peer_steps_per_s"].items()
+        }
+
+
+def _row(name: str, value: str, disk: str = "", target: str = "", met: str = "") -> str:
+    return f"| {name} | {value} | {disk} | {target} | {met} |"
+
+
+def table(results: dict[str, Any]) -> str:
+    disk = results["disk_commits_per_s"]
+    ceiling = disk / 2
+
+    def rate(v: float) -> tuple[str, str]:
+        return f"{v:,.0f}/s", f"{v / disk:.3f} / {v / ceiling:.3f}"
+
+    yes = {True: "yes", False: "NO"}
+    lines = [
+        "| measurement | value | ratio to disk / naive ceiling | target | met |",
+        "|---|---|---|---|---|",
+        _row("disk bound: single-row commits (WAL, FULL)", f"{disk:,.0f}/s", "1 / 2"),
+        _row("naive ceiling (disk / 2)", f"{ceiling:,.0f} steps/s", "0.5 / 1"),
+    ]
+    for c, v in results["steps_per_s"].items():
+        value, r = rate(v)
+        target, met = "", ""
+        if c == "64":
+            target = f">= 1.0x ceiling ({ceiling:,.0f}/s); stretch 2.0x"
+            met = yes[v >= ceiling]
+        lines.append(_row(f"committed steps/s, concurrency {c} (runners)", value, r, target, met))
+    if "supervisor_only_steps_per_s" in results:
+        value, r = rate(results["supervisor_only_steps_per_s"])
+        lines.append(_row("steps/s, supervisor only (raw client, 64)", value, r))
+    if "p99_overhead_ms" in results:
+        load = results.get("overhead_load_steps_per_s", 0.0)
+        lines.append(
+            _row(
+                f"claim->commit overhead p50 / p99 (at {load:,.0f} steps/s)",
+                f"{results['p50_overhead_ms']:.1f} / {results['p99_overhead_ms']:.1f} ms",
+                "",
+                "p99 <= 25 ms",
+                yes[results["p99_overhead_ms"] <= 25],
+            )
+        )
+    if "renews_per_s" in results:
+        value, r = rate(results["renews_per_s"])
+        lines.append(_row("renewals/s sustained", value, r))
+    if "steps_per_s_while_1000_renew" in results:
+        value, r = rate(results["steps_per_s_while_1000_renew"])
+        lines.append(_row("steps/s at 64 while 1,000 leases renew every 1 s", value, r))
+    if "idle_1000_cpu_pct" in results:
+        cpu, rss = results["idle_1000_cpu_pct"], results["idle_1000_rss_mb"]
+        lines.append(_row("supervisor CPU, 1,000 idle long-polls", f"{cpu:.1f} % of a core",
+                          "", "<= 5 %", yes[cpu <= 5]))  # fmt: skip
+        lines.append(_row("supervisor RSS, 1,000 idle long-polls", f"{rss:.0f} MB", "",
+                          "<= 150 MB", yes[rss <= 150]))  # fmt: skip
+    if "runner_rss_idle_mb" in results:
+        idle, busy = results["runner_rss_idle_mb"], results["runner_rss_100_mb"]
+        lines.append(_row("runner RSS idle", f"{idle:.0f} MB", "", "<= 40 MB", yes[idle <= 40]))
+        lines.append(_row("runner RSS, 100 steps in flight", f"{busy:.0f} MB", "", "<= 64 MB",
+                          yes[busy <= 64]))  # fmt: skip
+    if "supervisor_rss_mb" in results:
+        rss = results["supervisor_rss_mb"]
+        lines.append(_row("supervisor RSS under load (max)", f"{rss:.0f} MB"))
+    for depth, ms in (results.get("claim_ms_by_queue_depth") or {}).items():
+        lines.append(_row(f"claim rule alone, {int(depth):,} queued", f"{ms:.2f} ms"))
+    gc = results.get("group_commit")
+    if gc:
+        for side, label in (("off", "before (one rule per txn)"), ("on", "after (group commit)")):
+            g = gc[side]
+            lines.append(
+                _row(
+                    f"ledger in process, 64 workers, {label}",
+                    f"{g['steps_per_s']:,.0f} steps/s ({g['rules_per_batch']:.1f} rules/txn)",
+                    f"{g['steps_per_s'] / disk:.3f} / {g['ratio_to_naive_ceiling']:.3f}",
+                )
+            )
+    targets = {"huey": 2.0, "dbos": 10.0, "dbos_wal": 10.0}
+    for name, peer in (results.get("peer_steps_per_s") or {}).items():
+        ratio = results["ratio_to_peer"].get(name) or 0.0
+        need = targets.get(name)
+        lines.append(
+            _row(
+                f"peer {name}: steps/s (best); tether@64 / peer",
+                f"{peer:,.0f}/s; {ratio:.2f}x",
+                f"{peer / disk:.3f} / {peer / ceiling:.3f}",
+                f">= {need:g}x" if need else "",
+                yes[ratio >= need] if need else "",
+            )
+        )
+    return "\n".join(lines)
+
+
+def notes() -> str:
+    return "\n".join(f"- {n}" for n in NOTES)
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,0 +1,123 @@
+"""The system under test, as real processes on 127.0.0.1: `tether-supervisor serve` on a ledger
+file (synchronous=FULL), the stand-in model, and `tether-runner run` processes.
+
+Runners log at `warning` by default in the benchmarks: at info they write a line per step to
+a pipe, which is the runner's choice of verbosity, not tether's cost. (`--runner-log-level`
+of `python -m bench` changes it.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench import seed
+from bench.procs import Children, free_port, tool
+
+READY_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class Stack:
+    kids: Children
+    workdir: Path
+    db: Path
+    supervisor: subprocess.Popen[bytes] | None = None
+    supervisor_url: str = ""
+    model: subprocess.Popen[bytes] | None = None
+    model_url: str = ""
+    runner_log_level: str = "warning"
+    supervisor_log_level: str = "warning"
+    lease_ttl_s: float = 30.0
+
+    def start_supervisor(self) -> None:
+        port = free_port()
+        self.supervisor_url = f"http://127.0.0.1:{port}"
+        self.supervisor = self.kids.start(
+            "supervisor",
+            [tool("tether-supervisor"), "serve", "--db", str(self.db), "--port", str(port),
+             "--host", "127.0.0.1"],
+            env={"TETHER_SYNCHRONOUS": "FULL", "TETHER_LOG_LEVEL": self.supervisor_log_level,
+                 "TETHER_LEASE_TTL_S": str(self.lease_ttl_s)},
+        )  # fmt: skip
+        wait_ready(f"{self.supervisor_url}/readyz", self.supervisor)
+
+    def stop_supervisor(self) -> None:
+        if self.supervisor is not None:
+            self.kids.stop(self.supervisor, grace_s=15)
+            self.supervisor = None
+
+    def start_model(self, latency_s: float = 0.0) -> None:
+        port = free_port()
+        self.model_url = f"http://127.0.0.1:{port}/v1"
+        self.model = self.kids.start(
+            f"model-{port}",
+            [sys.executable, "-m", "tether.standin_model", "--port", str(port),
+             "--latency", str(latency_s)],
+        )  # fmt: skip
+        wait_ready(f"http://127.0.0.1:{port}/_admin/knobs", self.model)
+
+    def set_model_latency(self, latency_s: float) -> None:
+        base = self.model_url.removesuffix("/v1")
+        answer = httpx.post(f"{base}/_admin/knobs", json={"latency_s": latency_s}, timeout=5)
+        answer.raise_for_status()
+
+    def token(self, pool: str, role: str = "runner") -> Path:
+        dest = self.workdir / f"token-{role}-{pool}"
+        if not dest.exists():
+            seed.create_token(self.db, pool, role, dest)
+        return dest
+
+    def start_runners(
+        self, name: str, pool: str, concurrency: int, processes: int
+    ) -> list[subprocess.Popen[bytes]]:
+        """`processes` runners sharing `concurrency` between them (as evenly as possible).
+        The pool's token must exist (`token(pool)`) before the supervisor starts."""
+        token = self.workdir / f"token-runner-{pool}"
+        base, extra = divmod(concurrency, processes)
+        shares = [base + (i < extra) for i in range(processes)]
+        procs = []
+        for i, share in enumerate(s for s in shares if s > 0):
+            runner_id = f"{name}-{i}"
+            procs.append(
+                self.kids.start(
+                    runner_id,
+                    [tool("tether-runner"), "run", "--supervisor", self.supervisor_url,
+                     "--token-file", str(token), "--model-url", self.model_url,
+                     "--model", "standin", "--concurrency", str(share),
+                     "--runner-id", runner_id, "--log-level", self.runner_log_level,
+                     "--log-format", "json"],
+                ),
+            )  # fmt: skip
+        return procs
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready within {READY_TIMEOUT_S:.0f}s")
+
+
+def wait_succeeded(db: Path, pool: str, count: int, timeout_s: float) -> int:
+    """Poll the ledger file (read-only) until `count` tasks of `pool` succeeded, or time out."""
+    deadline = time.monotonic() + timeout_s
+    done = 0
+    while time.monotonic() < deadline:
+        done = seed.succeeded(db, pool)
+        if done >= count:
+            break
+        time.sleep(0.1)
+    return done

@@ -1,0 +1,111 @@
+"""Committed steps/s end to end: real `tether-runner` processes, the real HTTP API, the stand-in
+model at zero latency, at a given concurrency.
+
+Each run gets its own pool, seeded with more queued one-step tasks than the run can finish.
+The runners start, work for a fixed time, and stop (SIGTERM: in-flight steps finish or are
+released). The rate is read from the ledger file: committed steps divided by the time from
+the pool's first lease grant to its last commit; the count is checked against SUCCEEDED tasks.
+Leftover tasks are then cancelled so they never sit in the queue during a later measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+
+from bench import seed
+from bench.procs import CpuMeter, JsonLines, tree_rss_mb
+from bench.stack import Stack
+
+STARTUP_S = 1.5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepsRun:
+    concurrency: int
+    processes: int
+    steps: int
+    succeeded: int
+    seconds: float
+    supervisor_rss_max_mb: float
+    supervisor_cpu_pct: float
+    runners_cpu_pct: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+def processes_for(concurrency: int) -> int:
+    """Runner processes for a concurrency: one per 16 slots, at most 8. A runner's HTTP client
+    slows down as its own concurrency grows (see `bench.httpraw`); measured here at 64: one
+    runner 52 steps/s, two 78, four 103; at 256: four runners 76, eight 111."""
+    return min(8, max(1, math.ceil(concurrency / 16)))
+
+
+def prepare(stack: Stack, *, concurrency: int, tasks: int, label: str = "") -> str:
+    """Seed the run's pool and its runner token; answer the pool's name."""
+    pool = f"steps-{concurrency}{label}"
+    seed.create_tasks(stack.db, pool, tasks, approve=True)
+    stack.token(pool)
+    return pool
+
+
+def run(
+    stack: Stack, *, concurrency: int, seconds: float, tasks: int, label: str = "",
+    prepared: str | None = None,
+) -> StepsRun:  # fmt: skip
+    """Run real runners for `seconds` on a pool seeded with `tasks` (or on `prepared`)."""
+    pool = prepared or prepare(stack, concurrency=concurrency, tasks=tasks, label=label)
+    procs = stack.start_runners(pool, pool, concurrency, processes_for(concurrency))
+    rss = 0.0
+    assert stack.supervisor is not None
+    sup_cpu = CpuMeter(stack.supervisor.pid)
+    runner_cpu = [CpuMeter(p.pid) for p in procs]
+    for meter in (sup_cpu, *runner_cpu):
+        meter.start()
+    sup_pct = runners_pct = 0.0
+    try:
+        # Runners take about a second to start; the rate itself comes from ledger timestamps.
+        deadline = time.monotonic() + STARTUP_S + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            rss = max(rss, tree_rss_mb(stack.supervisor.pid))
+            if seed.steps_in_state(stack.db, pool, "queued") == 0:
+                break
+        sup_pct = sup_cpu.stop()
+        runners_pct = sum(m.stop() for m in runner_cpu)
+    finally:
+        stack.kids.stop_all(procs, grace_s=10)
+    steps, window = seed.window(stack.db, pool)
+    done = seed.succeeded(stack.db, pool)
+    seed.cancel_pool(stack.db, pool)
+    return StepsRun(
+        concurrency=concurrency, processes=len(procs), steps=steps, succeeded=done,
+        seconds=window, supervisor_rss_max_mb=rss, supervisor_cpu_pct=sup_pct,
+        runners_cpu_pct=runners_pct,
+    )  # fmt: skip
+
+
+def supervisor_only(stack: Stack, *, seconds: float, tasks: int, concurrency: int = 64) -> float:
+    """Steps/s with no runner and no model: one load process (`bench.load steps`) loops claim ->
+    renew -> result on 64 connections. What the supervisor itself can commit through HTTP."""
+    pool = prepare(stack, concurrency=concurrency, tasks=tasks, label="-bare")
+    proc = stack.kids.start(
+        "load-steps",
+        [sys.executable, "-m", "bench.load", "steps", "--url", stack.supervisor_url,
+         "--token-file", str(stack.token(pool)), "--seconds", str(seconds),
+         "--concurrency", str(concurrency)],
+        stdout_pipe=True,
+    )  # fmt: skip
+    try:
+        lines = JsonLines(proc)
+        lines.next(30)
+        lines.next(seconds + 30)
+    finally:
+        stack.kids.stop(proc)
+    steps, window = seed.window(stack.db, pool)
+    seed.cancel_pool(stack.db, pool)
+    return steps / window if window > 0 else 0.0
