@@ -32,6 +32,7 @@ class Kind(enum.StrEnum):
     APPROVE = "approve"
     CANCEL = "cancel"
     HEAD = "head"
+    BUDGET = "budget"
     CLAIM = "claim"
     RENEW = "renew"
     RELEASE = "release"
@@ -53,6 +54,7 @@ class Message:
     repository: str = ""
     sha: str = ""
     capacity: int = 1
+    tokens: int | None = None
     step_id: str = ""
     fence: int = 0
     reason: ReleaseReason = ReleaseReason.TRANSIENT
@@ -75,6 +77,8 @@ class Message:
             return lambda tx: operator.set_repository_head(
                 tx, self.tenant, self.repository, self.sha
             )
+        if self.kind is k.BUDGET:
+            return lambda tx: operator.set_budget(tx, self.tenant, self.tokens)
         if self.kind is k.CLAIM:
             return lambda tx: fencing.claim(tx, self.sender, POOL, self.capacity)
         if self.kind is k.RENEW:
@@ -113,6 +117,8 @@ class Message:
             return f"{who} cancel {self.task_id}"
         if self.kind is k.HEAD:
             return f"{who} head {self.tenant}/{self.repository} = {self.sha}"
+        if self.kind is k.BUDGET:
+            return f"{who} budget {self.tenant} = {self.tokens} tokens"
         if self.kind is k.CLAIM:
             return f"{who} claim x{self.capacity}"
         if self.kind is k.RENEW:

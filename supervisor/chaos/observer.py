@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from supervisor.ledger.effects import Report
+from supervisor.ledger.effects import Report, tokens_spent
 from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift
 from supervisor.ledger.fencing import Lease, Renewal
 from supervisor.ledger.identity import Created, TaskSpec, step_id_for
@@ -59,6 +59,8 @@ class Observer:
         self.heads: dict[tuple[str, str], str] = {}
         self.approved: dict[str, str | None] = {}
         self.cancelled: set[str] = set()
+        self.budgets: dict[str, int | None] = {}  # tenant -> token budget
+        self.spent: dict[str, int] = {}  # tenant -> tokens of applied results
 
     def violation(self, text: str) -> None:
         if text not in self.violations:
@@ -130,6 +132,13 @@ class Observer:
                 break
         if lease.task_id in self.first_terminal:
             self.violation(f"lease {step} on ended task ({self.first_terminal[lease.task_id]})")
+        spec = self.specs.get(lease.task_id)
+        budget = self.budgets.get(spec.tenant) if spec else None
+        if spec is not None and budget is not None and self.spent.get(spec.tenant, 0) >= budget:
+            self.violation(
+                f"budget: {step} leased to tenant {spec.tenant}, which spent"
+                f" {self.spent.get(spec.tenant, 0)} of its {budget} tokens"
+            )
         self.leases[step] = ShadowLease(
             task_id=lease.task_id,
             fence=lease.fence,
@@ -192,6 +201,8 @@ class Observer:
                 f" was {current}"
             )
         self.applied[step] = rep
+        if spec is not None:
+            self.spent[spec.tenant] = self.spent.get(spec.tenant, 0) + tokens_spent(rep.usage)
         if spec is not None and all(
             step_id_for(task_id, i) in self.applied for i in range(len(spec.steps))
         ):

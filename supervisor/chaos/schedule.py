@@ -29,7 +29,7 @@ HAZARD_EAGERNESS = {
 
 # event -> weight when on; faults are switched on per schedule by the plan
 NORMAL = {
-    "operator": 5.0, "create": 0.5, "cancel": 0.5, "head": 0.7, "runner": 10.0,
+    "operator": 5.0, "create": 0.5, "cancel": 0.5, "head": 0.7, "budget": 0.3, "runner": 10.0,
     "deliver": 14.0, "batch": 3.0, "tick": 2.5, "reap": 1.0, "poll": 1.0,
 }  # fmt: skip
 FAULTS = {
@@ -47,6 +47,7 @@ class FaultPlan:
     lose_answer: float
     hazards: tuple[str, ...]
     habits: Habits
+    max_attempts: int
 
     @classmethod
     def draw(cls, rng: Random) -> FaultPlan:
@@ -70,6 +71,7 @@ class FaultPlan:
             lose_answer=rng.uniform(0.05, 0.3) if rng.random() < 0.5 else 0.0,
             hazards=hazards,
             habits=habits,
+            max_attempts=rng.choice([2, 3, 5]),
         )
 
     def describe(self) -> str:
@@ -77,7 +79,8 @@ class FaultPlan:
         values = dataclasses.asdict(self.habits)
         habits = [f"{name} {value:g}" for name, value in values.items() if value]
         return (
-            f"plan: {self.tasks} tasks, {self.runners} runners, {self.events} events;"
+            f"plan: {self.tasks} tasks, {self.runners} runners, {self.events} events,"
+            f" max_attempts {self.max_attempts};"
             f" faults: {', '.join(faults) or 'none'}; lost answers {self.lose_answer:.2f};"
             f" hazards: {', '.join(self.hazards) or 'none'}; habits: {', '.join(habits) or 'none'}"
         )
@@ -100,7 +103,7 @@ def run_schedule(seed: int, workspace: Workspace, plant: str | None = None) -> S
     plan = FaultPlan.draw(rng)
     harness = Harness(
         workspace,
-        config=CONFIG,
+        config=dataclasses.replace(CONFIG, max_attempts=plan.max_attempts),
         checks=Checks.planted(plant),
         drop_key_index=plant == "key-reuse",
     )
@@ -174,6 +177,8 @@ def step(world: World, plan: FaultPlan, event: str) -> None:  # noqa: PLR0915
         world.cancel(index)
     elif event == "head":
         world.move_head(index, revert=rng.random() < 0.3)
+    elif event == "budget":  # a tenant's token budget: tasks over it wait, they do not fail
+        world.set_budget(orders[index].spec.tenant, rng.choice([None, 0, 10, 20, 40]))
     elif event == "runner":  # a runner's next move: work on a lease it holds, or claim
         runner = rng.choice(world.runners)
         idle = [s for s in sorted(runner.held) if not world.busy(runner.id, s)]
@@ -229,6 +234,10 @@ def quiesce(world: World, ttls: float) -> None:
     deadline = world.h.now + ttls * config.lease_ttl_s
     orders = world.operator.orders
     while not world.violations:
+        world.flush()  # what is still in flight lands first
+        for tenant, budget in sorted(world.observer.budgets.items()):
+            if budget is not None:
+                world.set_budget(tenant, None)  # the operator lifts every budget
         for i, order in enumerate(orders):
             if order.sent and order.task_id is None:
                 world.create(i)

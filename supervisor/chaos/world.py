@@ -182,6 +182,8 @@ class World:
             obs.cancelled_task(msg.task_id)
         elif msg.kind is k.HEAD:
             obs.head_moved(msg.tenant, msg.repository, msg.sha)
+        elif msg.kind is k.BUDGET:
+            obs.budgets[msg.tenant] = msg.tokens
         elif msg.kind is k.CLAIM:
             for lease in value:
                 obs.granted(lease, self.h.now)
@@ -289,6 +291,9 @@ class World:
         return self.send(
             OPERATOR, 0, Kind.HEAD, tenant=spec.tenant, repository=spec.repository, sha=sha
         )
+
+    def set_budget(self, tenant: str, tokens: int | None) -> Message:
+        return self.send(OPERATOR, 0, Kind.BUDGET, tenant=tenant, tokens=tokens)
 
     # -- runners ------------------------------------------------------------------------------
 
