@@ -93,9 +93,11 @@ class Observer:
         elif not same_task(self.specs[known], spec):
             self.violation(f"create {key} with another plan answered the existing task {known}")
 
-    def approved_task(self, task_id: str, base_sha: str | None) -> None:
-        self.approved[task_id] = base_sha
+    def approved_task(self, task_id: str, plan_hash: str, base_sha: str | None) -> None:
         spec = self.specs.get(task_id)
+        if spec is not None and plan_hash != spec.plan_hash:
+            self.violation(f"approval of {task_id} accepted plan {plan_hash[:8]}, not its own")
+        self.approved[task_id] = base_sha
         if spec is not None and spec.repository and base_sha:
             self.heads.setdefault((spec.tenant, spec.repository), base_sha)
 
@@ -103,6 +105,10 @@ class Observer:
         self.heads[(tenant, repository)] = sha
 
     def cancelled_task(self, task_id: str) -> None:
+        if task_id in self.first_terminal:
+            self.violation(
+                f"cancel of {task_id} accepted after it ended {self.first_terminal[task_id]}"
+            )
         self.cancelled.add(task_id)
         for step_id in [s for s, lease in self.leases.items() if lease.task_id == task_id]:
             del self.leases[step_id]

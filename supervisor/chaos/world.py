@@ -177,7 +177,7 @@ class World:
                 assert msg.report is not None
                 obs.reported(msg.report, None, error)
         elif msg.kind is k.APPROVE:
-            obs.approved_task(msg.task_id, msg.base_sha)
+            obs.approved_task(msg.task_id, msg.plan_hash, msg.base_sha)
         elif msg.kind is k.CANCEL:
             obs.cancelled_task(msg.task_id)
         elif msg.kind is k.HEAD:
