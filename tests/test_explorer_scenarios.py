@@ -161,3 +161,17 @@ def test_fault_plans_vary() -> None:
     assert len({p.describe() for p in plans}) > 150
     assert any(p.hazards for p in plans)
     assert any(not p.hazards for p in plans)
+
+
+def test_an_explorer_error_is_reported_like_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.chaos import schedule
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(schedule, "step", broken)
+    with scratch_root() as root, Workspace(root) as workspace:
+        result = run_schedule(11, workspace)
+    assert result.violations == ["explorer error: RuntimeError: boom"]
+    assert result.trace[-1].endswith("explorer error: RuntimeError: boom")
+    assert result.snapshot[0].startswith("fence counter")

@@ -107,33 +107,38 @@ def run_schedule(seed: int, workspace: Workspace, plant: str | None = None) -> S
         checks=Checks.planted(plant),
         drop_key_index=plant == "key-reuse",
     )
+    world = World(
+        harness, rng, orders=make_orders(rng, plan.tasks), runners=plan.runners, habits=plan.habits
+    )
     try:
-        world = World(
-            harness,
-            rng,
-            orders=make_orders(rng, plan.tasks),
-            runners=plan.runners,
-            habits=plan.habits,
-        )
         world.log(plan.describe())
-        names = list(plan.weights)
-        weights = [plan.weights[n] for n in names]
-        for _ in range(plan.events):
-            step(world, plan, rng.choices(names, weights)[0])
-            for hazard in plan.hazards:
-                # An armed hazard plays soon after its situation arises.
-                if not world.violations and rng.random() < HAZARD_EAGERNESS[hazard]:
-                    HAZARDS[hazard](world)
-            if world.violations:
-                break
-        else:
-            quiesce(world, QUIESCENCE_TTLS)
+        _play(world, plan)
+    except Exception as exc:  # reported like a violation, so the seed replays it
+        error = f"explorer error: {type(exc).__name__}: {exc}"
+        world.observer.violation(error)
+        world.log(error)
+    try:
         snapshot = ledger_snapshot(harness.db) if world.violations else []
     finally:
         harness.close()
     return ScheduleResult(
         seed=seed, trace=world.trace, violations=list(world.violations), snapshot=snapshot
     )
+
+
+def _play(world: World, plan: FaultPlan) -> None:
+    rng = world.rng
+    names = list(plan.weights)
+    weights = [plan.weights[n] for n in names]
+    for _ in range(plan.events):
+        step(world, plan, rng.choices(names, weights)[0])
+        for hazard in plan.hazards:
+            # An armed hazard plays soon after its situation arises.
+            if not world.violations and rng.random() < HAZARD_EAGERNESS[hazard]:
+                HAZARDS[hazard](world)
+        if world.violations:
+            return
+    quiesce(world, QUIESCENCE_TTLS)
 
 
 def _operator_moves(world: World) -> list[tuple[str, int]]:
