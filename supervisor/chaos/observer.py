@@ -28,6 +28,7 @@ TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 @dataclasses.dataclass
 class ShadowLease:
     task_id: str
+    runner: str
     fence: int
     deadline: float
     accept_deadline: float | None
@@ -115,7 +116,7 @@ class Observer:
 
     # -- runner answers -----------------------------------------------------------------------
 
-    def granted(self, lease: Lease, now: float) -> None:
+    def granted(self, lease: Lease, runner: str, now: float) -> None:
         step = lease.step_id
         live = self.leases.get(step)
         if live is not None:
@@ -147,6 +148,7 @@ class Observer:
             )
         self.leases[step] = ShadowLease(
             task_id=lease.task_id,
+            runner=runner,
             fence=lease.fence,
             deadline=now + self.config.lease_ttl_s,
             accept_deadline=now + self.config.accept_window_s,
@@ -180,7 +182,9 @@ class Observer:
                 f"stale-release: {step_id} released under fence {fence} (current {current})"
             )
 
-    def reported(self, rep: Report, outcome: Outcome | None, error: LedgerError | None) -> None:
+    def reported(
+        self, rep: Report, runner: str, outcome: Outcome | None, error: LedgerError | None
+    ) -> None:
         step = rep.step_id
         task_id = step.rsplit(".", 1)[0]
         spec = self.specs.get(task_id)
@@ -200,11 +204,11 @@ class Observer:
                 f" {self.applied[step].fence} and {rep.fence})"
             )
         live = self.leases.pop(step, None)
-        if live is None or live.fence != rep.fence:
-            current = "none (lease ended)" if live is None else str(live.fence)
+        if live is None or live.fence != rep.fence or live.runner != runner:
+            current = "none (lease ended)" if live is None else f"{live.fence} ({live.runner})"
             self.violation(
-                f"no-stale-commit: {step} committed under fence {rep.fence}; the current fence"
-                f" was {current}"
+                f"no-stale-commit: {step} committed under fence {rep.fence} from {runner}; the"
+                f" current fence was {current}"
             )
         self.applied[step] = rep
         if spec is not None:

@@ -175,7 +175,7 @@ class World:
         elif error is not None:
             if msg.kind is k.REPORT and isinstance(error, LedgerError):
                 assert msg.report is not None
-                obs.reported(msg.report, None, error)
+                obs.reported(msg.report, msg.sender, None, error)
         elif msg.kind is k.APPROVE:
             obs.approved_task(msg.task_id, msg.plan_hash, msg.base_sha)
         elif msg.kind is k.CANCEL:
@@ -186,14 +186,14 @@ class World:
             obs.budgets[msg.tenant] = msg.tokens
         elif msg.kind is k.CLAIM:
             for lease in value:
-                obs.granted(lease, self.h.now)
+                obs.granted(lease, msg.sender, self.h.now)
         elif msg.kind is k.RENEW:
             obs.renewed(msg.step_id, msg.fence, value, self.h.now)
         elif msg.kind is k.RELEASE:
             obs.released(msg.step_id, msg.fence)
         elif msg.kind is k.REPORT:
             assert msg.report is not None
-            obs.reported(msg.report, Outcome(value), None)
+            obs.reported(msg.report, msg.sender, Outcome(value), None)
 
     def _answer(self, msg: Message, value: Any, error: BaseException | None) -> None:
         if msg.sender == OPERATOR:
