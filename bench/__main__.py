@@ -95,6 +95,7 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
     with children(workdir) as kids:
         stack = Stack(kids=kids, workdir=workdir, db=db)
         stack.token("idle")  # tokens are read from the file; create before serving
+        stack.token(seed.TENANT, role="operator")
         stack.start_supervisor()
         stack.start_model(latency_s=0.0)
 
@@ -102,6 +103,8 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         r["idle_1000_cpu_pct"] = idle_run.cpu_pct
         r["idle_1000_rss_mb"] = idle_run.rss_mb
         r["idle_1000"] = dataclasses.asdict(idle_run)
+        r["idle_1000_cpu_pct_while_10_approvals_per_s"] = idle_run.wake_cpu_pct
+        r["idle_1000_ledger_rules_per_approval"] = idle_run.rules_per_approval
         say(f"idle: {idle_run.cpu_pct:.1f}% cpu, {idle_run.rss_mb:.0f} MB, "
             f"{idle_run.connections} connections")  # fmt: skip
 

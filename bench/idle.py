@@ -4,21 +4,31 @@ One load process (`bench.load idle`) holds 1,000 claim requests open at once, ea
 `wait_s` 25, on a pool that has no work, and re-issues each as it is answered (every 25 s).
 Once all 1,000 are sent and the supervisor holds 1,000 established connections, its CPU is
 measured over a window (a full 25 s re-issue cycle in the full run) and its RSS at the end.
+
+Then, with the 1,000 polls still open, an operator load approves tasks of *another* pool at
+10 per second for 5 s: the supervisor's CPU over that and the ledger rules it ran per
+approval (from `/metrics`) show what queued work elsewhere costs while 1,000 runners wait.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import sys
 import time
 
+import httpx
 import psutil
 
+from bench import seed
 from bench.procs import CpuMeter, JsonLines, tree_rss_mb
 from bench.stack import Stack
 
 POLLERS = 1000
 WAIT_S = 25.0
+WAKE_RATE = 10.0
+WAKE_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,6 +39,8 @@ class Idle:
     rss_mb: float
     rss_before_mb: float
     window_s: float
+    wake_cpu_pct: float
+    rules_per_approval: float
 
 
 def established(pid: int) -> int:
@@ -40,12 +52,16 @@ def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
     assert stack.supervisor is not None
     pid = stack.supervisor.pid
     token = stack.token("idle")
+    operator = stack.token(seed.TENANT, role="operator")
+    listing = stack.workdir / "wake-tasks.json"
+    count = int(WAKE_RATE * WAKE_S)
+    listing.write_text(json.dumps(seed.create_tasks(stack.db, "wake", count, approve=False)))
     before = tree_rss_mb(pid)
     proc = stack.kids.start(
         "load-idle",
         [sys.executable, "-m", "bench.load", "idle", "--url", stack.supervisor_url,
          "--token-file", str(token), "--pollers", str(POLLERS), "--wait", str(WAIT_S),
-         "--seconds", str(settle_s + window_s + 5)],
+         "--seconds", str(settle_s + window_s + WAKE_S + 20)],
         stdout_pipe=True,
     )  # fmt: skip
     try:
@@ -60,9 +76,31 @@ def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
         time.sleep(window_s)
         cpu = meter.stop()
         rss = tree_rss_mb(pid)
+        rules0 = _rules(stack.supervisor_url)
+        meter.start()
+        feeder = stack.kids.start(
+            "wake-load",
+            [sys.executable, "-m", "bench.load", "approve", "--url", stack.supervisor_url,
+             "--token-file", str(operator), "--tasks", str(listing), "--rate", str(WAKE_RATE),
+             "--seconds", str(WAKE_S), "--concurrency", "4"],
+            stdout_pipe=True,
+        )  # fmt: skip
+        lines = JsonLines(feeder)
+        lines.next(30)
+        approved = lines.next(WAKE_S + 30)["approved"]
+        wake_cpu = meter.stop()
+        per_approval = (_rules(stack.supervisor_url) - rules0) / max(1, approved)
     finally:
         stack.kids.stop(proc)
+        seed.cancel_pool(stack.db, "wake")
     return Idle(
         pollers=POLLERS, connections=connections, cpu_pct=cpu, rss_mb=rss,
-        rss_before_mb=before, window_s=window_s,
+        rss_before_mb=before, window_s=window_s, wake_cpu_pct=wake_cpu,
+        rules_per_approval=per_approval,
     )  # fmt: skip
+
+
+def _rules(url: str) -> int:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.search(r"^tether_write_rules_total (\d+)$", text, re.MULTILINE)
+    return int(found.group(1)) if found else 0

@@ -25,7 +25,8 @@ NOTES = [
     "renewals/s: one load process, 64 connections renewing 1,000 acknowledged leases round"
     " robin. Under renewals: 1,000 other leases renewed once a second by 200 connections.",
     "idle: one load process holding 1,000 claim long-polls (wait_s 25) on an empty pool;"
-    " supervisor CPU (% of one core, user+system) over the window, RSS at its end.",
+    " supervisor CPU (% of one core, user+system) over the window, RSS at its end; then 10"
+    " approvals/s of another pool's tasks for 5 s, CPU and ledger rules per approval.",
     "runner RSS: one runner, concurrency 100, idle on an empty pool; then 100 leases held"
     " while a stand-in model answers after 5 s.",
     "group commit: the ledger in process (no HTTP), 64 workers claim -> renew -> result;"
@@ -120,6 +121,11 @@ def table(results: dict[str, Any]) -> str:
                           "", "<= 5 %", yes[cpu <= 5]))  # fmt: skip
         lines.append(_row("supervisor RSS, 1,000 idle long-polls", f"{rss:.0f} MB", "",
                           "<= 150 MB", yes[rss <= 150]))  # fmt: skip
+        wake = results.get("idle_1000_cpu_pct_while_10_approvals_per_s")
+        if wake is not None:
+            per = results["idle_1000_ledger_rules_per_approval"]
+            text = f"{wake:.1f} % of a core; {per:,.0f} ledger rules per approval"
+            lines.append(_row("same 1,000 polls, 10 approvals/s in another pool", text))
     if "runner_rss_idle_mb" in results:
         idle, busy = results["runner_rss_idle_mb"], results["runner_rss_100_mb"]
         lines.append(_row("runner RSS idle", f"{idle:.0f} MB", "", "<= 40 MB", yes[idle <= 40]))
