@@ -32,13 +32,14 @@ def asleep(ledger: SqliteLedger) -> anyio.Event:
     """Set once a claim has looked, found nothing and gone to sleep: lets a test wake it
     deterministically instead of guessing how long to wait."""
     waiting = anyio.Event()
-    original = ledger._work.wait
+    signal = ledger._work["default"]
+    original = signal.wait
 
     async def wait(*args: Any, **kwargs: Any) -> None:
         waiting.set()
         await original(*args, **kwargs)
 
-    ledger._work.wait = wait  # type: ignore[method-assign]
+    signal.wait = wait  # type: ignore[method-assign]
     return waiting
 
 

@@ -29,7 +29,7 @@ class Outcome:
 @dataclasses.dataclass
 class BatchResult:
     outcomes: list[Outcome]
-    queued_work: bool
+    woken_pools: set[str]
     touched_tasks: set[str]
 
 
@@ -41,7 +41,7 @@ def execute_batch(
     db: sqlite3.Connection, rules: Sequence[Rule], make_tx: Callable[[], Tx]
 ) -> BatchResult:
     outcomes = [Outcome() for _ in rules]
-    queued_work = False
+    woken: set[str] = set()
     touched: set[str] = set()
     try:
         db.execute("BEGIN IMMEDIATE")
@@ -64,7 +64,7 @@ def execute_batch(
                 crashed.__cause__ = exc
                 outcome.error = crashed
             else:
-                queued_work |= tx.queued_work
+                woken |= tx.woken_pools
                 touched |= tx.touched_tasks
             db.execute("RELEASE rule")
         db.execute("COMMIT")
@@ -77,5 +77,5 @@ def execute_batch(
             outcome.value, outcome.error = None, failure
         if not isinstance(exc, sqlite3.Error):
             raise
-        return BatchResult(outcomes, False, set())
-    return BatchResult(outcomes, queued_work, touched)
+        return BatchResult(outcomes, set(), set())
+    return BatchResult(outcomes, woken, touched)

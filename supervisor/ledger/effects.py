@@ -100,11 +100,11 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
         {"step_id": rep.step_id, "fence": rep.fence, "effect_key": key,
          "candidate_sha": rep.candidate_sha},
     )  # fmt: skip
-    advance(tx, step["task_id"])
+    advance(tx, step["task_id"], step["pool"])
     return Outcome.APPLIED
 
 
-def advance(tx: Tx, task_id: str) -> None:
+def advance(tx: Tx, task_id: str, pool: str) -> None:
     """Queue the next step, or, when every step is committed, verify and end the task."""
     pending = tx.one(
         "SELECT id, state FROM steps WHERE task_id = ? AND state != ? ORDER BY position LIMIT 1",
@@ -115,7 +115,7 @@ def advance(tx: Tx, task_id: str) -> None:
             tx.run(
                 "UPDATE steps SET state = ? WHERE id = ?", (StepState.QUEUED.value, pending["id"])
             )
-            tx.queued_work = True
+            tx.wake(pool)
         return
     transition(tx, task_id, TaskState.VERIFYING)
     failure = verify(tx, task_id)

@@ -65,11 +65,12 @@ def claim(tx: Tx, runner_id: str, pool: str, capacity: int) -> list[Lease]:
     if not 1 <= capacity <= 256:
         raise InvalidRequest("capacity must be 1..256")
     rows = tx.all(
-        "SELECT s.* FROM steps s JOIN tasks t ON t.id = s.task_id"
+        # INDEXED BY: left to itself, SQLite 3.40 starts from tasks by state and sorts every
+        # queued step on each claim (9 ms at 10k queued); walking the queue index is flat.
+        "SELECT s.* FROM steps s INDEXED BY steps_queued JOIN tasks t ON t.id = s.task_id"
         " LEFT JOIN tenants b ON b.name = t.tenant"
         " WHERE s.state = 'queued' AND t.state IN ('QUEUED', 'RUNNING') AND t.pool = ?"
         " AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)"
-        # Oldest task first: walks the partial index on queued steps without a sort.
         " ORDER BY s.task_order, s.position LIMIT ?",
         (pool, capacity),
     )
@@ -220,7 +221,7 @@ def requeue(tx: Tx, step: sqlite3.Row, *, counted: bool, why: str) -> None:
         tx, step["task_id"], "step_requeued", step["task_state"],
         {"step_id": step["id"], "attempt": step["attempt"], "why": why, "counted": counted},
     )  # fmt: skip
-    tx.queued_work = True
+    tx.wake(step["pool"])
 
 
 def fail_step(tx: Tx, step: sqlite3.Row, reason: str) -> None:

@@ -9,7 +9,7 @@ import sqlite3
 from supervisor.ledger.errors import InvalidRequest, NotFound, PlanMismatch, TerminalState
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import Tx
+from supervisor.ledger.tx import ALL_POOLS, Tx
 
 
 def owned_task(tx: Tx, tenant: str, task_id: str) -> sqlite3.Row:
@@ -48,7 +48,7 @@ def approve(tx: Tx, tenant: str, task_id: str, plan_hash: str, base_sha: str | N
         "UPDATE steps SET state = ? WHERE task_id = ? AND position = 0",
         (StepState.QUEUED.value, task_id),
     )
-    tx.queued_work = True
+    tx.wake(task["pool"])
 
 
 def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
@@ -95,4 +95,4 @@ def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
         (tenant, tokens),
     )
     if tokens is None or tokens > 0:
-        tx.queued_work = True
+        tx.wake(ALL_POOLS)

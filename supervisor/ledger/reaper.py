@@ -15,7 +15,7 @@ from supervisor.ledger.tx import Tx
 def expire(tx: Tx) -> int:
     """Reap every lease past its deadline or never acknowledged in time; answer how many."""
     rows = tx.all(
-        "SELECT s.*, t.state AS task_state FROM steps s JOIN tasks t ON t.id = s.task_id"
+        "SELECT s.*, t.state AS task_state, t.pool FROM steps s JOIN tasks t ON t.id = s.task_id"
         " WHERE s.state = 'leased' AND (s.lease_deadline <= ? OR s.accept_deadline <= ?)",
         (tx.now, tx.now),
     )

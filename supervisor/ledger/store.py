@@ -17,7 +17,7 @@ import math
 import sqlite3
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,7 +39,7 @@ from supervisor.ledger import (
 from supervisor.ledger.batch import Outcome, Rule, execute_batch
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.tx import Checks, LedgerConfig, Tx
+from supervisor.ledger.tx import ALL_POOLS, Checks, LedgerConfig, Tx
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
 
@@ -103,7 +103,8 @@ class SqliteLedger:
         self.checks = checks or Checks()
         self.new_id = new_id
         self.counters: Counter[str] = Counter()
-        self._work = _Signal()
+        # One wake-up per pool: work queued for one pool never wakes the others' claims.
+        self._work: defaultdict[str, _Signal] = defaultdict(_Signal)
         self._events = _Signal()
         self._write_limiter = anyio.CapacityLimiter(1)
         self._read_limiter = anyio.CapacityLimiter(1)
@@ -166,8 +167,9 @@ class SqliteLedger:
                     if isinstance(outcome.error, Refused):
                         self.counters[f"rejected:{outcome.error.code.value}"] += 1
                     pending.done.set()
-                if result.queued_work:
-                    self._work.fire()
+                woken = result.woken_pools
+                for pool in list(self._work) if ALL_POOLS in woken else woken:
+                    self._work[pool].fire()
                 if result.touched_tasks:
                     self._events.fire()
 
@@ -241,14 +243,14 @@ class SqliteLedger:
         """
         deadline = anyio.current_time() + max(0.0, wait_s)
         while True:
-            armed = self._work.armed()
+            armed = self._work[pool].armed()
             with anyio.CancelScope(shield=True):
                 leases = await self.write(lambda tx: fencing.claim(tx, runner_id, pool, capacity))
             remaining = deadline - anyio.current_time()
             if leases or remaining <= 0:
                 self.counters["leases_granted"] += len(leases)
                 return leases
-            await self._work.wait(remaining, armed)
+            await self._work[pool].wait(remaining, armed)
 
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> fencing.Renewal:
         renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))

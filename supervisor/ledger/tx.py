@@ -59,6 +59,9 @@ PLANTS: dict[str, str] = {
 }
 
 
+ALL_POOLS = "*"  # pools are names of runner tokens' scopes, which cannot be empty or "*"
+
+
 @dataclasses.dataclass(kw_only=True)
 class Tx:
     """One write transaction: the connection, the time it happens at, and what it woke up."""
@@ -68,9 +71,14 @@ class Tx:
     config: LedgerConfig
     new_id: Callable[[], str]
     checks: Checks = dataclasses.field(default_factory=Checks)
-    # Set by rules so the store can wake long-pollers after the commit is durable.
-    queued_work: bool = False
+    # Set by rules so the store can wake long-pollers after the commit is durable: the pools
+    # whose claims may now find work (ALL_POOLS for every pool), and the tasks given events.
+    woken_pools: set[str] = dataclasses.field(default_factory=set)
     touched_tasks: set[str] = dataclasses.field(default_factory=set)
+
+    def wake(self, pool: str) -> None:
+        """Claims waiting in `pool` may find work once this transaction is durable."""
+        self.woken_pools.add(pool)
 
     def one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.db.execute(sql, params).fetchone()
