@@ -18,7 +18,7 @@ from supervisor.ledger import (
     StaleFence,
 )
 from supervisor.ledger.operator import approve
-from tether.wire import Outcome, ReleaseReason
+from tether.wire import EarlierOutput, Outcome, ReleaseReason
 
 from .conftest import FakeClock, count, make_spec, open_ledger, queued_task, report_for
 
@@ -72,17 +72,19 @@ async def test_steps_of_a_task_run_in_order_and_carry_earlier_outputs(
 ) -> None:
     task_id = await queued_task(ledger, steps=3)
     first = await claim_one(ledger)
-    assert (first.step_id, first.attempt, first.outputs) == (f"{task_id}.0", 1, [])
+    assert (first.step_id, first.attempt, first.outputs) == (f"{task_id}.0", 1, ())
     assert await ledger.claim("r2", "default", 5, 0) == []  # step 1 waits for step 0's commit
     await ledger.report(report_for(first, output={"patch": "one"}))
     second = await claim_one(ledger)
     assert second.step_id == f"{task_id}.1"
     assert second.fence > first.fence
     assert second.payload == {"cmd": "apply-patch", "rev": 1}
-    assert second.outputs == [{"step_id": first.step_id, "name": "s0", "output": {"patch": "one"}}]
+    assert second.outputs == (
+        EarlierOutput(step_id=first.step_id, name="s0", output={"patch": "one"}),
+    )
     await ledger.report(report_for(second, output="two"))
     third = await claim_one(ledger)
-    assert [o["output"] for o in third.outputs] == [{"patch": "one"}, "two"]
+    assert [o.output for o in third.outputs] == [{"patch": "one"}, "two"]
     assert (await ledger.task(task_id))["state"] == "RUNNING"
 
 

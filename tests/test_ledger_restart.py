@@ -39,7 +39,7 @@ async def test_a_reopened_ledger_has_lost_nothing(ledger_path: Path, clock: Fake
         assert await ledger.report(report_for(lease)) is Outcome.REPLAYED
         [nxt] = await ledger.claim("r1", "default", 1, 0)
         assert nxt.step_id == f"{midway}.1"
-        assert nxt.outputs[0]["output"] == "done"
+        assert nxt.outputs[0].output == "done"
         assert await ledger.violations() == []
 
 

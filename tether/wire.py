@@ -6,10 +6,11 @@ runner and the supervisor compute the same `payload_hash` for the same payload o
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
-from typing import Any, Final, NotRequired, TypedDict
+from typing import Any, Final
 
 API_PREFIX: Final = "/v1"
 
@@ -70,13 +71,27 @@ class Outcome(enum.StrEnum):
     REPLAYED = "replayed"
 
 
-class EarlierOutput(TypedDict):
+class WireError(ValueError):
+    """A message does not have the shape this protocol version gives it."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EarlierOutput:
+    """A committed output of an earlier step of the same task, carried by a lease."""
+
     step_id: str
     name: str
     output: Any
 
 
-class LeaseBody(TypedDict):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Lease:
+    """A lease as it crosses the wire (SPEC §5): the supervisor grants it, the runner holds it.
+
+    `ttl_s` and `renew_every_s` are durations, never deadlines: the runner measures them on its
+    own monotonic clock (A3).
+    """
+
     step_id: str
     task_id: str
     name: str
@@ -87,28 +102,51 @@ class LeaseBody(TypedDict):
     payload_hash: str
     ttl_s: float
     renew_every_s: float
-    outputs: list[EarlierOutput]
+    outputs: tuple[EarlierOutput, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"outputs": [dataclasses.asdict(o) for o in self.outputs]}
+
+    @classmethod
+    def fields_from_wire(cls, raw: Any) -> dict[str, Any]:
+        """The checked fields of one lease of a claim answer; `WireError` names a bad one."""
+        if not isinstance(raw, dict):
+            raise WireError("a lease must be a JSON object")
+        if "payload" not in raw:
+            raise WireError("lease field 'payload' is missing")
+        fields: dict[str, Any] = {"payload": raw["payload"]}
+        for name, kind in _LEASE_FIELDS.items():
+            value = raw.get(name)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise WireError(f"lease field {name!r} is missing or mistyped")
+            fields[name] = (
+                float(value) if isinstance(value, int | float) and name.endswith("_s") else value
+            )
+        if not 0 < fields["renew_every_s"] <= fields["ttl_s"]:
+            raise WireError("lease needs 0 < renew_every_s <= ttl_s")
+        outputs = []
+        for item in raw.get("outputs") or []:
+            if not isinstance(item, dict):
+                raise WireError("lease outputs must be objects")
+            outputs.append(
+                EarlierOutput(
+                    step_id=str(item.get("step_id", "")),
+                    name=str(item.get("name", "")),
+                    output=item.get("output"),
+                )
+            )
+        fields["outputs"] = tuple(outputs)
+        return fields
 
 
-class ClaimBody(TypedDict):
-    leases: list[LeaseBody]
-
-
-class RenewBody(TypedDict):
-    ttl_s: float
-    renew_every_s: float
-    cancelled: bool
-
-
-class ResultRequest(TypedDict):
-    fence: int
-    payload_hash: str
-    output: Any
-    usage: dict[str, int]
-    candidate_sha: NotRequired[str | None]
-    artifacts: NotRequired[dict[str, str]]
-
-
-class ErrorBody(TypedDict):
-    error: str
-    detail: str
+_LEASE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "step_id": str,
+    "task_id": str,
+    "name": str,
+    "kind": str,
+    "attempt": int,
+    "fence": int,
+    "payload_hash": str,
+    "ttl_s": (int, float),
+    "renew_every_s": (int, float),
+}

@@ -16,10 +16,10 @@ from typing import Any
 
 from supervisor.ledger import effects, fencing, identity, operator
 from supervisor.ledger.effects import Report
-from supervisor.ledger.fencing import Lease, Renewal
+from supervisor.ledger.fencing import Renewal
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from supervisor.ledger.tx import Tx
-from tether.wire import ReleaseReason
+from tether.wire import Lease, ReleaseReason
 
 OPERATOR = "operator"
 POOL = "default"

@@ -16,11 +16,11 @@ from typing import Any
 
 from supervisor.ledger.effects import Report, tokens_spent
 from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift
-from supervisor.ledger.fencing import Lease, Renewal
+from supervisor.ledger.fencing import Renewal
 from supervisor.ledger.identity import Created, TaskSpec, step_id_for
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import LedgerConfig
-from tether.wire import Outcome, content_hash
+from tether.wire import Lease, Outcome, content_hash
 
 TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 

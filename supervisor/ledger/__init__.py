@@ -22,13 +22,14 @@ from supervisor.ledger.errors import (
     StorageError,
     TerminalState,
 )
-from supervisor.ledger.fencing import Lease, Renewal
+from supervisor.ledger.fencing import Renewal
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from supervisor.ledger.port import Ledger
 from supervisor.ledger.states import ALLOWED, TERMINAL, AttemptState, StepState, TaskState
 from supervisor.ledger.store import SqliteLedger
 from supervisor.ledger.tokens import Principal, Role
 from supervisor.ledger.tx import PLANTS, Checks, LedgerConfig, Tx
+from tether.wire import Lease
 
 __all__ = [
     "ALLOWED",

@@ -18,28 +18,10 @@ from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, loads
-from tether.wire import ReleaseReason
+from tether.wire import EarlierOutput, Lease, ReleaseReason
 
 # Releases that say nothing about the step itself: they never count toward max_attempts.
 UNCOUNTED_RELEASES = frozenset({ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN})
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Lease:
-    step_id: str
-    task_id: str
-    name: str
-    kind: str
-    attempt: int
-    fence: int
-    payload: Any
-    payload_hash: str
-    ttl_s: float
-    renew_every_s: float
-    outputs: list[dict[str, Any]]
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,10 +103,10 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str) -> Lease:
         payload_hash=step["payload_hash"],
         ttl_s=cfg.lease_ttl_s,
         renew_every_s=cfg.renew_every_s,
-        outputs=[
-            {"step_id": r["id"], "name": r["name"], "output": loads(r["output_json"])}
+        outputs=tuple(
+            EarlierOutput(step_id=r["id"], name=r["name"], output=loads(r["output_json"]))
             for r in earlier
-        ],
+        ),
     )
 
 

@@ -40,8 +40,8 @@ from supervisor.ledger.batch import Outcome, Rule, execute_batch
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, Checks, LedgerConfig, Tx
+from tether.wire import Lease, ReleaseReason
 from tether.wire import Outcome as ResultOutcome
-from tether.wire import ReleaseReason
 
 T = TypeVar("T")
 Clock = Callable[[], float]
@@ -232,9 +232,7 @@ class SqliteLedger:
 
     # -- runners ------------------------------------------------------------------------------
 
-    async def claim(
-        self, runner_id: str, pool: str, capacity: int, wait_s: float
-    ) -> list[fencing.Lease]:
+    async def claim(self, runner_id: str, pool: str, capacity: int, wait_s: float) -> list[Lease]:
         """Grant leases now, or wait up to `wait_s` for work to be queued.
 
         Cancelling a claim (its client went away, the server is draining) takes effect only
