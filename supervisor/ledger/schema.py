@@ -6,6 +6,7 @@ number applied is kept in `PRAGMA user_version`. A file newer than this code is 
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from importlib import resources
 from pathlib import Path
@@ -15,10 +16,11 @@ from supervisor.ledger.errors import IntegrityCheckFailed, SchemaTooNew, Storage
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-def migrations() -> list[tuple[int, str]]:
+@functools.cache
+def migrations() -> tuple[tuple[int, str], ...]:
     folder = resources.files("supervisor.ledger").joinpath("sql")
     files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
-    return [(int(f.name.split("_", 1)[0]), f.read_text(encoding="utf-8")) for f in files]
+    return tuple((int(f.name.split("_", 1)[0]), f.read_text(encoding="utf-8")) for f in files)
 
 
 def connect(
