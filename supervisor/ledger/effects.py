@@ -51,6 +51,10 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
             f" {step['payload_hash']}"
         ).about(**about)
     if step["state"] == StepState.COMMITTED and tx.checks.effect_identity:
+        if tx.checks.fence:
+            # Only the attempt that committed may hear `replayed`: a fenced-out worker that
+            # reports late must learn the step is not its own, and the refusal is recorded.
+            current_step(tx, rep.step_id, rep.fence)
         return Outcome.REPLAYED
     if TaskState(step["task_state"]) in TERMINAL:
         raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)

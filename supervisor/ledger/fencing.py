@@ -123,13 +123,28 @@ def find_step(tx: Tx, step_id: str, pool: str | None) -> sqlite3.Row:
 
 
 def current_step(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> sqlite3.Row:
-    """The step, if `fence` is its current token; else `StaleFence`, to be recorded."""
+    """The step, if `fence` is its current token and its lease has not lapsed on the
+    supervisor's clock; else `StaleFence`, to be recorded.
+
+    A lease past its deadline is over even before the reaper has requeued it: neither a renew
+    nor a result may bring it back.
+    """
     step = find_step(tx, step_id, pool)
     if step["fence"] != fence:
         raise StaleFence(f"fence {fence} is not step {step_id}'s current token").about(
             task_id=step["task_id"], step_id=step_id, fence=fence
         )
+    if step["state"] == StepState.LEASED and lapsed(step, tx.now):
+        raise StaleFence(f"the lease on step {step_id} under fence {fence} has lapsed").about(
+            task_id=step["task_id"], step_id=step_id, fence=fence
+        )
     return step
+
+
+def lapsed(step: sqlite3.Row, now: float) -> bool:
+    """Past its deadline, or never acknowledged within the acceptance window."""
+    accept = step["accept_deadline"]
+    return bool(step["lease_deadline"] <= now or (accept is not None and accept <= now))
 
 
 def renew(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Renewal:
