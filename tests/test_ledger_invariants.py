@@ -208,6 +208,14 @@ def state_not_the_journal_s(db: sqlite3.Connection, w: World) -> None:
     db.execute("UPDATE tasks SET state = 'CANCELLED' WHERE id = ?", (w.queued,))
 
 
+def a_task_without_steps_or_journal(db: sqlite3.Connection, w: World) -> None:
+    db.execute(
+        "INSERT INTO tasks (id, tenant, idempotency_key, state, plan_hash, plan_json,"
+        " created_order, created_at) VALUES ('forged', 'acme', 'forged', 'SUCCEEDED', 'h',"
+        " '{}', 999999, 0)"
+    )
+
+
 def effect_key_not_identity(db: sqlite3.Connection, w: World) -> None:
     db.execute("UPDATE effects SET effect_key = ? WHERE task_id = ?", ("0" * 64, w.done))
 
@@ -217,7 +225,11 @@ PLANTS: dict[str, tuple[Plant, set[str]]] = {
     "one-effect-per-step": (two_effects_for_one_step, {"effect-key-is-identity"}),
     "effect-has-commit": (effect_for_an_uncommitted_step, {"no-stale-commit"}),
     "terminal-is-final": (terminal_then_later_state, set()),
-    "idempotency-key-unique": (duplicate_idempotency_key, set()),
+    # the hand-copied duplicate has no steps and no journal of its own, so those trip too
+    "idempotency-key-unique": (
+        duplicate_idempotency_key,
+        {"task-has-steps", "task-state-is-last-event"},
+    ),
     "no-stale-commit": (stale_commit, set()),
     "committed-has-effect": (committed_without_effect, set()),
     "effect-matches-intent": (effect_not_matching_intent, set()),
@@ -228,6 +240,7 @@ PLANTS: dict[str, tuple[Plant, set[str]]] = {
     "success-is-verified": (success_without_evidence, set()),
     "success-on-approved-base": (success_after_the_base_moved, set()),
     "task-state-is-last-event": (state_not_the_journal_s, set()),
+    "task-has-steps": (a_task_without_steps_or_journal, {"task-state-is-last-event"}),
     "effect-key-is-identity": (effect_key_not_identity, set()),
 }
 

@@ -98,8 +98,12 @@ _QUERIES: dict[str, tuple[str, Callable[[sqlite3.Row], str]]] = {
     "task-state-is-last-event": (
         "SELECT t.id, t.state, (SELECT e.state FROM events e WHERE e.task_id = t.id"
         " AND e.kind = 'state' ORDER BY e.seq DESC LIMIT 1) AS last FROM tasks t"
-        " WHERE t.state != last",
+        " WHERE last IS NULL OR t.state != last",
         lambda r: f"task {r['id']} is {r['state']} but its journal says {r['last']}",
+    ),
+    "task-has-steps": (
+        "SELECT t.id FROM tasks t WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE s.task_id = t.id)",
+        lambda r: f"task {r['id']} has no steps: its plan's intents are missing",
     ),
 }
 
