@@ -16,7 +16,7 @@ from typing import Any, TextIO
 import httpx
 import tenacity
 
-from tether.wire import content_hash
+from tether.wire import plan_hash
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
@@ -115,14 +115,7 @@ def plan_hash_of(body: dict[str, Any]) -> str:
     steps = body["plan"].get("steps")
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise ClientError("the task's plan must hold a 'steps' list of objects")
-    return content_hash(
-        {
-            "steps": [
-                {"name": s.get("name"), "kind": s.get("kind"), "payload": s.get("payload")}
-                for s in steps
-            ]
-        }
-    )
+    return plan_hash(steps)
 
 
 def describe(event: dict[str, Any]) -> str:

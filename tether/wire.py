@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 API_PREFIX: Final = "/v1"
@@ -29,6 +30,20 @@ def sha256_hex(data: bytes) -> str:
 def content_hash(value: Any) -> str:
     """`plan_hash` of a plan, `payload_hash` of a step's payload."""
     return sha256_hex(canonical_json(value))
+
+
+def plan_document(steps: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """What a plan is, for hashing: each step's name, kind and payload, in order. Any other key
+    a client sends along with a step is not part of the plan."""
+    return {
+        "steps": [{"name": s.get("name"), "kind": s.get("kind"), "payload": s.get("payload")}
+                  for s in steps]
+    }  # fmt: skip
+
+
+def plan_hash(steps: Iterable[Mapping[str, Any]]) -> str:
+    """The `plan_hash` an approval must name: the supervisor's and the operator's are equal."""
+    return content_hash(plan_document(steps))
 
 
 def effect_key(step_id: str, payload_hash: str) -> str:

@@ -14,7 +14,7 @@ from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import StepState, TaskState
 from supervisor.ledger.tx import Tx, dumps
-from tether.wire import content_hash
+from tether.wire import content_hash, plan_document
 
 MAX_NAME = 200
 
@@ -43,9 +43,7 @@ class TaskSpec:
 
     @property
     def plan(self) -> dict[str, Any]:
-        return {
-            "steps": [{"name": s.name, "kind": s.kind, "payload": s.payload} for s in self.steps]
-        }
+        return plan_document(dataclasses.asdict(s) for s in self.steps)
 
     @property
     def plan_hash(self) -> str:
