@@ -16,6 +16,7 @@ from tether.cli_support import Parser, fail
 from tether.settings import SettingsError, config_file_from, load_settings, read_secret
 
 PROG = "tether-supervisor"
+CONFIG_EXIT = 2  # a bad setting is a usage error, as it is for tether-runner
 
 
 def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
@@ -102,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
             flags={"db": args.db, "host": args.host, "port": args.port},
         )
     except SettingsError as exc:
-        fail(PROG, str(exc))
+        fail(PROG, str(exc), CONFIG_EXIT)
     return serve(settings)
 
 

@@ -171,7 +171,7 @@ def test_serve_refuses_to_start_with_one_line_naming_the_key(
         monkeypatch.setenv(var, value)
     with pytest.raises(SystemExit) as exited:
         supervisor_main(["serve", "--config", str(config)])
-    assert exited.value.code == 1
+    assert exited.value.code == 2  # a configuration error, like the runner's
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("tether-supervisor: error:")

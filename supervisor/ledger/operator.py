@@ -70,7 +70,7 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
 
 
 def set_repository_head(tx: Tx, tenant: str, repository: str, sha: str) -> None:
-    if not repository or not sha:
+    if not repository.strip() or not sha.strip():
         raise InvalidRequest("repository and sha must be non-empty")
     tx.run(
         "INSERT INTO repositories (tenant, name, head_sha, updated_at) VALUES (?, ?, ?, ?)"

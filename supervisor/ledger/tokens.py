@@ -13,7 +13,7 @@ import secrets
 import sqlite3
 
 from supervisor.ledger.errors import InvalidRequest, NotFound
-from supervisor.ledger.tx import Tx
+from supervisor.ledger.tx import ALL_POOLS, Tx
 from tether.wire import sha256_hex
 
 TOKEN_PREFIX = "tether_"  # noqa: S105 - a prefix, not a secret
@@ -46,8 +46,8 @@ def hash_secret(secret: str) -> str:
 
 def create_token(tx: Tx, scope: str, role: str) -> tuple[str, str]:
     """Answer `(token_id, secret)`; the secret is never stored."""
-    if not scope or len(scope) > 200:
-        raise InvalidRequest("tenant/pool must be 1..200 characters")
+    if not scope.strip() or len(scope) > 200 or scope == ALL_POOLS:
+        raise InvalidRequest(f"tenant/pool must be 1..200 characters and not {ALL_POOLS!r}")
     try:
         parsed = Role(role)
     except ValueError:
