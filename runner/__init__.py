@@ -3,7 +3,8 @@
 It claims fenced leases from the supervisor, runs each step (a `chat` call to an
 OpenAI-compatible model, or a kind a deployment registers), renews its leases by fence while
 it works, and reports the result. It keeps nothing that matters: a step it loses is replayed
-elsewhere with the same step id. Run-time dependencies: anyio, httpx, structlog, tenacity.
+elsewhere with the same step id. Run-time dependencies: anyio, httpx, structlog, tenacity,
+and sniffio, which httpcore looks for on every request (see pyproject.toml).
 """
 
 from runner.daemon import Runner
