@@ -80,6 +80,10 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     cancel.add_argument("--reason", default="cancelled by operator")
     show = task_command("show", "print a task with its steps, attempts and fences")
     show.add_argument("task_id")
+    review = task_command("review", "print a task's review record, or record a decision")
+    review.add_argument("task_id")
+    review.add_argument("--decision", choices=["accept", "reject"], help="record this decision")
+    review.add_argument("--note", default="", help="the reviewer's note")
     watch = task_command("watch", "follow a task's event journal until it ends")
     watch.add_argument("task_id")
     watch.add_argument("--after", type=int, default=0, help="start after this sequence number")
@@ -168,6 +172,8 @@ def _task(args: argparse.Namespace) -> int:
             _print_json(client.approve(args.task_id, args.plan_hash, args.base_sha))
         elif args.task_command == "cancel":
             _print_json(client.cancel(args.task_id, args.reason))
+        elif args.task_command == "review":
+            _print_json(client.review(args.task_id, args.decision, args.note))
         elif args.task_command == "show":
             _print_json(client.show(args.task_id))
         else:

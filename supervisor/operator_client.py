@@ -76,6 +76,12 @@ class OperatorClient:
     def cancel(self, task_id: str, reason: str) -> Any:
         return self._call("POST", f"/v1/tasks/{task_id}/cancel", json={"reason": reason})
 
+    def review(self, task_id: str, decision: str | None, note: str) -> Any:
+        if decision is None:
+            return self._call("GET", f"/v1/tasks/{task_id}/review")
+        body = {"decision": decision, "note": note}
+        return self._call("POST", f"/v1/tasks/{task_id}/review", json=body)
+
     def show(self, task_id: str) -> Any:
         return self._call("GET", f"/v1/tasks/{task_id}")
 

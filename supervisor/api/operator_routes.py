@@ -117,6 +117,16 @@ async def review(request: Request) -> Response:
     return JSONResponse(await _ledger(request).review(request.path_params["task_id"], who.scope))
 
 
+async def record_review(request: Request) -> Response:
+    who = await require(request, Role.OPERATOR)
+    body = await _body(request)
+    task_id = request.path_params["task_id"]
+    await _ledger(request).record_review(
+        who.scope, task_id, rq.text(body, "decision"), rq.free_text(body, "note")
+    )
+    return JSONResponse(await _ledger(request).review(task_id, who.scope))
+
+
 async def repository_head(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     sha = rq.text((await _body(request)), "sha", limit=128)
@@ -133,5 +143,6 @@ ROUTES = [
     Route("/v1/tasks/{task_id}/cancel", cancel, methods=["POST"]),
     Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
     Route("/v1/tasks/{task_id}/review", review, methods=["GET"]),
+    Route("/v1/tasks/{task_id}/review", record_review, methods=["POST"]),
     Route("/v1/repositories/{name}/head", repository_head, methods=["PUT"]),
 ]

@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import sqlite3
 
-from supervisor.ledger.errors import InvalidRequest, NotFound, PlanMismatch, TerminalState
+from supervisor.ledger.errors import (
+    InvalidRequest,
+    InvalidTransition,
+    NotFound,
+    PlanMismatch,
+    TerminalState,
+)
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import ALL_POOLS, Tx
+from supervisor.ledger.tx import ALL_POOLS, Tx, dumps, loads
+from supervisor.ledger.views import review
 
 
 def owned_task(tx: Tx, tenant: str, task_id: str) -> sqlite3.Row:
@@ -96,3 +103,35 @@ def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
     )
     if tokens is None or tokens > 0:
         tx.wake(ALL_POOLS)
+
+
+REVIEW_DECISIONS = frozenset({"accept", "reject"})
+
+
+def record_review(tx: Tx, tenant: str, task_id: str, decision: str, note: str) -> None:
+    """Record the reviewer's decision on an ended task (SPEC §7), once.
+
+    Acceptance is refused when the review record's own verdict says the evidence cannot
+    support it (repository and task state disagree, authority not revoked, no reviewed
+    revision): a reviewer may reject anything, but accept only what the ledger can vouch for.
+    The same decision again is answered as done; another one is refused.
+    """
+    if decision not in REVIEW_DECISIONS:
+        raise InvalidRequest("decision must be 'accept' or 'reject'")
+    task = owned_task(tx, tenant, task_id)
+    if TaskState(task["state"]) not in TERMINAL:
+        raise InvalidRequest(f"task {task_id} is {task['state']}: review it once it has ended")
+    if task["reviewer_decision"] is not None:
+        previous = loads(task["reviewer_decision"])["decision"]
+        if previous == decision:
+            return
+        raise InvalidTransition(f"task {task_id} was already reviewed: {previous}").about(
+            task_id=task_id
+        )
+    if decision == "accept":
+        verdict = review(tx.db, task_id, tenant)["verdict"]
+        if not verdict["acceptable"]:
+            raise InvalidRequest("cannot accept: " + "; ".join(verdict["reasons"]))
+    record = {"decision": decision, "note": note[:2000], "at": tx.now}
+    tx.run("UPDATE tasks SET reviewer_decision = ? WHERE id = ?", (dumps(record), task_id))
+    append_event(tx, task_id, "reviewed", task["state"], {"decision": decision})

@@ -227,6 +227,9 @@ class SqliteLedger:
     async def set_repository_head(self, tenant: str, repository: str, sha: str) -> None:
         await self.write(lambda tx: operator.set_repository_head(tx, tenant, repository, sha))
 
+    async def record_review(self, tenant: str, task_id: str, decision: str, note: str) -> None:
+        await self.write(lambda tx: operator.record_review(tx, tenant, task_id, decision, note))
+
     async def set_budget(self, tenant: str, tokens_: int | None) -> None:
         await self.write(lambda tx: operator.set_budget(tx, tenant, tokens_))
 

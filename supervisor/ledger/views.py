@@ -203,7 +203,7 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
         "observed_terminal_state": _field(
             state.value if state in TERMINAL else None, "observation"
         ),
-        "reviewer_decision": _field(task["reviewer_decision"], "observation"),
+        "reviewer_decision": _field(loads(task["reviewer_decision"]), "observation"),
         "cleanup_proof": _field(
             {
                 "live_leases": live_leases,
