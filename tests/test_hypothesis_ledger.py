@@ -167,6 +167,11 @@ class Model:
         task, s = self.step(step_id)
         if s.fence != fence:
             raise Refusal("stale_fence")
+        lapsed = (s.deadline is not None and s.deadline <= self.now) or (
+            s.accept is not None and s.accept <= self.now
+        )
+        if s.state == "leased" and lapsed:  # over on the supervisor's clock, reaped or not
+            raise Refusal("stale_fence")
         return task, s
 
     def renew(self, step_id: str, fence: int) -> bool:
@@ -207,6 +212,7 @@ class Model:
         if rep.payload_hash != s.payload_hash:
             raise Refusal("payload_drift")
         if s.state == "committed":
+            self.current(rep.step_id, rep.fence)  # only the committing fence hears `replayed`
             return Outcome.REPLAYED
         if task.state in TERMINAL:
             raise Refusal("terminal")
