@@ -21,6 +21,7 @@ import structlog
 from runner.clock import MonotonicClock
 from runner.credentials import SecretMissing, SecretSource
 from runner.daemon import Runner
+from runner.http import pooled_transport
 from runner.kinds import KindRegistry
 from runner.model_client import ModelClient
 from runner.notify import Notifier
@@ -134,12 +135,12 @@ async def serve(
         token=token_value,
         clock=clock,
         timeout_s=settings.request_timeout_s,
-        transport=supervisor_transport,
+        transport=supervisor_transport or pooled_transport(settings.concurrency),
     )
     model = ModelClient(
         base_url=settings.model_url,
         clock=clock,
-        transport=model_transport,
+        transport=model_transport or pooled_transport(settings.concurrency),
     )
     try:
         runner = Runner(
