@@ -16,9 +16,10 @@ from typing import Any, TextIO
 import httpx
 import tenacity
 
+from supervisor.ledger.states import TERMINAL
 from tether.wire import plan_hash
 
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
 
 
 class ClientError(Exception):

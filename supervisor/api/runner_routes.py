@@ -15,6 +15,7 @@ from supervisor.api.auth import require
 from supervisor.api.errors import ApiError
 from supervisor.api.longpoll import LongPolls
 from supervisor.ledger import Lease, Ledger, Report, Role
+from supervisor.ledger.fencing import MAX_CAPACITY
 from tether.wire import ErrorCode, ReleaseReason
 
 MAX_FENCE = 2**62
@@ -43,7 +44,7 @@ async def claim(request: Request) -> Response:
     body = await _body(request)
     settings = request.app.state.settings
     runner_id = rq.text(body, "runner_id")
-    capacity = rq.integer(body, "capacity", low=1, high=256)
+    capacity = rq.integer(body, "capacity", low=1, high=MAX_CAPACITY)
     wait_s = rq.number(body, "wait_s", default=0.0, low=0.0, high=settings.claim_wait_max_s)
     polls: LongPolls = request.app.state.long_polls
     leases: list[Lease] = []

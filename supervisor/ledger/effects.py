@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
-from supervisor.ledger.fencing import current_step, end_attempt, find_step
+from supervisor.ledger.fencing import end_attempt, find_step, require_current
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, dumps
@@ -54,12 +54,12 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
         if tx.checks.fence:
             # Only the attempt that committed may hear `replayed`: a fenced-out worker that
             # reports late must learn the step is not its own, and the refusal is recorded.
-            current_step(tx, rep.step_id, rep.fence)
+            require_current(tx, step, rep.fence)
         return Outcome.REPLAYED
     if TaskState(step["task_state"]) in TERMINAL:
         raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
     if tx.checks.fence:
-        current_step(tx, rep.step_id, rep.fence)
+        require_current(tx, step, rep.fence)
     for name, digest in rep.artifacts.items():
         if not name or not digest:
             raise InvalidRequest("artifact names and digests must be non-empty")

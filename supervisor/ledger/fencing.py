@@ -40,12 +40,15 @@ def next_fence(tx: Tx) -> int:
     return int(row["value"])
 
 
+MAX_CAPACITY = 256  # leases one claim may ask for
+
+
 def claim(tx: Tx, runner_id: str, pool: str, capacity: int) -> list[Lease]:
     """Grant up to `capacity` leases on queued steps, oldest task first, one step per task."""
     if not runner_id or len(runner_id) > 200:
         raise InvalidRequest("runner_id must be 1..200 characters")
-    if not 1 <= capacity <= 256:
-        raise InvalidRequest("capacity must be 1..256")
+    if not 1 <= capacity <= MAX_CAPACITY:
+        raise InvalidRequest(f"capacity must be 1..{MAX_CAPACITY}")
     rows = tx.all(
         # INDEXED BY: left to itself, SQLite 3.40 starts from tasks by state and sorts every
         # queued step on each claim (9 ms at 10k queued); walking the queue index is flat.
@@ -130,15 +133,19 @@ def current_step(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> s
     nor a result may bring it back.
     """
     step = find_step(tx, step_id, pool)
-    if step["fence"] != fence:
-        raise StaleFence(f"fence {fence} is not step {step_id}'s current token").about(
-            task_id=step["task_id"], step_id=step_id, fence=fence
-        )
-    if step["state"] == StepState.LEASED and lapsed(step, tx.now):
-        raise StaleFence(f"the lease on step {step_id} under fence {fence} has lapsed").about(
-            task_id=step["task_id"], step_id=step_id, fence=fence
-        )
+    require_current(tx, step, fence)
     return step
+
+
+def require_current(tx: Tx, step: sqlite3.Row, fence: int) -> None:
+    """`StaleFence` unless `fence` is the current token of `step` (a row already read)."""
+    about = {"task_id": step["task_id"], "step_id": step["id"], "fence": fence}
+    if step["fence"] != fence:
+        raise StaleFence(f"fence {fence} is not step {step['id']}'s current token").about(**about)
+    if step["state"] == StepState.LEASED and lapsed(step, tx.now):
+        raise StaleFence(f"the lease on step {step['id']} under fence {fence} has lapsed").about(
+            **about
+        )
 
 
 def lapsed(step: sqlite3.Row, now: float) -> bool:
