@@ -77,6 +77,8 @@ class SecretSource:
         """The cached secret, read again (off the event loop) after `invalidate()`."""
         if self._value is not None:
             return self._value
+        if self._path is None and not self._environ.get("CREDENTIALS_DIRECTORY"):
+            return self.read_now()  # no file to read (a model without a key): no thread hop
         return await anyio.to_thread.run_sync(self.read_now)
 
     def invalidate(self) -> None:
