@@ -1,12 +1,20 @@
-"""The lease keeper: acknowledges a lease at once, renews it on time, and gives up honestly.
+"""The lease keeper: acknowledges a lease in time, renews it on time, and gives up honestly.
 
-Two loops per lease. The renew loop renews now (the acknowledgement the supervisor waits for
-within its accept window) and then every `renew_every_s`, retrying a renew that got no answer.
+Two loops per lease. The renew loop sends its first renew (the acknowledgement the supervisor
+waits for within its accept window) half a renew interval after the claim answer arrived, and
+then one every `renew_every_s`, retrying a renew that got no answer. The step's work does not
+wait for the acknowledgement: a step whose result is answered first needs no renew at all (a
+result acknowledges too), and a slow step is renewed while it runs. The supervisor picks
+`renew_every_s` at most half its accept window, so the first renew leaves three quarters of
+the window for the network and retries. The cost, chosen knowingly: a task cancelled in the
+first half interval is noticed at that first renew, as a cancellation later in the step is
+noticed at the next one; a step never has two effects either way (fencing).
+
 The expiry watch ends the lease when the runner's own monotonic clock says it cannot still be
-valid. Every deadline is counted from when the renew that earned it was *sent*, the earliest
-moment the supervisor could have stamped it, so the runner gives up no later than the
-supervisor does. Before the acknowledgement nothing runs, and the bound is the claim answer's
-arrival plus `ttl_s`.
+valid. Before the acknowledgement the bound is the claim answer's arrival plus two renew
+intervals (at most the accept window) or `ttl_s`, whichever is sooner; after it, every deadline
+is counted from when the renew that earned it was *sent*, the earliest moment the supervisor
+could have stamped it, so the runner gives up no later than the supervisor does.
 
 Any loss (`stale_fence`, a cancelled task, an unknown step, a rejected token, expiry) is
 handed to `on_lost` once per event; the step decides what to cancel. The keeper never reads
@@ -49,11 +57,15 @@ class LeaseKeeper:
         self._log = log
         self._on_lost = on_lost
         self._on_token_rejected = on_token_rejected
-        self.expires_at = lease.claim_answered_at + lease.ttl_s
+        self.expires_at = lease.claim_answered_at + min(lease.ttl_s, 2 * lease.renew_every_s)
         self.renew_every_s = lease.renew_every_s
         self.lost: LeaseLost | None = None
-        self.acknowledged = anyio.Event()
         self.renewals = 0
+
+    @property
+    def acknowledged(self) -> bool:
+        """Whether a renew has been answered (a result acknowledges too, but ends the keeper)."""
+        return self.renewals > 0
 
     @property
     def _retry_s(self) -> float:
@@ -62,7 +74,6 @@ class LeaseKeeper:
     def _lose(self, lost: LeaseLost) -> None:
         if self.lost is None:
             self.lost = lost
-        self.acknowledged.set()  # wake a step still waiting for the acknowledgement
         self._on_lost(lost)
 
     async def run(self) -> None:
@@ -83,7 +94,7 @@ class LeaseKeeper:
         scope.cancel()
 
     async def _renew_loop(self) -> None:
-        next_at = self._clock.now()
+        next_at = self._lease.claim_answered_at + self.renew_every_s / 2
         while True:
             await self._clock.sleep(next_at - self._clock.now())
             sent_at = await self._renew_once()
@@ -126,8 +137,7 @@ class LeaseKeeper:
                 return None
             self.expires_at = max(self.expires_at, sent_at + renewal.ttl_s)
             self.renew_every_s = renewal.renew_every_s
-            self.renewals += 1
-            if not self.acknowledged.is_set():
+            if not self.renewals:
                 self._log.debug("lease acknowledged")
-                self.acknowledged.set()
+            self.renewals += 1
             return sent_at

@@ -1,4 +1,5 @@
-"""One attempt at one step: acknowledge, run the kind, report or release, or drop.
+"""One attempt at one step: run the kind while the keeper holds the lease, then report or
+release, or drop.
 
 The attempt runs inside one cancel scope. The lease keeper cancels it the moment the lease is
 lost (nothing is reported then: the step is not ours). Shutdown cancels it after the grace
@@ -49,7 +50,7 @@ SHUTDOWN_RELEASE_S = 5.0
 
 
 class Phase(enum.StrEnum):
-    ACKNOWLEDGING = "acknowledging"
+    STARTING = "starting"
     WORKING = "working"
     REPORTING = "reporting"
     RELEASING = "releasing"
@@ -89,7 +90,7 @@ class StepRun:
         self._default_model = default_model
         self._model_timeout_s = model_timeout_s
         self.log = structlog.get_logger("runner.step").bind(**lease.log_context())
-        self.phase = Phase.ACKNOWLEDGING
+        self.phase = Phase.STARTING
         self._scope = anyio.CancelScope()
         self._aborted = False
         self._key_in_use: str | None = None
@@ -119,9 +120,7 @@ class StepRun:
         with self._scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.keeper.run)
-                await self.keeper.acknowledged.wait()
-                if self.keeper.lost is None:
-                    await self._attempt()
+                await self._attempt()
                 tg.cancel_scope.cancel()
         if self.phase is Phase.DONE:
             return

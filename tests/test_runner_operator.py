@@ -206,6 +206,7 @@ async def test_a_supervisor_outage_during_a_step_does_not_lose_it(tmp_path: Path
     async with anyio.create_task_group() as tg:
         tg.start_soon(rig.serve)
         await rig.model.until(lambda: bool(rig.model.requests))
+        await sup.until(lambda: bool(sup.of("renew", "s1")))  # acknowledged, then the outage
         sup.down = True
         failed = len(sup.calls)
         await sup.until(lambda: len(sup.calls) >= failed + 5)

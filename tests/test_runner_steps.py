@@ -60,9 +60,10 @@ def step_outcomes(rig: Rig) -> list[str | None]:
     return [s.outcome for s in rig.runner.started_steps]
 
 
-async def test_a_lease_is_acknowledged_before_work_renewed_during_it_and_reported(
+async def test_work_starts_at_once_the_lease_is_renewed_during_it_and_reported(
     tmp_path: Path,
 ) -> None:
+    """The model call does not wait for an acknowledgement; the keeper renews while it runs."""
     rig = make_rig(tmp_path)
     sup = rig.supervisor
     acks_before_model: list[int] = []
@@ -82,8 +83,9 @@ async def test_a_lease_is_acknowledged_before_work_renewed_during_it_and_reporte
         await sup.until(lambda: bool(sup.of("result", "s1")))
         rig.runner.request_shutdown()
     assert rig.exit_code == 0
-    assert acks_before_model == [1]
+    assert acks_before_model == [0]
     assert all(c.body == {"fence": 41} for c in sup.of("renew", "s1"))
+    assert rig.runner.started_steps[0].keeper.acknowledged
     (result,) = sup.of("result", "s1")
     assert result.headers["authorization"] == f"Bearer {TOKEN}"
     assert result.body == {
@@ -101,6 +103,42 @@ async def test_a_lease_is_acknowledged_before_work_renewed_during_it_and_reporte
     assert sup.of("release") == []
     first_claim = sup.of("claim")[0].body
     assert first_claim == {"runner_id": "test-runner", "capacity": 2, "wait_s": 0.0}
+
+
+async def test_a_step_answered_within_half_a_renew_interval_sends_no_renew(
+    tmp_path: Path,
+) -> None:
+    """The result acknowledges the lease by itself: a fast step costs a claim and a result."""
+    rig = make_rig(tmp_path, concurrency=1)
+    sup = rig.supervisor
+    for n in range(3):
+        sup.offer(make_lease(f"s{n}", task_id=f"t{n}", ttl_s=30.0, renew_every_s=5.0))
+    await run_until(rig, lambda: step_outcomes(rig) == ["applied"] * 3)
+    assert sup.of("renew") == []
+    assert len(sup.of("result")) == 3
+
+
+async def test_the_first_renew_goes_out_half_an_interval_after_the_claim_answer(
+    tmp_path: Path,
+) -> None:
+    clock = JumpClock()
+    rig = make_rig(tmp_path, clock=clock)
+    sup = rig.supervisor
+    gate = Gate()
+    rig.model.script(gate)
+    sup.offer(make_lease("s1", ttl_s=30.0, renew_every_s=4.0))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        clock.jump(1.9)
+        await anyio.sleep(0.05)
+        assert sup.of("renew", "s1") == []  # not before half an interval
+        clock.jump(0.2)
+        await sup.until(lambda: len(sup.of("renew", "s1")) == 1)
+        gate.open.set()
+        await sup.until(lambda: bool(sup.of("result", "s1")))
+        rig.runner.request_shutdown()
+    assert step_outcomes(rig) == ["applied"]
 
 
 async def test_stale_fence_on_renew_drops_the_step_and_reports_nothing(tmp_path: Path) -> None:
@@ -159,6 +197,31 @@ async def test_a_lease_the_runners_clock_says_has_expired_is_dropped(tmp_path: P
     assert gate.cancelled
     assert sup.of("result") == []
     assert sup.of("release") == []
+
+
+async def test_a_lease_never_acknowledged_is_dropped_after_two_renew_intervals(
+    tmp_path: Path,
+) -> None:
+    """Unacknowledged, the supervisor re-queues the step after its accept window (at least two
+    renew intervals): the runner stops there too, long before the TTL."""
+    clock = JumpClock()
+    rig = make_rig(tmp_path, clock=clock)
+    sup = rig.supervisor
+    gate = Gate()
+    rig.model.script(gate)
+    sup.script("renew", hang, hang, hang)  # no renew is ever answered
+    sup.offer(make_lease("s1", ttl_s=30.0, renew_every_s=2.0))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: bool(rig.model.requests))
+        clock.jump(3.9)
+        await anyio.sleep(0.05)
+        assert step_outcomes(rig) == [None]  # still working just inside the bound
+        clock.jump(0.2)
+        await until(rig, lambda: step_outcomes(rig) == ["dropped: expired"])
+        rig.runner.request_shutdown()
+    assert gate.cancelled
+    assert sup.of("result") == []
 
 
 async def test_a_model_400_releases_the_step_as_invalid_and_not_retryable(tmp_path: Path) -> None:
