@@ -261,3 +261,20 @@ async def test_sigterm_with_an_unreachable_supervisor_exits_zero(tmp_path: Path)
     assert events[-1] == "runner stopped"
     assert "shutting down: claiming stopped" in events
     assert TOKEN not in json.dumps(lines)
+
+
+def test_the_event_loop_is_uvloop_only_when_it_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    from runner import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
+    )
+    assert cli.event_loop_options() == {}
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    expected = {"use_uvloop": True} if real("uvloop") is not None else {}
+    assert cli.event_loop_options() == expected
