@@ -24,6 +24,12 @@ from tether.sdnotify import Notifier
 
 log = structlog.get_logger("tether.supervisor")
 
+# The event loop and the ledger's writer thread share the GIL. At Python's default (5 ms) a
+# batch running Python on the writer thread can hold back every answer for that long. Measured
+# at 300 steps/s through runners (claim->commit p99 overhead, three paired runs): 120 -> 58,
+# 180 -> 89, 55 -> 45 ms at 0.5 ms, with the same steps/s for the supervisor alone.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
 
 def preflight(settings: SupervisorSettings) -> str | None:
     """Open, integrity-check and migrate the ledger; answer the one line to print on failure."""
@@ -125,6 +131,7 @@ def serve(settings: SupervisorSettings) -> int:
         timeout_graceful_shutdown=10,
     )
     server = _Server(config)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     log.info("supervisor starting", db=str(settings.db), host=settings.host, port=settings.port)
     try:
         anyio.run(_serve, server, Notifier(), app, sock)
