@@ -5,10 +5,10 @@ measured earlier (open loop: a fixed arrival rate, not a closed loop that slows 
 system), while real runners with 64 slots long-poll for them; the stand-in model answers at
 once. Overhead per step, from the ledger's own timestamps on the supervisor's clock:
 `effects.created_at - attempts.granted_at` of the committing attempt. That span holds the
-grant's fsync and answer, the runner's acknowledgement (a renew), the model call to a
-zero-latency stand-in (its HTTP round trip, ~2 ms, is not subtracted: conservative), and the
-result request up to the moment its batch runs. It does not hold the commit's own fsync, so
-one fsync (1/disk bound) is added to every figure reported.
+grant's fsync and answer, the model call to a zero-latency stand-in (its HTTP round trip,
+~2 ms, is not subtracted: conservative), and the result request up to the moment its batch
+runs. (A step this short sends no renew: its result acknowledges the lease.) It does not
+hold the commit's own fsync, so one fsync (1/disk bound) is added to every figure reported.
 """
 
 from __future__ import annotations

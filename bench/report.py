@@ -14,9 +14,10 @@ from typing import Any
 NOTES = [
     "disk: one connection inserting one row per transaction, WAL, synchronous=FULL, in the"
     " ledger's directory.",
-    "steps/s: real tether-runner processes (one per 16 slots, at most 8) -> tether-supervisor"
-    " serve (HTTP, synchronous=FULL) with the stand-in model at zero latency; committed steps"
-    " / (last commit - first grant) from the ledger; SUCCEEDED tasks counted.",
+    "steps/s: real tether-runner processes (one per 16 slots, at most one per core) ->"
+    " tether-supervisor serve (HTTP, synchronous=FULL) with the stand-in model at zero"
+    " latency; committed steps / (last commit - first grant) from the ledger; SUCCEEDED tasks"
+    " counted.",
     "supervisor only: one load process on 64 raw keep-alive connections doing claim -> renew"
     " -> result, no runner or model: the supervisor's own ceiling through HTTP.",
     "overhead: tasks approved over HTTP at half the peak steps/s (open loop), runners at 64;"
