@@ -1,9 +1,10 @@
 """The runner daemon: the claim loop, the step slots, pauses, and a graceful shutdown.
 
 - Claims long-poll the supervisor for as many leases as there are free slots (`concurrency`),
-  each step running as a `StepRun` in one task group. The first claim does not wait, so
-  `READY=1` follows the supervisor's first answer (any answer: a rejected token is reported on
-  STATUS rather than by a start-up failure loop).
+  each step running as a `StepRun` in one task group. Results ready at the same moment share
+  one request (`ResultSender`). The first claim does not wait, so `READY=1` follows the
+  supervisor's first answer (any answer: a rejected token is reported on STATUS rather than
+  by a start-up failure loop).
 - An unreachable supervisor: tenacity backoff with jitter; one line when the link goes down,
   one when it comes back, none per retry.
 - An operator problem (model key missing or rejected, quota spent) or a rejected runner token
@@ -45,6 +46,7 @@ from runner.kinds import KindRegistry
 from runner.lease import Lease
 from runner.model_client import ModelClient
 from runner.notify import Notifier
+from runner.results import ResultSender
 from runner.settings import RunnerSettings
 from runner.step import StepRun
 from runner.supervisor_client import SupervisorClient
@@ -76,6 +78,7 @@ class Runner:
     ) -> None:
         self._settings = settings
         self._supervisor = supervisor
+        self._results = ResultSender(supervisor)
         self._model = model
         self._model_key = model_key
         self._token = token
@@ -260,6 +263,7 @@ class Runner:
             host=self,
             default_model=self._settings.model,
             model_timeout_s=self._settings.model_timeout_s,
+            results=self._results,
         )
         key = (lease.step_id, lease.fence)
         self._in_flight[key] = step

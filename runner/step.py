@@ -39,6 +39,7 @@ from runner.keeper import LeaseKeeper
 from runner.kinds import KindRegistry, StepContext, StepOutput
 from runner.lease import Lease
 from runner.model_client import Completion, ModelClient
+from runner.results import ResultSender
 from runner.supervisor_client import ResultReport, SupervisorClient
 from tether.wire import ReleaseReason, content_hash
 
@@ -79,9 +80,11 @@ class StepRun:
         host: StepHost,
         default_model: str,
         model_timeout_s: float,
+        results: ResultSender | None = None,
     ) -> None:
         self.lease = lease
         self._supervisor = supervisor
+        self._results = results or ResultSender(supervisor)
         self._model = model
         self._model_key = model_key
         self._kinds = kinds
@@ -256,7 +259,7 @@ class StepRun:
         )
         try:
             outcome = await self._until_answered(
-                lambda: self._supervisor.report(self.lease.step_id, report)
+                lambda: self._results.report(self.lease.step_id, report)
             )
         except LeaseLost as lost:
             self.outcome = f"dropped: {lost.because}"

@@ -1,4 +1,8 @@
-"""The supervisor's runner API (SPEC §5) as four calls, with its answers made into types.
+"""The supervisor's runner API (SPEC §5) as calls, with its answers made into types.
+
+`report_many` is `report` for several steps in one request (`POST /v1/steps/results`, an
+addition to SPEC §5); each result gets its own answer, turned into what `report` would have
+answered or raised.
 
 Each call makes exactly one HTTP request; retrying is the caller's decision, because what a
 retry means differs (a claim backs off, a renew races the lease's expiry). Errors come out
@@ -77,6 +81,33 @@ _LOST_CODES = {
 }
 
 
+def _step_error(status: int, code: str, detail: str) -> Exception:
+    """What an error answer about one step means to the runner."""
+    if status in (401, 403):
+        return TokenRejected(f"{status} {code}: {detail}")
+    if status >= 500 or status in (408, 429):
+        return SupervisorUnreachable(f"{status} {code}: {detail}")
+    if status == 404:
+        return LeaseLost(LostBecause.NOT_FOUND, f"supervisor: {code}: {detail}")
+    if status == 409 and code in _LOST_CODES:
+        return LeaseLost(_LOST_CODES[code], f"supervisor: {code}: {detail}")
+    return SupervisorRefused(status, code, detail)
+
+
+def _item_answer(step_id: str, raw: Any) -> Outcome | Exception:
+    if not isinstance(raw, dict) or raw.get("step_id") != step_id:
+        return SupervisorRefused(200, "bad_answer", "results answer out of order")
+    if "outcome" in raw:
+        try:
+            return Outcome(raw["outcome"])
+        except ValueError:
+            return SupervisorRefused(200, "bad_answer", "result answer is malformed")
+    status = raw.get("status")
+    if not isinstance(status, int) or isinstance(status, bool):
+        return SupervisorRefused(200, "bad_answer", "result answer has no outcome nor status")
+    return _step_error(status, str(raw.get("error", "unknown")), str(raw.get("detail", ""))[:500])
+
+
 class SupervisorClient:
     """An `httpx.AsyncClient` bound to one supervisor and one runner token."""
 
@@ -125,11 +156,7 @@ class SupervisorClient:
     def _lease_error(self, response: httpx.Response) -> Exception:
         """A 4xx about one step: lost if it says the step is no longer ours, else refused."""
         code, detail = _error_of(response)
-        if response.status_code == 404:
-            return LeaseLost(LostBecause.NOT_FOUND, f"supervisor: {code}: {detail}")
-        if response.status_code == 409 and code in _LOST_CODES:
-            return LeaseLost(_LOST_CODES[code], f"supervisor: {code}: {detail}")
-        return SupervisorRefused(response.status_code, code, detail)
+        return _step_error(response.status_code, code, detail)
 
     async def claim(self, runner_id: str, capacity: int, wait_s: float) -> list[Lease]:
         """Long-poll for up to `capacity` leases; [] when none came within `wait_s`."""
@@ -188,3 +215,26 @@ class SupervisorClient:
             return Outcome(response.json()["outcome"])
         except (ValueError, KeyError, TypeError):
             raise SupervisorRefused(200, "bad_answer", "result answer is malformed") from None
+
+    async def report_many(
+        self, reports: list[tuple[str, ResultReport]]
+    ) -> list[Outcome | Exception]:
+        """One answer per `(step_id, report)`, in order: an outcome, or the exception `report`
+        would have raised for that step. A refusal of the whole request (a supervisor without
+        this route, a body over its limit) raises `SupervisorRefused`; the caller then reports
+        one by one."""
+        response = await self._post(
+            "/steps/results",
+            {"results": [{"step_id": step_id, **r.to_wire()} for step_id, r in reports]},
+        )
+        if response.status_code != 200:
+            code, detail = _error_of(response)
+            raise SupervisorRefused(response.status_code, code, detail)
+        try:
+            answers = response.json()["results"]
+        except (ValueError, KeyError, TypeError):
+            raise SupervisorRefused(200, "bad_answer", "results answer is malformed") from None
+        if not isinstance(answers, list) or len(answers) != len(reports):
+            raise SupervisorRefused(200, "bad_answer", "results answer has the wrong length")
+        pairs = zip(reports, answers, strict=True)
+        return [_item_answer(step_id, raw) for (step_id, _), raw in pairs]

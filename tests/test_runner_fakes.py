@@ -139,6 +139,9 @@ class FakeSupervisor:
         self.down = False
         self.requeue_released = True
         self.next_fence = 100
+        self.batches: list[httpx.Request] = []  # requests to the batch results route
+        self.batch_route_missing = False  # answer it 404, like a supervisor without it
+        self.batch_gate: anyio.Event | None = None
         self._changed = anyio.Event()
 
     # -- test controls ---------------------------------------------------------------------
@@ -173,6 +176,8 @@ class FakeSupervisor:
 
     # -- the API ---------------------------------------------------------------------------
     async def _handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/steps/results":
+            return await self._results(request)
         parts = request.url.path.strip("/").split("/")
         kind = {"claim": "claim", "renew": "renew", "release": "release", "result": "result"}.get(
             parts[-1], "other"
@@ -187,6 +192,33 @@ class FakeSupervisor:
             return await self._answer(kind, request, body, step_id)
         finally:
             self._poke()
+
+    async def _results(self, request: httpx.Request) -> httpx.Response:
+        """The batch route as the single route once per result: each result is recorded as a
+        `result` call and answered by the same rules and scripts. A scripted exception for any
+        of them is the whole request's (no answer)."""
+        self.batches.append(request)
+        self._poke()
+        if self.batch_gate is not None:  # the first batch waits for the test
+            gate, self.batch_gate = self.batch_gate, None
+            await gate.wait()
+        if self.batch_route_missing:
+            return error(404, "not_found", "no such route")
+        answers = []
+        for item in json.loads(request.content)["results"]:
+            step_id = item.pop("step_id")
+            single = httpx.Request(
+                "POST", f"http://supervisor.test/v1/steps/{step_id}/result",
+                headers=request.headers, json=item,
+            )  # fmt: skip
+            answer = await self._handle(single)
+            await answer.aread()
+            if answer.status_code == 200:
+                answers.append({"step_id": step_id, **answer.json()})
+            else:
+                err = answer.json()
+                answers.append({"step_id": step_id, "status": answer.status_code, **err})
+        return json_response(200, {"results": answers})
 
     async def _answer(
         self, kind: str, request: httpx.Request, body: Any, step_id: str | None

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 API_PREFIX: Final = "/v1"
+# Results one `POST /v1/steps/results` may carry (a runner sends what is ready at once).
+RESULTS_PER_REQUEST_MAX: Final = 64
 
 
 def canonical_json(value: Any) -> bytes:

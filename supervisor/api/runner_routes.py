@@ -1,5 +1,13 @@
 """Runner routes: claim, renew, release, result. A runner token acts for its pool only; a step
-of another pool is `not_found`."""
+of another pool is `not_found`.
+
+`POST /v1/steps/results` is `result` for many steps at once (an addition to SPEC §5): the
+runner sends every result that is ready at the same moment in one request, as the ledger
+commits every rule that is ready in one transaction. Each result is the same ledger rule as on
+the single route and gets its own answer, in order: `{"step_id", "outcome"}`, or
+`{"step_id", "status", "error", "detail"}` with the status and code the single route would
+have answered. A malformed item refuses the whole request before anything is applied.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +20,11 @@ from starlette.routing import Route
 
 from supervisor.api import requests as rq
 from supervisor.api.auth import require
-from supervisor.api.errors import ApiError
+from supervisor.api.errors import STATUS, ApiError, log
 from supervisor.api.longpoll import LongPolls
-from supervisor.ledger import Lease, Ledger, Report, Role
+from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role, StorageError
 from supervisor.ledger.fencing import MAX_CAPACITY
-from tether.wire import ErrorCode, ReleaseReason
+from tether.wire import RESULTS_PER_REQUEST_MAX, ErrorCode, ReleaseReason
 
 MAX_FENCE = 2**62
 
@@ -87,13 +95,11 @@ async def release(request: Request) -> Response:
     return JSONResponse({"released": True})
 
 
-async def result(request: Request) -> Response:
-    who = await require(request, Role.RUNNER)
-    body = await _body(request)
+def _report_of(body: dict[str, Any], step_id: str) -> Report:
     if "output" not in body:
         raise ApiError(ErrorCode.INVALID_FIELD, "'output' is required")
-    report = Report(
-        step_id=request.path_params["step_id"],
+    return Report(
+        step_id=step_id,
         fence=rq.integer(body, "fence", low=0, high=MAX_FENCE),
         payload_hash=rq.text(body, "payload_hash", limit=64),
         output=body["output"],
@@ -101,13 +107,70 @@ async def result(request: Request) -> Response:
         candidate_sha=rq.optional_text(body, "candidate_sha", limit=128),
         artifacts=rq.string_map(body, "artifacts"),
     )
+
+
+async def result(request: Request) -> Response:
+    who = await require(request, Role.RUNNER)
+    report = _report_of(await _body(request), request.path_params["step_id"])
     outcome = await _ledger(request).report(report, who.scope)
     return JSONResponse({"outcome": outcome.value})
+
+
+def _reports_of(body: dict[str, Any]) -> list[Report]:
+    items = body.get("results")
+    if not isinstance(items, list) or not 1 <= len(items) <= RESULTS_PER_REQUEST_MAX:
+        raise ApiError(
+            ErrorCode.INVALID_FIELD,
+            f"'results' must be a list of 1..{RESULTS_PER_REQUEST_MAX} results",
+        )
+    reports: list[Report] = []
+    for n, item in enumerate(items):
+        try:
+            if not isinstance(item, dict):
+                raise ApiError(ErrorCode.INVALID_FIELD, "a result must be an object")
+            reports.append(_report_of(item, rq.text(item, "step_id")))
+        except ApiError as exc:
+            raise ApiError(exc.code, f"results[{n}]: {exc.detail}") from None
+    if len({r.step_id for r in reports}) != len(reports):
+        raise ApiError(ErrorCode.INVALID_FIELD, "'results' names a step more than once")
+    return reports
+
+
+async def results(request: Request) -> Response:
+    who = await require(request, Role.RUNNER)
+    reports = _reports_of(await _body(request))
+    ledger = _ledger(request)
+    answers: list[dict[str, Any]] = [{} for _ in reports]
+
+    async def one(n: int, report: Report) -> None:
+        try:
+            outcome = await ledger.report(report, who.scope)
+        except StorageError as exc:
+            log.error("ledger storage failed", path=request.url.path, detail=exc.detail)
+            code, detail = ErrorCode.UNAVAILABLE, exc.detail
+        except LedgerError as exc:
+            if exc.code is ErrorCode.INTERNAL:
+                log.error("ledger rule failed", path=request.url.path, detail=exc.detail)
+            code, detail = exc.code, exc.detail
+        else:
+            answers[n] = {"step_id": report.step_id, "outcome": outcome.value}
+            return
+        answers[n] = {
+            "step_id": report.step_id, "status": STATUS[code], "error": code.value,
+            "detail": detail,
+        }  # fmt: skip
+
+    # Started together, the reports reach the ledger's writer together: one transaction.
+    async with anyio.create_task_group() as tg:
+        for n, report in enumerate(reports):
+            tg.start_soon(one, n, report)
+    return JSONResponse({"results": answers})
 
 
 ROUTES = [
     Route("/v1/leases/claim", claim, methods=["POST"]),
     Route("/v1/leases/{step_id}/renew", renew, methods=["POST"]),
     Route("/v1/leases/{step_id}/release", release, methods=["POST"]),
+    Route("/v1/steps/results", results, methods=["POST"]),
     Route("/v1/steps/{step_id}/result", result, methods=["POST"]),
 ]

@@ -1,0 +1,240 @@
+"""`ResultSender`: results ready together share a request, each step gets its own answer, and
+no answer, a cancellation or a refused batch never leaves a step without one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from runner.errors import LeaseLost, LostBecause, SupervisorRefused, SupervisorUnreachable
+from runner.results import ResultSender
+from runner.supervisor_client import ResultReport
+from tether.wire import Outcome
+
+from .test_runner_fakes import completion, make_lease, make_rig
+
+
+def report(n: int = 0) -> ResultReport:
+    return ResultReport(fence=n, payload_hash="h", output={"n": n}, usage={"total_tokens": 1})
+
+
+class FakeClient:
+    """`report_many` and `report` of a supervisor client, scripted by the test."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.singles: list[str] = []
+        self.gate: anyio.Event | None = None  # the first batch waits for it
+        self.refuse_batches = False
+        self.no_answer = False
+        self.lost: set[str] = set()
+
+    async def report_many(self, reports: list[tuple[str, ResultReport]]) -> list[Any]:
+        self.batches.append([step_id for step_id, _ in reports])
+        if self.gate is not None:
+            gate, self.gate = self.gate, None
+            await gate.wait()
+        if self.refuse_batches:
+            raise SupervisorRefused(404, "not_found", "no such route")
+        if self.no_answer:
+            raise SupervisorUnreachable("ConnectError: connection refused")
+        return [
+            LeaseLost(LostBecause.STALE_FENCE) if step_id in self.lost else Outcome.APPLIED
+            for step_id, _ in reports
+        ]
+
+    async def report(self, step_id: str, _report: ResultReport) -> Outcome:
+        self.singles.append(step_id)
+        if step_id in self.lost:
+            raise LeaseLost(LostBecause.STALE_FENCE)
+        return Outcome.APPLIED
+
+
+def sender(client: FakeClient, **kwargs: Any) -> ResultSender:
+    return ResultSender(client, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_results_ready_while_a_request_is_out_go_together_in_the_next() -> None:
+    client = FakeClient()
+    client.gate = gate = anyio.Event()
+    results = sender(client)
+    answers: dict[str, Outcome] = {}
+
+    async def step(step_id: str) -> None:
+        answers[step_id] = await results.report(step_id, report())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(step, "a")
+        await anyio.wait_all_tasks_blocked()
+        for name in "bcde":
+            tg.start_soon(step, name)
+        await anyio.wait_all_tasks_blocked()
+        assert client.batches == [["a"]]  # b..e wait for a's request, not for a timer
+        gate.set()
+    assert client.batches == [["a"], ["b", "c", "d", "e"]]
+    assert answers == dict.fromkeys("abcde", Outcome.APPLIED)
+    assert (results.requests, results.results) == (2, 5)
+
+
+async def test_a_batch_never_exceeds_the_per_request_bound() -> None:
+    client = FakeClient()
+    client.gate = anyio.Event()
+    results = sender(client, per_request=2)
+    gate = client.gate
+    async with anyio.create_task_group() as tg:
+        for name in "abcde":
+            tg.start_soon(results.report, name, report())
+            await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert client.batches == [["a"], ["b", "c"], ["d", "e"]]
+
+
+async def test_each_step_gets_its_own_answer_from_a_shared_request() -> None:
+    client = FakeClient()
+    client.lost = {"b"}
+    client.gate = anyio.Event()
+    gate = client.gate
+    results = sender(client)
+    outcomes: dict[str, Any] = {}
+
+    async def step(step_id: str) -> None:
+        try:
+            outcomes[step_id] = await results.report(step_id, report())
+        except LeaseLost as lost:
+            outcomes[step_id] = lost.because
+
+    async with anyio.create_task_group() as tg:
+        for name in "xabc":
+            tg.start_soon(step, name)
+            await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert client.batches == [["x"], ["a", "b", "c"]]
+    assert outcomes == {
+        "x": Outcome.APPLIED, "a": Outcome.APPLIED, "b": LostBecause.STALE_FENCE,
+        "c": Outcome.APPLIED,
+    }  # fmt: skip
+
+
+async def test_no_answer_fails_every_result_in_the_request_each_with_its_own_error() -> None:
+    client = FakeClient()
+    client.no_answer = True
+    client.gate = anyio.Event()
+    gate = client.gate
+    results = sender(client)
+    errors: dict[str, BaseException] = {}
+
+    async def step(step_id: str) -> None:
+        try:
+            await results.report(step_id, report())
+        except SupervisorUnreachable as exc:
+            errors[step_id] = exc
+
+    async with anyio.create_task_group() as tg:
+        for name in "xab":
+            tg.start_soon(step, name)
+            await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert set(errors) == {"x", "a", "b"}
+    assert errors["a"] is not errors["b"]
+    assert "connection refused" in str(errors["a"])
+
+
+async def test_a_refused_batch_is_sent_again_one_result_per_request() -> None:
+    client = FakeClient()
+    client.refuse_batches = True
+    client.lost = {"b"}
+    client.gate = anyio.Event()
+    gate = client.gate
+    results = sender(client)
+    outcomes: dict[str, Any] = {}
+
+    async def step(step_id: str) -> None:
+        try:
+            outcomes[step_id] = await results.report(step_id, report())
+        except LeaseLost as lost:
+            outcomes[step_id] = lost.because
+
+    async with anyio.create_task_group() as tg:
+        for name in "xab":
+            tg.start_soon(step, name)
+            await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert sorted(client.singles) == ["a", "b", "x"]
+    assert outcomes == {"x": Outcome.APPLIED, "a": Outcome.APPLIED, "b": LostBecause.STALE_FENCE}
+
+
+async def test_a_step_cancelled_while_waiting_is_never_sent() -> None:
+    client = FakeClient()
+    client.gate = gate = anyio.Event()
+    results = sender(client)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(results.report, "a", report())
+        await anyio.wait_all_tasks_blocked()
+        async with anyio.create_task_group() as doomed:
+            doomed.start_soon(results.report, "c", report())
+            await anyio.wait_all_tasks_blocked()
+            doomed.cancel_scope.cancel()  # c's step is cancelled while a's request is out
+        tg.start_soon(results.report, "b", report())
+        await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert client.batches == [["a"], ["b"]]
+
+
+async def test_the_sender_cancelled_mid_request_leaves_the_others_an_answer_to_retry() -> None:
+    client = FakeClient()
+    client.gate = anyio.Event()
+    results = sender(client)
+    errors: list[BaseException] = []
+
+    async def other() -> None:
+        try:
+            await results.report("b", report())
+        except SupervisorUnreachable as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg, anyio.create_task_group() as first:
+        first.start_soon(results.report, "a", report())
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(other)
+        await anyio.wait_all_tasks_blocked()
+        first.cancel_scope.cancel()  # a's step (the sender) is cancelled mid-request
+    assert client.batches == [["a"], ["b"]]  # b went out in the next request
+    assert errors == []
+
+
+@pytest.mark.parametrize("missing", [False, True])
+async def test_a_runner_reports_concurrent_results_with_fewer_requests(
+    tmp_path: Path, missing: bool
+) -> None:
+    """Through the real runner and the fake supervisor, with and without the batch route."""
+    rig = make_rig(tmp_path, concurrency=6)
+    sup = rig.supervisor
+    sup.batch_route_missing = missing
+    sup.batch_gate = first_out = anyio.Event()
+    gate = anyio.Event()
+
+    async def model(_request: httpx.Request) -> httpx.Response:
+        await gate.wait()
+        return completion()
+
+    rig.model.script(*[model] * 6)
+    for n in range(6):
+        sup.offer(make_lease(f"s{n}", task_id=f"t{n}", ttl_s=30.0, renew_every_s=10.0))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.model.until(lambda: len(rig.model.requests) == 6)
+        gate.set()
+        await sup.until(lambda: len(sup.batches) == 1)
+        await anyio.wait_all_tasks_blocked()  # the other five results queue behind it
+        first_out.set()
+        await sup.until(lambda: len(sup.of("result")) == 6)
+        with anyio.fail_after(5):
+            await rig.runner.wait_until(lambda: rig.runner.in_flight == 0)
+        rig.runner.request_shutdown()
+    assert [s.outcome for s in rig.runner.started_steps] == ["applied"] * 6
+    assert [len(json.loads(b.content)["results"]) for b in sup.batches] == [1, 5]
