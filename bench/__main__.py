@@ -1,10 +1,12 @@
-"""`python -m bench [--quick]`: every measurement of issue 6, in one run, on this machine.
+"""`python -m bench [--quick | --smoke]`: every measurement of issue 6, in one run, here.
 
 Order: the disk's bound; group commit off/on (in process); then one supervisor on one ledger
 file in a fresh work directory: 1,000 idle long-polls (first, on a fresh supervisor), runner
-RSS, steps/s at 1/16/64/256, the supervisor alone, overhead at half of the peak, renewals,
-steps under renewals; then the peers. `--quick` (under two minutes) shortens every window and
-skips the peers. Prints a table; writes JSON to `$BENCH_JSON` when it is set.
+RSS, steps/s at 1/16/64/256, model calls alone (no tether), the supervisor alone, overhead at
+half of the peak, renewals, steps under renewals; then the peers. `--quick` (under two
+minutes) shortens every window and skips the peers. `--smoke` runs every step with windows
+too short to mean anything, only to prove the suite still runs (the test suite does this).
+Prints a table; writes JSON to `$BENCH_JSON` when it is set.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from bench import (
     groupcommit,
     idle,
     machine,
+    modelbound,
     overhead,
     peers_run,
     renewals,
@@ -56,6 +59,8 @@ FULL = Plan(disk_s=5, gc_tasks=2000, idle_window_s=25, steps_s=15, bare_s=10, ov
             renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000))  # fmt: skip
 QUICK = Plan(disk_s=1.5, gc_tasks=600, idle_window_s=4, steps_s=3, bare_s=3, overhead_s=4,
              renew_s=3, peers_s=None, claim_depths=(100, 1000))  # fmt: skip
+SMOKE = Plan(disk_s=0.2, gc_tasks=100, idle_window_s=1, steps_s=0.5, bare_s=0.5, overhead_s=1,
+             renew_s=0.5, peers_s=None, claim_depths=(100,))  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -70,7 +75,8 @@ def tasks_for(rate: float, seconds: float) -> int:
 
 
 def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
-    r: dict[str, Any] = {"mode": "quick" if plan is QUICK else "full", "peer_steps_per_s": {}}
+    mode = {id(QUICK): "quick", id(SMOKE): "smoke"}.get(id(plan), "full")
+    r: dict[str, Any] = {"mode": mode, "peer_steps_per_s": {}}
     r["machine"] = machine.describe(workdir)
     say(f"work directory {workdir} ({r['machine']['ledger_filesystem']})")
     for busy in r["machine"]["busy_processes_at_start"]:
@@ -131,6 +137,9 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
                 f"{run.processes} runners, supervisor {cpu:.0f}% cpu)")  # fmt: skip
         peak = max(r["steps_per_s"].values())
 
+        r["model_calls_only_per_s"] = modelbound.run(stack, concurrency=64, seconds=plan.bare_s)
+        say(f"model calls alone: {r['model_calls_only_per_s']:.0f}/s")
+
         bare = steps.supervisor_only(stack, seconds=plan.bare_s, tasks=tasks_for(300, plan.bare_s))
         r["supervisor_only_steps_per_s"] = bare
         say(f"supervisor only: {bare:.0f} steps/s")
@@ -176,12 +185,14 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="short windows, no peers (< 2 min)")
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--quick", action="store_true", help="short windows, no peers (< 2 min)")
+    speed.add_argument("--smoke", action="store_true", help="only prove the suite runs")
     p.add_argument("--no-peers", action="store_true", help="skip Huey and DBOS")
     p.add_argument("--dir", type=Path, help="put the ledger here (default: a temp directory)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args(argv)
-    plan = QUICK if args.quick else FULL
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
     base = args.dir
     if base is not None:
         base.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,9 @@ NOTES = [
     " tether-supervisor serve (HTTP, synchronous=FULL) with the stand-in model at zero"
     " latency; committed steps / (last commit - first grant) from the ledger; SUCCEEDED tasks"
     " counted.",
+    "model calls alone: one process per core calling the stand-in model through the runner's"
+    " own ModelClient (same transport, same event loop), 64 at once, no supervisor: what the"
+    " model calls of a step cost on these cores, a bound no ledger work can beat.",
     "supervisor only: one load process on 64 raw keep-alive connections doing claim -> renew"
     " -> result, no runner or model: the supervisor's own ceiling through HTTP.",
     "overhead: tasks approved over HTTP at half the peak steps/s (open loop), runners at 64;"
@@ -63,6 +66,9 @@ def ratios(results: dict[str, Any]) -> None:
         for side in ("off", "on"):
             gc[side]["ratio_to_naive_ceiling"] = gc[side]["steps_per_s"] / ceiling
     tether64 = results["steps_per_s"].get("64", 0.0)
+    bound = results.get("model_calls_only_per_s")
+    if bound:
+        results["steps_64_ratio_to_model_calls_only"] = tether64 / bound
     results["ratio_to_peer"] = {}
     if results.get("peer_steps_per_s"):
         results["ratio_to_peer"] = {
@@ -96,6 +102,11 @@ def table(results: dict[str, Any]) -> str:
             target = f">= 1.0x ceiling ({ceiling:,.0f}/s); stretch 2.0x"
             met = yes[v >= ceiling]
         lines.append(_row(f"committed steps/s, concurrency {c} (runners)", value, r, target, met))
+    if "model_calls_only_per_s" in results:
+        value, r = rate(results["model_calls_only_per_s"])
+        share = results.get("steps_64_ratio_to_model_calls_only", 0.0)
+        value += f"; tether@64 = {share:.2f}x"
+        lines.append(_row("model calls alone, no tether (runner's client, 64)", value, r))
     if "supervisor_only_steps_per_s" in results:
         value, r = rate(results["supervisor_only_steps_per_s"])
         lines.append(_row("steps/s, supervisor only (raw client, 64)", value, r))
