@@ -5,14 +5,15 @@ waits for within its accept window) half a renew interval after the claim answer
 then one every `renew_every_s`, retrying a renew that got no answer. The step's work does not
 wait for the acknowledgement: a step whose result is answered first needs no renew at all (a
 result acknowledges too), and a slow step is renewed while it runs. The supervisor picks
-`renew_every_s` at most half its accept window, so the first renew leaves three quarters of
-the window for the network and retries. The cost, chosen knowingly: a task cancelled in the
-first half interval is noticed at that first renew, as a cancellation later in the step is
-noticed at the next one; a step never has two effects either way (fencing).
+`renew_every_s` at most half its accept window, so the first renew goes out at most a quarter
+of the window after the answer arrived, leaving room for retries. The cost, chosen knowingly:
+a task cancelled in the first half interval is noticed at that first renew, as a cancellation
+later in the step is noticed at the next one; a step never has two effects either way.
 
 The expiry watch ends the lease when the runner's own monotonic clock says it cannot still be
-valid. Before the acknowledgement the bound is the claim answer's arrival plus two renew
-intervals (at most the accept window) or `ttl_s`, whichever is sooner; after it, every deadline
+valid. Before the acknowledgement the bound is the claim answer's arrival plus one and a half
+renew intervals (at most three quarters of the accept window, the rest covering the grant's
+commit and the answer's way back) or `ttl_s`, whichever is sooner; after it, every deadline
 is counted from when the renew that earned it was *sent*, the earliest moment the supervisor
 could have stamped it, so the runner gives up no later than the supervisor does.
 
@@ -57,7 +58,7 @@ class LeaseKeeper:
         self._log = log
         self._on_lost = on_lost
         self._on_token_rejected = on_token_rejected
-        self.expires_at = lease.claim_answered_at + min(lease.ttl_s, 2 * lease.renew_every_s)
+        self.expires_at = lease.claim_answered_at + min(lease.ttl_s, 1.5 * lease.renew_every_s)
         self.renew_every_s = lease.renew_every_s
         self.lost: LeaseLost | None = None
         self.renewals = 0

@@ -8,11 +8,14 @@ single report would; under load one request answers many steps, and the supervis
 them in one transaction. Nothing waits for company, so batching adds no latency.
 
 Each step still gets its own answer, exactly what `SupervisorClient.report` would give it:
-`applied` or `replayed`, or the exception. A request that got no answer (or was cancelled with
-the step that sent it) fails every result in it with `SupervisorUnreachable`, which each step
-retries on its own; a retried result is answered `replayed` if the first one committed. A
-refusal of the whole request (a supervisor without the route, a body over its limit) sends
-those results again one per request on the single route.
+`applied` or `replayed`, or the exception. A result that cannot be encoded at all is refused
+to its own step before it joins a request (`SupervisorRefused`, so the step is released as
+rejected), and never spoils another step's request. A request that got no answer, failed in
+a way nobody foresaw, or was cancelled with the step that sent it fails every result in it
+with `SupervisorUnreachable`, which each step retries on its own; a retried result is answered
+`replayed` if the first one committed. A refusal of the whole request (a body over the
+supervisor's limit) sends those results again one per request on the single route; a
+supervisor without the batch route (404/405) gets single reports from then on.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import dataclasses
 import anyio
 
 from runner.errors import LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected
-from runner.supervisor_client import ResultReport, SupervisorClient
+from runner.supervisor_client import ResultReport, SupervisorClient, encode_result
 from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome
 
 Answer = Outcome | Exception
@@ -32,6 +35,7 @@ Answer = Outcome | Exception
 class _Pending:
     step_id: str
     report: ResultReport
+    encoded: bytes
     answer: Answer | None = None
 
 
@@ -44,12 +48,18 @@ class ResultSender:
         self._queue: list[_Pending] = []
         self._sending = False
         self._sent = anyio.Event()
+        self.batch_route = True  # False once the supervisor said it has no such route
         self.requests = 0
         self.results = 0
 
     async def report(self, step_id: str, report: ResultReport) -> Outcome:
         """Report one step's result; answers or raises as `SupervisorClient.report` does."""
-        item = _Pending(step_id, report)
+        try:
+            encoded = encode_result(step_id, report)
+        except (ValueError, TypeError) as exc:
+            detail = f"the result cannot be sent as JSON ({type(exc).__name__}: {exc})"
+            raise SupervisorRefused(422, "invalid_field", detail) from None
+        item = _Pending(step_id, report, encoded)
         self._queue.append(item)
         try:
             while item.answer is None:
@@ -75,6 +85,11 @@ class ResultSender:
         except (SupervisorUnreachable, TokenRejected) as exc:
             for pending in batch:  # one exception object per step that raises it
                 pending.answer = type(exc)(exc.detail)
+        except Exception as exc:  # the request's fate is unknown: each step retries
+            for pending in batch:
+                pending.answer = SupervisorUnreachable(
+                    f"sending results failed: {type(exc).__name__}: {exc}"
+                )
         finally:
             for pending in batch:
                 if pending.answer is None:
@@ -88,20 +103,21 @@ class ResultSender:
     async def _answers(self, batch: list[_Pending]) -> list[Answer]:
         self.requests += 1
         self.results += len(batch)
-        pairs = [(p.step_id, p.report) for p in batch]
-        try:
-            return await self._client.report_many(pairs)
-        except SupervisorRefused:
-            pass
-        answers: list[Answer] = [SupervisorUnreachable("no answer")] * len(pairs)
-
-        async def one(n: int, step_id: str, report: ResultReport) -> None:
+        if self.batch_route:
             try:
-                answers[n] = await self._client.report(step_id, report)
+                return await self._client.report_many([(p.step_id, p.encoded) for p in batch])
+            except SupervisorRefused as refused:
+                if refused.status in (404, 405):
+                    self.batch_route = False
+        answers: list[Answer] = [SupervisorUnreachable("no answer") for _ in batch]
+
+        async def one(n: int, pending: _Pending) -> None:
+            try:
+                answers[n] = await self._client.report(pending.step_id, pending.report)
             except (LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected) as exc:
                 answers[n] = exc
 
         async with anyio.create_task_group() as tg:
-            for n, (step_id, report) in enumerate(pairs):
-                tg.start_soon(one, n, step_id, report)
+            for n, pending in enumerate(batch):
+                tg.start_soon(one, n, pending)
         return answers

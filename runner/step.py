@@ -275,7 +275,7 @@ class StepRun:
         except SupervisorRefused as exc:
             # The supervisor will never take this output (too large, malformed): the step
             # would fail the same way on every runner.
-            await self._release(StepRejected(f"result refused by the supervisor: {exc.detail}"))
+            await self._release(StepRejected(f"result refused: {exc.detail}"))
             return
         self.outcome = str(outcome)
         self.phase = Phase.DONE

@@ -13,6 +13,7 @@ as the runner's own exceptions: `LeaseLost` for any answer saying the step is no
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import httpx
@@ -61,6 +62,14 @@ class ResultReport:
         if self.artifacts:
             body["artifacts"] = self.artifacts
         return body
+
+
+def encode_result(step_id: str, report: ResultReport) -> bytes:
+    """One result as an item of `POST /v1/steps/results`, encoded as httpx encodes JSON (UTF-8,
+    no NaN). `ValueError` (or `TypeError`) for a result that cannot be sent at all: a lone
+    surrogate in a model's text, a NaN, an object that is not JSON."""
+    item = {"step_id": step_id, **report.to_wire()}
+    return json.dumps(item, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _error_of(response: httpx.Response) -> tuple[str, str]:
@@ -134,13 +143,22 @@ class SupervisorClient:
         await self._http.aclose()
 
     async def _post(
-        self, path: str, body: dict[str, Any], *, timeout_s: float | None = None
+        self,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        content: bytes | None = None,
+        timeout_s: float | None = None,
     ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self._token}"}
+        if content is not None:
+            headers["Content-Type"] = "application/json"
         try:
             response = await self._http.post(
                 API_PREFIX + path,
                 json=body,
-                headers={"Authorization": f"Bearer {self._token}"},
+                content=content,
+                headers=headers,
                 timeout=timeout_s or self._timeout_s,
             )
         except httpx.TransportError as exc:
@@ -216,17 +234,13 @@ class SupervisorClient:
         except (ValueError, KeyError, TypeError):
             raise SupervisorRefused(200, "bad_answer", "result answer is malformed") from None
 
-    async def report_many(
-        self, reports: list[tuple[str, ResultReport]]
-    ) -> list[Outcome | Exception]:
-        """One answer per `(step_id, report)`, in order: an outcome, or the exception `report`
-        would have raised for that step. A refusal of the whole request (a supervisor without
-        this route, a body over its limit) raises `SupervisorRefused`; the caller then reports
-        one by one."""
-        response = await self._post(
-            "/steps/results",
-            {"results": [{"step_id": step_id, **r.to_wire()} for step_id, r in reports]},
-        )
+    async def report_many(self, items: list[tuple[str, bytes]]) -> list[Outcome | Exception]:
+        """One answer per `(step_id, encode_result(...))`, in order: an outcome, or the
+        exception `report` would have raised for that step. A refusal of the whole request (a
+        supervisor without this route, a body over its limit) raises `SupervisorRefused`; the
+        caller then reports one by one."""
+        content = b'{"results":[' + b",".join(encoded for _, encoded in items) + b"]}"
+        response = await self._post("/steps/results", content=content)
         if response.status_code != 200:
             code, detail = _error_of(response)
             raise SupervisorRefused(response.status_code, code, detail)
@@ -234,7 +248,7 @@ class SupervisorClient:
             answers = response.json()["results"]
         except (ValueError, KeyError, TypeError):
             raise SupervisorRefused(200, "bad_answer", "results answer is malformed") from None
-        if not isinstance(answers, list) or len(answers) != len(reports):
+        if not isinstance(answers, list) or len(answers) != len(items):
             raise SupervisorRefused(200, "bad_answer", "results answer has the wrong length")
-        pairs = zip(reports, answers, strict=True)
+        pairs = zip(items, answers, strict=True)
         return [_item_answer(step_id, raw) for (step_id, _), raw in pairs]

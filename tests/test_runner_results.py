@@ -11,9 +11,10 @@ import anyio
 import httpx
 import pytest
 
+from runner.clock import MonotonicClock
 from runner.errors import LeaseLost, LostBecause, SupervisorRefused, SupervisorUnreachable
 from runner.results import ResultSender
-from runner.supervisor_client import ResultReport
+from runner.supervisor_client import ResultReport, SupervisorClient
 from tether.wire import Outcome
 
 from .test_runner_fakes import completion, make_lease, make_rig
@@ -31,16 +32,20 @@ class FakeClient:
         self.singles: list[str] = []
         self.gate: anyio.Event | None = None  # the first batch waits for it
         self.refuse_batches = False
+        self.refuse_status = 413
         self.no_answer = False
+        self.crash: Exception | None = None
         self.lost: set[str] = set()
 
-    async def report_many(self, reports: list[tuple[str, ResultReport]]) -> list[Any]:
+    async def report_many(self, reports: list[tuple[str, bytes]]) -> list[Any]:
         self.batches.append([step_id for step_id, _ in reports])
         if self.gate is not None:
             gate, self.gate = self.gate, None
             await gate.wait()
         if self.refuse_batches:
-            raise SupervisorRefused(404, "not_found", "no such route")
+            raise SupervisorRefused(self.refuse_status, "refused", "whole request refused")
+        if self.crash is not None:
+            raise self.crash
         if self.no_answer:
             raise SupervisorUnreachable("ConnectError: connection refused")
         return [
@@ -185,26 +190,112 @@ async def test_a_step_cancelled_while_waiting_is_never_sent() -> None:
     assert client.batches == [["a"], ["b"]]
 
 
-async def test_the_sender_cancelled_mid_request_leaves_the_others_an_answer_to_retry() -> None:
+async def test_the_sender_cancelled_mid_request_fails_the_others_in_it_so_they_retry() -> None:
     client = FakeClient()
-    client.gate = anyio.Event()
+    client.gate = gate = anyio.Event()
     results = sender(client)
-    errors: list[BaseException] = []
+    errors: dict[str, BaseException] = {}
 
-    async def other() -> None:
+    async def other(step_id: str) -> None:
         try:
-            await results.report("b", report())
+            await results.report(step_id, report())
         except SupervisorUnreachable as exc:
-            errors.append(exc)
+            errors[step_id] = exc
 
-    async with anyio.create_task_group() as tg, anyio.create_task_group() as first:
-        first.start_soon(results.report, "a", report())
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(results.report, "x", report())  # holds the line while a, b queue
         await anyio.wait_all_tasks_blocked()
-        tg.start_soon(other)
+        async with anyio.create_task_group() as doomed:
+            doomed.start_soon(results.report, "a", report())
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(other, "b")
+            await anyio.wait_all_tasks_blocked()
+            client.gate = second = anyio.Event()  # a's request [a, b] will hang too
+            gate.set()  # x answered; a now sends [a, b]
+            await anyio.wait_all_tasks_blocked()
+            assert client.batches == [["x"], ["a", "b"]]
+            doomed.cancel_scope.cancel()  # a's step (the sender) is cancelled mid-request
         await anyio.wait_all_tasks_blocked()
-        first.cancel_scope.cancel()  # a's step (the sender) is cancelled mid-request
-    assert client.batches == [["a"], ["b"]]  # b went out in the next request
-    assert errors == []
+        second.set()
+    assert set(errors) == {"b"}  # told it got no answer: its step retries the report
+    assert "cancelled before its answer" in str(errors["b"])
+
+
+async def test_a_failure_nobody_foresaw_fails_each_result_without_crashing_the_sender() -> None:
+    client = FakeClient()
+    client.crash = RuntimeError("boom")
+    client.gate = gate = anyio.Event()
+    results = sender(client)
+    errors: dict[str, BaseException] = {}
+
+    async def step(step_id: str) -> None:
+        try:
+            await results.report(step_id, report())
+        except SupervisorUnreachable as exc:
+            errors[step_id] = exc
+
+    async with anyio.create_task_group() as tg:
+        for name in "xab":
+            tg.start_soon(step, name)
+            await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert set(errors) == {"x", "a", "b"}
+    assert "RuntimeError: boom" in str(errors["a"])
+
+
+async def test_a_supervisor_without_the_batch_route_gets_single_reports_from_then_on() -> None:
+    client = FakeClient()
+    client.refuse_batches = True
+    client.refuse_status = 404
+    results = sender(client)
+    for name in "abc":
+        assert await results.report(name, report()) is Outcome.APPLIED
+    assert client.batches == [["a"]]  # asked once
+    assert client.singles == ["a", "b", "c"]
+    assert not results.batch_route
+
+
+async def test_a_result_that_cannot_be_encoded_is_refused_to_its_own_step_only() -> None:
+    """A lone surrogate in a model's text (JSON allows it escaped; UTF-8 does not) must not
+    spoil the request it would have shared with a healthy step."""
+    seen: list[list[str]] = []
+    gate = anyio.Event()
+
+    async def supervisor(request: httpx.Request) -> httpx.Response:
+        items = json.loads(request.content)["results"]
+        seen.append([i["step_id"] for i in items])
+        if len(seen) == 1:
+            await gate.wait()
+        answers = [{"step_id": i["step_id"], "outcome": "applied"} for i in items]
+        return httpx.Response(200, json={"results": answers})
+
+    client = SupervisorClient(
+        base_url="http://supervisor.test", token="t", clock=MonotonicClock(),
+        transport=httpx.MockTransport(supervisor),
+    )  # fmt: skip
+    results = ResultSender(client)
+    out: dict[str, Any] = {}
+
+    async def step(step_id: str, text: str) -> None:
+        body = ResultReport(fence=1, payload_hash="h", output={"text": text}, usage={})
+        try:
+            out[step_id] = await results.report(step_id, body)
+        except SupervisorRefused as exc:
+            out[step_id] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(step, "first", "ok")
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(step, "healthy", "ok")
+        tg.start_soon(step, "poisoned", "\ud800")
+        await anyio.wait_all_tasks_blocked()
+        gate.set()
+    await client.aclose()
+    assert seen == [["first"], ["healthy"]]
+    assert out["first"] is Outcome.APPLIED
+    assert out["healthy"] is Outcome.APPLIED
+    assert isinstance(out["poisoned"], SupervisorRefused)
+    assert "cannot be sent as JSON" in str(out["poisoned"])
 
 
 @pytest.mark.parametrize("missing", [False, True])
@@ -237,4 +328,5 @@ async def test_a_runner_reports_concurrent_results_with_fewer_requests(
             await rig.runner.wait_until(lambda: rig.runner.in_flight == 0)
         rig.runner.request_shutdown()
     assert [s.outcome for s in rig.runner.started_steps] == ["applied"] * 6
-    assert [len(json.loads(b.content)["results"]) for b in sup.batches] == [1, 5]
+    sizes = [len(json.loads(b.content)["results"]) for b in sup.batches]
+    assert sizes == ([1] if missing else [1, 5])  # without the route: asked once, then singly
