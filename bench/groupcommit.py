@@ -1,11 +1,11 @@
 """Before and after group commit: the ledger alone, in process, at concurrency 64.
 
-64 workers each loop claim (capacity 1, no wait) -> renew (the runner's acknowledgement) ->
-result on pre-queued one-step tasks, as a runner would but without HTTP. Run once with the
-stock `SqliteLedger` (the writer takes every waiting rule into one transaction) and once with
-`OneRulePerBatch`, a bench-local subclass whose writer takes one rule per transaction, i.e. one
-fsync per rule: the ledger as it would be without group commit. The supervisor's code is not
-touched; the subclass only overrides how a batch is gathered.
+64 workers each loop claim (capacity 1, no wait) -> renew (one renewal, as a step that outlives
+half a renew interval sends) -> result on pre-queued one-step tasks, as a runner would but
+without HTTP. Run once with the stock `SqliteLedger` (the writer takes every waiting rule into
+one transaction) and once with `OneRulePerBatch`, a bench-local subclass whose writer takes one
+rule per transaction, i.e. one fsync per rule: the ledger as it would be without group commit.
+The supervisor's code is not touched; the subclass only overrides how a batch is gathered.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Load processes: `python -m bench.load MODE ...`, each bounded in time, 127.0.0.1 only.
 
 Modes (each prints `{"ready": true}` once its load is in place, then one JSON result):
-- `steps`: C workers loop claim -> renew (acknowledge) -> result until the pool is drained: the
-  supervisor's own capacity, with no runner and no model in the way.
+- `steps`: C workers loop claim -> renew -> result (one renewal per step, kept so the figure
+  compares across runs) until the pool is drained: the supervisor's own capacity, with no
+  runner and no model in the way.
 - `renew-max`: claim L leases, acknowledge them, then K workers renew them round robin as fast
   as the supervisor answers, for T seconds: sustained renewals/s.
 - `renew-paced`: claim L leases and renew each one every P seconds for T seconds (1,000 leases
