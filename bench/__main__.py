@@ -143,6 +143,12 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         bare = steps.supervisor_only(stack, seconds=plan.bare_s, tasks=tasks_for(300, plan.bare_s))
         r["supervisor_only_steps_per_s"] = bare
         say(f"supervisor only: {bare:.0f} steps/s")
+        shared = steps.supervisor_only(
+            stack, seconds=plan.bare_s, tasks=tasks_for(1500, plan.bare_s), concurrency=4,
+            mode="steps-shared",
+        )  # fmt: skip
+        r["supervisor_only_shared_steps_per_s"] = shared
+        say(f"supervisor only, the runner's protocol: {shared:.0f} steps/s")
 
         fsync_ms = 1000 / r["disk_commits_per_s"]
         ov = overhead.run(stack, rate=peak / 2, seconds=plan.overhead_s, fsync_ms=fsync_ms)

@@ -4,6 +4,8 @@ Modes (each prints `{"ready": true}` once its load is in place, then one JSON re
 - `steps`: C workers loop claim -> renew -> result (one renewal per step, kept so the figure
   compares across runs) until the pool is drained: the supervisor's own capacity, with no
   runner and no model in the way.
+- `steps-shared`: the runner's protocol without a runner: W workers (`--concurrency`) each
+  claim up to 16 leases at once and report all of them in one `POST /v1/steps/results`.
 - `renew-max`: claim L leases, acknowledge them, then K workers renew them round robin as fast
   as the supervisor answers, for T seconds: sustained renewals/s.
 - `renew-paced`: claim L leases and renew each one every P seconds for T seconds (1,000 leases
@@ -93,6 +95,42 @@ async def mode_steps(a: argparse.Namespace, token: str) -> dict[str, Any]:
                      "output": {"text": "ok"}, "usage": {"total_tokens": 1}},
                 )  # fmt: skip
                 done += status == 200
+        finally:
+            await conn.aclose()
+
+    emit({"ready": True})
+    start = time.monotonic()
+    await run_workers(a.concurrency, worker)
+    seconds = time.monotonic() - start
+    return {"steps": done, "seconds": seconds, "steps_per_s": done / seconds}
+
+
+SHARED_CLAIM = 16
+
+
+async def mode_steps_shared(a: argparse.Namespace, token: str) -> dict[str, Any]:
+    done = 0
+    deadline = time.monotonic() + a.seconds
+
+    async def worker(i: int) -> None:
+        nonlocal done
+        conn = RawConnection.for_url(a.url, token)
+        try:
+            while time.monotonic() < deadline:
+                status, body = await conn.post(
+                    CLAIM, {"runner_id": f"load-{i}", "capacity": SHARED_CLAIM, "wait_s": 0}
+                )
+                if status == 204:
+                    return
+                results = [
+                    {"step_id": lease["step_id"], "fence": lease["fence"],
+                     "payload_hash": lease["payload_hash"], "output": {"text": "ok"},
+                     "usage": {"total_tokens": 1}}
+                    for lease in body["leases"]
+                ]  # fmt: skip
+                status, answer = await conn.post("/v1/steps/results", {"results": results})
+                if status == 200:
+                    done += sum("outcome" in r for r in answer["results"])
         finally:
             await conn.aclose()
 
@@ -270,6 +308,7 @@ async def mode_approve(a: argparse.Namespace, token: str) -> dict[str, Any]:
 
 MODES = {
     "steps": mode_steps,
+    "steps-shared": mode_steps_shared,
     "renew-max": mode_renew_max,
     "renew-paced": mode_renew_paced,
     "idle": mode_idle,

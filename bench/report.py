@@ -22,7 +22,8 @@ NOTES = [
     " own ModelClient (same transport, same event loop), 64 at once, no supervisor: what the"
     " model calls of a step cost on these cores, a bound no ledger work can beat.",
     "supervisor only: one load process on 64 raw keep-alive connections doing claim -> renew"
-    " -> result, no runner or model: the supervisor's own ceiling through HTTP.",
+    " -> result, no runner or model: the supervisor's own ceiling through HTTP. With the"
+    " runner's protocol: 4 connections, each claiming 16 and reporting them in one request.",
     "overhead: tasks approved over HTTP at half the peak steps/s (open loop), runners at 64;"
     " effects.created_at - attempts.granted_at + one fsync (the commit's own), model call to"
     " the zero-latency stand-in not subtracted.",
@@ -57,6 +58,7 @@ def ratios(results: dict[str, Any]) -> None:
         "renews_per_s",
         "steps_per_s_while_1000_renew",
         "supervisor_only_steps_per_s",
+        "supervisor_only_shared_steps_per_s",
         "overhead_load_steps_per_s",
     ):
         if key in results:
@@ -110,6 +112,10 @@ def table(results: dict[str, Any]) -> str:
     if "supervisor_only_steps_per_s" in results:
         value, r = rate(results["supervisor_only_steps_per_s"])
         lines.append(_row("steps/s, supervisor only (raw client, 64)", value, r))
+    if "supervisor_only_shared_steps_per_s" in results:
+        value, r = rate(results["supervisor_only_shared_steps_per_s"])
+        name = "steps/s, supervisor only, runner's protocol (4 x claims of 16, shared results)"
+        lines.append(_row(name, value, r))
     if "p99_overhead_ms" in results:
         load = results.get("overhead_load_steps_per_s", 0.0)
         lines.append(

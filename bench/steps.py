@@ -91,13 +91,17 @@ def run(
     )  # fmt: skip
 
 
-def supervisor_only(stack: Stack, *, seconds: float, tasks: int, concurrency: int = 64) -> float:
-    """Steps/s with no runner and no model: one load process (`bench.load steps`) loops claim ->
-    renew -> result on 64 connections. What the supervisor itself can commit through HTTP."""
-    pool = prepare(stack, concurrency=concurrency, tasks=tasks, label="-bare")
+def supervisor_only(
+    stack: Stack, *, seconds: float, tasks: int, concurrency: int = 64, mode: str = "steps"
+) -> float:
+    """Steps/s with no runner and no model: one load process (`bench.load MODE`). `steps`
+    loops claim -> renew -> result on 64 connections, one step at a time; `steps-shared` speaks
+    the runner's protocol (claims of 16, the results of a claim in one request). What the
+    supervisor itself can commit through HTTP."""
+    pool = prepare(stack, concurrency=concurrency, tasks=tasks, label=f"-bare-{mode}")
     proc = stack.kids.start(
-        "load-steps",
-        [sys.executable, "-m", "bench.load", "steps", "--url", stack.supervisor_url,
+        f"load-{mode}",
+        [sys.executable, "-m", "bench.load", mode, "--url", stack.supervisor_url,
          "--token-file", str(stack.token(pool)), "--seconds", str(seconds),
          "--concurrency", str(concurrency)],
         stdout_pipe=True,
