@@ -73,7 +73,11 @@ async def run_workers(n: int, worker: Callable[[int], Awaitable[None]]) -> None:
             tg.start_soon(worker, i)
 
 
-async def mode_steps(a: argparse.Namespace, token: str) -> dict[str, Any]:
+async def _step_rounds(
+    a: argparse.Namespace, token: str, one_round: Callable[[RawConnection, int], Awaitable[int]]
+) -> dict[str, Any]:
+    """C workers repeat `one_round` (answers the steps it committed, or -1 once the pool is
+    drained) until the time is up."""
     done = 0
     deadline = time.monotonic() + a.seconds
 
@@ -82,19 +86,10 @@ async def mode_steps(a: argparse.Namespace, token: str) -> dict[str, Any]:
         conn = RawConnection.for_url(a.url, token)
         try:
             while time.monotonic() < deadline:
-                status, body = await conn.post(
-                    CLAIM, {"runner_id": f"load-{i}", "capacity": 1, "wait_s": 0}
-                )
-                if status == 204:
+                committed = await one_round(conn, i)
+                if committed < 0:
                     return
-                lease = body["leases"][0]
-                await renew(conn, lease)
-                status, _ = await conn.post(
-                    f"/v1/steps/{lease['step_id']}/result",
-                    {"fence": lease["fence"], "payload_hash": lease["payload_hash"],
-                     "output": {"text": "ok"}, "usage": {"total_tokens": 1}},
-                )  # fmt: skip
-                done += status == 200
+                done += committed
         finally:
             await conn.aclose()
 
@@ -103,42 +98,43 @@ async def mode_steps(a: argparse.Namespace, token: str) -> dict[str, Any]:
     await run_workers(a.concurrency, worker)
     seconds = time.monotonic() - start
     return {"steps": done, "seconds": seconds, "steps_per_s": done / seconds}
+
+
+def _result(lease: dict[str, Any]) -> dict[str, Any]:
+    return {"fence": lease["fence"], "payload_hash": lease["payload_hash"],
+            "output": {"text": "ok"}, "usage": {"total_tokens": 1}}  # fmt: skip
+
+
+async def _one_step(conn: RawConnection, i: int) -> int:
+    status, body = await conn.post(CLAIM, {"runner_id": f"load-{i}", "capacity": 1, "wait_s": 0})
+    if status == 204:
+        return -1
+    lease = body["leases"][0]
+    await renew(conn, lease)
+    status, _ = await conn.post(f"/v1/steps/{lease['step_id']}/result", _result(lease))
+    return int(status == 200)
 
 
 SHARED_CLAIM = 16
 
 
+async def _shared_steps(conn: RawConnection, i: int) -> int:
+    status, body = await conn.post(
+        CLAIM, {"runner_id": f"load-{i}", "capacity": SHARED_CLAIM, "wait_s": 0}
+    )
+    if status == 204:
+        return -1
+    results = [{"step_id": lease["step_id"], **_result(lease)} for lease in body["leases"]]
+    status, answer = await conn.post("/v1/steps/results", {"results": results})
+    return sum("outcome" in r for r in answer["results"]) if status == 200 else 0
+
+
+async def mode_steps(a: argparse.Namespace, token: str) -> dict[str, Any]:
+    return await _step_rounds(a, token, _one_step)
+
+
 async def mode_steps_shared(a: argparse.Namespace, token: str) -> dict[str, Any]:
-    done = 0
-    deadline = time.monotonic() + a.seconds
-
-    async def worker(i: int) -> None:
-        nonlocal done
-        conn = RawConnection.for_url(a.url, token)
-        try:
-            while time.monotonic() < deadline:
-                status, body = await conn.post(
-                    CLAIM, {"runner_id": f"load-{i}", "capacity": SHARED_CLAIM, "wait_s": 0}
-                )
-                if status == 204:
-                    return
-                results = [
-                    {"step_id": lease["step_id"], "fence": lease["fence"],
-                     "payload_hash": lease["payload_hash"], "output": {"text": "ok"},
-                     "usage": {"total_tokens": 1}}
-                    for lease in body["leases"]
-                ]  # fmt: skip
-                status, answer = await conn.post("/v1/steps/results", {"results": results})
-                if status == 200:
-                    done += sum("outcome" in r for r in answer["results"])
-        finally:
-            await conn.aclose()
-
-    emit({"ready": True})
-    start = time.monotonic()
-    await run_workers(a.concurrency, worker)
-    seconds = time.monotonic() - start
-    return {"steps": done, "seconds": seconds, "steps_per_s": done / seconds}
+    return await _step_rounds(a, token, _shared_steps)
 
 
 async def mode_renew_max(a: argparse.Namespace, token: str) -> dict[str, Any]:

@@ -64,6 +64,28 @@ def sender(client: FakeClient, **kwargs: Any) -> ResultSender:
     return ResultSender(client, **kwargs)  # type: ignore[arg-type]
 
 
+async def report_in_turn(client: FakeClient, names: str, **kwargs: Any) -> dict[str, Any]:
+    """A step per name reports, one after another, while the first request is held: the first
+    result goes alone and the others queue behind it. Answers each step's outcome, or the
+    exception its report raised."""
+    client.gate = gate = anyio.Event()
+    results = sender(client, **kwargs)
+    answers: dict[str, Any] = {}
+
+    async def step(step_id: str) -> None:
+        try:
+            answers[step_id] = await results.report(step_id, report())
+        except Exception as exc:  # the exception is the answer under test
+            answers[step_id] = exc
+
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(step, name)
+            await anyio.wait_all_tasks_blocked()
+        gate.set()
+    return answers
+
+
 async def test_results_ready_while_a_request_is_out_go_together_in_the_next() -> None:
     client = FakeClient()
     client.gate = gate = anyio.Event()
@@ -88,89 +110,38 @@ async def test_results_ready_while_a_request_is_out_go_together_in_the_next() ->
 
 async def test_a_batch_never_exceeds_the_per_request_bound() -> None:
     client = FakeClient()
-    client.gate = anyio.Event()
-    results = sender(client, per_request=2)
-    gate = client.gate
-    async with anyio.create_task_group() as tg:
-        for name in "abcde":
-            tg.start_soon(results.report, name, report())
-            await anyio.wait_all_tasks_blocked()
-        gate.set()
+    answers = await report_in_turn(client, "abcde", per_request=2)
     assert client.batches == [["a"], ["b", "c"], ["d", "e"]]
+    assert answers == dict.fromkeys("abcde", Outcome.APPLIED)
 
 
 async def test_each_step_gets_its_own_answer_from_a_shared_request() -> None:
     client = FakeClient()
     client.lost = {"b"}
-    client.gate = anyio.Event()
-    gate = client.gate
-    results = sender(client)
-    outcomes: dict[str, Any] = {}
-
-    async def step(step_id: str) -> None:
-        try:
-            outcomes[step_id] = await results.report(step_id, report())
-        except LeaseLost as lost:
-            outcomes[step_id] = lost.because
-
-    async with anyio.create_task_group() as tg:
-        for name in "xabc":
-            tg.start_soon(step, name)
-            await anyio.wait_all_tasks_blocked()
-        gate.set()
+    answers = await report_in_turn(client, "xabc")
     assert client.batches == [["x"], ["a", "b", "c"]]
-    assert outcomes == {
-        "x": Outcome.APPLIED, "a": Outcome.APPLIED, "b": LostBecause.STALE_FENCE,
-        "c": Outcome.APPLIED,
-    }  # fmt: skip
+    assert answers["b"].because is LostBecause.STALE_FENCE
+    assert {k: v for k, v in answers.items() if k != "b"} == dict.fromkeys("xac", Outcome.APPLIED)
 
 
 async def test_no_answer_fails_every_result_in_the_request_each_with_its_own_error() -> None:
     client = FakeClient()
     client.no_answer = True
-    client.gate = anyio.Event()
-    gate = client.gate
-    results = sender(client)
-    errors: dict[str, BaseException] = {}
-
-    async def step(step_id: str) -> None:
-        try:
-            await results.report(step_id, report())
-        except SupervisorUnreachable as exc:
-            errors[step_id] = exc
-
-    async with anyio.create_task_group() as tg:
-        for name in "xab":
-            tg.start_soon(step, name)
-            await anyio.wait_all_tasks_blocked()
-        gate.set()
-    assert set(errors) == {"x", "a", "b"}
-    assert errors["a"] is not errors["b"]
-    assert "connection refused" in str(errors["a"])
+    answers = await report_in_turn(client, "xab")
+    assert all(isinstance(a, SupervisorUnreachable) for a in answers.values())
+    assert answers["a"] is not answers["b"]
+    assert "connection refused" in str(answers["a"])
 
 
 async def test_a_refused_batch_is_sent_again_one_result_per_request() -> None:
     client = FakeClient()
     client.refuse_batches = True
     client.lost = {"b"}
-    client.gate = anyio.Event()
-    gate = client.gate
-    results = sender(client)
-    outcomes: dict[str, Any] = {}
-
-    async def step(step_id: str) -> None:
-        try:
-            outcomes[step_id] = await results.report(step_id, report())
-        except LeaseLost as lost:
-            outcomes[step_id] = lost.because
-
-    async with anyio.create_task_group() as tg:
-        for name in "xab":
-            tg.start_soon(step, name)
-            await anyio.wait_all_tasks_blocked()
-        gate.set()
+    answers = await report_in_turn(client, "xab")
+    assert client.batches == [["x"], ["a", "b"]]  # a body over the limit: asked again next time
     assert sorted(client.singles) == ["a", "b", "x"]
-    assert outcomes == {"x": Outcome.APPLIED, "a": Outcome.APPLIED, "b": LostBecause.STALE_FENCE}
+    assert answers["b"].because is LostBecause.STALE_FENCE
+    assert (answers["x"], answers["a"]) == (Outcome.APPLIED, Outcome.APPLIED)
 
 
 async def test_a_step_cancelled_while_waiting_is_never_sent() -> None:
@@ -224,23 +195,9 @@ async def test_the_sender_cancelled_mid_request_fails_the_others_in_it_so_they_r
 async def test_a_failure_nobody_foresaw_fails_each_result_without_crashing_the_sender() -> None:
     client = FakeClient()
     client.crash = RuntimeError("boom")
-    client.gate = gate = anyio.Event()
-    results = sender(client)
-    errors: dict[str, BaseException] = {}
-
-    async def step(step_id: str) -> None:
-        try:
-            await results.report(step_id, report())
-        except SupervisorUnreachable as exc:
-            errors[step_id] = exc
-
-    async with anyio.create_task_group() as tg:
-        for name in "xab":
-            tg.start_soon(step, name)
-            await anyio.wait_all_tasks_blocked()
-        gate.set()
-    assert set(errors) == {"x", "a", "b"}
-    assert "RuntimeError: boom" in str(errors["a"])
+    answers = await report_in_turn(client, "xab")
+    assert all(isinstance(a, SupervisorUnreachable) for a in answers.values())
+    assert "RuntimeError: boom" in str(answers["a"])
 
 
 async def test_a_supervisor_without_the_batch_route_gets_single_reports_from_then_on() -> None:
