@@ -3,9 +3,10 @@
 `python -m bench.modelbound --url URL --concurrency C --seconds S` runs C workers that call the
 stand-in model through the runner's own `ModelClient` (httpx, the runner's pooled transport,
 uvloop when installed), with no supervisor, no lease and no ledger, and prints one JSON line
-`{"calls", "seconds"}`. The benchmark starts one such process per core, as runners are
-started, and adds their rates: what the model calls of a step cost on these cores, which no
-amount of work on the ledger can beat. tether's steps/s is reported as a ratio to it.
+`{"calls", "seconds"}`. The benchmark starts as many such processes as it starts runners for
+the same concurrency (one per 16 slots, at most one per core) and adds their rates: what the
+model calls of a step cost on these cores, which no amount of work on the ledger can beat.
+tether's steps/s is reported as a ratio to it.
 """
 
 from __future__ import annotations

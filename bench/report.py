@@ -18,9 +18,10 @@ NOTES = [
     " tether-supervisor serve (HTTP, synchronous=FULL) with the stand-in model at zero"
     " latency; committed steps / (last commit - first grant) from the ledger; SUCCEEDED tasks"
     " counted.",
-    "model calls alone: one process per core calling the stand-in model through the runner's"
-    " own ModelClient (same transport, same event loop), 64 at once, no supervisor: what the"
-    " model calls of a step cost on these cores, a bound no ledger work can beat.",
+    "model calls alone: as many processes as runners at 64 (here one per core) calling the"
+    " stand-in model through the runner's own ModelClient (same transport, same event loop),"
+    " 64 at once, no supervisor: what the model calls of a step cost on these cores, a bound"
+    " no ledger work can beat.",
     "supervisor only: one load process on 64 raw keep-alive connections doing claim -> renew"
     " -> result, no runner or model: the supervisor's own ceiling through HTTP. With the"
     " runner's protocol: 4 connections, each claiming 16 and reporting them in one request.",

@@ -51,7 +51,7 @@ class RunnerSettings:
     claim_wait_s: float = 20.0
     # The whole budget for one step's model call, retries and Retry-After waits included.
     model_timeout_s: float = 300.0
-    # Timeout of one renew, release or result call (claims add their `claim_wait_s`).
+    # Timeout of one renew, release or result call (a claim waits `claim_wait_s`, then 10 s).
     request_timeout_s: float = 10.0
     # Claiming pauses after an operator problem, doubling from `pause_initial_s` up to
     # `pause_max_s`; a completed step resets it.

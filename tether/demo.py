@@ -5,8 +5,10 @@ folder, the stand-in model (a test double that answers like an OpenAI-compatible
 about a second), and two runners with distinct runner ids and tokens in files. It submits and
 approves a four-step chat task whose later steps use the earlier outputs, waits until a step
 of the middle of the plan is leased, and SIGKILLs the runner holding it, as a cloud provider
-reclaiming the server would. The lease expires on the supervisor's clock (a 4 s TTL here), the
-step is re-queued with the same step id, and the other runner replays it under a new fence.
+reclaiming the server would. The supervisor's clock ends the lease (killed before its first
+renew, it is never acknowledged within the 2 s accept window here; a renewed lease would run
+out its 4 s TTL), the step is re-queued with the same step id, and the other runner replays
+it under a new fence.
 
 It ends by printing the ledger's account (each step, its attempts and fences, its one effect,
 the terminal state), checks it against the effects table and `tether-supervisor check`, and

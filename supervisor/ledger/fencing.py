@@ -4,9 +4,9 @@ Every grant takes a new token from one strictly increasing counter that survives
 Renew, release and result carry the token; any token but the step's current one is refused as
 `StaleFence` and recorded. Leases are judged by the supervisor's clock alone: a runner is told
 durations (`ttl_s`, `renew_every_s`), never a deadline. A runner acknowledges a lease by its
-first renew (half a renew interval after the grant) or by its result, whichever comes first;
-a lease never acknowledged within `accept_window_s` (its claim answer was lost on the wire) is
-reaped early instead of stranding its step for a whole TTL.
+first renew (half a renew interval after the claim answer reached it) or by its result,
+whichever comes first; a lease never acknowledged within `accept_window_s` (its claim answer
+was lost on the wire) is reaped early instead of stranding its step for a whole TTL.
 """
 
 from __future__ import annotations
