@@ -157,6 +157,10 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         r["overhead_load_steps_per_s"] = ov.achieved_per_s
         r["overhead"] = dataclasses.asdict(ov)
         say(f"overhead at {ov.achieved_per_s:.0f}/s: p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms")
+        low = overhead.run(stack, rate=min(100.0, peak / 4), seconds=plan.overhead_s,
+                           fsync_ms=fsync_ms, pool="low-load")  # fmt: skip
+        r["overhead_low_load"] = dataclasses.asdict(low)
+        say(f"overhead at {low.achieved_per_s:.0f}/s: p50 {low.p50_ms:.1f} p99 {low.p99_ms:.1f} ms")
 
         rm = renewals.max_rate(stack, seconds=plan.renew_s)
         r["renews_per_s"] = rm["renews_per_s"]

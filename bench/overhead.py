@@ -35,11 +35,12 @@ class Overhead:
     fsync_ms: float
 
 
-def run(stack: Stack, *, rate: float, seconds: float, fsync_ms: float) -> Overhead:
-    pool = "half-peak"
+def run(
+    stack: Stack, *, rate: float, seconds: float, fsync_ms: float, pool: str = "half-peak"
+) -> Overhead:
     count = int(rate * seconds) + 10
     tasks = seed.create_tasks(stack.db, pool, count, approve=False)
-    listing = stack.workdir / "half-peak-tasks.json"
+    listing = stack.workdir / f"{pool}-tasks.json"
     listing.write_text(json.dumps(tasks))
     stack.token(pool)
     operator = stack.token(seed.TENANT, role="operator")

@@ -26,6 +26,7 @@ NOTES = [
     " -> result, no runner or model: the supervisor's own ceiling through HTTP. With the"
     " runner's protocol: 4 connections, each claiming 16 and reporting them in one request.",
     "overhead: tasks approved over HTTP at half the peak steps/s (open loop), runners at 64;"
+    " then the same at a lighter load (100 steps/s, or a quarter of the peak if lower);"
     " effects.created_at - attempts.granted_at + one fsync (the commit's own), model call to"
     " the zero-latency stand-in not subtracted.",
     "renewals/s: one load process, 64 connections renewing 1,000 acknowledged leases round"
@@ -126,6 +127,14 @@ def table(results: dict[str, Any]) -> str:
                 "",
                 "p99 <= 25 ms",
                 yes[results["p99_overhead_ms"] <= 25],
+            )
+        )
+    low = results.get("overhead_low_load")
+    if low:
+        lines.append(
+            _row(
+                f"same, at a lighter load ({low['achieved_per_s']:,.0f} steps/s)",
+                f"{low['p50_ms']:.1f} / {low['p99_ms']:.1f} ms",
             )
         )
     if "renews_per_s" in results:
