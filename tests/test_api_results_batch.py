@@ -120,3 +120,23 @@ async def test_a_malformed_item_refuses_the_whole_request_and_changes_nothing(
     body = assert_error(answer, 422, "invalid_field")
     assert where in body["detail"]
     assert ledger_snapshot(api.path) == before
+
+
+async def test_a_storage_failure_is_503_unavailable_on_both_routes(
+    api: ApiHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both routes turn a ledger error into its wire code in one place (`ledger_error_code`)."""
+    from supervisor.ledger import StorageError
+
+    [lease] = await leases(api, 1)
+
+    async def broken(*_args: Any) -> Any:
+        raise StorageError("disk I/O error")
+
+    monkeypatch.setattr(api.app.state.ledger, "report", broken)
+    assert_error(await api.report(lease), 503, "unavailable")
+    [answer] = (await post(api, [item(lease)])).json()["results"]
+    assert answer == {
+        "step_id": lease["step_id"], "status": 503, "error": "unavailable",
+        "detail": "disk I/O error",
+    }  # fmt: skip

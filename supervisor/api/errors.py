@@ -56,14 +56,19 @@ async def on_api_error(_request: Request, exc: Exception) -> Response:
     return error_response(exc.code, exc.detail)
 
 
+def ledger_error_code(exc: LedgerError, path: str) -> ErrorCode:
+    """The wire code for a ledger error; a failure of storage or of a rule is logged here."""
+    if isinstance(exc, StorageError):
+        log.error("ledger storage failed", path=path, detail=exc.detail)
+        return ErrorCode.UNAVAILABLE
+    if exc.code is ErrorCode.INTERNAL:
+        log.error("ledger rule failed", path=path, detail=exc.detail)
+    return exc.code
+
+
 async def on_ledger_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, LedgerError)
-    if isinstance(exc, StorageError):
-        log.error("ledger storage failed", path=request.url.path, detail=exc.detail)
-        return error_response(ErrorCode.UNAVAILABLE, exc.detail)
-    if exc.code is ErrorCode.INTERNAL:
-        log.error("ledger rule failed", path=request.url.path, detail=exc.detail)
-    return error_response(exc.code, exc.detail)
+    return error_response(ledger_error_code(exc, request.url.path), exc.detail)
 
 
 async def on_http_exception(_request: Request, exc: Exception) -> Response:

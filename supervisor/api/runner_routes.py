@@ -20,9 +20,9 @@ from starlette.routing import Route
 
 from supervisor.api import requests as rq
 from supervisor.api.auth import require
-from supervisor.api.errors import STATUS, ApiError, log
+from supervisor.api.errors import STATUS, ApiError, ledger_error_code
 from supervisor.api.longpoll import LongPolls
-from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role, StorageError
+from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role
 from supervisor.ledger.fencing import MAX_CAPACITY
 from tether.wire import RESULTS_PER_REQUEST_MAX, ErrorCode, ReleaseReason
 
@@ -145,20 +145,14 @@ async def results(request: Request) -> Response:
     async def one(n: int, report: Report) -> None:
         try:
             outcome = await ledger.report(report, who.scope)
-        except StorageError as exc:
-            log.error("ledger storage failed", path=request.url.path, detail=exc.detail)
-            code, detail = ErrorCode.UNAVAILABLE, exc.detail
         except LedgerError as exc:
-            if exc.code is ErrorCode.INTERNAL:
-                log.error("ledger rule failed", path=request.url.path, detail=exc.detail)
-            code, detail = exc.code, exc.detail
+            code = ledger_error_code(exc, request.url.path)
+            answers[n] = {
+                "step_id": report.step_id, "status": STATUS[code], "error": code.value,
+                "detail": exc.detail,
+            }  # fmt: skip
         else:
             answers[n] = {"step_id": report.step_id, "outcome": outcome.value}
-            return
-        answers[n] = {
-            "step_id": report.step_id, "status": STATUS[code], "error": code.value,
-            "detail": detail,
-        }  # fmt: skip
 
     # Started together, the reports reach the ledger's writer together: one transaction.
     async with anyio.create_task_group() as tg:
