@@ -126,15 +126,15 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         best = 100.0
         sup_rss = 0.0
         for c in CONCURRENCIES:
-            run = steps.run(stack, concurrency=c, seconds=plan.steps_s,
-                            tasks=tasks_for(best, plan.steps_s))  # fmt: skip
-            r["steps_per_s"][str(c)] = run.steps_per_s
-            r["steps_detail"][str(c)] = dataclasses.asdict(run)
-            best = max(best, run.steps_per_s)
-            sup_rss = max(sup_rss, run.supervisor_rss_max_mb)
-            cpu = run.supervisor_cpu_pct
-            say(f"steps at {c}: {run.steps_per_s:.0f}/s ({run.steps} steps, "
-                f"{run.processes} runners, supervisor {cpu:.0f}% cpu)")  # fmt: skip
+            at = steps.run(stack, concurrency=c, seconds=plan.steps_s,
+                           tasks=tasks_for(best, plan.steps_s))  # fmt: skip
+            r["steps_per_s"][str(c)] = at.steps_per_s
+            r["steps_detail"][str(c)] = dataclasses.asdict(at)
+            best = max(best, at.steps_per_s)
+            sup_rss = max(sup_rss, at.supervisor_rss_max_mb)
+            cpu = at.supervisor_cpu_pct
+            say(f"steps at {c}: {at.steps_per_s:.0f}/s ({at.steps} steps, "
+                f"{at.processes} runners, supervisor {cpu:.0f}% cpu)")  # fmt: skip
         peak = max(r["steps_per_s"].values())
 
         r["model_calls_only_per_s"] = modelbound.run(stack, concurrency=64, seconds=plan.bare_s)

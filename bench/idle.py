@@ -13,7 +13,6 @@ approval (from `/metrics`) show what queued work elsewhere costs while 1,000 run
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 import time
@@ -52,10 +51,7 @@ def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
     assert stack.supervisor is not None
     pid = stack.supervisor.pid
     token = stack.token("idle")
-    operator = stack.token(seed.TENANT, role="operator")
-    listing = stack.workdir / "wake-tasks.json"
-    count = int(WAKE_RATE * WAKE_S)
-    listing.write_text(json.dumps(seed.create_tasks(stack.db, "wake", count, approve=False)))
+    wake_tasks = seed.create_tasks(stack.db, "wake", int(WAKE_RATE * WAKE_S), approve=False)
     before = tree_rss_mb(pid)
     proc = stack.kids.start(
         "load-idle",
@@ -78,16 +74,10 @@ def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
         rss = tree_rss_mb(pid)
         rules0 = _rules(stack.supervisor_url)
         meter.start()
-        feeder = stack.kids.start(
-            "wake-load",
-            [sys.executable, "-m", "bench.load", "approve", "--url", stack.supervisor_url,
-             "--token-file", str(operator), "--tasks", str(listing), "--rate", str(WAKE_RATE),
-             "--seconds", str(WAKE_S), "--concurrency", "4"],
-            stdout_pipe=True,
-        )  # fmt: skip
-        lines = JsonLines(feeder)
-        lines.next(30)
-        approved = lines.next(WAKE_S + 30)["approved"]
+        fed = stack.approve_at(
+            "wake-load", wake_tasks, rate=WAKE_RATE, seconds=WAKE_S, concurrency=4
+        )
+        approved = int(fed["approved"])
         wake_cpu = meter.stop()
         per_approval = (_rules(stack.supervisor_url) - rules0) / max(1, approved)
     finally:

@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ async def renew(conn: RawConnection, lease: dict[str, Any]) -> int:
     return status
 
 
-async def run_workers(n: int, worker: Callable[[int], Awaitable[None]]) -> None:
+async def run_workers(n: int, worker: Callable[[int], Coroutine[Any, Any, None]]) -> None:
     async with anyio.create_task_group() as tg:
         for i in range(n):
             tg.start_soon(worker, i)
@@ -245,7 +245,7 @@ async def mode_idle(a: argparse.Namespace, token: str) -> dict[str, Any]:
                     answered += 1
                     leased += status == 200
         finally:
-            with anyio.CancelScope(shielded=True):
+            with anyio.CancelScope(shield=True):
                 await conn.aclose()
 
     async def announce() -> None:

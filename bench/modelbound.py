@@ -15,17 +15,16 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
 
 import anyio
 
+from bench.procs import JsonLines
+from bench.stack import Stack
+from bench.steps import processes_for
 from runner.cli import event_loop_options
 from runner.clock import MonotonicClock
 from runner.http import pooled_transport
 from runner.model_client import ModelClient
-
-if TYPE_CHECKING:
-    from bench.stack import Stack
 
 BODY = {"model": "standin", "messages": [{"role": "user", "content": "one no-op step"}]}
 
@@ -53,10 +52,7 @@ async def _calls(url: str, concurrency: int, seconds: float) -> tuple[int, float
 
 
 def run(stack: Stack, *, concurrency: int, seconds: float) -> float:
-    """Model calls/s of one process per core sharing `concurrency`, the stack's model."""
-    from bench.procs import JsonLines
-    from bench.steps import processes_for
-
+    """Model calls/s of as many processes as runners for `concurrency`, the stack's model."""
     n = processes_for(concurrency)
     argv = [sys.executable, "-m", "bench.modelbound", "--url", stack.model_url,
             "--concurrency", str(-(-concurrency // n)), "--seconds", str(seconds)]  # fmt: skip
@@ -65,7 +61,7 @@ def run(stack: Stack, *, concurrency: int, seconds: float) -> float:
         found = [JsonLines(proc).next(seconds + 30) for proc in procs]
     finally:
         stack.kids.stop_all(procs)
-    return sum(f["calls"] / f["seconds"] for f in found if f["seconds"] > 0)
+    return float(sum(f["calls"] / f["seconds"] for f in found if f["seconds"] > 0))
 
 
 def main(argv: list[str] | None = None) -> int:

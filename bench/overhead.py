@@ -14,13 +14,10 @@ hold the commit's own fsync, so one fsync (1/disk bound) is added to every figur
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 import time
 
 from bench import seed, steps
 from bench.load import pct
-from bench.procs import JsonLines
 from bench.stack import Stack
 
 
@@ -40,23 +37,11 @@ def run(
 ) -> Overhead:
     count = int(rate * seconds) + 10
     tasks = seed.create_tasks(stack.db, pool, count, approve=False)
-    listing = stack.workdir / f"{pool}-tasks.json"
-    listing.write_text(json.dumps(tasks))
     stack.token(pool)
-    operator = stack.token(seed.TENANT, role="operator")
     runners = stack.start_runners(pool, pool, 64, steps.processes_for(64))
     try:
         time.sleep(steps.STARTUP_S)
-        feeder = stack.kids.start(
-            "approve-load",
-            [sys.executable, "-m", "bench.load", "approve", "--url", stack.supervisor_url,
-             "--token-file", str(operator), "--tasks", str(listing), "--rate", str(rate),
-             "--seconds", str(seconds), "--concurrency", "32"],
-            stdout_pipe=True,
-        )  # fmt: skip
-        lines = JsonLines(feeder)
-        lines.next(30)  # ready
-        lines.next(seconds + 60)  # done feeding
+        stack.approve_at(f"{pool}-approvals", tasks, rate=rate, seconds=seconds, concurrency=32)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and (
             seed.steps_in_state(stack.db, pool, "queued")

@@ -9,15 +9,17 @@ of `python -m bench` changes it.)
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from bench import seed
-from bench.procs import Children, free_port, tool
+from bench.procs import Children, JsonLines, free_port, tool
 
 READY_TIMEOUT_S = 30.0
 
@@ -72,6 +74,29 @@ class Stack:
         if not dest.exists():
             seed.create_token(self.db, pool, role, dest)
         return dest
+
+    def approve_at(
+        self, name: str, tasks: list[tuple[str, str]], *, rate: float, seconds: float,
+        concurrency: int,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Approve `tasks` (`[task_id, plan_hash]` pairs) at `rate` per second, open loop, from
+        one operator load process; answer its summary once it is done feeding."""
+        listing = self.workdir / f"{name}-tasks.json"
+        listing.write_text(json.dumps(tasks))
+        feeder = self.kids.start(
+            name,
+            [sys.executable, "-m", "bench.load", "approve", "--url", self.supervisor_url,
+             "--token-file", str(self.token(seed.TENANT, role="operator")),
+             "--tasks", str(listing), "--rate", str(rate), "--seconds", str(seconds),
+             "--concurrency", str(concurrency)],
+            stdout_pipe=True,
+        )  # fmt: skip
+        try:
+            lines = JsonLines(feeder)
+            lines.next(30)  # ready
+            return lines.next(seconds + 60)
+        finally:
+            self.kids.stop(feeder)
 
     def start_runners(
         self, name: str, pool: str, concurrency: int, processes: int
