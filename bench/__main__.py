@@ -156,7 +156,15 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         r["p99_overhead_ms"] = ov.p99_ms
         r["overhead_load_steps_per_s"] = ov.achieved_per_s
         r["overhead"] = dataclasses.asdict(ov)
-        say(f"overhead at {ov.achieved_per_s:.0f}/s: p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms")
+        say(f"overhead at {ov.achieved_per_s:.0f}/s: p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms"
+            f" ({ov.machine_busy_pct:.0f}% of the cores busy)")  # fmt: skip
+        paced = overhead.paced(stack, rate=peak / 2, seconds=plan.overhead_s, fsync_ms=fsync_ms)
+        r["overhead_paced"] = dataclasses.asdict(paced)
+        say(
+            f"overhead, queue drained at {paced.achieved_per_s:.0f}/s by a model holding each "
+            f"answer ~{1000 * overhead.SLOTS / paced.offered_per_s:.0f} ms: p50 "
+            f"{paced.p50_ms:.1f} p99 {paced.p99_ms:.1f} ms ({paced.machine_busy_pct:.0f}% busy)"
+        )
         low = overhead.run(stack, rate=min(100.0, peak / 4), seconds=plan.overhead_s,
                            fsync_ms=fsync_ms, pool="low-load")  # fmt: skip
         r["overhead_low_load"] = dataclasses.asdict(low)

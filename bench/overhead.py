@@ -1,14 +1,24 @@
-"""Claim->commit overhead at half of peak load, model time excluded.
+"""Claim->commit overhead at half of peak load, model time excluded: two readings.
 
-Load: an operator load process approves one-step tasks over HTTP at half the peak steps/s
-measured earlier (open loop: a fixed arrival rate, not a closed loop that slows down with the
-system), while real runners with 64 slots long-poll for them; the stand-in model answers at
-once. Overhead per step, from the ledger's own timestamps on the supervisor's clock:
-`effects.created_at - attempts.granted_at` of the committing attempt. That span holds the
-grant's fsync and answer, the model call to a zero-latency stand-in (its HTTP round trip,
-~2 ms, is not subtracted: conservative), and the result request up to the moment its batch
-runs. (A step this short sends no renew: its result acknowledges the lease.) It does not
-hold the commit's own fsync, so one fsync (1/disk bound) is added to every figure reported.
+Overhead per step, from the ledger's own timestamps on the supervisor's clock:
+`effects.created_at - attempts.granted_at` of the committing attempt, less the time the model
+held the answer. That span holds the grant's fsync and answer, the model call's HTTP round trip
+(to a stand-in on the same cores: not subtracted, conservative), and the result request up to
+the moment its batch runs. (A step this short sends no renew: its result acknowledges the
+lease.) It does not hold the commit's own fsync, so one fsync (1/disk bound) is added to every
+figure reported. Beside each reading: how busy the machine's cores were while it ran.
+
+- `run`, approvals one at a time (the reading in the headline figure): an operator load
+  process approves one-step tasks over HTTP at the rate (open loop: a fixed arrival rate, not
+  a closed loop that slows down with the system), while runners with 64 slots long-poll for
+  them; the stand-in answers at once. Every step also costs an approval, and a claim and a
+  result request of its own, which the peak (a queue drained) does not pay.
+- `paced`, the peak's own work at half its rate: the same 64 slots drain a queue of approved
+  tasks, as at the peak, but the stand-in holds each answer about 64/rate seconds, spread
+  evenly over +-90 % by a hash of the request (`tether.standin_model.latency_for`), so that the
+  answers do not arrive in waves. That hold is computed for each step from its own messages
+  and subtracted. The first two holds' worth of grants (the 64 slots filling at once) are
+  left out.
 """
 
 from __future__ import annotations
@@ -18,7 +28,12 @@ import time
 
 from bench import seed, steps
 from bench.load import pct
+from bench.procs import MachineBusy
 from bench.stack import Stack
+from tether.standin_model import latency_for
+
+SLOTS = 64
+SPREAD = 0.9
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,36 +45,91 @@ class Overhead:
     p99_ms: float
     max_ms: float
     fsync_ms: float
+    machine_busy_pct: float
+
+
+def _summary(
+    spans: list[float], *, rate: float, achieved: float, fsync_ms: float, busy: float
+) -> Overhead:
+    spans = [s + fsync_ms for s in spans]
+    return Overhead(
+        offered_per_s=rate,
+        achieved_per_s=achieved,
+        steps=len(spans),
+        p50_ms=pct(spans, 0.5),
+        p99_ms=pct(spans, 0.99),
+        max_ms=max(spans, default=0.0),
+        fsync_ms=fsync_ms,
+        machine_busy_pct=busy,
+    )
+
+
+def _drain(stack: Stack, pool: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(
+        seed.steps_in_state(stack.db, pool, state) for state in ("queued", "leased")
+    ):
+        time.sleep(0.2)
 
 
 def run(
     stack: Stack, *, rate: float, seconds: float, fsync_ms: float, pool: str = "half-peak"
 ) -> Overhead:
+    """Approvals arriving one at a time at `rate`; the stand-in answers at once."""
     count = int(rate * seconds) + 10
     tasks = seed.create_tasks(stack.db, pool, count, approve=False)
     stack.token(pool)
-    runners = stack.start_runners(pool, pool, 64, steps.processes_for(64))
+    runners = stack.start_runners(pool, pool, SLOTS, steps.processes_for(SLOTS))
+    busy = MachineBusy()
     try:
         time.sleep(steps.STARTUP_S)
+        busy.start()
         stack.approve_at(f"{pool}-approvals", tasks, rate=rate, seconds=seconds, concurrency=32)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and (
-            seed.steps_in_state(stack.db, pool, "queued")
-            + seed.steps_in_state(stack.db, pool, "leased")
-        ):
-            time.sleep(0.2)
+        busy_pct = busy.stop()
+        _drain(stack, pool)
     finally:
         stack.kids.stop_all(runners, grace_s=10)
     rows = seed.step_rows(stack.db, pool)
     seed.cancel_pool(stack.db, pool)
-    spans = [1000 * (c - g) + fsync_ms for g, c in rows]
     window = (max(c for _, c in rows) - min(g for g, _ in rows)) if rows else 0.0
-    return Overhead(
-        offered_per_s=rate,
-        achieved_per_s=len(rows) / window if window > 0 else 0.0,
-        steps=len(rows),
-        p50_ms=pct(spans, 0.5),
-        p99_ms=pct(spans, 0.99),
-        max_ms=max(spans, default=0.0),
-        fsync_ms=fsync_ms,
+    return _summary(
+        [1000 * (c - g) for g, c in rows], rate=rate, fsync_ms=fsync_ms, busy=busy_pct,
+        achieved=len(rows) / window if window > 0 else 0.0,
+    )  # fmt: skip
+
+
+def paced(
+    stack: Stack, *, rate: float, seconds: float, fsync_ms: float, pool: str = "paced"
+) -> Overhead:
+    """A queue of approved tasks drained by 64 slots whose model answers take about
+    64/`rate` s each; each step's own hold is subtracted."""
+    hold = SLOTS / rate
+    seed.create_tasks(
+        stack.db, pool, int(rate * (steps.STARTUP_S + 2 * hold + seconds)) + 10, approve=True
     )
+    stack.token(pool)
+    stack.set_model_latency(hold, spread=SPREAD)
+    busy = MachineBusy()
+    try:
+        runners = stack.start_runners(pool, pool, SLOTS, steps.processes_for(SLOTS))
+        try:
+            time.sleep(steps.STARTUP_S + 2 * hold)
+            busy.start()
+            time.sleep(seconds)
+            busy_pct = busy.stop()
+        finally:
+            stack.kids.stop_all(runners, grace_s=10)
+    finally:
+        stack.set_model_latency(0.0)
+    rows = seed.step_rows_with_messages(stack.db, pool)
+    seed.cancel_pool(stack.db, pool)
+    if not rows:
+        return _summary([], rate=rate, achieved=0.0, fsync_ms=fsync_ms, busy=busy_pct)
+    first = min(g for g, _, _ in rows)
+    steady = [(g, c, m) for g, c, m in rows if g > first + 2 * hold]
+    window = max(c for _, c, _ in rows) - first
+    return _summary(
+        [1000 * (c - g - latency_for(m, hold, SPREAD)) for g, c, m in steady],
+        rate=rate, achieved=len(rows) / window if window > 0 else 0.0, fsync_ms=fsync_ms,
+        busy=busy_pct,
+    )  # fmt: skip

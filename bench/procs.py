@@ -140,6 +140,28 @@ class CpuMeter:
         return 100.0 * (self._cpu() - self._c0) / wall if wall > 0 else 0.0
 
 
+class MachineBusy:
+    """Share of all the machine's cores that were busy between `start()` and `stop()`, in %:
+    everything but idle and I/O wait, whoever ran (tether, the stand-in, load, the peers)."""
+
+    def __init__(self) -> None:
+        self._t0: tuple[float, float] = (0.0, 0.0)
+
+    @staticmethod
+    def _read() -> tuple[float, float]:
+        t = psutil.cpu_times()
+        idle = float(t.idle + getattr(t, "iowait", 0.0))
+        return float(sum(t)), idle
+
+    def start(self) -> None:
+        self._t0 = self._read()
+
+    def stop(self) -> float:
+        total, idle = self._read()
+        spent = total - self._t0[0]
+        return 100.0 * (1.0 - (idle - self._t0[1]) / spent) if spent > 0 else 0.0
+
+
 def read_json_line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
     """Wait for a child that prints one JSON document on stdout, bounded in time."""
     try:

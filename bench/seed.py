@@ -8,6 +8,7 @@ take another's tasks. Every task is one `chat` step: the stand-in model answers 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -111,6 +112,22 @@ def step_rows(path: Path, pool: str) -> list[tuple[float, float]]:
             (pool,),
         ).fetchall()
         return [(float(r[0]), float(r[1])) for r in rows]
+    finally:
+        db.close()
+
+
+def step_rows_with_messages(path: Path, pool: str) -> list[tuple[float, float, Any]]:
+    """As `step_rows`, with each step's payload messages (what its model request carried)."""
+    db = connect(path, readonly=True)
+    try:
+        rows = db.execute(
+            "SELECT a.granted_at, e.created_at, s.payload_json FROM effects e"
+            " JOIN attempts a ON a.step_id = e.step_id AND a.fence = e.fence"
+            " JOIN steps s ON s.id = e.step_id"
+            " JOIN tasks t ON t.id = e.task_id WHERE t.pool = ?",
+            (pool,),
+        ).fetchall()
+        return [(float(r[0]), float(r[1]), json.loads(r[2])["messages"]) for r in rows]
     finally:
         db.close()
 

@@ -64,9 +64,11 @@ class Stack:
         )  # fmt: skip
         wait_ready(f"http://127.0.0.1:{port}/_admin/knobs", self.model)
 
-    def set_model_latency(self, latency_s: float) -> None:
+    def set_model_latency(self, latency_s: float, spread: float = 0.0) -> None:
+        """How long the stand-in holds each answer (`spread`: see `tether.standin_model`)."""
         base = self.model_url.removesuffix("/v1")
-        answer = httpx.post(f"{base}/_admin/knobs", json={"latency_s": latency_s}, timeout=5)
+        knobs = {"latency_s": latency_s, "latency_spread": spread}
+        answer = httpx.post(f"{base}/_admin/knobs", json=knobs, timeout=5)
         answer.raise_for_status()
 
     def token(self, pool: str, role: str = "runner") -> Path:

@@ -48,6 +48,9 @@ def test_the_benchmark_suite_runs_and_writes_every_figure(tmp_path: Path) -> Non
     assert set(figures["steps_per_s"]) == {"1", "16", "64", "256"}
     assert sum(figures["steps_per_s"].values()) > 0  # runners committed steps
     assert figures["model_calls_only_per_s"] > 0
+    for reading in ("overhead", "overhead_paced"):  # both overhead readings ran on real steps
+        assert figures[reading]["achieved_per_s"] > 0, reading
+        assert 0 < figures[reading]["machine_busy_pct"] <= 100, reading
     assert figures["peer_steps_per_s"] == {}  # --smoke skips the peers
     assert figures["ratio_to_peer"] == {}
     assert not list((tmp_path / "work").iterdir())  # the work directory was cleaned up

@@ -15,10 +15,11 @@ import anyio
 import httpx
 import pytest
 
+import tether.standin_model as standin
 from runner.clock import MonotonicClock
 from runner.errors import OperatorProblem, StepRejected
 from runner.model_client import ModelClient
-from tether.standin_model import Knobs, create_app, main
+from tether.standin_model import Knobs, create_app, latency_for, main
 
 BODY = {
     "model": "stand-in",
@@ -112,7 +113,14 @@ async def test_knobs_change_at_run_time_all_or_nothing(http: httpx.AsyncClient) 
     assert changed.json()["fail_500"] == 1
     assert changed.json()["key_required"] is True
     assert "k" not in changed.json().values()
-    for bad in ({"fail_500": 2, "nope": 1}, {"fail_500": -1}, {"latency_s": "slow"}, [1]):
+    for bad in (
+        {"fail_500": 2, "nope": 1},
+        {"fail_500": -1},
+        {"latency_s": "slow"},
+        {"latency_spread": 1.5},
+        {"latency_spread": -0.1},
+        [1],
+    ):
         refused = await http.post("/_admin/knobs", json=bad)
         assert refused.status_code == 400
         assert refused.json()["error"] == "invalid_field"
@@ -124,6 +132,36 @@ async def test_latency_delays_the_answer(knobs: Knobs, http: httpx.AsyncClient) 
     with anyio.move_on_after(0.2) as scope:
         await chat(http)
     assert scope.cancelled_caught
+
+
+def test_latency_spread_is_even_bounded_and_computable_from_the_messages() -> None:
+    many = [[{"role": "user", "content": f"no-op {i}"}] for i in range(400)]
+    assert {latency_for(m, 0.2, 0.0) for m in many} == {0.2}
+    assert latency_for(many[0], 0.0, 0.9) == 0.0
+    held = [latency_for(m, 0.2, 0.9) for m in many]
+    assert held == [latency_for(m, 0.2, 0.9) for m in many]  # the same messages, the same hold
+    assert all(0.2 * 0.1 <= h <= 0.2 * 1.9 for h in held)
+    # spread out, not bunched: each tenth of the range holds some of the 400
+    tenths = {int((h - 0.02) / 0.036) for h in held}
+    assert tenths >= set(range(10))
+
+
+async def test_each_answer_is_held_as_latency_for_says(
+    knobs: Knobs, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holds: list[float] = []
+
+    async def record(seconds: float) -> None:
+        holds.append(seconds)
+
+    monkeypatch.setattr(standin.anyio, "sleep", record)
+    changed = await http.post("/_admin/knobs", json={"latency_s": 0.5, "latency_spread": 0.8})
+    assert changed.status_code == 200
+    bodies = [{"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(5)]
+    for body in bodies:
+        assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+    assert holds == [latency_for(b["messages"], 0.5, 0.8) for b in bodies]
+    assert len(set(holds)) == 5
 
 
 async def test_the_runners_model_client_reads_the_stand_in_as_a_provider(knobs: Knobs) -> None:
@@ -153,6 +191,8 @@ def test_cli_help_and_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert main(["--port", "1", "--key-file", "/nonexistent"]) == 2
+    assert main(["--port", "1", "--latency-spread", "2"]) == 2
+    assert "--latency-spread must be 0..1" in capsys.readouterr().err
 
 
 def test_it_runs_as_a_process(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@ the last user message and a hash of all messages) and word-count token usage, an
 told to misbehave, by constructor arguments, command-line flags, or at run time through a tiny
 admin endpoint:
 
-    POST /_admin/knobs   {"latency_s": 0.5, "fail_429": 2, "retry_after_s": 1, "fail_500": 1,
-                          "quota_exhausted": true, "expected_key": "k"}  -> the knobs now
+    POST /_admin/knobs   {"latency_s": 0.5, "latency_spread": 0.5, "fail_429": 2,
+                          "retry_after_s": 1, "fail_500": 1, "quota_exhausted": true,
+                          "expected_key": "k"}  -> the knobs now
     GET  /_admin/knobs   the knobs (the expected key itself is never shown)
     GET  /_admin/stats   {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...]}
     GET  /healthz        {"ok": true} once it listens
@@ -15,11 +16,15 @@ admin endpoint:
 Knobs, applied to each call in this order: a wrong or missing key while `expected_key` is set
 answers 401; `quota_exhausted` answers 429 `insufficient_quota` (never retried by the runner);
 `fail_429` answers the next N calls 429 with `Retry-After: retry_after_s`; `fail_500` answers
-the next N calls 500; `latency_s` delays every answer. The admin endpoint has no
-authentication: bind it to 127.0.0.1 only.
+the next N calls 500; `latency_s` delays every answer. With `latency_spread` s (0 to 1) the
+delays spread evenly over `latency_s * (1 - s)` .. `latency_s * (1 + s)`, each one chosen by a
+hash of the request's messages (`latency_for`): answers do not all arrive in step, as a real
+model's do not, yet whoever sent a request can compute how long its answer was held. The
+admin endpoint has no authentication: bind it to 127.0.0.1 only.
 
     python -m tether.standin_model --port 8090 [--host 127.0.0.1] [--key K | --key-file F]
-        [--latency S] [--fail-429 N] [--retry-after S] [--fail-500 N] [--quota-exhausted]
+        [--latency S] [--latency-spread F] [--fail-429 N] [--retry-after S] [--fail-500 N]
+        [--quota-exhausted]
 
 Starlette and uvicorn are imported here only: the runner never imports this module.
 """
@@ -46,6 +51,7 @@ from tether.wire import canonical_json, sha256_hex
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _KNOB_TYPES: dict[str, tuple[type, ...]] = {
     "latency_s": (int, float),
+    "latency_spread": (int, float),
     "fail_429": (int,),
     "retry_after_s": (int, float),
     "fail_500": (int,),
@@ -59,6 +65,7 @@ class Knobs:
     """How the stand-in misbehaves; mutable at run time through `/_admin/knobs`."""
 
     latency_s: float = 0.0
+    latency_spread: float = 0.0
     fail_429: int = 0
     retry_after_s: float = 1.0
     fail_500: int = 0
@@ -82,6 +89,8 @@ class Knobs:
                 return f"knob {key!r} has the wrong type"
             if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
                 return f"knob {key!r} must not be negative"
+            if key == "latency_spread" and isinstance(value, int | float) and value > 1:
+                return "knob 'latency_spread' must be 0..1"
         for key, value in changes.items():
             setattr(self, key, value)
         return None
@@ -96,6 +105,15 @@ def _openai_error(status: int, message: str, kind: str, code: str | None = None)
 
 def _tokens(text: str) -> int:
     return len(text.split())
+
+
+def latency_for(messages: Any, latency_s: float, spread: float) -> float:
+    """How long the answer to a request with these `messages` is held: `latency_s`, moved by up
+    to `spread` of itself by a hash of the messages (the same messages, the same delay)."""
+    if spread <= 0 or latency_s <= 0:
+        return latency_s
+    unit = int(sha256_hex(canonical_json(messages))[:8], 16) / 0x1_0000_0000
+    return latency_s * (1.0 + spread * (2.0 * unit - 1.0))
 
 
 def answer_for(body: dict[str, Any]) -> dict[str, Any]:
@@ -191,8 +209,9 @@ def create_app(knobs: Knobs | None = None) -> Starlette:
         problem = _invalid_request(body)
         if problem is not None:
             return _openai_error(400, problem, "invalid_request_error")
-        if k.latency_s > 0:
-            await anyio.sleep(k.latency_s)
+        delay = latency_for(body["messages"], k.latency_s, k.latency_spread)
+        if delay > 0:
+            await anyio.sleep(delay)
         completion = answer_for(body)
         answered.append(completion["id"])
         return JSONResponse(completion)
@@ -252,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     key.add_argument("--key", help="expected API key (visible in ps; prefer --key-file)")
     key.add_argument("--key-file", type=Path, help="file holding the expected API key")
     parser.add_argument("--latency", type=float, default=0.0, metavar="S")
+    parser.add_argument("--latency-spread", type=float, default=0.0, metavar="F")
     parser.add_argument("--fail-429", type=int, default=0, metavar="N")
     parser.add_argument("--retry-after", type=float, default=1.0, metavar="S")
     parser.add_argument("--fail-500", type=int, default=0, metavar="N")
@@ -270,12 +290,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     knobs = Knobs(
         latency_s=args.latency,
+        latency_spread=args.latency_spread,
         fail_429=args.fail_429,
         retry_after_s=args.retry_after,
         fail_500=args.fail_500,
         quota_exhausted=args.quota_exhausted,
         expected_key=expected or None,
     )
+    if not 0 <= args.latency_spread <= 1:
+        spread = args.latency_spread
+        print(f"standin_model: --latency-spread must be 0..1, got {spread}", file=sys.stderr)
+        return 2
     if not 0 < args.port < 65536:
         print(f"standin_model: --port must be 1..65535, got {args.port}", file=sys.stderr)
         return 2
