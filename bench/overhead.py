@@ -17,8 +17,8 @@ figure reported. Beside each reading: how busy the machine's cores were while it
   tasks, as at the peak, but the stand-in holds each answer about 64/rate seconds, spread
   evenly over +-90 % by a hash of the request (`tether.standin_model.latency_for`), so that the
   answers do not arrive in waves. That hold is computed for each step from its own messages
-  and subtracted. The first two holds' worth of grants (the 64 slots filling at once) are
-  left out.
+  and subtracted. Only steps granted in a window after the 64 slots have filled and cycled
+  twice, and that finish before the runners stop, are counted.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tether.standin_model import latency_for
 
 SLOTS = 64
 SPREAD = 0.9
+PACED_RATE_MIN = 64.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -102,34 +103,42 @@ def paced(
     stack: Stack, *, rate: float, seconds: float, fsync_ms: float, pool: str = "paced"
 ) -> Overhead:
     """A queue of approved tasks drained by 64 slots whose model answers take about
-    64/`rate` s each; each step's own hold is subtracted."""
+    64/`rate` s each; each step's own hold is subtracted.
+
+    Counted: the steps granted within a window of `seconds` that opens once the slots have
+    cycled twice (the fill, all 64 at once, is over) and closes while the runners still work,
+    so that every counted step finishes under the same load (none in the shutdown's tail).
+    The rate is at least `PACED_RATE_MIN`, so that no hold exceeds 1.9 s and a step still
+    sends no renew (the first goes half a renew interval, 2.5 s here, after the grant).
+    """
+    rate = max(rate, PACED_RATE_MIN)
     hold = SLOTS / rate
-    seed.create_tasks(
-        stack.db, pool, int(rate * (steps.STARTUP_S + 2 * hold + seconds)) + 10, approve=True
-    )
+    longest = hold * (1 + SPREAD)
+    warm = steps.STARTUP_S + 2 * longest
+    tasks = int(rate * (warm + seconds + longest)) + SLOTS + 10
+    seed.create_tasks(stack.db, pool, tasks, approve=True)
     stack.token(pool)
     stack.set_model_latency(hold, spread=SPREAD)
     busy = MachineBusy()
     try:
         runners = stack.start_runners(pool, pool, SLOTS, steps.processes_for(SLOTS))
         try:
-            time.sleep(steps.STARTUP_S + 2 * hold)
+            time.sleep(warm)
+            opened = time.time()  # the ledger stamps with the supervisor's clock, this one
             busy.start()
             time.sleep(seconds)
+            closed = time.time()
             busy_pct = busy.stop()
+            time.sleep(longest + 1.0)  # the counted steps finish before the runners stop
         finally:
             stack.kids.stop_all(runners, grace_s=10)
     finally:
         stack.set_model_latency(0.0)
     rows = seed.step_rows_with_messages(stack.db, pool)
     seed.cancel_pool(stack.db, pool)
-    if not rows:
-        return _summary([], rate=rate, achieved=0.0, fsync_ms=fsync_ms, busy=busy_pct)
-    first = min(g for g, _, _ in rows)
-    steady = [(g, c, m) for g, c, m in rows if g > first + 2 * hold]
-    window = max(c for _, c, _ in rows) - first
+    counted = [(g, c, m) for g, c, m in rows if opened <= g < closed]
+    committed = sum(1 for _, c, _ in rows if opened <= c < closed)
     return _summary(
-        [1000 * (c - g - latency_for(m, hold, SPREAD)) for g, c, m in steady],
-        rate=rate, achieved=len(rows) / window if window > 0 else 0.0, fsync_ms=fsync_ms,
-        busy=busy_pct,
+        [1000 * (c - g - latency_for(m, hold, SPREAD)) for g, c, m in counted],
+        rate=rate, achieved=committed / (closed - opened), fsync_ms=fsync_ms, busy=busy_pct,
     )  # fmt: skip

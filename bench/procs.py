@@ -141,8 +141,10 @@ class CpuMeter:
 
 
 class MachineBusy:
-    """Share of all the machine's cores that were busy between `start()` and `stop()`, in %:
-    everything but idle and I/O wait, whoever ran (tether, the stand-in, load, the peers)."""
+    """Share of all the machine's cores that were busy between `start()` and `stop()`, in %,
+    whoever ran (tether, the stand-in, load processes): user, nice, system and interrupts.
+    Idle and I/O wait are not busy; nor is steal (a VM's time taken by its host, which no
+    process here used). Guest time is already inside user and nice (Linux), so not added."""
 
     def __init__(self) -> None:
         self._t0: tuple[float, float] = (0.0, 0.0)
@@ -150,8 +152,9 @@ class MachineBusy:
     @staticmethod
     def _read() -> tuple[float, float]:
         t = psutil.cpu_times()
-        idle = float(t.idle + getattr(t, "iowait", 0.0))
-        return float(sum(t)), idle
+        extra = {f: float(getattr(t, f, 0.0)) for f in ("iowait", "steal", "guest", "guest_nice")}
+        total = float(sum(t)) - extra["guest"] - extra["guest_nice"]
+        return total, float(t.idle) + extra["iowait"] + extra["steal"]
 
     def start(self) -> None:
         self._t0 = self._read()

@@ -3,7 +3,8 @@
 Tasks are created (and, if asked, approved) through the ledger's own rules with
 `execute_batch`, straight on the file and before the supervisor opens it, so seeding is never
 part of what is timed. Each measurement gets its own pool, so runners of one measurement never
-take another's tasks. Every task is one `chat` step: the stand-in model answers it at once.
+take another's tasks. Every task is one `chat` step; the stand-in model answers it at once
+(unless a measurement sets its latency, as `overhead.paced` does).
 """
 
 from __future__ import annotations

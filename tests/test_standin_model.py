@@ -119,12 +119,19 @@ async def test_knobs_change_at_run_time_all_or_nothing(http: httpx.AsyncClient) 
         {"latency_s": "slow"},
         {"latency_spread": 1.5},
         {"latency_spread": -0.1},
+        {"latency_spread": True},
+        {"latency_spread": 0.5, "latency_s": "slow"},
         [1],
     ):
         refused = await http.post("/_admin/knobs", json=bad)
         assert refused.status_code == 400
         assert refused.json()["error"] == "invalid_field"
-    assert (await http.get("/_admin/knobs")).json()["fail_500"] == 1
+    for raw in (b'{"latency_spread": NaN}', b'{"latency_s": Infinity}'):
+        refused = await http.post("/_admin/knobs", content=raw)
+        assert refused.status_code == 400, raw
+        assert "finite" in refused.json()["detail"]
+    now = (await http.get("/_admin/knobs")).json()
+    assert (now["fail_500"], now["latency_s"], now["latency_spread"]) == (1, 0.0, 0.0)
 
 
 async def test_latency_delays_the_answer(knobs: Knobs, http: httpx.AsyncClient) -> None:
@@ -193,6 +200,8 @@ def test_cli_help_and_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--port", "1", "--key-file", "/nonexistent"]) == 2
     assert main(["--port", "1", "--latency-spread", "2"]) == 2
     assert "--latency-spread must be 0..1" in capsys.readouterr().err
+    assert main(["--port", "1", "--latency", "nan"]) == 2
+    assert "--latency must be a finite number" in capsys.readouterr().err
 
 
 def test_it_runs_as_a_process(tmp_path: Path) -> None:

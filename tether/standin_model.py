@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hmac
+import math
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -87,10 +88,13 @@ class Knobs:
                 return f"unknown knob {key!r} (known: {', '.join(sorted(_KNOB_TYPES))})"
             if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
                 return f"knob {key!r} has the wrong type"
-            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-                return f"knob {key!r} must not be negative"
-            if key == "latency_spread" and isinstance(value, int | float) and value > 1:
-                return "knob 'latency_spread' must be 0..1"
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if not math.isfinite(value):
+                    return f"knob {key!r} must be a finite number"
+                if value < 0:
+                    return f"knob {key!r} must not be negative"
+                if key == "latency_spread" and value > 1:
+                    return "knob 'latency_spread' must be 0..1"
         for key, value in changes.items():
             setattr(self, key, value)
         return None
@@ -297,6 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         quota_exhausted=args.quota_exhausted,
         expected_key=expected or None,
     )
+    for flag, value in (("--latency", args.latency), ("--retry-after", args.retry_after)):
+        if not (math.isfinite(value) and value >= 0):
+            print(
+                f"standin_model: {flag} must be a finite number >= 0, got {value}", file=sys.stderr
+            )
+            return 2
     if not 0 <= args.latency_spread <= 1:
         spread = args.latency_spread
         print(f"standin_model: --latency-spread must be 0..1, got {spread}", file=sys.stderr)
