@@ -23,22 +23,23 @@ from runner.clock import Clock
 MAX_RETRY_AFTER_S = 3600.0
 
 
-def _seconds(raw: str) -> float | None:
+def _seconds(raw: str, unit_s: float = 1.0) -> float | None:
+    """`raw` (a number of `unit_s`) in seconds, at most `MAX_RETRY_AFTER_S`; None if unusable."""
     try:
         value = float(raw)
     except ValueError:
         return None
     if not math.isfinite(value) or value < 0:
         return None
-    return min(value, MAX_RETRY_AFTER_S)
+    return min(value * unit_s, MAX_RETRY_AFTER_S)
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds the provider asks us to wait, or None when it did not say (usably)."""
     if (ms := headers.get("retry-after-ms")) is not None:
-        seconds = _seconds(ms)
+        seconds = _seconds(ms.strip(), unit_s=0.001)
         if seconds is not None:
-            return min(seconds / 1000.0, MAX_RETRY_AFTER_S)
+            return seconds
     raw = headers.get("retry-after")
     if raw is None:
         return None

@@ -7,7 +7,7 @@ import pytest
 
 from runner.errors import OperatorProblem, StepRejected, TransientFailure
 from runner.model_client import ModelClient
-from runner.retry_after import parse_retry_after
+from runner.retry_after import MAX_RETRY_AFTER_S, parse_retry_after
 from tests.test_runner_fakes import MODEL_KEY, FakeModel, VirtualClock, completion, json_response
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -124,6 +124,12 @@ def test_retry_after_forms() -> None:
     assert parse_retry_after(httpx.Headers({"Retry-After": "3"})) == 3.0
     assert parse_retry_after(httpx.Headers({"Retry-After": "1.5"})) == 1.5
     assert parse_retry_after(httpx.Headers({"retry-after-ms": "250"})) == 0.25
+    # milliseconds are turned into seconds before the cap, not after (20 s, not 3.6 s)
+    assert parse_retry_after(httpx.Headers({"retry-after-ms": "20000"})) == 20.0
+    both = httpx.Headers({"retry-after-ms": "20000", "Retry-After": "20"})
+    assert parse_retry_after(both) == 20.0
+    assert parse_retry_after(httpx.Headers({"retry-after-ms": "1e12"})) == MAX_RETRY_AFTER_S
+    assert parse_retry_after(httpx.Headers({"retry-after-ms": "x", "Retry-After": "2"})) == 2.0
     assert parse_retry_after(httpx.Headers({"Retry-After": "-1"})) is None
     assert parse_retry_after(httpx.Headers({"Retry-After": "soon"})) is None
     assert parse_retry_after(httpx.Headers({})) is None
