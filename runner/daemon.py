@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
 from collections.abc import Callable
@@ -52,6 +53,8 @@ from runner.step import StepRun
 from runner.supervisor_client import SupervisorClient
 
 log = structlog.get_logger("runner")
+
+RECENT_STEPS = 256
 
 
 class Link(enum.StrEnum):
@@ -99,7 +102,9 @@ class Runner:
         self._token_stale = False
         self.stopping = False
         self.exit_code = 0
-        self.started_steps: list[StepRun] = []
+        # The last steps started, finished or not: for tests and a debugger. Bounded, because a
+        # runner lives for months and each step holds its lease (payload, earlier outputs).
+        self.recent_steps: collections.deque[StepRun] = collections.deque(maxlen=RECENT_STEPS)
 
     # ---- the life of the daemon -------------------------------------------------------------
 
@@ -207,6 +212,10 @@ class Runner:
                 log.error("claim refused by the supervisor", error=exc.detail)  # noqa: TRY400
                 await self._clock.sleep(self._backoff_max_s)
                 continue
+            except Exception:  # a bug here must pause claiming, not end the steps in flight
+                log.exception("claim failed unexpectedly; claiming again after a pause")
+                await self._clock.sleep(self._backoff_max_s)
+                continue
             for lease in leases:
                 self._start(steps, lease)
 
@@ -267,7 +276,7 @@ class Runner:
         )
         key = (lease.step_id, lease.fence)
         self._in_flight[key] = step
-        self.started_steps.append(step)
+        self.recent_steps.append(step)
         self._update_status()
         self._notify_changed()
         steps.start_soon(self._run_step, key, step)

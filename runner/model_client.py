@@ -149,7 +149,7 @@ class ModelClient:
             response = await self._http.post(
                 self._url, json=body, headers=headers, timeout=remaining
             )
-        except httpx.TransportError as exc:
+        except httpx.RequestError as exc:  # the network, or an answer httpx cannot decode
             raise _Retryable(f"model unreachable: {type(exc).__name__}") from exc
         problem = self._classify(response)
         if problem is not None:

@@ -161,7 +161,7 @@ class SupervisorClient:
                 headers=headers,
                 timeout=timeout_s or self._timeout_s,
             )
-        except httpx.TransportError as exc:
+        except httpx.RequestError as exc:  # the network, or an answer httpx cannot decode
             raise SupervisorUnreachable(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code in (401, 403):
             code, detail = _error_of(response)

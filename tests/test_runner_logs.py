@@ -53,7 +53,7 @@ async def eventful_run(rig: Rig, clock: JumpClock) -> None:
         clock.jump(3600.0)
         with anyio.fail_after(5):
             await rig.runner.wait_until(
-                lambda: [s.outcome for s in rig.runner.started_steps][-1:] == ["applied"]
+                lambda: [s.outcome for s in rig.runner.recent_steps][-1:] == ["applied"]
             )
         sup.script("result", error(409, "stale_fence"))
         sup.offer(make_lease("s2", task_id="t2", fence=20))
@@ -127,7 +127,7 @@ async def test_the_runner_never_reads_the_wall_clock(
         finally:
             monkeypatch.undo()
     assert calls == []
-    assert [s.outcome for s in rig.runner.started_steps][-2:] == ["applied", "dropped: stale_fence"]
+    assert [s.outcome for s in rig.runner.recent_steps][-2:] == ["applied", "dropped: stale_fence"]
 
 
 async def test_a_lease_deadline_is_counted_from_when_the_renew_was_sent(tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ async def test_a_lease_deadline_is_counted_from_when_the_renew_was_sent(tmp_path
     async with anyio.create_task_group() as tg:
         tg.start_soon(rig.serve)
         await rig.model.until(lambda: bool(rig.model.requests))
-        keeper = rig.runner.started_steps[0].keeper
+        keeper = rig.runner.recent_steps[0].keeper
         clock.jump(1.0)  # the first renew is due half an interval after the claim answer
         with anyio.fail_after(5):
             while not keeper.acknowledged:  # noqa: ASYNC110 (a plain attribute, no event)
@@ -161,7 +161,7 @@ async def test_a_lease_deadline_is_counted_from_when_the_renew_was_sent(tmp_path
         rig.runner.request_shutdown()
     assert answered.is_set()
     assert hang_model.cancelled
-    assert rig.runner.started_steps[0].outcome == "dropped: expired"
+    assert rig.runner.recent_steps[0].outcome == "dropped: expired"
 
 
 class _Hang:

@@ -284,6 +284,6 @@ async def test_a_runner_reports_concurrent_results_with_fewer_requests(
         with anyio.fail_after(5):
             await rig.runner.wait_until(lambda: rig.runner.in_flight == 0)
         rig.runner.request_shutdown()
-    assert [s.outcome for s in rig.runner.started_steps] == ["applied"] * 6
+    assert [s.outcome for s in rig.runner.recent_steps] == ["applied"] * 6
     sizes = [len(json.loads(b.content)["results"]) for b in sup.batches]
     assert sizes == ([1] if missing else [1, 5])  # without the route: asked once, then singly

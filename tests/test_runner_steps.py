@@ -57,7 +57,7 @@ async def run_until(rig: Rig, condition: Callable[[], bool]) -> None:
 
 
 def step_outcomes(rig: Rig) -> list[str | None]:
-    return [s.outcome for s in rig.runner.started_steps]
+    return [s.outcome for s in rig.runner.recent_steps]
 
 
 async def test_work_starts_at_once_the_lease_is_renewed_during_it_and_reported(
@@ -85,7 +85,7 @@ async def test_work_starts_at_once_the_lease_is_renewed_during_it_and_reported(
     assert rig.exit_code == 0
     assert acks_before_model == [0]
     assert all(c.body == {"fence": 41} for c in sup.of("renew", "s1"))
-    assert rig.runner.started_steps[0].keeper.acknowledged
+    assert rig.runner.recent_steps[0].keeper.acknowledged
     (result,) = sup.of("result", "s1")
     assert result.headers["authorization"] == f"Bearer {TOKEN}"
     assert result.body == {
@@ -418,3 +418,58 @@ async def test_a_crashing_kind_costs_one_release_not_the_daemon(tmp_path: Path) 
     body = rig.supervisor.of("release", "s1")[0].body
     assert (body["reason"], body["retryable"]) == ("transient", True)
     assert "RuntimeError" in body["detail"]
+
+
+def garbled(status: int = 200) -> httpx.Response:
+    """An answer httpx cannot decode: it says gzip, and is not (a broken proxy, say)."""
+    return httpx.Response(
+        status, headers={"content-encoding": "gzip", "content-type": "application/json"},
+        stream=httpx.ByteStream(b"not gzip at all"),  # decoded when read, by the client
+    )  # fmt: skip
+
+
+async def test_an_undecodable_answer_is_retried_like_a_lost_one(tmp_path: Path) -> None:
+    """Claim, model and result answers httpx cannot decode end neither the daemon nor the step:
+    each is retried as if no answer had come."""
+    rig = make_rig(tmp_path)
+    rig.supervisor.script("claim", garbled())
+    rig.model.script(garbled(), completion("second"))
+    rig.supervisor.script("result", garbled())
+    rig.supervisor.offer(make_lease("s1"))
+    await run_until(rig, lambda: step_outcomes(rig) == ["applied"])
+    assert len(rig.model.requests) == 2
+    results = rig.supervisor.of("result", "s1")
+    assert len(results) == 2
+    assert results[-1].body["output"]["text"] == "second"
+
+
+async def test_an_unexpected_error_while_claiming_pauses_claiming_not_the_daemon(
+    tmp_path: Path,
+) -> None:
+    rig = make_rig(tmp_path)
+    gate = Gate()
+    rig.model.script(gate)
+    rig.supervisor.offer(make_lease("s1"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.supervisor.until(lambda: len(rig.model.requests) == 1)
+        # s1 is in flight when the next claim meets a bug (here: the transport raising)
+        rig.supervisor.script("claim", RuntimeError("bug on the claim path"))
+        rig.supervisor.offer(make_lease("s2", task_id="t2"))
+        await until(rig, lambda: len(rig.runner.recent_steps) == 2)
+        gate.open.set()
+        await until(rig, lambda: step_outcomes(rig) == ["applied", "applied"])
+        rig.runner.request_shutdown()
+    assert rig.exit_code == 0
+    assert not gate.cancelled  # the step in flight was not ended by the claim's failure
+
+
+async def test_the_runner_keeps_only_its_recent_steps(tmp_path: Path) -> None:
+    from runner import daemon
+
+    rig = make_rig(tmp_path, concurrency=4)
+    for i in range(daemon.RECENT_STEPS + 6):
+        rig.supervisor.offer(make_lease(f"s{i}", task_id=f"t{i}"))
+    await run_until(rig, lambda: len(rig.supervisor.of("result")) == daemon.RECENT_STEPS + 6)
+    assert len(rig.runner.recent_steps) == daemon.RECENT_STEPS
+    assert rig.runner.recent_steps[-1].lease.step_id == f"s{daemon.RECENT_STEPS + 5}"
