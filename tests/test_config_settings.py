@@ -148,6 +148,8 @@ def test_invalid_toml_and_missing_file_are_named(tmp_path: Path) -> None:
         load_settings(SupervisorSettings, config_file=broken, environ={})
     with pytest.raises(SettingsError, match="does not exist"):
         load_settings(SupervisorSettings, config_file=tmp_path / "nope.toml", environ={})
+    with pytest.raises(SettingsError, match="cannot be read: Is a directory"):
+        load_settings(SupervisorSettings, config_file=tmp_path, environ={})
 
 
 @pytest.mark.parametrize(

@@ -105,6 +105,7 @@ def _flags(**extra: str) -> list[str]:
         (_flags(token_file="/nonexistent/token"), "cannot read runner-token"),
         (_flags(concurrency="0"), "'concurrency' must be 1..256"),
         (["run", "--config", "/nonexistent.toml"], "does not exist"),
+        (["run", "--config", "/tmp"], "config file /tmp cannot be read: Is a directory"),
     ],
 )
 def test_bad_configuration_is_one_clear_line(

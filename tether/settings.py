@@ -94,6 +94,9 @@ def load_settings(
                 data = tomllib.load(fh)
         except FileNotFoundError:
             raise SettingsError(f"config file {config_file} does not exist") from None
+        except OSError as exc:  # a directory, no permission, ...
+            why = exc.strerror or type(exc).__name__
+            raise SettingsError(f"config file {config_file} cannot be read: {why}") from None
         except tomllib.TOMLDecodeError as exc:
             raise SettingsError(f"config file {config_file} is not valid TOML: {exc}") from None
         for key, raw in data.items():
