@@ -52,6 +52,23 @@ async def _notify_when_started(server: uvicorn.Server, notifier: Notifier) -> No
         await anyio.sleep(interval)
 
 
+LEDGER_CHECK_EVERY_S = 0.5
+
+
+async def _stop_if_the_ledger_closes(server: uvicorn.Server, app: Starlette) -> None:
+    """The ledger closes by itself only if its writer or reaper died. uvicorn would go on
+    serving without it (every call failing), and systemd's watchdog would go on hearing from
+    it: stop instead, with exit 1, so that the service manager restarts the supervisor."""
+    while not server.should_exit:
+        await anyio.sleep(LEDGER_CHECK_EVERY_S)
+        ledger = getattr(app.state, "ledger", None)
+        if server.started and ledger is not None and not ledger.is_open and not server.should_exit:
+            log.error("the ledger closed while serving; stopping so that it is restarted")
+            app.state.failed = True
+            server.should_exit = True
+            drain(app)
+
+
 class _Server(uvicorn.Server):
     """uvicorn re-raises a captured SIGTERM once it has shut down, which kills the process
     before its last log lines are flushed; we take the signals ourselves instead."""
@@ -101,6 +118,7 @@ async def _serve(
     async with anyio.create_task_group() as tg:
         tg.start_soon(_notify_when_started, server, notifier)
         tg.start_soon(_stop_on_signals, server, notifier, app)
+        tg.start_soon(_stop_if_the_ledger_closes, server, app)
         # uvicorn raises SystemExit when the app's startup fails (having logged why); `serve`
         # then sees `server.started` is false and exits 1 with one line of its own.
         with contextlib.suppress(SystemExit):
@@ -139,6 +157,9 @@ def serve(settings: SupervisorSettings) -> int:
         sock.close()
     if not server.started:
         sys.stderr.write("tether-supervisor: error: the supervisor failed to start (see above)\n")
+        return 1
+    if getattr(app.state, "failed", False):
+        sys.stderr.write("tether-supervisor: error: the ledger closed while serving (see above)\n")
         return 1
     log.info("supervisor stopped")
     return 0

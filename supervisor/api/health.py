@@ -24,7 +24,11 @@ _COUNTERS: list[tuple[str, str, str, str]] = [
 ]
 
 
-async def healthz(_request: Request) -> Response:
+async def healthz(request: Request) -> Response:
+    """Alive: the process answers and its ledger is open (its writer has not died)."""
+    ledger: Ledger | None = getattr(request.app.state, "ledger", None)
+    if ledger is not None and not ledger.is_open:
+        return error_response(ErrorCode.UNAVAILABLE, "the ledger is closed; the supervisor stops")
     return JSONResponse({"status": "ok"})
 
 

@@ -18,6 +18,9 @@ from tether.wire import Lease, Outcome, ReleaseReason
 class Ledger(Protocol):
     counters: Any
 
+    @property
+    def is_open(self) -> bool: ...
+
     async def create_task(self, spec: TaskSpec) -> Created: ...
     async def approve(
         self, tenant: str, task_id: str, plan_hash: str, base_sha: str | None

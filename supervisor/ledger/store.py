@@ -139,6 +139,11 @@ class SqliteLedger:
             await anyio.to_thread.run_sync(writer.close)
             await anyio.to_thread.run_sync(reader.close)
 
+    @property
+    def is_open(self) -> bool:
+        """True from `open` until the ledger closes (on purpose, or because its writer died)."""
+        return self._send is not None and self._writer is not None
+
     # -- the writer -------------------------------------------------------------------------
 
     def _make_tx(self) -> Tx:
