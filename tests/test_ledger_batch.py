@@ -3,6 +3,7 @@ a rule that is refused, or that crashes, is rolled back alone while its neighbou
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -16,6 +17,7 @@ from supervisor.ledger import (
     NotFound,
     PlanMismatch,
     SqliteLedger,
+    StorageError,
     TaskState,
     TerminalState,
     Tx,
@@ -69,6 +71,23 @@ def test_a_refused_rule_does_not_roll_back_its_neighbours(sim: Sim) -> None:
     )
     assert [r[0] for r in sim.db.execute("SELECT code FROM rejections")] == ["terminal"]
     assert sim.db.execute("SELECT owner FROM tasks WHERE owner = 'crashed'").fetchone() is None
+
+
+def test_a_storage_failure_inside_a_rule_is_a_storage_error_not_a_bug(sim: Sim) -> None:
+    """SQLite reports a full disk or an I/O error on the statement that meets it; that rule
+    is answered 503 `unavailable` (a condition for the operator), not 500 `internal` (a bug)."""
+
+    def meet_a_full_disk(tx: Tx) -> None:
+        tx.run("UPDATE tasks SET owner = 'half-written'")
+        raise sqlite3.OperationalError("database or disk is full")
+
+    sim.run(lambda tx: create_task(tx, make_spec("a")))
+    full, after = sim.batch(meet_a_full_disk, lambda tx: create_task(tx, make_spec("b")))
+    assert isinstance(full.error, StorageError)
+    assert not isinstance(full.error, RuleCrashed)
+    assert "database or disk is full" in full.error.detail
+    assert after.error is None
+    assert sim.db.execute("SELECT owner FROM tasks WHERE owner = 'half-written'").fetchone() is None
 
 
 def crash_after_writing(tx: Tx) -> None:

@@ -58,6 +58,11 @@ def execute_batch(
                         task_id=exc.task_id, step_id=exc.step_id, fence=exc.fence,
                     )  # fmt: skip
                 outcome.error = exc
+            except sqlite3.OperationalError as exc:  # the storage (full, I/O error, locked)
+                db.execute("ROLLBACK TO rule")
+                failed = StorageError(f"the ledger could not write: {exc}")
+                failed.__cause__ = exc
+                outcome.error = failed
             except Exception as exc:  # a bug in one rule fails that rule alone, not its batch
                 db.execute("ROLLBACK TO rule")
                 crashed = RuleCrashed(f"{type(exc).__name__}: {exc}")
