@@ -26,6 +26,7 @@ class SupervisorSettings:
     claim_wait_max_s: float = 30.0
     events_wait_max_s: float = 60.0
     log_level: str = "info"
+    shared_pools: str = "default"
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s"):
@@ -40,8 +41,17 @@ class SupervisorSettings:
             raise SettingsError(
                 f"setting 'synchronous' must be one of {', '.join(SYNCHRONOUS_MODES)}"
             )
+        if any("/" in name for name in self.shared_pool_names):
+            raise SettingsError(
+                "setting 'shared_pools' names pools without '/' (those are a tenant's)"
+            )
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise SettingsError("setting 'log_level' must be debug, info, warning or error")
+
+    @property
+    def shared_pool_names(self) -> frozenset[str]:
+        """The pools any tenant's tasks may name (`shared_pools`, comma-separated)."""
+        return frozenset(name.strip() for name in self.shared_pools.split(",") if name.strip())
 
     @property
     def ledger_config(self) -> LedgerConfig:

@@ -236,7 +236,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     db = folder / "ledger.db"
     token_file = folder / "operator-token"
     token_file.write_text(admin.create_token(db, "acme", "operator") + "\n")
-    runner_token = admin.create_token(db, "cli", "runner")
+    runner_token = admin.create_token(db, "acme/cli", "runner")
     with serving(db, folder / "serve.log") as (_proc, url):
         yield Served(url, token_file, runner_token, folder)
 
@@ -350,7 +350,7 @@ def drive_to_success(served: Served, task_id: str, steps: int) -> None:
 def test_watch_prints_one_line_per_event_until_the_task_ends(
     served: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = served.task_file("watched", 2, pool="cli")
+    path = served.task_file("watched", 2, pool="acme/cli")
     code, out, _ = run(capsys, served.args("submit", "--file", str(path), "--approve"))
     assert code == 0
     task_id = json.loads(out)["id"]

@@ -1,4 +1,5 @@
-"""Bearer-token authentication: operators act for one tenant, runners for one pool.
+"""Bearer-token authentication: operators act for one tenant, runners for one pool; and which
+pools a tenant's tasks may name.
 
 Each token is looked up by its hash in the ledger file. A short cache spares the ledger one read
 per request under load; its lifetime bounds how late a revocation made by the CLI in another
@@ -50,3 +51,18 @@ async def require(request: Request, role: Role) -> Principal:
         article = "an" if role is Role.OPERATOR else "a"
         raise ApiError(ErrorCode.FORBIDDEN, f"this call needs {article} {role} token")
     return principal
+
+
+def check_pool(tenant: str, pool: str, shared: frozenset[str]) -> None:
+    """A tenant's tasks run in a shared pool (setting `shared_pools`, default `default`), in
+    the pool named after the tenant, or in one of its own `<tenant>/<name>` pools; any other
+    pool is refused. Otherwise a tenant could send its payloads to runners set up for another
+    tenant, to run with that tenant's model key, quota and network."""
+    if pool in shared or pool == tenant or pool.startswith(f"{tenant}/"):
+        return
+    open_to = ", ".join(sorted(shared)) or "none"
+    raise ApiError(
+        ErrorCode.FORBIDDEN,
+        f"tenant {tenant!r} may not use pool {pool!r}: name a shared pool ({open_to}),"
+        f" {tenant!r} or {tenant + '/<name>'!r}",
+    )

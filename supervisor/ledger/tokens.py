@@ -52,6 +52,8 @@ def create_token(tx: Tx, scope: str, role: str) -> tuple[str, str]:
         parsed = Role(role)
     except ValueError:
         raise InvalidRequest("role must be operator or runner") from None
+    if parsed is Role.OPERATOR and "/" in scope:
+        raise InvalidRequest("a tenant's name has no '/': '/' separates a tenant from its pools")
     token_id = secrets.token_hex(6)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     tx.run(
