@@ -3,6 +3,7 @@ fence ever issued, open leases get a fresh TTL, and a damaged or too-new file is
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from supervisor.ledger import (
     IntegrityCheckFailed,
     SchemaTooNew,
     SqliteLedger,
+    StaleFence,
     StorageError,
     schema,
 )
@@ -63,6 +65,32 @@ async def test_the_fence_counter_continues_above_every_fence_ever_issued(
         [fresh] = await ledger.claim("r1", "default", 1, 0)
         assert fresh.fence > issued
         assert await ledger.violations() == []
+
+
+async def test_a_ledger_restored_from_a_backup_never_hands_out_a_fence_again(
+    ledger_path: Path, tmp_path: Path, clock: FakeClock
+) -> None:
+    """The backup knows nothing of the grants after it; a runner may still hold one of them.
+    The same step, granted again after the restore, gets another fence, so that runner's
+    renew and result are refused as stale."""
+    backup = tmp_path / "backup.db"
+    async with open_ledger(ledger_path, clock) as ledger:
+        await queued_task(ledger, "k")
+    shutil.copyfile(ledger_path, backup)  # closed: the file holds everything
+    clock.advance(60)  # a restart after the backup, then a grant, then the file is lost
+    async with open_ledger(ledger_path, clock) as ledger:
+        [after_backup] = await ledger.claim("r1", "default", 1, 0)
+    clock.advance(0.001)  # restored and started again, however soon
+    shutil.copyfile(backup, ledger_path)
+    async with open_ledger(ledger_path, clock) as ledger:
+        [again] = await ledger.claim("r2", "default", 1, 0)
+        assert again.step_id == after_backup.step_id
+        assert again.fence > after_backup.fence
+        with pytest.raises(StaleFence):
+            await ledger.renew(after_backup.step_id, after_backup.fence)
+        with pytest.raises(StaleFence):
+            await ledger.report(report_for(after_backup))
+        assert await ledger.report(report_for(again)) is Outcome.APPLIED
 
 
 async def test_open_leases_get_a_fresh_ttl_from_the_new_clock(

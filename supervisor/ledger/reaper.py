@@ -35,9 +35,21 @@ def next_deadline(tx: Tx) -> float | None:
     return None if row is None or row["d"] is None else float(row["d"])
 
 
+# At each start the fence counter moves to at least the supervisor's clock in microseconds. A
+# ledger restored from a backup knows nothing of the fences granted after that backup, and a
+# runner may still hold one; were the counter only kept above the fences in the file, the next
+# grants would hand out the same numbers again and a stale holder could pass for the current
+# one. Fences granted since any earlier start are below that start's clock reading plus the
+# grants since (never one a microsecond), so below any later start's. Within a file the
+# counter only grows, whatever the clock does. (2026 is about 1.8e15: exact in JSON numbers
+# until the year 2255.)
+FENCE_FLOOR_PER_S = 1_000_000
+
+
 def refresh_after_restart(tx: Tx) -> int:
     """Give every open lease a fresh TTL (and acceptance window, if not yet acknowledged), and
-    keep the fence counter above every fence ever issued."""
+    move the fence counter above every fence the file knows and to at least the clock's
+    reading in microseconds (see `FENCE_FLOOR_PER_S`)."""
     cfg = tx.config
     changed = tx.run(
         "UPDATE steps SET lease_deadline = ?,"
@@ -46,7 +58,8 @@ def refresh_after_restart(tx: Tx) -> int:
         (tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s),
     )
     tx.run(
-        "UPDATE counters SET value = MAX(value, (SELECT COALESCE(MAX(fence), 0) FROM attempts))"
-        " WHERE name = 'fence'"
+        "UPDATE counters SET value = MAX(value, (SELECT COALESCE(MAX(fence), 0) FROM attempts), ?)"
+        " WHERE name = 'fence'",
+        (int(tx.now * FENCE_FLOOR_PER_S),),
     )
     return changed
