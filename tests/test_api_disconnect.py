@@ -54,3 +54,41 @@ async def test_a_disconnected_claim_grants_nothing_and_the_step_stays_queued(
     assert count(api.path, "attempts") == 0
     leases = await api.claim(runner_id="listening")
     assert [lease["task_id"] for lease in leases] == [task["id"]]
+
+
+async def test_an_events_poll_whose_client_hung_up_ends_at_once(api: ApiHarness) -> None:
+    """An operator's `watch` that went away does not hold its handler for the whole wait."""
+    task = await api.create("watched")
+    hung_up = anyio.Event()
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    after = task["seq"]
+    query = f"after={after}&wait=60".encode()
+    path = f"/v1/tasks/{task['id']}/events"
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
+        "root_path": "", "server": ("test", 80), "client": ("test", 1),
+        "headers": [(b"authorization", api.operator["Authorization"].encode())],
+        "state": dict(api.app.state._state) if hasattr(api.app.state, "_state") else {},
+    }  # fmt: skip
+
+    with anyio.fail_after(5):  # well within the 60 s the poll asked for
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(api.app, scope, receive, send)
+            await anyio.wait_all_tasks_blocked()
+            assert sent == []  # still waiting for an event
+            hung_up.set()
+    assert sent[0]["status"] == 200

@@ -1,4 +1,4 @@
-"""Long-polls end early when the supervisor begins to shut down.
+"""Long-polls end early when the supervisor begins to shut down, or their client hangs up.
 
 A runner always has a claim waiting (up to `claim_wait_max_s`) and an operator's `watch` an
 events poll, so without this every stop would wait out uvicorn's graceful timeout and then
@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Iterator
 
 import anyio
+from starlette.requests import Request
 
 
 class LongPolls:
@@ -40,3 +41,13 @@ class LongPolls:
         self.draining = True
         for scope in list(self._scopes):
             scope.cancel()
+
+
+async def cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
+    """Cancel `scope` once the client hangs up. Run it beside a long-poll whose request body is
+    already read (or has none), so that the next ASGI message is the disconnect. A runner that
+    went away must not be granted leases it will never see (they would sit out the acceptance
+    window), and an operator's `watch` that went away holds nothing for up to a minute."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from supervisor.api import requests as rq
 from supervisor.api.auth import require
 from supervisor.api.errors import STATUS, ApiError, ledger_error_code
-from supervisor.api.longpoll import LongPolls
+from supervisor.api.longpoll import LongPolls, cancel_on_disconnect
 from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role
 from supervisor.ledger.fencing import MAX_CAPACITY
 from tether.wire import RESULTS_PER_REQUEST_MAX, ErrorCode, ReleaseReason
@@ -38,15 +38,6 @@ async def _body(request: Request) -> dict[str, Any]:
     return await rq.json_body(request, request.app.state.settings.max_body_bytes)
 
 
-async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
-    """A runner that hung up (shut down, crashed) must not be granted leases it will never
-    see: they would sit out the acceptance window. The body is already read, so the next ASGI
-    message is the disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
-
-
 async def claim(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
     body = await _body(request)
@@ -59,7 +50,7 @@ async def claim(request: Request) -> Response:
     if not polls.draining:  # a supervisor on its way down grants nothing more
         with polls.until_drained() as scope:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_cancel_on_disconnect, request, scope)
+                tg.start_soon(cancel_on_disconnect, request, scope)
                 leases = await _ledger(request).claim(runner_id, who.scope, capacity, wait_s)
                 tg.cancel_scope.cancel()
     if not leases:

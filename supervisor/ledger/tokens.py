@@ -1,8 +1,8 @@
 """Bearer tokens: stored hashed, scoped (operators to a tenant, runners to a pool), revocable.
 
-The secret is shown once, at creation; the ledger keeps only its sha256. Every request is
-checked against the ledger file, so a revocation made by the CLI from another process takes
-effect on the very next request.
+The secret is shown once, at creation; the ledger keeps only its sha256. Requests are checked
+against the ledger file through the API's token cache (one second: `api/auth.py`), so a
+revocation made by the CLI from another process takes effect within about a second.
 """
 
 from __future__ import annotations
