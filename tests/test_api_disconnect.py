@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import anyio
+import pytest
 
 from .conftest import ApiHarness, count
 
@@ -92,3 +93,27 @@ async def test_an_events_poll_whose_client_hung_up_ends_at_once(api: ApiHarness)
             assert sent == []  # still waiting for an event
             hung_up.set()
     assert sent[0]["status"] == 200
+
+
+async def test_a_ledger_error_in_a_long_poll_keeps_its_wire_code(
+    api: ApiHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims and event polls run beside a hang-up watcher; a ledger error inside them still
+    reaches the client as its own code (503 for storage), not as a 500 for an exception group."""
+    from supervisor.ledger import StorageError
+
+    from .conftest import assert_error
+
+    task = await api.create("watched")
+
+    async def broken(*_args: Any) -> Any:
+        raise StorageError("disk I/O error")
+
+    monkeypatch.setattr(api.app.state.ledger, "claim", broken)
+    monkeypatch.setattr(api.app.state.ledger, "events", broken)
+    claim = await api.client.post(
+        "/v1/leases/claim", headers=api.runner, json={"runner_id": "r", "capacity": 1}
+    )
+    assert_error(claim, 503, "unavailable")
+    events = await api.client.get(f"/v1/tasks/{task['id']}/events", headers=api.operator)
+    assert_error(events, 503, "unavailable")

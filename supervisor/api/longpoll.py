@@ -13,10 +13,13 @@ answer is lost: that is the lost-claim-answer case the acceptance window already
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import anyio
 from starlette.requests import Request
+
+T = TypeVar("T")
 
 
 class LongPolls:
@@ -51,3 +54,23 @@ async def cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> No
     while (await request.receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
+
+
+async def unless_disconnected(
+    request: Request, scope: anyio.CancelScope, call: Callable[[], Awaitable[T]]
+) -> T:
+    """`await call()`, with `scope` cancelled should the client hang up meanwhile. An error of
+    `call` propagates as itself, not inside an exception group (a task group would wrap it), so
+    the app's handlers still turn a ledger error into its wire code."""
+    failed: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cancel_on_disconnect, request, scope)
+        try:
+            value = await call()
+        except Exception as exc:  # re-raised below, once the watcher has stopped
+            failed = exc
+        finally:
+            tg.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
+    return value

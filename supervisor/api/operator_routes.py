@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -12,7 +11,7 @@ from starlette.routing import Route
 from supervisor.api import requests as rq
 from supervisor.api.auth import check_pool, require
 from supervisor.api.errors import ApiError
-from supervisor.api.longpoll import LongPolls, cancel_on_disconnect
+from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
 from tether.wire import ErrorCode
 
@@ -107,13 +106,13 @@ async def events(request: Request) -> Response:
     wait = rq.query_float(request, "wait", default=0.0, low=0.0, high=settings.events_wait_max_s)
     polls: LongPolls = request.app.state.long_polls
     found: list[dict[str, Any]] = []
+    ledger, task_id = _ledger(request), request.path_params["task_id"]
     with polls.until_drained() as scope:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(cancel_on_disconnect, request, scope)
-            found = await _ledger(request).events(
-                request.path_params["task_id"], who.scope, after, 0.0 if polls.draining else wait
-            )
-            tg.cancel_scope.cancel()
+        found = await unless_disconnected(
+            request,
+            scope,
+            lambda: ledger.events(task_id, who.scope, after, 0.0 if polls.draining else wait),
+        )
     return JSONResponse({"events": found})
 
 

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from supervisor.api import requests as rq
 from supervisor.api.auth import require
 from supervisor.api.errors import STATUS, ApiError, ledger_error_code
-from supervisor.api.longpoll import LongPolls, cancel_on_disconnect
+from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role
 from supervisor.ledger.fencing import MAX_CAPACITY
 from tether.wire import RESULTS_PER_REQUEST_MAX, ErrorCode, ReleaseReason
@@ -48,11 +48,11 @@ async def claim(request: Request) -> Response:
     polls: LongPolls = request.app.state.long_polls
     leases: list[Lease] = []
     if not polls.draining:  # a supervisor on its way down grants nothing more
+        ledger = _ledger(request)
         with polls.until_drained() as scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(cancel_on_disconnect, request, scope)
-                leases = await _ledger(request).claim(runner_id, who.scope, capacity, wait_s)
-                tg.cancel_scope.cancel()
+            leases = await unless_disconnected(
+                request, scope, lambda: ledger.claim(runner_id, who.scope, capacity, wait_s)
+            )
     if not leases:
         return Response(status_code=204)
     return JSONResponse({"leases": [lease.to_wire() for lease in leases]})
