@@ -256,6 +256,8 @@ class Model:
                 if s.state == "leased":
                     s.deadline = self.now + CONFIG.lease_ttl_s
                     s.accept = None if s.accept is None else self.now + 10.0
+        # never a fence again, even from a restored backup: at least the clock in microseconds
+        self.fence = max(self.fence, int(self.now * reaper.FENCE_FLOOR_PER_S))
 
 
 # -- the machine ------------------------------------------------------------------------------
