@@ -16,10 +16,16 @@ A provider's message for 401/403 is never copied anywhere: some echo part of the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_random_exponential,
+)
 from tenacity.wait import wait_base
 
 from runner.clock import Clock
@@ -37,6 +43,10 @@ class Completion:
     finish_reason: str | None
     model: str
     usage: dict[str, int]
+
+
+# Told of each retry of a model call: (tries so far, why the last failed, seconds until the next).
+RetryHook = Callable[[int, str, float], None]
 
 
 class _Retryable(HasRetryAfter):
@@ -156,13 +166,31 @@ class ModelClient:
             raise problem
         return parse_completion(response, str(body.get("model", "")))
 
-    async def chat(self, body: dict[str, Any], *, key: str | None, deadline: float) -> Completion:
-        """One completion, retried until `deadline` (on the runner's clock) at the latest."""
+    async def chat(
+        self,
+        body: dict[str, Any],
+        *,
+        key: str | None,
+        deadline: float,
+        on_retry: RetryHook | None = None,
+    ) -> Completion:
+        """One completion, retried until `deadline` (on the runner's clock) at the latest.
+        `on_retry(tries, why, wait_s)` hears of each retry before its wait."""
+
+        def before_sleep(state: RetryCallState) -> None:
+            if on_retry is None or state.outcome is None:
+                return
+            failure = state.outcome.exception()
+            why = failure.detail if isinstance(failure, _Retryable) else str(failure)
+            wait_s = state.next_action.sleep if state.next_action is not None else 0.0
+            on_retry(state.attempt_number, why, wait_s)
+
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(_Retryable),
             wait=wait_retry_after_header(self._backoff),
             stop=stop_before_deadline(self._clock, deadline),
             sleep=self._clock.sleep,
+            before_sleep=before_sleep,
             reraise=True,
         )
         try:

@@ -190,7 +190,9 @@ class StepRun:
         self._key_in_use = key
         deadline = self._clock.now() + self._model_timeout_s
         try:
-            return await self._model.chat(body, key=key, deadline=deadline)
+            return await self._model.chat(
+                body, key=key, deadline=deadline, on_retry=self._model_retrying
+            )
         except OperatorProblem as problem:
             self._model_key.invalidate()  # the operator may fix the file; read it again
             if problem.about_key:
@@ -198,6 +200,15 @@ class StepRun:
                     f"put a valid API key in {self._model_key.describe()}; the runner re-reads it"
                 )
             raise
+
+    def _model_retrying(self, tries: int, why: str, wait_s: float) -> None:
+        """A provider outage must show: the first retry of a step's model call is a warning,
+        and so is each doubling of its tries (1, 2, 4, 8, ...), not every one of them."""
+        if tries & (tries - 1) == 0:
+            self.log.warning(
+                "model call failed; retrying with backoff",
+                error=why, tries=tries, retry_in_s=round(wait_s, 2),
+            )  # fmt: skip
 
     def _detail(self, failure: StepFailure) -> str:
         detail = failure.detail

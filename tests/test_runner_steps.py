@@ -473,3 +473,27 @@ async def test_the_runner_keeps_only_its_recent_steps(tmp_path: Path) -> None:
     await run_until(rig, lambda: len(rig.supervisor.of("result")) == daemon.RECENT_STEPS + 6)
     assert len(rig.runner.recent_steps) == daemon.RECENT_STEPS
     assert rig.runner.recent_steps[-1].lease.step_id == f"s{daemon.RECENT_STEPS + 5}"
+
+
+async def test_a_failing_provider_shows_in_the_log_without_a_line_per_retry(
+    tmp_path: Path,
+) -> None:
+    """A provider outage must be visible to the operator: the first retry of a model call is a
+    warning, then each doubling of its tries; never the request's key."""
+    import structlog.testing
+
+    from tests.test_runner_fakes import MODEL_KEY
+
+    rig = make_rig(tmp_path)
+    down = ({"error": {"message": "down"}}, {"Retry-After": "0"})  # retried at once
+    outage = [json_response(500, *down) for _ in range(5)]
+    rig.model.script(*outage, completion("back"))
+    rig.supervisor.offer(make_lease("s1"))
+    with structlog.testing.capture_logs() as logs:
+        await run_until(rig, lambda: step_outcomes(rig) == ["applied"])
+    retried = [e for e in logs if e["event"] == "model call failed; retrying with backoff"]
+    assert [e["tries"] for e in retried] == [1, 2, 4]  # 5 failures: tries 1..5 retried
+    assert all(e["log_level"] == "warning" for e in retried)
+    assert all(e["step_id"] == "s1" and "500" in e["error"] for e in retried)
+    assert MODEL_KEY not in repr(logs)
+    assert len(rig.model.requests) == 6
