@@ -220,6 +220,32 @@ def test_secret_errors_name_the_place_not_the_content(tmp_path: Path) -> None:
     assert SECRET not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "content",
+    ["sekrit-one\nsekrit-two", "sekrit one", "sekrit\x00x", "sekrit-\u00e9", "sekrit\tx"],
+)
+def test_a_secret_file_must_hold_the_secret_alone_on_one_line(tmp_path: Path, content: str) -> None:
+    """Whatever is inside would go into an HTTP header, and an error about that header would
+    quote it: such a file is refused at once, and the message quotes none of it."""
+    path = tmp_path / "runner-token"
+    path.write_text(content + "\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match="alone on one line") as caught:
+        read_secret(path, "runner-token", {})
+    assert "sekrit" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
+def test_a_float_setting_must_be_finite(value: str) -> None:
+    with pytest.raises(SettingsError, match="TETHER_LEASE_TTL_S"):
+        load_settings(SupervisorSettings, environ={"TETHER_LEASE_TTL_S": value})
+
+
+def test_a_byte_order_mark_is_not_part_of_the_secret(tmp_path: Path) -> None:
+    path = tmp_path / "runner-token"
+    path.write_bytes(b"\xef\xbb\xbf" + SECRET.encode() + b"\r\n")  # an editor on Windows
+    assert read_secret(path, "runner-token", {}) == SECRET
+
+
 def test_a_secret_in_the_toml_is_refused_without_echoing_it(tmp_path: Path) -> None:
     """Secrets are not settings: a pasted token is an unknown key, and its value stays out of
     the error."""

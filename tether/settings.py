@@ -13,6 +13,7 @@ Secrets never live in the TOML file or the environment: a setting names a file, 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -59,7 +60,10 @@ def _coerce(key: str, raw: Any, hint: Any, origin: str) -> Any:
         if hint is float:
             if isinstance(raw, bool):
                 raise ValueError(raw)
-            return float(raw)
+            number = float(raw)
+            if not math.isfinite(number):  # inf would make a lease endless, nan every check false
+                raise ValueError(raw)
+            return number
         if hint is str:
             if not isinstance(raw, str):
                 raise ValueError(raw)
@@ -152,11 +156,17 @@ def read_secret(
         )
     target = candidates[0]
     try:
-        secret = target.read_text(encoding="utf-8").strip()
+        secret = target.read_text(encoding="utf-8-sig").strip()  # -sig: a BOM is not the secret
     except OSError as exc:
         raise SettingsError(f"cannot read {credential} from {target}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise SettingsError(f"{credential} file {target} is not UTF-8 text") from None
     if not secret:
         raise SettingsError(f"{credential} file {target} is empty")
+    if not (secret.isascii() and secret.isprintable()) or any(c.isspace() for c in secret):
+        # It would go into an HTTP header, and an error about that header would quote it.
+        raise SettingsError(
+            f"{credential} file {target} must hold the secret alone on one line: it has"
+            " spaces, line breaks, or control or non-ASCII characters inside"
+        )
     return secret
