@@ -47,8 +47,16 @@ def run_rule(db: sqlite3.Connection, rule: Callable[[Tx], Any]) -> Any:
 
 
 def create_token(path: Path, scope: str, role: str) -> str:
-    with ledger_file(path, must_exist=False) as db:
-        _token_id, secret = run_rule(db, lambda tx: tokens.create_token(tx, scope, role))
+    """The first token creates the ledger file; a refused one leaves no new file behind."""
+    new_file = not path.exists()
+    try:
+        with ledger_file(path, must_exist=False) as db:
+            _token_id, secret = run_rule(db, lambda tx: tokens.create_token(tx, scope, role))
+    except AdminError:
+        if new_file:
+            for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
     return str(secret)
 
 
@@ -73,7 +81,7 @@ def revoke_token(path: Path, token_id: str) -> None:
 
 
 def set_tenant_budget(path: Path, tenant: str, budget: int | None) -> None:
-    with ledger_file(path, must_exist=False) as db:
+    with ledger_file(path) as db:  # a budget on a mistyped path would bind nobody
         run_rule(db, lambda tx: set_budget(tx, tenant, budget))
 
 

@@ -282,6 +282,47 @@ def test_budget_refuses_what_is_not_a_whole_number(
     assert budget_of(ledger_path, "acme") == "no row"
 
 
+def test_budget_on_a_missing_ledger_creates_none(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    typo = tmp_path / "tehter.db"
+    code, out, err = run(capsys, "budget", "--db", str(typo), "--tenant", "acme",
+                         "--tokens", "5")  # fmt: skip
+    assert (code, out) == (1, "")
+    assert "no ledger file" in one_line(err)
+    assert not typo.exists()
+
+
+def test_a_refused_first_token_leaves_no_ledger_behind(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    fresh = tmp_path / "fresh.db"
+    code, _out, err = run(capsys, "token", "create", "--db", str(fresh), "--tenant", "two words",
+                          "--role", "operator")  # fmt: skip
+    assert code == 1
+    assert "not allowed" in one_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_never_writes_the_file_it_inspects(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plain = tmp_path / "plain.db"
+    db = sqlite3.connect(plain)  # a rollback-journal file, not a ledger
+    db.execute("CREATE TABLE t (x)")
+    db.commit()
+    db.close()
+    before = plain.read_bytes()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for path in (plain, empty):
+        code, _out, _err = run(capsys, "check", "--db", str(path))
+        assert code == 1
+    assert plain.read_bytes() == before  # still not WAL: nothing was written
+    assert empty.stat().st_size == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "plain.db"]
+
+
 # -- --help and bad usage ----------------------------------------------------------------------
 
 COMMANDS = [

@@ -28,3 +28,34 @@ async def test_blank_repository_names_are_refused(ledger: SqliteLedger, name: st
     with pytest.raises(InvalidRequest):
         await ledger.create_task(make_spec("k", repository=name, base_sha="abc"))
     assert count(ledger.path, "repositories") + count(ledger.path, "tasks") == 0
+
+
+@pytest.mark.parametrize(
+    "name", ["two words", "evil\nfake123 admin operator 2020", "", "-lead", "tab\there", "ü"]
+)
+async def test_names_that_would_break_a_listing_are_refused(
+    ledger: SqliteLedger, name: str
+) -> None:
+    """`token list` prints one line per token, fields split by spaces: a tenant or pool name
+    with a space or a line break could forge a line. Such names are refused everywhere."""
+    for role in ("operator", "runner"):
+        with pytest.raises(InvalidRequest, match="not allowed"):
+            await ledger.create_token(name, role)
+    with pytest.raises(InvalidRequest, match="pool name"):
+        await ledger.create_task(make_spec("k", pool=name))
+    with pytest.raises(InvalidRequest, match="tenant name"):
+        await ledger.set_budget(name, 10)
+    assert count(ledger.path, "tokens") + count(ledger.path, "tasks") == 0
+    assert count(ledger.path, "tenants") == 0
+
+
+async def test_names_as_deployments_write_them_are_accepted(ledger: SqliteLedger) -> None:
+    for tenant in ("acme", "acme-corp", "team.ops", "ops@example.org", "a1:b2+c"):
+        await ledger.create_token(tenant, "operator")
+    for pool in ("default", "acme/gpu", "acme/gpu.eu-1/large"):
+        await ledger.create_token(pool, "runner")
+    with pytest.raises(InvalidRequest, match="pool name"):
+        await ledger.create_token("acme//gpu", "runner")
+    with pytest.raises(InvalidRequest, match="tenant name"):
+        await ledger.set_budget("acme/gpu", 10)  # a pool, not a tenant
+    assert count(ledger.path, "tokens") == 8

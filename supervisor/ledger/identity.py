@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from supervisor.ledger import names
 from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import StepState, TaskState
-from supervisor.ledger.tx import ALL_POOLS, Tx, dumps
+from supervisor.ledger.tx import Tx, dumps
 from tether.wire import content_hash, plan_document
 
-MAX_NAME = 200
+MAX_NAME = names.MAX_NAME
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,8 +87,7 @@ def validate(spec: TaskSpec, max_steps: int) -> None:
             raise InvalidRequest(f"plan.steps[{i}].name must be 1..{MAX_NAME} characters")
         if not step.kind or len(step.kind) > MAX_NAME:
             raise InvalidRequest(f"plan.steps[{i}].kind must be 1..{MAX_NAME} characters")
-    if not spec.pool or len(spec.pool) > MAX_NAME or spec.pool == ALL_POOLS:
-        raise InvalidRequest(f"pool must be 1..{MAX_NAME} characters and not {ALL_POOLS!r}")
+    names.check_pool(spec.pool)
     if spec.repository is not None and not spec.repository.strip():
         raise InvalidRequest("repository must name a repository")
     if spec.expected_checks and not spec.repository:

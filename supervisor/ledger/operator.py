@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from supervisor.ledger import names
 from supervisor.ledger.errors import (
     InvalidRequest,
     InvalidTransition,
@@ -94,6 +95,7 @@ def set_repository_head(tx: Tx, tenant: str, repository: str, sha: str) -> None:
 
 def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
     """A tenant that has spent its budget gets no lease; its tasks wait, they do not fail."""
+    names.check_tenant(tenant)
     if tokens is not None and tokens < 0:
         raise InvalidRequest("a token budget cannot be negative")
     tx.run(

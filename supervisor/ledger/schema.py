@@ -32,12 +32,14 @@ def connect(
     db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
     db.row_factory = sqlite3.Row
     try:
-        db.execute("PRAGMA journal_mode = WAL")  # the first read: a non-database fails here
+        if readonly:  # before anything else: a reader (`check`, say) never writes the file
+            db.execute("PRAGMA query_only = ON")
+            db.execute("PRAGMA journal_mode")  # the first read: a non-database fails here
+        else:
+            db.execute("PRAGMA journal_mode = WAL")  # likewise
         db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         db.execute("PRAGMA foreign_keys = ON")
         db.execute("PRAGMA busy_timeout = 30000")
-        if readonly:
-            db.execute("PRAGMA query_only = ON")
     except BaseException:
         db.close()
         raise

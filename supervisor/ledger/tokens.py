@@ -12,8 +12,9 @@ import enum
 import secrets
 import sqlite3
 
+from supervisor.ledger import names
 from supervisor.ledger.errors import InvalidRequest, NotFound
-from supervisor.ledger.tx import ALL_POOLS, Tx
+from supervisor.ledger.tx import Tx
 from tether.wire import sha256_hex
 
 TOKEN_PREFIX = "tether_"  # noqa: S105 - a prefix, not a secret
@@ -46,14 +47,16 @@ def hash_secret(secret: str) -> str:
 
 def create_token(tx: Tx, scope: str, role: str) -> tuple[str, str]:
     """Answer `(token_id, secret)`; the secret is never stored."""
-    if not scope.strip() or len(scope) > 200 or scope == ALL_POOLS:
-        raise InvalidRequest(f"tenant/pool must be 1..200 characters and not {ALL_POOLS!r}")
     try:
         parsed = Role(role)
     except ValueError:
         raise InvalidRequest("role must be operator or runner") from None
     if parsed is Role.OPERATOR and "/" in scope:
         raise InvalidRequest("a tenant's name has no '/': '/' separates a tenant from its pools")
+    if parsed is Role.OPERATOR:
+        names.check_tenant(scope)
+    else:
+        names.check_pool(scope)
     token_id = secrets.token_hex(6)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     tx.run(
