@@ -158,7 +158,10 @@ def _task(args: argparse.Namespace) -> int:
         )
     except SettingsError as exc:
         fail(PROG, str(exc))
-    client = oc.OperatorClient(args.url, token)
+    try:
+        client = oc.OperatorClient(args.url, token)
+    except oc.ClientError as exc:
+        fail(PROG, str(exc))
     try:
         if args.task_command == "submit":
             body = oc.load_task_file(Path(args.file))

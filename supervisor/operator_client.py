@@ -20,6 +20,7 @@ from supervisor.ledger.states import TERMINAL
 from tether.wire import plan_hash
 
 TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
+WATCH_WAIT_S = 30.0
 
 
 class ClientError(Exception):
@@ -32,6 +33,12 @@ class Unreachable(ClientError):
 
 class OperatorClient:
     def __init__(self, url: str, token: str, *, transport: httpx.BaseTransport | None = None):
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise ClientError(f"--url {url!r} is not a URL: {exc}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ClientError(f"--url {url!r} must be http(s)://HOST[:PORT]")
         self._http = httpx.Client(
             base_url=url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
@@ -140,26 +147,48 @@ def watch(
     client: OperatorClient, task_id: str, *, after: int = 0, out: TextIO | None = None
 ) -> str:
     """Print events until the task ends; answer its terminal state. Survives restarts of the
-    supervisor by retrying the long-poll.
+    supervisor by retrying the long-poll, for up to five minutes, once it has reached the
+    supervisor: a wrong URL, or nothing listening there, fails at once like the other commands.
 
     A task that ended at or before `after` has no event left to show: the task itself says so,
     before the first long-poll and after any that comes back empty, so watching never hangs.
+    A supervisor whose `events_wait_max_s` is below the poll's wait refuses it (422); the wait
+    is then halved until it is accepted.
     """
     out = sys.stdout if out is None else out  # looked up per call: redirections apply
     last = after
+
+    def lost(state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == 1 and state.outcome is not None:
+            print(f"{state.outcome.exception()}; retrying for up to 5 min", file=sys.stderr)
+
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(Unreachable),
         wait=tenacity.wait_random_exponential(multiplier=0.5, max=10),
         stop=tenacity.stop_after_delay(300),
+        before_sleep=lost,
         reraise=True,
     )
+    wait_s = WATCH_WAIT_S
+    task = client.show(task_id)  # not retried: the first contact says whether the URL is right
+    if task["state"] in TERMINAL_STATES and task["seq"] <= last:
+        return str(task["state"])
     batch: list[dict[str, Any]] = []
+    shown = True  # the task was just looked at
     while True:
-        if not batch:
+        if not batch and not shown:
             task = retrying(client.show, task_id)
             if task["state"] in TERMINAL_STATES and task["seq"] <= last:
                 return str(task["state"])
-        batch = retrying(client.events, task_id, last, 30.0)
+        shown = False
+        try:
+            batch = retrying(client.events, task_id, last, wait_s)
+        except ClientError as exc:
+            if not (str(exc).startswith("422 ") and "'wait'" in str(exc) and wait_s > 1):
+                raise
+            wait_s /= 2
+            batch, shown = [], True  # nothing new to look at: ask again at once
+            continue
         for event in batch:
             if event["seq"] <= last:
                 continue  # already shown: never move the view backwards

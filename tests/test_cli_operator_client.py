@@ -160,3 +160,49 @@ def test_events_without_an_events_list_is_a_client_error() -> None:
     http = client(lambda _request: httpx.Response(200, json={"tasks": []}))
     with pytest.raises(oc.ClientError, match="no 'events' list"):
         http.events("t1", 0, 0.0)
+
+
+@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8080", "ftp://host", "http://"])
+def test_a_url_that_is_not_http_is_refused_at_once(url: str) -> None:
+    with pytest.raises(oc.ClientError, match="--url"):
+        oc.OperatorClient(url, "tok")
+
+
+def test_watch_fails_at_once_when_the_supervisor_was_never_reached() -> None:
+    calls: list[str] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(oc.Unreachable, match="cannot reach the supervisor"):
+        oc.watch(client(refuse), "t1", out=io.StringIO())
+    assert calls == ["/v1/tasks/t1"]  # one try, not five minutes of them
+
+
+def test_watch_halves_its_wait_until_the_supervisor_accepts_it() -> None:
+    """A supervisor with events_wait_max_s below the watch's 30 s refuses the poll with 422."""
+    waits: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/events"):
+            return httpx.Response(200, json={"id": "t1", "state": "RUNNING", "seq": 1})
+        wait = float(request.url.params["wait"])
+        waits.append(wait)
+        if wait > 10:
+            detail = "query parameter 'wait' must be in 0.0..10.0"
+            return httpx.Response(422, json={"error": "invalid_field", "detail": detail})
+        return httpx.Response(200, json={"events": [event(2, "state", "SUCCEEDED")]})
+
+    assert oc.watch(client(handler), "t1", after=1, out=io.StringIO()) == "SUCCEEDED"
+    assert waits == [30.0, 15.0, 7.5]
+
+
+def test_watch_still_refuses_what_a_shorter_wait_cannot_mend() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/events"):
+            return httpx.Response(200, json={"id": "t1", "state": "RUNNING", "seq": 1})
+        return httpx.Response(404, json={"error": "not_found", "detail": "no task t1"})
+
+    with pytest.raises(oc.ClientError, match=r"^404 not_found"):
+        oc.watch(client(handler), "t1", out=io.StringIO())
