@@ -7,6 +7,7 @@ real `configure_logging` renders to stdout, as JSON lines and as the console for
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,12 @@ def secret(tmp_path: Path) -> str:
 
 @pytest.fixture
 def restore_structlog() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     yield
     structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_registered_secret_is_masked_in_captured_events(secret: str) -> None:
@@ -92,4 +97,24 @@ def test_secret_inside_non_string_values_is_masked(
     log.info("raw", body=secret.encode(), seen={secret: 1})
     out = capsys.readouterr().out
     assert out.count("\n") == 2
+    assert secret not in out
+
+
+def test_standard_library_lines_are_json_lines_too_and_masked(
+    secret: str, capsys: pytest.CaptureFixture[str], restore_structlog: None
+) -> None:
+    """uvicorn and asyncio log through `logging`: their lines are JSON lines like ours (the
+    README's `jq` filter keeps them), masked the same way; httpx's per-request lines are not
+    logged below warning."""
+    configure_logging(json_lines=True)
+    logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
+    logging.getLogger("asyncio").error("Task exception: bad bearer %s", secret)
+    logging.getLogger("httpx").info("HTTP Request: POST http://sup/v1/leases/claim")
+    out = capsys.readouterr().out
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(x["logger"], x["level"], x["event"]) for x in lines] == [
+        ("uvicorn.error", "warning", "Invalid HTTP request received."),
+        ("asyncio", "error", "Task exception: bad bearer ***"),
+    ]
+    assert all("timestamp" in x for x in lines)
     assert secret not in out

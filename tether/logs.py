@@ -1,9 +1,13 @@
 """One structlog configuration for both programs.
 
 JSON lines when stdout is not a terminal (systemd's journal, a pipe, a file), readable colour
-when it is. A redaction processor runs before rendering and again over the rendered line:
-every secret the program has read is registered here, and any occurrence of it is masked, so a
-token that slips into an exception message still never reaches a log line.
+when it is. Lines from the standard library's `logging` (uvicorn's, asyncio's) go through the
+same processors, so they are JSON lines too, with `logger` naming their source; httpx's and
+httpcore's per-request lines are left out below warning.
+
+A redaction processor runs before rendering and again over the rendered line: every secret the
+program has read is registered here, and any occurrence of it is masked, so a token that slips
+into an exception message still never reaches a log line.
 """
 
 from __future__ import annotations
@@ -89,3 +93,25 @@ def configure_logging(*, json_lines: bool | None = None, level: str = "info") ->
         logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
         cache_logger_on_first_use=False,
     )
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                redact_secrets,
+                renderer,
+                scrub_rendered,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
