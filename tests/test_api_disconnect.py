@@ -12,24 +12,32 @@ import pytest
 from .conftest import ApiHarness, count
 
 
+class Client:
+    """One ASGI request from a client that sends `body`, then hangs up when `hung_up` is set;
+    what the app sends back lands in `sent`."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.hung_up = anyio.Event()
+        self.sent: list[dict[str, Any]] = []
+        self._delivered = False
+
+    async def receive(self) -> dict[str, Any]:
+        if not self._delivered:
+            self._delivered = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await self.hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+
 async def test_a_disconnected_claim_grants_nothing_and_the_step_stays_queued(
     api: ApiHarness,
 ) -> None:
     body = json.dumps({"runner_id": "gone", "capacity": 1, "wait_s": 20}).encode()
-    hung_up = anyio.Event()
-    sent: list[dict[str, Any]] = []
-    delivered = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await hung_up.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    client = Client(body)
 
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
@@ -45,13 +53,13 @@ async def test_a_disconnected_claim_grants_nothing_and_the_step_stays_queued(
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(api.app, scope, receive, send)
+            tg.start_soon(api.app, scope, client.receive, client.send)
             await anyio.wait_all_tasks_blocked()
-            hung_up.set()  # the runner goes away while its claim waits for work
+            client.hung_up.set()  # the runner goes away while its claim waits for work
             await anyio.wait_all_tasks_blocked()
             task = await api.queued("after-hangup")  # work arrives after the hang-up
 
-    assert sent[0]["status"] == 204
+    assert client.sent[0]["status"] == 204
     assert count(api.path, "attempts") == 0
     leases = await api.claim(runner_id="listening")
     assert [lease["task_id"] for lease in leases] == [task["id"]]
@@ -60,20 +68,7 @@ async def test_a_disconnected_claim_grants_nothing_and_the_step_stays_queued(
 async def test_an_events_poll_whose_client_hung_up_ends_at_once(api: ApiHarness) -> None:
     """An operator's `watch` that went away does not hold its handler for the whole wait."""
     task = await api.create("watched")
-    hung_up = anyio.Event()
-    sent: list[dict[str, Any]] = []
-    delivered = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await hung_up.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    client = Client(b"")
 
     after = task["seq"]
     query = f"after={after}&wait=60".encode()
@@ -88,11 +83,11 @@ async def test_an_events_poll_whose_client_hung_up_ends_at_once(api: ApiHarness)
 
     with anyio.fail_after(5):  # well within the 60 s the poll asked for
         async with anyio.create_task_group() as tg:
-            tg.start_soon(api.app, scope, receive, send)
+            tg.start_soon(api.app, scope, client.receive, client.send)
             await anyio.wait_all_tasks_blocked()
-            assert sent == []  # still waiting for an event
-            hung_up.set()
-    assert sent[0]["status"] == 200
+            assert client.sent == []  # still waiting for an event
+            client.hung_up.set()
+    assert client.sent[0]["status"] == 200
 
 
 async def test_a_ledger_error_in_a_long_poll_keeps_its_wire_code(
