@@ -18,6 +18,14 @@ from supervisor.ledger.tx import PLANTS
 ROOT = Path(__file__).resolve().parent.parent
 CLI_SCRIPT = Path(sys.executable).parent / "tether-supervisor"
 CI_SCHEDULES = 10_000
+# The ledger invariant (`tether-supervisor check`'s name for it) each planted bug breaks.
+PLANT_CAUGHT_BY = {
+    "stale-fence": "no-stale-commit",
+    "double-effect": "effect-key-is-identity",
+    "terminal-overwrite": "terminal-is-final",
+    "key-reuse": "idempotency-key-unique",
+    "unverified-success": "success-on-approved-base",
+}
 CI_SEED = 20_260_601
 
 
@@ -137,6 +145,9 @@ def test_planted_bug_is_caught_and_its_replay_reproduces_it(plant: str) -> None:
     assert count == int(header.group(1)) + 1  # stopped at the first violating schedule
     violations = violation_lines(out)
     assert violations, out
+    # caught by the invariant the plant breaks, not by the harness crashing on it
+    assert not any(line.startswith("explorer error") for line in violations), out
+    assert any(line.startswith(f"{PLANT_CAUGHT_BY[plant]}:") for line in violations), out
     [replay] = re.findall(r"^replay: (.+)$", out, re.M)
     assert replay == (
         f"tether-supervisor chaos explore --schedules 1 --seed {header.group(2)} --plant {plant}"

@@ -183,8 +183,10 @@ async def test_an_approval_between_the_look_and_the_sleep_still_wakes_the_claim(
 
 
 async def test_claim_long_poll_gives_up_empty_after_wait_s(ledger: SqliteLedger) -> None:
+    started = anyio.current_time()
     with anyio.fail_after(10):
         assert await ledger.claim("r1", "default", 1, 0.05) == []
+    assert anyio.current_time() - started >= 0.05  # it did wait, then answered empty
 
 
 async def test_stale_fences_are_refused_recorded_and_change_nothing(

@@ -338,9 +338,11 @@ def test_a_cancelled_task_is_dropped_within_a_renew_interval_and_the_runner_is_f
     answer = cluster.http.post(f"/v1/tasks/{task_id}/cancel", json={"reason": "changed mind"})
     assert answer.status_code == 200, answer.text
     dropped = wait_for(lambda: a.events("step dropped"), "the drop", 10, cluster)
-    # One renew interval, plus the time a loaded machine takes to deliver two HTTP calls.
-    assert time.monotonic() - cancelled_at < RENEW_EVERY_S + 2.0
+    # Dropped because a renew answer said cancelled (an expiry would say "expired"), long
+    # before the model's 30 s: one renew interval, plus what a loaded machine takes to deliver
+    # the calls (a generous bound: a wall-clock figure on a shared machine).
     assert dropped[0]["because"] == "cancelled"
+    assert time.monotonic() - cancelled_at < RENEW_EVERY_S + 3.0
     assert cluster.state(task_id) == "CANCELLED"
     assert cluster.effects(task_id) == []
     cluster.knobs(latency_s=0.0)
