@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 import structlog
 
-from supervisor.ledger import LedgerError, SqliteLedger
+from supervisor.ledger import SqliteLedger, StorageError
 from supervisor.settings import SupervisorSettings
 
 log = structlog.get_logger("tether.supervisor")
@@ -25,10 +25,11 @@ async def reap_forever(ledger: SqliteLedger) -> None:
     """Expire leases past their deadline, waking at the next deadline or at least every second.
 
     A lease granted while the reaper sleeps has a deadline at least `accept_window_s` away, so
-    the cap bounds how late any expiry is noticed. A ledger error (a full disk, the file locked
-    by another process past the busy timeout) is logged and the reaper tries again at its
-    next turn: the condition may pass, and a reaper that ended would take the ledger, and
-    every lease's expiry, down with it.
+    the cap bounds how late any expiry is noticed. A storage error (a full disk, the file
+    locked by another process past the busy timeout) is logged and the reaper tries again at
+    its next turn: the condition may pass, and a reaper that ended would take the ledger, and
+    every lease's expiry, down with it. A bug in its rules is not retried: it ends the reaper
+    and closes the ledger, and `serve` then stops with exit 1 for the service manager.
     """
     cap = min(REAP_EVERY_MAX_S, ledger.config.accept_window_s / 4)
     failing = False
@@ -39,7 +40,7 @@ async def reap_forever(ledger: SqliteLedger) -> None:
             if reaped:
                 log.info("leases expired", count=reaped)
             deadline = await ledger.next_deadline()
-        except LedgerError as exc:
+        except StorageError as exc:
             if not failing:
                 log.error(  # noqa: TRY400 - the detail says it all; no traceback
                     "the reaper cannot write to the ledger; trying again", error=exc.detail

@@ -79,13 +79,21 @@ def test_a_storage_failure_inside_a_rule_is_a_storage_error_not_a_bug(sim: Sim) 
 
     def meet_a_full_disk(tx: Tx) -> None:
         tx.run("UPDATE tasks SET owner = 'half-written'")
-        raise sqlite3.OperationalError("database or disk is full")
+        full = sqlite3.OperationalError("database or disk is full")
+        full.sqlite_errorcode = sqlite3.SQLITE_FULL  # as SQLite itself reports it
+        raise full
+
+    def name_a_missing_column(tx: Tx) -> None:
+        tx.run("UPDATE tasks SET no_such_column = 1")
 
     sim.run(lambda tx: create_task(tx, make_spec("a")))
-    full, after = sim.batch(meet_a_full_disk, lambda tx: create_task(tx, make_spec("b")))
+    full, mistake, after = sim.batch(
+        meet_a_full_disk, name_a_missing_column, lambda tx: create_task(tx, make_spec("b"))
+    )
     assert isinstance(full.error, StorageError)
     assert not isinstance(full.error, RuleCrashed)
     assert "database or disk is full" in full.error.detail
+    assert isinstance(mistake.error, RuleCrashed)  # an SQL mistake is a bug, not the storage
     assert after.error is None
     assert sim.db.execute("SELECT owner FROM tasks WHERE owner = 'half-written'").fetchone() is None
 

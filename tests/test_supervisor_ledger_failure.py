@@ -112,3 +112,18 @@ async def test_healthz_fails_once_the_ledger_has_closed(tmp_path: Path) -> None:
         answer = await client.get("/healthz")
         assert answer.status_code == 503
         assert answer.json()["error"] == "unavailable"
+
+
+async def test_a_bug_in_the_reapers_rules_is_not_retried_silently(
+    ledger: SqliteLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the storage failing is waited out; a crashed rule ends the reaper (and with it the
+    ledger, and `serve` with exit 1), instead of a process that looks alive and expires nothing."""
+    from supervisor.ledger.batch import RuleCrashed
+
+    async def expire() -> int:
+        raise RuleCrashed("KeyError: 'lease_deadline'")
+
+    monkeypatch.setattr(ledger, "expire", expire)
+    with anyio.fail_after(5), pytest.raises(RuleCrashed):
+        await service.reap_forever(ledger)

@@ -37,6 +37,29 @@ class RuleCrashed(LedgerError):
     """A ledger rule failed unexpectedly; its writes were rolled back."""
 
 
+# SQLite's primary result codes that are about the storage, not about the statement: a full
+# disk, an I/O error, a lock held too long, a read-only or damaged file.
+_STORAGE_CODES = frozenset(
+    {
+        sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_PROTOCOL,
+    }
+)  # fmt: skip
+
+
+def _failure_of(exc: Exception) -> LedgerError:
+    """A rule's unexpected error: the storage failing under it (503 `unavailable`, for the
+    operator), or a bug in the rule, an SQL mistake included (500 `internal`)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in _STORAGE_CODES:
+        failed: LedgerError = StorageError(f"the ledger could not write: {exc}")
+    else:
+        failed = RuleCrashed(f"{type(exc).__name__}: {exc}")
+    failed.__cause__ = exc
+    return failed
+
+
 def execute_batch(
     db: sqlite3.Connection, rules: Sequence[Rule], make_tx: Callable[[], Tx]
 ) -> BatchResult:
@@ -58,16 +81,9 @@ def execute_batch(
                         task_id=exc.task_id, step_id=exc.step_id, fence=exc.fence,
                     )  # fmt: skip
                 outcome.error = exc
-            except sqlite3.OperationalError as exc:  # the storage (full, I/O error, locked)
-                db.execute("ROLLBACK TO rule")
-                failed = StorageError(f"the ledger could not write: {exc}")
-                failed.__cause__ = exc
-                outcome.error = failed
             except Exception as exc:  # a bug in one rule fails that rule alone, not its batch
                 db.execute("ROLLBACK TO rule")
-                crashed = RuleCrashed(f"{type(exc).__name__}: {exc}")
-                crashed.__cause__ = exc
-                outcome.error = crashed
+                outcome.error = _failure_of(exc)
             else:
                 woken |= tx.woken_pools
                 touched |= tx.touched_tasks
