@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from supervisor.ledger import InvalidRequest, SqliteLedger
 
-from .conftest import count, make_spec
+from .conftest import count, make_spec, raw_db
 
 
 async def test_a_task_cannot_claim_the_wake_all_pool(ledger: SqliteLedger) -> None:
@@ -59,3 +61,29 @@ async def test_names_as_deployments_write_them_are_accepted(ledger: SqliteLedger
     with pytest.raises(InvalidRequest, match="tenant name"):
         await ledger.set_budget("acme/gpu", 10)  # a pool, not a tenant
     assert count(ledger.path, "tokens") == 8
+
+
+async def test_names_from_before_the_rules_can_still_be_managed(
+    ledger: SqliteLedger, ledger_path: Path
+) -> None:
+    """A ledger written before the naming rules may hold 'acme corp' and 'acme/team'. Their
+    tokens can be rotated and their budgets set; new names are still checked."""
+    db = raw_db(ledger_path)
+    db.execute(
+        "INSERT INTO tokens (id, scope, role, secret_hash, created_at) VALUES"
+        " ('old1', 'acme corp', 'operator', 'h1', 0), ('old2', 'acme/team', 'operator', 'h2', 0),"
+        " ('old3', 'slow pool', 'runner', 'h3', 0)"
+    )
+    db.close()
+    await ledger.create_token("acme corp", "operator")
+    await ledger.create_token("acme/team", "operator")
+    await ledger.create_token("slow pool", "runner")
+    await ledger.set_budget("acme corp", None)
+    await ledger.create_task(make_spec("k", pool="slow pool"))
+    assert count(ledger.path, "tokens") == 6
+    with pytest.raises(InvalidRequest, match="not allowed"):
+        await ledger.create_token("acme corp2 x", "operator")
+    with pytest.raises(InvalidRequest, match="no '/'"):
+        await ledger.create_token("acme/other", "operator")
+    with pytest.raises(InvalidRequest, match="tenant name"):
+        await ledger.set_budget("slow pool", 5)  # a pool's name is not a tenant's

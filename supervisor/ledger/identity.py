@@ -74,7 +74,7 @@ def step_id_for(task_id: str, position: int) -> str:
     return f"{task_id}.{position}"
 
 
-def validate(spec: TaskSpec, max_steps: int) -> None:
+def validate(spec: TaskSpec, max_steps: int, tx: Tx | None = None) -> None:
     for label, value in (("tenant", spec.tenant), ("idempotency_key", spec.idempotency_key)):
         if not value or len(value) > MAX_NAME:
             raise InvalidRequest(f"{label} must be 1..{MAX_NAME} characters")
@@ -87,7 +87,7 @@ def validate(spec: TaskSpec, max_steps: int) -> None:
             raise InvalidRequest(f"plan.steps[{i}].name must be 1..{MAX_NAME} characters")
         if not step.kind or len(step.kind) > MAX_NAME:
             raise InvalidRequest(f"plan.steps[{i}].kind must be 1..{MAX_NAME} characters")
-    names.check_pool(spec.pool)
+    names.check_pool(spec.pool, tx)
     if spec.repository is not None and not spec.repository.strip():
         raise InvalidRequest("repository must name a repository")
     if spec.expected_checks and not spec.repository:
@@ -98,7 +98,7 @@ def validate(spec: TaskSpec, max_steps: int) -> None:
 
 def create_task(tx: Tx, spec: TaskSpec) -> Created:
     """Record the task and every step's intent; answer the existing task for a duplicate."""
-    validate(spec, tx.config.max_steps)
+    validate(spec, tx.config.max_steps, tx)
     plan_hash = spec.plan_hash
     declared = spec.declared()
     if tx.checks.idempotency:

@@ -4,6 +4,9 @@ A name is printed in `token list` (one line per token, fields split by spaces), 
 error messages, and a tenant's own pools are `<tenant>/<name>`. So: letters, digits and
 `. _ @ : + -`, starting with a letter or digit; a pool may join such names with `/`. No
 spaces, no line breaks, no `*` (the ledger's wake-every-pool sentinel).
+
+A name the ledger already holds (a token's scope, a tenant with a budget, a task's pool) from
+before these rules keeps working: its tokens can be rotated and its budget set.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import re
 
 from supervisor.ledger.errors import InvalidRequest
+from supervisor.ledger.tx import ALL_POOLS, Tx
 
 MAX_NAME = 200
 _PART = r"[A-Za-z0-9][A-Za-z0-9._@:+-]*"
@@ -19,14 +23,34 @@ _POOL = re.compile(rf"{_PART}(?:/{_PART})*")
 _RULE = "letters, digits and . _ @ : + -, starting with a letter or digit"
 
 
-def check_tenant(name: str) -> str:
-    if len(name) > MAX_NAME or not _TENANT.fullmatch(name):
+_HELD = {
+    "tenant": "SELECT 1 AS k FROM tokens WHERE scope = ? AND role = 'operator'"
+    " UNION ALL SELECT 1 FROM tenants WHERE name = ? LIMIT 1",
+    "pool": "SELECT 1 AS k FROM tokens WHERE scope = ? AND role = 'runner'"
+    " UNION ALL SELECT 1 FROM tasks WHERE pool = ? LIMIT 1",
+}
+
+
+def _known(tx: Tx | None, kind: str, name: str) -> bool:
+    """Held by the ledger already (from before these rules): then it is not refused now."""
+    if tx is None or name == ALL_POOLS or not name.strip():
+        return False
+    return tx.one(_HELD[kind], (name, name)) is not None
+
+
+def held_tenant(tx: Tx, name: str) -> bool:
+    """An operator token or a budget names this tenant already."""
+    return _known(tx, "tenant", name)
+
+
+def check_tenant(name: str, tx: Tx | None = None) -> str:
+    if (len(name) > MAX_NAME or not _TENANT.fullmatch(name)) and not _known(tx, "tenant", name):
         raise InvalidRequest(f"tenant name {name!r} is not allowed: {_RULE}, 1..{MAX_NAME}")
     return name
 
 
-def check_pool(name: str) -> str:
-    if len(name) > MAX_NAME or not _POOL.fullmatch(name):
+def check_pool(name: str, tx: Tx | None = None) -> str:
+    if (len(name) > MAX_NAME or not _POOL.fullmatch(name)) and not _known(tx, "pool", name):
         raise InvalidRequest(
             f"pool name {name!r} is not allowed: {_RULE}, in parts joined by '/', 1..{MAX_NAME}"
         )

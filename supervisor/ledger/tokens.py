@@ -51,12 +51,14 @@ def create_token(tx: Tx, scope: str, role: str) -> tuple[str, str]:
         parsed = Role(role)
     except ValueError:
         raise InvalidRequest("role must be operator or runner") from None
-    if parsed is Role.OPERATOR and "/" in scope:
-        raise InvalidRequest("a tenant's name has no '/': '/' separates a tenant from its pools")
     if parsed is Role.OPERATOR:
-        names.check_tenant(scope)
+        if "/" in scope and not names.held_tenant(tx, scope):
+            raise InvalidRequest(
+                "a tenant's name has no '/': '/' separates a tenant from its pools"
+            )
+        names.check_tenant(scope, tx)
     else:
-        names.check_pool(scope)
+        names.check_pool(scope, tx)
     token_id = secrets.token_hex(6)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     tx.run(
