@@ -323,7 +323,7 @@ class Progress:
                 self._seen.add(key)
                 say(
                     f"  step {position} {step['name']:<9} attempt {attempt['attempt']}"
-                    f"  fence {attempt['fence']:<3} {attempt['runner_id']:<14} {attempt['state']}"
+                    f"  fence {attempt['fence']:<16} {attempt['runner_id']:<14} {attempt['state']}"
                 )
 
 
@@ -416,7 +416,7 @@ def account(
             elif step["id"] == killed_step and attempt["state"] == "committed":
                 note = "  <- replayed: same step id, new attempt, higher fence"
             lines.append(
-                f"      attempt {attempt['attempt']}  fence {attempt['fence']:<3}"
+                f"      attempt {attempt['attempt']}  fence {attempt['fence']:<16}"
                 f" {attempt['runner_id']:<14} {attempt['state']}{note}"
             )
         if step["state"] != "committed":
