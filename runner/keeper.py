@@ -87,10 +87,17 @@ class LeaseKeeper:
     async def _watch_expiry(self, scope: anyio.CancelScope) -> None:
         while (left := self.expires_at - self._clock.now()) > 0:
             await self._clock.sleep(left)
-        self._log.warning(
-            "lease expired on the runner's clock; dropping the step",
-            ttl_s=self._lease.ttl_s,
-        )
+        if self.acknowledged:
+            self._log.warning(
+                "lease expired on the runner's clock; dropping the step",
+                ttl_s=self._lease.ttl_s,
+            )
+        else:  # the bound before the first renew answer: the supervisor's accept window
+            self._log.warning(
+                "no renew answered within 1.5 renew intervals of the grant (the supervisor"
+                " re-queues an unacknowledged lease); dropping the step",
+                bound_s=round(min(self._lease.ttl_s, 1.5 * self.renew_every_s), 3),
+            )
         self._lose(LeaseLost(LostBecause.EXPIRED))
         scope.cancel()
 

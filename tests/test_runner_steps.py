@@ -7,6 +7,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import structlog.testing
 
 from runner.kinds import KindRegistry, StepContext, StepOutput
 from tests.test_runner_fakes import (
@@ -212,17 +213,21 @@ async def test_a_lease_never_acknowledged_is_dropped_after_one_and_a_half_renew_
     rig.model.script(gate)
     sup.script("renew", hang, hang, hang)  # no renew is ever answered
     sup.offer(make_lease("s1", ttl_s=30.0, renew_every_s=2.0))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(rig.serve)
-        await rig.model.until(lambda: bool(rig.model.requests))
-        clock.jump(2.5)  # real time since the answer adds to it: half a second to spare
-        await anyio.sleep(0.05)
-        assert step_outcomes(rig) == [None]  # still working inside the bound
-        clock.jump(0.6)
-        await until(rig, lambda: step_outcomes(rig) == ["dropped: expired"])
-        rig.runner.request_shutdown()
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve)
+            await rig.model.until(lambda: bool(rig.model.requests))
+            clock.jump(2.5)  # real time since the answer adds to it: half a second to spare
+            await anyio.sleep(0.05)
+            assert step_outcomes(rig) == [None]  # still working inside the bound
+            clock.jump(0.6)
+            await until(rig, lambda: step_outcomes(rig) == ["dropped: expired"])
+            rig.runner.request_shutdown()
     assert gate.cancelled
     assert sup.of("result") == []
+    [said] = [e for e in logs if "dropping the step" in e["event"]]
+    assert "no renew answered within 1.5 renew intervals" in said["event"]  # not "TTL 30 s"
+    assert said["bound_s"] == 3.0
 
 
 async def test_a_model_400_releases_the_step_as_invalid_and_not_retryable(tmp_path: Path) -> None:
@@ -480,8 +485,6 @@ async def test_a_failing_provider_shows_in_the_log_without_a_line_per_retry(
 ) -> None:
     """A provider outage must be visible to the operator: the first retry of a model call is a
     warning, then each doubling of its tries; never the request's key."""
-    import structlog.testing
-
     from tests.test_runner_fakes import MODEL_KEY
 
     rig = make_rig(tmp_path)
