@@ -115,7 +115,11 @@ def backup(path: Path, dest: Path) -> None:
     except sqlite3.DatabaseError as exc:
         raise AdminError(f"cannot read ledger {path}: {exc}") from None
     try:
+        dest.touch(mode=0o600, exist_ok=False)  # a copy of the ledger: its owner's only
         target = sqlite3.connect(str(dest))
+    except OSError as exc:
+        source.close()
+        raise AdminError(f"cannot write {dest}: {exc.strerror or exc}") from None
     except sqlite3.Error as exc:
         source.close()
         raise AdminError(f"cannot write {dest}: {exc}") from None

@@ -157,7 +157,7 @@ def _task(args: argparse.Namespace) -> int:
             Path(args.token_file) if args.token_file else None, "operator-token", os.environ
         )
     except SettingsError as exc:
-        fail(PROG, str(exc))
+        fail(PROG, f"{exc} (--token-file F)" if args.token_file is None else str(exc))
     try:
         client = oc.OperatorClient(args.url, token)
     except oc.ClientError as exc:
@@ -203,8 +203,7 @@ def _chaos(argv: list[str]) -> int:
     return int(explore.main(argv))
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _run(argv: list[str]) -> int:
     if argv[:1] == ["chaos"]:
         return _chaos(argv[1:])
     args = build_parser().parse_args(argv)
@@ -213,6 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "task":
         return _task(args)
     return _admin(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then ours to handle
+    except BrokenPipeError:
+        # `task show | head`: the reader left. No traceback; what is left goes nowhere, and
+        # the exit status says the output was cut short (as Python's documentation advises).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ class OperatorClient:
             raise ClientError(f"--url {url!r} is not a URL: {exc}") from None
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ClientError(f"--url {url!r} must be http(s)://HOST[:PORT]")
+        if parsed.path.rstrip("/").endswith("/v1"):
+            raise ClientError(
+                f"--url {url!r}: give the supervisor's address without /v1 (the client adds it)"
+            )
         self._http = httpx.Client(
             base_url=url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},

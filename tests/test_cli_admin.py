@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import stat
 from pathlib import Path
 
 import anyio
@@ -321,6 +323,39 @@ def test_check_never_writes_the_file_it_inspects(
     assert plain.read_bytes() == before  # still not WAL: nothing was written
     assert empty.stat().st_size == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "plain.db"]
+
+
+def test_a_new_ledger_and_its_backups_are_readable_by_their_owner_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    old = os.umask(0o022)  # a shell's usual umask, outside systemd's UMask=0077
+    try:
+        ledger = tmp_path / "ledger.db"
+        admin.create_token(ledger, "acme", "operator")
+        copy = tmp_path / "backup.db"
+        assert run(capsys, "backup", "--db", str(ledger), str(copy))[0] == 0
+        missing_dir = tmp_path / "nope" / "b.db"
+        code, _out, err = run(capsys, "backup", "--db", str(ledger), str(missing_dir))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(ledger.stat().st_mode) == 0o600
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    assert code == 1
+    assert "cannot write" in one_line(err)
+
+
+def test_a_reader_that_leaves_the_pipe_gets_no_traceback(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tether-supervisor task show ID | head`: head leaves, the next write fails."""
+    from supervisor import cli
+
+    def cut_short(_args: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_admin", cut_short)
+    assert main(["token", "list", "--db", "x.db"]) == 1  # not an exception
+    assert "Traceback" not in capfd.readouterr().err
 
 
 # -- --help and bad usage ----------------------------------------------------------------------

@@ -168,6 +168,12 @@ def test_a_url_that_is_not_http_is_refused_at_once(url: str) -> None:
         oc.OperatorClient(url, "tok")
 
 
+@pytest.mark.parametrize("url", ["http://sup:8080/v1", "https://sup/tether/v1/"])
+def test_a_url_ending_in_v1_says_to_leave_it_out(url: str) -> None:
+    with pytest.raises(oc.ClientError, match="without /v1"):
+        oc.OperatorClient(url, "tok")
+
+
 def test_watch_fails_at_once_when_the_supervisor_was_never_reached() -> None:
     calls: list[str] = []
 

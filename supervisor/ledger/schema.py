@@ -115,6 +115,10 @@ def open_ledger_file(path: Path | str, *, synchronous: str = "FULL") -> sqlite3.
     database"; a garbage b-tree page: "malformed"), and `StorageError` when the file cannot be
     used for another SQLite reason, so callers see the ledger's errors, never the driver's."""
     db: sqlite3.Connection | None = None
+    if not Path(path).exists():
+        # A new ledger holds payloads and token hashes: readable by its owner only, whatever
+        # the umask (SQLite gives its -wal and -shm files the same mode).
+        Path(path).touch(mode=0o600)
     try:
         db = connect(path, synchronous=synchronous)
         check_integrity(db)
