@@ -172,6 +172,21 @@ def two_live_leases(db: sqlite3.Connection, w: World) -> None:
     )
 
 
+def a_lease_left_live_on_a_cancelled_step(db: sqlite3.Connection, w: World) -> None:
+    """What a cancel that forgot to end the attempt in flight would leave."""
+    db.execute(
+        "UPDATE steps SET state = 'cancelled' WHERE task_id = ? AND state = 'leased'", (w.running,)
+    )
+
+
+def a_leased_step_without_its_lease(db: sqlite3.Connection, w: World) -> None:
+    db.execute(
+        "UPDATE attempts SET state = 'expired' WHERE state = 'leased' AND step_id IN"
+        " (SELECT id FROM steps WHERE task_id = ?)",
+        (w.running,),
+    )
+
+
 def fences_not_increasing(db: sqlite3.Connection, w: World) -> None:
     first, second = w.retried_fences
     db.execute("UPDATE attempts SET fence = -1 WHERE fence = ?", (first,))
@@ -233,7 +248,10 @@ PLANTS: dict[str, tuple[Plant, set[str]]] = {
     "no-stale-commit": (stale_commit, set()),
     "committed-has-effect": (committed_without_effect, set()),
     "effect-matches-intent": (effect_not_matching_intent, set()),
-    "one-live-lease-per-step": (two_live_leases, set()),
+    # the second live attempt is not under the step's fence
+    "one-live-lease-per-step": (two_live_leases, {"live-lease-is-the-steps"}),
+    "live-lease-is-the-steps": (a_lease_left_live_on_a_cancelled_step, set()),
+    "leased-step-has-its-lease": (a_leased_step_without_its_lease, set()),
     "fences-increase": (fences_not_increasing, set()),
     "fence-counter-ahead": (counter_behind, set()),
     "success-is-complete": (success_with_an_uncommitted_step, set()),

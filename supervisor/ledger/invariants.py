@@ -56,6 +56,20 @@ _QUERIES: dict[str, tuple[str, Callable[[sqlite3.Row], str]]] = {
         " GROUP BY step_id HAVING n > 1",
         lambda r: f"step {r['step_id']} has {r['n']} live leases",
     ),
+    "live-lease-is-the-steps": (
+        "SELECT a.step_id, a.fence, s.state FROM attempts a JOIN steps s ON s.id = a.step_id"
+        " WHERE a.state = 'leased' AND (s.state != 'leased' OR s.fence IS NOT a.fence)",
+        lambda r: (
+            f"step {r['step_id']} is {r['state']} but its attempt under fence {r['fence']}"
+            " is still leased"
+        ),
+    ),
+    "leased-step-has-its-lease": (
+        "SELECT s.id, s.fence FROM steps s WHERE s.state = 'leased' AND NOT EXISTS"
+        " (SELECT 1 FROM attempts a WHERE a.step_id = s.id AND a.fence = s.fence"
+        "  AND a.state = 'leased')",
+        lambda r: f"step {r['id']} is leased under fence {r['fence']} with no such live attempt",
+    ),
     "fences-increase": (
         "SELECT a.step_id, a.attempt, a.fence FROM attempts a JOIN attempts b"
         " ON b.step_id = a.step_id AND b.attempt = a.attempt + 1 WHERE b.fence <= a.fence",
