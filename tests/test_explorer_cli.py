@@ -25,6 +25,7 @@ PLANT_CAUGHT_BY = {
     "terminal-overwrite": "terminal-is-final",
     "key-reuse": "idempotency-key-unique",
     "unverified-success": "success-on-approved-base",
+    "lapsed-lease": "lapsed-lease",  # the observer's: the ledger's file cannot show a time
 }
 CI_SEED = 20_260_601
 

@@ -168,6 +168,8 @@ class Observer:
                 f" {current}"
             )
             return
+        if _lapsed(live, now):
+            self.violation(f"lapsed-lease: {step_id} renewed under fence {fence} after it ended")
         live.deadline = now + self.config.lease_ttl_s
         live.accept_deadline = None
 
@@ -183,7 +185,12 @@ class Observer:
             )
 
     def reported(
-        self, rep: Report, runner: str, outcome: Outcome | None, error: LedgerError | None
+        self,
+        rep: Report,
+        runner: str,
+        outcome: Outcome | None,
+        error: LedgerError | None,
+        now: float,
     ) -> None:
         step = rep.step_id
         task_id = step.rsplit(".", 1)[0]
@@ -209,6 +216,10 @@ class Observer:
             self.violation(
                 f"no-stale-commit: {step} committed under fence {rep.fence} from {runner}; the"
                 f" current fence was {current}"
+            )
+        elif _lapsed(live, now):  # over on the supervisor's clock, reaped or not
+            self.violation(
+                f"lapsed-lease: {step} committed under fence {rep.fence} after its lease ended"
             )
         self.applied[step] = rep
         if spec is not None:
@@ -241,12 +252,7 @@ class Observer:
     # -- the supervisor's own doings ----------------------------------------------------------
 
     def expired(self, count: int, now: float) -> None:
-        ended = sorted(
-            step
-            for step, lease in self.leases.items()
-            if lease.deadline <= now
-            or (lease.accept_deadline is not None and lease.accept_deadline <= now)
-        )
+        ended = sorted(step for step, lease in self.leases.items() if _lapsed(lease, now))
         if count != len(ended):
             self.violation(f"reaper ended {count} leases; the shadow says {len(ended)} {ended}")
         for step in ended:
@@ -286,6 +292,13 @@ class Observer:
                     f" {expected.state} ({expected.why})"
                 )
         return changes
+
+
+def _lapsed(lease: ShadowLease, now: float) -> bool:
+    """Past its deadline, or never acknowledged within the acceptance window (the ledger's
+    rule, `fencing._lapsed`, restated from the shadow's own bookkeeping)."""
+    accept = lease.accept_deadline
+    return lease.deadline <= now or (accept is not None and accept <= now)
 
 
 def _intent_hash(spec: TaskSpec | None, step_id: str) -> str | None:

@@ -175,7 +175,7 @@ class World:
         elif error is not None:
             if msg.kind is k.REPORT and isinstance(error, LedgerError):
                 assert msg.report is not None
-                obs.reported(msg.report, msg.sender, None, error)
+                obs.reported(msg.report, msg.sender, None, error, self.h.now)
         elif msg.kind is k.APPROVE:
             obs.approved_task(msg.task_id, msg.plan_hash, msg.base_sha)
         elif msg.kind is k.CANCEL:
@@ -193,7 +193,7 @@ class World:
             obs.released(msg.step_id, msg.fence)
         elif msg.kind is k.REPORT:
             assert msg.report is not None
-            obs.reported(msg.report, msg.sender, Outcome(value), None)
+            obs.reported(msg.report, msg.sender, Outcome(value), None, self.h.now)
 
     def _answer(self, msg: Message, value: Any, error: BaseException | None) -> None:
         if msg.sender == OPERATOR:

@@ -39,6 +39,7 @@ class Checks:
     terminal: bool = True  # terminal-overwrite: terminal states never transition
     idempotency: bool = True  # key-reuse: (tenant, idempotency_key) names one task
     verification: bool = True  # unverified-success: success needs matching evidence
+    lapse: bool = True  # lapsed-lease: a lease past its deadline is over before it is reaped
 
     @classmethod
     def planted(cls, bug: str | None) -> Checks:
@@ -56,6 +57,7 @@ PLANTS: dict[str, str] = {
     "terminal-overwrite": "terminal",
     "key-reuse": "idempotency",
     "unverified-success": "verification",
+    "lapsed-lease": "lapse",
 }
 
 
