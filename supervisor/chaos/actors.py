@@ -190,8 +190,15 @@ def make_orders(rng: Random, count: int) -> list[Order]:
             base_sha="sha0" if repository else None,
             expected_checks=checks,
         )
-        other = dataclasses.replace(
-            spec, steps=(StepSpec(name="s0", kind="chat", payload={"order": i, "other": True}),)
+        # The same key for another task: another plan, or (every other order) the same plan
+        # declaring another owner, which is just as much another task (`same_task`).
+        other = (
+            dataclasses.replace(
+                spec,
+                steps=(StepSpec(name="s0", kind="chat", payload={"order": i, "other": True}),),
+            )
+            if i % 2 == 0
+            else dataclasses.replace(spec, owner="someone-else")
         )
         orders.append(Order(spec=spec, conflicting=other))
     return orders
