@@ -16,11 +16,11 @@ from typing import Any
 
 from supervisor.ledger.effects import Report, tokens_spent
 from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift
-from supervisor.ledger.fencing import Renewal
+from supervisor.ledger.fencing import UNCOUNTED_RELEASES, Renewal
 from supervisor.ledger.identity import Created, TaskSpec, step_id_for
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import LedgerConfig
-from tether.wire import Lease, Outcome, content_hash
+from tether.wire import Lease, Outcome, ReleaseReason, content_hash
 
 TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 
@@ -62,6 +62,7 @@ class Observer:
         self.cancelled: set[str] = set()
         self.budgets: dict[str, int | None] = {}  # tenant -> token budget
         self.spent: dict[str, int] = {}  # tenant -> tokens of applied results
+        self.burned: dict[str, int] = {}  # step -> attempts counted toward max_attempts
 
     def violation(self, text: str) -> None:
         if text not in self.violations:
@@ -126,6 +127,11 @@ class Observer:
             )
         if lease.fence <= self.top_fence:
             self.violation(f"fences-increase: fence {lease.fence} after fence {self.top_fence}")
+        if self.burned.get(step, 0) >= self.config.max_attempts:
+            self.violation(
+                f"retry-bound: {step} granted after {self.burned[step]} counted attempts"
+                f" (max_attempts {self.config.max_attempts})"
+            )
         self.top_fence = max(self.top_fence, lease.fence)
         if lease.attempt != self.attempts.get(step, 0) + 1:
             self.violation(f"attempts: {step} granted attempt {lease.attempt} out of order")
@@ -173,11 +179,13 @@ class Observer:
         live.deadline = now + self.config.lease_ttl_s
         live.accept_deadline = None
 
-    def released(self, step_id: str, fence: int) -> None:
+    def released(self, step_id: str, fence: int, reason: ReleaseReason, retryable: bool) -> None:
         task_id = step_id.rsplit(".", 1)[0]
         live = self.leases.pop(step_id, None)
         if task_id in self.cancelled and live is None:
             return
+        if retryable and reason not in UNCOUNTED_RELEASES:
+            self.burned[step_id] = self.burned.get(step_id, 0) + 1
         if live is None or live.fence != fence:
             current = "none" if live is None else live.fence
             self.violation(
@@ -257,6 +265,7 @@ class Observer:
             self.violation(f"reaper ended {count} leases; the shadow says {len(ended)} {ended}")
         for step in ended:
             del self.leases[step]
+            self.burned[step] = self.burned.get(step, 0) + 1  # an expiry always counts
 
     def restarted(self, now: float) -> None:
         for lease in self.leases.values():

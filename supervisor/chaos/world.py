@@ -190,7 +190,7 @@ class World:
         elif msg.kind is k.RENEW:
             obs.renewed(msg.step_id, msg.fence, value, self.h.now)
         elif msg.kind is k.RELEASE:
-            obs.released(msg.step_id, msg.fence)
+            obs.released(msg.step_id, msg.fence, msg.reason, msg.retryable)
         elif msg.kind is k.REPORT:
             assert msg.report is not None
             obs.reported(msg.report, msg.sender, Outcome(value), None, self.h.now)
