@@ -402,6 +402,13 @@ class LedgerVersusModel(RuleBasedStateMachine):
         reaped, expected = self.both(reaper.expire, self.model.expire)
         assert reaped == expected
 
+    @rule(seconds=st.sampled_from([5.0, 11.0, 31.0]))
+    def tick(self, seconds: float) -> None:
+        """Time passes and the reaper has not run yet: a lapsed lease must already be over
+        (no renew, no result may bring it back), before anything requeues it."""
+        self.h.now += seconds
+        self.model.now = self.h.now
+
     @rule(runner=st.sampled_from(["r0", "r1"]), evidence=st.sampled_from(["full", "none"]))
     def claim_then_finish(self, runner: str, evidence: str) -> None:
         """A runner claims, works and reports under its fence, all at once."""
@@ -409,6 +416,16 @@ class LedgerVersusModel(RuleBasedStateMachine):
         self.claim(runner)
         for step_id, fence in self.leases[before:]:
             self.report_as(step_id, fence, False, evidence)
+
+    @rule(runner=st.sampled_from(["r0", "r1"]), seconds=st.sampled_from([11.0, 31.0]))
+    def claim_then_lapse_then_report(self, runner: str, seconds: float) -> None:
+        """A runner claims, is paused past its acceptance window or its lease before the
+        reaper runs, then reports: the lapsed lease is over, and its result is refused."""
+        before = len(self.leases)
+        self.claim(runner)
+        self.tick(seconds)
+        for step_id, fence in self.leases[before:]:
+            self.report_as(step_id, fence, False, "full")
 
     @rule(runner=st.sampled_from(["r0", "r1"]))
     def claim_then_vanish(self, runner: str) -> None:
