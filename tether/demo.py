@@ -465,7 +465,7 @@ def run(*, keep: bool) -> int:
     children = Children(folder)
     failure: str | None = None
     try:
-        say("== tether demo: two runners, one revoked mid-step ==")
+        say("== tether demo: two runners, one SIGKILLed mid-step (a revoked server) ==")
         setup = start_everything(children, folder, deadline)
         with httpx.Client(
             base_url=setup.supervisor_url,
