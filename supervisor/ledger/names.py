@@ -38,13 +38,13 @@ def _known(tx: Tx | None, kind: str, name: str) -> bool:
     return tx.one(_HELD[kind], (name, name)) is not None
 
 
-def held_tenant(tx: Tx, name: str) -> bool:
-    """An operator token or a budget names this tenant already."""
-    return _known(tx, "tenant", name)
-
-
 def check_tenant(name: str, tx: Tx | None = None) -> str:
     if (len(name) > MAX_NAME or not _TENANT.fullmatch(name)) and not _known(tx, "tenant", name):
+        if "/" in name:
+            raise InvalidRequest(
+                f"tenant name {name!r}: a tenant's name has no '/': '/' separates a tenant"
+                " from its pools"
+            )
         raise InvalidRequest(f"tenant name {name!r} is not allowed: {_RULE}, 1..{MAX_NAME}")
     return name
 

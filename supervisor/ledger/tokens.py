@@ -52,10 +52,6 @@ def create_token(tx: Tx, scope: str, role: str) -> tuple[str, str]:
     except ValueError:
         raise InvalidRequest("role must be operator or runner") from None
     if parsed is Role.OPERATOR:
-        if "/" in scope and not names.held_tenant(tx, scope):
-            raise InvalidRequest(
-                "a tenant's name has no '/': '/' separates a tenant from its pools"
-            )
         names.check_tenant(scope, tx)
     else:
         names.check_pool(scope, tx)
