@@ -174,24 +174,17 @@ def watch(
         reraise=True,
     )
     wait_s = WATCH_WAIT_S
-    task = client.show(task_id)  # not retried: the first contact says whether the URL is right
-    if task["state"] in TERMINAL_STATES and task["seq"] <= last:
-        return str(task["state"])
-    batch: list[dict[str, Any]] = []
-    shown = True  # the task was just looked at
+    task: Any = client.show(task_id)  # not retried: the first contact says if the URL is right
     while True:
-        if not batch and not shown:
-            task = retrying(client.show, task_id)
-            if task["state"] in TERMINAL_STATES and task["seq"] <= last:
-                return str(task["state"])
-        shown = False
+        if task is not None and task["state"] in TERMINAL_STATES and task["seq"] <= last:
+            return str(task["state"])
+        task = None
         try:
             batch = retrying(client.events, task_id, last, wait_s)
         except ClientError as exc:
             if not (str(exc).startswith("422 ") and "'wait'" in str(exc) and wait_s > 1):
                 raise
-            wait_s /= 2
-            batch, shown = [], True  # nothing new to look at: ask again at once
+            wait_s /= 2  # and ask again at once
             continue
         for event in batch:
             if event["seq"] <= last:
@@ -200,3 +193,5 @@ def watch(
             print(describe(event), file=out, flush=True)
             if event["kind"] == "state" and event["state"] in TERMINAL_STATES:
                 return str(event["state"])
+        if not batch:  # the poll timed out: does the task itself say it ended?
+            task = retrying(client.show, task_id)
