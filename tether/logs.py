@@ -18,6 +18,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+from structlog.typing import Processor
 
 _REDACTED = "***"
 _SENSITIVE_KEYS = frozenset(
@@ -77,16 +78,19 @@ def configure_logging(*, json_lines: bool | None = None, level: str = "info") ->
         if json_lines
         else structlog.dev.ConsoleRenderer(colors=True)
     )
+    # Every line, structlog's own or the standard library's, ends the same way.
+    stamp: list[Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    finish: list[Processor] = [
+        structlog.processors.format_exc_info,
+        redact_secrets,
+        renderer,
+        scrub_rendered,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            redact_secrets,
-            renderer,
-            scrub_rendered,
-        ],
+        processors=[structlog.contextvars.merge_contextvars, *stamp, *finish],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
@@ -96,18 +100,8 @@ def configure_logging(*, json_lines: bool | None = None, level: str = "info") ->
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[
-                structlog.stdlib.add_logger_name,
-                structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
-            ],
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.format_exc_info,
-                redact_secrets,
-                renderer,
-                scrub_rendered,
-            ],
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamp],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *finish],
         )
     )
     root = logging.getLogger()
