@@ -25,10 +25,10 @@ from runner.daemon import Runner
 from runner.http import pooled_transport
 from runner.kinds import KindRegistry
 from runner.model_client import ModelClient
-from runner.notify import Notifier
 from runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
 from runner.supervisor_client import SupervisorClient
 from tether.logs import configure_logging
+from tether.sdnotify import Notifier
 from tether.settings import SettingsError, config_file_from, load_settings
 
 PROG = "tether-runner"

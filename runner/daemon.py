@@ -46,11 +46,11 @@ from runner.errors import (
 from runner.kinds import KindRegistry
 from runner.lease import Lease
 from runner.model_client import ModelClient
-from runner.notify import Notifier
 from runner.results import ResultSender
 from runner.settings import RunnerSettings
 from runner.step import StepRun
 from runner.supervisor_client import SupervisorClient
+from tether.sdnotify import Notifier
 
 log = structlog.get_logger("runner")
 

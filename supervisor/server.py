@@ -45,10 +45,11 @@ async def _notify_when_started(server: uvicorn.Server, notifier: Notifier) -> No
         if server.should_exit:
             return
         await anyio.sleep(0.05)
-    notifier.send("READY=1", "STATUS=serving")
-    interval = notifier.watchdog_interval_s()
+    notifier.ready()
+    notifier.status("serving")
+    interval = notifier.watchdog_interval_s
     while interval is not None and not server.should_exit:
-        notifier.send("WATCHDOG=1")
+        notifier.watchdog()
         await anyio.sleep(interval)
 
 
@@ -85,7 +86,7 @@ async def _stop_on_signals(server: uvicorn.Server, notifier: Notifier, app: Star
                 server.force_exit = True  # a second signal: stop without waiting
             server.should_exit = True
             drain(app)  # runners' claims and operators' watches answer now, not at the timeout
-            notifier.send("STOPPING=1")
+            notifier.stopping()
             log.info("supervisor stopping", signal=signal.Signals(signum).name)
 
 
@@ -123,7 +124,7 @@ async def _serve(
         # then sees `server.started` is false and exits 1 with one line of its own.
         with contextlib.suppress(SystemExit):
             await server.serve(sockets=[sock])
-        notifier.send("STOPPING=1")
+        notifier.stopping()
         tg.cancel_scope.cancel()
 
 

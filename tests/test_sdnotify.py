@@ -1,7 +1,9 @@
-"""systemd notify without a dependency: datagrams to a socket path or an abstract name."""
+"""systemd notify without a dependency, one notifier for both programs: datagrams to a socket
+path or an abstract name, and watchdog pings only when systemd asked this process for them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator
@@ -10,8 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from runner.notify import Notifier
+from supervisor import server
 from tests.test_runner_fakes import make_lease, make_rig
+from tether.sdnotify import Notifier
 
 
 @pytest.fixture
@@ -97,3 +100,30 @@ async def test_the_runner_says_ready_status_watchdog_and_stopping(
         tg.cancel_scope.cancel()
     assert got.index("READY=1") < got.index("STOPPING=1")
     assert "STATUS=0 steps in flight; stopping" in got
+
+
+class _StartedServer:
+    """What `_notify_when_started` reads of uvicorn's server: started, not yet stopping."""
+
+    started = True
+    should_exit = False
+
+
+@pytest.mark.parametrize(("pid", "pings"), [("own", True), ("1", False)])
+async def test_the_supervisor_pings_the_watchdog_only_for_its_own_pid(
+    listener: tuple[socket.socket, str], pid: str, pings: bool
+) -> None:
+    sock, path = listener
+    watchdog_pid = str(os.getpid()) if pid == "own" else pid
+    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "40000", "WATCHDOG_PID": watchdog_pid}
+    started = _StartedServer()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server._notify_when_started, started, Notifier(env))
+        await anyio.sleep(0.2)  # ten watchdog intervals
+        started.should_exit = True
+    got: list[str] = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            got.append(sock.recv(4096).decode())
+    assert got[:2] == ["READY=1", "STATUS=serving"]
+    assert (got.count("WATCHDOG=1") >= 3) is pings, got
