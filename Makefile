@@ -32,7 +32,7 @@ pytest: $(STAMP)
 test: lint types pytest
 
 demo: $(STAMP)
-	$(BIN)/python -m tether.demo
+	$(BIN)/python -m examples.demo
 
 # The peers (Huey, DBOS) live in a venv of their own, never in the project's.
 PEERS_VENV := bench/.peers-venv

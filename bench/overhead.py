@@ -15,7 +15,7 @@ figure reported. Beside each reading: how busy the machine's cores were while it
   result request of its own, which the peak (a queue drained) does not pay.
 - `paced`, the peak's own work at half its rate: the same 64 slots drain a queue of approved
   tasks, as at the peak, but the stand-in holds each answer about 64/rate seconds, spread
-  evenly over +-90 % by a hash of the request (`tether.standin_model.latency_for`), so that the
+  evenly over +-90 % by a hash of the request (`examples.standin_model.latency_for`), so that the
   answers do not arrive in waves. That hold is computed for each step from its own messages
   and subtracted. Only steps granted in a window after the 64 slots have filled and cycled
   twice, and that finish before the runners stop, are counted.
@@ -30,7 +30,7 @@ from bench import seed, steps
 from bench.load import pct
 from bench.procs import MachineBusy
 from bench.stack import Stack
-from tether.standin_model import latency_for
+from examples.standin_model import latency_for
 
 SLOTS = 64
 SPREAD = 0.9

@@ -59,13 +59,13 @@ class Stack:
         self.model_url = f"http://127.0.0.1:{port}/v1"
         self.model = self.kids.start(
             f"model-{port}",
-            [sys.executable, "-m", "tether.standin_model", "--port", str(port),
+            [sys.executable, "-m", "examples.standin_model", "--port", str(port),
              "--latency", str(latency_s)],
         )  # fmt: skip
         wait_ready(f"http://127.0.0.1:{port}/_admin/knobs", self.model)
 
     def set_model_latency(self, latency_s: float, spread: float = 0.0) -> None:
-        """How long the stand-in holds each answer (`spread`: see `tether.standin_model`)."""
+        """How long the stand-in holds each answer (`spread`: see `examples.standin_model`)."""
         base = self.model_url.removesuffix("/v1")
         knobs = {"latency_s": latency_s, "latency_spread": spread}
         answer = httpx.post(f"{base}/_admin/knobs", json=knobs, timeout=5)

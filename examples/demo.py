@@ -19,7 +19,6 @@ unless the demo failed (then its path is printed, logs inside).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import os
@@ -36,6 +35,7 @@ from typing import IO, Any
 
 import httpx
 
+from tether.cli_support import Parser
 from tether.wire import content_hash, effect_key
 
 DEADLINE_S = 45.0  # the run itself; stopping adds at most STOP_BUDGET_S
@@ -279,7 +279,7 @@ def runner_argv(
 
 
 def standin_argv(port: int) -> list[str]:
-    argv = [sys.executable, "-m", "tether.standin_model", "--port", str(port)]
+    argv = [sys.executable, "-m", "examples.standin_model", "--port", str(port)]
     argv += ["--latency", str(MODEL_LATENCY_S)]
     return argv
 
@@ -513,8 +513,8 @@ def run(*, keep: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tether.demo",
+    parser = Parser(
+        prog="python -m examples.demo",
         description="Run a supervisor, the stand-in model and two runners on 127.0.0.1, kill"
         " the runner holding a lease mid-step, and print the ledger's account.",
     )

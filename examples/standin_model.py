@@ -22,16 +22,16 @@ hash of the request's messages (`latency_for`): answers do not all arrive in ste
 model's do not, yet whoever sent a request can compute how long its answer was held. The
 admin endpoint has no authentication: bind it to 127.0.0.1 only.
 
-    python -m tether.standin_model --port 8090 [--host 127.0.0.1] [--key K | --key-file F]
+    python -m examples.standin_model --port 8090 [--host 127.0.0.1] [--key K | --key-file F]
         [--latency S] [--latency-spread F] [--fail-429 N] [--retry-after S] [--fail-500 N]
         [--quota-exhausted]
 
-Starlette and uvicorn are imported here only: the runner never imports this module.
+Starlette and uvicorn are imported here only; this module lives outside the installed package
+because a runner-only install has neither.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hmac
 import math
@@ -39,7 +39,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -47,6 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tether.cli_support import Parser
 from tether.wire import canonical_json, sha256_hex
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -259,14 +260,9 @@ def create_app(knobs: Knobs | None = None) -> Starlette:
     return app
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m tether.standin_model",
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="python -m examples.standin_model",
         description="A stand-in OpenAI-compatible chat server: a test double, not a model.",
     )
     parser.add_argument("--host", default="127.0.0.1")

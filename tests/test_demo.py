@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_demo_prints_the_account_and_exits_zero() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tether.demo"],
+        [sys.executable, "-m", "examples.demo"],
         capture_output=True,
         text=True,
         timeout=90,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tether.demo import DemoError, account
+from examples.demo import DemoError, account
 from tether.wire import effect_key
 
 KILLED = ("runner-b", "t.1", 2)

@@ -160,7 +160,7 @@ class Cluster:
     def start_model(self, *extra: str, name: str = "model") -> Proc:
         """The stand-in on the cluster's model port (again, under another `name`, after it
         was stopped: the provider back after an outage)."""
-        argv = [sys.executable, "-m", "tether.standin_model", "--port", str(self.model_port)]
+        argv = [sys.executable, "-m", "examples.standin_model", "--port", str(self.model_port)]
         proc = self.start(name, [*argv, *extra], environment())
         wait_for(lambda: self._up(f"{self.model_url}/healthz", proc), "the model", 20, self)
         return proc

@@ -15,11 +15,11 @@ import anyio
 import httpx
 import pytest
 
-import tether.standin_model as standin
+import examples.standin_model as standin
+from examples.standin_model import Knobs, create_app, latency_for, main
 from runner.clock import MonotonicClock
 from runner.errors import OperatorProblem, StepRejected
 from runner.model_client import ModelClient
-from tether.standin_model import Knobs, create_app, latency_for, main
 
 BODY = {
     "model": "stand-in",
@@ -214,7 +214,7 @@ def test_it_runs_as_a_process(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tether.standin_model",
+            "examples.standin_model",
             "--port",
             str(port),
             "--key-file",
