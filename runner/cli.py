@@ -13,7 +13,7 @@ import importlib.util
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
 import httpx
@@ -27,25 +27,18 @@ from runner.kinds import KindRegistry
 from runner.model_client import ModelClient
 from runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
 from runner.supervisor_client import SupervisorClient
+from tether.cli_support import USAGE_EXIT, Parser
 from tether.logs import configure_logging
 from tether.sdnotify import Notifier
 from tether.settings import SettingsError, config_file_from, load_settings
 
 PROG = "tether-runner"
-EXIT_USAGE = 2
 
 log = structlog.get_logger("runner")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but bad usage is one line on stderr, not a usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog=PROG,
         description="The tether runner: claims steps from a supervisor and runs them.",
     )
@@ -99,10 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         kinds = KindRegistry.default()
     except (SettingsError, SecretMissing) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return USAGE_EXIT
     except Exception as exc:  # a broken step-kind entry point, named clearly
         print(f"{PROG}: cannot load step kinds: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return USAGE_EXIT
     assert token_value is not None
     model_key = SecretSource(
         path=settings.model_key_file, credential="model-key", setting="model_key_file",

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tether.cli_support import Parser, fail
+from tether.cli_support import USAGE_EXIT, Parser, fail
 from tether.settings import SettingsError, config_file_from, load_settings, read_secret
 
 PROG = "tether-supervisor"
-CONFIG_EXIT = 2  # a bad setting is a usage error, as it is for tether-runner
 
 
 def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
@@ -107,7 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
             flags={"db": args.db, "host": args.host, "port": args.port},
         )
     except SettingsError as exc:
-        fail(PROG, str(exc), CONFIG_EXIT)
+        fail(PROG, str(exc), USAGE_EXIT)  # a bad setting is a usage error
     return serve(settings)
 
 
@@ -138,7 +137,9 @@ def _admin(args: argparse.Namespace) -> int:
         elif args.command == "budget":
             raw = args.tokens.strip().lower()
             if raw != "none" and not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
-                fail(PROG, "--tokens must be a whole number (up to 18 digits) or 'none'", 2)
+                fail(
+                    PROG, "--tokens must be a whole number (up to 18 digits) or 'none'", USAGE_EXIT
+                )
             admin.set_tenant_budget(db, args.tenant, None if raw == "none" else int(raw))
     except admin.AdminError as exc:
         fail(PROG, str(exc))

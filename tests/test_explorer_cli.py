@@ -91,7 +91,10 @@ def test_bad_usage_exits_2_with_one_line(
     out, err = capsys.readouterr()
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith("tether-supervisor chaos: error:")
+    # The program's name, or its subcommand's when the subcommand's arguments are wrong.
+    assert err.startswith(
+        ("tether-supervisor chaos: error:", "tether-supervisor chaos explore: error:")
+    )
     assert complaint in err
 
 

@@ -1,5 +1,5 @@
-"""Command-line conventions both programs share: every bad usage is one clear line on stderr
-and a non-zero exit; every command answers --help."""
+"""Command-line conventions every tether program shares: bad usage is one clear line on stderr
+and exit 2; any other failure is one line and exit 1; every command answers --help."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ USAGE_EXIT = 2
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is a single line naming the program and the fix."""
+    """argparse, but a usage error is a single line naming the program and the fix, not a
+    usage block. Subcommands made with `add_subparsers` use this class too."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
-        raise SystemExit(USAGE_EXIT)
+        fail(self.prog, f"{message} (see --help)", USAGE_EXIT)
 
 
 def fail(prog: str, message: str, code: int = 1) -> NoReturn:
+    """Write `<prog>: error: <message>` to stderr and exit with `code`."""
     sys.stderr.write(f"{prog}: error: {message}\n")
     raise SystemExit(code)

@@ -19,12 +19,13 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 from supervisor.chaos.harness import Workspace, scratch_root
 from supervisor.chaos.schedule import run_schedule
 from supervisor.chaos.seeds import fresh_seed, parse_seed, schedule_seed
 from supervisor.ledger.tx import PLANTS
+from tether.cli_support import USAGE_EXIT, Parser
 
 PROG = "tether-supervisor chaos"
 CHUNK = 50
@@ -155,15 +156,6 @@ def replay_command(seed: int, plant: str | None) -> str:
 # -- the command line -------------------------------------------------------------------------
 
 
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -182,7 +174,7 @@ def _seed(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Schedule exploration against the real ledger.")
+    parser = Parser(prog=PROG, description="Schedule exploration against the real ledger.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="explore")
     ex = sub.add_parser(
         "explore",
@@ -225,16 +217,13 @@ def main(argv: list[str]) -> int:
     "100"]`."""
     try:
         args = build_parser().parse_args(argv)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except SystemExit as exc:  # --help
+    except SystemExit as exc:  # --help (0) or bad usage (one line written, USAGE_EXIT)
         return exc.code if isinstance(exc.code, int) else 0
     if args.replay is not None:
         if args.schedules is not None or args.seed is not None:
             print(f"{PROG}: error: --replay names one schedule; drop --schedules and --seed",
                   file=sys.stderr)  # fmt: skip
-            return 2
+            return USAGE_EXIT
         args.schedules, args.seed, args.trace = 1, args.replay, True
     schedules: int = DEFAULT_SCHEDULES if args.schedules is None else args.schedules
     seed: int = fresh_seed() if args.seed is None else args.seed
