@@ -53,7 +53,7 @@ async def require(request: Request, role: Role) -> Principal:
     return principal
 
 
-def check_pool(tenant: str, pool: str, shared: frozenset[str]) -> None:
+def require_pool_access(tenant: str, pool: str, shared: frozenset[str]) -> None:
     """A tenant's tasks run in a shared pool (setting `shared_pools`, default `default`), in
     the pool named after the tenant, or in one of its own `<tenant>/<name>` pools; any other
     pool is refused. Otherwise a tenant could send its payloads to runners set up for another

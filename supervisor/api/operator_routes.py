@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from supervisor.api import requests as rq
-from supervisor.api.auth import check_pool, require
+from supervisor.api.auth import require, require_pool_access
 from supervisor.api.errors import ApiError
 from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
@@ -55,7 +55,7 @@ def parse_task(tenant: str, body: dict[str, Any]) -> TaskSpec:
 async def create_task(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     spec = parse_task(who.scope, await _body(request))
-    check_pool(who.scope, spec.pool, request.app.state.settings.shared_pool_names)
+    require_pool_access(who.scope, spec.pool, request.app.state.settings.shared_pool_names)
     created = await _ledger(request).create_task(spec)
     view = await _ledger(request).task(created.task_id, who.scope)
     return JSONResponse(view, status_code=201 if created.created else 200)

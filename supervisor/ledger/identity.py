@@ -87,7 +87,7 @@ def validate(spec: TaskSpec, max_steps: int, tx: Tx | None = None) -> None:
             raise InvalidRequest(f"plan.steps[{i}].name must be 1..{MAX_NAME} characters")
         if not step.kind or len(step.kind) > MAX_NAME:
             raise InvalidRequest(f"plan.steps[{i}].kind must be 1..{MAX_NAME} characters")
-    names.check_pool(spec.pool, tx)
+    names.check_pool_name(spec.pool, tx)
     if spec.repository is not None and not spec.repository.strip():
         raise InvalidRequest("repository must name a repository")
     if spec.expected_checks and not spec.repository:

@@ -38,7 +38,8 @@ def _known(tx: Tx | None, kind: str, name: str) -> bool:
     return tx.one(_HELD[kind], (name, name)) is not None
 
 
-def check_tenant(name: str, tx: Tx | None = None) -> str:
+def check_tenant_name(name: str, tx: Tx | None = None) -> str:
+    """Return `name` if it is a valid tenant name (or one `tx`'s ledger already holds)."""
     if (len(name) > MAX_NAME or not _TENANT.fullmatch(name)) and not _known(tx, "tenant", name):
         if "/" in name:
             raise InvalidRequest(
@@ -49,7 +50,8 @@ def check_tenant(name: str, tx: Tx | None = None) -> str:
     return name
 
 
-def check_pool(name: str, tx: Tx | None = None) -> str:
+def check_pool_name(name: str, tx: Tx | None = None) -> str:
+    """Return `name` if it is a valid pool name (or one `tx`'s ledger already holds)."""
     if (len(name) > MAX_NAME or not _POOL.fullmatch(name)) and not _known(tx, "pool", name):
         raise InvalidRequest(
             f"pool name {name!r} is not allowed: {_RULE}, in parts joined by '/', 1..{MAX_NAME}"

@@ -95,7 +95,7 @@ def set_repository_head(tx: Tx, tenant: str, repository: str, sha: str) -> None:
 
 def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
     """A tenant that has spent its budget gets no lease; its tasks wait, they do not fail."""
-    names.check_tenant(tenant, tx)
+    names.check_tenant_name(tenant, tx)
     if tokens is not None and tokens < 0:
         raise InvalidRequest("a token budget cannot be negative")
     tx.run(

@@ -52,9 +52,9 @@ def create_token(tx: Tx, scope: str, role: str) -> tuple[str, str]:
     except ValueError:
         raise InvalidRequest("role must be operator or runner") from None
     if parsed is Role.OPERATOR:
-        names.check_tenant(scope, tx)
+        names.check_tenant_name(scope, tx)
     else:
-        names.check_pool(scope, tx)
+        names.check_pool_name(scope, tx)
     token_id = secrets.token_hex(6)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     tx.run(
