@@ -4,7 +4,6 @@ the token cache's second) and the wrong role. Each is refused and writes nothing
 from __future__ import annotations
 
 import sqlite3
-import types
 from typing import Any
 
 import anyio
@@ -141,10 +140,10 @@ def revoke_from_another_process(path: Any, secret: str) -> None:
 
 
 @pytest.fixture
-def monotonic(monkeypatch: pytest.MonkeyPatch) -> MonotonicClock:
+def monotonic(api: ApiHarness) -> MonotonicClock:
     """The token cache's clock, and only its: the event loop keeps the real one."""
     clock = MonotonicClock()
-    monkeypatch.setattr(auth, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    api.app.state.tokens = auth.TokenCache(api.app.state.ledger, timer=clock.monotonic)
     return clock
 
 
@@ -194,3 +193,25 @@ async def test_revocation_takes_effect_within_the_real_cache_lifetime(api: ApiHa
     revoke_from_another_process(api.path, api.secrets["operator"])
     await anyio.sleep(auth.CACHE_S + 0.05)
     assert_error(await api.client.get("/v1/tasks", headers=api.operator), 401, "unauthorized")
+
+
+class _CountingLedger:
+    """Just enough ledger for a `TokenCache`: every secret is unknown; lookups are counted."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+
+    async def authenticate(self, secret: str) -> None:
+        self.lookups += 1
+
+
+async def test_the_cache_spares_the_ledger_until_its_lifetime_ends() -> None:
+    ledger, clock = _CountingLedger(), MonotonicClock()
+    cache = auth.TokenCache(ledger, timer=clock.monotonic)  # type: ignore[arg-type]
+    assert await cache.principal("s") is None
+    clock.now += auth.CACHE_S - 0.01
+    assert await cache.principal("s") is None
+    assert ledger.lookups == 1
+    clock.now += 0.02
+    assert await cache.principal("s") is None
+    assert ledger.lookups == 2

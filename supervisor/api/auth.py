@@ -9,7 +9,9 @@ process takes effect.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+from cachetools import TTLCache
 from starlette.requests import Request
 
 from supervisor.api.errors import ApiError
@@ -17,23 +19,34 @@ from supervisor.ledger import Ledger, Principal, Role
 from tether.wire import ErrorCode
 
 CACHE_S = 1.0
+# Past this many distinct secrets the least recently used go first: a caller spraying made-up
+# tokens cannot grow the cache, only shorten the stay of the others.
+CACHE_ENTRIES = 10_000
 
 
 class TokenCache:
-    def __init__(self, ledger: Ledger, lifetime_s: float = CACHE_S) -> None:
+    """The principal behind each recently seen secret (None for an unknown or revoked one),
+    kept `lifetime_s` on the `timer` clock. A hit in `cachetools.TTLCache` costs about 1 µs
+    (measured; a bare dict 0.1 µs), nothing beside the request around it."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        lifetime_s: float = CACHE_S,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ledger = ledger
-        self._lifetime = lifetime_s
-        self._entries: dict[str, tuple[float, Principal | None]] = {}
+        self._entries: TTLCache[str, Principal | None] = TTLCache(
+            maxsize=CACHE_ENTRIES, ttl=lifetime_s, timer=timer
+        )
 
     async def principal(self, secret: str) -> Principal | None:
-        now = time.monotonic()
-        hit = self._entries.get(secret)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        try:
+            return self._entries[secret]
+        except KeyError:
+            pass
         found = await self._ledger.authenticate(secret)
-        if len(self._entries) > 10_000:
-            self._entries.clear()
-        self._entries[secret] = (now + self._lifetime, found)
+        self._entries[secret] = found
         return found
 
 
