@@ -1,0 +1,115 @@
+"""Import packages as a runner-only install would see them: every module named by --forbid is
+refused, as if its distribution were not installed.
+
+Run as a script by tests/test_runner_only_install.py, never imported: a module already
+imported when the refusing finder goes in would get past it, so this file imports the
+standard library only. Prints one JSON object on its last line: `failures`, a list of
+[module, error] pairs; `imported`, the modules walked; `helped`, the argv lists whose
+`--help` exited 0.
+
+    python tests/runner_only_probe.py --forbid starlette,supervisor --walk tether runner
+        [--runner-help]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import io
+import json
+import pkgutil
+import sys
+import types
+from collections.abc import Sequence
+
+
+class Refuse(importlib.abc.MetaPathFinder):
+    """Refuses any module whose top-level name is forbidden, before any other finder looks."""
+
+    def __init__(self, forbidden: frozenset[str]) -> None:
+        self.forbidden = forbidden
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        top = fullname.partition(".")[0]
+        if top in self.forbidden:
+            message = f"No module named {fullname!r} (not installed on a runner-only server)"
+            raise ModuleNotFoundError(message, name=fullname)
+        return None
+
+
+def walk(package: str, failures: list[list[str]]) -> list[str]:
+    """Import `package` and every module under it; `__main__` modules are left out, since
+    importing one runs its program."""
+
+    def on_error(name: str) -> None:
+        failures.append([name, repr(sys.exc_info()[1])])
+
+    try:
+        root = importlib.import_module(package)
+    except Exception as exc:
+        failures.append([package, repr(exc)])
+        return []
+    names = [package]
+    prefix = f"{package}."
+    for info in pkgutil.walk_packages(root.__path__, prefix, onerror=on_error):
+        if info.name.rpartition(".")[2] == "__main__":
+            continue
+        names.append(info.name)
+        try:
+            importlib.import_module(info.name)
+        except Exception as exc:
+            failures.append([info.name, repr(exc)])
+    return names
+
+
+def runner_help(argv: list[str], failures: list[list[str]]) -> bool:
+    """Run `tether-runner <argv>` in this process; True when it printed help and exited 0."""
+    out = io.StringIO()
+    try:
+        from runner.cli import main
+
+        with contextlib.redirect_stdout(out):
+            main(argv)
+    except SystemExit as exc:
+        if exc.code == 0 and "usage:" in out.getvalue():
+            return True
+        failures.append([f"tether-runner {' '.join(argv)}", f"exit {exc.code}"])
+    except Exception as exc:
+        failures.append([f"tether-runner {' '.join(argv)}", repr(exc)])
+    else:
+        failures.append([f"tether-runner {' '.join(argv)}", "returned instead of exiting"])
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--forbid", default="", help="comma-separated top-level module names")
+    parser.add_argument("--walk", nargs="*", default=[])
+    parser.add_argument("--runner-help", action="store_true")
+    args = parser.parse_args()
+    forbidden = frozenset(name for name in args.forbid.split(",") if name)
+    sys.meta_path.insert(0, Refuse(forbidden))
+
+    failures: list[list[str]] = []
+    for name in sorted(sys.modules):
+        if name.partition(".")[0] in forbidden:  # imported at start-up, past the finder
+            failures.append([name, "imported before the probe began"])
+    imported = [name for package in args.walk for name in walk(package, failures)]
+    helped = []
+    if args.runner_help:
+        for argv in (["--help"], ["run", "--help"]):
+            if runner_help(argv, failures):
+                helped.append(argv)
+    print(json.dumps({"failures": failures, "imported": imported, "helped": helped}))
+
+
+if __name__ == "__main__":
+    main()
