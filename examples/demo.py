@@ -49,6 +49,7 @@ KILL_STEP = 1  # zero-based: the second step, once the first has committed
 TENANT = "demo"
 POOL = "default"
 SERVE_ARGS = ("--host", "127.0.0.1", "--port")
+CHECKOUT = Path(__file__).resolve().parent.parent  # examples/ is imported from here, not installed
 # Inherited variables that would point a child at another configuration or another systemd.
 _SCRUBBED_PREFIXES = ("TETHER_",)
 _SCRUBBED = frozenset({"CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})
@@ -251,7 +252,9 @@ def start_everything(children: Children, folder: Path, deadline: Deadline) -> Se
             TETHER_LEASE_TTL_S=str(LEASE_TTL_S), TETHER_ACCEPT_WINDOW_S=str(ACCEPT_WINDOW_S)
         ),
     )
-    model = children.start("stand-in-model", standin_argv(model_port), child_environment())
+    model = children.start(
+        "stand-in-model", standin_argv(model_port), child_environment(PYTHONPATH=str(CHECKOUT))
+    )
     wait_until_up(f"{supervisor_url}/healthz", supervisor, deadline)
     wait_until_up(f"http://127.0.0.1:{model_port}/healthz", model, deadline)
     say(f"supervisor   {supervisor_url}  ledger {db}  lease TTL {LEASE_TTL_S} s")

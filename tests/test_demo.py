@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 def test_demo_prints_the_account_and_exits_zero() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "examples.demo"],
+        cwd=Path(__file__).resolve().parent.parent,
         capture_output=True,
         text=True,
         timeout=90,

@@ -161,7 +161,8 @@ class Cluster:
         """The stand-in on the cluster's model port (again, under another `name`, after it
         was stopped: the provider back after an outage)."""
         argv = [sys.executable, "-m", "examples.standin_model", "--port", str(self.model_port)]
-        proc = self.start(name, [*argv, *extra], environment())
+        checkout = str(Path(__file__).resolve().parent.parent)  # examples/ is not installed
+        proc = self.start(name, [*argv, *extra], environment(PYTHONPATH=checkout))
         wait_for(lambda: self._up(f"{self.model_url}/healthz", proc), "the model", 20, self)
         return proc
 
