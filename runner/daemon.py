@@ -50,6 +50,7 @@ from runner.results import ResultSender
 from runner.settings import RunnerSettings
 from runner.step import StepRun
 from runner.supervisor_client import SupervisorClient
+from tether.broadcast import Broadcast
 from tether.sdnotify import Notifier
 
 log = structlog.get_logger("runner")
@@ -92,7 +93,7 @@ class Runner:
         self._claim_scope = anyio.CancelScope()
         self._root_scope: anyio.CancelScope | None = None
         self._in_flight: dict[tuple[str, int], StepRun] = {}
-        self._changed = anyio.Event()
+        self._changed = Broadcast()
         self._link = Link.UNKNOWN
         self._link_down_at = 0.0
         self._answered = False
@@ -184,13 +185,11 @@ class Runner:
     # ---- claiming ---------------------------------------------------------------------------
 
     def _notify_changed(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        self._changed.fire()
 
     async def wait_until(self, condition: Callable[[], bool]) -> None:
         """Wait until `condition()` holds, checked whenever a step starts or ends."""
-        while not condition():
-            await self._changed.wait()
+        await self._changed.wait_for(condition)
 
     async def _claim_loop(self, steps: anyio.abc.TaskGroup) -> None:
         concurrency = self._settings.concurrency

@@ -26,6 +26,7 @@ import anyio
 
 from runner.errors import LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected
 from runner.supervisor_client import ResultReport, SupervisorClient, encode_result
+from tether.broadcast import Broadcast
 from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome
 
 Answer = Outcome | Exception
@@ -47,7 +48,7 @@ class ResultSender:
         self._per_request = per_request
         self._queue: list[_Pending] = []
         self._sending = False
-        self._sent = anyio.Event()
+        self._sent = Broadcast()
         self.batch_route = True  # False once the supervisor said it has no such route
         self.requests = 0
         self.results = 0
@@ -64,7 +65,7 @@ class ResultSender:
         try:
             while item.answer is None:
                 if self._sending:
-                    await self._sent.wait()
+                    await self._sent.armed().wait()
                 else:
                     await self._send_next()
         finally:
@@ -97,8 +98,7 @@ class ResultSender:
                         "the request carrying this result was cancelled before its answer"
                     )
             self._sending = False
-            sent, self._sent = self._sent, anyio.Event()
-            sent.set()
+            self._sent.fire()
 
     async def _answers(self, batch: list[_Pending]) -> list[Answer]:
         self.requests += 1

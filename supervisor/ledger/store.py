@@ -40,6 +40,7 @@ from supervisor.ledger.batch import Outcome, Rule, execute_batch
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, Checks, LedgerConfig, Tx
+from tether.broadcast import Broadcast
 from tether.wire import Lease, ReleaseReason
 from tether.wire import Outcome as ResultOutcome
 
@@ -58,29 +59,6 @@ class _Pending:
     rule: Rule
     done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     outcome: Outcome | None = None
-
-
-class _Signal:
-    """A broadcast that long-pollers wait on: set once, then replaced.
-
-    A poller takes `armed()` *before* it looks for work and waits on that event afterwards, so
-    a fire that lands between its look and its wait (e.g. in the same batch) still wakes it.
-    """
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-
-    def fire(self) -> None:
-        self._event.set()
-        self._event = anyio.Event()
-
-    def armed(self) -> anyio.Event:
-        """The event the next `fire` sets."""
-        return self._event
-
-    async def wait(self, seconds: float, armed: anyio.Event | None = None) -> None:
-        with anyio.move_on_after(seconds):
-            await (armed or self._event).wait()
 
 
 class SqliteLedger:
@@ -104,8 +82,8 @@ class SqliteLedger:
         self.new_id = new_id
         self.counters: Counter[str] = Counter()
         # One wake-up per pool: work queued for one pool never wakes the others' claims.
-        self._work: defaultdict[str, _Signal] = defaultdict(_Signal)
-        self._events = _Signal()
+        self._work: defaultdict[str, Broadcast] = defaultdict(Broadcast)
+        self._events = Broadcast()
         self._write_limiter = anyio.CapacityLimiter(1)
         self._read_limiter = anyio.CapacityLimiter(1)
         self._writer: sqlite3.Connection | None = None
@@ -256,7 +234,8 @@ class SqliteLedger:
             if leases or remaining <= 0:
                 self.counters["leases_granted"] += len(leases)
                 return leases
-            await self._work[pool].wait(remaining, armed)
+            with anyio.move_on_after(remaining):
+                await armed.wait()
 
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> fencing.Renewal:
         renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))
@@ -312,7 +291,8 @@ class SqliteLedger:
             remaining = deadline - anyio.current_time()
             if found or remaining <= 0:
                 return found
-            await self._events.wait(remaining, armed)
+            with anyio.move_on_after(remaining):
+                await armed.wait()
 
     async def task_exists(self, task_id: str, tenant: str | None) -> None:
         await self.read(lambda db: views._task_row(db, tenant, task_id))
