@@ -32,6 +32,11 @@ ALWAYS_FORBIDDEN = frozenset({
 })  # fmt: skip
 
 
+# In the dev extra to build the wheel, but any virtual environment may hold them, and
+# setuptools' start-up hook (_distutils_hack) is imported by site before any code runs.
+VENV_TOOLS = frozenset({"pip", "setuptools"})
+
+
 def _distribution_name(requirement: str) -> str:
     match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
     assert match is not None, requirement
@@ -40,11 +45,12 @@ def _distribution_name(requirement: str) -> str:
 
 def forbidden_modules() -> frozenset[str]:
     """The top-level modules of the `supervisor` and `dev` extras' distributions (less any
-    the base dependencies also need), with the ones named above."""
+    the base dependencies also need, and the venv's own tools), with the ones named above."""
     project = PYPROJECT["project"]
     base = {_distribution_name(r) for r in project["dependencies"]}
     extras = project["optional-dependencies"]
-    wanted = {_distribution_name(r) for r in [*extras["supervisor"], *extras["dev"]]} - base
+    wanted = {_distribution_name(r) for r in [*extras["supervisor"], *extras["dev"]]}
+    wanted -= base | VENV_TOOLS
     modules: set[str] = set()
     for module, dists in importlib.metadata.packages_distributions().items():
         if {_distribution_name(d) for d in dists} & wanted:
