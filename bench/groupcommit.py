@@ -82,15 +82,15 @@ def run(path: Path, *, batching: bool, tasks: int, workers: int = 64) -> LedgerR
 
     async def main() -> LedgerRun:
         async with cls.open(path, synchronous="FULL") as ledger:
-            b0, r0 = ledger.counters["batches"], ledger.counters["batched_rules"]
+            b0, r0 = ledger.counters.batches, ledger.counters.batched_rules
             start = time.perf_counter()
             steps = await _drive(ledger, pool, workers)
             seconds = time.perf_counter() - start
             return LedgerRun(
                 steps=steps,
                 seconds=seconds,
-                batches=ledger.counters["batches"] - b0,
-                rules=ledger.counters["batched_rules"] - r0,
+                batches=ledger.counters.batches - b0,
+                rules=ledger.counters.batched_rules - r0,
             )
 
     return anyio.run(main)

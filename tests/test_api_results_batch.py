@@ -41,13 +41,13 @@ async def test_results_of_several_steps_commit_together_each_answered_in_order(
     api: ApiHarness,
 ) -> None:
     held = await leases(api, 3)
-    batches_before = api.app.state.ledger.counters["batches"]
+    batches_before = api.app.state.ledger.counters.batches
     answer = await post(api, [item(x, output={"n": n}) for n, x in enumerate(held)])
     assert answer.status_code == 200, answer.text
     assert answer.json() == {
         "results": [{"step_id": x["step_id"], "outcome": "applied"} for x in held]
     }
-    assert api.app.state.ledger.counters["batches"] - batches_before == 1  # one transaction
+    assert api.app.state.ledger.counters.batches - batches_before == 1  # one transaction
     assert count(api.path, "effects") == 3
     again = await post(api, [item(x, output={"n": n}) for n, x in enumerate(held)])
     assert [a["outcome"] for a in again.json()["results"]] == ["replayed"] * 3

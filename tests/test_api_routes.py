@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -10,7 +11,15 @@ import pytest
 
 from supervisor.api import drain
 
-from .conftest import ApiHarness, assert_error, count, ledger_snapshot, task_body
+from .conftest import (
+    ApiHarness,
+    FakeClock,
+    assert_error,
+    count,
+    ledger_snapshot,
+    open_api,
+    task_body,
+)
 
 # -- POST /v1/tasks ----------------------------------------------------------------------------
 
@@ -569,6 +578,18 @@ async def test_metrics_count_what_happened(api: ApiHarness) -> None:
     assert metric(text, 'tether_steps{state="committed"}') == 1
     assert metric(text, 'tether_steps{state="leased"}') == 1
     assert metric(text, "tether_leases_expired_total ") == 0
+    assert "# TYPE tether_rejections_total counter" in text
+    assert "_created" not in text  # counts only: no creation-time series beside them
+
+
+async def test_each_app_counts_its_own_metrics(api: ApiHarness, tmp_path: Path) -> None:
+    """A registry per app: two apps in one process neither clash nor share counts."""
+    await api.queued("a")
+    await api.claim()
+    async with open_api(tmp_path / "other.db", FakeClock(), synchronous="OFF") as other:
+        other_text = (await other.client.get("/metrics")).text
+    assert metric(other_text, "tether_leases_granted_total ") == 0
+    assert metric((await api.client.get("/metrics")).text, "tether_leases_granted_total ") == 1
 
 
 # -- shutdown drains long-polls ----------------------------------------------------------------

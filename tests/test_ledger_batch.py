@@ -30,7 +30,7 @@ from .conftest import Sim, count, make_spec
 
 
 async def test_concurrent_writes_share_batches(ledger: SqliteLedger, ledger_path: Path) -> None:
-    batches, rules = ledger.counters["batches"], ledger.counters["batched_rules"]
+    batches, rules = ledger.counters.batches, ledger.counters.batched_rules
     created: list[Created] = []
 
     async def create(i: int) -> None:
@@ -41,9 +41,9 @@ async def test_concurrent_writes_share_batches(ledger: SqliteLedger, ledger_path
             tg.start_soon(create, i)
     assert len({c.task_id for c in created}) == 100
     assert count(ledger_path, "tasks") == 100
-    assert ledger.counters["batched_rules"] - rules == 100
-    assert ledger.counters["batches"] - batches < 100
-    assert ledger.counters["batches"] < ledger.counters["batched_rules"]
+    assert ledger.counters.batched_rules - rules == 100
+    assert ledger.counters.batches - batches < 100
+    assert ledger.counters.batches < ledger.counters.batched_rules
 
 
 def test_a_refused_rule_does_not_roll_back_its_neighbours(sim: Sim) -> None:

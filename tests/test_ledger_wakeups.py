@@ -22,7 +22,7 @@ async def test_work_in_one_pool_wakes_only_that_pools_claims(ledger: SqliteLedge
             tg.start_soon(wait_in, "gpu")
             tg.start_soon(wait_in, "cpu")
             await anyio.wait_all_tasks_blocked()
-            rules_before = ledger.counters["batched_rules"]
+            rules_before = ledger.counters.batched_rules
 
             spec = make_spec("cpu-work", pool="cpu")
             created = await ledger.create_task(spec)
@@ -30,7 +30,7 @@ async def test_work_in_one_pool_wakes_only_that_pools_claims(ledger: SqliteLedge
             await anyio.wait_all_tasks_blocked()
 
             # create + approve + the woken cpu claim; the gpu claim ran no rule at all.
-            assert ledger.counters["batched_rules"] - rules_before == 3
+            assert ledger.counters.batched_rules - rules_before == 3
             assert granted == {"cpu": [created.task_id]}
             tg.cancel_scope.cancel()
 

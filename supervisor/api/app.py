@@ -39,6 +39,7 @@ def create_app(
         async with running_ledger(settings, clock=clock, reaper=reaper) as ledger:
             app.state.ledger = ledger
             app.state.tokens = TokenCache(ledger)
+            app.state.metrics = health.Metrics(ledger)
             yield
 
     app = Starlette(

@@ -3,25 +3,76 @@ private address or put it behind a proxy that restricts them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from supervisor.api.errors import error_response
 from supervisor.ledger import Ledger, LedgerError
-from tether.wire import ErrorCode
+from tether.wire import ErrorCode, Outcome
 
-# counter key in the ledger -> (metric name, labels, help)
-_COUNTERS: list[tuple[str, str, str, str]] = [
-    ("leases_granted", "tether_leases_granted_total", "", "Leases granted."),
-    ("leases_renewed", "tether_leases_renewed_total", "", "Lease renewals accepted."),
-    ("leases_expired", "tether_leases_expired_total", "", "Leases expired by the reaper."),
-    ("leases_released", "tether_leases_released_total", "", "Leases released by runners."),
-    ("commits_applied", "tether_commits_total", 'outcome="applied"', "Step results reported."),
-    ("commits_replayed", "tether_commits_total", 'outcome="replayed"', ""),
-    ("batches", "tether_write_batches_total", "", "Group-commit transactions."),
-    ("batched_rules", "tether_write_rules_total", "", "Ledger rules run in those batches."),
-]
+
+class _LedgerCounters(Collector):
+    """The ledger's in-memory counts (`LedgerCounts`) as Prometheus counters, read at scrape."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self._ledger.counters
+        for name, value, text in [
+            ("tether_leases_granted_total", counts.leases_granted, "Leases granted."),
+            ("tether_leases_renewed_total", counts.leases_renewed, "Lease renewals accepted."),
+            ("tether_leases_expired_total", counts.leases_expired, "Leases expired by the reaper."),
+            ("tether_leases_released_total", counts.leases_released, "Leases released by runners."),
+            ("tether_write_batches_total", counts.batches, "Group-commit transactions."),
+            ("tether_write_rules_total", counts.batched_rules, "Rules run in those batches."),
+        ]:  # fmt: skip
+            yield CounterMetricFamily(name, text, value=value)
+        commits = CounterMetricFamily(
+            "tether_commits_total", "Step results reported.", labels=["outcome"]
+        )
+        for outcome in Outcome:
+            commits.add_metric([outcome.value], counts.commits[outcome])
+        yield commits
+        rejections = CounterMetricFamily(
+            "tether_rejections_total", "Refused writes by code.", labels=["code"]
+        )
+        for code, count in sorted(counts.rejections.items()):
+            rejections.add_metric([code.value], count)
+        yield rejections
+
+
+class Metrics:
+    """One app's Prometheus registry: never the process-wide default, since a process (a test
+    run) may build many apps. Counters come from the ledger; the steps-by-state gauge is read
+    from the ledger file when scraped."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._registry = CollectorRegistry()
+        self._registry.register(_LedgerCounters(ledger))
+        self._steps = Gauge(
+            "tether_steps",
+            "Steps by state (queued is the queue depth).",
+            ["state"],
+            registry=self._registry,
+        )
+
+    async def exposition(self) -> bytes:
+        """The text format of every metric, as of now."""
+        depth = await self._ledger.queue_depth()
+        # No await from here on: a concurrent scrape cannot interleave with this one.
+        self._steps.clear()
+        for state, count in depth.items():
+            self._steps.labels(state=state).set(count)
+        return generate_latest(self._registry)
 
 
 async def healthz(request: Request) -> Response:
@@ -42,25 +93,8 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    ledger: Ledger = request.app.state.ledger
-    counters = ledger.counters
-    lines: list[str] = []
-    described: set[str] = set()
-    for key, name, labels, text in _COUNTERS:
-        if name not in described:
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} counter"]
-            described.add(name)
-        selector = f"{{{labels}}}" if labels else ""
-        lines.append(f"{name}{selector} {counters.get(key, 0)}")
-    lines += ["# HELP tether_rejections_total Refused writes by code.",
-              "# TYPE tether_rejections_total counter"]  # fmt: skip
-    for key in sorted(k for k in counters if k.startswith("rejected:")):
-        lines.append(f'tether_rejections_total{{code="{key.split(":", 1)[1]}"}} {counters[key]}')
-    lines += ["# HELP tether_steps Steps by state (queued is the queue depth).",
-              "# TYPE tether_steps gauge"]  # fmt: skip
-    for state, count in sorted((await ledger.queue_depth()).items()):
-        lines.append(f'tether_steps{{state="{state}"}} {count}')
-    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    exposition: Metrics = request.app.state.metrics
+    return Response(await exposition.exposition(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
 ROUTES = [

@@ -10,13 +10,14 @@ from typing import Any, Protocol
 
 from supervisor.ledger.effects import Report
 from supervisor.ledger.fencing import Renewal
+from supervisor.ledger.counts import LedgerCounts
 from supervisor.ledger.identity import Created, TaskSpec
 from supervisor.ledger.tokens import Principal
 from tether.wire import Lease, Outcome, ReleaseReason
 
 
 class Ledger(Protocol):
-    counters: Any
+    counters: LedgerCounts
 
     @property
     def is_open(self) -> bool: ...
