@@ -13,9 +13,8 @@ from pathlib import Path
 
 from bench import seed
 from supervisor.ledger import LedgerConfig, Tx, fencing
-from supervisor.ledger.batch import execute_batch
+from supervisor.ledger.batch import Transactions
 from supervisor.ledger.schema import connect
-from supervisor.ledger.store import random_id
 
 REPEATS = 50
 
@@ -27,16 +26,14 @@ def ms_per_claim(directory: Path, queued: int) -> float:
     seed.create_tasks(path, "work", queued, approve=True)
     db = connect(path, synchronous="OFF")
     try:
-
-        def make_tx() -> Tx:
-            return Tx(db=db, now=time.time(), config=LedgerConfig(), new_id=random_id)
+        transactions = Transactions(db=db, config=LedgerConfig(), clock=time.time)
 
         def claim(tx: Tx) -> object:
             return fencing.claim(tx, "claimcost", "work", 1)
 
         start = time.perf_counter()
         for _ in range(REPEATS):
-            [outcome] = execute_batch(db, [claim], make_tx).outcomes
+            [outcome] = transactions.run([claim]).outcomes
             if outcome.error is not None:
                 raise outcome.error
         return 1000 * (time.perf_counter() - start) / REPEATS

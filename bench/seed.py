@@ -1,7 +1,7 @@
 """Seeding a ledger file before a measurement starts, and reading figures back from it.
 
 Tasks are created (and, if asked, approved) through the ledger's own rules with
-`execute_batch`, straight on the file and before the supervisor opens it, so seeding is never
+`Transactions`, straight on the file and before the supervisor opens it, so seeding is never
 part of what is timed. Each measurement gets its own pool, so runners of one measurement never
 take another's tasks. Every task is one `chat` step; the stand-in model answers it at once
 (unless a measurement sets its latency, as `overhead.paced` does).
@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.ledger import LedgerConfig, StepSpec, TaskSpec, Tx, identity, operator, tokens
-from supervisor.ledger.batch import execute_batch
+from supervisor.ledger.batch import Transactions
 from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.store import random_id
 
 TENANT = "bench"
 CHUNK = 500
@@ -44,11 +43,8 @@ def _open(path: Path, synchronous: str = "OFF") -> sqlite3.Connection:
 
 
 def _run(db: sqlite3.Connection, rules: Sequence[Callable[[Tx], Any]]) -> list[Any]:
-    def make_tx() -> Tx:
-        return Tx(db=db, now=time.time(), config=LedgerConfig(), new_id=random_id)
-
     values = []
-    for outcome in execute_batch(db, rules, make_tx).outcomes:
+    for outcome in Transactions(db=db, config=LedgerConfig(), clock=time.time).run(rules).outcomes:
         if outcome.error is not None:
             raise outcome.error
         values.append(outcome.value)

@@ -1,5 +1,5 @@
 """Commands on the ledger file itself, for operators on the owned box: tokens, check, backup,
-budgets. They run the ledger's own rules through `execute_batch`, beside a running supervisor
+budgets. They run the ledger's own rules through `Transactions`, beside a running supervisor
 if there is one (WAL and `BEGIN IMMEDIATE` serialise the writers)."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, tokens
-from supervisor.ledger.batch import execute_batch
+from supervisor.ledger.batch import Transactions
 from supervisor.ledger.operator import set_budget
 from supervisor.ledger.schema import connect, integrity_problems, open_ledger_file
-from supervisor.ledger.store import random_id
 
 
 class AdminError(Exception):
@@ -37,13 +36,11 @@ def ledger_file(path: Path, *, must_exist: bool = True) -> Iterator[sqlite3.Conn
 
 
 def run_rule(db: sqlite3.Connection, rule: Callable[[Tx], Any]) -> Any:
-    def make_tx() -> Tx:
-        return Tx(db=db, now=time.time(), config=LedgerConfig(), new_id=random_id)
-
-    [outcome] = execute_batch(db, [rule], make_tx).outcomes
-    if outcome.error is not None:
-        raise AdminError(str(outcome.error))
-    return outcome.value
+    """Run one ledger rule on the wall clock and commit it; a refusal becomes an `AdminError`."""
+    try:
+        return Transactions(db=db, config=LedgerConfig(), clock=time.time).one(rule)
+    except LedgerError as exc:
+        raise AdminError(str(exc)) from None
 
 
 def create_token(path: Path, scope: str, role: str) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.ledger import Checks, LedgerConfig, Report, SqliteLedger, StepSpec, TaskSpec, Tx
-from supervisor.ledger.batch import Outcome, execute_batch
+from supervisor.ledger import LedgerConfig, Report, SqliteLedger, StepSpec, TaskSpec, Tx
+from supervisor.ledger.batch import RuleOutcome, Transactions
 from supervisor.ledger.schema import open_ledger_file
 
 
@@ -124,33 +124,28 @@ def count(path: Path, table: str, where: str = "1", params: tuple[Any, ...] = ()
 
 @dataclasses.dataclass
 class Sim:
-    """Ledger rules run straight through `execute_batch` on one connection, as the schedule
+    """Ledger rules run straight through `Transactions` on one connection, as the schedule
     explorer runs them: no writer thread, a deterministic clock and ids."""
 
     db: sqlite3.Connection
     clock: FakeClock
     config: LedgerConfig = LEDGER_CONFIG
-    checks: Checks = dataclasses.field(default_factory=Checks)
     ids: int = 0
 
     def new_id(self) -> str:
         self.ids += 1
         return f"t{self.ids}"
 
-    def make_tx(self) -> Tx:
-        return Tx(
-            db=self.db, now=self.clock(), config=self.config, new_id=self.new_id, checks=self.checks
-        )
+    @property
+    def transactions(self) -> Transactions:
+        return Transactions(db=self.db, config=self.config, clock=self.clock, new_id=self.new_id)
 
-    def batch(self, *rules: Callable[[Tx], Any]) -> list[Outcome]:
-        return execute_batch(self.db, rules, self.make_tx).outcomes
+    def batch(self, *rules: Callable[[Tx], Any]) -> list[RuleOutcome]:
+        return self.transactions.run(rules).outcomes
 
     def run(self, rule: Callable[[Tx], Any]) -> Any:
         """One rule in its own batch: its value, or its error raised."""
-        [outcome] = self.batch(rule)
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.value
+        return self.transactions.one(rule)
 
 
 @pytest.fixture

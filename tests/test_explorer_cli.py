@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.chaos.explore import explore, main
-from supervisor.ledger.tx import PLANTS
+from supervisor.chaos.plants import PLANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI_SCRIPT = Path(sys.executable).parent / "tether-supervisor"

@@ -23,7 +23,7 @@ from supervisor.ledger.effects import Report
 from supervisor.ledger.errors import LedgerError
 from supervisor.ledger.identity import StepSpec, TaskSpec
 from supervisor.ledger.invariants import find_violations
-from supervisor.ledger.tx import Checks, LedgerConfig
+from supervisor.ledger.tx import LedgerConfig
 from tether.wire import Outcome, ReleaseReason, content_hash
 
 settings.register_profile(
@@ -266,7 +266,7 @@ class Model:
 class LedgerVersusModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.h = Harness(_workspace, config=CONFIG, checks=Checks())
+        self.h = Harness(_workspace, config=CONFIG)
         self.model = Model()
         self.model.now = self.h.now
         self.leases: list[tuple[str, int]] = []  # every (step, fence) ever granted

@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
+from supervisor.chaos.plants import planted
 from supervisor.ledger import (
     ALLOWED,
     TERMINAL,
-    Checks,
     InvalidTransition,
     TaskState,
     TerminalState,
@@ -108,6 +108,6 @@ def test_a_refused_transition_rolls_back_the_rule_s_earlier_writes(sim: Sim) -> 
 def test_the_terminal_overwrite_plant_really_switches_the_check_off(sim: Sim) -> None:
     """The explorer's `terminal-overwrite` plant must let the bug through, or it proves nothing."""
     task_id = task_in(sim, S.SUCCEEDED)
-    sim.checks = Checks.planted("terminal-overwrite")
-    sim.run(lambda tx: transition(tx, task_id, S.RUNNING))
+    with planted("terminal-overwrite"):
+        sim.run(lambda tx: transition(tx, task_id, S.RUNNING))
     assert sim.db.execute("SELECT state FROM tasks").fetchone()[0] == "RUNNING"

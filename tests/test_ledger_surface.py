@@ -12,7 +12,7 @@ PUBLIC = {
     # records in and out
     "TaskSpec", "StepSpec", "Created", "Lease", "Renewal", "Report", "Principal", "Role",
     # the port, its implementation and its knobs
-    "Ledger", "SqliteLedger", "LedgerConfig", "Checks", "PLANTS", "Tx",
+    "Ledger", "SqliteLedger", "LedgerConfig", "Tx",
     # errors
     "LedgerError", "Refused", "InvalidRequest", "NotFound", "IdempotencyConflict",
     "PlanMismatch", "InvalidTransition", "TerminalState", "StaleFence", "PayloadDrift",

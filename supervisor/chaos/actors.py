@@ -218,7 +218,9 @@ class Operator:
 # -- runners --------------------------------------------------------------------------------
 
 
-class Phase(enum.StrEnum):
+class HeldPhase(enum.StrEnum):
+    """Where a simulated runner is with a lease it holds."""
+
     NEW = "new"  # granted; not yet acknowledged by a renew
     WORKING = "working"
     REPORTING = "reporting"  # the result is ready; report until an answer arrives
@@ -227,12 +229,15 @@ class Phase(enum.StrEnum):
 @dataclasses.dataclass
 class Held:
     lease: Lease
-    phase: Phase = Phase.NEW
+    phase: HeldPhase = HeldPhase.NEW
     report: Report | None = None
 
 
 @dataclasses.dataclass
-class Runner:
+class RunnerActor:
+    """A runner process as the explorer plays it: the leases it holds, and which incarnation
+    of it is alive (answers to an earlier, crashed one are dropped)."""
+
     id: str
     incarnation: int = 0
     held: dict[str, Held] = dataclasses.field(default_factory=dict)
@@ -254,8 +259,8 @@ class Runner:
         if held is None or held.lease.fence != (msg.report.fence if msg.report else msg.fence):
             return
         if msg.kind is Kind.RENEW and error is None and not value.cancelled:
-            if held.phase is Phase.NEW:
-                held.phase = Phase.WORKING
+            if held.phase is HeldPhase.NEW:
+                held.phase = HeldPhase.WORKING
             return
         # Any other answer ends this runner's part: committed, replayed, refused or cancelled.
         del self.held[step_id]

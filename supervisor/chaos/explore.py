@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TextIO
 
 from supervisor.chaos.harness import Workspace, scratch_root
+from supervisor.chaos.plants import PLANTS
 from supervisor.chaos.schedule import run_schedule
 from supervisor.chaos.seeds import fresh_seed, parse_seed, schedule_seed
-from supervisor.ledger.tx import PLANTS
 from tether.cli_support import USAGE_EXIT, Parser
 
 PROG = "tether-supervisor chaos"

@@ -1,6 +1,6 @@
 """The real ledger, run synchronously on a scratch SQLite file with a virtual clock.
 
-No event loop and no writer thread: rules go straight to `execute_batch`, the same group commit
+No event loop and no writer thread: rules go straight to `Transactions`, the same group commit
 the store uses, so one schedule costs milliseconds. Ids come from a counter, so one seed always
 writes the same ledger. A supervisor crash closes the connection (an open transaction is rolled
 back, as after a power cut) and reopens the file the way `SqliteLedger.open` does: integrity
@@ -17,16 +17,15 @@ import os
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from supervisor.chaos.plants import Plant
 from supervisor.ledger import reaper
-from supervisor.ledger.batch import Outcome, execute_batch
+from supervisor.ledger.batch import Rule, RuleOutcome, Transactions
 from supervisor.ledger.schema import open_ledger_file
-from supervisor.ledger.tx import Checks, LedgerConfig, Tx
-
-Rule = Callable[[Tx], Any]
+from supervisor.ledger.tx import LedgerConfig
 
 START = 1_000_000.0
 SHM = Path("/dev/shm")  # noqa: S108 - a private mkdtemp inside it, never a fixed name
@@ -96,61 +95,53 @@ class Workspace:
 
 
 class Harness:
-    """The ledger file of one schedule, its virtual clock and its id counter."""
+    """The ledger file of one schedule, its virtual clock and its id counter.
+
+    A planted bug's index (`Plant.drop_index`) is dropped from the fresh ledger; swapping its
+    function is `plants.planted`'s part.
+    """
 
     def __init__(
-        self,
-        workspace: Workspace,
-        *,
-        config: LedgerConfig,
-        checks: Checks,
-        drop_key_index: bool = False,
+        self, workspace: Workspace, *, config: LedgerConfig, plant: Plant | None = None
     ) -> None:
         self.workspace = workspace
         self.path = workspace.ledger
         self.config = config
-        self.checks = checks
         self.now = START
         self._ids = 0
         self.db = workspace.fresh()
-        if drop_key_index:
-            # The `key-reuse` plant switches off the whole key-uniqueness defence.
-            self.db.execute("DROP INDEX IF EXISTS tasks_idempotency")
+        if plant is not None and plant.drop_index is not None:
+            self.db.execute(f"DROP INDEX IF EXISTS {plant.drop_index}")
+        self.transactions = self._transactions()
+
+    def _transactions(self) -> Transactions:
+        return Transactions(
+            db=self.db, config=self.config, clock=lambda: self.now, new_id=self.new_id
+        )
 
     def new_id(self) -> str:
         self._ids += 1
         return f"T{self._ids}"
 
-    def make_tx(self) -> Tx:
-        return Tx(
-            db=self.db, now=self.now, config=self.config, new_id=self.new_id, checks=self.checks
-        )
-
-    def run(self, rules: Sequence[Rule]) -> list[Outcome]:
+    def run(self, rules: Sequence[Rule]) -> list[RuleOutcome]:
         """One group-commit batch, committed before this returns."""
-        return execute_batch(self.db, rules, self.make_tx).outcomes
+        return self.transactions.run(rules).outcomes
 
     def crash_before_commit(self, rules: Sequence[Rule]) -> int:
-        """Run `rules` in one transaction, then die before `COMMIT` and restart: nothing of them
-        survives. Answer the leases refreshed by the restart."""
-        self.db.execute("BEGIN IMMEDIATE")
-        for rule in rules:
-            self.db.execute("SAVEPOINT rule")
-            try:
-                rule(self.make_tx())
-            except Exception:  # a refusal or a crash: the transaction dies anyway
-                self.db.execute("ROLLBACK TO rule")
-            self.db.execute("RELEASE rule")
-        self.db.close()  # closing with an open transaction rolls it back
-        return self._boot()
+        """Run `rules` as one batch, then die before `COMMIT` and restart: nothing of them
+        survives. Return the leases refreshed by the restart."""
+        self.transactions.run(rules, commit=False)
+        return self.restart()
 
     def restart(self) -> int:
-        """A supervisor crash between transactions and its restart; answer the leases refreshed."""
+        """A supervisor crash between transactions and its restart; return the leases
+        refreshed."""
         self.db.close()
         return self._boot()
 
     def _boot(self) -> int:
         self.db = open_ledger_file(self.path, synchronous="OFF")
+        self.transactions = self._transactions()
         [outcome] = self.run([reaper.refresh_after_restart])
         if outcome.error is not None:
             raise outcome.error

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from supervisor.chaos.actors import OPERATOR, Kind, Message, Phase, Runner
+from supervisor.chaos.actors import OPERATOR, HeldPhase, Kind, Message, RunnerActor
 from supervisor.chaos.observer import TERMINAL_NAMES
 from supervisor.chaos.world import World
 from supervisor.ledger.identity import step_id_for
@@ -53,7 +53,7 @@ def completing_reports(world: World) -> list[Message]:
         (runner, step_id)
         for runner in world.runners
         for step_id, held in sorted(runner.held.items())
-        if held.phase is not Phase.NEW and completes_task(world, step_id)
+        if held.phase is not HeldPhase.NEW and completes_task(world, step_id)
     ]
     if not working:
         return []
@@ -84,7 +84,7 @@ def cancel_between_verification_and_commit(world: World, *, variant: str | None 
     return True
 
 
-def renew_after_fenced_out(world: World, *, sleeper: Runner | None = None) -> bool:
+def renew_after_fenced_out(world: World, *, sleeper: RunnerActor | None = None) -> bool:
     holders = [r for r in world.runners if r.held]
     if sleeper is None:
         if not holders:
@@ -99,7 +99,7 @@ def renew_after_fenced_out(world: World, *, sleeper: Runner | None = None) -> bo
     others = [r for r in world.runners if r is not sleeper]
     if others:
         world.deliver([world.claim(world.rng.choice(others), 2)])
-    if step_id in sleeper.held and sleeper.held[step_id].phase is not Phase.NEW:
+    if step_id in sleeper.held and sleeper.held[step_id].phase is not HeldPhase.NEW:
         world.deliver([world.act(sleeper, step_id, finish=True)])  # its work finished meanwhile
     renew = world.send(
         sleeper.id, sleeper.incarnation, Kind.RENEW, step_id=step_id, fence=old.fence
@@ -108,7 +108,7 @@ def renew_after_fenced_out(world: World, *, sleeper: Runner | None = None) -> bo
     return True
 
 
-def pause(world: World, sleeper: Runner, seconds: float) -> None:
+def pause(world: World, sleeper: RunnerActor, seconds: float) -> None:
     """`sleeper` stops (a GC pause, SIGSTOP) for `seconds` while every other runner keeps
     renewing; the supervisor's reaper runs on its own clock meanwhile."""
     world.log(f"runner {sleeper.id} pauses for {seconds:g}s")

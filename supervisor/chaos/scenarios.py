@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator
 from random import Random
 
 from supervisor.chaos import hazards
-from supervisor.chaos.actors import Order, Runner
+from supervisor.chaos.actors import Order, RunnerActor
 from supervisor.chaos.harness import Harness, Workspace, scratch_root
+from supervisor.chaos.plants import planted
 from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS, quiesce
 from supervisor.chaos.world import Habits, World
 from supervisor.ledger.identity import StepSpec, TaskSpec
-from supervisor.ledger.tx import Checks
 
 
 def order(steps: int = 2) -> Order:
@@ -49,13 +49,8 @@ def order(steps: int = 2) -> Order:
 
 @contextlib.contextmanager
 def scenario_world(seed: int = 0, *, steps: int = 2, plant: str | None = None) -> Iterator[World]:
-    with scratch_root() as root, Workspace(root) as workspace:
-        harness = Harness(
-            workspace,
-            config=CONFIG,
-            checks=Checks.planted(plant),
-            drop_key_index=plant == "key-reuse",
-        )
+    with scratch_root() as root, Workspace(root) as workspace, planted(plant) as active:
+        harness = Harness(workspace, config=CONFIG, plant=active)
         try:
             yield World(
                 harness, Random(seed), orders=[order(steps)], runners=2, habits=Habits(release=0)
@@ -73,7 +68,7 @@ def submit(world: World) -> str:
     return task_id
 
 
-def work(world: World, runner: Runner) -> str:
+def work(world: World, runner: RunnerActor) -> str:
     """`runner` claims the next step and acknowledges it; answer the step id."""
     world.deliver([world.claim(runner)])
     [step_id] = runner.held
@@ -81,7 +76,7 @@ def work(world: World, runner: Runner) -> str:
     return step_id
 
 
-def finish(world: World, runner: Runner, step_id: str) -> None:
+def finish(world: World, runner: RunnerActor, step_id: str) -> None:
     world.deliver([world.act(runner, step_id, finish=True)])
 
 

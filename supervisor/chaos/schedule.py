@@ -11,13 +11,14 @@ import dataclasses
 import hashlib
 from random import Random
 
-from supervisor.chaos.actors import OPERATOR, Runner, make_orders
+from supervisor.chaos.actors import OPERATOR, RunnerActor, make_orders
 from supervisor.chaos.harness import Harness, Workspace
 from supervisor.chaos.hazards import HAZARDS, pause
 from supervisor.chaos.observer import TERMINAL_NAMES
+from supervisor.chaos.plants import Plant, planted
 from supervisor.chaos.snapshot import ledger_snapshot
 from supervisor.chaos.world import Habits, World
-from supervisor.ledger.tx import Checks, LedgerConfig
+from supervisor.ledger.tx import LedgerConfig
 
 CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=5)
 QUIESCENCE_TTLS = 4.0
@@ -99,13 +100,16 @@ class ScheduleResult:
 
 
 def run_schedule(seed: int, workspace: Workspace, plant: str | None = None) -> ScheduleResult:
+    """Play the schedule of `seed`, with the bug called `plant` planted while it runs."""
+    with planted(plant) as active:
+        return _run_schedule(seed, workspace, active)
+
+
+def _run_schedule(seed: int, workspace: Workspace, plant: Plant | None) -> ScheduleResult:
     rng = Random(seed)
     plan = FaultPlan.draw(rng)
     harness = Harness(
-        workspace,
-        config=dataclasses.replace(CONFIG, max_attempts=plan.max_attempts),
-        checks=Checks.planted(plant),
-        drop_key_index=plant == "key-reuse",
+        workspace, config=dataclasses.replace(CONFIG, max_attempts=plan.max_attempts), plant=plant
     )
     world = World(
         harness, rng, orders=make_orders(rng, plan.tasks), runners=plan.runners, habits=plan.habits
@@ -154,7 +158,7 @@ def _operator_moves(world: World) -> list[tuple[str, int]]:
     return moves
 
 
-def _holder(world: World, rng: Random) -> Runner | None:
+def _holder(world: World, rng: Random) -> RunnerActor | None:
     """A runner holding a lease, if any does."""
     holders = [r for r in world.runners if r.held]
     return rng.choice(holders) if holders else None

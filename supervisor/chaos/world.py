@@ -16,12 +16,12 @@ from typing import Any
 from supervisor.chaos.actors import (
     OPERATOR,
     Held,
+    HeldPhase,
     Kind,
     Message,
     Operator,
     Order,
-    Phase,
-    Runner,
+    RunnerActor,
     describe,
 )
 from supervisor.chaos.harness import START, Harness
@@ -73,7 +73,7 @@ class World:
         self.rng = rng
         self.habits = habits
         self.operator = Operator(orders)
-        self.runners = [Runner(f"r{i}") for i in range(runners)]
+        self.runners = [RunnerActor(f"r{i}") for i in range(runners)]
         self.queue: list[Message] = []
         self.in_flight: set[tuple[str, str]] = set()
         self.observer = Observer(harness.config)
@@ -297,30 +297,30 @@ class World:
 
     # -- runners ------------------------------------------------------------------------------
 
-    def claim(self, runner: Runner, capacity: int = 1) -> Message:
+    def claim(self, runner: RunnerActor, capacity: int = 1) -> Message:
         return self.send(runner.id, runner.incarnation, Kind.CLAIM, capacity=capacity)
 
-    def act(self, runner: Runner, step_id: str, *, finish: bool | None = None) -> Message:
+    def act(self, runner: RunnerActor, step_id: str, *, finish: bool | None = None) -> Message:
         """The runner's next move on one held lease: acknowledge, renew, finish, or report."""
         held = runner.held[step_id]
         lease = held.lease
-        if held.phase is Phase.NEW and finish is None and self.rng.random() < QUICK_STEPS:
-            held.phase = Phase.WORKING  # a quick step: done before its first renew
-        if held.phase is Phase.WORKING:
+        if held.phase is HeldPhase.NEW and finish is None and self.rng.random() < QUICK_STEPS:
+            held.phase = HeldPhase.WORKING  # a quick step: done before its first renew
+        if held.phase is HeldPhase.WORKING:
             roll = self.rng.random()
             if finish is None and roll < self.habits.release and not self.honest:
                 return self._release(runner, held)
             if finish or (finish is None and roll < 0.75):
-                held.phase = Phase.REPORTING
+                held.phase = HeldPhase.REPORTING
                 held.report = self._result(lease.step_id, lease.fence, lease.payload, held)
-        if held.phase is Phase.REPORTING:
+        if held.phase is HeldPhase.REPORTING:
             assert held.report is not None
             return self.send(runner.id, runner.incarnation, Kind.REPORT, report=held.report)
         return self.send(
             runner.id, runner.incarnation, Kind.RENEW, step_id=step_id, fence=lease.fence
         )
 
-    def _release(self, runner: Runner, held: Held) -> Message:
+    def _release(self, runner: RunnerActor, held: Held) -> Message:
         reason = self.rng.choice(list(ReleaseReason))
         retryable = reason is not ReleaseReason.INVALID
         return self.send(
@@ -350,7 +350,7 @@ class World:
             candidate_sha=candidate, artifacts=artifacts,
         )  # fmt: skip
 
-    def crash_runner(self, runner: Runner) -> None:
+    def crash_runner(self, runner: RunnerActor) -> None:
         held = ", ".join(f"{s} f{h.lease.fence}" for s, h in sorted(runner.held.items()))
         runner.crash()
         self.log(f"runner {runner.id} crashes, forgetting [{held}]")

@@ -1,9 +1,11 @@
 """The ledger: every rule about intents, fences, effects and states, in one folder.
 
-Failure domains of SPEC §3, one module each: `identity` (payload drift), `effects` (ack lost,
-replay), `fencing` (the clock: stale tokens), `reaper` (the substrate vanished). `states` holds
-the task state machine, `journal` the event log, `verification` the success gate. `store` runs
-these rules behind one writer with group commit; `port` is the interface adapters use.
+Failure domains (docs/design.md, Failure domains), one module each: `identity` (payload drift),
+`effects` (ack lost, replay), `fencing` (the clock: stale tokens), `reaper` (the substrate
+vanished). `states` holds the task state machine, `journal` the event log, `verification` the
+success gate and the review verdict. `batch` is the one way rules run (a transaction per batch
+of rules); `store` runs them behind one writer with group commit; `port` is the interface
+adapters use.
 """
 
 from supervisor.ledger.effects import Report
@@ -28,15 +30,13 @@ from supervisor.ledger.port import Ledger
 from supervisor.ledger.states import ALLOWED, TERMINAL, AttemptState, StepState, TaskState
 from supervisor.ledger.store import SqliteLedger
 from supervisor.ledger.tokens import Principal, Role
-from supervisor.ledger.tx import PLANTS, Checks, LedgerConfig, Tx
+from supervisor.ledger.tx import LedgerConfig, Tx
 from tether.wire import Lease
 
 __all__ = [
     "ALLOWED",
-    "PLANTS",
     "TERMINAL",
     "AttemptState",
-    "Checks",
     "Created",
     "IdempotencyConflict",
     "IntegrityCheckFailed",

@@ -1,34 +1,42 @@
-"""Group commit: many rules, one transaction, one fsync.
+"""The one way ledger rules run: group commit, many rules in one transaction and one fsync.
 
 `execute_batch` runs a list of rules in one `BEGIN IMMEDIATE` transaction, each inside its own
 savepoint. A rule that refuses is rolled back alone, its rejection recorded in its place, and
 the others commit. Callers are answered only after `COMMIT` returns, i.e. once the batch is
-durable. The store runs this on its writer thread; the schedule explorer calls it directly.
+durable. `Transactions` builds every rule's `Tx` (clock, config, ids) for one connection; the
+store, the admin commands and the schedule explorer all run rules through it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from supervisor.ledger.errors import LedgerError, Refused, StorageError
 from supervisor.ledger.journal import record_rejection
-from supervisor.ledger.tx import Tx
+from supervisor.ledger.tx import LedgerConfig, Tx
 
 Rule = Callable[[Tx], Any]
 
 
+def random_id() -> str:
+    return uuid.uuid4().hex
+
+
 @dataclasses.dataclass
-class Outcome:
+class RuleOutcome:
+    """What one rule of a batch came to: its value, or the error it was refused or failed with."""
+
     value: Any = None
     error: BaseException | None = None
 
 
 @dataclasses.dataclass
 class BatchResult:
-    outcomes: list[Outcome]
+    outcomes: list[RuleOutcome]
     woken_pools: set[str]
     touched_tasks: set[str]
 
@@ -61,9 +69,15 @@ def _failure_of(exc: Exception) -> LedgerError:
 
 
 def execute_batch(
-    db: sqlite3.Connection, rules: Sequence[Rule], make_tx: Callable[[], Tx]
+    db: sqlite3.Connection,
+    rules: Sequence[Rule],
+    make_tx: Callable[[], Tx],
+    *,
+    commit: bool = True,
 ) -> BatchResult:
-    outcomes = [Outcome() for _ in rules]
+    """Run `rules` in one transaction and commit it. With `commit=False` the transaction is
+    rolled back instead, leaving what a crash just before `COMMIT` leaves: nothing."""
+    outcomes = [RuleOutcome() for _ in rules]
     woken: set[str] = set()
     touched: set[str] = set()
     try:
@@ -88,7 +102,7 @@ def execute_batch(
                 woken |= tx.woken_pools
                 touched |= tx.touched_tasks
             db.execute("RELEASE rule")
-        db.execute("COMMIT")
+        db.execute("COMMIT" if commit else "ROLLBACK")
     except BaseException as exc:
         if db.in_transaction:
             db.execute("ROLLBACK")
@@ -99,4 +113,31 @@ def execute_batch(
         if not isinstance(exc, sqlite3.Error):
             raise
         return BatchResult(outcomes, set(), set())
+    if not commit:
+        return BatchResult(outcomes, set(), set())
     return BatchResult(outcomes, woken, touched)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Transactions:
+    """Runs ledger rules on one connection: each rule gets a `Tx` at the clock's current time,
+    with the ledger's config and id source, and every batch goes through `execute_batch`."""
+
+    db: sqlite3.Connection
+    config: LedgerConfig
+    clock: Callable[[], float]
+    new_id: Callable[[], str] = random_id
+
+    def tx(self) -> Tx:
+        return Tx(db=self.db, now=self.clock(), config=self.config, new_id=self.new_id)
+
+    def run(self, rules: Sequence[Rule], *, commit: bool = True) -> BatchResult:
+        """One batch; `commit=False` rolls it back instead (see `execute_batch`)."""
+        return execute_batch(self.db, rules, self.tx, commit=commit)
+
+    def one(self, rule: Rule) -> Any:
+        """Run `rule` in a batch of its own and return its value, or raise its error."""
+        [outcome] = self.run([rule]).outcomes
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value

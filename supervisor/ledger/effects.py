@@ -9,6 +9,7 @@ the step is committed and the event appended. A report for a step already commit
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from typing import Any
 
 from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
@@ -41,8 +42,19 @@ def tokens_spent(usage: dict[str, int]) -> int:
     return max(0, int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)))
 
 
+def effect_identity(tx: Tx, step: sqlite3.Row, rep: Report) -> str | None:
+    """The key the report's effect is stored under: the step's identity, so a step has one
+    effect whichever attempt commits it. None when the step is committed already: a replay."""
+    if step["state"] == StepState.COMMITTED:
+        # Only the attempt that committed may hear `replayed`: a fenced-out worker that
+        # reports late must learn the step is not its own, and the refusal is recorded.
+        require_current(tx, step, rep.fence)
+        return None
+    return effect_key(rep.step_id, rep.payload_hash)
+
+
 def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
-    """Commit the step's one effect, or answer `replayed` if it is already committed."""
+    """Commit the step's one effect, or return `replayed` if it is already committed."""
     step = find_step(tx, rep.step_id, pool)
     about = {"task_id": step["task_id"], "step_id": rep.step_id, "fence": rep.fence}
     if rep.payload_hash != step["payload_hash"]:
@@ -50,27 +62,17 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
             f"payload hash {rep.payload_hash} is not step {rep.step_id}'s intent"
             f" {step['payload_hash']}"
         ).about(**about)
-    if step["state"] == StepState.COMMITTED and tx.checks.effect_identity:
-        if tx.checks.fence:
-            # Only the attempt that committed may hear `replayed`: a fenced-out worker that
-            # reports late must learn the step is not its own, and the refusal is recorded.
-            require_current(tx, step, rep.fence)
+    key = effect_identity(tx, step, rep)
+    if key is None:
         return Outcome.REPLAYED
     if TaskState(step["task_state"]) in TERMINAL:
         raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
-    if tx.checks.fence:
-        require_current(tx, step, rep.fence)
+    require_current(tx, step, rep.fence)
     for name, digest in rep.artifacts.items():
         if not name or not digest:
             raise InvalidRequest("artifact names and digests must be non-empty")
     if rep.artifacts and not rep.candidate_sha:
         raise InvalidRequest("artifacts must name the candidate_sha they were produced for")
-    # The planted `double-effect` bug keys effects by attempt instead of by step identity.
-    key = (
-        effect_key(rep.step_id, rep.payload_hash)
-        if tx.checks.effect_identity
-        else effect_key(rep.step_id, tx.new_id())
-    )
     tx.run(
         "INSERT INTO effects (effect_key, step_id, task_id, fence, payload_hash, output_json,"
         " usage_json, candidate_sha, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

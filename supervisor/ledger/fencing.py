@@ -143,7 +143,7 @@ def require_current(tx: Tx, step: sqlite3.Row, fence: int) -> None:
     about = {"task_id": step["task_id"], "step_id": step["id"], "fence": fence}
     if step["fence"] != fence:
         raise StaleFence(f"fence {fence} is not step {step['id']}'s current token").about(**about)
-    if step["state"] == StepState.LEASED and lapsed(step, tx.now) and tx.checks.lapse:
+    if step["state"] == StepState.LEASED and lapsed(step, tx.now):
         raise StaleFence(f"the lease on step {step['id']} under fence {fence} has lapsed").about(
             **about
         )

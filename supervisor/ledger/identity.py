@@ -96,24 +96,33 @@ def validate(spec: TaskSpec, max_steps: int, tx: Tx | None = None) -> None:
         raise InvalidRequest("base_sha needs a repository")
 
 
+def existing_task(tx: Tx, spec: TaskSpec) -> Created | None:
+    """The task that `spec`'s idempotency key already names, if it has the same plan and
+    declarations; `IdempotencyConflict` if it has others; None for a new key."""
+    row = tx.one(
+        "SELECT * FROM tasks WHERE tenant = ? AND idempotency_key = ?",
+        (spec.tenant, spec.idempotency_key),
+    )
+    if row is None:
+        return None
+    declared = spec.declared()
+    same = row["plan_hash"] == spec.plan_hash and all(row[k] == v for k, v in declared.items())
+    if not same:
+        raise IdempotencyConflict(
+            f"idempotency key {spec.idempotency_key!r} already names task {row['id']}"
+            " with another plan"
+        )
+    return Created(task_id=row["id"], created=False)
+
+
 def create_task(tx: Tx, spec: TaskSpec) -> Created:
-    """Record the task and every step's intent; answer the existing task for a duplicate."""
+    """Record the task and every step's intent; return the existing task for a duplicate."""
     validate(spec, tx.config.max_steps, tx)
+    existing = existing_task(tx, spec)
+    if existing is not None:
+        return existing
     plan_hash = spec.plan_hash
     declared = spec.declared()
-    if tx.checks.idempotency:
-        row = tx.one(
-            "SELECT * FROM tasks WHERE tenant = ? AND idempotency_key = ?",
-            (spec.tenant, spec.idempotency_key),
-        )
-        if row is not None:
-            same = row["plan_hash"] == plan_hash and all(row[k] == v for k, v in declared.items())
-            if not same:
-                raise IdempotencyConflict(
-                    f"idempotency key {spec.idempotency_key!r} already names task {row['id']}"
-                    " with another plan"
-                )
-            return Created(task_id=row["id"], created=False)
     task_id = tx.new_id()
     order = tx.one("SELECT COALESCE(MAX(created_order), 0) + 1 AS n FROM tasks")
     assert order is not None

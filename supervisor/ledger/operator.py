@@ -12,12 +12,11 @@ from supervisor.ledger.errors import (
     InvalidTransition,
     NotFound,
     PlanMismatch,
-    TerminalState,
 )
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import ALL_POOLS, Tx, dumps, loads
-from supervisor.ledger.views import review
+from supervisor.ledger.verification import review_verdict
 
 
 def owned_task(tx: Tx, tenant: str, task_id: str) -> sqlite3.Row:
@@ -61,9 +60,7 @@ def approve(tx: Tx, tenant: str, task_id: str, plan_hash: str, base_sha: str | N
 
 def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
     """Cancel a task that has not ended. A step in flight learns of it at its next renew."""
-    task = owned_task(tx, tenant, task_id)
-    if TaskState(task["state"]) in TERMINAL and tx.checks.terminal:
-        raise TerminalState(f"task {task_id} is already {task['state']}").about(task_id=task_id)
+    owned_task(tx, tenant, task_id)
     transition(tx, task_id, TaskState.CANCELLED, reason=reason or "cancelled")
     tx.run(
         "UPDATE attempts SET state = ?, reason = 'task cancelled', ended_at = ?"
@@ -111,12 +108,10 @@ REVIEW_DECISIONS = frozenset({"accept", "reject"})
 
 
 def record_review(tx: Tx, tenant: str, task_id: str, decision: str, note: str) -> None:
-    """Record the reviewer's decision on an ended task (SPEC §7), once.
+    """Record the reviewer's decision on an ended task, once (docs/design.md, Review record).
 
-    Acceptance is refused when the review record's own verdict says the evidence cannot
-    support it (repository and task state disagree, authority not revoked, no reviewed
-    revision): a reviewer may reject anything, but accept only what the ledger can vouch for.
-    The same decision again is answered as done; another one is refused.
+    Acceptance is refused unless `review_verdict` finds the result acceptable; rejection
+    always stands. The same decision again is taken as done; another one is refused.
     """
     if decision not in REVIEW_DECISIONS:
         raise InvalidRequest("decision must be 'accept' or 'reject'")
@@ -131,9 +126,9 @@ def record_review(tx: Tx, tenant: str, task_id: str, decision: str, note: str) -
             task_id=task_id
         )
     if decision == "accept":
-        verdict = review(tx.db, task_id, tenant)["verdict"]
-        if not verdict["acceptable"]:
-            raise InvalidRequest("cannot accept: " + "; ".join(verdict["reasons"]))
+        verdict = review_verdict(tx.db, task)
+        if not verdict.acceptable:
+            raise InvalidRequest("cannot accept: " + "; ".join(verdict.reasons))
     record = {"decision": decision, "note": note[:2000], "at": tx.now}
     tx.run("UPDATE tasks SET reviewer_decision = ? WHERE id = ?", (dumps(record), task_id))
     append_event(tx, task_id, "reviewed", task["state"], {"decision": decision})

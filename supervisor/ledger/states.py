@@ -1,5 +1,5 @@
-"""The task state machine of SPEC §4: the table of allowed transitions is data, and one
-function applies it inside the transaction that appends the event."""
+"""The task state machine (docs/design.md, Task state machine): the table of allowed
+transitions is data, and one function applies it inside the transaction that appends the event."""
 
 from __future__ import annotations
 
@@ -77,6 +77,19 @@ def task_state(tx: Tx, task_id: str) -> TaskState:
     return TaskState(row["state"])
 
 
+def require_allowed(task_id: str, current: TaskState, target: TaskState) -> None:
+    """`TerminalState` if the task has ended, `InvalidTransition` for any other move the table
+    forbids; the store records either as a rejected attempt."""
+    if current in TERMINAL:
+        raise TerminalState(
+            f"task {task_id} is already {current}; it cannot become {target}"
+        ).about(task_id=task_id)
+    if not is_allowed(current, target):
+        raise InvalidTransition(f"task {task_id}: {current} -> {target} is not allowed").about(
+            task_id=task_id
+        )
+
+
 def transition(
     tx: Tx,
     task_id: str,
@@ -85,20 +98,9 @@ def transition(
     reason: str | None = None,
     data: Mapping[str, Any] | None = None,
 ) -> int:
-    """Move a task to `target` and append its event; answer the event's sequence number.
-
-    A terminal task refuses with `TerminalState`, any other forbidden move with
-    `InvalidTransition`; the store records either as a rejected attempt.
-    """
+    """Move a task to `target` and append its event; return the event's sequence number."""
     current = task_state(tx, task_id)
-    if current in TERMINAL and tx.checks.terminal:
-        raise TerminalState(f"task {task_id} is {current}; it cannot become {target}").about(
-            task_id=task_id
-        )
-    if not is_allowed(current, target) and (tx.checks.terminal or current not in TERMINAL):
-        raise InvalidTransition(f"task {task_id}: {current} -> {target} is not allowed").about(
-            task_id=task_id
-        )
+    require_allowed(task_id, current, target)
     stamp = _STAMPS.get(target)
     stamp_sql = f", {stamp} = COALESCE({stamp}, ?)" if stamp else ""
     params: tuple[Any, ...] = (target.value, reason)

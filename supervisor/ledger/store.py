@@ -16,8 +16,7 @@ import dataclasses
 import math
 import sqlite3
 import time
-import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,11 +35,10 @@ from supervisor.ledger import (
     tokens,
     views,
 )
-from supervisor.ledger.batch import Outcome, Rule, execute_batch
-from supervisor.ledger.counts import LedgerCounts
+from supervisor.ledger.batch import Rule, RuleOutcome, Transactions, random_id
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.tx import ALL_POOLS, Checks, LedgerConfig, Tx
+from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
 from tether.broadcast import Broadcast
 from tether.wire import Lease, ReleaseReason
 from tether.wire import Outcome as ResultOutcome
@@ -51,15 +49,11 @@ Clock = Callable[[], float]
 MAX_BATCH = 512
 
 
-def random_id() -> str:
-    return uuid.uuid4().hex
-
-
 @dataclasses.dataclass
 class _Pending:
     rule: Rule
     done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
-    outcome: Outcome | None = None
+    outcome: RuleOutcome | None = None
 
 
 class SqliteLedger:
@@ -72,22 +66,21 @@ class SqliteLedger:
         config: LedgerConfig | None = None,
         clock: Clock = time.time,
         synchronous: str = "FULL",
-        checks: Checks | None = None,
         new_id: Callable[[], str] = random_id,
     ) -> None:
         self.path = Path(path)
         self.config = config or LedgerConfig()
         self.clock = clock
         self.synchronous = synchronous
-        self.checks = checks or Checks()
         self.new_id = new_id
-        self.counters = LedgerCounts()
+        self.counters: Counter[str] = Counter()
         # One wake-up per pool: work queued for one pool never wakes the others' claims.
         self._work: defaultdict[str, Broadcast] = defaultdict(Broadcast)
         self._events = Broadcast()
         self._write_limiter = anyio.CapacityLimiter(1)
         self._read_limiter = anyio.CapacityLimiter(1)
         self._writer: sqlite3.Connection | None = None
+        self._transactions: Transactions | None = None
         self._reader: sqlite3.Connection | None = None
         self._send: MemoryObjectSendStream[_Pending] | None = None
 
@@ -98,6 +91,9 @@ class SqliteLedger:
         ledger = cls(path, **kwargs)
         ledger._writer = await anyio.to_thread.run_sync(
             lambda: open_ledger_file(ledger.path, synchronous=ledger.synchronous)
+        )
+        ledger._transactions = Transactions(
+            db=ledger._writer, config=ledger.config, clock=ledger.clock, new_id=ledger.new_id
         )
         ledger._reader = await anyio.to_thread.run_sync(
             lambda: connect(ledger.path, synchronous=ledger.synchronous, readonly=True)
@@ -125,31 +121,20 @@ class SqliteLedger:
 
     # -- the writer -------------------------------------------------------------------------
 
-    def _make_tx(self) -> Tx:
-        assert self._writer is not None
-        return Tx(
-            db=self._writer, now=self.clock(), config=self.config, new_id=self.new_id,
-            checks=self.checks,
-        )  # fmt: skip
-
     async def _write_loop(self, receive: MemoryObjectReceiveStream[_Pending]) -> None:
         async with receive:
             async for first in receive:
                 batch = await self._gather(first, receive)
-                assert self._writer is not None
+                assert self._transactions is not None
                 result = await anyio.to_thread.run_sync(
-                    execute_batch,
-                    self._writer,
-                    [p.rule for p in batch],
-                    self._make_tx,
-                    limiter=self._write_limiter,
+                    self._transactions.run, [p.rule for p in batch], limiter=self._write_limiter
                 )
-                self.counters.batches += 1
-                self.counters.batched_rules += len(batch)
+                self.counters["batches"] += 1
+                self.counters["batched_rules"] += len(batch)
                 for pending, outcome in zip(batch, result.outcomes, strict=True):
                     pending.outcome = outcome
                     if isinstance(outcome.error, Refused):
-                        self.counters.rejections[outcome.error.code] += 1
+                        self.counters[f"rejected:{outcome.error.code.value}"] += 1
                     pending.done.set()
                 woken = result.woken_pools
                 for pool in list(self._work) if ALL_POOLS in woken else woken:
@@ -233,14 +218,14 @@ class SqliteLedger:
                 leases = await self.write(lambda tx: fencing.claim(tx, runner_id, pool, capacity))
             remaining = deadline - anyio.current_time()
             if leases or remaining <= 0:
-                self.counters.leases_granted += len(leases)
+                self.counters["leases_granted"] += len(leases)
                 return leases
             with anyio.move_on_after(remaining):
                 await armed.wait()
 
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> fencing.Renewal:
         renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))
-        self.counters.leases_renewed += 1
+        self.counters["leases_renewed"] += 1
         return renewal
 
     async def release(
@@ -255,16 +240,16 @@ class SqliteLedger:
         await self.write(
             lambda tx: fencing.release(tx, step_id, fence, reason, retryable, detail, pool)
         )
-        self.counters.leases_released += 1
+        self.counters["leases_released"] += 1
 
     async def report(self, rep: effects.Report, pool: str | None = None) -> ResultOutcome:
         outcome = await self.write(lambda tx: effects.report(tx, rep, pool))
-        self.counters.commits[outcome] += 1
+        self.counters[f"commits_{outcome.value}"] += 1
         return outcome
 
     async def expire(self) -> int:
         reaped = await self.write(reaper.expire)
-        self.counters.leases_expired += reaped
+        self.counters["leases_expired"] += reaped
         return reaped
 
     async def next_deadline(self) -> float | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LedgerConfig:
-    """The ledger's tunables (SPEC §9 names and defaults)."""
+    """The ledger's tunables (docs/design.md, Command line and settings)."""
 
     lease_ttl_s: float = 30.0
     accept_window_s: float = 10.0
@@ -27,38 +27,6 @@ class LedgerConfig:
     def renew_every_s(self) -> float:
         """A third of the TTL, and often enough to acknowledge within the acceptance window."""
         return min(self.lease_ttl_s / 3, self.accept_window_s / 2)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Checks:
-    """Ledger checks that the schedule explorer can switch off (`--plant`) to prove it catches
-    their absence. Production always runs with every check on."""
-
-    fence: bool = True  # stale-fence: a result must carry the step's current fence
-    effect_identity: bool = True  # double-effect: effects keyed by step identity, replays deduped
-    terminal: bool = True  # terminal-overwrite: terminal states never transition
-    idempotency: bool = True  # key-reuse: (tenant, idempotency_key) names one task
-    verification: bool = True  # unverified-success: success needs matching evidence
-    lapse: bool = True  # lapsed-lease: a lease past its deadline is over before it is reaped
-
-    @classmethod
-    def planted(cls, bug: str | None) -> Checks:
-        if bug is None:
-            return cls()
-        field = PLANTS.get(bug)
-        if field is None:
-            raise ValueError(f"unknown planted bug {bug!r}; known: {', '.join(sorted(PLANTS))}")
-        return dataclasses.replace(cls(), **{field: False})
-
-
-PLANTS: dict[str, str] = {
-    "stale-fence": "fence",
-    "double-effect": "effect_identity",
-    "terminal-overwrite": "terminal",
-    "key-reuse": "idempotency",
-    "unverified-success": "verification",
-    "lapsed-lease": "lapse",
-}
 
 
 ALL_POOLS = "*"  # pools are names of runner tokens' scopes, which cannot be empty or "*"
@@ -72,7 +40,6 @@ class Tx:
     now: float
     config: LedgerConfig
     new_id: Callable[[], str]
-    checks: Checks = dataclasses.field(default_factory=Checks)
     # Set by rules so the store can wake long-pollers after the commit is durable: the pools
     # whose claims may now find work (ALL_POOLS for every pool), and the tasks given events.
     woken_pools: set[str] = dataclasses.field(default_factory=set)
@@ -90,7 +57,7 @@ class Tx:
         return self.db.execute(sql, params).fetchall()
 
     def run(self, sql: str, params: tuple[Any, ...] = ()) -> int:
-        """Execute a write; answer the number of rows it changed."""
+        """Execute a write; return the number of rows it changed."""
         return self.db.execute(sql, params).rowcount
 
 

@@ -1,5 +1,6 @@
 """Read models over the ledger: the task view, listings, the event journal and the review
-record (SPEC §5, §7). Pure reads; they run on a read-only connection and never block writes."""
+record. Pure reads; they run on a read-only connection and never block writes. They report what
+the rules decide and decide nothing themselves."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from supervisor.ledger.errors import InvalidRequest, NotFound
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import loads
+from supervisor.ledger.verification import review_verdict
 
 PAGE_MAX = 200
 
@@ -130,33 +132,18 @@ def _field(value: Any, kind: str) -> dict[str, Any]:
 
 
 def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> dict[str, Any]:
-    """The review record of SPEC §7. `expectation`: declared before the run;
-    `observation`: recorded by the ledger. `verdict` says whether the result can be accepted."""
+    """The review record (docs/design.md, Review record). `expectation`: declared before the
+    run; `observation`: recorded by the ledger. `verdict` is `verification.review_verdict`."""
     task = _task_row(db, tenant, task_id)
     state = TaskState(task["state"])
-    head_row = db.execute(
-        "SELECT head_sha FROM repositories WHERE tenant = ? AND name = ?",
-        (task["tenant"], task["repository"]),
-    ).fetchone()
-    head = head_row["head_sha"] if head_row else None
-    candidate_row = db.execute(
-        "SELECT candidate_sha FROM steps WHERE task_id = ? AND candidate_sha IS NOT NULL"
-        " ORDER BY position DESC LIMIT 1",
-        (task_id,),
-    ).fetchone()
-    candidate = candidate_row["candidate_sha"] if candidate_row else None
+    verdict = review_verdict(db, task)
     artifacts = {
         r["name"]: r["digest"]
         for r in db.execute(
             "SELECT name, digest FROM artifacts WHERE task_id = ? AND candidate_sha = ?",
-            (task_id, candidate),
+            (task_id, verdict.candidate_sha),
         )
     }
-    live_leases = db.execute(
-        "SELECT COUNT(*) FROM attempts a JOIN steps s ON s.id = a.step_id"
-        " WHERE s.task_id = ? AND a.state = 'leased'",
-        (task_id,),
-    ).fetchone()[0]
     attempts = db.execute(
         "SELECT a.state, COUNT(*) AS n FROM attempts a JOIN steps s ON s.id = a.step_id"
         " WHERE s.task_id = ? GROUP BY a.state",
@@ -167,14 +154,7 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
     ).fetchone()[0]
 
     questions: list[str] = []
-    reasons: list[str] = []
-    if state in TERMINAL and live_leases:
-        reasons.append("a runner still holds a lease on an ended task: authority not revoked")
     if task["repository"]:
-        if state is TaskState.SUCCEEDED and head not in (task["approved_base_sha"], candidate):
-            reasons.append(f"repository head {head} is neither the approved base nor the candidate")
-        if state is TaskState.SUCCEEDED and candidate is None:
-            reasons.append("the evidence names no candidate revision")
         missing = [c for c in loads(task["expected_checks_json"]) if c not in artifacts]
         if missing:
             questions.append(f"no artifact at the candidate for: {', '.join(missing)}")
@@ -182,8 +162,6 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
         questions.append(f"{rejected} rejected attempt(s) recorded; see the task's rejections")
     if state not in TERMINAL:
         questions.append(f"task is still {state}")
-    if state is not TaskState.SUCCEEDED:
-        reasons.append(f"task ended {state}" if state in TERMINAL else "task has not ended")
 
     return {
         "task_id": task_id,
@@ -192,8 +170,8 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
         "base_commit": _field(
             task["approved_base_sha"] or task["declared_base_sha"], "expectation"
         ),
-        "repository_head": _field(head, "observation"),
-        "candidate_sha": _field(candidate, "observation"),
+        "repository_head": _field(verdict.head_sha, "observation"),
+        "candidate_sha": _field(verdict.candidate_sha, "observation"),
         "requirement_revision": _field(task["requirement_revision"], "expectation"),
         "allowed_paths": _field(loads(task["allowed_paths_json"]), "expectation"),
         "start_time": _field(task["started_at"], "observation"),
@@ -206,13 +184,13 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
         "reviewer_decision": _field(loads(task["reviewer_decision"]), "observation"),
         "cleanup_proof": _field(
             {
-                "live_leases": live_leases,
+                "live_leases": verdict.live_leases,
                 "attempts_by_state": {r["state"]: r["n"] for r in attempts},
             },
             "observation",
         ),
         "unresolved_questions": _field(questions, "observation"),
-        "verdict": {"acceptable": not reasons, "reasons": reasons},
+        "verdict": {"acceptable": verdict.acceptable, "reasons": list(verdict.reasons)},
     }
 
 

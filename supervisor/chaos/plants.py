@@ -1,0 +1,113 @@
+"""Planted bugs: each one swaps a single ledger function for a broken copy while a run lasts,
+to prove the explorer catches the check's absence (`chaos explore --plant NAME`).
+
+The ledger knows nothing of them: `planted` sets a module attribute that a rule calls through,
+and puts the original back when the run ends, whatever happens. A plant that no longer finds its
+attribute raises instead of silently planting nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sqlite3
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from supervisor.ledger import Report, effects, fencing, identity, states
+from supervisor.ledger.identity import Created, TaskSpec
+from supervisor.ledger.states import TERMINAL, TaskState
+from supervisor.ledger.tx import Tx
+from tether.wire import effect_key
+
+
+def results_skip_the_fence(tx: Tx, step: sqlite3.Row, fence: int) -> None:
+    """stale-fence: a result is taken whatever fence it carries."""
+
+
+def effects_keyed_by_attempt(tx: Tx, step: sqlite3.Row, rep: Report) -> str | None:
+    """double-effect: every commit gets a fresh key, so a replay commits a second effect."""
+    return effect_key(rep.step_id, tx.new_id())
+
+
+_require_allowed = states.require_allowed
+
+
+def ended_tasks_move_on(task_id: str, current: TaskState, target: TaskState) -> None:
+    """terminal-overwrite: an ended task may change state again."""
+    if current not in TERMINAL:
+        _require_allowed(task_id, current, target)
+
+
+def keys_never_repeat(tx: Tx, spec: TaskSpec) -> Created | None:
+    """key-reuse: an idempotency key is never looked up, so a retry creates a second task."""
+    return None
+
+
+def success_needs_no_evidence(tx: Tx, task_id: str) -> str | None:
+    """unverified-success: every task whose steps are committed succeeds."""
+    return None
+
+
+def leases_never_lapse(step: sqlite3.Row, now: float) -> bool:
+    """lapsed-lease: a lease past its deadline is current until the reaper ends it."""
+    return False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plant:
+    """`replacement` stands in for `module.name`; `drop_index` is dropped from the ledger file
+    too, when the schema would otherwise enforce what the plant switches off."""
+
+    module: ModuleType
+    name: str
+    replacement: Callable[..., Any]
+    drop_index: str | None = None
+
+
+PLANTS: dict[str, Plant] = {
+    "stale-fence": Plant(
+        module=effects, name="require_current", replacement=results_skip_the_fence
+    ),
+    "double-effect": Plant(
+        module=effects, name="effect_identity", replacement=effects_keyed_by_attempt
+    ),
+    "terminal-overwrite": Plant(
+        module=states, name="require_allowed", replacement=ended_tasks_move_on
+    ),
+    "key-reuse": Plant(
+        module=identity,
+        name="existing_task",
+        replacement=keys_never_repeat,
+        drop_index="tasks_idempotency",
+    ),
+    "unverified-success": Plant(
+        module=effects, name="verify", replacement=success_needs_no_evidence
+    ),
+    "lapsed-lease": Plant(module=fencing, name="lapsed", replacement=leases_never_lapse),
+}
+
+
+def plant_named(name: str | None) -> Plant | None:
+    if name is None:
+        return None
+    plant = PLANTS.get(name)
+    if plant is None:
+        raise ValueError(f"unknown planted bug {name!r}; known: {', '.join(sorted(PLANTS))}")
+    return plant
+
+
+@contextlib.contextmanager
+def planted(name: str | None) -> Iterator[Plant | None]:
+    """Swap in the plant called `name` (None: none) until the block ends."""
+    plant = plant_named(name)
+    if plant is None:
+        yield None
+        return
+    original = getattr(plant.module, plant.name)  # AttributeError: the plant lost its target
+    setattr(plant.module, plant.name, plant.replacement)
+    try:
+        yield plant
+    finally:
+        setattr(plant.module, plant.name, original)
