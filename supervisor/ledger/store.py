@@ -16,7 +16,7 @@ import dataclasses
 import math
 import sqlite3
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +36,7 @@ from supervisor.ledger import (
     views,
 )
 from supervisor.ledger.batch import Rule, RuleOutcome, Transactions, random_id
+from supervisor.ledger.counts import LedgerCounts
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
@@ -73,7 +74,7 @@ class SqliteLedger:
         self.clock = clock
         self.synchronous = synchronous
         self.new_id = new_id
-        self.counters: Counter[str] = Counter()
+        self.counters = LedgerCounts()
         # One wake-up per pool: work queued for one pool never wakes the others' claims.
         self._work: defaultdict[str, Broadcast] = defaultdict(Broadcast)
         self._events = Broadcast()
@@ -129,12 +130,12 @@ class SqliteLedger:
                 result = await anyio.to_thread.run_sync(
                     self._transactions.run, [p.rule for p in batch], limiter=self._write_limiter
                 )
-                self.counters["batches"] += 1
-                self.counters["batched_rules"] += len(batch)
+                self.counters.batches += 1
+                self.counters.batched_rules += len(batch)
                 for pending, outcome in zip(batch, result.outcomes, strict=True):
                     pending.outcome = outcome
                     if isinstance(outcome.error, Refused):
-                        self.counters[f"rejected:{outcome.error.code.value}"] += 1
+                        self.counters.rejections[outcome.error.code] += 1
                     pending.done.set()
                 woken = result.woken_pools
                 for pool in list(self._work) if ALL_POOLS in woken else woken:
@@ -218,14 +219,14 @@ class SqliteLedger:
                 leases = await self.write(lambda tx: fencing.claim(tx, runner_id, pool, capacity))
             remaining = deadline - anyio.current_time()
             if leases or remaining <= 0:
-                self.counters["leases_granted"] += len(leases)
+                self.counters.leases_granted += len(leases)
                 return leases
             with anyio.move_on_after(remaining):
                 await armed.wait()
 
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> fencing.Renewal:
         renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))
-        self.counters["leases_renewed"] += 1
+        self.counters.leases_renewed += 1
         return renewal
 
     async def release(
@@ -240,16 +241,16 @@ class SqliteLedger:
         await self.write(
             lambda tx: fencing.release(tx, step_id, fence, reason, retryable, detail, pool)
         )
-        self.counters["leases_released"] += 1
+        self.counters.leases_released += 1
 
     async def report(self, rep: effects.Report, pool: str | None = None) -> ResultOutcome:
         outcome = await self.write(lambda tx: effects.report(tx, rep, pool))
-        self.counters[f"commits_{outcome.value}"] += 1
+        self.counters.commits[outcome] += 1
         return outcome
 
     async def expire(self) -> int:
         reaped = await self.write(reaper.expire)
-        self.counters["leases_expired"] += reaped
+        self.counters.leases_expired += reaped
         return reaped
 
     async def next_deadline(self) -> float | None:
