@@ -1,0 +1,38 @@
+"""The runner's side of an agent step: the attempt's repository workspace (`workspace`), the
+confinement of the paths a tool names (`paths`), the built-in tools and their dispatcher
+(`tools`), and how an allowed command runs (`command`, `sandbox`)."""
+
+from runner.agent.errors import (
+    BaseNotFound,
+    FetchFailed,
+    ToolError,
+    ToolFailed,
+    ToolRefused,
+    WorkspaceFailed,
+)
+from runner.agent.paths import Confinement
+from runner.agent.sandbox import Bubblewrap, NoSandbox, Sandbox, detect_sandbox
+from runner.agent.tools import ToolBox, ToolLimits, ToolLog, ToolResult
+from runner.agent.workspace import CleanupRecord, RepoCache, Workspace, commit_date
+
+__all__ = [
+    "BaseNotFound",
+    "Bubblewrap",
+    "CleanupRecord",
+    "Confinement",
+    "FetchFailed",
+    "NoSandbox",
+    "RepoCache",
+    "Sandbox",
+    "ToolBox",
+    "ToolError",
+    "ToolFailed",
+    "ToolLimits",
+    "ToolLog",
+    "ToolRefused",
+    "ToolResult",
+    "Workspace",
+    "WorkspaceFailed",
+    "commit_date",
+    "detect_sandbox",
+]

@@ -1,0 +1,52 @@
+"""The paths a unified diff touches, read from its headers, so that `apply_patch` can check
+every one of them before `git apply` runs (git's own `--numstat` names only the new side of
+a rename)."""
+
+from __future__ import annotations
+
+import re
+
+from runner.agent.errors import ToolRefused
+
+_HEADER = re.compile(r"^(rename from|rename to|copy from|copy to) (.*)$")
+_MODE = re.compile(r"^(new file mode|new mode) (\d+)$")
+_LINK_MODES = frozenset({"120000", "160000"})  # symlink, submodule
+
+
+def patch_paths(patch: str) -> set[str]:
+    """Every path the patch names, with the `a/` and `b/` prefixes taken off; `ToolRefused`
+    for a quoted path or a symlink or submodule it would create."""
+    paths: set[str] = set()
+    lines = patch.splitlines()
+    for index, line in enumerate(lines):
+        # A file header is a `---` line followed by a `+++` line (a lone one is hunk text).
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        if line.startswith("--- ") and following.startswith("+++ "):
+            for header in (line, following):
+                name = header[4:].split("\t", 1)[0]
+                if name != "/dev/null":
+                    paths.add(_strip_prefix(_unquoted(name)))
+        elif line.startswith("diff --git "):
+            rest = line[len("diff --git ") :]
+            _unquoted(rest)
+            old, sep, new = rest.partition(" b/")
+            if sep:
+                paths.update({_strip_prefix(old), new})
+        elif match := _HEADER.match(line):
+            paths.add(_unquoted(match.group(2)))
+        elif (match := _MODE.match(line)) and match.group(2) in _LINK_MODES:
+            raise ToolRefused("patch_link", "a patch may not create a symlink or a submodule")
+    return paths
+
+
+def _unquoted(name: str) -> str:
+    if name.startswith('"'):
+        raise ToolRefused(
+            "patch_quoted_path", "quoted paths (names with special characters) are not supported"
+        )
+    return name
+
+
+def _strip_prefix(name: str) -> str:
+    _first, sep, rest = name.partition("/")
+    return rest if sep else name

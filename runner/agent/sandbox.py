@@ -1,0 +1,112 @@
+"""How an allowed command is isolated: under bubblewrap when it works on this host, otherwise
+with no isolation beyond what `runner/agent/command.py` always does.
+
+With `Bubblewrap`, the command sees read-only /usr, /bin, /lib*, /sbin and /etc (with
+/etc/tether hidden), the worktree and its HOME as the only writable paths, a private /tmp,
+/proc and /dev, and no network (`--unshare-all` gives it its own network namespace with only
+a loopback of its own, and its own PID namespace, so everything it started dies with it).
+Further read-only paths (a toolchain outside /usr, the mirror the worktree's `.git` points
+to) are passed by the caller.
+
+With `NoSandbox` (no `bwrap`, or bwrap cannot create namespaces here, e.g. inside a container
+that forbids them) the command runs as the runner's own user with the runner's view of the
+file system and network. What still holds: it starts in its own process group, which is
+killed whole on timeout or cancellation; its environment is a fixed minimal one with no
+secret; its working directory is the worktree. It can read whatever the runner's user can
+read and reach whatever the runner can reach.
+
+`detect_sandbox()` probes bwrap once (a `true` under the same options) and falls back to
+`NoSandbox` when the probe fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+import structlog
+
+log = structlog.get_logger(__name__)
+
+_RO_DIRS = ("/usr", "/etc")
+_MAYBE_LINKED = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_HIDDEN = ("/etc/tether",)  # the runner's own configuration and credentials
+PROBE_TIMEOUT_S = 10.0
+
+
+class Sandbox(Protocol):
+    """Turns a command's argv into the argv that runs it isolated."""
+
+    @property
+    def name(self) -> str: ...
+
+    def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class NoSandbox:
+    """No isolation beyond the process group, the environment and the working directory."""
+
+    name: str = "none"
+
+    def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]:
+        return list(argv)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Bubblewrap:
+    """bubblewrap with the worktree and HOME the only writable paths and no network."""
+
+    bwrap: str
+    read_only: tuple[Path, ...] = ()
+    name: str = "bwrap"
+
+    def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]:
+        args = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all"]
+        for folder in _RO_DIRS:
+            args += ["--ro-bind", folder, folder]
+        for folder in _MAYBE_LINKED:
+            path = Path(folder)
+            if path.is_symlink():
+                args += ["--symlink", str(path.readlink()), folder]
+            elif path.is_dir():
+                args += ["--ro-bind", folder, folder]
+        for folder in _HIDDEN:
+            if Path(folder).is_dir():
+                args += ["--tmpfs", folder]
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108 (private)
+        for path in self.read_only:
+            args += ["--ro-bind-try", str(path), str(path)]
+        args += ["--bind", str(tree), str(tree), "--bind", str(home), str(home)]
+        args += ["--chdir", str(tree), "--", *argv]
+        return args
+
+
+async def detect_sandbox(read_only: Sequence[Path] = ()) -> Sandbox:
+    """Bubblewrap when `bwrap` is on PATH and a probe under it succeeds, else `NoSandbox`."""
+    found = shutil.which("bwrap")
+    if found is None:
+        log.info("sandbox", sandbox="none", why="bwrap is not installed")
+        return NoSandbox()
+    candidate = Bubblewrap(bwrap=found, read_only=tuple(read_only))
+    with tempfile.TemporaryDirectory(prefix="tether-probe-") as scratch:
+        tree = Path(scratch)
+        argv = candidate.wrap(["true"], tree=tree, home=tree)
+        with anyio.move_on_after(PROBE_TIMEOUT_S):
+            done = await anyio.run_process(
+                argv, check=False, stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"}
+            )
+            if done.returncode == 0:
+                log.info("sandbox", sandbox="bwrap")
+                return candidate
+            why = done.stderr.decode(errors="replace").strip()[-300:]
+            log.warning("sandbox", sandbox="none", why=f"bwrap probe failed: {why}")
+            return NoSandbox()
+    log.warning("sandbox", sandbox="none", why="bwrap probe timed out")
+    return NoSandbox()
