@@ -1,24 +1,28 @@
-"""A lease as the runner holds it: the supervisor's wire shape, checked and frozen.
+"""A lease as the runner holds it: the contract's lease and when its claim answer arrived.
 
-`claim_answered_at` is when the claim answer arrived, on the runner's monotonic clock: the
-lease was granted no later than that, so it cannot still be valid `ttl_s` after it.
+`claim_answered_at` is on the runner's monotonic clock: the lease was granted no later than
+that, so it cannot still be valid `ttl_s` after it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from runner.errors import SupervisorRefused
-from tether import wire
-from tether.wire import EarlierOutput
+import msgspec
 
-__all__ = ["EarlierOutput", "Lease", "parse_lease"]
+from tether import messages
+from tether.messages import EarlierOutput
+
+__all__ = ["EarlierOutput", "Lease"]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Lease(wire.Lease):
+class Lease(messages.Lease, frozen=True, kw_only=True):
     claim_answered_at: float
+
+    @classmethod
+    def held(cls, lease: messages.Lease, *, answered_at: float) -> Lease:
+        """`lease`, as granted by a claim answer that arrived at `answered_at`."""
+        return cls(**msgspec.structs.asdict(lease), claim_answered_at=answered_at)
 
     def log_context(self) -> dict[str, Any]:
         """The fields every log line about this step carries."""
@@ -28,12 +32,3 @@ class Lease(wire.Lease):
             "attempt": self.attempt,
             "fence": self.fence,
         }
-
-
-def parse_lease(raw: Any, *, answered_at: float) -> Lease:
-    """Check one lease of a claim answer; `SupervisorRefused` names the bad field."""
-    try:
-        fields = wire.Lease.fields_from_wire(raw)
-    except wire.WireError as exc:
-        raise SupervisorRefused(200, "bad_lease", str(exc)) from None
-    return Lease(**fields, claim_answered_at=answered_at)

@@ -1,20 +1,19 @@
-"""The supervisor's runner API (SPEC §5) as calls, with its answers made into types.
+"""The supervisor's runner API (docs/design.md, Runner API) as calls, with its answers read
+into the contract's records.
 
-`report_many` is `report` for several steps in one request (`POST /v1/steps/results`, an
-addition to SPEC §5); each result gets its own answer, turned into what `report` would have
-answered or raised.
+`report_many` is `report` for several steps in one request (`POST /v1/steps/results`); each
+result gets its own answer, turned into what `report` would have answered or raised.
 
 Each call makes exactly one HTTP request; retrying is the caller's decision, because what a
-retry means differs (a claim backs off, a renew races the lease's expiry). Errors come out
-as the runner's own exceptions: `LeaseLost` for any answer saying the step is no longer ours,
-`TokenRejected` for 401/403, `SupervisorUnreachable` for anything worth retrying.
+retry means differs (a claim backs off, a renew races the lease's expiry). An error answer
+becomes the runner's own exception by the contract's table (`tether.wire.runner_action`):
+`LeaseLost` for any answer saying the step is no longer ours, `TokenRejected` for a token
+refused, `SupervisorUnreachable` for anything worth retrying, `SupervisorRefused` for the rest.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from typing import Any
+from typing import TypeVar
 
 import httpx
 
@@ -27,94 +26,79 @@ from runner.errors import (
     TokenRejected,
 )
 from runner.http import make_client
-from runner.lease import Lease, parse_lease
-from tether.wire import API_PREFIX, Outcome, ReleaseReason
+from runner.lease import Lease
+from tether.codec import BadMessage, decode, encode, encode_strict
+from tether.messages import (
+    ClaimAnswer,
+    ClaimRequest,
+    ErrorBody,
+    ItemAnswer,
+    Record,
+    ReleaseRequest,
+    Renewal,
+    RenewRequest,
+    Result,
+    ResultAnswer,
+    ResultsAnswer,
+)
+from tether.wire import API_PREFIX, Outcome, ReleaseReason, RunnerAction, runner_action
+
+__all__ = ["CLAIM_GRACE_S", "Renewal", "ResultReport", "SupervisorClient", "encode_result"]
+
+R = TypeVar("R", bound=Record)
 
 # An answer slower than the long-poll by this much means the supervisor is in trouble.
 CLAIM_GRACE_S = 10.0
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Renewal:
-    ttl_s: float
-    renew_every_s: float
-    cancelled: bool
+# The runner's name for the contract's result (what a step reports, before it names its step).
+ResultReport = Result
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ResultReport:
-    fence: int
-    payload_hash: str
-    output: Any
-    usage: dict[str, int]
-    candidate_sha: str | None = None
-    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def to_wire(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "fence": self.fence,
-            "payload_hash": self.payload_hash,
-            "output": self.output,
-            "usage": self.usage,
-        }
-        if self.candidate_sha is not None:
-            body["candidate_sha"] = self.candidate_sha
-        if self.artifacts:
-            body["artifacts"] = self.artifacts
-        return body
-
-
-def encode_result(step_id: str, report: ResultReport) -> bytes:
-    """One result as an item of `POST /v1/steps/results`, encoded as httpx encodes JSON (UTF-8,
-    no NaN). `ValueError` (or `TypeError`) for a result that cannot be sent at all: a lone
-    surrogate in a model's text, a NaN, an object that is not JSON."""
-    item = {"step_id": step_id, **report.to_wire()}
-    return json.dumps(item, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+def encode_result(step_id: str, report: Result) -> bytes:
+    """One result as an item of `POST /v1/steps/results`. `ValueError` (or `TypeError`) for a
+    result that cannot be sent at all: a lone surrogate in a model's text, a NaN, an object
+    that is not JSON."""
+    return encode_strict(report.for_step(step_id))
 
 
 def _error_of(response: httpx.Response) -> tuple[str, str]:
     """`(code, detail)` of an error answer, tolerant of a body that is not ours."""
     try:
-        body = response.json()
-    except ValueError:
+        body = decode(response.content, ErrorBody)
+    except BadMessage:
         return "unknown", response.text[:200]
-    if isinstance(body, dict):
-        return str(body.get("error", "unknown")), str(body.get("detail", ""))[:500]
-    return "unknown", str(body)[:200]
-
-
-_LOST_CODES = {
-    "stale_fence": LostBecause.STALE_FENCE,
-    "payload_drift": LostBecause.PAYLOAD_DRIFT,
-    "terminal": LostBecause.TERMINAL,
-}
+    return body.error, body.detail[:500]
 
 
 def _step_error(status: int, code: str, detail: str) -> Exception:
     """What an error answer about one step means to the runner."""
-    if status in (401, 403):
+    action = runner_action(status, code)
+    if action is RunnerAction.STOP:
         return TokenRejected(f"{status} {code}: {detail}")
-    if status >= 500 or status in (408, 429):
+    if action is RunnerAction.RETRY:
         return SupervisorUnreachable(f"{status} {code}: {detail}")
-    if status == 404:
-        return LeaseLost(LostBecause.NOT_FOUND, f"supervisor: {code}: {detail}")
-    if status == 409 and code in _LOST_CODES:
-        return LeaseLost(_LOST_CODES[code], f"supervisor: {code}: {detail}")
+    if action is RunnerAction.DROP:
+        because = LostBecause(code) if status == 409 else LostBecause.NOT_FOUND
+        return LeaseLost(because, f"supervisor: {code}: {detail}")
     return SupervisorRefused(status, code, detail)
 
 
-def _item_answer(step_id: str, raw: Any) -> Outcome | Exception:
-    if not isinstance(raw, dict) or raw.get("step_id") != step_id:
+def _answer(response: httpx.Response, into: type[R], what: str) -> R:
+    """The 200 answer `response` holds; a malformed one is `SupervisorRefused`."""
+    try:
+        return decode(response.content, into)
+    except BadMessage as exc:
+        raise SupervisorRefused(200, "bad_answer", f"{what} answer: {exc.detail}") from None
+
+
+def _item_answer(step_id: str, answer: ItemAnswer) -> Outcome | Exception:
+    if answer.step_id != step_id:
         return SupervisorRefused(200, "bad_answer", "results answer out of order")
-    if "outcome" in raw:
-        try:
-            return Outcome(raw["outcome"])
-        except ValueError:
-            return SupervisorRefused(200, "bad_answer", "result answer is malformed")
-    status = raw.get("status")
-    if not isinstance(status, int) or isinstance(status, bool):
+    if answer.outcome is not None:
+        return answer.outcome
+    if answer.status is None:
         return SupervisorRefused(200, "bad_answer", "result answer has no outcome nor status")
-    return _step_error(status, str(raw.get("error", "unknown")), str(raw.get("detail", ""))[:500])
+    return _step_error(answer.status, answer.error or "unknown", (answer.detail or "")[:500])
 
 
 class SupervisorClient:
@@ -143,32 +127,26 @@ class SupervisorClient:
         await self._http.aclose()
 
     async def _post(
-        self,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        content: bytes | None = None,
-        timeout_s: float | None = None,
+        self, path: str, content: bytes, *, timeout_s: float | None = None
     ) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self._token}"}
-        if content is not None:
-            headers["Content-Type"] = "application/json"
+        """POST `content`; an answer saying stop or retry is raised, any other returned."""
+        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
         try:
             response = await self._http.post(
                 API_PREFIX + path,
-                json=body,
                 content=content,
                 headers=headers,
                 timeout=timeout_s or self._timeout_s,
             )
         except httpx.RequestError as exc:  # the network, or an answer httpx cannot decode
             raise SupervisorUnreachable(f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code in (401, 403):
+        if response.status_code >= 400:
             code, detail = _error_of(response)
-            raise TokenRejected(f"{response.status_code} {code}: {detail}")
-        if response.status_code >= 500 or response.status_code in (408, 429):
-            code, detail = _error_of(response)
-            raise SupervisorUnreachable(f"{response.status_code} {code}: {detail}")
+            action = runner_action(response.status_code, code)
+            if action is RunnerAction.STOP:
+                raise TokenRejected(f"{response.status_code} {code}: {detail}")
+            if action is RunnerAction.RETRY:
+                raise SupervisorUnreachable(f"{response.status_code} {code}: {detail}")
         return response
 
     def _lease_error(self, response: httpx.Response) -> Exception:
@@ -178,61 +156,37 @@ class SupervisorClient:
 
     async def claim(self, runner_id: str, capacity: int, wait_s: float) -> list[Lease]:
         """Long-poll for up to `capacity` leases; [] when none came within `wait_s`."""
-        response = await self._post(
-            "/leases/claim",
-            {"runner_id": runner_id, "capacity": capacity, "wait_s": wait_s},
-            timeout_s=wait_s + CLAIM_GRACE_S,
-        )
+        ask = ClaimRequest(runner_id=runner_id, capacity=capacity, wait_s=wait_s)
+        response = await self._post("/leases/claim", encode(ask), timeout_s=wait_s + CLAIM_GRACE_S)
         answered_at = self._clock.now()
         if response.status_code == 204:
             return []
         if response.status_code != 200:
             code, detail = _error_of(response)
             raise SupervisorRefused(response.status_code, code, detail)
-        try:
-            body = response.json()
-        except ValueError:
-            raise SupervisorRefused(200, "bad_answer", "claim answer is not JSON") from None
-        if not isinstance(body, dict) or not isinstance(body.get("leases"), list):
-            raise SupervisorRefused(200, "bad_answer", "claim answer has no 'leases' list")
-        return [parse_lease(raw, answered_at=answered_at) for raw in body["leases"]]
+        answer = _answer(response, ClaimAnswer, "claim")
+        return [Lease.held(lease, answered_at=answered_at) for lease in answer.leases]
 
     async def renew(self, step_id: str, fence: int) -> Renewal:
-        response = await self._post(f"/leases/{step_id}/renew", {"fence": fence})
+        response = await self._post(f"/leases/{step_id}/renew", encode(RenewRequest(fence=fence)))
         if response.status_code != 200:
             raise self._lease_error(response)
-        try:
-            body = response.json()
-            renewal = Renewal(
-                ttl_s=float(body["ttl_s"]),
-                renew_every_s=float(body["renew_every_s"]),
-                cancelled=bool(body["cancelled"]),
-            )
-        except (ValueError, KeyError, TypeError):
-            raise SupervisorRefused(200, "bad_answer", "renew answer is malformed") from None
-        if not renewal.renew_every_s > 0:  # would make the keeper spin
-            raise SupervisorRefused(200, "bad_answer", "renew answer needs renew_every_s > 0")
-        return renewal
+        return _answer(response, Renewal, "renew")
 
     async def release(
         self, step_id: str, fence: int, reason: ReleaseReason, *, retryable: bool, detail: str
     ) -> None:
-        response = await self._post(
-            f"/leases/{step_id}/release",
-            {"fence": fence, "reason": str(reason), "retryable": retryable, "detail": detail},
-        )
+        ask = ReleaseRequest(fence=fence, reason=reason, retryable=retryable, detail=detail)
+        response = await self._post(f"/leases/{step_id}/release", encode(ask))
         if response.status_code != 200:
             raise self._lease_error(response)
 
-    async def report(self, step_id: str, report: ResultReport) -> Outcome:
+    async def report(self, step_id: str, report: Result) -> Outcome:
         """`applied` or `replayed`, both success; `LeaseLost` when the step is not ours."""
-        response = await self._post(f"/steps/{step_id}/result", report.to_wire())
+        response = await self._post(f"/steps/{step_id}/result", encode_strict(report))
         if response.status_code != 200:
             raise self._lease_error(response)
-        try:
-            return Outcome(response.json()["outcome"])
-        except (ValueError, KeyError, TypeError):
-            raise SupervisorRefused(200, "bad_answer", "result answer is malformed") from None
+        return _answer(response, ResultAnswer, "result").outcome
 
     async def report_many(self, items: list[tuple[str, bytes]]) -> list[Outcome | Exception]:
         """One answer per `(step_id, encode_result(...))`, in order: an outcome, or the
@@ -240,15 +194,12 @@ class SupervisorClient:
         supervisor without this route, a body over its limit) raises `SupervisorRefused`; the
         caller then reports one by one."""
         content = b'{"results":[' + b",".join(encoded for _, encoded in items) + b"]}"
-        response = await self._post("/steps/results", content=content)
+        response = await self._post("/steps/results", content)
         if response.status_code != 200:
             code, detail = _error_of(response)
             raise SupervisorRefused(response.status_code, code, detail)
-        try:
-            answers = response.json()["results"]
-        except (ValueError, KeyError, TypeError):
-            raise SupervisorRefused(200, "bad_answer", "results answer is malformed") from None
-        if not isinstance(answers, list) or len(answers) != len(items):
+        answers = _answer(response, ResultsAnswer, "results").results
+        if len(answers) != len(items):
             raise SupervisorRefused(200, "bad_answer", "results answer has the wrong length")
         pairs = zip(items, answers, strict=True)
-        return [_item_answer(step_id, raw) for (step_id, _), raw in pairs]
+        return [_item_answer(step_id, answer) for (step_id, _), answer in pairs]

@@ -17,6 +17,8 @@ import httpx
 import tenacity
 
 from supervisor.ledger.states import TERMINAL
+from tether.codec import encode
+from tether.messages import Approval, Cancel, Record, ReviewDecision
 from tether.wire import plan_hash
 
 TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
@@ -75,24 +77,28 @@ class OperatorClient:
                 f" {_one_line(response.text)}"
             ) from None
 
+    def _send(self, path: str, record: Record) -> Any:
+        headers = {"Content-Type": "application/json"}
+        return self._call("POST", path, content=encode(record), headers=headers)
+
     def submit(self, body: dict[str, Any]) -> Any:
+        """Send a task file as it is: the supervisor reads it into its record and says what is
+        wrong with it, if anything."""
         return self._call("POST", "/v1/tasks", json=body)
 
     def approve(self, task_id: str, plan_hash: str, base_sha: str | None) -> Any:
-        return self._call(
-            "POST",
-            f"/v1/tasks/{task_id}/approve",
-            json={"plan_hash": plan_hash, "base_sha": base_sha},
-        )
+        approval = Approval(plan_hash=plan_hash, base_sha=base_sha)
+        return self._send(f"/v1/tasks/{task_id}/approve", approval)
 
     def cancel(self, task_id: str, reason: str) -> Any:
-        return self._call("POST", f"/v1/tasks/{task_id}/cancel", json={"reason": reason})
+        return self._send(f"/v1/tasks/{task_id}/cancel", Cancel(reason=reason))
 
     def review(self, task_id: str, decision: str | None, note: str) -> Any:
         if decision is None:
             return self._call("GET", f"/v1/tasks/{task_id}/review")
-        body = {"decision": decision, "note": note}
-        return self._call("POST", f"/v1/tasks/{task_id}/review", json=body)
+        return self._send(
+            f"/v1/tasks/{task_id}/review", ReviewDecision(decision=decision, note=note)
+        )
 
     def show(self, task_id: str) -> Any:
         return self._call("GET", f"/v1/tasks/{task_id}")

@@ -3,6 +3,7 @@ noticed. Both refusals are recorded as rejected attempts, never as new states.""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from supervisor.ledger import SqliteLedger, StaleFence
@@ -23,8 +24,7 @@ async def test_only_the_committing_fence_hears_replayed(
 
     with pytest.raises(StaleFence):  # the fenced-out worker comes back after the commit
         await ledger.report(report_for(stale))
-    never_issued = report_for(current)
-    object.__setattr__(never_issued, "fence", 999_999)
+    never_issued = msgspec.structs.replace(report_for(current), fence=999_999)
     with pytest.raises(StaleFence):
         await ledger.report(never_issued)
     assert await ledger.report(report_for(current)) is Outcome.REPLAYED  # its ack was lost

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from supervisor.ledger import (
@@ -18,7 +19,8 @@ from supervisor.ledger import (
     StaleFence,
 )
 from supervisor.ledger.operator import approve
-from tether.wire import EarlierOutput, Outcome, ReleaseReason
+from tether.messages import EarlierOutput
+from tether.wire import Outcome, ReleaseReason
 
 from .conftest import FakeClock, count, make_spec, open_ledger, queued_task, report_for
 
@@ -93,7 +95,7 @@ async def test_a_lease_tells_durations_never_deadlines(ledger: SqliteLedger) -> 
     lease = await claim_one(ledger)
     assert lease.ttl_s == 30
     assert 0 < lease.renew_every_s <= 5  # often enough to acknowledge within accept_window_s
-    assert set(lease.to_wire()) >= {
+    assert set(msgspec.to_builtins(lease)) >= {
         "step_id", "task_id", "attempt", "fence", "payload", "payload_hash", "ttl_s",
         "renew_every_s", "outputs",
     }  # fmt: skip

@@ -161,7 +161,7 @@ LIGHT_CHECK = textwrap.dedent(
 
     ALLOWED = set(sys.stdlib_module_names) | {
         "runner", "tether", "anyio", "httpx", "httpcore", "h11", "idna", "sniffio",
-        "certifi", "structlog", "tenacity", "typing_extensions", "exceptiongroup",
+        "certifi", "structlog", "tenacity", "typing_extensions", "exceptiongroup", "msgspec",
     }
     # Each check below imports only the runner's side; this finder refuses the rest.
     FORBIDDEN = {"supervisor", "starlette", "aiosqlite", "uvicorn"}

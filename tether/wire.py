@@ -1,7 +1,9 @@
-"""The v1 wire protocol: hashing rules, error codes and the shapes both sides exchange.
+"""The v1 wire protocol's rules: hashing, error codes and what each code means to both sides.
 
 Hashes are sha256 over canonical JSON (sorted keys, no insignificant whitespace, UTF-8), so a
 runner and the supervisor compute the same `payload_hash` for the same payload on any machine.
+The messages themselves are the records of `tether.messages`, read and written by
+`tether.codec`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import enum
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 API_PREFIX: Final = "/v1"
@@ -74,8 +77,65 @@ class ErrorCode(enum.StrEnum):
     INTERNAL = "internal"
 
 
+class RunnerAction(enum.StrEnum):
+    """What a runner does with an error answer; each is one of the runner's exceptions."""
+
+    RETRY = "retry"  # SupervisorUnreachable: back off and send it again
+    STOP = "stop"  # TokenRejected: the token is wrong or revoked; stop claiming
+    DROP = "drop"  # LeaseLost: the step is no longer ours; report nothing more about it
+    REFUSED = "refused"  # SupervisorRefused: it will never be accepted as sent
+
+
+@dataclasses.dataclass(frozen=True)
+class Meaning:
+    """An error code's HTTP status, and what a runner does when it hears it."""
+
+    status: int
+    runner: RunnerAction
+
+
+_R = RunnerAction
+ERRORS: Final[Mapping[ErrorCode, Meaning]] = MappingProxyType({
+    ErrorCode.BAD_REQUEST: Meaning(400, _R.REFUSED),
+    ErrorCode.MALFORMED_JSON: Meaning(400, _R.REFUSED),
+    ErrorCode.INVALID_FIELD: Meaning(422, _R.REFUSED),
+    ErrorCode.BODY_TOO_LARGE: Meaning(413, _R.REFUSED),
+    ErrorCode.UNAUTHORIZED: Meaning(401, _R.STOP),
+    ErrorCode.FORBIDDEN: Meaning(403, _R.STOP),
+    ErrorCode.NOT_FOUND: Meaning(404, _R.DROP),
+    ErrorCode.METHOD_NOT_ALLOWED: Meaning(405, _R.REFUSED),
+    ErrorCode.IDEMPOTENCY_CONFLICT: Meaning(409, _R.REFUSED),
+    ErrorCode.PLAN_MISMATCH: Meaning(409, _R.REFUSED),
+    ErrorCode.INVALID_TRANSITION: Meaning(409, _R.REFUSED),
+    ErrorCode.TERMINAL: Meaning(409, _R.DROP),
+    ErrorCode.STALE_FENCE: Meaning(409, _R.DROP),
+    ErrorCode.PAYLOAD_DRIFT: Meaning(409, _R.DROP),
+    ErrorCode.UNAVAILABLE: Meaning(503, _R.RETRY),
+    ErrorCode.INTERNAL: Meaning(500, _R.RETRY),
+})  # fmt: skip
+_BY_CODE: Final = {str(code): meaning for code, meaning in ERRORS.items()}
+
+
+def runner_action(status: int, code: str) -> RunnerAction:
+    """What a runner does with an error answer of `status` carrying `code`.
+
+    A code from the table is read from it. An answer that is not the supervisor's (a proxy's
+    502, a code this runner does not know) is read from its status alone, the same way.
+    """
+    meaning = _BY_CODE.get(code)
+    if meaning is not None and meaning.status == status:
+        return meaning.runner
+    if status in (401, 403):
+        return RunnerAction.STOP
+    if status >= 500 or status in (408, 429):
+        return RunnerAction.RETRY
+    if status == 404:
+        return RunnerAction.DROP
+    return RunnerAction.REFUSED
+
+
 class ReleaseReason(enum.StrEnum):
-    """Why a runner hands a lease back (SPEC §5)."""
+    """Why a runner hands a lease back (docs/design.md, Leases)."""
 
     SHUTDOWN = "shutdown"
     OPERATOR = "operator"  # rejected key, exhausted quota: not counted toward max_attempts
@@ -86,84 +146,3 @@ class ReleaseReason(enum.StrEnum):
 class Outcome(enum.StrEnum):
     APPLIED = "applied"
     REPLAYED = "replayed"
-
-
-class WireError(ValueError):
-    """A message does not have the shape this protocol version gives it."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EarlierOutput:
-    """A committed output of an earlier step of the same task, carried by a lease."""
-
-    step_id: str
-    name: str
-    output: Any
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Lease:
-    """A lease as it crosses the wire (SPEC §5): the supervisor grants it, the runner holds it.
-
-    `ttl_s` and `renew_every_s` are durations, never deadlines: the runner measures them on its
-    own monotonic clock (A3).
-    """
-
-    step_id: str
-    task_id: str
-    name: str
-    kind: str
-    attempt: int
-    fence: int
-    payload: Any
-    payload_hash: str
-    ttl_s: float
-    renew_every_s: float
-    outputs: tuple[EarlierOutput, ...] = ()
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"outputs": [dataclasses.asdict(o) for o in self.outputs]}
-
-    @classmethod
-    def fields_from_wire(cls, raw: Any) -> dict[str, Any]:
-        """The checked fields of one lease of a claim answer; `WireError` names a bad one."""
-        if not isinstance(raw, dict):
-            raise WireError("a lease must be a JSON object")
-        if "payload" not in raw:
-            raise WireError("lease field 'payload' is missing")
-        fields: dict[str, Any] = {"payload": raw["payload"]}
-        for name, kind in _LEASE_FIELDS.items():
-            value = raw.get(name)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise WireError(f"lease field {name!r} is missing or mistyped")
-            fields[name] = (
-                float(value) if isinstance(value, int | float) and name.endswith("_s") else value
-            )
-        if not 0 < fields["renew_every_s"] <= fields["ttl_s"]:
-            raise WireError("lease needs 0 < renew_every_s <= ttl_s")
-        outputs = []
-        for item in raw.get("outputs") or []:
-            if not isinstance(item, dict):
-                raise WireError("lease outputs must be objects")
-            outputs.append(
-                EarlierOutput(
-                    step_id=str(item.get("step_id", "")),
-                    name=str(item.get("name", "")),
-                    output=item.get("output"),
-                )
-            )
-        fields["outputs"] = tuple(outputs)
-        return fields
-
-
-_LEASE_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "step_id": str,
-    "task_id": str,
-    "name": str,
-    "kind": str,
-    "attempt": int,
-    "fence": int,
-    "payload_hash": str,
-    "ttl_s": (int, float),
-    "renew_every_s": (int, float),
-}

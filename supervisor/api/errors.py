@@ -3,36 +3,17 @@ unknown routes, wrong methods and failures nobody foresaw (`internal`, logged he
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import structlog
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from supervisor.ledger import LedgerError, StorageError
-from tether.wire import ErrorCode
+from tether.codec import encode
+from tether.messages import ErrorBody, Record
+from tether.wire import ERRORS, ErrorCode
 
 log = structlog.get_logger("tether.api")
-
-STATUS: Mapping[ErrorCode, int] = {
-    ErrorCode.BAD_REQUEST: 400,
-    ErrorCode.MALFORMED_JSON: 400,
-    ErrorCode.INVALID_FIELD: 422,
-    ErrorCode.BODY_TOO_LARGE: 413,
-    ErrorCode.UNAUTHORIZED: 401,
-    ErrorCode.FORBIDDEN: 403,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.METHOD_NOT_ALLOWED: 405,
-    ErrorCode.IDEMPOTENCY_CONFLICT: 409,
-    ErrorCode.PLAN_MISMATCH: 409,
-    ErrorCode.INVALID_TRANSITION: 409,
-    ErrorCode.TERMINAL: 409,
-    ErrorCode.STALE_FENCE: 409,
-    ErrorCode.PAYLOAD_DRIFT: 409,
-    ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.INTERNAL: 500,
-}
 
 
 class ApiError(Exception):
@@ -44,11 +25,16 @@ class ApiError(Exception):
         self.detail = detail
 
 
-def error_response(code: ErrorCode, detail: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if code is ErrorCode.UNAUTHORIZED else None
-    return JSONResponse(
-        {"error": code.value, "detail": detail}, status_code=STATUS[code], headers=headers
-    )
+def record_response(record: Record, status: int = 200) -> Response:
+    """A record as a JSON answer, written by the one codec."""
+    return Response(encode(record), status_code=status, media_type="application/json")
+
+
+def error_response(code: ErrorCode, detail: str) -> Response:
+    response = record_response(ErrorBody(error=code.value, detail=detail), ERRORS[code].status)
+    if code is ErrorCode.UNAUTHORIZED:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 async def on_api_error(_request: Request, exc: Exception) -> Response:

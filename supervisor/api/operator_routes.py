@@ -13,6 +13,14 @@ from supervisor.api.auth import require, require_pool_access
 from supervisor.api.errors import ApiError
 from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
+from tether.messages import (
+    MAX_TEXT,
+    Approval,
+    Cancel,
+    RepositoryHead,
+    ReviewDecision,
+    TaskCreate,
+)
 from tether.wire import ErrorCode
 
 
@@ -21,40 +29,25 @@ def _ledger(request: Request) -> Ledger:
     return ledger
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    return await rq.json_body(request, request.app.state.settings.max_body_bytes)
-
-
-def parse_task(tenant: str, body: dict[str, Any]) -> TaskSpec:
-    plan = body.get("plan")
-    if not isinstance(plan, dict) or not isinstance(plan.get("steps"), list):
-        raise ApiError(ErrorCode.INVALID_FIELD, "'plan' must be an object with a 'steps' list")
-    steps = []
-    for i, raw in enumerate(plan["steps"]):
-        if not isinstance(raw, dict) or "payload" not in raw:
-            raise ApiError(
-                ErrorCode.INVALID_FIELD, f"plan.steps[{i}] must be {{name, kind, payload}}"
-            )
-        steps.append(
-            StepSpec(name=rq.text(raw, "name"), kind=rq.text(raw, "kind"), payload=raw["payload"])
-        )
+def task_spec(tenant: str, ask: TaskCreate) -> TaskSpec:
+    """What the ledger is asked to create, for `tenant`."""
     return TaskSpec(
         tenant=tenant,
-        idempotency_key=rq.text(body, "idempotency_key"),
-        steps=tuple(steps),
-        repository=rq.optional_text(body, "repository"),
-        base_sha=rq.optional_text(body, "base_sha"),
-        requirement_revision=rq.optional_text(body, "requirement_revision"),
-        allowed_paths=rq.text_list(body, "allowed_paths"),
-        expected_checks=rq.text_list(body, "expected_checks"),
-        owner=rq.optional_text(body, "owner"),
-        pool=rq.optional_text(body, "pool") or "default",
+        idempotency_key=ask.idempotency_key,
+        steps=tuple(StepSpec(name=s.name, kind=s.kind, payload=s.payload) for s in ask.plan.steps),
+        repository=ask.repository,
+        base_sha=ask.base_sha,
+        requirement_revision=ask.requirement_revision,
+        allowed_paths=ask.allowed_paths,
+        expected_checks=ask.expected_checks,
+        owner=ask.owner,
+        pool=ask.pool or "default",
     )
 
 
 async def create_task(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
-    spec = parse_task(who.scope, await _body(request))
+    spec = task_spec(who.scope, await rq.read(request, TaskCreate))
     require_pool_access(who.scope, spec.pool, request.app.state.settings.shared_pool_names)
     created = await _ledger(request).create_task(spec)
     view = await _ledger(request).task(created.task_id, who.scope)
@@ -83,19 +76,17 @@ async def get_task(request: Request) -> Response:
 
 async def approve(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
-    body = await _body(request)
+    ask = await rq.read(request, Approval)
     task_id = request.path_params["task_id"]
-    await _ledger(request).approve(
-        who.scope, task_id, rq.text(body, "plan_hash", limit=64), rq.optional_text(body, "base_sha")
-    )
+    await _ledger(request).approve(who.scope, task_id, ask.plan_hash, ask.base_sha)
     return JSONResponse(await _ledger(request).task(task_id, who.scope))
 
 
 async def cancel(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
-    body = await _body(request)
+    ask = await rq.read(request, Cancel)
     task_id = request.path_params["task_id"]
-    await _ledger(request).cancel(who.scope, task_id, rq.free_text(body, "reason") or "cancelled")
+    await _ledger(request).cancel(who.scope, task_id, ask.reason[:MAX_TEXT] or "cancelled")
     return JSONResponse(await _ledger(request).task(task_id, who.scope))
 
 
@@ -123,17 +114,15 @@ async def review(request: Request) -> Response:
 
 async def record_review(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
-    body = await _body(request)
+    ask = await rq.read(request, ReviewDecision)
     task_id = request.path_params["task_id"]
-    await _ledger(request).record_review(
-        who.scope, task_id, rq.text(body, "decision"), rq.free_text(body, "note")
-    )
+    await _ledger(request).record_review(who.scope, task_id, ask.decision, ask.note[:MAX_TEXT])
     return JSONResponse(await _ledger(request).review(task_id, who.scope))
 
 
 async def repository_head(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
-    sha = rq.text((await _body(request)), "sha", limit=128)
+    sha = (await rq.read(request, RepositoryHead)).sha
     name = request.path_params["name"]
     await _ledger(request).set_repository_head(who.scope, name, sha)
     return JSONResponse({"repository": name, "head_sha": sha})

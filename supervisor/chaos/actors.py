@@ -15,11 +15,10 @@ from random import Random
 from typing import Any
 
 from supervisor.ledger import effects, fencing, identity, operator
-from supervisor.ledger.effects import Report
-from supervisor.ledger.fencing import Renewal
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from supervisor.ledger.tx import Tx
-from tether.wire import Lease, ReleaseReason
+from tether.messages import Lease, Renewal, Report
+from tether.wire import ReleaseReason
 
 OPERATOR = "operator"
 POOL = "default"

@@ -14,13 +14,14 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from supervisor.ledger.effects import Report, tokens_spent
+from supervisor.ledger.effects import tokens_spent
 from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift
-from supervisor.ledger.fencing import UNCOUNTED_RELEASES, Renewal
+from supervisor.ledger.fencing import UNCOUNTED_RELEASES
 from supervisor.ledger.identity import Created, TaskSpec, step_id_for
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import LedgerConfig
-from tether.wire import Lease, Outcome, ReleaseReason, content_hash
+from tether.messages import Lease, Renewal, Report
+from tether.wire import Outcome, ReleaseReason, content_hash
 
 TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 

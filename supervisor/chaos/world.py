@@ -28,10 +28,10 @@ from supervisor.chaos.harness import START, Harness
 from supervisor.chaos.observer import Consumer, Observer
 from supervisor.ledger import reaper, views
 from supervisor.ledger.batch import RuleCrashed
-from supervisor.ledger.effects import Report
 from supervisor.ledger.errors import LedgerError, Refused
 from supervisor.ledger.invariants import find_violations
 from supervisor.ledger.tx import Tx
+from tether.messages import Report
 from tether.wire import Outcome, ReleaseReason, content_hash
 
 

@@ -8,7 +8,6 @@ of rules); `store` runs them behind one writer with group commit; `port` is the 
 adapters use.
 """
 
-from supervisor.ledger.effects import Report
 from supervisor.ledger.errors import (
     IdempotencyConflict,
     IntegrityCheckFailed,
@@ -24,14 +23,13 @@ from supervisor.ledger.errors import (
     StorageError,
     TerminalState,
 )
-from supervisor.ledger.fencing import Renewal
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from supervisor.ledger.port import Ledger
 from supervisor.ledger.states import ALLOWED, TERMINAL, AttemptState, StepState, TaskState
 from supervisor.ledger.store import SqliteLedger
 from supervisor.ledger.tokens import Principal, Role
 from supervisor.ledger.tx import LedgerConfig, Tx
-from tether.wire import Lease
+from tether.messages import Lease, Renewal, Report
 
 __all__ = [
     "ALLOWED",

@@ -8,9 +8,7 @@ the step is committed and the event appended. A report for a step already commit
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
-from typing import Any
 
 from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
 from supervisor.ledger.fencing import end_attempt, find_step, require_current
@@ -18,19 +16,8 @@ from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, dumps
 from supervisor.ledger.verification import verify
+from tether.messages import Report
 from tether.wire import Outcome, effect_key
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Report:
-    step_id: str
-    fence: int
-    payload_hash: str
-    output: Any
-    usage: dict[str, int] = dataclasses.field(default_factory=dict)
-    candidate_sha: str | None = None
-    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
-
 
 # A tenant's running total saturates here rather than overflow SQLite's 64-bit integer.
 TOKENS_CEILING = 2**62

@@ -11,37 +11,23 @@ was lost on the wire) is reaped early instead of stranding its step for a whole 
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
-from typing import Any
 
 from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, loads
-from tether.wire import EarlierOutput, Lease, ReleaseReason
+from tether.messages import MAX_CAPACITY, EarlierOutput, Lease, Renewal
+from tether.wire import ReleaseReason
 
 # Releases that say nothing about the step itself: they never count toward max_attempts.
 UNCOUNTED_RELEASES = frozenset({ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN})
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Renewal:
-    ttl_s: float
-    renew_every_s: float
-    cancelled: bool
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def next_fence(tx: Tx) -> int:
     row = tx.one("UPDATE counters SET value = value + 1 WHERE name = 'fence' RETURNING value")
     assert row is not None
     return int(row["value"])
-
-
-MAX_CAPACITY = 256  # leases one claim may ask for
 
 
 def claim(tx: Tx, runner_id: str, pool: str, capacity: int) -> list[Lease]:

@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from supervisor.ledger.counts import LedgerCounts
-from supervisor.ledger.effects import Report
-from supervisor.ledger.fencing import Renewal
 from supervisor.ledger.identity import Created, TaskSpec
 from supervisor.ledger.tokens import Principal
-from tether.wire import Lease, Outcome, ReleaseReason
+from tether.messages import Lease, Renewal, Report
+from tether.wire import Outcome, ReleaseReason
 
 
 class Ledger(Protocol):

@@ -41,8 +41,9 @@ from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
 from tether.broadcast import Broadcast
-from tether.wire import Lease, ReleaseReason
+from tether.messages import Lease, Renewal, Report
 from tether.wire import Outcome as ResultOutcome
+from tether.wire import ReleaseReason
 
 T = TypeVar("T")
 Clock = Callable[[], float]
@@ -224,7 +225,7 @@ class SqliteLedger:
             with anyio.move_on_after(remaining):
                 await armed.wait()
 
-    async def renew(self, step_id: str, fence: int, pool: str | None = None) -> fencing.Renewal:
+    async def renew(self, step_id: str, fence: int, pool: str | None = None) -> Renewal:
         renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))
         self.counters.leases_renewed += 1
         return renewal
@@ -243,7 +244,7 @@ class SqliteLedger:
         )
         self.counters.leases_released += 1
 
-    async def report(self, rep: effects.Report, pool: str | None = None) -> ResultOutcome:
+    async def report(self, rep: Report, pool: str | None = None) -> ResultOutcome:
         outcome = await self.write(lambda tx: effects.report(tx, rep, pool))
         self.counters.commits[outcome] += 1
         return outcome

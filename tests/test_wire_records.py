@@ -1,0 +1,192 @@
+"""The wire contract's records: each survives the codec unchanged, a bad message is refused with
+the code the API answers, and both sides speak through the very same classes."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from tether import messages as m
+from tether.codec import BadMessage, decode, encode, encode_strict
+from tether.wire import ERRORS, ErrorCode, Outcome, ReleaseReason, RunnerAction, runner_action
+
+from .conftest import ApiHarness
+
+LEASE = m.Lease(
+    step_id="t.1", task_id="t", name="draft", kind="chat", attempt=2, fence=7,
+    payload={"messages": [{"role": "user", "content": "héllo"}]}, payload_hash="a" * 64,
+    ttl_s=30.0, renew_every_s=5.0,
+    outputs=(m.EarlierOutput(step_id="t.0", name="outline", output={"text": "x", "n": [1, 2.5]}),),
+)  # fmt: skip
+RESULT = m.Result(
+    fence=7, payload_hash="a" * 64, output={"text": "done", "none": None},
+    usage={"total_tokens": 12}, candidate_sha="c" * 40, artifacts={"tests": "d" * 64},
+)  # fmt: skip
+
+RECORDS: list[m.Record] = [
+    m.ClaimRequest(runner_id="r1", capacity=4, wait_s=2.5),
+    LEASE,
+    m.ClaimAnswer(leases=(LEASE, LEASE)),
+    m.RenewRequest(fence=7),
+    m.Renewal(ttl_s=30.0, renew_every_s=5.0, cancelled=False),
+    m.ReleaseRequest(fence=7, reason=ReleaseReason.OPERATOR, retryable=True, detail="no key"),
+    m.Released(),
+    RESULT,
+    m.Result(fence=0, payload_hash="h", output=None),
+    RESULT.for_step("t.1"),
+    m.Results(results=(RESULT.for_step("t.1"), RESULT.for_step("u.0"))),
+    m.ResultAnswer(outcome=Outcome.REPLAYED),
+    m.ResultsAnswer(
+        results=(
+            m.ItemAnswer(step_id="t.1", outcome=Outcome.APPLIED),
+            m.ItemAnswer(step_id="u.0", status=409, error="stale_fence", detail="fence 3"),
+        )
+    ),
+    m.ErrorBody(error="not_found", detail="no step t.9"),
+    m.TaskCreate(
+        idempotency_key="k",
+        plan=m.Plan(steps=(m.PlanStep(name="a", kind="chat", payload=[1]),)),
+        repository="repo",
+        base_sha="b" * 40,
+        allowed_paths=("src/",),
+        expected_checks=("tests",),
+        owner="ops",
+        pool="gpu",
+    ),
+    m.Approval(plan_hash="p" * 64, base_sha=None),
+    m.Cancel(reason="not needed"),
+    m.ReviewDecision(decision="accept", note="fine"),
+    m.RepositoryHead(sha="e" * 40),
+]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
+def test_every_record_survives_the_codec(record: m.Record) -> None:
+    assert decode(encode(record), type(record)) == record
+
+
+def test_every_message_class_has_a_round_trip_above() -> None:
+    classes = {
+        c for c in vars(m).values()
+        if isinstance(c, type) and issubclass(c, m.Record) and c is not m.Record
+    }  # fmt: skip
+    inside_others = {m.EarlierOutput, m.Plan, m.PlanStep, m.ItemAnswer}
+    missing = classes - {type(r) for r in RECORDS} - inside_others
+    assert not missing
+
+
+def test_a_result_leaves_out_what_it_does_not_carry() -> None:
+    """As before the records: no `candidate_sha` nor `artifacts` unless the step made them."""
+    wire = msgspec.json.decode(encode(m.Result(fence=1, payload_hash="h", output="x")))
+    assert wire == {"fence": 1, "payload_hash": "h", "output": "x"}
+
+
+def refused(raw: bytes, into: type[m.Record]) -> BadMessage:
+    with pytest.raises(BadMessage) as caught:
+        decode(raw, into)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("raw", "into", "code", "words"),
+    [
+        (b"", m.RenewRequest, ErrorCode.MALFORMED_JSON, "empty"),
+        (b"{oops", m.RenewRequest, ErrorCode.MALFORMED_JSON, "not valid JSON"),
+        (b"[1]", m.RenewRequest, ErrorCode.MALFORMED_JSON, "JSON object"),
+        (b'{"fence": NaN}', m.RenewRequest, ErrorCode.MALFORMED_JSON, "not valid JSON"),
+        # Not JSON canonical hashing could take, though the unknown field would be dropped.
+        (b'{"pad": 1e999}', m.RenewRequest, ErrorCode.MALFORMED_JSON, "not valid JSON"),
+        (b'{"fence": true}', m.RenewRequest, ErrorCode.INVALID_FIELD, "'fence'"),
+        (b'{"fence": -1}', m.RenewRequest, ErrorCode.INVALID_FIELD, "'fence'"),
+        (b'{"fence": 4611686018427387905}', m.RenewRequest, ErrorCode.INVALID_FIELD, "'fence'"),
+        (b"{}", m.RenewRequest, ErrorCode.INVALID_FIELD, "'fence' is required"),
+        (b'{"runner_id": "", "capacity": 1}', m.ClaimRequest, ErrorCode.INVALID_FIELD,
+         "'runner_id'"),
+        (b'{"runner_id": "r", "capacity": 257}', m.ClaimRequest, ErrorCode.INVALID_FIELD,
+         "'capacity'"),
+        (b'{"fence": 1, "reason": "bored", "retryable": true}', m.ReleaseRequest,
+         ErrorCode.INVALID_FIELD, "'reason'"),
+        (b'{"fence": 1, "payload_hash": "h", "output": 1, "usage": {"total_tokens": -1}}',
+         m.Result, ErrorCode.INVALID_FIELD, "'usage[...]': expected `int` >= 0"),
+        (b'{"results": [{"step_id": "s", "fence": 1, "payload_hash": "h"}]}', m.Results,
+         ErrorCode.INVALID_FIELD, "'results[0].output' is required"),
+        (b'{"results": []}', m.Results, ErrorCode.INVALID_FIELD, "'results'"),
+        (b'{"idempotency_key": "k", "plan": {"steps": [{"name": "a", "kind": "c"}]}}',
+         m.TaskCreate, ErrorCode.INVALID_FIELD, "'plan.steps[0].payload' is required"),
+    ],
+)  # fmt: skip
+def test_a_bad_message_is_refused_with_the_apis_code(
+    raw: bytes, into: type[m.Record], code: ErrorCode, words: str
+) -> None:
+    error = refused(raw, into)
+    assert error.code is code
+    assert words in error.detail
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"leases": [{"step_id": "s"}]}',
+        b'{"leases": [{"step_id": "s", "task_id": "t", "name": "n", "kind": "k", "attempt": 1,'
+        b' "fence": 1, "payload": 1, "payload_hash": "h", "ttl_s": 3, "renew_every_s": 0}]}',
+        b'{"leases": [{"step_id": "s", "task_id": "t", "name": "n", "kind": "k", "attempt": 1,'
+        b' "fence": 1, "payload": 1, "payload_hash": "h", "ttl_s": 3, "renew_every_s": 4}]}',
+    ],
+)
+def test_a_lease_a_runner_could_not_keep_is_refused(raw: bytes) -> None:
+    assert refused(raw, m.ClaimAnswer).code is ErrorCode.INVALID_FIELD
+
+
+def test_a_result_json_cannot_hold_is_refused_not_changed() -> None:
+    with pytest.raises(ValueError, match="NaN"):
+        encode_strict(m.Result(fence=1, payload_hash="h", output={"x": [float("nan")]}))
+    with pytest.raises(UnicodeEncodeError):
+        encode_strict(m.Result(fence=1, payload_hash="h", output="\ud800"))
+    assert encode_strict(RESULT) == encode(RESULT)
+
+
+def test_every_error_code_has_one_status_and_one_runner_action() -> None:
+    assert set(ERRORS) == set(ErrorCode)
+    assert runner_action(409, "stale_fence") is RunnerAction.DROP
+    assert runner_action(409, "plan_mismatch") is RunnerAction.REFUSED
+    # An answer that is not the supervisor's is read by its status.
+    assert runner_action(502, "bad gateway") is RunnerAction.RETRY
+    assert runner_action(429, "unknown") is RunnerAction.RETRY
+    assert runner_action(409, "not_found") is RunnerAction.REFUSED
+
+
+def test_the_runner_and_the_supervisor_use_the_same_classes() -> None:
+    """Identity, not lookalikes: one definition of each message on both sides."""
+    import runner.lease
+    import runner.supervisor_client as client
+    import supervisor.api.errors as api_errors
+    import supervisor.api.runner_routes as routes
+    from supervisor import ledger
+    from supervisor.ledger import effects, fencing
+
+    assert ledger.Report is effects.Report is routes.Report is m.Report
+    assert ledger.Renewal is fencing.Renewal is client.Renewal is m.Renewal
+    assert ledger.Lease is fencing.Lease is m.Lease
+    assert issubclass(runner.lease.Lease, m.Lease)
+    assert runner.lease.EarlierOutput is m.EarlierOutput
+    assert client.ResultReport is m.Result
+    assert routes.Result is m.Result
+    assert api_errors.ERRORS is ERRORS
+
+
+async def test_the_runner_reads_what_the_supervisor_writes(api: ApiHarness) -> None:
+    """A claim answer, as the supervisor's API writes it, reads into the runner's records."""
+    task = await api.queued("contract")
+    ask = m.ClaimRequest(runner_id="r1", capacity=1)
+    answer = await api.client.post(
+        "/v1/leases/claim", headers={**api.runner, "Content-Type": "application/json"},
+        content=encode(ask),
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    [lease] = decode(answer.content, m.ClaimAnswer).leases
+    assert (lease.task_id, lease.attempt, lease.outputs) == (task["id"], 1, ())
+    renewed = await api.client.post(
+        f"/v1/leases/{lease.step_id}/renew", headers=api.runner,
+        content=encode(m.RenewRequest(fence=lease.fence)),
+    )  # fmt: skip
+    assert decode(renewed.content, m.Renewal).cancelled is False

@@ -1,0 +1,239 @@
+"""Every message of the v1 API as a typed record: what a runner, an operator and the supervisor
+send each other, with the limits each field must keep.
+
+Both sides import these classes, so a message has one shape in one place; `tether.codec`
+reads a body into its record (checking the limits as it reads) and writes a record out. The
+records are frozen and keyword-only; a field a client adds that is not here is ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome, ReleaseReason
+
+MAX_CAPACITY: Final = 256  # leases one claim may ask for
+MAX_FENCE: Final = 2**62
+# Tokens in one step's report. Bounded so that a tenant's running total always fits SQLite's
+# 64-bit integers: an unbounded count would fail the commit itself, and the runner could never
+# report that step.
+MAX_USAGE: Final = 10**12
+# Free text (a release's detail, a cancel's reason, a review's note) is cut to this length.
+MAX_TEXT: Final = 10_000
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+Hash = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+Sha = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+Fence = Annotated[int, msgspec.Meta(ge=0, le=MAX_FENCE)]
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_USAGE)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+Interval = Annotated[float, msgspec.Meta(gt=0)]  # 0 would make a runner's keeper spin
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True):
+    """The base of every message: frozen, keyword-only. (Each record repeats the two flags:
+    type checkers read them per class.)"""
+
+
+# -- the runner's API (docs/design.md, Runner API) -----------------------------------------
+
+
+class ClaimRequest(Record, frozen=True, kw_only=True):
+    """`POST /v1/leases/claim`: up to `capacity` leases, waiting up to `wait_s` for one."""
+
+    runner_id: Name
+    capacity: Annotated[int, msgspec.Meta(ge=1, le=MAX_CAPACITY)]
+    wait_s: Seconds = 0.0  # at most the supervisor's `claim_wait_max_s`, checked there
+
+
+class EarlierOutput(Record, frozen=True, kw_only=True):
+    """A committed output of an earlier step of the same task, carried by a lease."""
+
+    step_id: str
+    name: str
+    output: Any
+
+
+class Lease(Record, frozen=True, kw_only=True):
+    """A lease as it crosses the wire: the supervisor grants it, the runner holds it.
+
+    `ttl_s` and `renew_every_s` are durations, never deadlines: the runner measures them on its
+    own monotonic clock.
+    """
+
+    step_id: str
+    task_id: str
+    name: str
+    kind: str
+    attempt: int
+    fence: int
+    payload: Any
+    payload_hash: str
+    ttl_s: float
+    renew_every_s: Interval
+    outputs: tuple[EarlierOutput, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.renew_every_s > self.ttl_s:
+            raise ValueError("a lease needs renew_every_s <= ttl_s")
+
+
+class ClaimAnswer(Record, frozen=True, kw_only=True):
+    """The answer of a claim that got leases (one that got none is a bare 204)."""
+
+    leases: tuple[Lease, ...]
+
+
+class RenewRequest(Record, frozen=True, kw_only=True):
+    """`POST /v1/leases/{step_id}/renew`."""
+
+    fence: Fence
+
+
+class Renewal(Record, frozen=True, kw_only=True):
+    """The answer of a renew: the lease runs `ttl_s` more, unless the task was cancelled."""
+
+    ttl_s: Seconds
+    renew_every_s: Interval
+    cancelled: bool
+
+
+class ReleaseRequest(Record, frozen=True, kw_only=True):
+    """`POST /v1/leases/{step_id}/release`: the runner hands the lease back."""
+
+    fence: Fence
+    reason: ReleaseReason
+    retryable: bool
+    detail: str = ""
+
+
+class Released(Record, frozen=True, kw_only=True):
+    """The answer of a release."""
+
+    released: bool = True
+
+
+class Result(Record, frozen=True, kw_only=True, omit_defaults=True):
+    """`POST /v1/steps/{step_id}/result`: one step's output, under the fence that made it."""
+
+    fence: Fence
+    payload_hash: Hash
+    output: Any
+    usage: dict[str, Tokens] = {}
+    candidate_sha: Sha | None = None
+    artifacts: dict[str, str] = {}
+
+    def for_step(self, step_id: str) -> Report:
+        """This result naming its step, as the batch route and the ledger take it."""
+        return Report(
+            step_id=step_id,
+            fence=self.fence,
+            payload_hash=self.payload_hash,
+            output=self.output,
+            usage=self.usage,
+            candidate_sha=self.candidate_sha,
+            artifacts=self.artifacts,
+        )
+
+
+class Report(Result, frozen=True, kw_only=True, omit_defaults=True):
+    """A result that names its step: an item of `POST /v1/steps/results`, and what the
+    ledger commits."""
+
+    step_id: Name
+
+
+class Results(Record, frozen=True, kw_only=True):
+    """`POST /v1/steps/results`: the results ready at the same moment, each its own step's."""
+
+    results: Annotated[
+        tuple[Report, ...], msgspec.Meta(min_length=1, max_length=RESULTS_PER_REQUEST_MAX)
+    ]
+
+
+class ResultAnswer(Record, frozen=True, kw_only=True):
+    """The answer of a result: `applied`, or `replayed` for a step already committed."""
+
+    outcome: Outcome
+
+
+class ItemAnswer(Record, frozen=True, kw_only=True, omit_defaults=True):
+    """One result's answer in a batch: `outcome`, or the `status`, `error` and `detail` the
+    single route would have answered."""
+
+    step_id: str
+    outcome: Outcome | None = None
+    status: int | None = None
+    error: str | None = None
+    detail: str | None = None
+
+
+class ResultsAnswer(Record, frozen=True, kw_only=True):
+    """The answers of `POST /v1/steps/results`, one per result, in order."""
+
+    results: tuple[ItemAnswer, ...]
+
+
+class ErrorBody(Record, frozen=True, kw_only=True):
+    """Every error on the wire: a stable code (a `tether.wire.ErrorCode`) and a sentence."""
+
+    error: str
+    detail: str = ""
+
+
+# -- the operator's API (docs/design.md, Operator API) -------------------------------------
+
+
+class PlanStep(Record, frozen=True, kw_only=True):
+    """One step of a plan; only these three fields are part of the plan and its hash."""
+
+    name: Name
+    kind: Name
+    payload: Any
+
+
+class Plan(Record, frozen=True, kw_only=True):
+    steps: tuple[PlanStep, ...]
+
+
+class TaskCreate(Record, frozen=True, kw_only=True):
+    """`POST /v1/tasks`. The fields after `plan` are declarations for the review record."""
+
+    idempotency_key: Name
+    plan: Plan
+    repository: Name | None = None
+    base_sha: Name | None = None
+    requirement_revision: Name | None = None
+    allowed_paths: tuple[NonEmpty, ...] = ()
+    expected_checks: tuple[NonEmpty, ...] = ()
+    owner: Name | None = None
+    pool: Name | None = None  # the tenant's `default` pool when absent
+
+
+class Approval(Record, frozen=True, kw_only=True):
+    """`POST /v1/tasks/{task_id}/approve`: the plan approved, by its hash."""
+
+    plan_hash: Hash
+    base_sha: Name | None = None
+
+
+class Cancel(Record, frozen=True, kw_only=True):
+    """`POST /v1/tasks/{task_id}/cancel`."""
+
+    reason: str = ""
+
+
+class ReviewDecision(Record, frozen=True, kw_only=True):
+    """`POST /v1/tasks/{task_id}/review`: `accept` or `reject`, with a note."""
+
+    decision: Name
+    note: str = ""
+
+
+class RepositoryHead(Record, frozen=True, kw_only=True):
+    """`PUT /v1/repositories/{name}/head`: the commit the repository's head is now at."""
+
+    sha: Sha
