@@ -14,7 +14,9 @@ IDENTITY = {
 
 FILES = {
     "src/app.py": "def answer():\n    return 41\n",
-    "tests/test_app.py": "from app import answer\n\ndef test_answer():\n    assert answer() == 42\n",
+    "tests/test_app.py": (
+        "from app import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"
+    ),
     "README.md": "# demo\n",
 }
 

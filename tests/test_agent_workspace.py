@@ -62,9 +62,8 @@ async def test_the_candidate_sha_depends_only_on_the_step_and_the_changes(
             shas.append(await ws.commit(step_id=step_id, paths=["src/"]))
             who = sh("git", "log", "-1", "--format=%an <%ae>|%cn <%ce>|%ad", "--date=raw",
                      cwd=ws.tree).strip()  # fmt: skip
-            assert who == f"tether <tether@localhost>|tether <tether@localhost>|" + commit_date(
-                step_id
-            ).lstrip("@")
+            date = commit_date(step_id).lstrip("@")
+            assert who == f"tether <tether@localhost>|tether <tether@localhost>|{date}"
             assert sh("git", "rev-parse", "HEAD^", cwd=ws.tree).strip() == base
     assert shas[0] is not None
     assert shas[0] == shas[1]  # a replayed attempt with the same changes
