@@ -28,8 +28,17 @@ async def test_a_fire_between_the_look_and_the_wait_is_not_lost() -> None:
     armed = signal.armed()  # before looking
     signal.fire()  # lands while the waiter is still looking
     with anyio.fail_after(1):
-        await armed.wait()
+        await signal.wait(armed, 5)
+    assert armed.is_set()
     assert not signal.armed().is_set()  # armed after the fire: waits for the next one
+
+
+async def test_wait_gives_up_after_its_seconds() -> None:
+    signal = Broadcast()
+    armed = signal.armed()
+    with anyio.fail_after(1):
+        await signal.wait(armed, 0.01)
+    assert not armed.is_set()
 
 
 async def test_wait_for_returns_once_the_condition_holds() -> None:

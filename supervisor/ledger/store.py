@@ -222,8 +222,7 @@ class SqliteLedger:
             if leases or remaining <= 0:
                 self.counters.leases_granted += len(leases)
                 return leases
-            with anyio.move_on_after(remaining):
-                await armed.wait()
+            await self._work[pool].wait(armed, remaining)
 
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> Renewal:
         renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))
@@ -279,8 +278,7 @@ class SqliteLedger:
             remaining = deadline - anyio.current_time()
             if found or remaining <= 0:
                 return found
-            with anyio.move_on_after(remaining):
-                await armed.wait()
+            await self._events.wait(armed, remaining)
 
     async def task_exists(self, task_id: str, tenant: str | None) -> None:
         await self.read(lambda db: views._task_row(db, tenant, task_id))
