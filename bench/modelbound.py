@@ -22,15 +22,15 @@ from bench.procs import JsonLines
 from bench.stack import Stack
 from bench.steps import processes_for
 from runner.cli import event_loop_options
-from runner.clock import MonotonicClock
 from runner.http import pooled_transport
 from runner.model_client import ModelClient
+from tether.clocks import LoopClock
 
 BODY = {"model": "standin", "messages": [{"role": "user", "content": "one no-op step"}]}
 
 
 async def _calls(url: str, concurrency: int, seconds: float) -> tuple[int, float]:
-    clock = MonotonicClock()
+    clock = LoopClock()
     model = ModelClient(base_url=url, clock=clock, transport=pooled_transport(concurrency))
     calls = 0
     start = time.monotonic()

@@ -19,7 +19,6 @@ import anyio
 import httpx
 import structlog
 
-from runner.clock import MonotonicClock
 from runner.credentials import SecretMissing, SecretSource
 from runner.daemon import Runner
 from runner.http import pooled_transport
@@ -28,6 +27,7 @@ from runner.model_client import ModelClient
 from runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
 from runner.supervisor_client import SupervisorClient
 from tether.cli_support import USAGE_EXIT, Parser
+from tether.clocks import LoopClock
 from tether.logs import configure_logging
 from tether.sdnotify import Notifier
 from tether.settings import SettingsError, config_file_from, load_settings
@@ -134,7 +134,7 @@ async def serve(
     model_transport: httpx.AsyncBaseTransport | None = None,
 ) -> int:
     """Run the daemon with signal handling; answers the exit code."""
-    clock = MonotonicClock()
+    clock = LoopClock()
     supervisor = SupervisorClient(
         base_url=settings.supervisor_url,
         token=token_value,

@@ -35,7 +35,6 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from runner.clock import Clock, MonotonicClock
 from runner.credentials import SecretMissing, SecretSource
 from runner.errors import (
     OperatorProblem,
@@ -51,6 +50,7 @@ from runner.settings import RunnerSettings
 from runner.step import StepRun
 from runner.supervisor_client import SupervisorClient
 from tether.broadcast import Broadcast
+from tether.clocks import LoopClock, MonotonicClock
 from tether.sdnotify import Notifier
 
 log = structlog.get_logger("runner")
@@ -76,7 +76,7 @@ class Runner:
         model_key: SecretSource,
         token: SecretSource | None = None,
         kinds: KindRegistry | None = None,
-        clock: Clock | None = None,
+        clock: MonotonicClock | None = None,
         notifier: Notifier | None = None,
         backoff_max_s: float = 30.0,
     ) -> None:
@@ -87,7 +87,7 @@ class Runner:
         self._model_key = model_key
         self._token = token
         self._kinds = kinds or KindRegistry.default()
-        self._clock = clock or MonotonicClock()
+        self._clock = clock or LoopClock()
         self._notifier = notifier or Notifier({})
         self._backoff_max_s = backoff_max_s
         self._claim_scope = anyio.CancelScope()

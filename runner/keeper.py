@@ -29,7 +29,6 @@ from typing import Any
 
 import anyio
 
-from runner.clock import Clock
 from runner.errors import (
     LeaseLost,
     LostBecause,
@@ -39,6 +38,7 @@ from runner.errors import (
 )
 from runner.lease import Lease
 from runner.supervisor_client import SupervisorClient
+from tether.clocks import MonotonicClock
 
 
 class LeaseKeeper:
@@ -47,7 +47,7 @@ class LeaseKeeper:
         *,
         lease: Lease,
         client: SupervisorClient,
-        clock: Clock,
+        clock: MonotonicClock,
         log: Any,
         on_lost: Callable[[LeaseLost], None],
         on_token_rejected: Callable[[str], None] = lambda _detail: None,

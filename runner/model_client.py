@@ -28,11 +28,11 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from runner.clock import Clock
 from runner.errors import OperatorProblem, StepRejected, TransientFailure
 from runner.http import make_client
 from runner.retry_after import HasRetryAfter, parse_retry_after, stop_before_deadline
 from runner.retry_after import wait_retry_after as wait_retry_after_header
+from tether.clocks import MonotonicClock
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -112,7 +112,7 @@ class ModelClient:
         self,
         *,
         base_url: str,
-        clock: Clock,
+        clock: MonotonicClock,
         transport: httpx.AsyncBaseTransport | None = None,
         backoff: wait_base | None = None,
     ) -> None:

@@ -17,7 +17,7 @@ from tenacity import RetryCallState
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from runner.clock import Clock
+from tether.clocks import MonotonicClock
 
 # A provider asking for more than this is treated as asking for this much.
 MAX_RETRY_AFTER_S = 3600.0
@@ -82,7 +82,7 @@ class wait_retry_after(wait_base):
 class stop_before_deadline(stop_base):
     """Stop when sleeping the upcoming wait would reach `deadline` on `clock`."""
 
-    def __init__(self, clock: Clock, deadline: float) -> None:
+    def __init__(self, clock: MonotonicClock, deadline: float) -> None:
         self.clock = clock
         self.deadline = deadline
 

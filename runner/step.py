@@ -21,7 +21,6 @@ import anyio
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_random_exponential
 
-from runner.clock import Clock
 from runner.credentials import SecretMissing, SecretSource
 from runner.errors import (
     LeaseLost,
@@ -41,6 +40,7 @@ from runner.lease import Lease
 from runner.model_client import Completion, ModelClient
 from runner.results import ResultSender
 from runner.supervisor_client import ResultReport, SupervisorClient
+from tether.clocks import MonotonicClock
 from tether.wire import ReleaseReason, content_hash
 
 T = TypeVar("T")
@@ -76,7 +76,7 @@ class StepRun:
         model: ModelClient,
         model_key: SecretSource,
         kinds: KindRegistry,
-        clock: Clock,
+        clock: MonotonicClock,
         host: StepHost,
         default_model: str,
         model_timeout_s: float,

@@ -17,7 +17,6 @@ from typing import TypeVar
 
 import httpx
 
-from runner.clock import Clock
 from runner.errors import (
     LeaseLost,
     LostBecause,
@@ -27,6 +26,7 @@ from runner.errors import (
 )
 from runner.http import make_client
 from runner.lease import Lease
+from tether.clocks import MonotonicClock
 from tether.codec import BadMessage, decode, encode, encode_strict
 from tether.messages import (
     ClaimAnswer,
@@ -109,7 +109,7 @@ class SupervisorClient:
         *,
         base_url: str,
         token: str,
-        clock: Clock,
+        clock: MonotonicClock,
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:

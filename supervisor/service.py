@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import anyio
 import structlog
 
 from supervisor.ledger import SqliteLedger, StorageError
 from supervisor.settings import SupervisorSettings
+from tether.clocks import WallClock
 
 log = structlog.get_logger("tether.supervisor")
 
@@ -57,7 +58,7 @@ async def reap_forever(ledger: SqliteLedger) -> None:
 
 @contextlib.asynccontextmanager
 async def running_ledger(
-    settings: SupervisorSettings, *, clock: Callable[[], float] = time.time, reaper: bool = True
+    settings: SupervisorSettings, *, clock: WallClock = time.time, reaper: bool = True
 ) -> AsyncIterator[SqliteLedger]:
     async with (
         SqliteLedger.open(

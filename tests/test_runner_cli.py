@@ -188,13 +188,13 @@ LIGHT_CHECK = textwrap.dedent(
         importlib.import_module(name)
 
     import anyio
-    from runner.clock import MonotonicClock
+    from tether.clocks import LoopClock
     from runner.errors import SupervisorUnreachable
     from runner.supervisor_client import SupervisorClient
 
     async def touch_the_network_stack():
         client = SupervisorClient(
-            base_url="http://127.0.0.1:%(port)d", token="t", clock=MonotonicClock(),
+            base_url="http://127.0.0.1:%(port)d", token="t", clock=LoopClock(),
             timeout_s=5,
         )
         try:

@@ -393,9 +393,9 @@ def make_rig(
     token_file = tmp_path / "runner-token"
     token_file.write_text(sup.token + "\n")
     cfg = settings(model_key_file=key_file, token_file=token_file, **overrides)
-    from runner.clock import MonotonicClock
+    from tether.clocks import LoopClock
 
-    clk = clock or MonotonicClock()
+    clk = clock or LoopClock()
     runner = Runner(
         settings=cfg,
         supervisor=SupervisorClient(

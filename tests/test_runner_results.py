@@ -11,10 +11,10 @@ import anyio
 import httpx
 import pytest
 
-from runner.clock import MonotonicClock
 from runner.errors import LeaseLost, LostBecause, SupervisorRefused, SupervisorUnreachable
 from runner.results import ResultSender
 from runner.supervisor_client import ResultReport, SupervisorClient
+from tether.clocks import LoopClock
 from tether.wire import Outcome
 
 from .test_runner_fakes import completion, make_lease, make_rig
@@ -227,7 +227,7 @@ async def test_a_result_that_cannot_be_encoded_is_refused_to_its_own_step_only()
         return httpx.Response(200, json={"results": answers})
 
     client = SupervisorClient(
-        base_url="http://supervisor.test", token="t", clock=MonotonicClock(),
+        base_url="http://supervisor.test", token="t", clock=LoopClock(),
         transport=httpx.MockTransport(supervisor),
     )  # fmt: skip
     results = ResultSender(client)

@@ -7,7 +7,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runner.clock import MonotonicClock
 from runner.errors import (
     LeaseLost,
     LostBecause,
@@ -18,6 +17,7 @@ from runner.errors import (
 from runner.supervisor_client import ResultReport, SupervisorClient
 from tests.test_runner_fakes import error, json_response, make_lease, make_rig
 from tests.test_runner_steps import run_until, step_outcomes
+from tether.clocks import LoopClock
 
 REPORT = ResultReport(fence=1, payload_hash="h", output={"text": "x"}, usage={})
 
@@ -32,7 +32,7 @@ def client_answering(*answers: httpx.Response | Exception) -> SupervisorClient:
         return answer
 
     return SupervisorClient(
-        base_url="http://sup", token="t", clock=MonotonicClock(),
+        base_url="http://sup", token="t", clock=LoopClock(),
         transport=httpx.MockTransport(handle),
     )  # fmt: skip
 

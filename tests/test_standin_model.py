@@ -17,9 +17,9 @@ import pytest
 
 import examples.standin_model as standin
 from examples.standin_model import Knobs, create_app, latency_for, main
-from runner.clock import MonotonicClock
 from runner.errors import OperatorProblem, StepRejected
 from runner.model_client import ModelClient
+from tether.clocks import LoopClock
 
 BODY = {
     "model": "stand-in",
@@ -173,7 +173,7 @@ async def test_each_answer_is_held_as_latency_for_says(
 
 async def test_the_runners_model_client_reads_the_stand_in_as_a_provider(knobs: Knobs) -> None:
     transport = httpx.ASGITransport(app=create_app(knobs))
-    client = ModelClient(base_url="http://standin/v1", clock=MonotonicClock(), transport=transport)
+    client = ModelClient(base_url="http://standin/v1", clock=LoopClock(), transport=transport)
     knobs.fail_429, knobs.retry_after_s, knobs.fail_500 = 1, 0, 1
     got = await client.chat(BODY, key=None, deadline=anyio.current_time() + 30)
     assert got.text.endswith("hi there")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,12 +26,13 @@ from supervisor.api.longpoll import LongPolls
 from supervisor.ledger import LedgerError
 from supervisor.service import running_ledger
 from supervisor.settings import SupervisorSettings
+from tether.clocks import WallClock
 
 
 def create_app(
     settings: SupervisorSettings,
     *,
-    clock: Callable[[], float] = time.time,
+    clock: WallClock = time.time,
     reaper: bool = True,
 ) -> Starlette:
     @contextlib.asynccontextmanager

@@ -41,12 +41,12 @@ from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
 from tether.broadcast import Broadcast
+from tether.clocks import WallClock
 from tether.messages import Lease, Renewal, Report
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
 
 T = TypeVar("T")
-Clock = Callable[[], float]
 
 MAX_BATCH = 512
 
@@ -66,7 +66,7 @@ class SqliteLedger:
         path: Path | str,
         *,
         config: LedgerConfig | None = None,
-        clock: Clock = time.time,
+        clock: WallClock = time.time,
         synchronous: str = "FULL",
         new_id: Callable[[], str] = random_id,
     ) -> None:
