@@ -135,7 +135,7 @@ def runner_action(status: int, code: str) -> RunnerAction:
 
 
 class ReleaseReason(enum.StrEnum):
-    """Why a runner hands a lease back (docs/design.md, Leases)."""
+    """Why a runner hands a lease back (docs/design.md, Fencing and leases)."""
 
     SHUTDOWN = "shutdown"
     OPERATOR = "operator"  # rejected key, exhausted quota: not counted toward max_attempts
