@@ -5,8 +5,9 @@ With `Bubblewrap`, the command sees read-only /usr, /bin, /lib*, /sbin and /etc 
 /etc/tether hidden), the worktree and its HOME as the only writable paths, a private /tmp,
 /proc and /dev, and no network (`--unshare-all` gives it its own network namespace with only
 a loopback of its own, and its own PID namespace, so everything it started dies with it).
-Further read-only paths (a toolchain outside /usr, the mirror the worktree's `.git` points
-to) are passed by the caller.
+Further read-only paths (a toolchain outside /usr, e.g. a virtualenv) are passed by the
+caller. The mirror is not among them, so a `git` command run inside the sandbox does not find
+the repository (the worktree's `.git` file points into the mirror).
 
 With `NoSandbox` (no `bwrap`, or bwrap cannot create namespaces here, e.g. inside a container
 that forbids them) the command runs as the runner's own user with the runner's view of the
