@@ -403,3 +403,16 @@ async def test_a_bwrap_that_cannot_make_namespaces_falls_back_to_no_sandbox(
     assert isinstance(await detect_sandbox(), NoSandbox)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert isinstance(await detect_sandbox(), NoSandbox)
+
+
+def test_the_agent_package_exports_its_surface() -> None:
+    import runner.agent
+
+    assert sorted(runner.agent.__all__) == sorted(
+        ["BaseNotFound", "Bubblewrap", "CleanupRecord", "Confinement", "FetchFailed",
+         "NoSandbox", "RepoCache", "Sandbox", "ToolBox", "ToolError", "ToolFailed",
+         "ToolLimits", "ToolLog", "ToolRefused", "ToolResult", "Workspace", "WorkspaceFailed",
+         "commit_date", "detect_sandbox"]
+    )  # fmt: skip
+    for name in runner.agent.__all__:
+        assert getattr(runner.agent, name) is not None
