@@ -7,10 +7,12 @@ command listed exactly in the plan's `allowed_commands` (`runner/agent/command.p
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
+import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -342,7 +344,10 @@ async def _first_lines(
                     break
     finally:
         if process.returncode is None:
-            process.kill()
+            # Not process.kill(): Popen.send_signal first polls, which reaps the child behind
+            # asyncio's watcher and makes its exit code 255.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
         with anyio.CancelScope(shield=True):
             await process.wait()
             error = b""
