@@ -2,7 +2,7 @@
 
 The runner authenticates with bearer tokens and needs no cookies, and the standard library's
 cookie jar reads the wall clock on every answer (`http.cookiejar` stamps `time.time()`), which
-the runner never does (SPEC A3). So its clients carry a jar that refuses to store anything.
+the runner never does (docs/design.md, Borrowed servers). So its clients carry a jar that refuses to store anything.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reading a provider's `Retry-After`, and a tenacity wait and stop built on it.
 
 `Retry-After` is either seconds or an HTTP date. A date is turned into seconds against the
-same answer's own `Date` header, never against this machine's wall clock (SPEC A3); without
+same answer's own `Date` header, never against this machine's wall clock (docs/design.md, Borrowed servers); without
 a `Date` header a date is ignored and the ordinary backoff applies. OpenAI's `retry-after-ms`
 is honoured too. The stop ends the retries when the next wait would overrun the step's
 deadline, measured on the runner's monotonic clock.

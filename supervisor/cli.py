@@ -1,6 +1,6 @@
 """`tether-supervisor`: serve the API, administer the ledger file, drive tasks, explore schedules.
 
-The forms of SPEC §9 are relied on by scripts outside this repository; keep them exactly.
+The forms in docs/design.md, Command line and settings, are relied on by scripts outside this repository; keep them exactly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The supervisor's settings (SPEC §9): defaults < `config/supervisor.toml` < `TETHER_*` < flags.
+"""The supervisor's settings (docs/design.md, Command line and settings): defaults < `config/supervisor.toml` < `TETHER_*` < flags.
 
 Every key here appears, with its default and a comment, in `config/supervisor.toml`.
 """

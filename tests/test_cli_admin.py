@@ -1,4 +1,4 @@
-"""`tether-supervisor` on the ledger file (SPEC §9), in process: tokens, check, backup, budget,
+"""`tether-supervisor` on the ledger file (docs/design.md, Command line and settings), in process: tokens, check, backup, budget,
 `--help` on every command, and one clear line on stderr for every bad usage."""
 
 from __future__ import annotations

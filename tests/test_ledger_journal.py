@@ -1,4 +1,4 @@
-"""The event journal (SPEC §4): one strictly increasing sequence, `after` filtering, and a
+"""The event journal (docs/design.md, Event journal): one strictly increasing sequence, `after` filtering, and a
 long-poll that wakes on a new event."""
 
 from __future__ import annotations

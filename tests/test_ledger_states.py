@@ -1,4 +1,4 @@
-"""The task state machine of SPEC §4, every one of the 8x8 (from, to) pairs, each applied by
+"""The task state machine of docs/design.md, every one of the 8x8 (from, to) pairs, each applied by
 `states.transition` inside a real ledger transaction (`execute_batch`)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from supervisor.ledger.tx import Tx
 from .conftest import Sim, make_spec
 
 S = TaskState
-# SPEC §4, transcribed literally: "Allowed: PLANNED→{APPROVED, CANCELLED}; APPROVED→{QUEUED,
+# The project's contract, transcribed literally: "Allowed: PLANNED→{APPROVED, CANCELLED}; APPROVED→{QUEUED,
 # CANCELLED}; QUEUED→{RUNNING, FAILED, CANCELLED}; RUNNING→{VERIFYING, FAILED, CANCELLED};
 # VERIFYING→{SUCCEEDED, FAILED}. SUCCEEDED, FAILED, CANCELLED are terminal and never transition."
 SPEC_ALLOWED: set[tuple[TaskState, TaskState]] = {

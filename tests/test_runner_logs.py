@@ -1,5 +1,5 @@
 """What the runner says and what it never reads: step context on every step line, no secret in
-any line, and no wall-clock time anywhere (SPEC A3)."""
+any line, and no wall-clock time anywhere (docs/design.md, Borrowed servers)."""
 
 from __future__ import annotations
 

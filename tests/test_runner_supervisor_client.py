@@ -1,4 +1,4 @@
-"""The supervisor client: each answer of SPEC §5 becomes the runner's own type or error."""
+"""The supervisor client: each reply of docs/design.md, Runner API, becomes the runner's own type or error."""
 
 from __future__ import annotations
 

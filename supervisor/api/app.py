@@ -1,4 +1,4 @@
-"""The supervisor's HTTP app (SPEC §5): thin routes over the ledger port.
+"""The supervisor's HTTP app (docs/design.md, Wire protocol v1): thin routes over the ledger port.
 
 The app's lifespan opens the ledger and starts the reaper; tests enter it explicitly when they
 talk to the app through `httpx.ASGITransport`, which does not run lifespans by itself.

@@ -239,7 +239,7 @@ class Observer:
             self.expected_end[task_id] = self._verdict(task_id, spec)
 
     def _verdict(self, task_id: str, spec: TaskSpec) -> Expectation:
-        """What verification must decide once every step is committed (SPEC §4)."""
+        """What verification must decide once every step is committed (docs/design.md, Verification)."""
         if not spec.repository:
             return Expectation(state=TaskState.SUCCEEDED, why="all steps committed")
         head = self.heads.get((spec.tenant, spec.repository))
@@ -320,7 +320,7 @@ def _intent_hash(spec: TaskSpec | None, step_id: str) -> str | None:
 
 @dataclasses.dataclass
 class Consumer:
-    """A status consumer of one task's journal (SPEC §4): applies events in sequence order and
+    """A status consumer of one task's journal (docs/design.md, Event journal): applies events in sequence order and
     ignores any sequence number at or below the last one applied."""
 
     task_id: str
