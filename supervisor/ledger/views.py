@@ -61,7 +61,7 @@ def task_view(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -
         attempts.setdefault(a["step_id"], []).append(
             {
                 "attempt": a["attempt"], "fence": a["fence"], "runner_id": a["runner_id"],
-                "state": a["state"], "reason": a["reason"],
+                "token_id": a["token_id"], "state": a["state"], "reason": a["reason"],
             }
         )  # fmt: skip
     rejections = [
