@@ -25,7 +25,7 @@ class SecretMissing(Exception):
 class SecretSource:
     """One secret, cached until `invalidate()`.
 
-    `optional` sources with neither a file nor a systemd credential answer None: no secret is
+    `optional` sources with neither a file nor a systemd credential return None: no secret is
     configured (a local model server that needs no key).
     """
 

@@ -1,25 +1,8 @@
 """The lease keeper: acknowledges a lease in time, renews it on time, and gives up honestly.
 
-Two loops per lease. The renew loop sends its first renew (the acknowledgement the supervisor
-waits for within its accept window) half a renew interval after the claim answer arrived, and
-then one every `renew_every_s`, retrying a renew that got no answer. The step's work does not
-wait for the acknowledgement: a step whose result is answered first needs no renew at all (a
-result acknowledges too), and a slow step is renewed while it runs. The supervisor picks
-`renew_every_s` at most half its accept window, so the first renew goes out at most a quarter
-of the window after the answer arrived, leaving room for retries. The cost, chosen knowingly:
-a task cancelled in the first half interval is noticed at that first renew, as a cancellation
-later in the step is noticed at the next one; a step never has two effects either way.
-
-The expiry watch ends the lease when the runner's own monotonic clock says it cannot still be
-valid. Before the acknowledgement the bound is the claim answer's arrival plus one and a half
-renew intervals (at most three quarters of the accept window, the rest covering the grant's
-commit and the answer's way back) or `ttl_s`, whichever is sooner; after it, every deadline
-is counted from when the renew that earned it was *sent*, the earliest moment the supervisor
-could have stamped it, so the runner gives up no later than the supervisor does.
-
-Any loss (`stale_fence`, a cancelled task, an unknown step, a rejected token, expiry) is
-handed to `on_lost` once per event; the step decides what to cancel. The keeper never reads
-or sends a wall-clock time: it only sends the fence.
+Any loss (`stale_fence`, a cancelled task, an unknown step, a rejected token, expiry) goes to
+`on_lost` once per event; the step decides what to cancel. The keeper never reads or sends a
+wall-clock time, only the fence (docs/design.md, The runner).
 """
 
 from __future__ import annotations
@@ -42,6 +25,8 @@ from tether.clocks import MonotonicClock
 
 
 class LeaseKeeper:
+    """Keep one lease with two loops: one renews it, the other ends it when it must have lapsed."""
+
     def __init__(
         self,
         *,
@@ -65,7 +50,7 @@ class LeaseKeeper:
 
     @property
     def acknowledged(self) -> bool:
-        """Whether a renew has been answered (a result acknowledges too, but ends the keeper)."""
+        """Whether a renew got a reply (a result acknowledges too, but ends the keeper)."""
         return self.renewals > 0
 
     @property
@@ -85,6 +70,15 @@ class LeaseKeeper:
             # A refusal ends renewing; the expiry watch still ends the lease on time.
 
     async def _watch_expiry(self, scope: anyio.CancelScope) -> None:
+        """End the lease once the runner's monotonic clock says it cannot still be valid.
+
+        Before the acknowledgement the bound is the claim reply's arrival plus one and a half
+        renew intervals (at most three quarters of the accept window; the rest covers the
+        grant's commit and the reply's way back) or `ttl_s`, whichever is sooner. After it,
+        each deadline counts from when the renew that earned it was *sent*, the earliest
+        moment the supervisor could have stamped it, so the runner gives up no later than the
+        supervisor does.
+        """
         while (left := self.expires_at - self._clock.now()) > 0:
             await self._clock.sleep(left)
         if self.acknowledged:
@@ -92,7 +86,7 @@ class LeaseKeeper:
                 "lease expired on the runner's clock; dropping the step",
                 ttl_s=self._lease.ttl_s,
             )
-        else:  # the bound before the first renew answer: the supervisor's accept window
+        else:  # the bound before the first renew reply: the supervisor's accept window
             self._log.warning(
                 "no renew answered within 1.5 renew intervals of the grant (the supervisor"
                 " re-queues an unacknowledged lease); dropping the step",
@@ -102,6 +96,16 @@ class LeaseKeeper:
         scope.cancel()
 
     async def _renew_loop(self) -> None:
+        """Renew half an interval after the claim reply, then every `renew_every_s`.
+
+        The first renew is the acknowledgement the supervisor waits for within its accept
+        window. The step's work does not wait for it: a step whose result comes first needs no
+        renew (a result acknowledges too). The supervisor picks `renew_every_s` at most half
+        its accept window, so the first renew leaves at most a quarter of the window after the
+        reply, with room for retries. The cost, chosen knowingly: a task cancelled in the first
+        half interval is noticed at that first renew, as a later cancel is noticed at the next
+        one; a step never has two effects either way.
+        """
         next_at = self._lease.claim_answered_at + self.renew_every_s / 2
         while True:
             await self._clock.sleep(next_at - self._clock.now())
@@ -111,7 +115,7 @@ class LeaseKeeper:
             next_at = sent_at + self.renew_every_s
 
     async def _renew_once(self) -> float | None:
-        """One answered renewal; answers when it was sent, or None once the lease is lost."""
+        """Renew until the supervisor replies; return when that renew was sent, or None if lost."""
         unreachable = False
         while True:
             sent_at = self._clock.now()

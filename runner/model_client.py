@@ -1,16 +1,8 @@
 """An OpenAI-compatible chat client: `POST {model_url}/chat/completions`, retried with care.
 
-Retried (tenacity, honouring `Retry-After`, until the step's deadline): 429 without
-`insufficient_quota`, 408, 409, 5xx, malformed 200 answers and transport errors.
-Never retried:
-- 400, 413, 422: the request cannot succeed as given -> `StepRejected` (the task fails);
-- 401, 403, a missing key: the key is wrong -> `OperatorProblem`;
-- 402, 429 `insufficient_quota`: the quota is spent -> `OperatorProblem`;
-- 404 and other 4xx: `model_url` or `model` is wrong -> `OperatorProblem`.
-An operator problem never burns the step. Retries exhausted within the deadline ->
-`TransientFailure`, carrying the last `Retry-After` so the runner can hold off claiming.
-
-A provider's message for 401/403 is never copied anywhere: some echo part of the key.
+Transient failures are retried (honouring `Retry-After`) until the step's deadline; a request
+that cannot succeed fails the task; a wrong key, a spent quota or a wrong URL is the
+operator's problem and never burns the step (docs/design.md, The runner).
 """
 
 from __future__ import annotations
@@ -86,7 +78,7 @@ def _usage(raw: Any) -> dict[str, int]:
 
 
 def parse_completion(response: httpx.Response, asked_model: str) -> Completion:
-    """The first choice of a 200 answer; `_Retryable` if it is not a completion at all."""
+    """The first choice of a 200 reply; `_Retryable` if it is not a completion at all."""
     try:
         body = response.json()
         choice = body["choices"][0]
@@ -125,12 +117,12 @@ class ModelClient:
         await self._http.aclose()
 
     def _classify(self, response: httpx.Response) -> Exception | None:
-        """None for success; the exception a non-2xx answer stands for otherwise."""
+        """None for success; otherwise the exception a non-2xx reply stands for."""
         status = response.status_code
         if 200 <= status < 300:
             return None
         code, message = _provider_error(response)
-        if status in (401, 403):
+        if status in (401, 403):  # the provider's message is never copied: some echo the key
             return OperatorProblem(
                 f"model provider rejected the API key ({status})",
                 action="put a valid API key in the model key file; the runner re-reads it",
@@ -159,7 +151,7 @@ class ModelClient:
             response = await self._http.post(
                 self._url, json=body, headers=headers, timeout=remaining
             )
-        except httpx.RequestError as exc:  # the network, or an answer httpx cannot decode
+        except httpx.RequestError as exc:  # the network, or a reply httpx cannot decode
             raise _Retryable(f"model unreachable: {type(exc).__name__}") from exc
         problem = self._classify(response)
         if problem is not None:
@@ -175,7 +167,11 @@ class ModelClient:
         on_retry: RetryHook | None = None,
     ) -> Completion:
         """One completion, retried until `deadline` (on the runner's clock) at the latest.
-        `on_retry(tries, why, wait_s)` hears of each retry before its wait."""
+
+        `on_retry(tries, why, wait_s)` hears of each retry before its wait. Retries exhausted
+        raise `TransientFailure` carrying the last `Retry-After`, so the runner can hold off
+        claiming.
+        """
 
         def before_sleep(state: RetryCallState) -> None:
             if on_retry is None or state.outcome is None:

@@ -1,21 +1,9 @@
 """Results that are ready at the same moment go to the supervisor in one request.
 
-The runner's half of group commit. There is no timer and no background task: a step with a
-result, finding no request in flight, sends everything queued (its own result included, up to
-`RESULTS_PER_REQUEST_MAX`); results that become ready while that request is out wait for its
-answer and go together in the next one. At low load every request carries one result, as a
-single report would; under load one request answers many steps, and the supervisor commits
-them in one transaction. Nothing waits for company, so batching adds no latency.
-
-Each step still gets its own answer, exactly what `SupervisorClient.report` would give it:
-`applied` or `replayed`, or the exception. A result that cannot be encoded at all is refused
-to its own step before it joins a request (`SupervisorRefused`, so the step is released as
-rejected), and never spoils another step's request. A request that got no answer, failed in
-a way nobody foresaw, or was cancelled with the step that sent it fails every result in it
-with `SupervisorUnreachable`, which each step retries on its own; a retried result is answered
-`replayed` if the first one committed. A refusal of the whole request (a body over the
-supervisor's limit) sends those results again one per request on the single route; a
-supervisor without the batch route (404/405) gets single reports from then on.
+The runner's half of group commit. There is no timer and no background task: results that
+become ready while a request is out wait for it and go together in the next one (up to
+`RESULTS_PER_REQUEST_MAX`). Nothing waits for company, so batching adds no latency; under load
+one request carries many steps, and the supervisor commits them in one transaction.
 """
 
 from __future__ import annotations
@@ -41,6 +29,8 @@ class _Pending:
 
 
 class ResultSender:
+    """Send each step's result, sharing a request with the results ready beside it."""
+
     def __init__(
         self, client: SupervisorClient, *, per_request: int = RESULTS_PER_REQUEST_MAX
     ) -> None:
@@ -54,7 +44,12 @@ class ResultSender:
         self.results = 0
 
     async def report(self, step_id: str, report: ResultReport) -> Outcome:
-        """Report one step's result; answers or raises as `SupervisorClient.report` does."""
+        """Report one step's result; return or raise as `SupervisorClient.report` does.
+
+        A result that cannot be encoded is refused to its own step (`SupervisorRefused`, so
+        the step is released as rejected) before it joins a request, and never spoils another
+        step's request.
+        """
         try:
             encoded = encode_result(step_id, report)
         except (ValueError, TypeError) as exc:
@@ -76,6 +71,12 @@ class ResultSender:
         return item.answer
 
     async def _send_next(self) -> None:
+        """Send the queued results in one request and hand each step its own outcome.
+
+        A request with no reply, one that failed in a way nobody foresaw, or one cancelled with
+        the step that sent it fails every result in it with `SupervisorUnreachable`; each step
+        retries on its own, and gets `replayed` if the first one committed.
+        """
         batch = self._queue[: self._per_request]
         del self._queue[: self._per_request]
         self._sending = True
@@ -101,6 +102,12 @@ class ResultSender:
             self._sent.fire()
 
     async def _answers(self, batch: list[_Pending]) -> list[Answer]:
+        """Return one outcome per result, on the batch route or else one request each.
+
+        A refusal of the whole batch (a body over the supervisor's limit) sends its results
+        again one per request; a supervisor without the batch route (404/405) gets single
+        reports from then on.
+        """
         self.requests += 1
         self.results += len(batch)
         if self.batch_route:

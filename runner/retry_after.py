@@ -1,10 +1,8 @@
 """Reading a provider's `Retry-After`, and a tenacity wait and stop built on it.
 
-`Retry-After` is either seconds or an HTTP date. A date is turned into seconds against the
-same answer's own `Date` header, never against this machine's wall clock (docs/design.md, Borrowed servers); without
-a `Date` header a date is ignored and the ordinary backoff applies. OpenAI's `retry-after-ms`
-is honoured too. The stop ends the retries when the next wait would overrun the step's
-deadline, measured on the runner's monotonic clock.
+A date is turned into seconds against the same reply's own `Date` header, never against this
+machine's wall clock (docs/design.md, Borrowed servers); without a `Date` header a date is
+ignored and the ordinary backoff applies.
 """
 
 from __future__ import annotations
@@ -66,7 +64,7 @@ class HasRetryAfter(Exception):
 
 
 class wait_retry_after(wait_base):
-    """Wait what the failed answer's `Retry-After` asked for, else `fallback`."""
+    """Wait what the failed reply's `Retry-After` asked for, else `fallback`."""
 
     def __init__(self, fallback: wait_base) -> None:
         self.fallback = fallback

@@ -1,12 +1,10 @@
-"""The runner's settings (docs/design.md, Command line and settings): defaults < TOML `--config` < `TETHER_*` < flags.
+"""The runner's settings: defaults < TOML `--config` < `TETHER_*` < flags.
 
-`supervisor_url`, `model_url` and `model` have no useful default and must be given somewhere.
-Secrets are never settings: `token_file` and `model_key_file` name files, and when they are
-unset the runner looks in systemd's `$CREDENTIALS_DIRECTORY` for `runner-token` and
-`model-key`. A missing runner token stops the runner at start; a missing model key is the
-operator problem of docs/design.md, The runner, (each claimed step is released, claiming pauses) only when
-`model_key_file` names a file; with no file and no credential the runner sends no key at all,
-for a local model server that needs none.
+Secrets are never settings (docs/design.md, Command line and settings): `token_file` and
+`model_key_file` name files, and when they are unset the runner looks in systemd's
+`$CREDENTIALS_DIRECTORY` for `runner-token` and `model-key`. A missing runner token stops the
+runner at start. A missing model key is an operator problem only when `model_key_file` names
+a file; with no file and no credential the runner sends no key, for a local model server.
 """
 
 from __future__ import annotations

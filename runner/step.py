@@ -1,14 +1,9 @@
-"""One attempt at one step: run the kind while the keeper holds the lease, then report or
+"""One attempt at one step: run the kind while the keeper holds the lease, then report,
 release, or drop.
 
-The attempt runs inside one cancel scope. The lease keeper cancels it the moment the lease is
-lost (nothing is reported then: the step is not ours). Shutdown cancels it after the grace
-period, and the lease is released (`shutdown`, retryable) outside that scope. While the result
-is being reported, a renew refusal does not cancel: the result's own answer is the truth
-(`applied`/`replayed` are success, a 409 means the step is not ours); only expiry does.
-
-A result or release with no answer is retried, with backoff, until it is answered or the
-lease is lost. Every log line carries `task_id, step_id, attempt, fence`.
+The attempt runs inside one cancel scope: the keeper cancels it the moment the lease is lost
+(nothing is reported then: the step is not ours), and shutdown cancels it after the grace
+period, releasing the lease (`shutdown`, retryable) outside that scope.
 """
 
 from __future__ import annotations
@@ -68,6 +63,8 @@ class StepHost(Protocol):
 
 
 class StepRun:
+    """One leased attempt; every log line carries `task_id, step_id, attempt, fence`."""
+
     def __init__(
         self,
         *,
@@ -108,8 +105,13 @@ class StepRun:
         self.outcome: str | None = None
 
     def _on_lost(self, lost: LeaseLost) -> None:
+        """Cancel the work, unless a result is on its way: then only expiry cancels.
+
+        The result's own reply is the truth (`applied`/`replayed` are success, a 409 means
+        the step is not ours), so a renew refusal meanwhile changes nothing.
+        """
         if self.phase is Phase.REPORTING and lost.because is not LostBecause.EXPIRED:
-            return  # the result's own answer decides
+            return
         self._scope.cancel()
 
     def abort(self) -> None:
@@ -217,7 +219,7 @@ class StepRun:
         return detail[:500]
 
     async def _until_answered(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Retry `call` while the supervisor gives no answer; the keeper bounds it by expiry."""
+        """Retry `call`, with backoff, while the supervisor gives no reply; expiry bounds it."""
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(SupervisorUnreachable),
             wait=wait_random_exponential(multiplier=0.2, max=min(5.0, self.keeper.renew_every_s)),

@@ -1,23 +1,5 @@
 """How an allowed command is isolated: under bubblewrap when it works on this host, otherwise
 with no isolation beyond what `runner/agent/command.py` always does.
-
-With `Bubblewrap`, the command sees read-only /usr, /bin, /lib*, /sbin and /etc (with
-/etc/tether hidden), the worktree and its HOME as the only writable paths, a private /tmp,
-/proc and /dev, and no network (`--unshare-all` gives it its own network namespace with only
-a loopback of its own, and its own PID namespace, so everything it started dies with it).
-Further read-only paths (a toolchain outside /usr, e.g. a virtualenv) are passed by the
-caller. The mirror is not among them, so a `git` command run inside the sandbox does not find
-the repository (the worktree's `.git` file points into the mirror).
-
-With `NoSandbox` (no `bwrap`, or bwrap cannot create namespaces here, e.g. inside a container
-that forbids them) the command runs as the runner's own user with the runner's view of the
-file system and network. What still holds: it starts in its own process group, which is
-killed whole on timeout or cancellation; its environment is a fixed minimal one with no
-secret; its working directory is the worktree. It can read whatever the runner's user can
-read and reach whatever the runner can reach.
-
-`detect_sandbox()` probes bwrap once (a `true` under the same options) and falls back to
-`NoSandbox` when the probe fails.
 """
 
 from __future__ import annotations
@@ -52,7 +34,14 @@ class Sandbox(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class NoSandbox:
-    """No isolation beyond the process group, the environment and the working directory."""
+    """No isolation beyond the process group, the environment and the working directory.
+
+    Used when there is no `bwrap`, or bwrap cannot create namespaces here (e.g. inside a
+    container that forbids them). The command runs as the runner's own user, so it can read
+    whatever that user can read and reach whatever the runner can reach. What still holds: its
+    own process group, killed whole on timeout or cancellation; a fixed minimal environment
+    with no secret; the worktree as its working directory.
+    """
 
     name: str = "none"
 
@@ -62,7 +51,15 @@ class NoSandbox:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Bubblewrap:
-    """bubblewrap with the worktree and HOME the only writable paths and no network."""
+    """bubblewrap with the worktree and HOME the only writable paths and no network.
+
+    The command sees read-only /usr, /bin, /lib*, /sbin and /etc (with /etc/tether hidden), a
+    private /tmp, /proc and /dev, and the caller's further read-only paths (a toolchain outside
+    /usr, e.g. a virtualenv). `--unshare-all` gives it its own network namespace with only a
+    loopback, and its own PID namespace, so everything it started dies with it. The mirror is
+    not mounted, so `git` run inside does not find the repository (the worktree's `.git` file
+    points into the mirror).
+    """
 
     bwrap: str
     read_only: tuple[Path, ...] = ()
@@ -90,7 +87,8 @@ class Bubblewrap:
 
 
 async def detect_sandbox(read_only: Sequence[Path] = ()) -> Sandbox:
-    """Bubblewrap when `bwrap` is on PATH and a probe under it succeeds, else `NoSandbox`."""
+    """Bubblewrap when `bwrap` is on PATH and a probe (`true` under the same options)
+    succeeds, else `NoSandbox`."""
     found = shutil.which("bwrap")
     if found is None:
         log.info("sandbox", sandbox="none", why="bwrap is not installed")

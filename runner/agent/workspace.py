@@ -1,16 +1,10 @@
 """An attempt's repository workspace in the runner's cache directory: a bare mirror per
-repository URL, a fresh worktree at the approved base for every attempt, the candidate commit,
-its bundle, and the removal of the worktree with a record of what was removed.
-
-Layout under the cache directory (a cache: deleting it loses nothing, docs/design.md,
-Borrowed servers):
+repository URL, a fresh worktree at the approved base for every attempt, the candidate commit
+and its bundle. Deleting the cache loses nothing (docs/design.md, Borrowed servers):
 
     mirrors/<sha256(url)[:24]>.git    bare mirror, fetched when it lacks the base
     attempts/<name>/tree              the attempt's worktree (`git worktree add --detach`)
     attempts/<name>/home              HOME for the attempt's commands
-
-One runner process owns a cache directory; attempts of the same repository share its mirror
-under a lock, so fetches and worktree bookkeeping never interleave.
 """
 
 from __future__ import annotations
@@ -72,7 +66,11 @@ def commit_date(step_id: str) -> str:
 
 
 class RepoCache:
-    """Mirrors and attempt workspaces under one cache directory."""
+    """Mirrors and attempt workspaces under one cache directory.
+
+    One runner process owns a cache directory; attempts of the same repository share its
+    mirror under a lock, so fetches and worktree bookkeeping never interleave.
+    """
 
     def __init__(self, cache_dir: Path) -> None:
         # Resolved once, so the paths git records for worktrees are the ones we compare.
