@@ -1,10 +1,6 @@
 """Confinement of the paths a tool call names: every path is resolved inside the attempt's
 worktree, or the call is refused before anything runs.
 
-A path is refused when it is absolute, when its `..` climbs out of the tree, when a symlink
-takes it out of the tree, when it names anything inside `.git` (any case), and, for a write,
-when it is not under one of the plan's `allowed_paths`.
-
 Reads are allowed repository-wide: the runner holds the whole repository anyway (its mirror
 and the bundle), and a model that may read only `src/` cannot read the tests it must make
 pass. Writes (write_file, apply_patch) are allowed only under `allowed_paths`; an empty list
