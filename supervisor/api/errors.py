@@ -26,7 +26,7 @@ class ApiError(Exception):
 
 
 def record_response(record: Record, status: int = 200) -> Response:
-    """A record as a JSON answer, written by the one codec."""
+    """A record as a JSON response, written by the one codec."""
     return Response(encode(record), status_code=status, media_type="application/json")
 
 
@@ -68,7 +68,7 @@ async def on_http_exception(_request: Request, exc: Exception) -> Response:
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:
-    """A bug, not a refusal: log it with its traceback and answer in the wire's error shape.
+    """A bug, not a refusal: log it with its traceback and reply in the wire's error shape.
 
     Starlette still re-raises it afterwards, so the server's own error log sees it too.
     """

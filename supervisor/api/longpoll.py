@@ -2,12 +2,9 @@
 
 A runner always has a claim waiting (up to `claim_wait_max_s`) and an operator's `watch` an
 events poll, so without this every stop would wait out uvicorn's graceful timeout and then
-answer those polls with a 500. On drain, each poll in flight answers what it would have
-answered had nothing happened meanwhile (204 for a claim, no events), and new ones do so at
-once; clients simply poll again, against the restarted supervisor.
-
-A claim cancelled while its ledger write is in flight may have been granted a lease whose
-answer is lost: that is the lost-claim-answer case the acceptance window already covers.
+reply to those polls with a 500. On drain, each poll returns what it would have returned had
+nothing happened meanwhile (204 for a claim, no events); clients simply poll again, against
+the restarted supervisor.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ class LongPolls:
     @contextlib.contextmanager
     def until_drained(self) -> Iterator[anyio.CancelScope]:
         """Run the body, or stop it quietly when draining begins. Callers check `draining`
-        before entering, so a request that starts after the drain still gets its 404s."""
+        before entering, so a request that starts after the drain gets its empty reply at once."""
         with anyio.CancelScope() as scope:
             self._scopes.add(scope)
             try:
@@ -41,6 +38,12 @@ class LongPolls:
                 self._scopes.discard(scope)
 
     def drain(self) -> None:
+        """End every long-poll in flight.
+
+        A claim cancelled while its ledger write is in flight may have been granted a lease
+        whose reply is lost: the acceptance window covers that case (docs/design.md, Fencing
+        and leases).
+        """
         self.draining = True
         for scope in list(self._scopes):
             scope.cancel()

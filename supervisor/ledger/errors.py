@@ -14,9 +14,7 @@
         ├── IntegrityCheckFailed
         └── SchemaTooNew
 
-A refusal that concerns a step or task is recorded in `rejections` by the store (`recorded`),
-in the same transaction batch, after the refused operation's own writes are rolled back.
-The docstring of each class is its default message.
+Each class's docstring is its default message.
 """
 
 from __future__ import annotations
@@ -40,6 +38,8 @@ class Refused(LedgerError):
     """The request was refused and nothing changed."""
 
     code = ErrorCode.BAD_REQUEST
+    # Whether the store writes this refusal to `rejections`, in the same batch, after the
+    # refused rule's own writes are rolled back (docs/design.md, Fencing and leases).
     recorded: ClassVar[bool] = False
     task_id: str | None = None
     step_id: str | None = None

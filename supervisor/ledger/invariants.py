@@ -1,7 +1,7 @@
 """The ledger's invariants, checked over a whole ledger file.
 
 Used by `tether-supervisor check` (exit 1 on any violation) and by the schedule explorer after
-every event. Each check is one query that finds counter-examples; an empty answer is a pass.
+every event. Each check is one query that finds counter-examples; no row is a pass.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def check_integrity(db: sqlite3.Connection) -> None:
 
 
 def migrate(db: sqlite3.Connection) -> int:
-    """Apply every migration above the file's `user_version`; answer the version reached."""
+    """Apply every migration above the file's `user_version`; return the version reached."""
     current = int(db.execute("PRAGMA user_version").fetchone()[0])
     known = migrations()
     newest = known[-1][0] if known else 0

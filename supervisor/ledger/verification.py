@@ -1,11 +1,5 @@
 """Verification (VERIFYING -> SUCCEEDED) and the review verdict: no success, and no acceptance,
 without matching evidence (docs/design.md, Verification and Review record).
-
-`verify` decides whether a task whose steps are all committed may succeed: every step committed
-with exactly one effect; and when the task names a repository, the approved base is still the
-repository's head (else `stale_base`, explicitly), a candidate SHA was reported by the
-committed steps, and every expected check has an artifact digest for that same candidate SHA.
-`review_verdict` decides whether a reviewer may accept an ended task's result.
 """
 
 from __future__ import annotations
@@ -37,7 +31,12 @@ def candidate_sha(db: sqlite3.Connection, task_id: str) -> str | None:
 
 
 def verify(tx: Tx, task_id: str) -> str | None:
-    """Return None when the task may succeed, else the reason it fails."""
+    """Return None when the task may succeed, else the reason it fails.
+
+    Every step must be committed with exactly one effect. When the task names a repository, the
+    approved base must still be its head (else `stale_base`), the committed steps must have
+    reported a candidate SHA, and every expected check needs an artifact for that candidate.
+    """
     task = tx.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
     assert task is not None
     uneven = tx.one(
