@@ -38,6 +38,7 @@ from bench import (
 )
 from bench.procs import children
 from bench.stack import Stack
+from tether.logs import configure_logging
 
 CONCURRENCIES = (1, 16, 64, 256)
 
@@ -212,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", type=Path, help="put the ledger here (default: a temp directory)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args(argv)
+    # The in-process ledger logs its decisions as the bench's supervisors do: warnings only.
+    configure_logging(json_lines=True, level="warning")
     plan = SMOKE if args.smoke else QUICK if args.quick else FULL
     base = args.dir
     if base is not None:

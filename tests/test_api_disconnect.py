@@ -101,7 +101,7 @@ async def test_a_ledger_error_in_a_long_poll_keeps_its_wire_code(
 
     task = await api.create("watched")
 
-    async def broken(*_args: Any) -> Any:
+    async def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageError("disk I/O error")
 
     monkeypatch.setattr(api.app.state.ledger, "claim", broken)

@@ -18,6 +18,7 @@ from .conftest import (
     count,
     ledger_snapshot,
     open_api,
+    raw_db,
     task_body,
 )
 
@@ -106,11 +107,18 @@ async def test_get_shows_steps_attempts_fences_and_seq(api: ApiHarness) -> None:
     for key in ("id", "name", "kind", "state", "payload_hash", "effect_key", "attempts"):
         assert key in first
     assert first["id"] == lease["step_id"]
+    db = raw_db(api.path)
+    try:
+        # The token that claimed (issue 16, finding 4: attempts named only the runner's own id).
+        [runner_token] = db.execute("SELECT id FROM tokens WHERE scope = 'default'").fetchall()
+    finally:
+        db.close()
     assert first["attempts"] == [
         {
             "attempt": 1,
             "fence": lease["fence"],
             "runner_id": "r1",
+            "token_id": runner_token["id"],
             "state": "leased",
             "reason": None,
         }

@@ -3,14 +3,17 @@ pools a tenant's tasks may name.
 
 Each token is looked up by its hash in the ledger file. A short cache spares the ledger one read
 per request under load; its lifetime bounds how late a revocation made by the CLI in another
-process takes effect.
+process takes effect. Every refusal here is logged at warning, with the token's id when it is
+known (never the secret).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
+import structlog
 from cachetools import TTLCache
 from starlette.requests import Request
 
@@ -22,6 +25,8 @@ CACHE_S = 1.0
 # Past this many distinct secrets the least recently used go first: a caller spraying made-up
 # tokens cannot grow the cache, only shorten the stay of the others.
 CACHE_ENTRIES = 10_000
+
+log = structlog.get_logger("tether.api")
 
 
 class TokenCache:
@@ -50,32 +55,50 @@ class TokenCache:
         return found
 
 
+def refused(request: Request, code: ErrorCode, detail: str, **about: Any) -> ApiError:
+    """Log a refused request at warning (the route, the client, `about`) and return its error."""
+    client = request.client.host if request.client else None
+    log.warning(
+        "access refused", code=code.value, detail=detail, method=request.method,
+        path=request.url.path, client=client, **about,
+    )  # fmt: skip
+    return ApiError(code, detail)
+
+
 async def require(request: Request, role: Role) -> Principal:
     """The caller's principal, which must hold `role`; 401 or 403 otherwise."""
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
-        raise ApiError(ErrorCode.UNAUTHORIZED, "send 'Authorization: Bearer <token>'")
+        raise refused(request, ErrorCode.UNAUTHORIZED, "send 'Authorization: Bearer <token>'")
     cache: TokenCache = request.app.state.tokens
     principal = await cache.principal(secret.strip())
     if principal is None:
-        raise ApiError(ErrorCode.UNAUTHORIZED, "the token is unknown or revoked")
+        raise refused(request, ErrorCode.UNAUTHORIZED, "the token is unknown or revoked")
     if principal.role is not role:
         article = "an" if role is Role.OPERATOR else "a"
-        raise ApiError(ErrorCode.FORBIDDEN, f"this call needs {article} {role} token")
+        raise refused(
+            request, ErrorCode.FORBIDDEN, f"this call needs {article} {role} token",
+            token_id=principal.token_id, role=principal.role.value, scope=principal.scope,
+        )  # fmt: skip
     return principal
 
 
-def require_pool_access(tenant: str, pool: str, shared: frozenset[str]) -> None:
+def require_pool_access(
+    request: Request, who: Principal, pool: str, shared: frozenset[str]
+) -> None:
     """A tenant's tasks run in a shared pool (setting `shared_pools`, default `default`), in
     the pool named after the tenant, or in one of its own `<tenant>/<name>` pools; any other
     pool is refused. Otherwise a tenant could send its payloads to runners set up for another
     tenant, to run with that tenant's model key, quota and network."""
+    tenant = who.scope
     if pool in shared or pool == tenant or pool.startswith(f"{tenant}/"):
         return
     open_to = ", ".join(sorted(shared)) or "none"
-    raise ApiError(
+    raise refused(
+        request,
         ErrorCode.FORBIDDEN,
         f"tenant {tenant!r} may not use pool {pool!r}: name a shared pool ({open_to}),"
         f" {tenant!r} or {tenant + '/<name>'!r}",
-    )
+        token_id=who.token_id, tenant=tenant, pool=pool,
+    )  # fmt: skip

@@ -48,7 +48,7 @@ def task_spec(tenant: str, ask: TaskCreate) -> TaskSpec:
 async def create_task(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     spec = task_spec(who.scope, await rq.read(request, TaskCreate))
-    require_pool_access(who.scope, spec.pool, request.app.state.settings.shared_pool_names)
+    require_pool_access(request, who, spec.pool, request.app.state.settings.shared_pool_names)
     created = await _ledger(request).create_task(spec)
     view = await _ledger(request).task(created.task_id, who.scope)
     return JSONResponse(view, status_code=201 if created.created else 200)

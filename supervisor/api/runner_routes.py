@@ -55,7 +55,9 @@ async def claim(request: Request) -> Response:
             leases = await unless_disconnected(
                 request,
                 scope,
-                lambda: ledger.claim(ask.runner_id, who.scope, ask.capacity, ask.wait_s),
+                lambda: ledger.claim(
+                    ask.runner_id, who.scope, ask.capacity, ask.wait_s, token_id=who.token_id
+                ),
             )
     if not leases:
         return Response(status_code=204)

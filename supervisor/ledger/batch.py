@@ -3,8 +3,9 @@
 `execute_batch` runs a list of rules in one `BEGIN IMMEDIATE` transaction, each inside its own
 savepoint. A rule that refuses is rolled back alone, its rejection recorded in its place, and
 the others commit. Callers are answered only after `COMMIT` returns, i.e. once the batch is
-durable. `Transactions` builds every rule's `Tx` (clock, config, ids) for one connection; the
-store, the admin commands and the schedule explorer all run rules through it.
+durable, and only then are the batch's decisions logged (`BatchResult.notes`, `decisions`).
+`Transactions` builds every rule's `Tx` (clock, config, ids) for one connection; the store, the
+admin commands and the schedule explorer all run rules through it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from supervisor.ledger.decisions import Decision, Note
 from supervisor.ledger.errors import LedgerError, Refused, StorageError
 from supervisor.ledger.journal import record_rejection
 from supervisor.ledger.tx import LedgerConfig, Tx
@@ -39,6 +41,7 @@ class BatchResult:
     outcomes: list[RuleOutcome]
     woken_pools: set[str]
     touched_tasks: set[str]
+    notes: list[Note] = dataclasses.field(default_factory=list)  # empty unless committed
 
 
 class RuleCrashed(LedgerError):
@@ -80,6 +83,7 @@ def execute_batch(
     outcomes = [RuleOutcome() for _ in rules]
     woken: set[str] = set()
     touched: set[str] = set()
+    notes: list[Note] = []
     try:
         db.execute("BEGIN IMMEDIATE")
         for rule, outcome in zip(rules, outcomes, strict=True):
@@ -90,10 +94,11 @@ def execute_batch(
             except Refused as exc:
                 db.execute("ROLLBACK TO rule")
                 if exc.recorded:
-                    record_rejection(
+                    task_id = record_rejection(
                         tx, code=exc.code.value, detail=exc.detail,
                         task_id=exc.task_id, step_id=exc.step_id, fence=exc.fence,
                     )  # fmt: skip
+                    notes.append(_refusal_note(tx, exc, task_id))
                 outcome.error = exc
             except Exception as exc:  # a bug in one rule fails that rule alone, not its batch
                 db.execute("ROLLBACK TO rule")
@@ -101,6 +106,7 @@ def execute_batch(
             else:
                 woken |= tx.woken_pools
                 touched |= tx.touched_tasks
+                notes += tx.notes
             db.execute("RELEASE rule")
         db.execute("COMMIT" if commit else "ROLLBACK")
     except BaseException as exc:
@@ -115,7 +121,29 @@ def execute_batch(
         return BatchResult(outcomes, set(), set())
     if not commit:
         return BatchResult(outcomes, set(), set())
-    return BatchResult(outcomes, woken, touched)
+    return BatchResult(outcomes, woken, touched, notes)
+
+
+def _refusal_note(tx: Tx, exc: Refused, task_id: str | None) -> Note:
+    """The log line of a recorded refusal: the task's tenant and pool, and the attempt its
+    fence names, if any."""
+    fields: dict[str, Any] = {
+        "request": tx.request, "code": exc.code.value, "detail": exc.detail,
+        "task_id": task_id, "step_id": exc.step_id, "fence": exc.fence,
+    }  # fmt: skip
+    if task_id is not None:
+        task = tx.one("SELECT tenant, pool FROM tasks WHERE id = ?", (task_id,))
+        if task is not None:
+            fields.update(tenant=task["tenant"], pool=task["pool"])
+    if exc.fence is not None:
+        row = tx.one(
+            "SELECT attempt, runner_id, token_id FROM attempts WHERE fence = ?", (exc.fence,)
+        )
+        if row is not None:
+            fields.update(
+                attempt=row["attempt"], runner_id=row["runner_id"], token_id=row["token_id"]
+            )
+    return Decision.REFUSED, fields
 
 
 @dataclasses.dataclass(kw_only=True)

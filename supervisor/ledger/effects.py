@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 
+from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
-from supervisor.ledger.fencing import end_attempt, find_step, require_current
+from supervisor.ledger.fencing import about_step, end_attempt, find_step, require_current
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, dumps
@@ -42,6 +43,7 @@ def effect_identity(tx: Tx, step: sqlite3.Row, rep: Report) -> str | None:
 
 def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
     """Commit the step's one effect, or return `replayed` if it is already committed."""
+    tx.request = "result"
     step = find_step(tx, rep.step_id, pool)
     about = {"task_id": step["task_id"], "step_id": rep.step_id, "fence": rep.fence}
     if rep.payload_hash != step["payload_hash"]:
@@ -51,6 +53,7 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
         ).about(**about)
     key = effect_identity(tx, step, rep)
     if key is None:
+        tx.note(Decision.REPLAYED, **_committed_attempt(tx, step))
         return Outcome.REPLAYED
     if TaskState(step["task_state"]) in TERMINAL:
         raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
@@ -93,12 +96,32 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
         {"step_id": rep.step_id, "fence": rep.fence, "effect_key": key,
          "candidate_sha": rep.candidate_sha},
     )  # fmt: skip
-    advance(tx, step["task_id"], step["pool"])
+    tx.note(Decision.COMMITTED, **about_step(step), effect_key=key, tokens=spent)
+    advance(tx, step)
     return Outcome.APPLIED
 
 
-def advance(tx: Tx, task_id: str, pool: str) -> None:
-    """Queue the next step, or, when every step is committed, verify and end the task."""
+def _committed_attempt(tx: Tx, step: sqlite3.Row) -> dict[str, object]:
+    """`about_step` for a committed step, whose fence was cleared: the committing attempt's."""
+    about = about_step(step)
+    row = tx.one(
+        "SELECT attempt, fence, runner_id, token_id FROM attempts WHERE step_id = ?"
+        " AND state = 'committed'",
+        (step["id"],),
+    )
+    if row is not None:
+        about.update(
+            attempt=row["attempt"], fence=row["fence"], runner_id=row["runner_id"],
+            token_id=row["token_id"],
+        )  # fmt: skip
+    return about
+
+
+def advance(tx: Tx, step: sqlite3.Row) -> None:
+    """Queue the step after `step` (just committed; a row of `find_step`), or, when every step
+    is committed, verify and end the task."""
+    task_id, pool = step["task_id"], step["pool"]
+    about = {"task_id": task_id, "tenant": step["tenant"], "pool": pool}
     pending = tx.one(
         "SELECT id, state FROM steps WHERE task_id = ? AND state != ? ORDER BY position LIMIT 1",
         (task_id, StepState.COMMITTED.value),
@@ -114,5 +137,7 @@ def advance(tx: Tx, task_id: str, pool: str) -> None:
     failure = verify(tx, task_id)
     if failure is None:
         transition(tx, task_id, TaskState.SUCCEEDED)
+        tx.note(Decision.VERIFIED, **about, state=TaskState.SUCCEEDED.value)
     else:
         transition(tx, task_id, TaskState.FAILED, reason=failure)
+        tx.note(Decision.FAILED, **about, reason=failure)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
@@ -30,8 +31,12 @@ def next_fence(tx: Tx) -> int:
     return int(row["value"])
 
 
-def claim(tx: Tx, runner_id: str, pool: str, capacity: int) -> list[Lease]:
-    """Grant up to `capacity` leases on queued steps, oldest task first, one step per task."""
+def claim(
+    tx: Tx, runner_id: str, pool: str, capacity: int, *, token_id: str | None = None
+) -> list[Lease]:
+    """Grant up to `capacity` leases on queued steps, oldest task first, one step per task.
+    `token_id` is the runner token that claims, recorded on each attempt."""
+    tx.request = "claim"
     if not runner_id or len(runner_id) > 200:
         raise InvalidRequest("runner_id must be 1..200 characters")
     if not 1 <= capacity <= MAX_CAPACITY:
@@ -46,10 +51,10 @@ def claim(tx: Tx, runner_id: str, pool: str, capacity: int) -> list[Lease]:
         " ORDER BY s.task_order, s.position LIMIT ?",
         (pool, capacity),
     )
-    return [_grant(tx, row, runner_id) for row in rows]
+    return [_grant(tx, row, runner_id, token_id) for row in rows]
 
 
-def _grant(tx: Tx, step: sqlite3.Row, runner_id: str) -> Lease:
+def _grant(tx: Tx, step: sqlite3.Row, runner_id: str, token_id: str | None) -> Lease:
     fence = next_fence(tx)
     attempt = step["attempt"] + 1
     cfg = tx.config
@@ -62,12 +67,12 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str) -> Lease:
         ),
     )  # fmt: skip
     tx.run(
-        "INSERT INTO attempts (step_id, attempt, fence, runner_id, state, granted_at)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (step["id"], attempt, fence, runner_id, AttemptState.LEASED.value, tx.now),
+        "INSERT INTO attempts (step_id, attempt, fence, runner_id, token_id, state, granted_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (step["id"], attempt, fence, runner_id, token_id, AttemptState.LEASED.value, tx.now),
     )
     task_id = step["task_id"]
-    task = tx.one("SELECT state FROM tasks WHERE id = ?", (task_id,))
+    task = tx.one("SELECT state, tenant, pool FROM tasks WHERE id = ?", (task_id,))
     assert task is not None
     state = TaskState(task["state"])
     if state is TaskState.QUEUED:
@@ -76,6 +81,10 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str) -> Lease:
     append_event(
         tx, task_id, "step_leased", state,
         {"step_id": step["id"], "attempt": attempt, "fence": fence, "runner_id": runner_id},
+    )  # fmt: skip
+    tx.note(
+        Decision.GRANTED, task_id=task_id, step_id=step["id"], attempt=attempt, fence=fence,
+        runner_id=runner_id, token_id=token_id, tenant=task["tenant"], pool=task["pool"],
     )  # fmt: skip
     earlier = tx.all(
         "SELECT id, name, output_json FROM steps WHERE task_id = ? AND position < ?"
@@ -101,10 +110,12 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str) -> Lease:
 
 
 def find_step(tx: Tx, step_id: str, pool: str | None) -> sqlite3.Row:
-    """The step with its task's state and tenant; `NotFound` outside the runner's pool."""
+    """The step with its task's state, tenant and pool and its current attempt's token;
+    `NotFound` outside the runner's pool."""
     step = tx.one(
-        "SELECT s.*, t.state AS task_state, t.tenant, t.pool FROM steps s"
-        " JOIN tasks t ON t.id = s.task_id WHERE s.id = ?",
+        "SELECT s.*, t.state AS task_state, t.tenant, t.pool, a.token_id FROM steps s"
+        " JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence"
+        " WHERE s.id = ?",
         (step_id,),
     )
     if step is None or (pool is not None and step["pool"] != pool):
@@ -143,6 +154,7 @@ def lapsed(step: sqlite3.Row, now: float) -> bool:
 
 def renew(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Renewal:
     """Extend a lease by one TTL from now; say whether the task was cancelled meanwhile."""
+    tx.request = "renew"
     step = current_step(tx, step_id, fence, pool)
     cfg = tx.config
     if step["task_state"] == TaskState.CANCELLED:
@@ -169,6 +181,7 @@ def release(
 ) -> None:
     """Hand a lease back. Non-retryable fails the task; operator-side and shutdown releases
     requeue without counting; the rest count toward `max_attempts`."""
+    tx.request = "release"
     step = current_step(tx, step_id, fence, pool)
     if step["task_state"] == TaskState.CANCELLED:
         return
@@ -177,11 +190,24 @@ def release(
             task_id=step["task_id"], step_id=step_id, fence=fence
         )
     end_attempt(tx, step_id, fence, AttemptState.RELEASED, f"{reason}: {detail}"[:500])
+    tx.note(
+        Decision.RELEASED, **about_step(step), reason=str(reason), retryable=retryable
+    )  # fmt: skip
     if not retryable:
         fail_step(tx, step, f"step {step['name']} failed ({reason}): {detail}"[:500])
         return
     counted = reason not in UNCOUNTED_RELEASES
     requeue(tx, step, counted=counted, why=f"released ({reason})")
+
+
+def about_step(step: sqlite3.Row) -> dict[str, object]:
+    """The fields of a decision's log line about `step` (a row of `find_step` or the reaper):
+    its task, tenant and pool, and the attempt it was last leased under."""
+    return {
+        "task_id": step["task_id"], "step_id": step["id"], "attempt": step["attempt"],
+        "fence": step["fence"], "runner_id": step["runner_id"], "token_id": step["token_id"],
+        "tenant": step["tenant"], "pool": step["pool"],
+    }  # fmt: skip
 
 
 def end_attempt(tx: Tx, step_id: str, fence: int, state: AttemptState, reason: str) -> None:
@@ -212,13 +238,16 @@ def requeue(tx: Tx, step: sqlite3.Row, *, counted: bool, why: str) -> None:
         tx, step["task_id"], "step_requeued", step["task_state"],
         {"step_id": step["id"], "attempt": step["attempt"], "why": why, "counted": counted},
     )  # fmt: skip
+    tx.note(Decision.REQUEUED, **about_step(step), why=why, counted=counted, burned=burned)
     tx.wake(step["pool"])
 
 
 def fail_step(tx: Tx, step: sqlite3.Row, reason: str) -> None:
+    """Fail the step and its task (`step` a row of `find_step` or the reaper)."""
     tx.run(
         "UPDATE steps SET state = ?, fence = NULL, lease_deadline = NULL, accept_deadline = NULL"
         " WHERE id = ?",
         (StepState.FAILED.value, step["id"]),
     )
     transition(tx, step["task_id"], TaskState.FAILED, reason=reason)
+    tx.note(Decision.FAILED, **about_step(step), reason=reason)

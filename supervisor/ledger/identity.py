@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from supervisor.ledger import names
+from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import StepState, TaskState
@@ -154,5 +155,9 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     append_event(
         tx, task_id, "state", TaskState.PLANNED,
         {"plan_hash": plan_hash, "idempotency_key": spec.idempotency_key},
+    )  # fmt: skip
+    tx.note(
+        Decision.CREATED, task_id=task_id, tenant=spec.tenant, pool=spec.pool,
+        plan_hash=plan_hash, steps=len(spec.steps),
     )  # fmt: skip
     return Created(task_id=task_id, created=True)

@@ -32,8 +32,9 @@ def record_rejection(
     task_id: str | None,
     step_id: str | None,
     fence: int | None,
-) -> None:
-    """A refused write, kept for operators and the review record; it never changes a state."""
+) -> str | None:
+    """A refused write, kept for operators and the review record; it never changes a state.
+    Returns the task it concerns, if known."""
     if task_id is None and step_id is not None:
         row = tx.one("SELECT task_id FROM steps WHERE id = ?", (step_id,))
         task_id = row["task_id"] if row else None
@@ -42,3 +43,4 @@ def record_rejection(
         " VALUES (?, ?, ?, ?, ?, ?)",
         (task_id, step_id, fence, code, detail, tx.now),
     )
+    return task_id

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 
 from supervisor.ledger import names
+from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import (
     InvalidRequest,
     InvalidTransition,
@@ -32,6 +33,7 @@ def approve(tx: Tx, tenant: str, task_id: str, plan_hash: str, base_sha: str | N
     A repeated approval with the same binding is answered as done, so a client may retry one
     whose answer it lost.
     """
+    tx.request = "approve"
     task = owned_task(tx, tenant, task_id)
     if plan_hash != task["plan_hash"]:
         raise PlanMismatch(f"task {task_id} has plan hash {task['plan_hash']}, not {plan_hash}")
@@ -55,12 +57,17 @@ def approve(tx: Tx, tenant: str, task_id: str, plan_hash: str, base_sha: str | N
         "UPDATE steps SET state = ? WHERE task_id = ? AND position = 0",
         (StepState.QUEUED.value, task_id),
     )
+    tx.note(
+        Decision.APPROVED, task_id=task_id, tenant=tenant, pool=task["pool"], plan_hash=plan_hash,
+        base_sha=base_sha,
+    )  # fmt: skip
     tx.wake(task["pool"])
 
 
 def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
     """Cancel a task that has not ended. A step in flight learns of it at its next renew."""
-    owned_task(tx, tenant, task_id)
+    tx.request = "cancel"
+    task = owned_task(tx, tenant, task_id)
     transition(tx, task_id, TaskState.CANCELLED, reason=reason or "cancelled")
     tx.run(
         "UPDATE attempts SET state = ?, reason = 'task cancelled', ended_at = ?"
@@ -72,6 +79,10 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
         " WHERE task_id = ? AND state NOT IN (?, ?)",
         (StepState.CANCELLED.value, task_id, StepState.COMMITTED.value, StepState.FAILED.value),
     )
+    tx.note(
+        Decision.CANCELLED, task_id=task_id, tenant=tenant, pool=task["pool"],
+        from_state=task["state"],
+    )  # fmt: skip
 
 
 def set_repository_head(tx: Tx, tenant: str, repository: str, sha: str) -> None:
@@ -113,6 +124,7 @@ def record_review(tx: Tx, tenant: str, task_id: str, decision: str, note: str) -
     Acceptance is refused unless `review_verdict` finds the result acceptable; rejection
     always stands. The same decision again is taken as done; another one is refused.
     """
+    tx.request = "review"
     if decision not in REVIEW_DECISIONS:
         raise InvalidRequest("decision must be 'accept' or 'reject'")
     task = owned_task(tx, tenant, task_id)

@@ -30,7 +30,13 @@ class Ledger(Protocol):
     async def record_review(self, tenant: str, task_id: str, decision: str, note: str) -> None: ...
     async def set_budget(self, tenant: str, tokens_: int | None) -> None: ...
     async def claim(
-        self, runner_id: str, pool: str, capacity: int, wait_s: float
+        self,
+        runner_id: str,
+        pool: str,
+        capacity: int,
+        wait_s: float,
+        *,
+        token_id: str | None = None,
     ) -> list[Lease]: ...
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> Renewal: ...
     async def release(

@@ -7,7 +7,8 @@ open lease gets a fresh TTL, because no runner could renew while the supervisor 
 
 from __future__ import annotations
 
-from supervisor.ledger.fencing import end_attempt, requeue
+from supervisor.ledger.decisions import Decision
+from supervisor.ledger.fencing import about_step, end_attempt, requeue
 from supervisor.ledger.states import AttemptState
 from supervisor.ledger.tx import Tx
 
@@ -15,7 +16,8 @@ from supervisor.ledger.tx import Tx
 def expire(tx: Tx) -> int:
     """Reap every lease past its deadline or never acknowledged in time; answer how many."""
     rows = tx.all(
-        "SELECT s.*, t.state AS task_state, t.pool FROM steps s JOIN tasks t ON t.id = s.task_id"
+        "SELECT s.*, t.state AS task_state, t.tenant, t.pool, a.token_id FROM steps s"
+        " JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence"
         " WHERE s.state = 'leased' AND (s.lease_deadline <= ? OR s.accept_deadline <= ?)",
         (tx.now, tx.now),
     )
@@ -23,6 +25,7 @@ def expire(tx: Tx) -> int:
         unacknowledged = step["accept_deadline"] is not None and step["accept_deadline"] <= tx.now
         why = "not acknowledged" if unacknowledged else "lease expired"
         end_attempt(tx, step["id"], step["fence"], AttemptState.EXPIRED, why)
+        tx.note(Decision.EXPIRED, **about_step(step), why=why)
         requeue(tx, step, counted=True, why=why)
     return len(rows)
 

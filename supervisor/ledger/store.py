@@ -37,6 +37,7 @@ from supervisor.ledger import (
 )
 from supervisor.ledger.batch import Rule, RuleOutcome, Transactions, random_id
 from supervisor.ledger.counts import LedgerCounts
+from supervisor.ledger.decisions import log_decisions
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
@@ -143,6 +144,8 @@ class SqliteLedger:
                     self._work[pool].fire()
                 if result.touched_tasks:
                     self._events.fire()
+                # Here, not in the rules: only a committed decision is logged.
+                log_decisions(result.notes)
 
     @staticmethod
     async def _gather(
@@ -206,8 +209,17 @@ class SqliteLedger:
 
     # -- runners ------------------------------------------------------------------------------
 
-    async def claim(self, runner_id: str, pool: str, capacity: int, wait_s: float) -> list[Lease]:
-        """Grant leases now, or wait up to `wait_s` for work to be queued.
+    async def claim(
+        self,
+        runner_id: str,
+        pool: str,
+        capacity: int,
+        wait_s: float,
+        *,
+        token_id: str | None = None,
+    ) -> list[Lease]:
+        """Grant leases now, or wait up to `wait_s` for work to be queued. `token_id` is the
+        claiming runner token's, recorded on each attempt.
 
         Cancelling a claim (its client went away, the server is draining) takes effect only
         while it waits: a grant already on its way to the writer is seen through and returned,
@@ -217,7 +229,9 @@ class SqliteLedger:
         while True:
             armed = self._work[pool].armed()
             with anyio.CancelScope(shield=True):
-                leases = await self.write(lambda tx: fencing.claim(tx, runner_id, pool, capacity))
+                leases = await self.write(
+                    lambda tx: fencing.claim(tx, runner_id, pool, capacity, token_id=token_id)
+                )
             remaining = deadline - anyio.current_time()
             if leases or remaining <= 0:
                 self.counters.leases_granted += len(leases)

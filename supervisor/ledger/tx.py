@@ -13,6 +13,8 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.ledger.decisions import Decision, Note
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LedgerConfig:
@@ -34,7 +36,8 @@ ALL_POOLS = "*"  # pools are names of runner tokens' scopes, which cannot be emp
 
 @dataclasses.dataclass(kw_only=True)
 class Tx:
-    """One write transaction: the connection, the time it happens at, and what it woke up."""
+    """One write transaction: the connection, the time it happens at, what it woke up, and the
+    decisions it made (logged by the store once the transaction is durable)."""
 
     db: sqlite3.Connection
     now: float
@@ -44,10 +47,17 @@ class Tx:
     # whose claims may now find work (ALL_POOLS for every pool), and the tasks given events.
     woken_pools: set[str] = dataclasses.field(default_factory=set)
     touched_tasks: set[str] = dataclasses.field(default_factory=set)
+    notes: list[Note] = dataclasses.field(default_factory=list)
+    # What the rule does ("renew", "result", ...), named in the log line of its refusal.
+    request: str = "request"
 
     def wake(self, pool: str) -> None:
         """Claims waiting in `pool` may find work once this transaction is durable."""
         self.woken_pools.add(pool)
+
+    def note(self, decision: Decision, **fields: Any) -> None:
+        """Log `decision` with `fields` once this transaction is durable (`decisions`)."""
+        self.notes.append((decision, fields))
 
     def one(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.db.execute(sql, params).fetchone()
