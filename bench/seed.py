@@ -79,10 +79,10 @@ def _approver(s: TaskSpec, task_id: str) -> Callable[[Tx], Any]:
 def create_token(path: Path, scope: str, role: str, dest: Path) -> Path:
     db = _open(path)
     try:
-        [(_token_id, secret)] = _run(db, [lambda tx: tokens.create_token(tx, scope, role)])
+        [new] = _run(db, [lambda tx: tokens.create_token(tx, scope, role)])
     finally:
         db.close()
-    dest.write_text(secret + "\n", encoding="utf-8")
+    dest.write_text(new.secret + "\n", encoding="utf-8")
     dest.chmod(0o600)
     return dest
 

@@ -210,7 +210,8 @@ def wait_until_up(url: str, child: Child, deadline: Deadline) -> None:
 
 
 def create_token(db: Path, tenant: str, role: str) -> str:
-    argv = [program("tether-supervisor"), "token", "create", "--db", str(db)]
+    # --init: the demo's first token makes its ledger (without it, a new path is refused)
+    argv = [program("tether-supervisor"), "token", "create", "--init", "--db", str(db)]
     argv += ["--tenant", tenant, "--role", role]
     done = subprocess.run(
         argv,

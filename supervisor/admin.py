@@ -1,6 +1,9 @@
-"""Commands on the ledger file itself, for operators on the owned box: tokens, check, backup,
-budgets. They run the ledger's own rules through `Transactions`, beside a running supervisor
-if there is one (WAL and `BEGIN IMMEDIATE` serialise the writers)."""
+"""Commands on the ledger file itself, for operators on the owned box: init, tokens, check,
+backup, budgets. They run the ledger's own rules through `Transactions`, beside a running
+supervisor if there is one (WAL and `BEGIN IMMEDIATE` serialise the writers).
+
+Only `init_ledger` and `create_token(..., init=True)` create a ledger file: every other command
+refuses a path with no ledger, so a mistyped `--db` cannot leave an empty ledger behind."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from typing import Any
 
 from supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, tokens
 from supervisor.ledger.batch import Transactions
-from supervisor.ledger.operator import set_budget
+from supervisor.ledger.operator import budget_of, set_budget
 from supervisor.ledger.schema import connect, integrity_problems, open_ledger_file
 
 
@@ -43,43 +46,83 @@ def run_rule(db: sqlite3.Connection, rule: Callable[[Tx], Any]) -> Any:
         raise AdminError(str(exc)) from None
 
 
-def create_token(path: Path, scope: str, role: str) -> str:
-    """The first token creates the ledger file; a refused one leaves no new file behind."""
+def init_ledger(path: Path) -> bool:
+    """Create the ledger file at `path` if there is none; return whether it was created. An
+    existing file is only opened (checked and migrated), so a script may run this twice."""
+    new_file = not path.exists()
+    with ledger_file(path, must_exist=False):
+        pass
+    return new_file
+
+
+def create_token(
+    path: Path, scope: str, role: str, *, name: str | None = None, init: bool = False
+) -> tokens.NewToken:
+    """With `init`, the first token may create the ledger file; a refused one leaves no new
+    file behind."""
     new_file = not path.exists()
     try:
-        with ledger_file(path, must_exist=False) as db:
-            _token_id, secret = run_rule(db, lambda tx: tokens.create_token(tx, scope, role))
+        with ledger_file(path, must_exist=not init) as db:
+            created: tokens.NewToken = run_rule(
+                db, lambda tx: tokens.create_token(tx, scope, role, name)
+            )
     except AdminError:
         if new_file:
             for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
                 leftover.unlink(missing_ok=True)
         raise
-    return str(secret)
+    return created
+
+
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def list_tokens(path: Path) -> list[str]:
+    """`ID TENANT ROLE CREATED [revoked] name=NAME last_used=TIME`, one line per token: the
+    first fields as they always were, then `name=-` for a token without a name and
+    `last_used=never` for one never used (names hold no spaces and no `=`)."""
     with ledger_file(path) as db:
         records = tokens.list_tokens(db)
     return [
         " ".join(
             [
-                r.id, r.scope, r.role.value,
-                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.created_at)),
+                r.id, r.scope, r.role.value, _utc(r.created_at),
                 *(["revoked"] if r.revoked else []),
+                f"name={r.name or '-'}",
+                f"last_used={'never' if r.last_used_at is None else _utc(r.last_used_at)}",
             ]
         )
         for r in records
     ]  # fmt: skip
 
 
-def revoke_token(path: Path, token_id: str) -> None:
+def revoke_token(path: Path, token: str) -> tokens.TokenRecord:
+    """Revoke a token by its id, or by its name while one live token holds it."""
     with ledger_file(path) as db:
-        run_rule(db, lambda tx: tokens.revoke_token(tx, token_id))
+        revoked: tokens.TokenRecord = run_rule(db, lambda tx: tokens.revoke_token(tx, token))
+    return revoked
 
 
 def set_tenant_budget(path: Path, tenant: str, budget: int | None) -> None:
     with ledger_file(path) as db:  # a budget on a mistyped path would bind nobody
         run_rule(db, lambda tx: set_budget(tx, tenant, budget))
+
+
+def show_budget(path: Path, tenant: str) -> str:
+    """`tenant=T spent=N budget=B left=L`, with `unlimited` for B and L when there is no
+    budget."""
+    with ledger_file(path) as db:
+        try:
+            found = budget_of(db, tenant)
+        except LedgerError as exc:
+            raise AdminError(str(exc)) from None
+    unlimited = "unlimited"
+    return (
+        f"tenant={found.tenant} spent={found.spent}"
+        f" budget={unlimited if found.budget is None else found.budget}"
+        f" left={unlimited if found.left is None else found.left}"
+    )
 
 
 def check(path: Path) -> list[str]:

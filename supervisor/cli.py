@@ -1,6 +1,7 @@
 """`tether-supervisor`: serve the API, administer the ledger file, drive tasks, explore schedules.
 
-The forms in docs/design.md, Command line and settings, are relied on by scripts outside this repository; keep them exactly.
+The forms in docs/design.md, Command line and settings, are relied on by scripts outside this
+repository; keep them exactly.
 """
 
 from __future__ import annotations
@@ -28,17 +29,24 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default: 8080)")
 
+    init = sub.add_parser("init", help="create a new, empty ledger file (no other command does)")
+    init.add_argument("--db", required=True, help="ledger file to create")
+
     token = sub.add_parser("token", help="create, list and revoke bearer tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True, parser_class=Parser)
     create = token_sub.add_parser("create", help="create a token; prints it alone on stdout")
     create.add_argument("--db", required=True, help="ledger file")
     create.add_argument("--tenant", required=True, help="tenant (operator) or pool (runner)")
     create.add_argument("--role", required=True, choices=["operator", "runner"])
+    create.add_argument("--name", help="a name to tell the token apart by (e.g. box-17)")
+    create.add_argument(
+        "--init", action="store_true", help="create the ledger file if there is none"
+    )
     listing = token_sub.add_parser("list", help="one line per token; never a secret")
     listing.add_argument("--db", required=True, help="ledger file")
-    revoke = token_sub.add_parser("revoke", help="revoke a token by its id")
+    revoke = token_sub.add_parser("revoke", help="revoke a token by its id or its name")
     revoke.add_argument("--db", required=True, help="ledger file")
-    revoke.add_argument("token_id")
+    revoke.add_argument("token", metavar="TOKEN", help="the token's id, or its name")
 
     check = sub.add_parser("check", help="integrity and ledger invariants; exit 1 on violation")
     check.add_argument("--db", required=True, help="ledger file")
@@ -47,10 +55,16 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     backup.add_argument("--db", required=True, help="ledger file")
     backup.add_argument("dest", help="where to write the copy (must not exist)")
 
-    budget = sub.add_parser("budget", help="set a tenant's token budget (tasks wait past it)")
+    budget = sub.add_parser(
+        "budget", help="show or set a tenant's token budget (tasks wait past it)"
+    )
     budget.add_argument("--db", required=True, help="ledger file")
     budget.add_argument("--tenant", required=True)
-    budget.add_argument("--tokens", required=True, help="a whole number, or 'none' for unlimited")
+    budget_action = budget.add_mutually_exclusive_group(required=True)
+    budget_action.add_argument("--tokens", help="a whole number, or 'none' for unlimited")
+    budget_action.add_argument(
+        "--show", action="store_true", help="print tokens spent, the budget and what is left"
+    )
 
     task = sub.add_parser("task", help="submit, approve, cancel, show and watch tasks")
     task_sub = task.add_subparsers(dest="task_command", required=True, parser_class=Parser)
@@ -115,15 +129,20 @@ def _admin(args: argparse.Namespace) -> int:
 
     db = Path(args.db)
     try:
-        if args.command == "token":
+        if args.command == "init":
+            if admin.init_ledger(db):
+                print(f"created ledger {db}", file=sys.stderr)
+            else:
+                print(f"ledger {db} exists; left as it was", file=sys.stderr)
+        elif args.command == "token":
             if args.token_command == "create":  # noqa: S105
-                print(admin.create_token(db, args.tenant, args.role))
+                _create_token(db, args)
             elif args.token_command == "list":  # noqa: S105
                 for line in admin.list_tokens(db):
                     print(line)
             else:
-                admin.revoke_token(db, args.token_id)
-                print(f"revoked {args.token_id}", file=sys.stderr)
+                revoked = admin.revoke_token(db, args.token)
+                print(f"revoked {_token_label(revoked.id, revoked.name)}", file=sys.stderr)
         elif args.command == "check":
             problems = admin.check(db)
             for problem in problems:
@@ -134,6 +153,8 @@ def _admin(args: argparse.Namespace) -> int:
         elif args.command == "backup":
             admin.backup(db, Path(args.dest))
             print(f"backed up {db} to {args.dest}", file=sys.stderr)
+        elif args.command == "budget" and args.show:
+            print(admin.show_budget(db, args.tenant))
         elif args.command == "budget":
             raw = args.tokens.strip().lower()
             if raw != "none" and not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
@@ -144,6 +165,21 @@ def _admin(args: argparse.Namespace) -> int:
     except admin.AdminError as exc:
         fail(PROG, str(exc))
     return 0
+
+
+def _token_label(token_id: str, name: str | None) -> str:
+    return f"token {token_id}" + (f" name={name}" if name else "")
+
+
+def _create_token(db: Path, args: argparse.Namespace) -> None:
+    """The secret alone on stdout (scripts pipe it into a file); its id on stderr."""
+    from supervisor import admin
+
+    new_ledger = not db.exists()
+    created = admin.create_token(db, args.tenant, args.role, name=args.name, init=args.init)
+    print(created.secret)
+    where = f" in a new ledger {db}" if new_ledger else ""
+    print(f"created {_token_label(created.id, created.name)}{where}", file=sys.stderr)
 
 
 def _print_json(value: Any) -> None:

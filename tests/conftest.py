@@ -257,7 +257,7 @@ async def open_api(path: Path, clock: FakeClock, **settings: Any) -> AsyncIterat
     from supervisor.settings import SupervisorSettings
 
     secrets = {
-        name: admin.create_token(path, scope, role)
+        name: admin.create_token(path, scope, role, init=True).secret
         for name, scope, role in [
             ("operator", API_TENANT, "operator"),
             ("rival", API_RIVAL, "operator"),
@@ -280,12 +280,23 @@ async def api(tmp_path: Path, clock: FakeClock) -> AsyncIterator[ApiHarness]:
         yield harness
 
 
+LAST_USE = ("tokens", "last_used_at")
+
+
 def ledger_snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, to show that a refused request wrote nothing."""
+    """Every row of every table, to show that a refused request wrote nothing. A token's last
+    use is left out: it is written when the token authenticates, whatever the request then
+    asks (tests/test_token_use.py)."""
     db = raw_db(path)
     try:
         tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return {t: [tuple(r) for r in db.execute(f"SELECT * FROM {t} ORDER BY 1")] for t in tables}
+        return {
+            t: [
+                tuple(v for k, v in zip(r.keys(), r, strict=True) if (t, k) != LAST_USE)
+                for r in db.execute(f"SELECT * FROM {t} ORDER BY 1")
+            ]
+            for t in tables
+        }
     finally:
         db.close()
 

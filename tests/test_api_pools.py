@@ -33,7 +33,7 @@ async def test_any_other_pool_is_forbidden_and_writes_nothing(api: ApiHarness, p
 
 async def test_a_runner_of_another_tenants_pool_never_sees_the_task(api: ApiHarness) -> None:
     """The scenario the rule closes: tenant rival aims a task at acme's runners."""
-    runner = admin.create_token(api.path, "acme/gpu", "runner")
+    runner = admin.create_token(api.path, "acme/gpu", "runner").secret
     refused = await api.client.post(
         "/v1/tasks",
         headers=api.auth("rival"),
@@ -74,5 +74,6 @@ def test_a_shared_pool_cannot_be_a_tenants_pool() -> None:
 
 def test_a_tenant_name_has_no_slash(tmp_path: Path) -> None:
     with pytest.raises(admin.AdminError, match="no '/'"):
-        admin.create_token(tmp_path / "l.db", "acme/evil", "operator")
-    assert admin.create_token(tmp_path / "l.db", "acme/gpu", "runner")  # a pool may have one
+        admin.create_token(tmp_path / "l.db", "acme/evil", "operator", init=True)
+    # A pool's name may have one.
+    assert admin.create_token(tmp_path / "l.db", "acme/gpu", "runner", init=True)

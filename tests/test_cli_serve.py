@@ -111,7 +111,8 @@ def test_serve_answers_healthz_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     lease) instead of leaving it to uvicorn's graceful timeout and a 500."""
     db = tmp_path / "ledger.db"
     log = tmp_path / "serve.log"
-    runner = {"Authorization": f"Bearer {admin.create_token(db, 'default', 'runner')}"}
+    secret = admin.create_token(db, "default", "runner", init=True).secret
+    runner = {"Authorization": f"Bearer {secret}"}
     claims: list[int] = []
 
     def long_claim(url: str) -> None:
@@ -138,7 +139,7 @@ def test_serve_answers_healthz_and_exits_0_on_sigterm(tmp_path: Path) -> None:
 
 def damage(path: Path) -> None:
     """A real ledger whose later pages are overwritten: SQLite opens it, the check fails."""
-    admin.create_token(path, "acme", "operator")
+    admin.create_token(path, "acme", "operator", init=True)
     db = sqlite3.connect(str(path))
     with db:
         db.executemany(
@@ -235,8 +236,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("served")
     db = folder / "ledger.db"
     token_file = folder / "operator-token"
-    token_file.write_text(admin.create_token(db, "acme", "operator") + "\n")
-    runner_token = admin.create_token(db, "acme/cli", "runner")
+    token_file.write_text(admin.create_token(db, "acme", "operator", init=True).secret + "\n")
+    runner_token = admin.create_token(db, "acme/cli", "runner").secret
     with serving(db, folder / "serve.log") as (_proc, url):
         yield Served(url, token_file, runner_token, folder)
 

@@ -129,7 +129,8 @@ class Cluster:
         self._tasks = 0
 
     def token(self, tenant: str, role: str) -> str:
-        argv = [*program("tether-supervisor"), "token", "create", "--db", str(self.db)]
+        # --init: the first token makes the ledger (any other admin command refuses a new path)
+        argv = [*program("tether-supervisor"), "token", "create", "--init", "--db", str(self.db)]
         done = subprocess.run(
             [*argv, "--tenant", tenant, "--role", role],
             capture_output=True, text=True, timeout=30, check=True, env=environment(),

@@ -1,4 +1,4 @@
-"""Tenant and pool names: what the ledger accepts, in one place.
+"""Tenant, pool and token names: what the ledger accepts, in one place.
 
 A name is printed in `token list` (one line per token, fields split by spaces), in logs and in
 error messages, and a tenant's own pools are `<tenant>/<name>`. So: letters, digits and
@@ -20,6 +20,7 @@ MAX_NAME = 200
 _PART = r"[A-Za-z0-9][A-Za-z0-9._@:+-]*"
 _TENANT = re.compile(_PART)
 _POOL = re.compile(rf"{_PART}(?:/{_PART})*")
+_TOKEN_ID = re.compile(r"[0-9a-f]{12}")  # the form of `tokens.create_token`'s ids
 _RULE = "letters, digits and . _ @ : + -, starting with a letter or digit"
 
 
@@ -56,4 +57,14 @@ def check_pool_name(name: str, tx: Tx | None = None) -> str:
         raise InvalidRequest(
             f"pool name {name!r} is not allowed: {_RULE}, in parts joined by '/', 1..{MAX_NAME}"
         )
+    return name
+
+
+def check_token_name(name: str) -> str:
+    """Return `name` if it may name a token: a tenant name's characters, and not shaped like a
+    token id (`token revoke` takes either, the id first)."""
+    if len(name) > MAX_NAME or not _TENANT.fullmatch(name):
+        raise InvalidRequest(f"token name {name!r} is not allowed: {_RULE}, 1..{MAX_NAME}")
+    if _TOKEN_ID.fullmatch(name):
+        raise InvalidRequest(f"token name {name!r} looks like a token id: choose another")
     return name

@@ -4,6 +4,7 @@ set a tenant's token budget. Every rule here checks ownership: another tenant's 
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 
 from supervisor.ledger import names
@@ -113,6 +114,35 @@ def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
     )
     if tokens is None or tokens > 0:
         tx.wake(ALL_POOLS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Budget:
+    """A tenant's token budget (None: unlimited) and the tokens its committed steps spent."""
+
+    tenant: str
+    spent: int
+    budget: int | None
+
+    @property
+    def left(self) -> int | None:
+        """None when unlimited; never below 0 (a step in flight may finish past the budget)."""
+        return None if self.budget is None else max(0, self.budget - self.spent)
+
+
+def budget_of(db: sqlite3.Connection, tenant: str) -> Budget:
+    """`NotFound` for a tenant the ledger has never heard of (no task, budget or operator
+    token), so a mistyped name is not shown as a tenant with nothing spent."""
+    row = db.execute(
+        "SELECT token_budget, tokens_used FROM tenants WHERE name = ?", (tenant,)
+    ).fetchone()
+    if row is not None:
+        return Budget(tenant=tenant, spent=row["tokens_used"], budget=row["token_budget"])
+    if db.execute(
+        "SELECT 1 FROM tokens WHERE scope = ? AND role = 'operator'", (tenant,)
+    ).fetchone():
+        return Budget(tenant=tenant, spent=0, budget=None)
+    raise NotFound(f"no tenant {tenant!r} in this ledger (no task, budget or operator token)")
 
 
 REVIEW_DECISIONS = frozenset({"accept", "reject"})

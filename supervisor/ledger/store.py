@@ -309,9 +309,13 @@ class SqliteLedger:
     # -- tokens -------------------------------------------------------------------------------
 
     async def authenticate(self, secret: str) -> tokens.Principal | None:
-        return await self.read(lambda db: tokens.authenticate(db, secret))
+        """The principal behind `secret`; writes the token's last use when it is a minute old."""
+        found = await self.read(lambda db: tokens.authenticate(db, secret))
+        if found is not None and tokens.use_is_stale(found, self.clock()):
+            await self.write(lambda tx: tokens.note_use(tx, found.token_id))
+        return found
 
-    async def create_token(self, scope: str, role: str) -> tuple[str, str]:
+    async def create_token(self, scope: str, role: str) -> tokens.NewToken:
         return await self.write(lambda tx: tokens.create_token(tx, scope, role))
 
     async def revoke_token(self, token_id: str) -> None:

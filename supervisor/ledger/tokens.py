@@ -1,4 +1,5 @@
-"""Bearer tokens: stored hashed, scoped (operators to a tenant, runners to a pool), revocable.
+"""Bearer tokens: stored hashed, scoped (operators to a tenant, runners to a pool), revocable,
+optionally named so an operator can tell them apart (`box-17`).
 
 The secret is shown once, at creation; the ledger keeps only its sha256. Requests are checked
 against the ledger file through the API's token cache (one second: `api/auth.py`), so a
@@ -18,6 +19,9 @@ from supervisor.ledger.tx import Tx
 from tether.wire import sha256_hex
 
 TOKEN_PREFIX = "tether_"  # noqa: S105 - a prefix, not a secret
+# A token's last use is written when the one stored is older than this: `token list` is
+# about a minute late at worst, and a busy token costs one write a minute, not one a request.
+LAST_USE_EVERY_S = 60.0
 
 
 class Role(enum.StrEnum):
@@ -30,6 +34,7 @@ class Principal:
     token_id: str
     scope: str  # the tenant of an operator, the pool of a runner
     role: Role
+    last_used_at: float | None = None  # as stored when the token was looked up
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,14 +44,23 @@ class TokenRecord:
     role: Role
     created_at: float
     revoked: bool
+    name: str | None
+    last_used_at: float | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NewToken:
+    id: str
+    name: str | None
+    secret: str  # shown once, never stored
 
 
 def hash_secret(secret: str) -> str:
     return sha256_hex(secret.encode("utf-8"))
 
 
-def create_token(tx: Tx, scope: str, role: str) -> tuple[str, str]:
-    """Answer `(token_id, secret)`; the secret is never stored."""
+def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewToken:
+    """A new token; its `name`, if given, must be free among the tokens not revoked."""
     try:
         parsed = Role(role)
     except ValueError:
@@ -55,39 +69,74 @@ def create_token(tx: Tx, scope: str, role: str) -> tuple[str, str]:
         names.check_tenant_name(scope, tx)
     else:
         names.check_pool_name(scope, tx)
+    if name is not None:
+        names.check_token_name(name)
+        held = tx.one("SELECT id FROM tokens WHERE name = ? AND revoked_at IS NULL", (name,))
+        if held is not None:
+            raise InvalidRequest(
+                f"token {held['id']} is already named {name!r}: revoke it or choose another name"
+            )
     token_id = secrets.token_hex(6)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     tx.run(
-        "INSERT INTO tokens (id, scope, role, secret_hash, created_at) VALUES (?, ?, ?, ?, ?)",
-        (token_id, scope, parsed.value, hash_secret(secret), tx.now),
+        "INSERT INTO tokens (id, scope, role, secret_hash, created_at, name)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (token_id, scope, parsed.value, hash_secret(secret), tx.now, name),
     )
-    return token_id, secret
+    return NewToken(id=token_id, name=name, secret=secret)
 
 
-def revoke_token(tx: Tx, token_id: str) -> None:
-    changed = tx.run(
-        "UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?", (tx.now, token_id)
+def revoke_token(tx: Tx, token: str) -> TokenRecord:
+    """Revoke the token whose id is `token`, or else the live token named `token`, and return
+    it. Revoking again changes nothing: by name, that finds the newest revoked token so named."""
+    row = tx.one("SELECT * FROM tokens WHERE id = ?", (token,)) or tx.one(
+        "SELECT * FROM tokens WHERE name = ? ORDER BY revoked_at IS NULL DESC, created_at DESC",
+        (token,),
     )
-    if not changed:
-        raise NotFound(f"no token {token_id}")
+    if row is None:
+        raise NotFound(f"no token with id or name {token!r}")
+    tx.run(
+        "UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?", (tx.now, row["id"])
+    )
+    return _record(row)
+
+
+def _record(row: sqlite3.Row) -> TokenRecord:
+    return TokenRecord(
+        id=row["id"], scope=row["scope"], role=Role(row["role"]), created_at=row["created_at"],
+        revoked=row["revoked_at"] is not None, name=row["name"], last_used_at=row["last_used_at"],
+    )  # fmt: skip
 
 
 def list_tokens(db: sqlite3.Connection) -> list[TokenRecord]:
-    return [
-        TokenRecord(
-            id=r["id"], scope=r["scope"], role=Role(r["role"]), created_at=r["created_at"],
-            revoked=r["revoked_at"] is not None,
-        )
-        for r in db.execute("SELECT * FROM tokens ORDER BY created_at, id").fetchall()
-    ]  # fmt: skip
+    return [_record(r) for r in db.execute("SELECT * FROM tokens ORDER BY created_at, id")]
 
 
 def authenticate(db: sqlite3.Connection, secret: str) -> Principal | None:
     """The principal behind a live token, or None for an unknown or revoked one."""
     row = db.execute(
-        "SELECT id, scope, role FROM tokens WHERE secret_hash = ? AND revoked_at IS NULL",
+        "SELECT id, scope, role, last_used_at FROM tokens"
+        " WHERE secret_hash = ? AND revoked_at IS NULL",
         (hash_secret(secret),),
     ).fetchone()
     if row is None:
         return None
-    return Principal(token_id=row["id"], scope=row["scope"], role=Role(row["role"]))
+    return Principal(
+        token_id=row["id"], scope=row["scope"], role=Role(row["role"]),
+        last_used_at=row["last_used_at"],
+    )  # fmt: skip
+
+
+def use_is_stale(principal: Principal, now: float) -> bool:
+    """Whether the token's stored last use is old enough to be written again."""
+    last = principal.last_used_at
+    return last is None or now - last >= LAST_USE_EVERY_S
+
+
+def note_use(tx: Tx, token_id: str) -> None:
+    """Record that the token authenticated now, unless another request just did."""
+    tx.run(
+        "UPDATE tokens SET last_used_at = ?"
+        " WHERE id = ? AND (last_used_at IS NULL OR last_used_at <= ?)",
+        (tx.now, token_id, tx.now - LAST_USE_EVERY_S),
+    )
