@@ -2,12 +2,7 @@
 
 No event loop and no writer thread: rules go straight to `Transactions`, the same group commit
 the store uses, so one schedule costs milliseconds. Ids come from a counter, so one seed always
-writes the same ledger. A supervisor crash closes the connection (an open transaction is rolled
-back, as after a power cut) and reopens the file the way `SqliteLedger.open` does: integrity
-check, migrations, then `refresh_after_restart`.
-
-Each process migrates one scratch file once and resets it for every schedule; scratch files
-live under /dev/shm when it exists, so nothing touches a disk.
+writes the same ledger.
 """
 
 from __future__ import annotations
@@ -34,7 +29,8 @@ SIDECARS = ("-wal", "-shm", "-journal")
 
 @contextlib.contextmanager
 def scratch_root() -> Iterator[Path]:
-    """A private directory for scratch ledgers, removed afterwards."""
+    """A private directory for scratch ledgers, removed afterwards; under /dev/shm when it
+    exists, so nothing touches a disk."""
     base = SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else None
     root = Path(tempfile.mkdtemp(prefix="tether-chaos-", dir=base))
     try:
@@ -50,9 +46,9 @@ def _remove(path: Path) -> None:
 
 
 class Workspace:
-    """One process's scratch directory: the file schedules run on, and an empty, migrated
-    ledger in memory that resets it between schedules (SQLite's backup API: a fraction of a
-    millisecond, where copying and reopening costs several)."""
+    """One process's scratch directory: the file schedules run on, migrated once, and an empty,
+    migrated ledger in memory that resets it between schedules (SQLite's backup API: a fraction
+    of a millisecond, where copying and reopening costs several)."""
 
     def __init__(self, root: Path) -> None:
         self.dir = root / f"p{os.getpid()}"
@@ -135,7 +131,12 @@ class Harness:
 
     def restart(self) -> int:
         """A supervisor crash between transactions and its restart; return the leases
-        refreshed."""
+        refreshed.
+
+        Closing the connection rolls back an open transaction, as a power cut would; the file
+        is reopened the way `SqliteLedger.open` does: integrity check, migrations, then
+        `refresh_after_restart`.
+        """
         self.db.close()
         return self._boot()
 

@@ -1,22 +1,8 @@
 """The adversarial histories of the second seed article, as moves a schedule can make.
 
 Each hazard looks for the situation it needs in the current world and, when it finds it, plays
-the history there and answers True; otherwise it changes nothing and answers False. Random
+the history there and returns True; otherwise it changes nothing and returns False. Random
 schedules pick them from their fault plan; `scenarios` sets each one up on purpose.
-
-- cancel between verification and commit: the report that completes a task and a cancel of that
-  task reach the supervisor in one group-commit batch, in either order, or the supervisor dies
-  before that batch commits. Verification and commit are one transaction in this ledger, so the
-  batch is the narrowest gap there is; exactly one terminal decision must come out of it, and
-  the loser is a rejected attempt.
-- renew after fenced out: a runner holding a lease pauses past its TTL, the reaper fences it
-  out, another runner claims, then the paused runner wakes and renews and reports with its old
-  fence: both refused, neither a state.
-- consumer replay after success: a status consumer that has seen a task succeed is handed the
-  task's older events again, shuffled and duplicated; its view must not move.
-- crash around the unique-key insert: the supervisor dies just before the create's commit (the
-  insert is rolled back) or just after it (the answer is lost); the client retries; there is
-  one task for the key, never a second logical execution.
 """
 
 from __future__ import annotations
@@ -62,7 +48,13 @@ def completing_reports(world: World) -> list[Message]:
 
 
 def cancel_between_verification_and_commit(world: World, *, variant: str | None = None) -> bool:
-    """`variant`: "cancel-first", "report-first" or "crash"; chosen at random when None."""
+    """The report that completes a task and a cancel of it reach the supervisor in one batch.
+
+    In either order, or the supervisor dies before that batch commits. Verification and commit
+    are one transaction in this ledger, so the batch is the narrowest gap there is; exactly one
+    terminal decision must come out of it, and the loser is a rejected attempt. `variant`:
+    "cancel-first", "report-first" or "crash"; chosen at random when None.
+    """
     reports = completing_reports(world)
     if not reports:
         return False
@@ -85,6 +77,8 @@ def cancel_between_verification_and_commit(world: World, *, variant: str | None 
 
 
 def renew_after_fenced_out(world: World, *, sleeper: RunnerActor | None = None) -> bool:
+    """A runner pauses past its TTL, is fenced out and its step claimed by another; it wakes
+    and renews and reports with its old fence: both refused, neither a state."""
     holders = [r for r in world.runners if r.held]
     if sleeper is None:
         if not holders:
@@ -127,6 +121,8 @@ def pause(world: World, sleeper: RunnerActor, seconds: float) -> None:
 
 
 def consumer_replay_after_success(world: World, *, task_id: str | None = None) -> bool:
+    """A status consumer that saw a task end gets its older events again, shuffled and
+    duplicated; its view must not move."""
     states = world.observer.states
     if task_id is None:
         ended = sorted(t for t, s in states.items() if s == "SUCCEEDED") or sorted(
@@ -144,7 +140,11 @@ def consumer_replay_after_success(world: World, *, task_id: str | None = None) -
 def crash_around_key_insert(
     world: World, *, index: int | None = None, when: str | None = None
 ) -> bool:
-    """`when`: "before" or "after" the commit that inserts the key; random when None."""
+    """The supervisor dies just before a create's commit (the insert is rolled back) or just
+    after it (the reply is lost); the client retries, and there is still one task for the key.
+
+    `when`: "before" or "after" the commit that inserts the key; random when None.
+    """
     orders = world.operator.orders
     if index is None:
         fresh = [i for i, o in enumerate(orders) if not o.sent]

@@ -1,11 +1,8 @@
 """The explorer's own record of what it saw, and the checks it makes after every event.
 
-The ledger checks itself with `invariants.find_violations`; the observer checks the ledger from
-outside, from the answers it gave: a shadow of every live lease (granted, renewed, reaped on the
-supervisor's clock, refreshed after a restart, ended by a commit, release or cancel), so it
-knows which fence is current without asking the ledger; the first terminal state each task
-reached; which task each idempotency key named; every applied effect; and the repository heads
-and approved bases, so it can say what verification must decide before the ledger decides it.
+The ledger checks itself with `invariants.find_violations`; the observer checks it from
+outside, from the replies it gave, so it knows which fence is current and what verification
+must decide without asking the ledger.
 """
 
 from __future__ import annotations
@@ -46,6 +43,9 @@ def same_task(a: TaskSpec, b: TaskSpec) -> bool:
 
 
 class Observer:
+    """A shadow of every live lease, the first terminal state each task reached, the task each
+    idempotency key named, every applied effect, and the repository heads and approved bases."""
+
     def __init__(self, config: LedgerConfig) -> None:
         self.config = config
         self.violations: list[str] = []
@@ -239,7 +239,8 @@ class Observer:
             self.expected_end[task_id] = self._verdict(task_id, spec)
 
     def _verdict(self, task_id: str, spec: TaskSpec) -> Expectation:
-        """What verification must decide once every step is committed (docs/design.md, Verification)."""
+        """What verification must decide once every step is committed (docs/design.md,
+        Verification)."""
         if not spec.repository:
             return Expectation(state=TaskState.SUCCEEDED, why="all steps committed")
         head = self.heads.get((spec.tenant, spec.repository))
@@ -276,7 +277,7 @@ class Observer:
 
     def saw_states(self, rows: Iterable[tuple[str, str]]) -> list[str]:
         """Terminal monotonicity and verification, from the task states after one rule.
-        Answer the changes, for the trace."""
+        Return the changes, for the trace."""
         changes: list[str] = []
         for task_id, state in rows:
             before = self.states.get(task_id)
@@ -320,15 +321,15 @@ def _intent_hash(spec: TaskSpec | None, step_id: str) -> str | None:
 
 @dataclasses.dataclass
 class Consumer:
-    """A status consumer of one task's journal (docs/design.md, Event journal): applies events in sequence order and
-    ignores any sequence number at or below the last one applied."""
+    """A status consumer of one task's journal: applies events in sequence order and ignores
+    any sequence number at or below the last one applied (docs/design.md, Event journal)."""
 
     task_id: str
     last_seq: int = 0
     state: str | None = None
 
     def apply(self, events: Sequence[dict[str, Any]]) -> list[str]:
-        """Apply a delivery; answer what went wrong, if anything."""
+        """Apply a delivery; return what went wrong, if anything."""
         problems: list[str] = []
         for event in events:
             if event["seq"] <= self.last_seq:

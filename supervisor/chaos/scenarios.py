@@ -60,7 +60,7 @@ def scenario_world(seed: int = 0, *, steps: int = 2, plant: str | None = None) -
 
 
 def submit(world: World) -> str:
-    """Create and approve the scenario's task; answer its id."""
+    """Create and approve the scenario's task; return its id."""
     world.deliver([world.create(0)])
     task_id = world.operator.orders[0].task_id
     assert task_id is not None
@@ -69,7 +69,7 @@ def submit(world: World) -> str:
 
 
 def work(world: World, runner: RunnerActor) -> str:
-    """`runner` claims the next step and acknowledges it; answer the step id."""
+    """`runner` claims the next step and acknowledges it; return the step id."""
     world.deliver([world.claim(runner)])
     [step_id] = runner.held
     world.deliver([world.act(runner, step_id, finish=False)])
