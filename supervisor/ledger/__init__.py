@@ -4,8 +4,8 @@ Failure domains (docs/design.md, Failure domains), one module each: `identity` (
 `effects` (ack lost, replay), `fencing` (the clock: stale tokens), `reaper` (the substrate
 vanished). `states` holds the task state machine, `journal` the event log, `verification` the
 success gate and the review verdict. `batch` is the one way rules run (a transaction per batch
-of rules); `store` runs them behind one writer with group commit; `port` is the interface
-adapters use.
+of rules); `store` runs them behind one writer with group commit and logs each committed
+decision (`decisions`); `port` is the interface adapters use.
 """
 
 from supervisor.ledger.errors import (
