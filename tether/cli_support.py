@@ -1,5 +1,5 @@
 """Command-line conventions every tether program shares: bad usage is one clear line on stderr
-and exit 2; any other failure is one line and exit 1; every command answers --help."""
+and exit 2; any other failure is one line and exit 1; every command has --help."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ record is written out as JSON.
 
 A body is accepted only if it is strict JSON (no NaN, no lone surrogate, no number out of
 range) with every field its record asks for, so nothing a client sends can reach a ledger rule
-and fail there. A refusal is a `BadMessage` with the code the API answers it with.
+and fail there. A refusal is a `BadMessage` with the code the API replies with.
 """
 
 from __future__ import annotations

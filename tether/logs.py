@@ -1,13 +1,9 @@
 """One structlog configuration for both programs.
 
-JSON lines when stdout is not a terminal (systemd's journal, a pipe, a file), readable colour
-when it is. Lines from the standard library's `logging` (uvicorn's, asyncio's) go through the
-same processors, so they are JSON lines too, with `logger` naming their source; httpx's and
-httpcore's per-request lines are left out below warning.
-
-A redaction processor runs before rendering and again over the rendered line: every secret the
-program has read is registered here, and any occurrence of it is masked, so a token that slips
-into an exception message still never reaches a log line.
+JSON lines when stdout is not a terminal (systemd's journal, a pipe, a file), colour when it
+is. Every secret the program reads is registered here and masked wherever it appears, before
+rendering and again in the rendered line, so a token that slips into an exception message
+still never reaches a log line.
 """
 
 from __future__ import annotations
@@ -104,6 +100,8 @@ def configure_logging(*, json_lines: bool | None = None, level: str = "info") ->
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *finish],
         )
     )
+    # The standard library's lines (uvicorn's, asyncio's) become the same JSON lines, with
+    # `logger` naming their source; httpx's per-request lines are left out below warning.
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -1,13 +1,9 @@
 """Typed settings from defaults < TOML file < `TETHER_*` environment < command-line flags.
 
-Both programs describe their settings as a frozen dataclass; this module fills one in. An
-unknown key in the file, or a value of the wrong type, stops the program at start with the key
-named: a typo must never silently fall back to a default. Environment variables are matched
-only against the program's own fields, because the runner and the supervisor share the
-`TETHER_` prefix on one machine.
-
-Secrets never live in the TOML file or the environment: a setting names a file, and
-`read_secret` also looks in systemd's `$CREDENTIALS_DIRECTORY` (`LoadCredential=`).
+An unknown key in the file, or a value of the wrong type, stops the program at start with the
+key named: a typo must never silently fall back to a default. Secrets never live in the TOML
+file or the environment: a setting names a file, and `read_secret` also looks in systemd's
+`$CREDENTIALS_DIRECTORY` (`LoadCredential=`).
 """
 
 from __future__ import annotations
@@ -108,6 +104,8 @@ def load_settings(
                 known = ", ".join(sorted(hints))
                 raise SettingsError(f"{config_file}: unknown setting {key!r} (known: {known})")
             values[key] = _coerce(key, raw, hints[key], str(config_file))
+    # Only the program's own fields are looked up: the runner and the supervisor share the
+    # `TETHER_` prefix on one machine, so another variable is not a typo.
     env = os.environ if environ is None else environ
     for key, hint in hints.items():
         var = ENV_PREFIX + key.upper()

@@ -78,7 +78,7 @@ class ErrorCode(enum.StrEnum):
 
 
 class RunnerAction(enum.StrEnum):
-    """What a runner does with an error answer; each is one of the runner's exceptions."""
+    """What a runner does with an error response; each is one of the runner's exceptions."""
 
     RETRY = "retry"  # SupervisorUnreachable: back off and send it again
     STOP = "stop"  # TokenRejected: the token is wrong or revoked; stop claiming
@@ -117,9 +117,9 @@ _BY_CODE: Final = {str(code): meaning for code, meaning in ERRORS.items()}
 
 
 def runner_action(status: int, code: str) -> RunnerAction:
-    """What a runner does with an error answer of `status` carrying `code`.
+    """What a runner does with an error response of `status` carrying `code`.
 
-    A code from the table is read from it. An answer that is not the supervisor's (a proxy's
+    A code from the table is read from it. A response that is not the supervisor's (a proxy's
     502, a code this runner does not know) is read from its status alone, the same way.
     """
     meaning = _BY_CODE.get(code)
