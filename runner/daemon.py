@@ -229,7 +229,9 @@ class Runner:
         )
         async for attempt in retrying:
             with attempt:
-                leases = await self._supervisor.claim(self._settings.runner_id, capacity, wait_s)
+                leases = await self._supervisor.claim(
+                    self._settings.runner_id, capacity, wait_s, self._kinds.names()
+                )
         self._link_up()
         return leases
 

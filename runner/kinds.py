@@ -4,13 +4,9 @@ A kind is an async function `(StepContext) -> StepOutput`. A deployment adds its
 `KindRegistry.register`, or, without touching the runner's code, through the entry-point
 group `tether.runner.kinds` (`name = "package.module:function"`), loaded at start.
 
-The `chat` payload (a typo in a key is refused, never ignored):
-
-    {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...],  # required
-     "model": str,                    # optional; default: the runner's `model` setting
-     "temperature": float, "top_p": float, "max_tokens": int, "seed": int,
-     "stop": str | [str, ...],        # optional model parameters, passed through
-     "use_outputs": bool}             # optional, default false
+The `chat` payload is `tether.payloads.ChatPayload`, the record the supervisor also checks
+plans with at submit; a payload that is not one (a typo in a key, a bad role, a wrong type) is
+refused here too, before any model call.
 
 With `use_outputs: true` the outputs of the task's earlier steps go to the model as one
 `user` message placed after the payload's leading `system` messages: one section per step,
@@ -27,9 +23,12 @@ import importlib.metadata
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
+import msgspec
+
 from runner.errors import StepRejected, StepUnsupported
 from runner.lease import EarlierOutput
 from runner.model_client import Completion
+from tether.payloads import ChatPayload, read_payload
 from tether.wire import canonical_json
 
 ENTRY_POINT_GROUP = "tether.runner.kinds"
@@ -98,70 +97,22 @@ class KindRegistry:
         return registry
 
 
-_ROLES = frozenset({"system", "user", "assistant"})
-_PARAMS: dict[str, tuple[type, ...]] = {
-    "temperature": (int, float),
-    "top_p": (int, float),
-    "max_tokens": (int,),
-    "seed": (int,),
-    "stop": (str, list),
-}
-_KEYS = frozenset({"messages", "model", "use_outputs", *_PARAMS})
-
-
-def _reject(why: str) -> StepRejected:
-    return StepRejected(f"chat payload: {why}")
-
-
 def chat_request(
     payload: Any, outputs: tuple[EarlierOutput, ...], default_model: str
 ) -> dict[str, Any]:
     """The provider request for a `chat` payload; `StepRejected` names what is wrong."""
-    if not isinstance(payload, dict):
-        raise _reject("must be a JSON object")
-    unknown = sorted(set(payload) - _KEYS)
-    if unknown:
-        raise _reject(f"unknown key(s) {', '.join(map(repr, unknown))}")
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _reject("'messages' must be a non-empty list")
-    for i, message in enumerate(messages):
-        if (
-            not isinstance(message, dict)
-            or set(message) != {"role", "content"}
-            or message["role"] not in _ROLES
-            or not isinstance(message["content"], str)
-        ):
-            raise _reject(
-                f"messages[{i}] must be {{'role': system|user|assistant, 'content': str}}"
-            )
-    model = payload.get("model", default_model)
-    if not isinstance(model, str) or not model:
-        raise _reject("'model' must be a non-empty string")
-    body: dict[str, Any] = {"model": model}
-    for key, types in _PARAMS.items():
-        if key in payload:
-            value = payload[key]
-            if isinstance(value, bool) or not isinstance(value, types):
-                raise _reject(f"{key!r} has the wrong type")
-            if (
-                key == "stop"
-                and isinstance(value, list)
-                and not all(isinstance(s, str) for s in value)
-            ):
-                raise _reject("'stop' must be a string or a list of strings")
-            body[key] = value
-    use_outputs = payload.get("use_outputs", False)
-    if not isinstance(use_outputs, bool):
-        raise _reject("'use_outputs' must be true or false")
-    messages = list(messages)
-    if use_outputs and outputs:
+    try:
+        chat = read_payload(payload, ChatPayload)
+    except ValueError as exc:
+        raise StepRejected(f"chat payload: {exc}") from None
+    model = default_model if chat.model is msgspec.UNSET else chat.model
+    messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+    if chat.use_outputs and outputs:
         lead = 0
         while lead < len(messages) and messages[lead]["role"] == "system":
             lead += 1
         messages.insert(lead, {"role": "user", "content": earlier_outputs_text(outputs)})
-    body["messages"] = messages
-    return body
+    return {"model": model, **chat.model_parameters(), "messages": messages}
 
 
 def earlier_outputs_text(outputs: tuple[EarlierOutput, ...]) -> str:

@@ -13,6 +13,7 @@ refused, `SupervisorUnreachable` for anything worth retrying, `SupervisorRefused
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 import httpx
@@ -154,9 +155,14 @@ class SupervisorClient:
         code, detail = _error_of(response)
         return _step_error(response.status_code, code, detail)
 
-    async def claim(self, runner_id: str, capacity: int, wait_s: float) -> list[Lease]:
-        """Long-poll for up to `capacity` leases; [] when none came within `wait_s`."""
-        ask = ClaimRequest(runner_id=runner_id, capacity=capacity, wait_s=wait_s)
+    async def claim(
+        self, runner_id: str, capacity: int, wait_s: float, kinds: Sequence[str] = ("chat",)
+    ) -> list[Lease]:
+        """Long-poll for up to `capacity` leases of steps whose kind is in `kinds` (the kinds
+        this runner serves); [] when none came within `wait_s`."""
+        ask = ClaimRequest(
+            runner_id=runner_id, capacity=capacity, wait_s=wait_s, kinds=tuple(kinds)
+        )
         response = await self._post("/leases/claim", encode(ask), timeout_s=wait_s + CLAIM_GRACE_S)
         answered_at = self._clock.now()
         if response.status_code == 204:

@@ -1,4 +1,5 @@
-"""The supervisor's settings (docs/design.md, Command line and settings): defaults < `config/supervisor.toml` < `TETHER_*` < flags.
+"""The supervisor's settings (docs/design.md, Command line and settings): defaults <
+`config/supervisor.toml` < `TETHER_*` < flags.
 
 Every key here appears, with its default and a comment, in `config/supervisor.toml`.
 """
@@ -27,9 +28,13 @@ class SupervisorSettings:
     events_wait_max_s: float = 60.0
     log_level: str = "info"
     shared_pools: str = "default"
+    runner_seen_window_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        for name in ("lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s"):
+        for name in (
+            "lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s",
+            "runner_seen_window_s",
+        ):  # fmt: skip
             require_positive(name, getattr(self, name))
         require_positive("max_attempts", self.max_attempts)
         require_positive("max_body_bytes", self.max_body_bytes)
@@ -59,4 +64,5 @@ class SupervisorSettings:
             lease_ttl_s=self.lease_ttl_s,
             accept_window_s=self.accept_window_s,
             max_attempts=self.max_attempts,
+            runner_seen_window_s=self.runner_seen_window_s,
         )

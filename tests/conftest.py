@@ -236,11 +236,16 @@ class ApiHarness:
         )
 
 
+def chat_payload(text: str) -> dict[str, Any]:
+    """A `chat` payload of one user message, as the supervisor accepts it at submit."""
+    return {"messages": [{"role": "user", "content": text}]}
+
+
 def task_body(key: str = "k1", steps: int = 1, **extra: Any) -> dict[str, Any]:
-    """A `POST /v1/tasks` body shaped like `make_spec`'s task."""
+    """A `POST /v1/tasks` body of `steps` chat steps."""
     plan = {
         "steps": [
-            {"name": f"s{i}", "kind": "chat", "payload": {"cmd": "apply-patch", "rev": i}}
+            {"name": f"s{i}", "kind": "chat", "payload": chat_payload(f"apply patch {i}")}
             for i in range(steps)
         ]
     }

@@ -39,7 +39,8 @@ def good_body(method: str, path: str, task: dict[str, Any], lease: dict[str, Any
         return None
     return {
         "/v1/tasks": {"idempotency_key": "new", "plan": {"steps": [
-            {"name": "s", "kind": "chat", "payload": {}}]}},
+            {"name": "s", "kind": "chat",
+             "payload": {"messages": [{"role": "user", "content": "hi"}]}}]}},
         "/v1/tasks/{task}/approve": {"plan_hash": task["plan_hash"]},
         "/v1/tasks/{task}/cancel": {"reason": "no"},
         "/v1/repositories/repo/head": {"sha": "a" * 40},

@@ -164,7 +164,7 @@ def steps(*raw: Any) -> dict[str, Any]:
 
 
 def field_cases() -> list[Case]:
-    good_step = {"name": "s", "kind": "chat", "payload": {}}
+    good_step = {"name": "s", "kind": "chat", "payload": GOOD_PLAN["steps"][0]["payload"]}
     return [
         invalid("create_missing_key", "POST", CREATE, {"plan": GOOD_PLAN}),
         invalid("create_key_not_string", "POST", CREATE, {"idempotency_key": 7, "plan": GOOD_PLAN}),

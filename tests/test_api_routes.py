@@ -15,6 +15,7 @@ from .conftest import (
     ApiHarness,
     FakeClock,
     assert_error,
+    chat_payload,
     count,
     ledger_snapshot,
     open_api,
@@ -336,7 +337,7 @@ async def test_claim_grants_a_lease_with_every_promised_field(api: ApiHarness) -
         assert key in lease
     assert lease["task_id"] == task["id"]
     assert lease["attempt"] == 1
-    assert lease["payload"] == {"cmd": "apply-patch", "rev": 0}
+    assert lease["payload"] == chat_payload("apply patch 0")
     assert lease["ttl_s"] == 30.0
     assert 0 < lease["renew_every_s"] < lease["ttl_s"]
     assert lease["outputs"] == []

@@ -219,8 +219,8 @@ class Served:
     def task_file(self, key: str, steps: int = 1, **extra: Any) -> Path:
         self.files += 1
         plan = {"steps": [
-            # `note` is not part of the plan; submit --approve must still approve it.
-            {"name": f"s{i}", "kind": "chat", "payload": {"n": i}, "note": "extra key"}
+            {"name": f"s{i}", "kind": "chat",
+             "payload": {"messages": [{"role": "user", "content": f"step {i}"}]}}
             for i in range(steps)
         ]}  # fmt: skip
         path = self.folder / f"task-{self.files}.json"

@@ -30,8 +30,8 @@ def test_chat_request_passes_parameters_and_defaults_the_model() -> None:
 @pytest.mark.parametrize(
     ("payload", "words"),
     [
-        ("not an object", "JSON object"),
-        ({"messages": []}, "non-empty"),
+        ("not an object", "expected `object`"),
+        ({"messages": []}, "length >= 1"),
         ({"messages": MSGS, "temprature": 1}, "temprature"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0]"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0]"),

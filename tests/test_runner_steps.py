@@ -103,7 +103,9 @@ async def test_work_starts_at_once_the_lease_is_renewed_during_it_and_reported(
     assert step_outcomes(rig) == ["applied"]
     assert sup.of("release") == []
     first_claim = sup.of("claim")[0].body
-    assert first_claim == {"runner_id": "test-runner", "capacity": 2, "wait_s": 0.0}
+    assert first_claim == {
+        "runner_id": "test-runner", "capacity": 2, "wait_s": 0.0, "kinds": ["chat"],
+    }  # fmt: skip
 
 
 async def test_a_step_answered_within_half_a_renew_interval_sends_no_renew(
@@ -329,6 +331,20 @@ async def test_a_custom_kind_gets_earlier_outputs_and_reports_candidate_and_arti
     body = rig.supervisor.of("result", "s1")[0].body
     assert body["candidate_sha"] == "c0ffee"
     assert body["artifacts"] == {"tests": "ab" * 32}
+
+
+async def test_every_claim_announces_the_kinds_of_the_runners_registry(tmp_path: Path) -> None:
+    """The supervisor grants a runner only steps of the kinds it announces (issue 16, 3)."""
+
+    async def deploy(_ctx: StepContext) -> StepOutput:
+        return StepOutput(output="deployed")
+
+    kinds = KindRegistry.default(entry_points=False)
+    kinds.register("deploy", deploy)
+    rig = make_rig(tmp_path, kinds=kinds)
+    rig.supervisor.offer(make_lease("s1"))
+    await run_until(rig, lambda: len(rig.supervisor.of("claim")) >= 2)
+    assert [c.body["kinds"] for c in rig.supervisor.of("claim")[:2]] == [["chat", "deploy"]] * 2
 
 
 async def test_shutdown_lets_an_in_flight_step_finish_within_the_grace(tmp_path: Path) -> None:

@@ -23,8 +23,10 @@ RESULT = m.Result(
     usage={"total_tokens": 12}, candidate_sha="c" * 40, artifacts={"tests": "d" * 64},
 )  # fmt: skip
 
+CHAT_MESSAGE = {"role": "user", "content": "hello"}
+
 RECORDS: list[m.Record] = [
-    m.ClaimRequest(runner_id="r1", capacity=4, wait_s=2.5),
+    m.ClaimRequest(runner_id="r1", capacity=4, wait_s=2.5, kinds=("chat", "deploy")),
     LEASE,
     m.ClaimAnswer(leases=(LEASE, LEASE)),
     m.RenewRequest(fence=7),
@@ -45,7 +47,12 @@ RECORDS: list[m.Record] = [
     m.ErrorBody(error="not_found", detail="no step t.9"),
     m.TaskCreate(
         idempotency_key="k",
-        plan=m.Plan(steps=(m.PlanStep(name="a", kind="chat", payload=[1]),)),
+        plan=m.Plan(
+            steps=(
+                m.PlanStep(name="a", kind="chat", payload={"messages": [CHAT_MESSAGE]}),
+                m.PlanStep(name="b", kind="deploy", payload=[1]),
+            )
+        ),
         repository="repo",
         base_sha="b" * 40,
         allowed_paths=("src/",),
@@ -113,6 +120,10 @@ def refused(raw: bytes, into: type[m.Record]) -> BadMessage:
         (b'{"results": []}', m.Results, ErrorCode.INVALID_FIELD, "'results'"),
         (b'{"idempotency_key": "k", "plan": {"steps": [{"name": "a", "kind": "c"}]}}',
          m.TaskCreate, ErrorCode.INVALID_FIELD, "'plan.steps[0].payload' is required"),
+        (b'{"runner_id": "r", "capacity": 1, "kinds": []}', m.ClaimRequest,
+         ErrorCode.INVALID_FIELD, "'kinds'"),
+        (b'{"runner_id": "r", "capacity": 1, "kinds": [""]}', m.ClaimRequest,
+         ErrorCode.INVALID_FIELD, "'kinds[0]'"),
     ],
 )  # fmt: skip
 def test_a_bad_message_is_refused_with_the_apis_code(

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from tether.messages import Record
+from tether.payloads import with_hint
 from tether.wire import ErrorCode, canonical_json
 
 R = TypeVar("R", bound=Record)
@@ -52,7 +53,8 @@ def decode(raw: bytes, into: type[R]) -> R:
         # strict JSON is malformed, whichever field the reader stopped at (the error path
         # only, so the happy path reads the body once).
         _require_json_object(raw)
-        raise BadMessage(ErrorCode.INVALID_FIELD, _field_detail(str(exc))) from None
+        detail = _field_detail(with_hint(str(exc), into))
+        raise BadMessage(ErrorCode.INVALID_FIELD, detail) from None
     except msgspec.DecodeError as exc:
         raise BadMessage(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -79,6 +81,8 @@ def _refuse_constant(name: str) -> Any:
 
 _AT = re.compile(r"^(?P<what>.*) - at `\$\.?(?P<path>[^`]*)`$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`$")
+# A record's own check that names a field inside the value it checked (`tether.payloads`).
+_INNER = re.compile(r"^`(?P<path>[^`]+)`: (?P<what>.*)$", re.DOTALL)
 
 
 def _field_detail(message: str) -> str:
@@ -86,6 +90,9 @@ def _field_detail(message: str) -> str:
     `'results[1].fence': expected `int`, got `str``, naming the field as the client wrote it."""
     at = _AT.match(message)
     what, path = (at["what"], at["path"]) if at else (message, "")
+    inner = _INNER.match(what)
+    if inner:
+        what, path = inner["what"], f"{path}.{inner['path']}" if path else inner["path"]
     missing = _MISSING.match(what)
     if missing:
         field = f"{path}.{missing['field']}" if path else missing["field"]

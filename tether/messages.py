@@ -3,7 +3,9 @@ send each other, with the limits each field must keep.
 
 Both sides import these classes, so a message has one shape in one place; `tether.codec`
 reads a body into its record (checking the limits as it reads) and writes a record out. The
-records are frozen and keyword-only; a field a client adds that is not here is ignored.
+records are frozen and keyword-only. A field a client adds that is not here is ignored, so
+either side may add one without breaking the other; except in a task's creation, where an
+unknown key is a mistake of the operator's and is refused (`forbid_unknown_fields`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
+from tether.payloads import check_payload
 from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome, ReleaseReason
 
 MAX_CAPACITY: Final = 256  # leases one claim may ask for
@@ -20,6 +23,8 @@ MAX_FENCE: Final = 2**62
 # 64-bit integers: an unbounded count would fail the commit itself, and the runner could never
 # report that step.
 MAX_USAGE: Final = 10**12
+# Kinds one claim may announce.
+MAX_KINDS: Final = 64
 # Free text (a release's detail, a cancel's reason, a review's note) is cut to this length.
 MAX_TEXT: Final = 10_000
 
@@ -31,6 +36,7 @@ Fence = Annotated[int, msgspec.Meta(ge=0, le=MAX_FENCE)]
 Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_USAGE)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
 Interval = Annotated[float, msgspec.Meta(gt=0)]  # 0 would make a runner's keeper spin
+Kinds = Annotated[tuple[Name, ...], msgspec.Meta(min_length=1, max_length=MAX_KINDS)]
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,11 +48,17 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ClaimRequest(Record, frozen=True, kw_only=True):
-    """`POST /v1/leases/claim`: up to `capacity` leases, waiting up to `wait_s` for one."""
+    """`POST /v1/leases/claim`: up to `capacity` leases of steps whose kind is in `kinds`,
+    waiting up to `wait_s` for one.
+
+    `kinds` are the step kinds the runner serves; a claim without it (from a runner older than
+    the field) announces only `chat`, the one kind such a runner has built in.
+    """
 
     runner_id: Name
     capacity: Annotated[int, msgspec.Meta(ge=1, le=MAX_CAPACITY)]
     wait_s: Seconds = 0.0  # at most the supervisor's `claim_wait_max_s`, checked there
+    kinds: Kinds = ("chat",)
 
 
 class EarlierOutput(Record, frozen=True, kw_only=True):
@@ -187,20 +199,31 @@ class ErrorBody(Record, frozen=True, kw_only=True):
 # -- the operator's API (docs/design.md, Operator API) -------------------------------------
 
 
-class PlanStep(Record, frozen=True, kw_only=True):
-    """One step of a plan; only these three fields are part of the plan and its hash."""
+class PlanStep(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One step of a plan; these three fields are the step's part of the plan and its hash.
+
+    The payload of a built-in kind must be that kind's record (`tether.payloads`); it is kept
+    as sent, so the plan's hash is over what the operator wrote.
+    """
 
     name: Name
     kind: Name
     payload: Any
 
+    def __post_init__(self) -> None:
+        try:
+            check_payload(self.kind, self.payload)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (step {self.name!r}, kind {self.kind!r})") from None
 
-class Plan(Record, frozen=True, kw_only=True):
+
+class Plan(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
     steps: tuple[PlanStep, ...]
 
 
-class TaskCreate(Record, frozen=True, kw_only=True):
-    """`POST /v1/tasks`. The fields after `plan` are declarations for the review record."""
+class TaskCreate(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/tasks`. The fields after `plan` are declarations for the review record; a key
+    not here is refused."""
 
     idempotency_key: Name
     plan: Plan

@@ -56,7 +56,12 @@ async def claim(request: Request) -> Response:
                 request,
                 scope,
                 lambda: ledger.claim(
-                    ask.runner_id, who.scope, ask.capacity, ask.wait_s, token_id=who.token_id
+                    ask.runner_id,
+                    who.scope,
+                    ask.capacity,
+                    ask.wait_s,
+                    token_id=who.token_id,
+                    kinds=ask.kinds,
                 ),
             )
     if not leases:

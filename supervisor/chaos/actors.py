@@ -22,6 +22,8 @@ from tether.wire import ReleaseReason
 
 OPERATOR = "operator"
 POOL = "default"
+# What the explorer's runners announce when they claim: every step of its scenarios is chat.
+KINDS = ("chat",)
 TENANTS = ("acme", "globex")
 CHECKS = ("lint", "test")
 
@@ -79,7 +81,7 @@ class Message:
         if self.kind is k.BUDGET:
             return lambda tx: operator.set_budget(tx, self.tenant, self.tokens)
         if self.kind is k.CLAIM:
-            return lambda tx: fencing.claim(tx, self.sender, POOL, self.capacity)
+            return lambda tx: fencing.claim(tx, self.sender, POOL, self.capacity, kinds=KINDS)
         if self.kind is k.RENEW:
             return lambda tx: fencing.renew(tx, self.step_id, self.fence, POOL)
         if self.kind is k.RELEASE:

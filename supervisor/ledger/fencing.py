@@ -12,13 +12,15 @@ was lost on the wire) is reaped early instead of stranding its step for a whole 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Collection
 
+from supervisor.ledger import runners
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, loads
-from tether.messages import MAX_CAPACITY, EarlierOutput, Lease, Renewal
+from tether.messages import MAX_CAPACITY, MAX_KINDS, EarlierOutput, Lease, Renewal
 from tether.wire import ReleaseReason
 
 # Releases that say nothing about the step itself: they never count toward max_attempts.
@@ -32,24 +34,36 @@ def next_fence(tx: Tx) -> int:
 
 
 def claim(
-    tx: Tx, runner_id: str, pool: str, capacity: int, *, token_id: str | None = None
+    tx: Tx,
+    runner_id: str,
+    pool: str,
+    capacity: int,
+    *,
+    token_id: str | None = None,
+    kinds: Collection[str] = ("chat",),
 ) -> list[Lease]:
-    """Grant up to `capacity` leases on queued steps, oldest task first, one step per task.
-    `token_id` is the runner token that claims, recorded on each attempt."""
+    """Grant up to `capacity` leases on queued steps of the `kinds` the runner serves, oldest
+    task first, one step per task; a step of another kind waits for a runner that serves it,
+    never burning an attempt here. `token_id` is the runner token that claims, recorded on
+    each attempt. The runner is recorded in `runners` (its pool, token, kinds, last seen)."""
     tx.request = "claim"
     if not runner_id or len(runner_id) > 200:
         raise InvalidRequest("runner_id must be 1..200 characters")
     if not 1 <= capacity <= MAX_CAPACITY:
         raise InvalidRequest(f"capacity must be 1..{MAX_CAPACITY}")
+    if not 1 <= len(kinds) <= MAX_KINDS or not all(0 < len(k) <= 200 for k in kinds):
+        raise InvalidRequest(f"kinds must name 1..{MAX_KINDS} step kinds of 1..200 characters")
+    runners.seen(tx, pool, runner_id, token_id, kinds)
     rows = tx.all(
         # INDEXED BY: left to itself, SQLite 3.40 starts from tasks by state and sorts every
         # queued step on each claim (9 ms at 10k queued); walking the queue index is flat.
         "SELECT s.* FROM steps s INDEXED BY steps_queued JOIN tasks t ON t.id = s.task_id"
         " LEFT JOIN tenants b ON b.name = t.tenant"
         " WHERE s.state = 'queued' AND t.state IN ('QUEUED', 'RUNNING') AND t.pool = ?"
+        f" AND s.kind IN ({', '.join('?' * len(kinds))})"
         " AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)"
         " ORDER BY s.task_order, s.position LIMIT ?",
-        (pool, capacity),
+        (pool, *kinds, capacity),
     )
     return [_grant(tx, row, runner_id, token_id) for row in rows]
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from supervisor.ledger import names
+from supervisor.ledger import names, runners
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import StepState, TaskState
 from supervisor.ledger.tx import Tx, dumps
+from tether.payloads import BUILT_IN_KINDS
 from tether.wire import content_hash, plan_document
 
 MAX_NAME = names.MAX_NAME
@@ -97,6 +98,28 @@ def validate(spec: TaskSpec, max_steps: int, tx: Tx | None = None) -> None:
         raise InvalidRequest("base_sha needs a repository")
 
 
+def check_kinds(tx: Tx, spec: TaskSpec) -> None:
+    """`InvalidRequest` for a step whose kind is neither built in nor announced by a runner of
+    the task's pool seen within `runner_seen_window_s`: no runner would ever be granted it.
+
+    Only a new task is checked; the retry of a create that succeeded returns its task even if
+    the runners serving its kinds have gone since.
+    """
+    unknown = [(i, s) for i, s in enumerate(spec.steps) if s.kind not in BUILT_IN_KINDS]
+    if not unknown:
+        return
+    window = tx.config.runner_seen_window_s
+    served = runners.kinds_served(tx, spec.pool, tx.now - window)
+    for i, step in unknown:
+        if step.kind not in served:
+            known = ", ".join(sorted(BUILT_IN_KINDS | served))
+            raise InvalidRequest(
+                f"'plan.steps[{i}].kind': unknown kind {step.kind!r} (step {step.name!r}):"
+                f" neither built in nor announced by a runner of pool {spec.pool!r} seen in"
+                f" the last {window:g} s; known: {known}"
+            )
+
+
 def existing_task(tx: Tx, spec: TaskSpec) -> Created | None:
     """The task that `spec`'s idempotency key already names, if it has the same plan and
     declarations; `IdempotencyConflict` if it has others; None for a new key."""
@@ -122,6 +145,7 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     existing = existing_task(tx, spec)
     if existing is not None:
         return existing
+    check_kinds(tx, spec)
     plan_hash = spec.plan_hash
     declared = spec.declared()
     task_id = tx.new_id()

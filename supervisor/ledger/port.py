@@ -6,6 +6,7 @@ Protocol. Adapters type against `Ledger`, never against the SQLite class.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Protocol
 
 from supervisor.ledger.counts import LedgerCounts
@@ -37,6 +38,7 @@ class Ledger(Protocol):
         wait_s: float,
         *,
         token_id: str | None = None,
+        kinds: Collection[str] = ("chat",),
     ) -> list[Lease]: ...
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> Renewal: ...
     async def release(

@@ -17,7 +17,7 @@ import math
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -217,9 +217,11 @@ class SqliteLedger:
         wait_s: float,
         *,
         token_id: str | None = None,
+        kinds: Collection[str] = ("chat",),
     ) -> list[Lease]:
         """Grant leases now, or wait up to `wait_s` for work to be queued. `token_id` is the
-        claiming runner token's, recorded on each attempt.
+        claiming runner token's, recorded on each attempt; only steps of `kinds`, the kinds
+        the runner serves, are granted.
 
         Cancelling a claim (its client went away, the server is draining) takes effect only
         while it waits: a grant already on its way to the writer is seen through and returned,
@@ -230,7 +232,9 @@ class SqliteLedger:
             armed = self._work[pool].armed()
             with anyio.CancelScope(shield=True):
                 leases = await self.write(
-                    lambda tx: fencing.claim(tx, runner_id, pool, capacity, token_id=token_id)
+                    lambda tx: fencing.claim(
+                        tx, runner_id, pool, capacity, token_id=token_id, kinds=kinds
+                    )
                 )
             remaining = deadline - anyio.current_time()
             if leases or remaining <= 0:

@@ -24,6 +24,8 @@ class LedgerConfig:
     accept_window_s: float = 10.0
     max_attempts: int = 5
     max_steps: int = 256
+    # A task may name a kind announced by a runner of its pool seen within this (identity).
+    runner_seen_window_s: float = 3600.0
 
     @property
     def renew_every_s(self) -> float:

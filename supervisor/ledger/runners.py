@@ -1,0 +1,44 @@
+"""The runners each pool has seen: who claimed, with which token, serving which step kinds,
+first and last seen on the supervisor's clock.
+
+The claim rule records its runner here (`seen`); task creation asks which kinds a pool's
+runners serve (`kinds_served`), so a plan naming a kind nobody runs is refused at submit
+instead of failing when it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from supervisor.ledger.tx import Tx, dumps
+
+# last_seen moves only when it is this much older than now: a runner claiming in a busy loop
+# costs one index lookup per claim, not a row written.
+SEEN_RESOLUTION_S: Final = 1.0
+
+_SEEN = (
+    "INSERT INTO runners (pool, runner_id, token_id, kinds_json, first_seen, last_seen)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (pool, runner_id) DO UPDATE SET token_id = excluded.token_id,"
+    " kinds_json = excluded.kinds_json, last_seen = excluded.last_seen"
+    " WHERE runners.token_id IS NOT excluded.token_id"
+    " OR runners.kinds_json IS NOT excluded.kinds_json"
+    f" OR runners.last_seen <= excluded.last_seen - {SEEN_RESOLUTION_S}"
+)
+
+_KINDS_SERVED = (
+    "SELECT DISTINCT k.value AS kind FROM runners r, json_each(r.kinds_json) k"
+    " WHERE r.pool = ? AND r.last_seen >= ?"
+)
+
+
+def seen(tx: Tx, pool: str, runner_id: str, token_id: str | None, kinds: Iterable[str]) -> None:
+    """Record that `runner_id` claimed in `pool` now, serving `kinds`."""
+    kinds_json = dumps(sorted(set(kinds)))
+    tx.run(_SEEN, (pool, runner_id, token_id, kinds_json, tx.now, tx.now))
+
+
+def kinds_served(tx: Tx, pool: str, since: float) -> set[str]:
+    """The kinds announced by the runners of `pool` seen at or after `since`."""
+    return {row["kind"] for row in tx.all(_KINDS_SERVED, (pool, since))}
