@@ -3,10 +3,8 @@
 Order: the disk's bound; group commit off/on (in process); then one supervisor on one ledger
 file in a fresh work directory: 1,000 idle long-polls (first, on a fresh supervisor), runner
 RSS, steps/s at 1/16/64/256, model calls alone (no tether), the supervisor alone, overhead at
-half of the peak, renewals, steps under renewals; then the peers. `--quick` (under two
-minutes) shortens every window and skips the peers. `--smoke` runs every step with windows
-too short to mean anything, only to prove the suite still runs (the test suite does this).
-Prints a table; writes JSON to `$BENCH_JSON` when it is set.
+half of the peak, renewals, steps under renewals; then the peers. `--smoke` windows are too
+short to mean anything: they only prove the suite still runs (the test suite does this).
 """
 
 from __future__ import annotations

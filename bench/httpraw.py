@@ -4,7 +4,7 @@ Why not httpx: `httpx.AsyncClient` slows down as concurrency grows (its connecti
 work per request proportional to the requests in flight; see encode/httpx#3215): measured on
 this machine against the stand-in model, 635 requests/s at concurrency 1 but 183 at 64. A load
 process built on it would measure itself. This client keeps one connection per caller, sends a
-request, reads one `Content-Length` answer, and nothing else: enough for the supervisor's API.
+request, reads one `Content-Length` response, and nothing else: enough for the supervisor's API.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The supervisor's cost of 1,000 runners idle in long-poll: CPU (% of one core) and RSS.
 
-One load process (`bench.load idle`) holds 1,000 claim requests open at once, each with
-`wait_s` 25, on a pool that has no work, and re-issues each as it is answered (every 25 s).
-Once all 1,000 are sent and the supervisor holds 1,000 established connections, its CPU is
-measured over a window (a full 25 s re-issue cycle in the full run) and its RSS at the end.
-
-Then, with the 1,000 polls still open, an operator load approves tasks of *another* pool at
-10 per second for 5 s: the supervisor's CPU over that and the ledger rules it ran per
-approval (from `/metrics`) show what queued work elsewhere costs while 1,000 runners wait.
+Then, with the 1,000 polls still open, the cost of queued work in *another* pool while they
+wait.
 """
 
 from __future__ import annotations
@@ -48,6 +42,15 @@ def established(pid: int) -> int:
 
 
 def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
+    """Measure the idle supervisor, then the same supervisor while another pool gets work.
+
+    One load process (`bench.load idle`) holds 1,000 claim requests open at once, each with
+    `wait_s` 25, on a pool that has no work, and re-issues each as it returns (every 25 s).
+    Once all are sent and the supervisor holds 1,000 established connections, its CPU is
+    measured over `window_s` (a full 25 s re-issue cycle in the full run) and its RSS at the
+    end. Then an operator load approves tasks of another pool at 10 per second for 5 s: the
+    supervisor's CPU over that, and the ledger rules it ran per approval (from `/metrics`).
+    """
     assert stack.supervisor is not None
     pid = stack.supervisor.pid
     token = stack.token("idle")

@@ -1,21 +1,7 @@
 """Load processes: `python -m bench.load MODE ...`, each bounded in time, 127.0.0.1 only.
 
-Modes (each prints `{"ready": true}` once its load is in place, then one JSON result):
-- `steps`: C workers loop claim -> renew -> result (one renewal per step, kept so the figure
-  compares across runs) until the pool is drained: the supervisor's own capacity, with no
-  runner and no model in the way.
-- `steps-shared`: the runner's protocol without a runner: W workers (`--concurrency`) each
-  claim up to 16 leases at once and report all of them in one `POST /v1/steps/results`.
-- `renew-max`: claim L leases, acknowledge them, then K workers renew them round robin as fast
-  as the supervisor answers, for T seconds: sustained renewals/s.
-- `renew-paced`: claim L leases and renew each one every P seconds for T seconds (1,000 leases
-  every second = 1,000 renewals/s, five times the cadence a real runner uses by default).
-  `late` counts renewals sent over P/2 after they were due (the load fell behind);
-  `max_gap_s` is the longest time any lease went between two accepted renewals.
-- `idle`: hold N claim long-polls open (`wait_s` W) on a pool with no work for T seconds,
-  re-issuing each as it is answered: N runners idle in long-poll, from one process.
-- `approve`: approve the tasks listed in a JSON file at R per second (open loop), as an
-  operator feeding work at a fixed rate.
+Each mode (a `mode_*` function) prints `{"ready": true}` once its load is in place, then one
+JSON result.
 """
 
 from __future__ import annotations
@@ -130,14 +116,21 @@ async def _shared_steps(conn: RawConnection, i: int) -> int:
 
 
 async def mode_steps(a: argparse.Namespace, token: str) -> dict[str, Any]:
+    """C workers loop claim -> renew -> result until the pool is drained: the supervisor's own
+    capacity, with no runner and no model in the way. The one renewal per step is kept so the
+    figure compares across runs."""
     return await _step_rounds(a, token, _one_step)
 
 
 async def mode_steps_shared(a: argparse.Namespace, token: str) -> dict[str, Any]:
+    """The runner's protocol without a runner: each worker claims up to 16 leases at once and
+    reports all of them in one `POST /v1/steps/results`."""
     return await _step_rounds(a, token, _shared_steps)
 
 
 async def mode_renew_max(a: argparse.Namespace, token: str) -> dict[str, Any]:
+    """Claim L leases, acknowledge them, then K workers renew them round robin as fast as the
+    supervisor replies, for T seconds: sustained renewals/s."""
     setup = RawConnection.for_url(a.url, token)
     leases = await claim_leases(setup, "renew-max", a.leases)
     await setup.aclose()
@@ -171,6 +164,12 @@ async def mode_renew_max(a: argparse.Namespace, token: str) -> dict[str, Any]:
 
 
 async def mode_renew_paced(a: argparse.Namespace, token: str) -> dict[str, Any]:
+    """Claim L leases and renew each one every P seconds for T seconds.
+
+    1,000 leases every second is 1,000 renewals/s, five times the cadence a real runner uses by
+    default. `late` counts renewals sent over P/2 after they were due (the load fell behind);
+    `max_gap_s` is the longest time any lease went between two accepted renewals.
+    """
     setup = RawConnection.for_url(a.url, token)
     leases = await claim_leases(setup, "renew-paced", a.leases)
     await setup.aclose()
@@ -222,6 +221,8 @@ async def mode_renew_paced(a: argparse.Namespace, token: str) -> dict[str, Any]:
 
 
 async def mode_idle(a: argparse.Namespace, token: str) -> dict[str, Any]:
+    """Hold N claim long-polls open (`wait_s` W) on a pool with no work for T seconds,
+    re-issuing each as it returns: N runners idle in long-poll, from one process."""
     answered = leased = opened = 0
     deadline = time.monotonic() + a.seconds
     all_open = anyio.Event()
@@ -260,6 +261,8 @@ async def mode_idle(a: argparse.Namespace, token: str) -> dict[str, Any]:
 
 
 async def mode_approve(a: argparse.Namespace, token: str) -> dict[str, Any]:
+    """Approve the tasks listed in a JSON file at R per second (open loop), as an operator
+    feeding work at a fixed rate."""
     tasks = json.loads(await anyio.Path(a.tasks).read_text())
     approved = errors = late = 0
     latencies: list[float] = []

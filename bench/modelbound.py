@@ -1,12 +1,7 @@
 """The machine's bound for any runner written like ours: model calls alone, no tether.
 
-`python -m bench.modelbound --url URL --concurrency C --seconds S` runs C workers that call the
-stand-in model through the runner's own `ModelClient` (httpx, the runner's pooled transport,
-uvloop when installed), with no supervisor, no lease and no ledger, and prints one JSON line
-`{"calls", "seconds"}`. The benchmark starts as many such processes as it starts runners for
-the same concurrency (one per 16 slots, at most one per core) and adds their rates: what the
-model calls of a step cost on these cores, which no amount of work on the ledger can beat.
-tether's steps/s is reported as a ratio to it.
+What the model calls of a step cost on these cores, which no amount of work on the ledger can
+beat; tether's steps/s is reported as a ratio to it.
 """
 
 from __future__ import annotations
@@ -52,7 +47,13 @@ async def _calls(url: str, concurrency: int, seconds: float) -> tuple[int, float
 
 
 def run(stack: Stack, *, concurrency: int, seconds: float) -> float:
-    """Model calls/s of as many processes as runners for `concurrency`, the stack's model."""
+    """Model calls/s of as many processes as runners for `concurrency`, the stack's model.
+
+    Each process (`python -m bench.modelbound --url URL --concurrency C --seconds S`) runs C
+    workers that call the stand-in through the runner's own `ModelClient` (httpx, the runner's
+    pooled transport, uvloop when installed), with no supervisor, lease or ledger, and prints
+    one JSON line `{"calls", "seconds"}`; their rates are added.
+    """
     n = processes_for(concurrency)
     argv = [sys.executable, "-m", "bench.modelbound", "--url", stack.model_url,
             "--concurrency", str(-(-concurrency // n)), "--seconds", str(seconds)]  # fmt: skip

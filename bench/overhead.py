@@ -1,24 +1,10 @@
 """Claim->commit overhead at half of peak load, model time excluded: two readings.
 
-Overhead per step, from the ledger's own timestamps on the supervisor's clock:
+Overhead per step comes from the ledger's own timestamps on the supervisor's clock:
 `effects.created_at - attempts.granted_at` of the committing attempt, less the time the model
-held the answer. That span holds the grant's fsync and answer, the model call's HTTP round trip
-(to a stand-in on the same cores: not subtracted, conservative), and the result request up to
-the moment its batch runs. (A step this short sends no renew: its result acknowledges the
-lease.) It does not hold the commit's own fsync, so one fsync (1/disk bound) is added to every
-figure reported. Beside each reading: how busy the machine's cores were while it ran.
-
-- `run`, approvals one at a time (the reading in the headline figure): an operator load
-  process approves one-step tasks over HTTP at the rate (open loop: a fixed arrival rate, not
-  a closed loop that slows down with the system), while runners with 64 slots long-poll for
-  them; the stand-in answers at once. Every step also costs an approval, and a claim and a
-  result request of its own, which the peak (a queue drained) does not pay.
-- `paced`, the peak's own work at half its rate: the same 64 slots drain a queue of approved
-  tasks, as at the peak, but the stand-in holds each answer about 64/rate seconds, spread
-  evenly over +-90 % by a hash of the request (`examples.standin_model.latency_for`), so that the
-  answers do not arrive in waves. That hold is computed for each step from its own messages
-  and subtracted. Only steps granted in a window after the 64 slots have filled and cycled
-  twice, and that finish before the runners stop, are counted.
+held the reply. That span holds the grant's fsync and reply, the model call's HTTP round trip
+(to a stand-in on the same cores: not subtracted, conservative) and the result request up to
+its batch, but not the commit's own fsync: one fsync (1/disk bound) is added to every figure.
 """
 
 from __future__ import annotations
@@ -76,7 +62,13 @@ def _drain(stack: Stack, pool: str, timeout_s: float = 15.0) -> None:
 def run(
     stack: Stack, *, rate: float, seconds: float, fsync_ms: float, pool: str = "half-peak"
 ) -> Overhead:
-    """Approvals arriving one at a time at `rate`; the stand-in answers at once."""
+    """Approvals arriving one at a time at `rate`; the stand-in replies at once.
+
+    The reading in the headline figure. An operator load process approves one-step tasks over
+    HTTP at `rate` (open loop: a fixed arrival rate, not a closed loop that slows down with the
+    system) while runners with 64 slots long-poll for them. Every step also costs an approval,
+    and a claim and a result request of its own, which the peak (a queue drained) does not pay.
+    """
     count = int(rate * seconds) + 10
     tasks = seed.create_tasks(stack.db, pool, count, approve=False)
     stack.token(pool)
@@ -102,8 +94,12 @@ def run(
 def paced(
     stack: Stack, *, rate: float, seconds: float, fsync_ms: float, pool: str = "paced"
 ) -> Overhead:
-    """A queue of approved tasks drained by 64 slots whose model answers take about
+    """A queue of approved tasks drained by 64 slots whose model replies take about
     64/`rate` s each; each step's own hold is subtracted.
+
+    The peak's own work at half its rate. Holds spread evenly over +-90 % by a hash of the
+    request (`examples.standin_model.latency_for`), so that replies do not arrive in waves; each
+    step's hold is computed from its own messages.
 
     Counted: the steps granted within a window of `seconds` that opens once the slots have
     cycled twice (the fill, all 64 at once, is over) and closes while the runners still work,

@@ -2,7 +2,7 @@
 
 Both use one load process (`bench.load`) that first claims its leases over HTTP from a pool of
 its own and acknowledges them. `max_rate`: 64 connections renew 1,000 leases round robin as
-fast as the supervisor answers. `steps_while_renewing`: 200 connections renew each of 1,000
+fast as the supervisor replies. `steps_while_renewing`: 200 connections renew each of 1,000
 leases once a second (five times a real runner's cadence at the default TTL) while real
 runners run steps at concurrency 64, measured exactly as `bench.steps` does.
 """

@@ -2,7 +2,7 @@
 
 Idle: one `tether-runner` with concurrency 100 on an empty pool, measured after it has
 settled. In flight: the same runner on a pool of 100 queued tasks, served by a second
-stand-in model that answers after 5 s, measured (highest of a few samples) while all 100
+stand-in model that replies after 5 s, measured (highest of a few samples) while all 100
 leases are held, i.e. while 100 model calls are waiting.
 """
 

@@ -3,7 +3,7 @@
 Tasks are created (and, if asked, approved) through the ledger's own rules with
 `Transactions`, straight on the file and before the supervisor opens it, so seeding is never
 part of what is timed. Each measurement gets its own pool, so runners of one measurement never
-take another's tasks. Every task is one `chat` step; the stand-in model answers it at once
+take another's tasks. Every task is one `chat` step; the stand-in model replies at once
 (unless a measurement sets its latency, as `overhead.paced` does).
 """
 
@@ -53,7 +53,7 @@ def _run(db: sqlite3.Connection, rules: Sequence[Callable[[Tx], Any]]) -> list[A
 
 def create_tasks(path: Path, pool: str, count: int, *, approve: bool) -> list[tuple[str, str]]:
     """Create `count` one-step tasks in `pool`; approve them (queue them) if `approve`.
-    Answer `(task_id, plan_hash)` of each, for approving them later over HTTP."""
+    Return `(task_id, plan_hash)` of each, for approving them later over HTTP."""
     db = _open(path)
     ids: list[tuple[str, str]] = []
     try:

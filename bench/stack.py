@@ -82,7 +82,7 @@ class Stack:
         concurrency: int,
     ) -> dict[str, Any]:  # fmt: skip
         """Approve `tasks` (`[task_id, plan_hash]` pairs) at `rate` per second, open loop, from
-        one operator load process; answer its summary once it is done feeding."""
+        one operator load process; return its summary once it is done feeding."""
         listing = self.workdir / f"{name}-tasks.json"
         listing.write_text(json.dumps(tasks))
         feeder = self.kids.start(

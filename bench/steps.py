@@ -1,11 +1,5 @@
 """Committed steps/s end to end: real `tether-runner` processes, the real HTTP API, the stand-in
 model at zero latency, at a given concurrency.
-
-Each run gets its own pool, seeded with more queued one-step tasks than the run can finish.
-The runners start, work for a fixed time, and stop (SIGTERM: in-flight steps finish or are
-released). The rate is read from the ledger file: committed steps divided by the time from
-the pool's first lease grant to its last commit; the count is checked against SUCCEEDED tasks.
-Leftover tasks are then cancelled so they never sit in the queue during a later measurement.
 """
 
 from __future__ import annotations
@@ -59,7 +53,14 @@ def run(
     stack: Stack, *, concurrency: int, seconds: float, tasks: int, label: str = "",
     prepared: str | None = None,
 ) -> StepsRun:  # fmt: skip
-    """Run real runners for `seconds` on a pool seeded with `tasks` (or on `prepared`)."""
+    """Run real runners for `seconds` on a pool seeded with `tasks` (or on `prepared`).
+
+    The pool holds more queued one-step tasks than the run can finish. The runners stop with
+    SIGTERM (in-flight steps finish or are released). The rate is read from the ledger file:
+    committed steps divided by the time from the pool's first lease grant to its last commit,
+    the count checked against SUCCEEDED tasks. Leftover tasks are then cancelled so they never
+    sit in the queue during a later measurement.
+    """
     pool = prepared or prepare(stack, concurrency=concurrency, tasks=tasks, label=label)
     procs = stack.start_runners(pool, pool, concurrency, processes_for(concurrency))
     rss = 0.0

@@ -1,20 +1,10 @@
 """`make demo`: a revoked server mid-step, and the ledger's account of what happened.
 
-Starts, as separate processes on 127.0.0.1 only, a supervisor on a SQLite file in a temporary
-folder, the stand-in model (a test double that answers like an OpenAI-compatible API after
-about a second), and two runners with distinct runner ids and tokens in files. It submits and
-approves a four-step chat task whose later steps use the earlier outputs, waits until a step
-of the middle of the plan is leased, and SIGKILLs the runner holding it, as a cloud provider
-reclaiming the server would. The supervisor's clock ends the lease (killed before its first
-renew, it is never acknowledged within the 2 s accept window here; a renewed lease would run
-out its 4 s TTL), the step is re-queued with the same step id, and the other runner replays
-it under a new fence.
-
-It ends by printing the ledger's account (each step, its attempts and fences, its one effect,
-the terminal state), checks it against the effects table and `tether-supervisor check`, and
-exits 0; any surprise exits 1 with one line saying what was off and the tail of each
-process's log. Every child is stopped before exit, and the temporary folder is removed
-unless the demo failed (then its path is printed, logs inside).
+A supervisor, the stand-in model and two runners run as separate processes on 127.0.0.1 only.
+The demo submits a four-step chat task whose later steps use the earlier outputs, SIGKILLs the
+runner holding a middle step, as a cloud provider reclaiming the server would, and shows the
+supervisor's clock ending that lease and the other runner replaying the step, same step id,
+new fence.
 """
 
 from __future__ import annotations
@@ -40,9 +30,11 @@ from tether.wire import content_hash, effect_key
 
 DEADLINE_S = 45.0  # the run itself; stopping adds at most STOP_BUDGET_S
 STOP_BUDGET_S = 10.0
+# A runner killed before its first renew is never acknowledged within the accept window; a
+# renewed lease would run out its TTL. Either way the step is re-queued within seconds.
 LEASE_TTL_S = 4
 ACCEPT_WINDOW_S = 2
-MODEL_LATENCY_S = 1.0
+MODEL_LATENCY_S = 1.0  # the stand-in's delay, so the kill lands mid-call
 CLAIM_WAIT_S = 2
 RUNNER_IDS = ("demo-runner-a", "demo-runner-b")
 KILL_STEP = 1  # zero-based: the second step, once the first has committed
@@ -334,7 +326,7 @@ class Progress:
 def kill_the_holder(
     http: httpx.Client, task_id: str, children: Children, progress: Progress, deadline: Deadline
 ) -> tuple[str, str, int]:
-    """SIGKILL the runner holding step KILL_STEP mid-call; answer (runner_id, step_id, fence)."""
+    """SIGKILL the runner holding step KILL_STEP mid-call; return (runner_id, step_id, fence)."""
     while True:
         view = call(http, "GET", f"/v1/tasks/{task_id}")
         progress.show(view)
@@ -464,6 +456,14 @@ def stopped_cleanly(children: Children, killed_runner: str) -> list[str]:
 
 
 def run(*, keep: bool) -> int:
+    """Run the demo; print the ledger's account and return 0, or 1 on any surprise.
+
+    The account (each step, its attempts and fences, its one effect, the terminal state) is
+    checked against the effects table and `tether-supervisor check`. A surprise prints one
+    line saying what was off and the tail of each process's log. Every child is stopped
+    before the return; the temporary folder is removed unless the demo failed (then its path
+    is printed, logs inside) or `keep` is set.
+    """
     deadline = Deadline(DEADLINE_S)
     folder = Path(tempfile.mkdtemp(prefix="tether-demo-"))
     children = Children(folder)

@@ -1,33 +1,10 @@
 """A stand-in model server: a TEST DOUBLE of an OpenAI-compatible chat API, for tests and demos.
 
-It is not a model and not for production: production points the runner's `model_url` at a
-real provider. It serves `POST /v1/chat/completions` with deterministic answers (an echo of
-the last user message and a hash of all messages) and word-count token usage, and it can be
-told to misbehave, by constructor arguments, command-line flags, or at run time through a tiny
-admin endpoint:
-
-    POST /_admin/knobs   {"latency_s": 0.5, "latency_spread": 0.5, "fail_429": 2,
-                          "retry_after_s": 1, "fail_500": 1, "quota_exhausted": true,
-                          "expected_key": "k"}  -> the knobs now
-    GET  /_admin/knobs   the knobs (the expected key itself is never shown)
-    GET  /_admin/stats   {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...]}
-    GET  /healthz        {"ok": true} once it listens
-
-Knobs, applied to each call in this order: a wrong or missing key while `expected_key` is set
-answers 401; `quota_exhausted` answers 429 `insufficient_quota` (never retried by the runner);
-`fail_429` answers the next N calls 429 with `Retry-After: retry_after_s`; `fail_500` answers
-the next N calls 500; `latency_s` delays every answer. With `latency_spread` s (0 to 1) the
-delays spread evenly over `latency_s * (1 - s)` .. `latency_s * (1 + s)`, each one chosen by a
-hash of the request's messages (`latency_for`): answers do not all arrive in step, as a real
-model's do not, yet whoever sent a request can compute how long its answer was held. The
-admin endpoint has no authentication: bind it to 127.0.0.1 only.
-
-    python -m examples.standin_model --port 8090 [--host 127.0.0.1] [--key K | --key-file F]
-        [--latency S] [--latency-spread F] [--fail-429 N] [--retry-after S] [--fail-500 N]
-        [--quota-exhausted]
-
-Starlette and uvicorn are imported here only; this module lives outside the installed package
-because a runner-only install has neither.
+It is not a model and not for production (production points `model_url` at a real provider).
+It serves `POST /v1/chat/completions` with deterministic replies and word-count token usage,
+and misbehaves on request through its knobs (`Knobs`). Its admin endpoint has no
+authentication: bind it to 127.0.0.1 only. It lives outside the installed package because a
+runner-only install has neither Starlette nor uvicorn.
 """
 
 from __future__ import annotations
@@ -64,7 +41,14 @@ _KNOB_TYPES: dict[str, tuple[type, ...]] = {
 
 @dataclasses.dataclass(kw_only=True)
 class Knobs:
-    """How the stand-in misbehaves; mutable at run time through `/_admin/knobs`."""
+    """How the stand-in misbehaves; mutable at run time through `/_admin/knobs`.
+
+    Applied to each call in this order: a wrong or missing key while `expected_key` is set gets
+    401; `quota_exhausted` gets 429 `insufficient_quota` (never retried by the runner);
+    `fail_429` gives the next N calls 429 with `Retry-After: retry_after_s`; `fail_500` gives
+    the next N calls 500; `latency_s` delays every reply, spread by `latency_spread`
+    (`latency_for`).
+    """
 
     latency_s: float = 0.0
     latency_spread: float = 0.0
@@ -80,7 +64,7 @@ class Knobs:
         return shown
 
     def update(self, changes: Any) -> str | None:
-        """Apply `changes`, all or nothing; answers an error text for bad input."""
+        """Apply `changes`, all or nothing; return an error text for bad input."""
         if not isinstance(changes, dict):
             return "body must be a JSON object"
         for key, value in changes.items():
@@ -113,8 +97,12 @@ def _tokens(text: str) -> int:
 
 
 def latency_for(messages: Any, latency_s: float, spread: float) -> float:
-    """How long the answer to a request with these `messages` is held: `latency_s`, moved by up
-    to `spread` of itself by a hash of the messages (the same messages, the same delay)."""
+    """How long the reply to a request with these `messages` is held: `latency_s`, moved by up
+    to `spread` (0 to 1) of itself by a hash of the messages.
+
+    Replies do not all arrive in step, as a real model's do not, yet whoever sent a request can
+    compute how long its reply was held (the same messages, the same delay).
+    """
     if spread <= 0 or latency_s <= 0:
         return latency_s
     unit = int(sha256_hex(canonical_json(messages))[:8], 16) / 0x1_0000_0000
@@ -122,7 +110,8 @@ def latency_for(messages: Any, latency_s: float, spread: float) -> float:
 
 
 def answer_for(body: dict[str, Any]) -> dict[str, Any]:
-    """The deterministic completion for a valid request body."""
+    """The deterministic completion for a valid request body: an echo of the last user message
+    and a hash of all messages."""
     messages = body["messages"]
     digest = sha256_hex(canonical_json(messages))
     last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
@@ -171,7 +160,13 @@ def _invalid_request(body: Any) -> str | None:
 
 
 def create_app(knobs: Knobs | None = None) -> Starlette:
-    """The stand-in as an ASGI app; `app.state.knobs` and `app.state.stats` are live."""
+    """The stand-in as an ASGI app; `app.state.knobs` and `app.state.calls` are live.
+
+    POST /_admin/knobs   {"latency_s": 0.5, "fail_429": 2, ...}  -> the knobs now
+    GET  /_admin/knobs   the knobs (the expected key itself is never shown)
+    GET  /_admin/stats   {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...]}
+    GET  /healthz        {"ok": true} once it listens
+    """
     state_knobs = knobs or Knobs()
     calls: Counter[str] = Counter()
     answered: list[str] = []
