@@ -14,7 +14,7 @@ from supervisor.ledger.tx import Tx
 
 
 def expire(tx: Tx) -> int:
-    """Reap every lease past its deadline or never acknowledged in time; answer how many."""
+    """Reap every lease past its deadline or never acknowledged in time; return how many."""
     rows = tx.all(
         "SELECT s.*, t.state AS task_state, t.tenant, t.pool, a.token_id FROM steps s"
         " JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence"
