@@ -31,6 +31,7 @@ RECORDS: list[m.Record] = [
     m.ClaimAnswer(leases=(LEASE, LEASE)),
     m.RenewRequest(fence=7),
     m.Renewal(ttl_s=30.0, renew_every_s=5.0, cancelled=False),
+    m.RunnerIdentity(pool="default", token_id="3f2a9c1b7d4e"),
     m.ReleaseRequest(fence=7, reason=ReleaseReason.OPERATOR, retryable=True, detail="no key"),
     m.Released(),
     RESULT,

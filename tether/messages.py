@@ -189,6 +189,15 @@ class ResultsAnswer(Record, frozen=True, kw_only=True):
     results: tuple[ItemAnswer, ...]
 
 
+class RunnerIdentity(Record, frozen=True, kw_only=True):
+    """The answer of `GET /v1/runner`: the pool the caller's runner token serves, and the
+    token's id. A runner asks once at start: an answer of this shape is how it knows that its
+    `supervisor_url` is a supervisor's."""
+
+    pool: str
+    token_id: str
+
+
 class ErrorBody(Record, frozen=True, kw_only=True):
     """Every error on the wire: a stable code (a `tether.wire.ErrorCode`) and a sentence."""
 

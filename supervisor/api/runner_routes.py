@@ -1,5 +1,5 @@
-"""Runner routes: claim, renew, release, result. A runner token acts for its pool only; a step
-of another pool is `not_found`.
+"""Runner routes: who am I, claim, renew, release, result. A runner token acts for its pool
+only; a step of another pool is `not_found`.
 
 `POST /v1/steps/results` is `result` for many steps at once: the runner sends every result
 that is ready at the same moment in one request, as the ledger commits every rule that is
@@ -32,6 +32,7 @@ from tether.messages import (
     ResultAnswer,
     Results,
     ResultsAnswer,
+    RunnerIdentity,
 )
 from tether.wire import ERRORS, ErrorCode
 
@@ -39,6 +40,13 @@ from tether.wire import ERRORS, ErrorCode
 def _ledger(request: Request) -> Ledger:
     ledger: Ledger = request.app.state.ledger
     return ledger
+
+
+async def whoami(request: Request) -> Response:
+    """The pool and token id behind the caller's runner token: a runner asks at start, to know
+    that it talks to a supervisor and to name its pool in its first line."""
+    who = await require(request, Role.RUNNER)
+    return record_response(RunnerIdentity(pool=who.scope, token_id=who.token_id))
 
 
 async def claim(request: Request) -> Response:
@@ -125,6 +133,7 @@ async def results(request: Request) -> Response:
 
 
 ROUTES = [
+    Route("/v1/runner", whoami, methods=["GET"]),
     Route("/v1/leases/claim", claim, methods=["POST"]),
     Route("/v1/leases/{step_id}/renew", renew, methods=["POST"]),
     Route("/v1/leases/{step_id}/release", release, methods=["POST"]),
