@@ -1,7 +1,9 @@
 """`tether-runner run`: read settings and secrets, then serve until SIGTERM.
 
 Exit codes: 0 after a graceful shutdown; 2 for bad usage or configuration (one line on
-stderr naming what is wrong); 128+N when a second signal N cut the shutdown short.
+stderr naming what is wrong), or for a `supervisor_url` that answers but not as a tether
+supervisor (one error line in the log naming the URL; `READY=1` is never sent); 128+N when a
+second signal N cut the shutdown short.
 A missing runner token stops the runner at start; a missing model key does not (see
 `runner.settings`).
 """
@@ -21,7 +23,7 @@ import structlog
 
 from runner.credentials import SecretMissing, SecretSource
 from runner.daemon import Runner
-from runner.http import pooled_transport
+from runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, pooled_transport
 from runner.kinds import KindRegistry
 from runner.model_client import ModelClient
 from runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
@@ -140,7 +142,8 @@ async def serve(
         token=token_value,
         clock=clock,
         timeout_s=settings.request_timeout_s,
-        transport=supervisor_transport or pooled_transport(settings.concurrency),
+        transport=supervisor_transport
+        or pooled_transport(settings.concurrency, keepalive_expiry_s=SUPERVISOR_KEEPALIVE_EXPIRY_S),
     )
     model = ModelClient(
         base_url=settings.model_url,

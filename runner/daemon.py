@@ -1,17 +1,22 @@
 """The runner daemon: the claim loop, the step slots, pauses, and a graceful shutdown.
 
+- Readiness means a supervisor: the runner first asks who it is (`GET /v1/runner`), and sends
+  `READY=1` once that is answered by a supervisor: its pool (logged with the runner's kinds),
+  or a refusal of the token in the contract's error shape (reported on STATUS and paused, as
+  later, rather than by a start-up failure loop). Any other answer (an HTML page, the model
+  server, a URL ending in /v1) is one error line naming the URL, exit 2 and no `READY=1`.
 - Claims long-poll the supervisor for as many leases as there are free slots (`concurrency`),
   each step running as a `StepRun` in one task group. Results ready at the same moment share
-  one request (`ResultSender`). The first claim does not wait, so `READY=1` follows the
-  supervisor's first answer (any answer: a rejected token is reported on STATUS rather than
-  by a start-up failure loop).
+  one request (`ResultSender`).
 - An unreachable supervisor: tenacity backoff with jitter; one line when the link goes down,
   one when it comes back, none per retry.
 - An operator problem (model key missing or rejected, quota spent) or a rejected runner token
   pauses claiming, with one line naming the operator's action. Pauses double from
   `pause_initial_s` up to `pause_max_s`; a reported step resets them. A rejected token is read
-  again from its file when claiming resumes. A provider's `Retry-After` pauses claiming for
-  that long, without growing.
+  again from its file when the pause ends. A provider's `Retry-After` pauses claiming for
+  that long, without growing. The first claim after a pause does not wait, and `claiming
+  resumed` is logged only once the supervisor accepted it (not when a token it still refuses
+  is about to pause claiming again).
 - `request_shutdown()` (first SIGTERM/SIGINT): stop claiming (an answer cut off mid-flight
   goes back to the queue through the supervisor's accept window), let steps finish within
   `shutdown_grace_s`, then cancel the rest and release them (`shutdown`, retryable).
@@ -37,6 +42,7 @@ from tenacity import (
 
 from runner.credentials import SecretMissing, SecretSource
 from runner.errors import (
+    NotASupervisor,
     OperatorProblem,
     SupervisorRefused,
     SupervisorUnreachable,
@@ -56,6 +62,9 @@ from tether.sdnotify import Notifier
 log = structlog.get_logger("runner")
 
 RECENT_STEPS = 256
+# The exit code when `supervisor_url` is not a supervisor's: a configuration error, as in
+# `runner.cli`.
+NOT_A_SUPERVISOR_EXIT = 2
 
 
 class Link(enum.StrEnum):
@@ -97,6 +106,8 @@ class Runner:
         self._link = Link.UNKNOWN
         self._link_down_at = 0.0
         self._answered = False
+        self._pool: str | None = None  # known once the supervisor said whose token this is
+        self._resuming = False
         self._paused_until = -math.inf
         self._pause_next_s = settings.pause_initial_s
         self._pause_why = ""
@@ -199,15 +210,29 @@ class Runner:
             await self._wait_unpaused()
             if self._token_stale:
                 await self._reload_token()
-            wait_s = self._settings.claim_wait_s if self._answered else 0.0
+            if self._pool is None:
+                try:
+                    await self._introduce()
+                except NotASupervisor as exc:
+                    log.error(f"cannot start: {exc.detail}")  # noqa: TRY400 (no traceback)
+                    self.exit_code = NOT_A_SUPERVISOR_EXIT
+                    return
+                except TokenRejected as exc:
+                    self._answered_once()
+                    self.token_rejected(exc.detail)
+                    continue
+                except Exception:  # a bug here must pause claiming, not end the steps in flight
+                    log.exception("asking the supervisor failed unexpectedly; again after a pause")
+                    await self._clock.sleep(self._backoff_max_s)
+                    continue
+            # Quick answers at start and after a pause: READY=1, and `claiming resumed`.
+            wait_s = 0.0 if self._resuming else self._settings.claim_wait_s
             try:
                 leases = await self._claim(concurrency - len(self._in_flight), wait_s)
             except TokenRejected as exc:
-                self._answered_once()
                 self.token_rejected(exc.detail)
                 continue
             except SupervisorRefused as exc:
-                self._answered_once()
                 log.error("claim refused by the supervisor", error=exc.detail)  # noqa: TRY400
                 await self._clock.sleep(self._backoff_max_s)
                 continue
@@ -215,11 +240,15 @@ class Runner:
                 log.exception("claim failed unexpectedly; claiming again after a pause")
                 await self._clock.sleep(self._backoff_max_s)
                 continue
+            if self._resuming:
+                self._resuming = False
+                log.info("claiming resumed", after=self._pause_why, pool=self._pool)
             for lease in leases:
                 self._start(steps, lease)
 
-    async def _claim(self, capacity: int, wait_s: float) -> list[Lease]:
-        retrying = AsyncRetrying(
+    def _retrying(self) -> AsyncRetrying:
+        """Retries of a call to the supervisor while it cannot be reached, with backoff."""
+        return AsyncRetrying(
             retry=retry_if_exception_type(SupervisorUnreachable),
             wait=wait_random_exponential(multiplier=0.5, max=self._backoff_max_s),
             stop=stop_never,
@@ -227,7 +256,25 @@ class Runner:
             before_sleep=self._link_down,
             reraise=True,
         )
-        async for attempt in retrying:
+
+    async def _introduce(self) -> None:
+        """Ask the supervisor whose token this is; once it answers, the runner is ready and
+        its pool known. Raises `NotASupervisor` and `TokenRejected` as `whoami` does."""
+        async for attempt in self._retrying():
+            with attempt:
+                identity = await self._supervisor.whoami()
+        self._link_up()
+        self._pool = identity.pool
+        log.info(
+            "supervisor answered; claiming",
+            pool=identity.pool,
+            kinds=self._kinds.names(),
+            runner_id=self._settings.runner_id,
+            token_id=identity.token_id,
+        )
+
+    async def _claim(self, capacity: int, wait_s: float) -> list[Lease]:
+        async for attempt in self._retrying():
             with attempt:
                 leases = await self._supervisor.claim(
                     self._settings.runner_id, capacity, wait_s, self._kinds.names()
@@ -257,8 +304,6 @@ class Runner:
                 "supervisor reachable again",
                 down_s=round(self._clock.now() - self._link_down_at, 3),
             )
-        elif self._link is Link.UNKNOWN:
-            log.info("supervisor answered; claiming")
         self._link = Link.UP
         self._update_status()
 
@@ -303,7 +348,7 @@ class Runner:
             return
         while (left := self._paused_until - self._clock.now()) > 0:
             await self._clock.sleep(left)
-        log.info("claiming resumed", after=self._pause_why)
+        self._resuming = True  # logged once the supervisor accepts a claim again
         self._update_status()
 
     def _pause(self, seconds: float, why: str, action: str | None) -> bool:
@@ -352,6 +397,7 @@ class Runner:
             return
         if token:
             self._supervisor.set_token(token)
+            self._pool = None  # a new token may serve another pool: ask again, and log it
         self._token_stale = False
 
     def _update_status(self) -> None:

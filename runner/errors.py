@@ -14,8 +14,10 @@
     └── SupervisorError           talking to the supervisor went wrong
         ├── SupervisorUnreachable transport error or 5xx: back off and try again
         ├── TokenRejected         401/403: the runner token is wrong or revoked; stop claiming
-        └── SupervisorRefused     any other 4xx: the runner sent something the supervisor
-                                  will never accept (a bug or a version skew)
+        ├── SupervisorRefused     any other 4xx: the runner sent something the supervisor
+        │                         will never accept (a bug or a version skew)
+        └── NotASupervisor        the URL answers, but not as a tether supervisor (the model
+                                  server, a URL ending in /v1): stop at start, never ready
 
 The docstring of each class is its default message.
 """
@@ -114,7 +116,12 @@ class TokenRejected(SupervisorError):
 class SupervisorRefused(SupervisorError):
     """The supervisor refused the request as malformed."""
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+    def __init__(self, status: int, code: str, detail: str, *, request: str = "") -> None:
         self.status = status
         self.code = code
-        super().__init__(f"{status} {code}: {detail}")
+        said = f"{status} {code}: {detail}"
+        super().__init__(f"{request} answered {said}" if request else said)
+
+
+class NotASupervisor(SupervisorError):
+    """The supervisor URL answers, but not as a tether supervisor."""

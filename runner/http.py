@@ -1,8 +1,23 @@
-"""The runner's `httpx.AsyncClient`s: keep no cookies, and keep connection pools small.
+"""The runner's `httpx.AsyncClient`s: keep no cookies, keep connection pools small, and let
+go of an idle connection before the server does.
 
 The runner authenticates with bearer tokens and needs no cookies, and the standard library's
 cookie jar reads the wall clock on every answer (`http.cookiejar` stamps `time.time()`), which
-the runner never does (docs/design.md, Borrowed servers). So its clients carry a jar that refuses to store anything.
+the runner never does (docs/design.md, Borrowed servers). So its clients carry a jar that
+refuses to store anything.
+
+A server closes a keep-alive connection that stayed idle past its own timeout. A request sent
+on it at that moment (the close still on the wire) fails with no answer: the runner used to
+log `renew got no answer; retrying` with `ReadError: ` while the supervisor was healthy,
+because uvicorn's timeout and httpx's idle expiry were both 5 s. So the client drops an idle
+connection first, well before the server would:
+
+- to the supervisor, after `SUPERVISOR_KEEPALIVE_EXPIRY_S` (20 s), below the supervisor's
+  `TIMEOUT_KEEP_ALIVE_S` (30 s, `supervisor/server.py`; a reverse proxy in front must keep
+  idle connections at least as long), and above the renew interval (10 s by default), so
+  that renewals reuse their connection;
+- to the model, after `MODEL_KEEPALIVE_EXPIRY_S` (4 s), below the 5 s that uvicorn-based
+  OpenAI-compatible servers keep by default.
 """
 
 from __future__ import annotations
@@ -15,6 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+
+SUPERVISOR_KEEPALIVE_EXPIRY_S = 20.0
+MODEL_KEEPALIVE_EXPIRY_S = 4.0
 
 
 class NoCookies(http.cookiejar.CookieJar):
@@ -32,11 +50,15 @@ def make_client(
     transport: httpx.AsyncBaseTransport | None = None,
     base_url: str = "",
     timeout: float = 10.0,
+    keepalive_expiry_s: float = MODEL_KEEPALIVE_EXPIRY_S,
 ) -> httpx.AsyncClient:
+    """A client without cookies; `keepalive_expiry_s` applies to httpx's own transport, used
+    when `transport` is None (a `pooled_transport` sets its own)."""
     return httpx.AsyncClient(
         base_url=base_url,
         transport=transport,
         timeout=timeout,
+        limits=httpx.Limits(keepalive_expiry=keepalive_expiry_s),
         cookies=NoCookies(),
         headers={"User-Agent": "tether-runner"},
         follow_redirects=False,
@@ -56,11 +78,16 @@ class ShardedPools(httpx.AsyncBaseTransport):
     """
 
     def __init__(
-        self, shards: int, make_pool: Callable[[], httpx.AsyncBaseTransport] | None = None
+        self,
+        shards: int,
+        make_pool: Callable[[], httpx.AsyncBaseTransport] | None = None,
+        *,
+        keepalive_expiry_s: float = MODEL_KEEPALIVE_EXPIRY_S,
     ) -> None:
         if make_pool is None:
             context = httpx.create_ssl_context()  # one, shared: building one is not cheap
-            make_pool = lambda: httpx.AsyncHTTPTransport(verify=context)  # noqa: E731
+            limits = httpx.Limits(keepalive_expiry=keepalive_expiry_s)
+            make_pool = lambda: httpx.AsyncHTTPTransport(verify=context, limits=limits)  # noqa: E731
         self._pools = [make_pool() for _ in range(max(1, shards))]
         self._turn = itertools.cycle(self._pools)
 
@@ -72,9 +99,12 @@ class ShardedPools(httpx.AsyncBaseTransport):
             await pool.aclose()
 
 
-def pooled_transport(concurrency: int) -> httpx.AsyncBaseTransport | None:
+def pooled_transport(
+    concurrency: int, *, keepalive_expiry_s: float = MODEL_KEEPALIVE_EXPIRY_S
+) -> httpx.AsyncBaseTransport | None:
     """The transport for `concurrency` steps at once, or None for httpx's own when the
     environment names a proxy (only httpx's default transport applies those)."""
     if any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARIABLES):
         return None
-    return ShardedPools(-(-concurrency // CONNECTIONS_PER_POOL))
+    shards = -(-concurrency // CONNECTIONS_PER_POOL)
+    return ShardedPools(shards, keepalive_expiry_s=keepalive_expiry_s)

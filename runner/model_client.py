@@ -122,9 +122,10 @@ class ModelClient:
         if 200 <= status < 300:
             return None
         code, message = _provider_error(response)
+        call = f"POST {self._url}"  # every error names the call: model_url is often the cause
         if status in (401, 403):  # the provider's message is never copied: some echo the key
             return OperatorProblem(
-                f"model provider rejected the API key ({status})",
+                f"model provider rejected the API key ({call} answered {status})",
                 action="put a valid API key in the model key file; the runner re-reads it",
                 about_key=True,
             )
@@ -134,13 +135,15 @@ class ModelClient:
                 action="raise the provider quota or add credit; steps wait, they do not fail",
             )
         if status in (400, 413, 422):
-            return StepRejected(f"model rejected the request ({status} {code}): {message}")
+            return StepRejected(
+                f"model rejected the request ({call} answered {status} {code}): {message}"
+            )
         if status == 429 or status in (408, 409) or status >= 500:
             return _Retryable(
-                f"model answered {status} {code}".strip(), parse_retry_after(response.headers)
+                f"{call} answered {status} {code}".strip(), parse_retry_after(response.headers)
             )
         return OperatorProblem(
-            f"model endpoint answered {status} {code}: {message}".strip(),
+            f"{call} answered {status} {code}: {message}".strip(),
             action="check model_url and the model name in the runner's settings",
         )
 
@@ -152,7 +155,7 @@ class ModelClient:
                 self._url, json=body, headers=headers, timeout=remaining
             )
         except httpx.RequestError as exc:  # the network, or a reply httpx cannot decode
-            raise _Retryable(f"model unreachable: {type(exc).__name__}") from exc
+            raise _Retryable(f"model unreachable: POST {self._url}: {type(exc).__name__}") from exc
         problem = self._classify(response)
         if problem is not None:
             raise problem

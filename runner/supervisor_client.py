@@ -9,6 +9,11 @@ retry means differs (a claim backs off, a renew races the lease's expiry). An er
 becomes the runner's own exception by the contract's table (`tether.wire.runner_action`):
 `LeaseLost` for any answer saying the step is no longer ours, `TokenRejected` for a token
 refused, `SupervisorUnreachable` for anything worth retrying, `SupervisorRefused` for the rest.
+Every error's detail starts with the request's method and URL, so a log line says which call
+failed where.
+
+`whoami` is the runner's first call and the only one that checks who answers: anything but
+a runner identity or a refusal in the contract's error shape is `NotASupervisor`.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import httpx
 from runner.errors import (
     LeaseLost,
     LostBecause,
+    NotASupervisor,
     SupervisorRefused,
     SupervisorUnreachable,
     TokenRejected,
 )
-from runner.http import make_client
+from runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, make_client
 from runner.lease import Lease
 from tether.clocks import MonotonicClock
 from tether.codec import BadMessage, decode, encode, encode_strict
@@ -41,8 +47,9 @@ from tether.messages import (
     Result,
     ResultAnswer,
     ResultsAnswer,
+    RunnerIdentity,
 )
-from tether.wire import API_PREFIX, Outcome, ReleaseReason, RunnerAction, runner_action
+from tether.wire import API_PREFIX, ErrorCode, Outcome, ReleaseReason, RunnerAction, runner_action
 
 __all__ = ["CLAIM_GRACE_S", "Renewal", "ResultReport", "SupervisorClient", "encode_result"]
 
@@ -64,24 +71,38 @@ def encode_result(step_id: str, report: Result) -> bytes:
 
 def _error_of(response: httpx.Response) -> tuple[str, str]:
     """`(code, detail)` of an error answer, tolerant of a body that is not ours."""
-    try:
-        body = decode(response.content, ErrorBody)
-    except BadMessage:
+    body = _contract_error(response)
+    if body is None:
         return "unknown", response.text[:200]
     return body.error, body.detail[:500]
 
 
-def _step_error(status: int, code: str, detail: str) -> Exception:
+def _contract_error(response: httpx.Response) -> ErrorBody | None:
+    """The answer's body if it is the contract's error shape with a code the contract knows."""
+    try:
+        body = decode(response.content, ErrorBody)
+    except BadMessage:
+        return None
+    return body if body.error in ErrorCode.__members__.values() else None
+
+
+def _request_of(response: httpx.Response) -> str:
+    """`POST http://host/v1/leases/claim`: the request an answer is to, for error details."""
+    return f"{response.request.method} {response.request.url}"
+
+
+def _step_error(status: int, code: str, detail: str, request: str) -> Exception:
     """What an error answer about one step means to the runner."""
+    said = f"{request} answered {status} {code}: {detail}"
     action = runner_action(status, code)
     if action is RunnerAction.STOP:
-        return TokenRejected(f"{status} {code}: {detail}")
+        return TokenRejected(said)
     if action is RunnerAction.RETRY:
-        return SupervisorUnreachable(f"{status} {code}: {detail}")
+        return SupervisorUnreachable(said)
     if action is RunnerAction.DROP:
         because = LostBecause(code) if status == 409 else LostBecause.NOT_FOUND
-        return LeaseLost(because, f"supervisor: {code}: {detail}")
-    return SupervisorRefused(status, code, detail)
+        return LeaseLost(because, said)
+    return SupervisorRefused(status, code, detail, request=request)
 
 
 def _answer(response: httpx.Response, into: type[R], what: str) -> R:
@@ -89,17 +110,40 @@ def _answer(response: httpx.Response, into: type[R], what: str) -> R:
     try:
         return decode(response.content, into)
     except BadMessage as exc:
-        raise SupervisorRefused(200, "bad_answer", f"{what} answer: {exc.detail}") from None
+        raise SupervisorRefused(
+            200, "bad_answer", f"{what} answer: {exc.detail}", request=_request_of(response)
+        ) from None
 
 
-def _item_answer(step_id: str, answer: ItemAnswer) -> Outcome | Exception:
+def _item_answer(step_id: str, answer: ItemAnswer, request: str) -> Outcome | Exception:
+    request = f"{request} (step {step_id})"
     if answer.step_id != step_id:
-        return SupervisorRefused(200, "bad_answer", "results answer out of order")
+        return SupervisorRefused(200, "bad_answer", "results answer out of order", request=request)
     if answer.outcome is not None:
         return answer.outcome
     if answer.status is None:
-        return SupervisorRefused(200, "bad_answer", "result answer has no outcome nor status")
-    return _step_error(answer.status, answer.error or "unknown", (answer.detail or "")[:500])
+        return SupervisorRefused(
+            200, "bad_answer", "result answer has no outcome nor status", request=request
+        )
+    code, detail = answer.error or "unknown", (answer.detail or "")[:500]
+    return _step_error(answer.status, code, detail, request)
+
+
+def _not_a_supervisor(base_url: str, response: httpx.Response) -> NotASupervisor:
+    """The start-up error for a `supervisor_url` whose answer is not a supervisor's."""
+    status = response.status_code
+    body = _contract_error(response)
+    if body is not None:
+        what = f"{status} {body.error}"
+    else:
+        what = f"{status} {response.headers.get('content-type') or 'with no content type'}"
+    fix = "set supervisor_url (or --supervisor) to the supervisor's base URL"
+    if httpx.URL(base_url).path.rstrip("/").endswith(API_PREFIX):
+        fix += f", without {API_PREFIX}"
+    return NotASupervisor(
+        f"{base_url} is not a tether supervisor: {_request_of(response)} answered {what},"
+        f" not a runner identity; {fix}"
+    )
 
 
 class SupervisorClient:
@@ -116,8 +160,12 @@ class SupervisorClient:
     ) -> None:
         self._clock = clock
         self._timeout_s = timeout_s
+        self._base_url = base_url.rstrip("/")
         self._http = make_client(
-            base_url=base_url.rstrip("/"), transport=transport, timeout=timeout_s
+            base_url=self._base_url,
+            transport=transport,
+            timeout=timeout_s,
+            keepalive_expiry_s=SUPERVISOR_KEEPALIVE_EXPIRY_S,
         )
         self._token = token
 
@@ -127,33 +175,75 @@ class SupervisorClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _post(
-        self, path: str, content: bytes, *, timeout_s: float | None = None
+    async def _request(
+        self, method: str, path: str, content: bytes | None = None, timeout_s: float | None = None
     ) -> httpx.Response:
-        """POST `content`; an answer saying stop or retry is raised, any other returned."""
-        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        """Send one request; no answer at all is `SupervisorUnreachable`."""
+        headers = {"Authorization": f"Bearer {self._token}"}
+        if content is not None:
+            headers["Content-Type"] = "application/json"
         try:
-            response = await self._http.post(
+            return await self._http.request(
+                method,
                 API_PREFIX + path,
                 content=content,
                 headers=headers,
                 timeout=timeout_s or self._timeout_s,
             )
         except httpx.RequestError as exc:  # the network, or an answer httpx cannot decode
-            raise SupervisorUnreachable(f"{type(exc).__name__}: {exc}") from exc
+            # Some errors carry no text (a reset connection is `ReadError('')`).
+            why = str(exc) or "no answer: the connection was closed or reset"
+            url = f"{self._base_url}{API_PREFIX}{path}"
+            raise SupervisorUnreachable(f"{method} {url}: {type(exc).__name__}: {why}") from exc
+
+    async def _post(
+        self, path: str, content: bytes, *, timeout_s: float | None = None
+    ) -> httpx.Response:
+        """POST `content`; an answer saying stop or retry is raised, any other returned."""
+        response = await self._request("POST", path, content, timeout_s)
         if response.status_code >= 400:
             code, detail = _error_of(response)
             action = runner_action(response.status_code, code)
+            said = f"{_request_of(response)} answered {response.status_code} {code}: {detail}"
             if action is RunnerAction.STOP:
-                raise TokenRejected(f"{response.status_code} {code}: {detail}")
+                raise TokenRejected(said)
             if action is RunnerAction.RETRY:
-                raise SupervisorUnreachable(f"{response.status_code} {code}: {detail}")
+                raise SupervisorUnreachable(said)
         return response
 
     def _lease_error(self, response: httpx.Response) -> Exception:
         """A 4xx about one step: lost if it says the step is no longer ours, else refused."""
         code, detail = _error_of(response)
-        return _step_error(response.status_code, code, detail)
+        return _step_error(response.status_code, code, detail, _request_of(response))
+
+    def _refused(self, response: httpx.Response) -> SupervisorRefused:
+        code, detail = _error_of(response)
+        return SupervisorRefused(response.status_code, code, detail, request=_request_of(response))
+
+    async def whoami(self) -> RunnerIdentity:
+        """The pool and token id the supervisor knows this runner's token by.
+
+        `TokenRejected` for a token refused in the contract's error shape and
+        `SupervisorUnreachable` for no answer, a 5xx or a 408/429 (a proxy's 502 while the
+        supervisor restarts); any other answer (an HTML page, the model server's 404, the
+        supervisor's own 404 for a URL ending in /v1) is `NotASupervisor`.
+        """
+        response = await self._request("GET", "/runner")
+        status = response.status_code
+        if status == 200:
+            try:
+                return decode(response.content, RunnerIdentity)
+            except BadMessage:
+                raise _not_a_supervisor(self._base_url, response) from None
+        body = _contract_error(response)
+        code = body.error if body is not None else "unknown"
+        action = runner_action(status, code)
+        said = f"{_request_of(response)} answered {status} {code}"
+        if action is RunnerAction.RETRY:
+            raise SupervisorUnreachable(said)
+        if action is RunnerAction.STOP and body is not None:
+            raise TokenRejected(f"{said}: {body.detail[:500]}")
+        raise _not_a_supervisor(self._base_url, response)
 
     async def claim(
         self, runner_id: str, capacity: int, wait_s: float, kinds: Sequence[str] = ("chat",)
@@ -168,8 +258,7 @@ class SupervisorClient:
         if response.status_code == 204:
             return []
         if response.status_code != 200:
-            code, detail = _error_of(response)
-            raise SupervisorRefused(response.status_code, code, detail)
+            raise self._refused(response)
         answer = _answer(response, ClaimAnswer, "claim")
         return [Lease.held(lease, answered_at=answered_at) for lease in answer.leases]
 
@@ -202,10 +291,12 @@ class SupervisorClient:
         content = b'{"results":[' + b",".join(encoded for _, encoded in items) + b"]}"
         response = await self._post("/steps/results", content)
         if response.status_code != 200:
-            code, detail = _error_of(response)
-            raise SupervisorRefused(response.status_code, code, detail)
+            raise self._refused(response)
+        request = _request_of(response)
         answers = _answer(response, ResultsAnswer, "results").results
         if len(answers) != len(items):
-            raise SupervisorRefused(200, "bad_answer", "results answer has the wrong length")
+            raise SupervisorRefused(
+                200, "bad_answer", "results answer has the wrong length", request=request
+            )
         pairs = zip(items, answers, strict=True)
-        return [_item_answer(step_id, answer) for (step_id, _), answer in pairs]
+        return [_item_answer(step_id, answer, request) for (step_id, _), answer in pairs]

@@ -30,6 +30,13 @@ log = structlog.get_logger("tether.supervisor")
 # 180 -> 89, 55 -> 45 ms at 0.5 ms, with the same steps/s for the supervisor alone.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
+# How long an idle keep-alive connection stays open (uvicorn's default is 5 s). A client must
+# let go of an idle connection before the server closes it, or a request sent just as the
+# close is on the wire gets no answer: runners let go after 20 s (`runner/http.py`,
+# SUPERVISOR_KEEPALIVE_EXPIRY_S), well below this, and above their renew interval (10 s by
+# default), so that renewals reuse their connection.
+TIMEOUT_KEEP_ALIVE_S = 30
+
 
 def preflight(settings: SupervisorSettings) -> str | None:
     """Open, integrity-check and migrate the ledger; answer the one line to print on failure."""
@@ -128,6 +135,20 @@ async def _serve(
         tg.cancel_scope.cancel()
 
 
+def server_config(app: Starlette, settings: SupervisorSettings) -> uvicorn.Config:
+    """uvicorn's settings for the supervisor: our logging, no access log, our keep-alive."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        timeout_keep_alive=TIMEOUT_KEEP_ALIVE_S,
+    )
+
+
 def serve(settings: SupervisorSettings) -> int:
     configure_logging(level=settings.log_level)
     problem = preflight(settings)
@@ -140,16 +161,7 @@ def serve(settings: SupervisorSettings) -> int:
         sys.stderr.write(f"tether-supervisor: error: {exc}\n")
         return 1
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
-    server = _Server(config)
+    server = _Server(server_config(app, settings))
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     log.info("supervisor starting", db=str(settings.db), host=settings.host, port=settings.port)
     try:

@@ -128,8 +128,9 @@ def make_lease(
 class FakeSupervisor:
     """The supervisor's runner API, in memory."""
 
-    def __init__(self, *, token: str = TOKEN) -> None:
+    def __init__(self, *, token: str = TOKEN, pool: str = "default") -> None:
         self.token = token
+        self.pool = pool
         self.queue: list[dict[str, Any]] = []
         self.fences: dict[str, int] = {}
         self.cancelled_tasks: set[str] = set()
@@ -179,9 +180,10 @@ class FakeSupervisor:
         if request.url.path == "/v1/steps/results":
             return await self._results(request)
         parts = request.url.path.strip("/").split("/")
-        kind = {"claim": "claim", "renew": "renew", "release": "release", "result": "result"}.get(
-            parts[-1], "other"
-        )
+        kind = {
+            "claim": "claim", "renew": "renew", "release": "release", "result": "result",
+            "runner": "whoami",
+        }.get(parts[-1], "other")  # fmt: skip
         step_id = parts[2] if kind in ("renew", "release", "result") else None
         body = json.loads(request.content) if request.content else None
         self.calls.append(
@@ -236,6 +238,8 @@ class FakeSupervisor:
             return error(401, "unauthorized", "bad token")
         if kind == "claim":
             return await self._claim(body)
+        if kind == "whoami":
+            return json_response(200, {"pool": self.pool, "token_id": "tok-1"})
         assert step_id is not None
         if self.fences.get(step_id) != body.get("fence"):
             return error(409, "stale_fence", "not the current fence")

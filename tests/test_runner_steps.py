@@ -103,8 +103,9 @@ async def test_work_starts_at_once_the_lease_is_renewed_during_it_and_reported(
     assert step_outcomes(rig) == ["applied"]
     assert sup.of("release") == []
     first_claim = sup.of("claim")[0].body
+    # READY=1 came with the answer to `GET /v1/runner`: the first claim long-polls like any.
     assert first_claim == {
-        "runner_id": "test-runner", "capacity": 2, "wait_s": 0.0, "kinds": ["chat"],
+        "runner_id": "test-runner", "capacity": 2, "wait_s": 0.2, "kinds": ["chat"],
     }  # fmt: skip
 
 
