@@ -10,7 +10,7 @@ failure). Notes carry ids, states, codes and reasons, never a payload, an output
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -40,13 +40,18 @@ Note = tuple[Decision, dict[str, Any]]
 log = structlog.get_logger("tether.ledger")
 
 
-def log_decisions(notes: Iterable[Note]) -> None:
+def log_decisions(notes: Sequence[Note]) -> None:
     """Write one line per note: info, or warning for refusals and failures."""
+    if not notes:
+        return
+    # One logger per batch: each call on the module's lazy proxy would build a new one, which
+    # costs more than a line that the level then drops.
+    bound = log.bind()
     for decision, fields in notes:
         if decision is Decision.REFUSED:
             rest = {k: v for k, v in fields.items() if k != "request"}
-            log.warning(f"{fields.get('request', 'request')} refused", **rest)
+            bound.warning(f"{fields.get('request', 'request')} refused", **rest)
         elif decision in WARNINGS:
-            log.warning(decision.value, **fields)
+            bound.warning(decision.value, **fields)
         else:
-            log.info(decision.value, **fields)
+            bound.info(decision.value, **fields)

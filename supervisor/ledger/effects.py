@@ -96,14 +96,14 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
         {"step_id": rep.step_id, "fence": rep.fence, "effect_key": key,
          "candidate_sha": rep.candidate_sha},
     )  # fmt: skip
-    tx.note(Decision.COMMITTED, **about_step(step), effect_key=key, tokens=spent)
+    tx.note(Decision.COMMITTED, **about_step(tx, step), effect_key=key, tokens=spent)
     advance(tx, step)
     return Outcome.APPLIED
 
 
 def _committed_attempt(tx: Tx, step: sqlite3.Row) -> dict[str, object]:
     """`about_step` for a committed step, whose fence was cleared: the committing attempt's."""
-    about = about_step(step)
+    about = about_step(tx, step)
     row = tx.one(
         "SELECT attempt, fence, runner_id, token_id FROM attempts WHERE step_id = ?"
         " AND state = 'committed'",

@@ -124,12 +124,10 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str, token_id: str | None) -> L
 
 
 def find_step(tx: Tx, step_id: str, pool: str | None) -> sqlite3.Row:
-    """The step with its task's state, tenant and pool and its current attempt's token;
-    `NotFound` outside the runner's pool."""
+    """The step with its task's state, tenant and pool; `NotFound` outside the runner's pool."""
     step = tx.one(
-        "SELECT s.*, t.state AS task_state, t.tenant, t.pool, a.token_id FROM steps s"
-        " JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence"
-        " WHERE s.id = ?",
+        "SELECT s.*, t.state AS task_state, t.tenant, t.pool FROM steps s"
+        " JOIN tasks t ON t.id = s.task_id WHERE s.id = ?",
         (step_id,),
     )
     if step is None or (pool is not None and step["pool"] != pool):
@@ -205,7 +203,7 @@ def release(
         )
     end_attempt(tx, step_id, fence, AttemptState.RELEASED, f"{reason}: {detail}"[:500])
     tx.note(
-        Decision.RELEASED, **about_step(step), reason=str(reason), retryable=retryable
+        Decision.RELEASED, **about_step(tx, step), reason=str(reason), retryable=retryable
     )  # fmt: skip
     if not retryable:
         fail_step(tx, step, f"step {step['name']} failed ({reason}): {detail}"[:500])
@@ -214,12 +212,15 @@ def release(
     requeue(tx, step, counted=counted, why=f"released ({reason})")
 
 
-def about_step(step: sqlite3.Row) -> dict[str, object]:
+def about_step(tx: Tx, step: sqlite3.Row) -> dict[str, object]:
     """The fields of a decision's log line about `step` (a row of `find_step` or the reaper):
-    its task, tenant and pool, and the attempt it was last leased under."""
+    its task, tenant and pool, and the attempt it was last leased under with its token. (The
+    token is looked up here, for decisions only, not joined into every renew's read.)"""
+    attempt = tx.one("SELECT token_id FROM attempts WHERE fence = ?", (step["fence"],))
     return {
         "task_id": step["task_id"], "step_id": step["id"], "attempt": step["attempt"],
-        "fence": step["fence"], "runner_id": step["runner_id"], "token_id": step["token_id"],
+        "fence": step["fence"], "runner_id": step["runner_id"],
+        "token_id": None if attempt is None else attempt["token_id"],
         "tenant": step["tenant"], "pool": step["pool"],
     }  # fmt: skip
 
@@ -252,7 +253,7 @@ def requeue(tx: Tx, step: sqlite3.Row, *, counted: bool, why: str) -> None:
         tx, step["task_id"], "step_requeued", step["task_state"],
         {"step_id": step["id"], "attempt": step["attempt"], "why": why, "counted": counted},
     )  # fmt: skip
-    tx.note(Decision.REQUEUED, **about_step(step), why=why, counted=counted, burned=burned)
+    tx.note(Decision.REQUEUED, **about_step(tx, step), why=why, counted=counted, burned=burned)
     tx.wake(step["pool"])
 
 
@@ -264,4 +265,4 @@ def fail_step(tx: Tx, step: sqlite3.Row, reason: str) -> None:
         (StepState.FAILED.value, step["id"]),
     )
     transition(tx, step["task_id"], TaskState.FAILED, reason=reason)
-    tx.note(Decision.FAILED, **about_step(step), reason=reason)
+    tx.note(Decision.FAILED, **about_step(tx, step), reason=reason)

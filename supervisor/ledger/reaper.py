@@ -16,8 +16,8 @@ from supervisor.ledger.tx import Tx
 def expire(tx: Tx) -> int:
     """Reap every lease past its deadline or never acknowledged in time; return how many."""
     rows = tx.all(
-        "SELECT s.*, t.state AS task_state, t.tenant, t.pool, a.token_id FROM steps s"
-        " JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence"
+        "SELECT s.*, t.state AS task_state, t.tenant, t.pool FROM steps s"
+        " JOIN tasks t ON t.id = s.task_id"
         " WHERE s.state = 'leased' AND (s.lease_deadline <= ? OR s.accept_deadline <= ?)",
         (tx.now, tx.now),
     )
@@ -25,7 +25,7 @@ def expire(tx: Tx) -> int:
         unacknowledged = step["accept_deadline"] is not None and step["accept_deadline"] <= tx.now
         why = "not acknowledged" if unacknowledged else "lease expired"
         end_attempt(tx, step["id"], step["fence"], AttemptState.EXPIRED, why)
-        tx.note(Decision.EXPIRED, **about_step(step), why=why)
+        tx.note(Decision.EXPIRED, **about_step(tx, step), why=why)
         requeue(tx, step, counted=True, why=why)
     return len(rows)
 
