@@ -122,6 +122,8 @@ async def test_get_shows_steps_attempts_fences_and_seq(api: ApiHarness) -> None:
             "token_id": runner_token["id"],
             "state": "leased",
             "reason": None,
+            "granted_at": "1970-01-12T13:46:40.000Z",  # the FakeClock's start, ISO 8601
+            "ended_at": None,
         }
     ]
     assert view["steps"][1]["attempts"] == []

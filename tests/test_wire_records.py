@@ -65,7 +65,39 @@ RECORDS: list[m.Record] = [
     m.Cancel(reason="not needed"),
     m.ReviewDecision(decision="accept", note="fine"),
     m.RepositoryHead(sha="e" * 40),
-]
+    m.TaskView(
+        id="t", state="QUEUED", pool="gpu", seq=3, created_at=1.5,
+        waiting_for=m.WaitingFor(reason="runner", pool="gpu", kind="chat", pool_last_seen_s=4.0),
+        steps=(
+            m.StepView(
+                id="t.0", name="draft", kind="chat", state="queued", output=None,
+                attempts=(
+                    m.AttemptView(
+                        attempt=1, fence=7, runner_id="r1", state="expired",
+                        granted_at="1970-01-01T00:00:01.000Z", ended_at="1970-01-01T00:00:31.000Z",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    m.TaskPage(
+        tasks=(
+            m.TaskSummary(
+                id="t", state="PLANNED", pool="gpu", seq=1, created_at=1.5,
+                waiting_for=m.WaitingFor(reason="approval"), steps_committed=0, steps_total=2,
+            ),
+        ),
+        next="41",
+    ),
+    m.PoolsAnswer(
+        pools=(
+            m.PoolStatus(
+                pool="gpu", queued=2, in_flight=1, oldest_queued_s=12.5,
+                runners=(m.RunnerSeen(runner_id="box-1", kinds=("chat",), last_seen_s=2.0),),
+            ),
+        )
+    ),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
@@ -79,6 +111,8 @@ def test_every_message_class_has_a_round_trip_above() -> None:
         if isinstance(c, type) and issubclass(c, m.Record) and c is not m.Record
     }  # fmt: skip
     inside_others = {m.EarlierOutput, m.Plan, m.PlanStep, m.ItemAnswer}
+    inside_others |= {m.WaitingFor, m.StepView, m.AttemptView, m.TaskSummary, m.PoolStatus}
+    inside_others |= {m.RunnerSeen}
     missing = classes - {type(r) for r in RECORDS} - inside_others
     assert not missing
 

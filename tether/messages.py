@@ -269,3 +269,100 @@ class RepositoryHead(Record, frozen=True, kw_only=True):
     """`PUT /v1/repositories/{name}/head`: the commit the repository's head is now at."""
 
     sha: Sha
+
+
+# -- what the operator reads (docs/design.md, Operator API) --------------------------------
+# The supervisor's answers to the operator's reads. The CLI reads them into these records; a
+# field the supervisor adds later is ignored, so an older CLI keeps working.
+
+
+class WaitingFor(Record, frozen=True, kw_only=True):
+    """Why a task's next step is not running: `reason` is `approval`, `budget` (the tenant's
+    `spent` >= `budget`) or `runner` (a runner of `pool` serving `kind`; `last_seen_s` since
+    one last claimed, `pool_last_seen_s` since any runner of the pool did; null: never)."""
+
+    reason: str
+    pool: str | None = None
+    kind: str | None = None
+    last_seen_s: float | None = None
+    pool_last_seen_s: float | None = None
+    tenant: str | None = None
+    spent: int | None = None
+    budget: int | None = None
+
+
+class AttemptView(Record, frozen=True, kw_only=True):
+    """One lease of a step; times are ISO 8601 in UTC."""
+
+    attempt: int
+    fence: int
+    runner_id: str
+    state: str
+    reason: str | None = None
+    token_id: str | None = None
+    granted_at: str | None = None
+    ended_at: str | None = None
+
+
+class StepView(Record, frozen=True, kw_only=True):
+    """A step as `GET /v1/tasks/{task_id}` shows it; `state` is `skipped` for a failed or
+    cancelled task's steps that never ran."""
+
+    id: str
+    name: str
+    kind: str
+    state: str
+    output: Any = None
+    attempts: tuple[AttemptView, ...] = ()
+
+
+class TaskSummary(Record, frozen=True, kw_only=True):
+    """A task as `GET /v1/tasks` lists it (`steps_committed` and `steps_total` only there)."""
+
+    id: str
+    state: str
+    pool: str
+    seq: int
+    created_at: float
+    reason: str | None = None
+    waiting_for: WaitingFor | None = None
+    steps_committed: int | None = None
+    steps_total: int | None = None
+
+
+class TaskView(TaskSummary, frozen=True, kw_only=True):
+    """`GET /v1/tasks/{task_id}`: the task with its steps."""
+
+    steps: tuple[StepView, ...] = ()
+
+
+class TaskPage(Record, frozen=True, kw_only=True):
+    """`GET /v1/tasks`: a page of tasks, newest first; `next` is the cursor of the next page."""
+
+    tasks: tuple[TaskSummary, ...]
+    next: str | None = None
+
+
+class RunnerSeen(Record, frozen=True, kw_only=True):
+    """A runner that claimed in a pool recently: the kinds it serves, seconds since."""
+
+    runner_id: str
+    kinds: tuple[str, ...]
+    last_seen_s: float
+
+
+class PoolStatus(Record, frozen=True, kw_only=True):
+    """One pool's queue: steps queued and in flight, the oldest queued step's wait in seconds
+    (null when none is queued), and its recent runners."""
+
+    pool: str
+    queued: int
+    in_flight: int
+    oldest_queued_s: float | None = None
+    runners: tuple[RunnerSeen, ...] = ()
+
+
+class PoolsAnswer(Record, frozen=True, kw_only=True):
+    """`GET /v1/pools`: the pools the caller's tenant may use."""
+
+    pools: tuple[PoolStatus, ...]

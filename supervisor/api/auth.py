@@ -84,6 +84,11 @@ async def require(request: Request, role: Role) -> Principal:
     return principal
 
 
+def may_use_pool(tenant: str, pool: str, shared: frozenset[str]) -> bool:
+    """Whether `tenant`'s tasks may run in `pool` (see `require_pool_access`)."""
+    return pool in shared or pool == tenant or pool.startswith(f"{tenant}/")
+
+
 def require_pool_access(
     request: Request, who: Principal, pool: str, shared: frozenset[str]
 ) -> None:
@@ -92,7 +97,7 @@ def require_pool_access(
     pool is refused. Otherwise a tenant could send its payloads to runners set up for another
     tenant, to run with that tenant's model key, quota and network."""
     tenant = who.scope
-    if pool in shared or pool == tenant or pool.startswith(f"{tenant}/"):
+    if may_use_pool(tenant, pool, shared):
         return
     open_to = ", ".join(sorted(shared)) or "none"
     raise refused(

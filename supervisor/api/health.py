@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from supervisor.api.errors import error_response
 from supervisor.ledger import Ledger, LedgerError
+from supervisor.ledger.views import RUNNER_RECENT_S
 from tether.wire import ErrorCode, Outcome
 
 
@@ -51,8 +52,9 @@ class _LedgerCounters(Collector):
 
 class Metrics:
     """One app's Prometheus registry: never the process-wide default, since a process (a test
-    run) may build many apps. Counters come from the ledger; the steps-by-state gauge is read
-    from the ledger file when scraped."""
+    run) may build many apps. Counters come from the ledger; the gauges (steps by state, each
+    pool's queue and recent runners) are read from the ledger file when scraped. A failed or
+    cancelled task's unrun steps count as `skipped`, never as waiting or queued."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
@@ -64,14 +66,38 @@ class Metrics:
             ["state"],
             registry=self._registry,
         )
+        self._pool_gauges = {
+            name: Gauge(name, text, ["pool"], registry=self._registry)
+            for name, text in [
+                ("tether_pool_queued", "Steps queued in the pool, waiting for a runner."),
+                ("tether_pool_in_flight", "Steps of the pool leased to a runner now."),
+                ("tether_pool_oldest_queued_seconds", "How long the pool's oldest queued step"
+                 " has waited (0 when none is queued)."),
+                (
+                    "tether_pool_runners_seen",
+                    f"Runners that claimed in the pool in the last {RUNNER_RECENT_S:g} s.",
+                ),
+            ]
+        }  # fmt: skip
 
     async def exposition(self) -> bytes:
         """The text format of every metric, as of now."""
         depth = await self._ledger.queue_depth()
+        pools = await self._ledger.pools()
         # No await from here on: a concurrent scrape cannot interleave with this one.
         self._steps.clear()
         for state, count in depth.items():
             self._steps.labels(state=state).set(count)
+        for gauge in self._pool_gauges.values():
+            gauge.clear()
+        for pool in pools:
+            for name, value in [
+                ("tether_pool_queued", pool.queued),
+                ("tether_pool_in_flight", pool.in_flight),
+                ("tether_pool_oldest_queued_seconds", pool.oldest_queued_s or 0.0),
+                ("tether_pool_runners_seen", len(pool.runners)),
+            ]:
+                self._pool_gauges[name].labels(pool=pool.pool).set(value)
         return generate_latest(self._registry)
 
 

@@ -9,14 +9,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from supervisor.api import requests as rq
-from supervisor.api.auth import require, require_pool_access
+from supervisor.api.auth import may_use_pool, require, require_pool_access
 from supervisor.api.errors import ApiError
 from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
+from tether.codec import encode
 from tether.messages import (
     MAX_TEXT,
     Approval,
     Cancel,
+    PoolsAnswer,
     RepositoryHead,
     ReviewDecision,
     TaskCreate,
@@ -72,6 +74,17 @@ async def list_tasks(request: Request) -> Response:
 async def get_task(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     return JSONResponse(await _ledger(request).task(request.path_params["task_id"], who.scope))
+
+
+async def pools(request: Request) -> Response:
+    """The queues and recent runners of the pools the caller's tenant may use: the shared
+    pools and its own, listed even when empty. A shared pool's counts include other tenants'
+    steps (its runners serve them all), never their tasks."""
+    who = await require(request, Role.OPERATOR)
+    shared = request.app.state.settings.shared_pool_names
+    found = await _ledger(request).pools(also={*shared, who.scope})
+    usable = tuple(p for p in found if may_use_pool(who.scope, p.pool, shared))
+    return Response(encode(PoolsAnswer(pools=usable)), media_type="application/json")
 
 
 async def approve(request: Request) -> Response:
@@ -138,4 +151,5 @@ ROUTES = [
     Route("/v1/tasks/{task_id}/review", review, methods=["GET"]),
     Route("/v1/tasks/{task_id}/review", record_review, methods=["POST"]),
     Route("/v1/repositories/{name}/head", repository_head, methods=["PUT"]),
+    Route("/v1/pools", pools, methods=["GET"]),
 ]

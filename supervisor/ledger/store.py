@@ -43,7 +43,7 @@ from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
 from tether.broadcast import Broadcast
 from tether.clocks import WallClock
-from tether.messages import Lease, Renewal, Report
+from tether.messages import Lease, PoolStatus, Renewal, Report
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
 
@@ -277,12 +277,16 @@ class SqliteLedger:
     # -- reads --------------------------------------------------------------------------------
 
     async def task(self, task_id: str, tenant: str | None = None) -> dict[str, Any]:
-        return await self.read(lambda db: views.task_view(db, task_id, tenant))
+        now = self.clock()
+        return await self.read(lambda db: views.task_view(db, task_id, tenant, now=now))
 
     async def list_tasks(
         self, tenant: str, state: str | None, cursor: int | None, limit: int
     ) -> dict[str, Any]:
-        return await self.read(lambda db: views.list_tasks(db, tenant, state, cursor, limit))
+        now = self.clock()
+        return await self.read(
+            lambda db: views.list_tasks(db, tenant, state, cursor, limit, now=now)
+        )
 
     async def events(
         self, task_id: str, tenant: str | None, after: int, wait_s: float
@@ -306,6 +310,10 @@ class SqliteLedger:
 
     async def queue_depth(self) -> dict[str, int]:
         return await self.read(views.queue_depth)
+
+    async def pools(self, also: Collection[str] = ()) -> list[PoolStatus]:
+        now = self.clock()
+        return await self.read(lambda db: views.pool_status(db, now, also))
 
     async def violations(self) -> list[str]:
         return await self.read(invariants.find_violations)

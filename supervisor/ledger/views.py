@@ -1,18 +1,46 @@
-"""Read models over the ledger: the task view, listings, the event journal and the review
-record. Pure reads; they run on a read-only connection and never block writes. They report what
-the rules decide and decide nothing themselves."""
+"""Read models over the ledger: the task view with what the task waits for, listings, the
+pools' queues and runners, the event journal and the review record. Pure reads; they run on a
+read-only connection and never block writes. They report what the rules decide and decide
+nothing themselves; `now` is the supervisor's clock, passed in by the store."""
 
 from __future__ import annotations
 
+import datetime
 import sqlite3
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Final
 
 from supervisor.ledger.errors import InvalidRequest, NotFound
-from supervisor.ledger.states import TERMINAL, TaskState
+from supervisor.ledger.states import TERMINAL, StepState, TaskState
 from supervisor.ledger.tx import loads
 from supervisor.ledger.verification import review_verdict
+from tether.messages import PoolStatus, RunnerSeen
 
 PAGE_MAX = 200
+
+# A runner counts as seen recently (status, /metrics) if it claimed within this: an idle runner
+# claims at least every `claim_wait_max_s` (30 s by default), so two minutes is four missed
+# claims. A runner whose every slot runs a long step does not claim either, so it drops out of
+# this count until a slot frees; `task show` still says when it was last seen.
+RUNNER_RECENT_S: Final = 120.0
+
+SKIPPED: Final = "skipped"
+# A step's state as views show it: the steps a failed or cancelled task never ran are
+# `skipped`. The ledger leaves them `waiting` (failed) or marks them `cancelled` (cancelled);
+# either way they wait for nothing and must not count as waiting or queued work.
+_SHOWN_STATE = (
+    f"CASE WHEN t.state IN ('{TaskState.FAILED}', '{TaskState.CANCELLED}') AND s.attempt = 0"
+    f" AND s.state IN ('{StepState.WAITING}', '{StepState.QUEUED}', '{StepState.CANCELLED}')"
+    f" THEN '{SKIPPED}' ELSE s.state END"
+)
+
+
+def iso(at: float | None) -> str | None:
+    """An epoch time as ISO 8601 in UTC to the millisecond, e.g. `2025-01-02T03:04:05.678Z`."""
+    if at is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _task_row(db: sqlite3.Connection, tenant: str | None, task_id: str) -> sqlite3.Row:
@@ -44,11 +72,72 @@ def _summary(row: sqlite3.Row) -> dict[str, Any]:
     }
 
 
-def task_view(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> dict[str, Any]:
-    """The task with its steps, attempts, fences and last sequence number."""
+def waiting_for(db: sqlite3.Connection, task: sqlite3.Row, now: float) -> dict[str, Any] | None:
+    """What keeps the task's next step from running, or None when a step runs, the task is
+    verifying, or it has ended. `reason` is one of:
+
+    - `approval`: the plan is not approved yet;
+    - `budget`: the tenant has spent its token budget (`spent` >= `budget`), so the claim rule
+      (`fencing.claim`) grants none of its steps;
+    - `runner`: a step is queued for a runner of `pool` serving `kind`. `last_seen_s` is how
+      long ago such a runner last claimed (null: never); `pool_last_seen_s` the same for any
+      runner of the pool, so a pool whose runners serve other kinds can be told from an empty
+      one. A runner seen a moment ago means the pool is busy with earlier work.
+
+    Checked in the order that releases a task: approval, then (when gates come) a gate before
+    any runner, then the budget, then a runner.
+    """
+    state = TaskState(task["state"])
+    if state is TaskState.PLANNED:
+        return {"reason": "approval"}
+    if state not in (TaskState.QUEUED, TaskState.RUNNING):
+        return None
+    step = db.execute(
+        "SELECT kind, state FROM steps WHERE task_id = ? AND state IN (?, ?)"
+        " ORDER BY position LIMIT 1",
+        (task["id"], StepState.QUEUED.value, StepState.LEASED.value),
+    ).fetchone()
+    if step is None or step["state"] == StepState.LEASED:
+        return None
+    spending = db.execute(
+        "SELECT token_budget, tokens_used FROM tenants WHERE name = ?", (task["tenant"],)
+    ).fetchone()
+    if (
+        spending is not None
+        and spending["token_budget"] is not None
+        and spending["tokens_used"] >= spending["token_budget"]
+    ):
+        return {
+            "reason": "budget", "tenant": task["tenant"], "spent": spending["tokens_used"],
+            "budget": spending["token_budget"],
+        }  # fmt: skip
+    seen = db.execute(
+        "SELECT MAX(last_seen) AS any_kind,"
+        " MAX(CASE WHEN EXISTS (SELECT 1 FROM json_each(kinds_json) WHERE value = ?)"
+        " THEN last_seen END) AS this_kind FROM runners WHERE pool = ?",
+        (step["kind"], task["pool"]),
+    ).fetchone()
+    return {
+        "reason": "runner", "pool": task["pool"], "kind": step["kind"],
+        "last_seen_s": _ago(now, seen["this_kind"]),
+        "pool_last_seen_s": _ago(now, seen["any_kind"]),
+    }  # fmt: skip
+
+
+def _ago(now: float, at: float | None) -> float | None:
+    return None if at is None else round(max(0.0, now - at), 1)
+
+
+def task_view(
+    db: sqlite3.Connection, task_id: str, tenant: str | None = None, *, now: float
+) -> dict[str, Any]:
+    """The task with its steps, attempts, fences, last sequence number and what it waits for.
+    Attempts' times are ISO 8601 (UTC); a failed or cancelled task's unrun steps are
+    `skipped`."""
     row = _task_row(db, tenant, task_id)
     steps = db.execute(
-        "SELECT s.*, e.effect_key FROM steps s LEFT JOIN effects e ON e.step_id = s.id"
+        f"SELECT s.*, {_SHOWN_STATE} AS shown_state, e.effect_key FROM steps s"
+        " JOIN tasks t ON t.id = s.task_id LEFT JOIN effects e ON e.step_id = s.id"
         " WHERE s.task_id = ? ORDER BY s.position",
         (task_id,),
     ).fetchall()
@@ -62,6 +151,7 @@ def task_view(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -
             {
                 "attempt": a["attempt"], "fence": a["fence"], "runner_id": a["runner_id"],
                 "token_id": a["token_id"], "state": a["state"], "reason": a["reason"],
+                "granted_at": iso(a["granted_at"]), "ended_at": iso(a["ended_at"]),
             }
         )  # fmt: skip
     rejections = [
@@ -72,9 +162,10 @@ def task_view(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -
     ]
     return {
         **_summary(row),
+        "waiting_for": waiting_for(db, row, now),
         "steps": [
             {
-                "id": s["id"], "name": s["name"], "kind": s["kind"], "state": s["state"],
+                "id": s["id"], "name": s["name"], "kind": s["kind"], "state": s["shown_state"],
                 "payload_hash": s["payload_hash"], "effect_key": s["effect_key"],
                 "fence": s["fence"], "output": loads(s["output_json"]),
                 "candidate_sha": s["candidate_sha"], "attempts": attempts.get(s["id"], []),
@@ -86,30 +177,47 @@ def task_view(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -
 
 
 def list_tasks(
-    db: sqlite3.Connection, tenant: str, state: str | None, cursor: int | None, limit: int
+    db: sqlite3.Connection,
+    tenant: str,
+    state: str | None,
+    cursor: int | None,
+    limit: int,
+    *,
+    now: float,
 ) -> dict[str, Any]:
-    """The tenant's tasks, newest first; `next` is the cursor for the following page."""
+    """The tenant's tasks, newest first, each with its steps committed and in all and what it
+    waits for; `next` is the cursor for the following page."""
     if state is not None and state not in TaskState.__members__:
         raise InvalidRequest(f"state must be one of {', '.join(TaskState.__members__)}")
     if not 1 <= limit <= PAGE_MAX:
         raise InvalidRequest(f"limit must be 1..{PAGE_MAX}")
-    sql = "SELECT * FROM tasks WHERE tenant = ?"
-    params: list[Any] = [tenant]
+    sql = (
+        "SELECT t.*, (SELECT COUNT(*) FROM steps s WHERE s.task_id = t.id) AS steps_total,"
+        " (SELECT COUNT(*) FROM steps s WHERE s.task_id = t.id AND s.state = ?)"
+        " AS steps_committed FROM tasks t WHERE t.tenant = ?"
+    )
+    params: list[Any] = [StepState.COMMITTED.value, tenant]
     if state is not None:
-        sql += " AND state = ?"
+        sql += " AND t.state = ?"
         params.append(state)
     if cursor is not None:
-        sql += " AND created_order < ?"
+        sql += " AND t.created_order < ?"
         params.append(cursor)
-    sql += " ORDER BY created_order DESC LIMIT ?"
+    sql += " ORDER BY t.created_order DESC LIMIT ?"
     params.append(limit + 1)
     rows = db.execute(sql, params).fetchall()
     more = len(rows) > limit
     rows = rows[:limit]
     return {
-        "tasks": [_summary(r) for r in rows],
+        "tasks": [
+            {
+                **_summary(r), "steps_committed": r["steps_committed"],
+                "steps_total": r["steps_total"], "waiting_for": waiting_for(db, r, now),
+            }
+            for r in rows
+        ],
         "next": str(rows[-1]["created_order"]) if more else None,
-    }
+    }  # fmt: skip
 
 
 def events_after(
@@ -195,7 +303,63 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
 
 
 def queue_depth(db: sqlite3.Connection) -> dict[str, int]:
+    """Steps by the state views show (a failed or cancelled task's unrun steps are `skipped`)."""
     return {
         r["state"]: r["n"]
-        for r in db.execute("SELECT state, COUNT(*) AS n FROM steps GROUP BY state").fetchall()
+        for r in db.execute(
+            f"SELECT {_SHOWN_STATE} AS state, COUNT(*) AS n FROM steps s"
+            " JOIN tasks t ON t.id = s.task_id GROUP BY 1"
+        ).fetchall()
     }
+
+
+# When a queued step was queued: after its last attempt ended, else when the step before it
+# committed, else when its task was approved (the ledger stamps no queue time of its own).
+_QUEUED_SINCE = (
+    "COALESCE((SELECT MAX(a.ended_at) FROM attempts a WHERE a.step_id = s.id),"
+    " (SELECT p.committed_at FROM steps p WHERE p.task_id = s.task_id"
+    " AND p.position = s.position - 1), t.approved_at, t.created_at)"
+)
+
+
+def pool_status(db: sqlite3.Connection, now: float, also: Iterable[str] = ()) -> list[PoolStatus]:
+    """Per pool, by name: steps queued and in flight in live tasks, how long the oldest queued
+    step has waited, and the runners that claimed there within `RUNNER_RECENT_S`, most recent
+    first. Every pool with work or a recent runner is listed, and each of `also`."""
+    queues = {
+        r["pool"]: r
+        for r in db.execute(
+            f"SELECT t.pool, SUM(s.state = ?) AS queued, SUM(s.state = ?) AS in_flight,"
+            f" MIN(CASE WHEN s.state = ? THEN {_QUEUED_SINCE} END) AS oldest"
+            " FROM steps s JOIN tasks t ON t.id = s.task_id"
+            " WHERE s.state IN (?, ?) AND t.state IN (?, ?) GROUP BY t.pool",
+            (
+                StepState.QUEUED.value, StepState.LEASED.value, StepState.QUEUED.value,
+                StepState.QUEUED.value, StepState.LEASED.value,
+                TaskState.QUEUED.value, TaskState.RUNNING.value,
+            ),
+        )
+    }  # fmt: skip
+    runners: dict[str, list[RunnerSeen]] = {}
+    for r in db.execute(
+        "SELECT pool, runner_id, kinds_json, last_seen FROM runners WHERE last_seen >= ?"
+        " ORDER BY pool, last_seen DESC, runner_id",
+        (now - RUNNER_RECENT_S,),
+    ):
+        runners.setdefault(r["pool"], []).append(
+            RunnerSeen(
+                runner_id=r["runner_id"], kinds=tuple(loads(r["kinds_json"])),
+                last_seen_s=_ago(now, r["last_seen"]) or 0.0,
+            )
+        )  # fmt: skip
+    pools = sorted(set(queues) | set(runners) | set(also))
+    return [
+        PoolStatus(
+            pool=pool,
+            queued=int(queues[pool]["queued"]) if pool in queues else 0,
+            in_flight=int(queues[pool]["in_flight"]) if pool in queues else 0,
+            oldest_queued_s=_ago(now, queues[pool]["oldest"]) if pool in queues else None,
+            runners=tuple(runners.get(pool, ())),
+        )
+        for pool in pools
+    ]
