@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from supervisor.ledger.states import TaskState
 from tether.cli_support import USAGE_EXIT, Parser, fail
 from tether.settings import SettingsError, config_file_from, load_settings, read_secret
 
@@ -66,23 +67,33 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
         "--show", action="store_true", help="print tokens spent, the budget and what is left"
     )
 
-    task = sub.add_parser("task", help="submit, approve, cancel, show and watch tasks")
+    def operator_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--url", help="the supervisor's base URL (default: $TETHER_URL)")
+        p.add_argument(
+            "--token-file",
+            help="operator token file (default: $TETHER_TOKEN_FILE, else"
+            " $CREDENTIALS_DIRECTORY/operator-token)",
+        )
+        return p
+
+    operator_flags(
+        sub.add_parser("status", help="per pool: queued, in flight, oldest wait, runners seen")
+    )
+
+    task = sub.add_parser("task", help="submit, approve, cancel, show, list and watch tasks")
     task_sub = task.add_subparsers(dest="task_command", required=True, parser_class=Parser)
 
     def task_command(name: str, text: str) -> argparse.ArgumentParser:
-        p = task_sub.add_parser(name, help=text)
-        p.add_argument("--url", required=True, help="the supervisor's base URL")
-        p.add_argument(
-            "--token-file",
-            help="operator token file (default: $CREDENTIALS_DIRECTORY/operator-token)",
-        )
-        return p
+        return operator_flags(task_sub.add_parser(name, help=text))
 
     submit = task_command("submit", "submit a task from a JSON file (the POST /v1/tasks body)")
     submit.add_argument("--file", required=True, help="task JSON: idempotency_key, plan, ...")
     submit.add_argument("--approve", action="store_true", help="approve the plan just sent")
     submit.add_argument(
         "--base-sha", help="base SHA to approve with (default: the file's base_sha)"
+    )
+    submit.add_argument(
+        "--wait", action="store_true", help="then watch it to its end, with watch's exit status"
     )
     approve = task_command("approve", "approve a task's plan hash and base SHA")
     approve.add_argument("task_id")
@@ -97,9 +108,18 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     review.add_argument("task_id")
     review.add_argument("--decision", choices=["accept", "reject"], help="record this decision")
     review.add_argument("--note", default="", help="the reviewer's note")
-    watch = task_command("watch", "follow a task's event journal until it ends")
+    watch = task_command(
+        "watch", "follow a task until it ends; exit 0 SUCCEEDED, 3 FAILED, 4 CANCELLED"
+    )
     watch.add_argument("task_id")
     watch.add_argument("--after", type=int, default=0, help="start after this sequence number")
+    task_list = task_command("list", "one line per task, newest first")
+    task_list.add_argument("--state", choices=[s.value for s in TaskState], help="only these")
+    output = task_command("output", "print a step's output: a chat step's text, else JSON")
+    output.add_argument("task_id")
+    output.add_argument(
+        "step", nargs="?", help="step name or 0-based position (default: the last committed)"
+    )
 
     chaos = sub.add_parser(
         "chaos", help="schedule exploration against the real ledger", add_help=False
@@ -186,19 +206,38 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True))
 
 
+def _operator_client(args: argparse.Namespace) -> Any:
+    """The client `task` and `status` talk through: flags first, then `TETHER_URL` and
+    `TETHER_TOKEN_FILE`, then systemd's `$CREDENTIALS_DIRECTORY/operator-token`."""
+    from supervisor import operator_client as oc
+
+    url = args.url or os.environ.get("TETHER_URL")
+    if not url:
+        fail(PROG, "give the supervisor's URL: --url URL, or set TETHER_URL", USAGE_EXIT)
+    token_file = args.token_file or os.environ.get("TETHER_TOKEN_FILE")
+    try:
+        token = read_secret(Path(token_file) if token_file else None, "operator-token", os.environ)
+    except SettingsError as exc:
+        fail(PROG, f"{exc} (--token-file F, or TETHER_TOKEN_FILE)" if not token_file else str(exc))
+    try:
+        return oc.OperatorClient(url, token)
+    except oc.ClientError as exc:
+        fail(PROG, str(exc))
+
+
+def _watch(client: Any, task_id: str, after: int = 0) -> int:
+    """Watch `task_id` to its end; its exit status: 0 SUCCEEDED, 3 FAILED, 4 CANCELLED."""
+    from supervisor import operator_client as oc
+
+    final = oc.watch(client, task_id, after=after)
+    print(f"task {task_id} ended {final}", file=sys.stderr)
+    return oc.EXIT_CODES.get(final, 1)
+
+
 def _task(args: argparse.Namespace) -> int:
     from supervisor import operator_client as oc
 
-    try:
-        token = read_secret(
-            Path(args.token_file) if args.token_file else None, "operator-token", os.environ
-        )
-    except SettingsError as exc:
-        fail(PROG, f"{exc} (--token-file F)" if args.token_file is None else str(exc))
-    try:
-        client = oc.OperatorClient(args.url, token)
-    except oc.ClientError as exc:
-        fail(PROG, str(exc))
+    client = _operator_client(args)
     try:
         if args.task_command == "submit":
             body = oc.load_task_file(Path(args.file))
@@ -207,6 +246,9 @@ def _task(args: argparse.Namespace) -> int:
                 # The base SHA the file declares is the one to approve unless told otherwise.
                 base_sha = args.base_sha or body.get("base_sha")
                 task = client.approve(task["id"], oc.plan_hash_of(body), base_sha)
+            if args.wait:
+                print(f"task {task['id']} is {task['state']}", file=sys.stderr)
+                return _watch(client, task["id"])
             _print_json(task)
         elif args.task_command == "approve":
             _print_json(client.approve(args.task_id, args.plan_hash, args.base_sha))
@@ -215,10 +257,32 @@ def _task(args: argparse.Namespace) -> int:
         elif args.task_command == "review":
             _print_json(client.review(args.task_id, args.decision, args.note))
         elif args.task_command == "show":
-            _print_json(client.show(args.task_id))
+            shown = client.show(args.task_id)
+            _print_json(shown)
+            waiting = oc.view_of(shown).waiting_for
+            if waiting is not None:
+                print(oc.waiting_line(waiting), file=sys.stderr)
+        elif args.task_command == "list":
+            for summary in client.tasks(args.state):
+                print(oc.task_line(summary))
+        elif args.task_command == "output":
+            print(oc.output_text(oc.pick_step(client.view(args.task_id), args.step)))
         else:
-            final = oc.watch(client, args.task_id, after=args.after)
-            print(f"task {args.task_id} ended {final}", file=sys.stderr)
+            return _watch(client, args.task_id, args.after)
+    except oc.ClientError as exc:
+        fail(PROG, str(exc))
+    finally:
+        client.close()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from supervisor import operator_client as oc
+
+    client = _operator_client(args)
+    try:
+        for line in oc.status_lines(client.pools()):
+            print(line)
     except oc.ClientError as exc:
         fail(PROG, str(exc))
     finally:
@@ -248,6 +312,8 @@ def _run(argv: list[str]) -> int:
         return _serve(args)
     if args.command == "task":
         return _task(args)
+    if args.command == "status":
+        return _status(args)
     return _admin(args)
 
 

@@ -1,28 +1,58 @@
-"""`tether-supervisor task ...`: the operator's client for the HTTP API.
+"""`tether-supervisor task ...` and `status`: the operator's client for the HTTP API.
 
 A thin adapter: it sends what the operator typed, prints what the supervisor answered, and
 decides nothing itself. `watch` follows the event journal by long-poll and prints one readable
-line per event, applying events in sequence order and skipping any it has already shown.
+line per event, applying events in sequence order and skipping any it has already shown, and a
+line saying what the task waits for whenever that changes.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO, TypeVar
 
 import httpx
+import msgspec
 import tenacity
 
-from supervisor.ledger.states import TERMINAL
-from tether.codec import encode
-from tether.messages import Approval, Cancel, Record, ReviewDecision
+from supervisor.ledger.states import TERMINAL, TaskState
+from tether.codec import BadMessage, decode, encode
+from tether.messages import (
+    Approval,
+    Cancel,
+    PoolsAnswer,
+    Record,
+    ReviewDecision,
+    StepView,
+    TaskPage,
+    TaskSummary,
+    TaskView,
+    WaitingFor,
+)
 from tether.wire import plan_hash
+
+R = TypeVar("R", bound=Record)
 
 TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
 WATCH_WAIT_S = 30.0
+# While a task waits, `watch` polls at most this long, so a change in what it waits for (a
+# runner appears, which writes no event) shows within seconds rather than a whole poll.
+WAITING_POLL_S = 10.0
+
+# `watch`'s exit status by the task's end (1 stays "error" and 2 "usage", as for every command).
+EXIT_SUCCEEDED: Final = 0
+EXIT_FAILED: Final = 3
+EXIT_CANCELLED: Final = 4
+EXIT_CODES: Final = {
+    TaskState.SUCCEEDED.value: EXIT_SUCCEEDED,
+    TaskState.FAILED.value: EXIT_FAILED,
+    TaskState.CANCELLED.value: EXIT_CANCELLED,
+}
 
 
 class ClientError(Exception):
@@ -55,7 +85,7 @@ class OperatorClient:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -67,6 +97,20 @@ class OperatorClient:
             except (ValueError, KeyError, TypeError):
                 message = f"not a tether supervisor's answer: {_one_line(response.text)}"
             raise ClientError(f"{response.status_code} {_one_line(message)}")
+        return response
+
+    def _read(self, path: str, into: type[R], **params: Any) -> R:
+        """GET `path` and read the answer into its record."""
+        response = self._request("GET", path, params=params)
+        try:
+            return decode(response.content, into)
+        except BadMessage as exc:
+            raise ClientError(
+                f"{response.status_code} not a tether supervisor's answer: {exc.detail}"
+            ) from None
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._request(method, path, **kwargs)
         if not response.content:
             return None
         try:
@@ -101,7 +145,26 @@ class OperatorClient:
         )
 
     def show(self, task_id: str) -> Any:
+        """The task view as the supervisor sent it, every field kept (`task show` prints it)."""
         return self._call("GET", f"/v1/tasks/{task_id}")
+
+    def view(self, task_id: str) -> TaskView:
+        return self._read(f"/v1/tasks/{task_id}", TaskView)
+
+    def tasks(self, state: str | None = None, limit: int = 50) -> Iterator[TaskSummary]:
+        """Every task of the tenant, newest first, following the pages' `next` cursors."""
+        params: dict[str, Any] = {"limit": limit}
+        if state is not None:
+            params["state"] = state
+        while True:
+            page = self._read("/v1/tasks", TaskPage, **params)
+            yield from page.tasks
+            if page.next is None:
+                return
+            params["cursor"] = page.next
+
+    def pools(self) -> PoolsAnswer:
+        return self._read("/v1/pools", PoolsAnswer)
 
     def events(self, task_id: str, after: int, wait_s: float) -> list[dict[str, Any]]:
         body = self._call(
@@ -142,26 +205,166 @@ def plan_hash_of(body: dict[str, Any]) -> str:
     return plan_hash(steps)
 
 
-def describe(event: dict[str, Any]) -> str:
-    """One readable line per event."""
+def iso(at: float) -> str:
+    """An epoch time as ISO 8601 in UTC, to the second."""
+    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def view_of(raw: Any) -> TaskView:
+    """A task view already read as JSON (`show`), as its record."""
+    try:
+        return msgspec.convert(raw, TaskView)
+    except msgspec.ValidationError as exc:
+        raise ClientError(f"not a tether supervisor's task view: {exc}") from None
+
+
+def waiting_line(waiting: WaitingFor) -> str:
+    """What a task waits for, in one line."""
+    if waiting.reason == "approval":
+        return "waiting for approval (tether-supervisor task approve)"
+    if waiting.reason == "budget":
+        return (
+            f"waiting for budget: tenant {waiting.tenant!r} has spent {waiting.spent} of its"
+            f" {waiting.budget} tokens (tether-supervisor budget)"
+        )
+    if waiting.reason == "runner":
+        pool = f"waiting for a runner in pool {waiting.pool!r}"
+        if waiting.pool_last_seen_s is None:
+            return f"{pool}: none has ever claimed there"
+        if waiting.last_seen_s is None:
+            return (
+                f"{pool} serving kind {waiting.kind!r}: its runners serve other kinds"
+                f" (last claim {waiting.pool_last_seen_s:g} s ago)"
+            )
+        return f"{pool}: last claim {waiting.last_seen_s:g} s ago"
+    return f"waiting for {waiting.reason}"
+
+
+def _waiting_key(waiting: WaitingFor | None) -> tuple[Any, ...] | None:
+    """What makes a waiting line new: not the seconds counting up, but a reason, pool or kind
+    that changed, or a runner seen for the first time."""
+    if waiting is None:
+        return None
+    return (
+        waiting.reason, waiting.pool, waiting.kind, waiting.tenant,
+        waiting.last_seen_s is None, waiting.pool_last_seen_s is None,
+    )  # fmt: skip
+
+
+def task_line(task: TaskSummary) -> str:
+    """One line of `task list`: id, state, created, steps committed/total, what it waits for."""
+    steps = f"{task.steps_committed}/{task.steps_total}"
+    waits = task.waiting_for.reason if task.waiting_for is not None else "-"
+    return f"{task.id}  {task.state:<9}  {iso(task.created_at)}  {steps:>5}  {waits}"
+
+
+def status_lines(answer: PoolsAnswer) -> list[str]:
+    """`status`: per pool, one line for its queue, then one per runner seen recently."""
+    lines = []
+    for pool in answer.pools:
+        oldest = "" if pool.oldest_queued_s is None else f", oldest {pool.oldest_queued_s:g} s"
+        lines.append(f"{pool.pool}: {pool.queued} queued{oldest}, {pool.in_flight} in flight")
+        for runner in pool.runners:
+            lines.append(
+                f"  runner {runner.runner_id} serves {', '.join(runner.kinds)};"
+                f" last claim {runner.last_seen_s:g} s ago"
+            )
+        if not pool.runners:
+            lines.append("  no runner claimed recently")
+    return lines
+
+
+def pick_step(task: TaskView, which: str | None) -> StepView:
+    """The step `which` names (a step name, id or 0-based position), or the last committed."""
+    if which is None:
+        committed = [s for s in task.steps if s.state == "committed"]
+        if not committed:
+            raise ClientError(f"task {task.id} has no committed step yet ({task.state})")
+        return committed[-1]
+    for i, step in enumerate(task.steps):
+        if which in (step.name, step.id, str(i)):
+            return step
+    names = ", ".join(repr(s.name) for s in task.steps)
+    raise ClientError(f"task {task.id} has no step {which!r} (steps: {names}; or 0-based)")
+
+
+def output_text(step: StepView) -> str:
+    """A step's output to print: a chat step's text, any other output as JSON."""
+    if step.state != "committed":
+        raise ClientError(f"step {step.name!r} has no output: it is {step.state}")
+    out = step.output
+    if step.kind == "chat" and isinstance(out, dict) and isinstance(out.get("text"), str):
+        return str(out["text"])
+    return json.dumps(out, indent=2, sort_keys=True)
+
+
+def describe(
+    event: dict[str, Any], names: dict[str, str] | None = None, took: float | None = None
+) -> str:
+    """One readable line per event: steps by name (by id when the name is not known), and
+    `took`, the seconds since the step's lease or the task's creation, when given."""
     stamp = time.strftime("%H:%M:%S", time.gmtime(event.get("at", 0)))
     data = event.get("data") or {}
-    details = " ".join(
-        f"{k}={v}" for k, v in data.items() if k in {"step_id", "attempt", "fence", "reason",
-                                                      "runner_id", "why", "head_sha", "from"}
-    )  # fmt: skip
+    parts = []
+    if "step_id" in data:
+        parts.append(f"step={(names or {}).get(data['step_id'], data['step_id'])}")
+    parts += [
+        f"{k}={v}" for k, v in data.items() if k in {"attempt", "fence", "reason", "runner_id",
+                                                     "why", "head_sha", "from"}
+    ]  # fmt: skip
+    if took is not None:
+        parts.append(f"took={took:.1f}s")
+    details = " ".join(parts)
     return f"{event['seq']:>6} {stamp} {event['state']:<9} {event['kind']:<14} {details}".rstrip()
+
+
+class _Story:
+    """What `watch` remembers to make its lines readable: step names, when each step's last
+    lease began, and the last waiting line shown."""
+
+    def __init__(self, task: TaskView) -> None:
+        self.created_at = task.created_at
+        self.names = {s.id: s.name for s in task.steps}
+        self.leased_at: dict[str, float] = {}
+        self.shown: tuple[Any, ...] | None = None
+        self.waiting = False
+
+    def line(self, event: dict[str, Any]) -> str:
+        data, at = event.get("data") or {}, float(event.get("at", 0))
+        step_id, took = data.get("step_id"), None
+        if event["kind"] == "step_leased" and step_id is not None:
+            self.leased_at[step_id] = at
+        elif step_id in self.leased_at:
+            took = at - self.leased_at.pop(step_id)
+        elif event["kind"] == "state" and event["state"] in TERMINAL_STATES:
+            took = at - self.created_at
+        return describe(event, self.names, took)
+
+    def wait_line(self, task: TaskView) -> str | None:
+        """The waiting line to print if what the task waits for changed, else None."""
+        key = _waiting_key(task.waiting_for)
+        self.waiting = key is not None
+        if key == self.shown:
+            return None
+        self.shown = key
+        if task.waiting_for is None:
+            return None
+        return f"{'':>6} {'':8} {task.state:<9} {waiting_line(task.waiting_for)}"
 
 
 def watch(
     client: OperatorClient, task_id: str, *, after: int = 0, out: TextIO | None = None
 ) -> str:
-    """Print events until the task ends; answer its terminal state. Survives restarts of the
-    supervisor by retrying the long-poll, for up to five minutes, once it has reached the
-    supervisor: a wrong URL, or nothing listening there, fails at once like the other commands.
+    """Print events until the task ends; return its terminal state (`EXIT_CODES` maps it to
+    the exit status). Survives restarts of the supervisor by retrying the long-poll, for up to
+    five minutes, once it has reached the supervisor: a wrong URL, or nothing listening there,
+    fails at once like the other commands.
 
+    What the task waits for (approval, a runner, the budget) is printed at once and again
+    whenever it changes, so a task that cannot start does not look like a hung watch.
     A task that ended at or before `after` has no event left to show: the task itself says so,
-    before the first long-poll and after any that comes back empty, so watching never hangs.
+    before the first long-poll and after each, so watching never hangs.
     A supervisor whose `events_wait_max_s` is below the poll's wait refuses it (422); the wait
     is then halved until it is accepted.
     """
@@ -180,24 +383,27 @@ def watch(
         reraise=True,
     )
     wait_s = WATCH_WAIT_S
-    task: Any = client.show(task_id)  # not retried: the first contact says if the URL is right
+    task = client.view(task_id)  # not retried: the first contact says if the URL is right
+    story = _Story(task)
     while True:
-        if task is not None and task["state"] in TERMINAL_STATES and task["seq"] <= last:
-            return str(task["state"])
-        task = None
+        waiting = story.wait_line(task)
+        if waiting is not None:
+            print(waiting, file=out, flush=True)
+        if task.state in TERMINAL_STATES and task.seq <= last:
+            return task.state
+        poll = min(wait_s, WAITING_POLL_S) if story.waiting else wait_s
         try:
-            batch = retrying(client.events, task_id, last, wait_s)
+            batch = retrying(client.events, task_id, last, poll)
         except ClientError as exc:
-            if not (str(exc).startswith("422 ") and "'wait'" in str(exc) and wait_s > 1):
+            if not (str(exc).startswith("422 ") and "'wait'" in str(exc) and poll > 1):
                 raise
-            wait_s /= 2  # and ask again at once
+            wait_s = poll / 2  # and ask again at once
             continue
         for event in batch:
             if event["seq"] <= last:
                 continue  # already shown: never move the view backwards
             last = event["seq"]
-            print(describe(event), file=out, flush=True)
+            print(story.line(event), file=out, flush=True)
             if event["kind"] == "state" and event["state"] in TERMINAL_STATES:
                 return str(event["state"])
-        if not batch:  # the poll timed out: does the task itself say it ended?
-            task = retrying(client.show, task_id)
+        task = retrying(client.view, task_id)

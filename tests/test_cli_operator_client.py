@@ -100,6 +100,11 @@ def event(seq: int, kind: str, state: str, **data: Any) -> dict[str, Any]:
     return {"seq": seq, "task_id": "t1", "kind": kind, "state": state, "data": data, "at": 0.0}
 
 
+def task_json(state: str, seq: int, **extra: Any) -> dict[str, Any]:
+    """A task view as the supervisor sends it, with the fields the client reads."""
+    return {"id": "t1", "state": state, "seq": seq, "pool": "default", "created_at": 0.0, **extra}
+
+
 class ScriptedSupervisor:
     """Answers `GET /v1/tasks/t1` and its events from a script, one answer per poll."""
 
@@ -115,7 +120,7 @@ class ScriptedSupervisor:
             if isinstance(answer, Exception):
                 raise httpx.ConnectError(str(answer), request=request)
             return httpx.Response(200, json={"events": answer})
-        return httpx.Response(200, json={"id": "t1", "state": self.state, "seq": 2})
+        return httpx.Response(200, json=task_json(self.state, 2))
 
 
 def test_watch_prints_each_event_once_in_order_through_a_dropped_connection() -> None:
@@ -135,7 +140,7 @@ def test_watch_prints_each_event_once_in_order_through_a_dropped_connection() ->
     assert final == "SUCCEEDED"
     lines = out.getvalue().splitlines()
     assert [int(line.split()[0]) for line in lines] == [1, 2, 3, 4, 5]
-    assert "step_id=t1.0 attempt=1 fence=7" in lines[3]
+    assert "step=t1.0 attempt=1 fence=7" in lines[3]  # no name known: the id
     assert script.afters == [0, 2, 2, 3, 4]
 
 
@@ -192,7 +197,7 @@ def test_watch_halves_its_wait_until_the_supervisor_accepts_it() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         if not request.url.path.endswith("/events"):
-            return httpx.Response(200, json={"id": "t1", "state": "RUNNING", "seq": 1})
+            return httpx.Response(200, json=task_json("RUNNING", 1))
         wait = float(request.url.params["wait"])
         waits.append(wait)
         if wait > 10:
@@ -207,7 +212,7 @@ def test_watch_halves_its_wait_until_the_supervisor_accepts_it() -> None:
 def test_watch_still_refuses_what_a_shorter_wait_cannot_mend() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if not request.url.path.endswith("/events"):
-            return httpx.Response(200, json={"id": "t1", "state": "RUNNING", "seq": 1})
+            return httpx.Response(200, json=task_json("RUNNING", 1))
         return httpx.Response(404, json={"error": "not_found", "detail": "no task t1"})
 
     with pytest.raises(oc.ClientError, match=r"^404 not_found"):
