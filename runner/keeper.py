@@ -128,7 +128,9 @@ class LeaseKeeper:
                 await self._clock.sleep(self._retry_s)
                 continue
             except LeaseLost as lost:
-                self._log.warning("renew refused; dropping the step", because=str(lost.because))
+                self._log.warning(
+                    "renew refused; dropping the step", because=str(lost.because), error=lost.detail
+                )
                 self._lose(lost)
                 return None
             except TokenRejected as exc:

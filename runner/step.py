@@ -252,7 +252,11 @@ class StepRun:
                 )
             )
         except LeaseLost as lost:
-            self.log.info("release refused; the step was no longer ours", because=str(lost.because))
+            self.log.info(
+                "release refused; the step was no longer ours",
+                because=str(lost.because),
+                error=lost.detail,
+            )
         except TokenRejected as exc:
             self._host.token_rejected(exc.detail)
         except SupervisorRefused as exc:
@@ -277,7 +281,11 @@ class StepRun:
         except LeaseLost as lost:
             self.outcome = f"dropped: {lost.because}"
             log = self.log.error if lost.because is LostBecause.PAYLOAD_DRIFT else self.log.warning
-            log("result refused; the step is no longer ours", because=str(lost.because))
+            log(
+                "result refused; the step is no longer ours",
+                because=str(lost.because),
+                error=lost.detail,
+            )
             self.phase = Phase.DONE
             return
         except TokenRejected as exc:

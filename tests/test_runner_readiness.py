@@ -30,6 +30,7 @@ from tests.test_runner_fakes import (
     FakeSupervisor,
     JumpClock,
     error,
+    hang,
     json_response,
     make_lease,
     make_rig,
@@ -202,6 +203,22 @@ async def test_error_details_name_the_method_and_url() -> None:
         " no answer: the connection was closed or reset"
     )
     await client.aclose()
+
+
+async def test_the_runners_lines_about_a_404_name_the_call(tmp_path: Path) -> None:
+    """A renew answered 404 (here a proxy's page: the route is not there) drops the step;
+    its line says which request met the 404, where."""
+    rig = make_rig(tmp_path)
+    rig.supervisor.script("renew", html(404))
+    rig.model.script(hang)
+    rig.supervisor.offer(make_lease("s1", renew_every_s=0.02))
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve)
+            await until(rig, lambda: step_outcomes(rig) == ["dropped: not_found"])
+            rig.runner.request_shutdown()
+    (line,) = [e for e in logs if e["event"] == "renew refused; dropping the step"]
+    assert "POST http://supervisor.test/v1/leases/s1/renew answered 404" in line["error"]
 
 
 async def test_a_batch_items_error_names_the_request_and_its_step() -> None:
