@@ -1,4 +1,5 @@
-"""Bad input over HTTP (docs/design.md, Errors): each case gets its 4xx with a stable code in the wire's error
+"""Bad input over HTTP (docs/design.md, Errors): each case gets its 4xx with a stable code in the
+wire's error
 shape, and the ledger file is byte-for-byte the same, row for row, after it as before."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Recording the reviewer's decision (docs/design.md, Review record): once per ended task, and acceptance only of
+"""Recording the reviewer's decision (docs/design.md, Review record): once per ended task, and
+acceptance only of
 what the ledger's own verdict can vouch for."""
 
 from __future__ import annotations

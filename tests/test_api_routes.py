@@ -1,4 +1,5 @@
-"""Every route of docs/design.md, Wire protocol v1, over HTTP, in process: what each one answers, and each of its 409s."""
+"""Every route of docs/design.md, Wire protocol v1, over HTTP, in process: what each one answers,
+and each of its 409s."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The chaos gate (docs/design.md, Proof obligations): the four trials of the first seed article and the six injections of
+"""The chaos gate (docs/design.md, Proof obligations): the four trials of the first seed article
+and the six injections of
 the second, against the real ledger. Each trial ends the same way: every step that committed has
 exactly one effect, every other step none, each task is in the state the trial expects, and the
 ledger's own invariant check finds nothing."""

@@ -1,4 +1,5 @@
-"""Real processes (docs/design.md, Proof obligations): SIGKILL the supervisor at random moments while several runners work,
+"""Real processes (docs/design.md, Proof obligations): SIGKILL the supervisor at random moments
+while several runners work,
 restart it on the same ledger file each time, at least 20 times (`TETHER_SUPERVISOR_KILLS` asks
 for more, `TETHER_SUPERVISOR_KILL_SEED` replays one run's moments).
 

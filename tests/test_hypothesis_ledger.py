@@ -1,4 +1,5 @@
-"""Hypothesis drives the real ledger rules and a small pure-Python model of docs/design.md (The invariant to Task state machine) side by
+"""Hypothesis drives the real ledger rules and a small pure-Python model of docs/design.md (The
+invariant to Task state machine) side by
 side, and after every step compares them: answers (or the refusal's code), task and step states,
 current fences, attempts, effects per step and the fence counter; the ledger's own invariant
 check must stay empty throughout.
@@ -95,7 +96,8 @@ class Refusal(Exception):
 
 
 class Model:
-    """The invariant and the state machine in a few dozen lines: what the ledger must answer and become."""
+    """The invariant and the state machine in a few dozen lines: what the ledger must answer
+    and become."""
 
     def __init__(self) -> None:
         self.now = 0.0

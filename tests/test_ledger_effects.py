@@ -1,4 +1,5 @@
-"""Effects and verification (docs/design.md, The invariant; Verification): one effect per step keyed by its identity, replays
+"""Effects and verification (docs/design.md, The invariant; Verification): one effect per step
+keyed by its identity, replays
 answered without a second effect, and no success without matching evidence."""
 
 from __future__ import annotations

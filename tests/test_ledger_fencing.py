@@ -1,4 +1,5 @@
-"""Fenced leases (docs/design.md, Fencing and leases): one strictly increasing fence counter, steps in order, stale
+"""Fenced leases (docs/design.md, Fencing and leases): one strictly increasing fence counter, steps
+in order, stale
 tokens refused on the record, bounded retries, the acceptance window, the reaper."""
 
 from __future__ import annotations

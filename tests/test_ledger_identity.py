@@ -1,4 +1,5 @@
-"""Idempotent create (docs/design.md, Idempotent create): `(tenant, idempotency_key)` names one logical execution."""
+"""Idempotent create (docs/design.md, Idempotent create): `(tenant, idempotency_key)` names one
+logical execution."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The event journal (docs/design.md, Event journal): one strictly increasing sequence, `after` filtering, and a
+"""The event journal (docs/design.md, Event journal): one strictly increasing sequence, `after`
+filtering, and a
 long-poll that wakes on a new event."""
 
 from __future__ import annotations

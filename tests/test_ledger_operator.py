@@ -1,4 +1,5 @@
-"""Approve and cancel (docs/design.md, Approval): approval binds the plan hash and base SHA and queues at once;
+"""Approve and cancel (docs/design.md, Approval): approval binds the plan hash and base SHA and
+queues at once;
 cancel ends any task that has not ended, and a terminal task refuses, on the record."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Recovery drills (docs/design.md, Recovery drills): model provider outage, missing secret, exhausted quota, corrupted
+"""Recovery drills (docs/design.md, Recovery drills): model provider outage, missing secret,
+exhausted quota, corrupted
 state, each with real processes (the harness of `test_runner_processes`).
 
 Each drill breaks something, checks what the operator sees and that nothing is burned or lost,

@@ -1,4 +1,5 @@
-"""The supervisor client: each reply of docs/design.md, Runner API, becomes the runner's own type or error."""
+"""The supervisor client: each reply of docs/design.md, Runner API, becomes the runner's own type
+or error."""
 
 from __future__ import annotations
 
