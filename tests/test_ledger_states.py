@@ -24,7 +24,8 @@ from .conftest import Sim, make_spec
 S = TaskState
 # The project's contract, transcribed literally: "Allowed: PLANNED→{APPROVED, CANCELLED};
 # APPROVED→{QUEUED, CANCELLED}; QUEUED→{RUNNING, FAILED, CANCELLED};
-# RUNNING→{VERIFYING, FAILED, CANCELLED}; VERIFYING→{SUCCEEDED, FAILED}. SUCCEEDED, FAILED, CANCELLED are terminal and never transition."
+# RUNNING→{VERIFYING, FAILED, CANCELLED}; VERIFYING→{SUCCEEDED, FAILED}.
+# SUCCEEDED, FAILED, CANCELLED are terminal and never transition."
 SPEC_ALLOWED: set[tuple[TaskState, TaskState]] = {
     (S.PLANNED, S.APPROVED), (S.PLANNED, S.CANCELLED),
     (S.APPROVED, S.QUEUED), (S.APPROVED, S.CANCELLED),
