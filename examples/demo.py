@@ -201,18 +201,21 @@ def wait_until_up(url: str, child: Child, deadline: Deadline) -> None:
             time.sleep(0.1)
 
 
-def create_token(db: Path, tenant: str, role: str) -> str:
-    # --init: the demo's first token makes its ledger (without it, a new path is refused)
-    argv = [program("tether-supervisor"), "token", "create", "--init", "--db", str(db)]
-    argv += ["--tenant", tenant, "--role", role]
-    done = subprocess.run(
-        argv,
+def admin(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run one `tether-supervisor` admin command on the demo's ledger, its output captured."""
+    return subprocess.run(
+        [program("tether-supervisor"), *args],
         capture_output=True,
         text=True,
         env=child_environment(),
         timeout=30,
         check=False,
     )
+
+
+def create_token(db: Path, tenant: str, role: str) -> str:
+    # --init: the demo's first token makes its ledger (without it, a new path is refused)
+    done = admin("token", "create", "--init", "--db", str(db), "--tenant", tenant, "--role", role)
     if done.returncode != 0:
         raise DemoError(f"token create failed: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -375,14 +378,7 @@ def effects_by_step(db: Path) -> dict[str, list[tuple[str, int]]]:
 
 
 def ledger_check(db: Path) -> str:
-    done = subprocess.run(
-        [program("tether-supervisor"), "check", "--db", str(db)],
-        capture_output=True,
-        text=True,
-        env=child_environment(),
-        timeout=30,
-        check=False,
-    )
+    done = admin("check", "--db", str(db))
     if done.returncode != 0:
         raise DemoError(f"tether-supervisor check found a violation:\n{done.stdout}{done.stderr}")
     return done.stdout.strip()
