@@ -1,7 +1,7 @@
 """`tether-runner run`: read settings and secrets, then serve until SIGTERM.
 
 Exit codes: 0 after a graceful shutdown; 2 for bad usage or configuration (one line on
-stderr naming what is wrong), or for a `supervisor_url` that answers but not as a tether
+stderr naming what is wrong), or for a `supervisor_url` that replies but not as a tether
 supervisor (one error line in the log naming the URL; `READY=1` is never sent); 128+N when a
 second signal N cut the shutdown short.
 A missing runner token stops the runner at start; a missing model key does not (see
@@ -135,7 +135,7 @@ async def serve(
     supervisor_transport: httpx.AsyncBaseTransport | None = None,
     model_transport: httpx.AsyncBaseTransport | None = None,
 ) -> int:
-    """Run the daemon with signal handling; answers the exit code."""
+    """Run the daemon with signal handling; return the exit code."""
     clock = LoopClock()
     supervisor = SupervisorClient(
         base_url=settings.supervisor_url,

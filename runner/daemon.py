@@ -1,26 +1,7 @@
 """The runner daemon: the claim loop, the step slots, pauses, and a graceful shutdown.
 
-- Readiness means a supervisor: the runner first asks who it is (`GET /v1/runner`), and sends
-  `READY=1` once that is answered by a supervisor: its pool (logged with the runner's kinds),
-  or a refusal of the token in the contract's error shape (reported on STATUS and paused, as
-  later, rather than by a start-up failure loop). Any other answer (an HTML page, the model
-  server, a URL ending in /v1) is one error line naming the URL, exit 2 and no `READY=1`.
-- Claims long-poll the supervisor for as many leases as there are free slots (`concurrency`),
-  each step running as a `StepRun` in one task group. Results ready at the same moment share
-  one request (`ResultSender`).
-- An unreachable supervisor: tenacity backoff with jitter; one line when the link goes down,
-  one when it comes back, none per retry.
-- An operator problem (model key missing or rejected, quota spent) or a rejected runner token
-  pauses claiming, with one line naming the operator's action. Pauses double from
-  `pause_initial_s` up to `pause_max_s`; a reported step resets them. A rejected token is read
-  again from its file when the pause ends. A provider's `Retry-After` pauses claiming for
-  that long, without growing. The first claim after a pause does not wait, and `claiming
-  resumed` is logged only once the supervisor accepted it (not when a token it still refuses
-  is about to pause claiming again).
-- `request_shutdown()` (first SIGTERM/SIGINT): stop claiming (an answer cut off mid-flight
-  goes back to the queue through the supervisor's accept window), let steps finish within
-  `shutdown_grace_s`, then cancel the rest and release them (`shutdown`, retryable).
-  `force_stop()` (second signal) cancels everything at once; unreleased leases expire.
+Claims long-poll the supervisor for as many leases as there are free slots (`concurrency`);
+each lease runs as a `StepRun` in one task group (docs/design.md, The runner).
 """
 
 from __future__ import annotations
@@ -121,7 +102,7 @@ class Runner:
     # ---- the life of the daemon -------------------------------------------------------------
 
     async def run(self) -> int:
-        """Serve until shut down; answers the process's exit code."""
+        """Serve until shut down; return the process's exit code."""
         s = self._settings
         log.info(
             "runner starting",
@@ -144,7 +125,11 @@ class Runner:
         return self.exit_code
 
     def request_shutdown(self) -> None:
-        """Stop claiming; in-flight steps get `shutdown_grace_s`, then are released."""
+        """Stop claiming; in-flight steps get `shutdown_grace_s`, then are released.
+
+        A claim reply cut off mid-flight is not lost: its leases go back to the queue through
+        the supervisor's accept window.
+        """
         if self.stopping:
             return
         self.stopping = True
@@ -225,7 +210,7 @@ class Runner:
                     log.exception("asking the supervisor failed unexpectedly; again after a pause")
                     await self._clock.sleep(self._backoff_max_s)
                     continue
-            # Quick answers at start and after a pause: READY=1, and `claiming resumed`.
+            # Quick replies at start and after a pause: READY=1, and `claiming resumed`.
             wait_s = 0.0 if self._resuming else self._settings.claim_wait_s
             try:
                 leases = await self._claim(concurrency - len(self._in_flight), wait_s)
@@ -247,7 +232,10 @@ class Runner:
                 self._start(steps, lease)
 
     def _retrying(self) -> AsyncRetrying:
-        """Retries of a call to the supervisor while it cannot be reached, with backoff."""
+        """Retries of a call to the supervisor while it cannot be reached, with backoff.
+
+        One line when the link goes down and one when it comes back, none per retry.
+        """
         return AsyncRetrying(
             retry=retry_if_exception_type(SupervisorUnreachable),
             wait=wait_random_exponential(multiplier=0.5, max=self._backoff_max_s),
@@ -258,8 +246,15 @@ class Runner:
         )
 
     async def _introduce(self) -> None:
-        """Ask the supervisor whose token this is; once it answers, the runner is ready and
-        its pool known. Raises `NotASupervisor` and `TokenRejected` as `whoami` does."""
+        """Ask the supervisor whose token this is (`GET /v1/runner`); once it replies, the
+        runner is ready (`READY=1`) and its pool known.
+
+        Raises `NotASupervisor` and `TokenRejected` as `whoami` does. Readiness means a
+        supervisor: a refusal of the token in the contract's error shape is one too, reported
+        on STATUS and paused as later rather than by a start-up failure loop; any other reply
+        (an HTML page, the model server, a URL ending in /v1) is one error line naming the URL,
+        exit 2 and no `READY=1`.
+        """
         async for attempt in self._retrying():
             with attempt:
                 identity = await self._supervisor.whoami()
@@ -348,11 +343,19 @@ class Runner:
             return
         while (left := self._paused_until - self._clock.now()) > 0:
             await self._clock.sleep(left)
-        self._resuming = True  # logged once the supervisor accepts a claim again
+        # The first claim after a pause does not wait; `claiming resumed` is logged once the
+        # supervisor accepts it, not when a token it still refuses is about to pause again.
+        self._resuming = True
         self._update_status()
 
     def _pause(self, seconds: float, why: str, action: str | None) -> bool:
-        """Pause claiming; False (and silence) when already paused."""
+        """Pause claiming; False (and silence) when already paused.
+
+        An operator problem or a rejected runner token doubles the pause from
+        `pause_initial_s` up to `pause_max_s`, and a reported step resets it; a provider's
+        `Retry-After` pauses for that long, without growing. A rejected token is read again
+        from its file when the pause ends.
+        """
         if self.paused:
             return False
         self._paused_until = self._clock.now() + seconds

@@ -16,7 +16,7 @@
         ├── TokenRejected         401/403: the runner token is wrong or revoked; stop claiming
         ├── SupervisorRefused     any other 4xx: the runner sent something the supervisor
         │                         will never accept (a bug or a version skew)
-        └── NotASupervisor        the URL answers, but not as a tether supervisor (the model
+        └── NotASupervisor        the URL replies, but not as a tether supervisor (the model
                                   server, a URL ending in /v1): stop at start, never ready
 
 The docstring of each class is its default message.
@@ -106,7 +106,7 @@ class SupervisorError(RunnerError):
 
 
 class SupervisorUnreachable(SupervisorError):
-    """The supervisor did not answer usefully (connection error, timeout or 5xx)."""
+    """The supervisor gave no useful reply (connection error, timeout or 5xx)."""
 
 
 class TokenRejected(SupervisorError):
@@ -124,4 +124,4 @@ class SupervisorRefused(SupervisorError):
 
 
 class NotASupervisor(SupervisorError):
-    """The supervisor URL answers, but not as a tether supervisor."""
+    """The supervisor URL replies, but not as a tether supervisor."""

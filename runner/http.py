@@ -1,23 +1,5 @@
 """The runner's `httpx.AsyncClient`s: keep no cookies, keep connection pools small, and let
 go of an idle connection before the server does.
-
-The runner authenticates with bearer tokens and needs no cookies, and the standard library's
-cookie jar reads the wall clock on every answer (`http.cookiejar` stamps `time.time()`), which
-the runner never does (docs/design.md, Borrowed servers). So its clients carry a jar that
-refuses to store anything.
-
-A server closes a keep-alive connection that stayed idle past its own timeout. A request sent
-on it at that moment (the close still on the wire) fails with no answer: the runner used to
-log `renew got no answer; retrying` with `ReadError: ` while the supervisor was healthy,
-because uvicorn's timeout and httpx's idle expiry were both 5 s. So the client drops an idle
-connection first, well before the server would:
-
-- to the supervisor, after `SUPERVISOR_KEEPALIVE_EXPIRY_S` (20 s), below the supervisor's
-  `TIMEOUT_KEEP_ALIVE_S` (30 s, `supervisor/server.py`; a reverse proxy in front must keep
-  idle connections at least as long), and above the renew interval (10 s by default), so
-  that renewals reuse their connection;
-- to the model, after `MODEL_KEEPALIVE_EXPIRY_S` (4 s), below the 5 s that uvicorn-based
-  OpenAI-compatible servers keep by default.
 """
 
 from __future__ import annotations
@@ -31,12 +13,25 @@ from typing import Any
 
 import httpx
 
+# A server closes a keep-alive connection that stayed idle past its own timeout, and a request
+# sent on it at that moment (the close still on the wire) gets no reply: the runner used to log
+# `renew got no answer; retrying` with `ReadError: ` while the supervisor was healthy, because
+# uvicorn's timeout and httpx's idle expiry were both 5 s. So the client drops an idle
+# connection well before the server would. To the supervisor: below its `TIMEOUT_KEEP_ALIVE_S`
+# (30 s, `supervisor/server.py`; a reverse proxy in front must keep idle connections at least
+# as long), and above the renew interval (10 s by default), so that renewals reuse their
+# connection. To the model: below the 5 s that uvicorn-based OpenAI-compatible servers keep.
 SUPERVISOR_KEEPALIVE_EXPIRY_S = 20.0
 MODEL_KEEPALIVE_EXPIRY_S = 4.0
 
 
 class NoCookies(http.cookiejar.CookieJar):
-    """A cookie jar that stores nothing and so never looks at the clock."""
+    """A cookie jar that stores nothing and so never looks at the clock.
+
+    The runner authenticates with bearer tokens and needs no cookies, and the standard
+    library's jar stamps `time.time()` on every response, a wall-clock read the runner never
+    makes (docs/design.md, Borrowed servers).
+    """
 
     def extract_cookies(self, response: Any, request: urllib.request.Request) -> None:
         return None

@@ -1,4 +1,4 @@
-"""A lease as the runner holds it: the contract's lease and when its claim answer arrived.
+"""A lease as the runner holds it: the contract's lease and when its claim reply arrived.
 
 `claim_answered_at` is on the runner's monotonic clock: the lease was granted no later than
 that, so it cannot still be valid `ttl_s` after it.
@@ -21,7 +21,7 @@ class Lease(messages.Lease, frozen=True, kw_only=True):
 
     @classmethod
     def held(cls, lease: messages.Lease, *, answered_at: float) -> Lease:
-        """`lease`, as granted by a claim answer that arrived at `answered_at`."""
+        """`lease`, as granted by a claim reply that arrived at `answered_at`."""
         return cls(**msgspec.structs.asdict(lease), claim_answered_at=answered_at)
 
     def log_context(self) -> dict[str, Any]:

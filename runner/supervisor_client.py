@@ -1,19 +1,9 @@
-"""The supervisor's runner API (docs/design.md, Runner API) as calls, with its answers read
+"""The supervisor's runner API (docs/design.md, Runner API) as calls, with its replies read
 into the contract's records.
 
-`report_many` is `report` for several steps in one request (`POST /v1/steps/results`); each
-result gets its own answer, turned into what `report` would have answered or raised.
-
 Each call makes exactly one HTTP request; retrying is the caller's decision, because what a
-retry means differs (a claim backs off, a renew races the lease's expiry). An error answer
-becomes the runner's own exception by the contract's table (`tether.wire.runner_action`):
-`LeaseLost` for any answer saying the step is no longer ours, `TokenRejected` for a token
-refused, `SupervisorUnreachable` for anything worth retrying, `SupervisorRefused` for the rest.
-Every error's detail starts with the request's method and URL, so a log line says which call
-failed where.
-
-`whoami` is the runner's first call and the only one that checks who answers: anything but
-a runner identity or a refusal in the contract's error shape is `NotASupervisor`.
+retry means differs (a claim backs off, a renew races the lease's expiry). Every error's
+detail starts with the request's method and URL, so a log line says which call failed where.
 """
 
 from __future__ import annotations
@@ -55,7 +45,7 @@ __all__ = ["CLAIM_GRACE_S", "Renewal", "ResultReport", "SupervisorClient", "enco
 
 R = TypeVar("R", bound=Record)
 
-# An answer slower than the long-poll by this much means the supervisor is in trouble.
+# A reply slower than the long-poll by this much means the supervisor is in trouble.
 CLAIM_GRACE_S = 10.0
 
 # The runner's name for the contract's result (what a step reports, before it names its step).
@@ -70,7 +60,7 @@ def encode_result(step_id: str, report: Result) -> bytes:
 
 
 def _error_of(response: httpx.Response) -> tuple[str, str]:
-    """`(code, detail)` of an error answer, tolerant of a body that is not ours."""
+    """`(code, detail)` of an error response, tolerant of a body that is not ours."""
     body = _contract_error(response)
     if body is None:
         return "unknown", response.text[:200]
@@ -78,7 +68,7 @@ def _error_of(response: httpx.Response) -> tuple[str, str]:
 
 
 def _contract_error(response: httpx.Response) -> ErrorBody | None:
-    """The answer's body if it is the contract's error shape with a code the contract knows."""
+    """The response's body if it is the contract's error shape with a code the contract knows."""
     try:
         body = decode(response.content, ErrorBody)
     except BadMessage:
@@ -87,12 +77,15 @@ def _contract_error(response: httpx.Response) -> ErrorBody | None:
 
 
 def _request_of(response: httpx.Response) -> str:
-    """`POST http://host/v1/leases/claim`: the request an answer is to, for error details."""
+    """`POST http://host/v1/leases/claim`: the request a response is to, for error details."""
     return f"{response.request.method} {response.request.url}"
 
 
 def _step_error(status: int, code: str, detail: str, request: str) -> Exception:
-    """What an error answer about one step means to the runner."""
+    """What an error reply about one step means to the runner, by the contract's table
+    (`tether.wire.runner_action`): `LeaseLost` when the step is no longer ours, `TokenRejected`
+    for a token refused, `SupervisorUnreachable` for anything worth retrying,
+    `SupervisorRefused` for the rest."""
     said = f"{request} answered {status} {code}: {detail}"
     action = runner_action(status, code)
     if action is RunnerAction.STOP:
@@ -106,7 +99,7 @@ def _step_error(status: int, code: str, detail: str, request: str) -> Exception:
 
 
 def _answer(response: httpx.Response, into: type[R], what: str) -> R:
-    """The 200 answer `response` holds; a malformed one is `SupervisorRefused`."""
+    """The 200 reply `response` holds; a malformed one is `SupervisorRefused`."""
     try:
         return decode(response.content, into)
     except BadMessage as exc:
@@ -130,7 +123,7 @@ def _item_answer(step_id: str, answer: ItemAnswer, request: str) -> Outcome | Ex
 
 
 def _not_a_supervisor(base_url: str, response: httpx.Response) -> NotASupervisor:
-    """The start-up error for a `supervisor_url` whose answer is not a supervisor's."""
+    """The start-up error for a `supervisor_url` whose reply is not a supervisor's."""
     status = response.status_code
     body = _contract_error(response)
     if body is not None:
@@ -178,7 +171,7 @@ class SupervisorClient:
     async def _request(
         self, method: str, path: str, content: bytes | None = None, timeout_s: float | None = None
     ) -> httpx.Response:
-        """Send one request; no answer at all is `SupervisorUnreachable`."""
+        """Send one request; no reply at all is `SupervisorUnreachable`."""
         headers = {"Authorization": f"Bearer {self._token}"}
         if content is not None:
             headers["Content-Type"] = "application/json"
@@ -190,7 +183,7 @@ class SupervisorClient:
                 headers=headers,
                 timeout=timeout_s or self._timeout_s,
             )
-        except httpx.RequestError as exc:  # the network, or an answer httpx cannot decode
+        except httpx.RequestError as exc:  # the network, or a response httpx cannot decode
             # Some errors carry no text (a reset connection is `ReadError('')`).
             why = str(exc) or "no answer: the connection was closed or reset"
             url = f"{self._base_url}{API_PREFIX}{path}"
@@ -199,7 +192,7 @@ class SupervisorClient:
     async def _post(
         self, path: str, content: bytes, *, timeout_s: float | None = None
     ) -> httpx.Response:
-        """POST `content`; an answer saying stop or retry is raised, any other returned."""
+        """POST `content`; a reply saying stop or retry is raised, any other returned."""
         response = await self._request("POST", path, content, timeout_s)
         if response.status_code >= 400:
             code, detail = _error_of(response)
@@ -221,11 +214,12 @@ class SupervisorClient:
         return SupervisorRefused(response.status_code, code, detail, request=_request_of(response))
 
     async def whoami(self) -> RunnerIdentity:
-        """The pool and token id the supervisor knows this runner's token by.
+        """The pool and token id the supervisor knows this runner's token by: the runner's
+        first call, and the only one that checks who replies.
 
         `TokenRejected` for a token refused in the contract's error shape and
-        `SupervisorUnreachable` for no answer, a 5xx or a 408/429 (a proxy's 502 while the
-        supervisor restarts); any other answer (an HTML page, the model server's 404, the
+        `SupervisorUnreachable` for no reply, a 5xx or a 408/429 (a proxy's 502 while the
+        supervisor restarts); any other reply (an HTML page, the model server's 404, the
         supervisor's own 404 for a URL ending in /v1) is `NotASupervisor`.
         """
         response = await self._request("GET", "/runner")
@@ -284,7 +278,7 @@ class SupervisorClient:
         return _answer(response, ResultAnswer, "result").outcome
 
     async def report_many(self, items: list[tuple[str, bytes]]) -> list[Outcome | Exception]:
-        """One answer per `(step_id, encode_result(...))`, in order: an outcome, or the
+        """Return one entry per `(step_id, encode_result(...))`, in order: an outcome, or the
         exception `report` would have raised for that step. A refusal of the whole request (a
         supervisor without this route, a body over its limit) raises `SupervisorRefused`; the
         caller then reports one by one."""
