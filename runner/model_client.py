@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import msgspec
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -25,16 +26,31 @@ from runner.http import make_client
 from runner.retry_after import HasRetryAfter, parse_retry_after, stop_before_deadline
 from runner.retry_after import wait_retry_after as wait_retry_after_header
 from tether.clocks import MonotonicClock
+from tether.payloads import ToolCall
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
+# The keys of the provider's message that `Completion` reads; the others go to `extra`.
+_READ_KEYS = frozenset({"role", "content", "tool_calls"})
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Completion:
+    """The first choice of a provider's answer.
+
+    `text` is "" when the provider sent no content (as beside tool calls). `extra` holds what
+    else the provider put in the message (a `refusal`, `reasoning_content`, the keys of a tool
+    call other than id, type and function), in the shape it was sent; keys whose value is
+    null or empty carry nothing and are left out.
+    """
+
     text: str
     finish_reason: str | None
     model: str
     usage: dict[str, int]
+    tool_calls: tuple[ToolCall, ...] = ()
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # Told of each retry of a model call: (tries so far, why the last failed, seconds until the next).
@@ -77,23 +93,74 @@ def _usage(raw: Any) -> dict[str, int]:
     return usage
 
 
+def _carries(value: Any) -> bool:
+    return value is not None and value not in ([], {})
+
+
+def _read_tool_calls(raw: Any) -> tuple[tuple[ToolCall, ...], list[dict[str, Any]]]:
+    """The calls of a message's `tool_calls`, and per call the keys it had besides them;
+    `_Retryable` naming the call if one is not a function call."""
+    if raw is None:
+        return (), []
+    if not isinstance(raw, list):
+        raise _Retryable("200 answer's tool_calls is not a list")
+    calls, others = [], []
+    for i, call in enumerate(raw):
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise _Retryable(f"200 answer's tool_calls[{i}] is not a function call")
+        function = call["function"]
+        try:
+            calls.append(
+                msgspec.convert(
+                    {
+                        "id": call.get("id"),
+                        "type": call.get("type", "function"),
+                        "function": {
+                            "name": function.get("name"),
+                            "arguments": function.get("arguments"),
+                        },
+                    },
+                    ToolCall,
+                )
+            )
+        except msgspec.ValidationError as exc:
+            raise _Retryable(
+                f"200 answer's tool_calls[{i}] is not a function call: {exc}"
+            ) from None
+        other = {k: v for k, v in call.items() if k not in ("id", "type", "function")}
+        other_function = {
+            k: v for k, v in function.items() if k not in ("name", "arguments") and _carries(v)
+        }
+        if other_function:
+            other["function"] = other_function
+        others.append({k: v for k, v in other.items() if _carries(v)})
+    return tuple(calls), others
+
+
 def parse_completion(response: httpx.Response, asked_model: str) -> Completion:
     """The first choice of a 200 reply; `_Retryable` if it is not a completion at all."""
     try:
         body = response.json()
         choice = body["choices"][0]
-        text = choice["message"]["content"]
+        message = choice["message"]
+        text = message.get("content")
         if not isinstance(text, str):
             text = "" if text is None else str(text)
         finish = choice.get("finish_reason")
         model = body.get("model") or asked_model
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         raise _Retryable("200 answer is not a chat completion") from None
+    tool_calls, call_extras = _read_tool_calls(message.get("tool_calls"))
+    extra = {k: v for k, v in message.items() if k not in _READ_KEYS and _carries(v)}
+    if any(call_extras):
+        extra["tool_calls"] = call_extras
     return Completion(
         text=text,
         finish_reason=None if finish is None else str(finish),
         model=str(model),
         usage=_usage(body.get("usage")),
+        tool_calls=tool_calls,
+        extra=extra,
     )
 
 

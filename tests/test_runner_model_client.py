@@ -145,3 +145,65 @@ def test_retry_after_forms() -> None:
         parse_retry_after(httpx.Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:30 GMT"})) is None
     )
     assert parse_retry_after(httpx.Headers({"Retry-After": "99999999"})) == 3600.0
+
+
+def tool_answer(message: dict[str, object], finish: str = "tool_calls") -> httpx.Response:
+    return json_response(
+        200,
+        {"model": "m", "choices": [{"message": message, "finish_reason": finish}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}},
+    )  # fmt: skip
+
+
+async def test_tool_calls_are_kept_and_the_providers_other_keys_go_to_extra() -> None:
+    model, clock = FakeModel(), VirtualClock()
+    call = {"id": "call_a", "type": "function", "index": 0, "extra_content": {"sig": "x1"},
+            "function": {"name": "run", "arguments": '{"cmd": "ls"}', "note": None}}  # fmt: skip
+    bare = {"id": "call_b", "function": {"name": "list_files", "arguments": "{}"}}  # no `type`
+    model.script(
+        tool_answer({
+            "role": "assistant", "content": None, "tool_calls": [call, bare],
+            "refusal": None, "annotations": [], "reasoning_content": "ls first",
+        })
+    )  # fmt: skip
+    got = await _client(model, clock).chat(BODY, key=MODEL_KEY, deadline=clock.now() + 60)
+    assert got.text == ""
+    assert got.finish_reason == "tool_calls"
+    assert [(c.id, c.type, c.function.name, c.function.arguments) for c in got.tool_calls] == [
+        ("call_a", "function", "run", '{"cmd": "ls"}'),
+        ("call_b", "function", "list_files", "{}"),
+    ]
+    # What tether does not read is kept where the provider put it; null and empty carry nothing.
+    assert got.extra == {
+        "reasoning_content": "ls first",
+        "tool_calls": [{"index": 0, "extra_content": {"sig": "x1"}}, {}],
+    }
+    assert got.usage["total_tokens"] == 12
+
+
+async def test_a_plain_answer_has_no_tool_calls_and_no_extra() -> None:
+    model, clock = FakeModel(), VirtualClock()
+    model.script(tool_answer({"role": "assistant", "content": "hi", "refusal": None}, "stop"))
+    got = await _client(model, clock).chat(BODY, key=MODEL_KEY, deadline=clock.now() + 60)
+    assert (got.text, got.tool_calls, got.extra) == ("hi", (), {})
+
+
+@pytest.mark.parametrize(
+    "tool_calls",
+    [
+        "call_a",
+        [{"id": "c", "type": "function"}],
+        [{"id": "c", "type": "function", "function": {"name": "run", "arguments": {"a": 1}}}],
+        [{"type": "function", "function": {"name": "run", "arguments": "{}"}}],
+        [{"id": "c", "type": "retrieval", "function": {"name": "run", "arguments": "{}"}}],
+    ],
+)
+async def test_a_malformed_tool_call_is_not_a_completion_and_is_asked_again(
+    tool_calls: object,
+) -> None:
+    model, clock = FakeModel(), VirtualClock()
+    model.script(tool_answer({"role": "assistant", "content": None, "tool_calls": tool_calls}))
+    model.script(completion("fine"))
+    got = await _client(model, clock).chat(BODY, key=MODEL_KEY, deadline=clock.now() + 60)
+    assert got.text == "fine"
+    assert len(model.requests) == 2

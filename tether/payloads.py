@@ -23,20 +23,123 @@ R = TypeVar("R", bound=msgspec.Struct)
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
-class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One message of a `chat` payload."""
+# OpenAI's rule for a function's name.
+ToolName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+
+def plain(value: Any) -> Any:
+    """`value` (records, tuples) as plain JSON data: dicts, lists, strings, numbers."""
+    return msgspec.json.decode(msgspec.json.encode(value))
+
+
+def _at(field: str, problem: str) -> ValueError:
+    """`problem` about `field` of the payload, in the form msgspec gives its own errors (so
+    `read_payload` names the field the same way)."""
+    return ValueError(f"{problem} - at `$.{field}`")
+
+
+class FunctionDef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A function the model may call: `parameters` is a JSON Schema object, passed as it is."""
+
+    name: ToolName
+    description: str | msgspec.UnsetType = msgspec.UNSET
+    parameters: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    strict: bool | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        schema = self.parameters
+        if schema is msgspec.UNSET:
+            return
+        if schema.get("type", "object") != "object":
+            raise ValueError("`parameters` must be a JSON Schema of type `object`")
+        if not isinstance(schema.get("properties", {}), dict):
+            raise TypeError("`parameters.properties` must be an object")
+
+
+class Tool(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One entry of `tools`: `{"type": "function", "function": {...}}`."""
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: ToolName
+
+
+class NamedToolChoice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A `tool_choice` that makes the model call this one declared function."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class CalledFunction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The function a tool call names; `arguments` is the model's JSON text, kept unparsed."""
+
+    name: ToolName
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A call the model made: in an `assistant` message of a payload, and in a chat output."""
+
+    id: NonEmpty
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One message of a `chat` payload.
+
+    `system` and `user` messages carry `content`; an `assistant` message carries `content`,
+    `tool_calls` or both; a `tool` message answers the call `tool_call_id` with `content`.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | msgspec.UnsetType | None = msgspec.UNSET
+    tool_calls: Annotated[tuple[ToolCall, ...], msgspec.Meta(min_length=1)] | msgspec.UnsetType = (
+        msgspec.UNSET
+    )
+    tool_call_id: NonEmpty | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        if self.tool_calls is not msgspec.UNSET and self.role != "assistant":
+            raise ValueError("only an `assistant` message carries `tool_calls`")
+        if self.tool_call_id is not msgspec.UNSET and self.role != "tool":
+            raise ValueError("only a `tool` message carries `tool_call_id`")
+        if self.role == "tool" and self.tool_call_id is msgspec.UNSET:
+            raise ValueError("a `tool` message needs `tool_call_id`, the call it answers")
+        if self.role == "assistant" and self.tool_calls is not msgspec.UNSET:
+            ids = [call.id for call in self.tool_calls]
+            if len(set(ids)) != len(ids):
+                raise ValueError("the ids of `tool_calls` must differ")
+        elif self.role == "assistant" and not isinstance(self.content, str):
+            raise ValueError("an `assistant` message needs `content` (a string) or `tool_calls`")
+        elif not isinstance(self.content, str):
+            raise ValueError(f"a `{self.role}` message needs `content`, a string")
+
+    def call_ids(self) -> tuple[str, ...]:
+        """The ids of the tool calls this message makes (none unless `assistant`)."""
+        return () if self.tool_calls is msgspec.UNSET else tuple(c.id for c in self.tool_calls)
+
+    def request(self) -> dict[str, Any]:
+        """The message as the provider's request body holds it."""
+        as_json: dict[str, Any] = plain(self)
+        return as_json
 
 
 class ChatPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The payload of the built-in `chat` kind: one completion for `messages`.
 
     `model` defaults to the runner's `model` setting; the model parameters, when given, go to
-    the provider as they are. With `use_outputs` the outputs of the task's earlier steps go to
-    the model as one `user` message after the payload's leading `system` messages. A key not
-    here is refused, never ignored.
+    the provider as they are, and so do `tools` and `tool_choice` (OpenAI's function calling).
+    With `use_outputs` the outputs of the task's earlier steps go to the model as one `user`
+    message after the payload's leading `system` messages. A key not here is refused, never
+    ignored.
     """
 
     messages: Annotated[tuple[ChatMessage, ...], msgspec.Meta(min_length=1)]
@@ -46,17 +149,53 @@ class ChatPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_tokens: int | msgspec.UnsetType = msgspec.UNSET
     seed: int | msgspec.UnsetType = msgspec.UNSET
     stop: str | tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+    tools: Annotated[tuple[Tool, ...], msgspec.Meta(min_length=1)] | msgspec.UnsetType = (
+        msgspec.UNSET
+    )
+    tool_choice: ToolChoice | msgspec.UnsetType = msgspec.UNSET
     use_outputs: bool = False
+
+    def __post_init__(self) -> None:
+        declared = [] if self.tools is msgspec.UNSET else [t.function.name for t in self.tools]
+        for i, name in enumerate(declared):
+            if name in declared[:i]:
+                raise _at(f"tools[{i}].function.name", f"tool {name!r} is declared twice")
+        choice = self.tool_choice
+        if choice is not msgspec.UNSET and not declared:
+            raise _at("tool_choice", "needs `tools` to choose from")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in declared:
+            names = ", ".join(declared)
+            raise _at(
+                "tool_choice.function.name",
+                f"{choice.function.name!r} is not a declared tool (declared: {names})",
+            )
+        self._check_tool_answers()
+
+    def _check_tool_answers(self) -> None:
+        """Each `tool` message answers a call of the `assistant` message before it, and every
+        such call is answered before the next other message, as providers require."""
+        open_calls: list[str] = []
+        for i, message in enumerate(self.messages):
+            if message.role == "tool":
+                if message.tool_call_id not in open_calls:
+                    raise _at(
+                        f"messages[{i}].tool_call_id",
+                        f"{message.tool_call_id!r} answers no open call of an earlier"
+                        " `assistant` message",
+                    )
+                open_calls.remove(str(message.tool_call_id))
+                continue
+            if open_calls:
+                raise _at(f"messages[{i}]", f"tool calls {open_calls} are not answered before it")
+            open_calls = list(message.call_ids())
+        if open_calls:
+            raise _at("messages", f"tool calls {open_calls} of the last message are not answered")
 
     def model_parameters(self) -> dict[str, Any]:
         """The parameters the payload sets, by name, for the provider's request body."""
-        names = ("temperature", "top_p", "max_tokens", "seed", "stop")
+        names = ("temperature", "top_p", "max_tokens", "seed", "stop", "tools", "tool_choice")
         found = {name: getattr(self, name) for name in names}
-        return {
-            name: list(value) if isinstance(value, tuple) else value
-            for name, value in found.items()
-            if value is not msgspec.UNSET
-        }
+        return {name: plain(v) for name, v in found.items() if v is not msgspec.UNSET}
 
 
 # The built-in kinds and their payload records: adding a kind is one line here.
