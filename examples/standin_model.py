@@ -2,9 +2,10 @@
 
 It is not a model and not for production (production points `model_url` at a real provider).
 It serves `POST /v1/chat/completions` with deterministic replies and word-count token usage,
-and misbehaves on request through its knobs (`Knobs`). Its admin endpoint has no
-authentication: bind it to 127.0.0.1 only. It lives outside the installed package because a
-runner-only install has neither Starlette nor uvicorn.
+answers with scripted tool calls when given a scenario (`Scenario`), and misbehaves on request
+through its knobs (`Knobs`). Its admin endpoint has no authentication: bind it to 127.0.0.1
+only. It lives outside the installed package because a runner-only install has neither
+Starlette nor uvicorn.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tether.cli_support import Parser
+from tether.payloads import with_hint
 from tether.wire import canonical_json, sha256_hex
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -85,6 +88,67 @@ class Knobs:
         return None
 
 
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class ScriptedCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A tool call a scripted turn makes. `arguments` is sent as the model sends it, JSON text:
+    an object is encoded, a string is sent as it is (so a test can send broken JSON)."""
+
+    name: NonEmpty
+    arguments: dict[str, Any] | str = msgspec.field(default_factory=dict)
+    id: NonEmpty | None = None
+
+
+class Turn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One scripted answer, `text` or `tool_calls`, and the conversations it answers: those
+    with `assistant_turns` assistant messages so far and whose last message's content holds
+    `last_contains`; a condition left out always holds."""
+
+    name: NonEmpty
+    assistant_turns: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    last_contains: NonEmpty | None = None
+    text: str | None = None
+    tool_calls: tuple[ScriptedCall, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (not self.tool_calls):
+            raise ValueError("a turn answers with exactly one of `text` and `tool_calls`")
+
+    def matches(self, messages: list[dict[str, Any]]) -> bool:
+        if self.assistant_turns is not None:
+            done = sum(1 for m in messages if m.get("role") == "assistant")
+            if done != self.assistant_turns:
+                return False
+        if self.last_contains is not None:
+            return self.last_contains in (messages[-1].get("content") or "")
+        return True
+
+
+class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The stand-in's script: the first turn (in order) that matches a request answers it; a
+    request no turn matches gets the echo answer. The same conversation always gets the same
+    turn, so a client that asks again for a turn it already had shows in the call log."""
+
+    turns: tuple[Turn, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [turn.name for turn in self.turns]
+        if len(set(names)) != len(names):
+            raise ValueError("turn names must differ (the call log names turns)")
+
+    def turn_for(self, messages: list[dict[str, Any]]) -> Turn | None:
+        return next((turn for turn in self.turns if turn.matches(messages)), None)
+
+
+def read_scenario(data: Any) -> Scenario:
+    """`data` (plain JSON) as a `Scenario`; `ValueError` naming the field if it is not one."""
+    try:
+        return msgspec.convert(data, Scenario)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"scenario: {with_hint(str(exc), Scenario)}") from None
+
+
 def _openai_error(status: int, message: str, kind: str, code: str | None = None) -> JSONResponse:
     return JSONResponse(
         {"error": {"message": message, "type": kind, "code": code, "param": None}},
@@ -109,20 +173,51 @@ def latency_for(messages: Any, latency_s: float, spread: float) -> float:
     return latency_s * (1.0 + spread * (2.0 * unit - 1.0))
 
 
-def answer_for(body: dict[str, Any]) -> dict[str, Any]:
-    """The deterministic completion for a valid request body: an echo of the last user message
-    and a hash of all messages."""
+def _message_tokens(message: dict[str, Any]) -> int:
+    calls = message.get("tool_calls")
+    called = _tokens(canonical_json(calls).decode()) if calls else 0
+    return _tokens(message.get("content") or "") + called + 3
+
+
+def answer_for(body: dict[str, Any], turn: Turn | None = None) -> dict[str, Any]:
+    """The deterministic completion for a valid request body: `turn`'s text or tool calls, or
+    without one an echo of the last user message and a hash of all messages."""
     messages = body["messages"]
     digest = sha256_hex(canonical_json(messages))
-    last_user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
-    text = f"echo {digest[:16]}: {last_user}".strip()
-    finish = "stop"
-    max_tokens = body.get("max_tokens")
-    if isinstance(max_tokens, int) and _tokens(text) > max_tokens:
-        text = " ".join(text.split()[:max_tokens])
-        finish = "length"
-    prompt = sum(_tokens(m.get("content") or "") + 3 for m in messages)
-    completion = _tokens(text)
+    message: dict[str, Any]
+    if turn is not None and turn.tool_calls:
+        calls = [
+            {
+                "id": call.id or f"call_{digest[:12]}_{i}",
+                "type": "function",
+                "function": {
+                    "name": call.name,
+                    "arguments": call.arguments
+                    if isinstance(call.arguments, str)
+                    else canonical_json(call.arguments).decode(),
+                },
+            }
+            for i, call in enumerate(turn.tool_calls)
+        ]
+        message = {"role": "assistant", "content": None, "tool_calls": calls}
+        finish = "tool_calls"
+        completion = _tokens(canonical_json(calls).decode())
+    else:
+        if turn is not None and turn.text is not None:
+            text = turn.text
+        else:
+            last_user = next(
+                (m["content"] for m in reversed(messages) if m.get("role") == "user"), ""
+            )
+            text = f"echo {digest[:16]}: {last_user}".strip()
+        finish = "stop"
+        max_tokens = body.get("max_tokens")
+        if isinstance(max_tokens, int) and _tokens(text) > max_tokens:
+            text = " ".join(text.split()[:max_tokens])
+            finish = "length"
+        message = {"role": "assistant", "content": text}
+        completion = _tokens(text)
+    prompt = sum(_message_tokens(m) for m in messages)
     return {
         "id": f"chatcmpl-{digest[:24]}",
         "object": "chat.completion",
@@ -131,7 +226,7 @@ def answer_for(body: dict[str, Any]) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "finish_reason": finish,
             }
         ],
@@ -159,17 +254,51 @@ def _invalid_request(body: Any) -> str | None:
     return None
 
 
-def create_app(knobs: Knobs | None = None) -> Starlette:
-    """The stand-in as an ASGI app; `app.state.knobs` and `app.state.calls` are live.
+def _misbehaviour(request: Request, k: Knobs) -> Response | None:
+    """The error the knobs give this request, in `Knobs`'s order; None to answer it."""
+    if k.expected_key is not None:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {k.expected_key}".encode()):
+            return _openai_error(
+                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            )
+    if k.quota_exhausted:
+        return _openai_error(
+            429,
+            "You exceeded your current quota, please check your plan and billing details.",
+            "insufficient_quota",
+            "insufficient_quota",
+        )
+    if k.fail_429 > 0:
+        k.fail_429 -= 1
+        response = _openai_error(
+            429, "Rate limit reached (stand-in).", "requests", "rate_limit_exceeded"
+        )
+        response.headers["Retry-After"] = f"{k.retry_after_s:g}"
+        return response
+    if k.fail_500 > 0:
+        k.fail_500 -= 1
+        return _openai_error(500, "The server had an error (stand-in).", "server_error")
+    return None
 
-    POST /_admin/knobs   {"latency_s": 0.5, "fail_429": 2, ...}  -> the knobs now
-    GET  /_admin/knobs   the knobs (the expected key itself is never shown)
-    GET  /_admin/stats   {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...]}
-    GET  /healthz        {"ok": true} once it listens
+
+def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> Starlette:
+    """The stand-in as an ASGI app; `app.state.knobs`, `app.state.calls`, `app.state.turns`
+    and `app.state.scenario` (a one-item list, replaced by the admin route) are live.
+
+    POST /_admin/knobs     {"latency_s": 0.5, "fail_429": 2, ...}  -> the knobs now
+    GET  /_admin/knobs     the knobs (the expected key itself is never shown)
+    POST /_admin/scenario  {"turns": [...]} (a `Scenario`) replaces the script -> the script now
+    GET  /_admin/scenario  the script
+    GET  /_admin/stats     {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...],
+                            "turns": [the turn's name, or null for an echo, per answer]}
+    GET  /healthz          {"ok": true} once it listens
     """
     state_knobs = knobs or Knobs()
+    script = [scenario or Scenario()]
     calls: Counter[str] = Counter()
     answered: list[str] = []
+    turns: list[str | None] = []
 
     async def chat_completions(request: Request) -> Response:
         k = state_knobs
@@ -179,29 +308,9 @@ def create_app(knobs: Knobs | None = None) -> Starlette:
         return response
 
     async def _decide(request: Request, k: Knobs) -> Response:
-        if k.expected_key is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {k.expected_key}".encode()):
-                return _openai_error(
-                    401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
-                )
-        if k.quota_exhausted:
-            return _openai_error(
-                429,
-                "You exceeded your current quota, please check your plan and billing details.",
-                "insufficient_quota",
-                "insufficient_quota",
-            )
-        if k.fail_429 > 0:
-            k.fail_429 -= 1
-            response = _openai_error(
-                429, "Rate limit reached (stand-in).", "requests", "rate_limit_exceeded"
-            )
-            response.headers["Retry-After"] = f"{k.retry_after_s:g}"
-            return response
-        if k.fail_500 > 0:
-            k.fail_500 -= 1
-            return _openai_error(500, "The server had an error (stand-in).", "server_error")
+        refused = _misbehaviour(request, k)
+        if refused is not None:
+            return refused
         try:
             body = await request.json()
         except ValueError:
@@ -212,8 +321,10 @@ def create_app(knobs: Knobs | None = None) -> Starlette:
         delay = latency_for(body["messages"], k.latency_s, k.latency_spread)
         if delay > 0:
             await anyio.sleep(delay)
-        completion = answer_for(body)
+        turn = script[0].turn_for(body["messages"])
+        completion = answer_for(body, turn)
         answered.append(completion["id"])
+        turns.append(None if turn is None else turn.name)
         return JSONResponse(completion)
 
     async def knobs_route(request: Request) -> Response:
@@ -229,10 +340,23 @@ def create_app(knobs: Knobs | None = None) -> Starlette:
                 return JSONResponse({"error": "invalid_field", "detail": problem}, 400)
         return JSONResponse(state_knobs.public())
 
+    async def scenario_route(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                script[0] = read_scenario(await request.json())
+            except ValueError as exc:  # malformed JSON is a ValueError too
+                return JSONResponse({"error": "invalid_field", "detail": str(exc)}, 400)
+        return JSONResponse(msgspec.to_builtins(script[0]))
+
     async def stats_route(_request: Request) -> Response:
         by_status = {k: v for k, v in calls.items() if k != "total"}
         return JSONResponse(
-            {"calls": calls["total"], "by_status": by_status, "answered": list(answered)}
+            {
+                "calls": calls["total"],
+                "by_status": by_status,
+                "answered": list(answered),
+                "turns": list(turns),
+            }
         )
 
     async def healthz_route(_request: Request) -> Response:
@@ -247,11 +371,14 @@ def create_app(knobs: Knobs | None = None) -> Starlette:
             Route("/v1/models", models_route, methods=["GET"]),
             Route("/healthz", healthz_route, methods=["GET"]),
             Route("/_admin/knobs", knobs_route, methods=["GET", "POST"]),
+            Route("/_admin/scenario", scenario_route, methods=["GET", "POST"]),
             Route("/_admin/stats", stats_route, methods=["GET"]),
         ]
     )
     app.state.knobs = state_knobs
     app.state.calls = calls
+    app.state.turns = turns
+    app.state.scenario = script
     return app
 
 
@@ -271,6 +398,9 @@ def build_parser() -> Parser:
     parser.add_argument("--retry-after", type=float, default=1.0, metavar="S")
     parser.add_argument("--fail-500", type=int, default=0, metavar="N")
     parser.add_argument("--quota-exhausted", action="store_true")
+    parser.add_argument(
+        "--scenario", type=Path, metavar="FILE", help="a JSON scenario of scripted turns"
+    )
     return parser
 
 
@@ -302,12 +432,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         spread = args.latency_spread
         print(f"standin_model: --latency-spread must be 0..1, got {spread}", file=sys.stderr)
         return 2
+    scenario = None
+    if args.scenario is not None:
+        try:
+            scenario = read_scenario(msgspec.json.decode(args.scenario.read_bytes()))
+        except OSError as exc:
+            print(f"standin_model: cannot read {args.scenario}: {exc.strerror}", file=sys.stderr)
+            return 2
+        except msgspec.DecodeError as exc:
+            print(f"standin_model: {args.scenario} is not JSON: {exc}", file=sys.stderr)
+            return 2
+        except ValueError as exc:
+            print(f"standin_model: {args.scenario}: {exc}", file=sys.stderr)
+            return 2
     if not 0 < args.port < 65536:
         print(f"standin_model: --port must be 1..65535, got {args.port}", file=sys.stderr)
         return 2
     import uvicorn
 
-    uvicorn.run(create_app(knobs), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(knobs, scenario), host=args.host, port=args.port, log_level="warning")
     return 0
 
 

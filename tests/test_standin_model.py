@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 import examples.standin_model as standin
-from examples.standin_model import Knobs, create_app, latency_for, main
+from examples.standin_model import Knobs, create_app, latency_for, main, read_scenario
 from runner.errors import OperatorProblem, StepRejected
 from runner.model_client import ModelClient
 from tether.clocks import LoopClock
@@ -188,6 +189,102 @@ async def test_the_runners_model_client_reads_the_stand_in_as_a_provider(knobs: 
     await client.aclose()
 
 
+SCENARIO = {
+    "turns": [
+        {"name": "look", "assistant_turns": 0,
+         "tool_calls": [{"name": "list_files", "arguments": {"path": "src/"}},
+                        {"name": "read_file", "arguments": '{"path": broken', "id": "fixed"}]},
+        {"name": "fix", "last_contains": "FAILED",
+         "tool_calls": [{"name": "write_file", "arguments": {"path": "src/a.py", "content": "x"}}]},
+        {"name": "done", "assistant_turns": 2, "text": "all tests pass"},
+    ]
+}  # fmt: skip
+TOOL_FN = {"name": "list_files", "parameters": {"type": "object"}}
+
+
+def conversation(*results: str) -> dict[str, Any]:
+    """A request after `len(results)` tool turns, each answered by one tool message."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "fix the test"}]
+    for i, result in enumerate(results):
+        call = {"id": f"c{i}", "type": "function",
+                "function": {"name": "list_files", "arguments": "{}"}}  # fmt: skip
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": result})
+    return {
+        "model": "m",
+        "messages": messages,
+        "tools": [{"type": "function", "function": TOOL_FN}],
+    }
+
+
+async def test_a_scenario_answers_each_turn_with_its_scripted_tool_calls_or_text(
+    http: httpx.AsyncClient,
+) -> None:
+    assert (await http.post("/_admin/scenario", json=SCENARIO)).status_code == 200
+    first = (await chat(http, conversation())).json()
+    assert first == (await chat(http, conversation())).json()  # deterministic
+    choice = first["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    calls = choice["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["list_files", "read_file"]
+    assert calls[0]["function"]["arguments"] == '{"path":"src/"}'
+    assert calls[1]["function"]["arguments"] == '{"path": broken'  # a string is sent as it is
+    assert calls[0]["id"].startswith("call_")
+    assert calls[1]["id"] == "fixed"
+    assert first["usage"]["completion_tokens"] > 0
+    # Matched by a marker in the last message, whatever the count of turns so far.
+    fix = (await chat(http, conversation("1 FAILED"))).json()["choices"][0]["message"]
+    assert fix["tool_calls"][0]["function"]["name"] == "write_file"
+    done = (await chat(http, conversation("ok", "ok"))).json()["choices"][0]
+    assert (done["message"]["content"], done["finish_reason"]) == ("all tests pass", "stop")
+    echo = (await chat(http, conversation("ok"))).json()["choices"][0]["message"]
+    assert echo["content"].startswith("echo ")  # no turn matches: the echo answer
+    stats = (await http.get("/_admin/stats")).json()
+    assert stats["turns"] == ["look", "look", "fix", "done", None]
+
+
+async def test_the_call_log_shows_a_turn_asked_again(http: httpx.AsyncClient) -> None:
+    assert (await http.post("/_admin/scenario", json=SCENARIO)).status_code == 200
+    await chat(http, conversation())
+    await chat(http, conversation("ok", "ok"))
+    assert (await http.get("/_admin/stats")).json()["turns"] == ["look", "done"]
+    await chat(http, conversation())  # a client that starts over asks for "look" again
+    assert (await http.get("/_admin/stats")).json()["turns"].count("look") == 2
+
+
+async def test_a_bad_scenario_is_refused_and_the_script_kept(http: httpx.AsyncClient) -> None:
+    assert (await http.post("/_admin/scenario", json=SCENARIO)).status_code == 200
+    for bad, words in [
+        ({"turns": [{"name": "a"}]}, "exactly one of `text` and `tool_calls`"),
+        ({"turns": [{"name": "a", "text": "x", "tool_calls": [{"name": "f"}]}]}, "exactly one"),
+        ({"turns": [{"name": "a", "text": "x"}, {"name": "a", "text": "y"}]}, "names must differ"),
+        ({"turns": [{"name": "a", "text": "x", "assistant_turn": 1}]}, "`assistant_turns`"),
+        ({"turns": [{"name": "a", "assistant_turns": -1, "text": "x"}]}, "$.turns[0]"),
+        ({"turns": [{"name": "a", "tool_calls": [{"name": ""}]}]}, "$.turns[0].tool_calls[0]"),
+        ([], "Expected `object`"),
+    ]:  # fmt: skip
+        refused = await http.post("/_admin/scenario", json=bad)
+        assert refused.status_code == 400, bad
+        assert refused.json()["error"] == "invalid_field"
+        assert words in refused.json()["detail"], bad
+    assert (await http.post("/_admin/scenario", content=b"{")).status_code == 400
+    kept = (await http.get("/_admin/scenario")).json()
+    assert [t["name"] for t in kept["turns"]] == ["look", "fix", "done"]
+
+
+async def test_the_runners_model_client_reads_the_stand_ins_tool_calls() -> None:
+    app = create_app(scenario=read_scenario(SCENARIO))
+    client = ModelClient(
+        base_url="http://standin/v1", clock=LoopClock(), transport=httpx.ASGITransport(app=app)
+    )
+    got = await client.chat(conversation(), key=None, deadline=anyio.current_time() + 30)
+    await client.aclose()
+    assert got.finish_reason == "tool_calls"
+    assert [c.function.name for c in got.tool_calls] == ["list_files", "read_file"]
+    assert app.state.turns == ["look"]
+
+
 def test_cli_help_and_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--help"])
@@ -204,12 +301,26 @@ def test_cli_help_and_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--latency must be a finite number" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_scenario_file_it_cannot_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--port", "1", "--scenario", str(tmp_path / "none.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    for text, words in [("{", "JSON"), ('{"turns": [{"name": "a"}]}', "exactly one of")]:
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        assert main(["--port", "1", "--scenario", str(bad)]) == 2
+        assert words in capsys.readouterr().err
+
+
 def test_it_runs_as_a_process(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     key_file = tmp_path / "key"
     key_file.write_text("proc-key\n")
+    scenario_file = tmp_path / "scenario.json"
+    scenario_file.write_text(json.dumps(SCENARIO))
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -219,6 +330,8 @@ def test_it_runs_as_a_process(tmp_path: Path) -> None:
             str(port),
             "--key-file",
             str(key_file),
+            "--scenario",
+            str(scenario_file),
         ],
         cwd=ROOT,
         env=dict(os.environ),
@@ -237,6 +350,10 @@ def test_it_runs_as_a_process(tmp_path: Path) -> None:
             answer = client.post("/v1/chat/completions", json=BODY, headers=headers)
             assert answer.status_code == 200
             assert client.post("/v1/chat/completions", json=BODY).status_code == 401
+            scripted = client.post("/v1/chat/completions", json=conversation(), headers=headers)
+            assert scripted.json()["choices"][0]["finish_reason"] == "tool_calls"
+            # BODY too has no assistant turn yet; the refused (401) call answered no turn
+            assert client.get("/_admin/stats").json()["turns"] == ["look", "look"]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
