@@ -25,7 +25,10 @@ The `chat` output: `{"text", "finish_reason", "model", "usage"}`, plus `tool_cal
 an `assistant` message, `arguments` the model's JSON text unparsed) when the model called
 tools, `text` then often "", and `extra` when the provider's message held other keys (a
 `refusal`, `reasoning_content`, a tool call's other keys), kept as sent, so nothing it sent is
-lost; null or empty ones are left out. `usage` (the provider's token counts) also goes with
+lost; null or empty ones are left out. Outside the message only the first choice's
+`finish_reason`, `model` and `usage` are read; the answer's `id`, `created`,
+`system_fingerprint`, `logprobs` and further choices are dropped: tether asks for one choice
+and they say nothing about its content. `usage` (the provider's token counts) also goes with
 the result, for the tenant's budget.
 """
 
