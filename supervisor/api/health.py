@@ -102,7 +102,7 @@ class Metrics:
 
 
 async def healthz(request: Request) -> Response:
-    """Alive: the process answers and its ledger is open (its writer has not died)."""
+    """Alive: the process replies and its ledger is open (its writer has not died)."""
     ledger: Ledger | None = getattr(request.app.state, "ledger", None)
     if ledger is not None and not ledger.is_open:
         return error_response(ErrorCode.UNAVAILABLE, "the ledger is closed; the supervisor stops")

@@ -1,11 +1,5 @@
 """Runner routes: who am I, claim, renew, release, result. A runner token acts for its pool
 only; a step of another pool is `not_found`.
-
-`POST /v1/steps/results` is `result` for many steps at once: the runner sends every result
-that is ready at the same moment in one request, as the ledger commits every rule that is
-ready in one transaction. Each result is the same ledger rule as on the single route and gets
-its own answer, in order: an outcome, or the status, code and detail the single route would
-have answered. A malformed item refuses the whole request before anything is applied.
 """
 
 from __future__ import annotations
@@ -106,6 +100,10 @@ async def result(request: Request) -> Response:
 
 
 async def results(request: Request) -> Response:
+    """`result` for many steps at once: each is the same ledger rule as on the single route
+    and gets its own reply, in order: an outcome, or the status, code and detail the single
+    route would have sent. A malformed item refuses the whole request before anything is
+    applied."""
     who = await require(request, Role.RUNNER)
     reports = (await read(request, Results)).results
     if len({r.step_id for r in reports}) != len(reports):

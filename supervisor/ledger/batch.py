@@ -1,11 +1,9 @@
 """The one way ledger rules run: group commit, many rules in one transaction and one fsync.
 
-`execute_batch` runs a list of rules in one `BEGIN IMMEDIATE` transaction, each inside its own
-savepoint. A rule that refuses is rolled back alone, its rejection recorded in its place, and
-the others commit. Callers are answered only after `COMMIT` returns, i.e. once the batch is
-durable, and only then are the batch's decisions logged (`BatchResult.notes`, `decisions`).
-`Transactions` builds every rule's `Tx` (clock, config, ids) for one connection; the store, the
-admin commands and the schedule explorer all run rules through it.
+Each rule runs in its own savepoint: a rule that refuses is rolled back alone, its rejection
+recorded in its place, and the others commit. Callers get their results only after `COMMIT`
+returns, i.e. once the batch is durable, and only then are the batch's decisions logged
+(`BatchResult.notes`, `decisions`).
 """
 
 from __future__ import annotations
@@ -149,7 +147,8 @@ def _refusal_note(tx: Tx, exc: Refused, task_id: str | None) -> Note:
 @dataclasses.dataclass(kw_only=True)
 class Transactions:
     """Runs ledger rules on one connection: each rule gets a `Tx` at the clock's current time,
-    with the ledger's config and id source, and every batch goes through `execute_batch`."""
+    with the ledger's config and id source, and every batch goes through `execute_batch`. The
+    store, the admin commands and the schedule explorer all run rules through it."""
 
     db: sqlite3.Connection
     config: LedgerConfig

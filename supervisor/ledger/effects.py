@@ -2,7 +2,7 @@
 
 A commit is one transaction: the fence is current, the payload hash equals the intent's, the
 task has not ended, the effect is inserted under `effect_key = sha256(step_id, payload_hash)`,
-the step is committed and the event appended. A report for a step already committed answers
+the step is committed and the event appended. A report for a step already committed returns
 `replayed` and writes nothing: delivery is at-least-once, the effect is exactly-once.
 """
 

@@ -1,12 +1,9 @@
 """The clock domain: fenced leases.
 
-Every grant takes a new token from one strictly increasing counter that survives restarts.
-Renew, release and result carry the token; any token but the step's current one is refused as
-`StaleFence` and recorded. Leases are judged by the supervisor's clock alone: a runner is told
-durations (`ttl_s`, `renew_every_s`), never a deadline. A runner acknowledges a lease by its
-first renew (half a renew interval after the claim answer reached it) or by its result,
-whichever comes first; a lease never acknowledged within `accept_window_s` (its claim answer
-was lost on the wire) is reaped early instead of stranding its step for a whole TTL.
+Every grant takes a new token from one strictly increasing counter that survives restarts;
+any token but the step's current one is refused as `StaleFence` and recorded. Leases are
+judged by the supervisor's clock alone: a runner is told durations (`ttl_s`,
+`renew_every_s`), never a deadline.
 """
 
 from __future__ import annotations
@@ -159,7 +156,13 @@ def require_current(tx: Tx, step: sqlite3.Row, fence: int) -> None:
 
 
 def lapsed(step: sqlite3.Row, now: float) -> bool:
-    """Past its deadline, or never acknowledged within the acceptance window."""
+    """Past its deadline, or never acknowledged within the acceptance window.
+
+    A runner acknowledges a lease by its first renew (half a renew interval after the claim
+    reply reached it) or by its result, whichever comes first; a lease never acknowledged
+    within `accept_window_s` (its claim reply was lost on the wire) is reaped early instead of
+    stranding its step for a whole TTL.
+    """
     accept = step["accept_deadline"]
     return bool(step["lease_deadline"] <= now or (accept is not None and accept <= now))
 

@@ -1,8 +1,8 @@
 """Step identity: a task's plan becomes durable intents (step id + payload hash) at creation.
 
 Creation is idempotent on `(tenant, idempotency_key)`: the key names one logical execution.
-The same key with the same plan answers the existing task; with another plan it is refused,
-so a client that retries after a lost answer can never start a second execution.
+The same key with the same plan returns the existing task; with another plan it is refused,
+so a client that retries after a lost reply can never start a second execution.
 """
 
 from __future__ import annotations

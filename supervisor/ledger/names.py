@@ -4,9 +4,6 @@ A name is printed in `token list` (one line per token, fields split by spaces), 
 error messages, and a tenant's own pools are `<tenant>/<name>`. So: letters, digits and
 `. _ @ : + -`, starting with a letter or digit; a pool may join such names with `/`. No
 spaces, no line breaks, no `*` (the ledger's wake-every-pool sentinel).
-
-A name the ledger already holds (a token's scope, a tenant with a budget, a task's pool) from
-before these rules keeps working: its tokens can be rotated and its budget set.
 """
 
 from __future__ import annotations
@@ -33,7 +30,9 @@ _HELD = {
 
 
 def _known(tx: Tx | None, kind: str, name: str) -> bool:
-    """Held by the ledger already (from before these rules): then it is not refused now."""
+    """Held by the ledger already (a token's scope, a tenant with a budget, a task's pool,
+    from before these rules): then it is not refused now, so its tokens can be rotated and
+    its budget set."""
     if tx is None or name == ALL_POOLS or not name.strip():
         return False
     return tx.one(_HELD[kind], (name, name)) is not None

@@ -31,8 +31,8 @@ def owned_task(tx: Tx, tenant: str, task_id: str) -> sqlite3.Row:
 def approve(tx: Tx, tenant: str, task_id: str, plan_hash: str, base_sha: str | None) -> None:
     """Bind the plan hash and base SHA, then queue the task's first step.
 
-    A repeated approval with the same binding is answered as done, so a client may retry one
-    whose answer it lost.
+    A repeated approval with the same binding succeeds again, changing nothing, so a client may
+    retry one whose reply it lost.
     """
     tx.request = "approve"
     task = owned_task(tx, tenant, task_id)

@@ -1,12 +1,7 @@
 """`SqliteLedger`: the ledger's rules behind one writer thread with group commit.
 
-One writer connection. Rules queue up while a batch is being committed; the writer takes every
-waiting rule into the next batch (one transaction, one fsync) and answers each caller once that
-batch is durable. A whole batch runs as one function on one thread hop, so a transaction never
-waits on the event loop between statements. (aiosqlite hops per statement and has no public way
-to run a function on its thread; we use `anyio.to_thread` with a limiter of one instead, the
-other path our style guide allows.) Reads use a second, read-only connection: WAL lets them run
-beside the writer and see only committed data.
+Rules queue up while a batch is being committed; the writer takes every waiting rule into the
+next batch (one transaction, one fsync) and returns to each caller once that batch is durable.
 """
 
 from __future__ import annotations
@@ -125,6 +120,12 @@ class SqliteLedger:
     # -- the writer -------------------------------------------------------------------------
 
     async def _write_loop(self, receive: MemoryObjectReceiveStream[_Pending]) -> None:
+        """Commit the waiting rules batch after batch, each batch as one function on one thread
+        hop, so a transaction never waits on the event loop between statements.
+
+        aiosqlite hops per statement and has no public way to run a function on its thread;
+        `anyio.to_thread` with a limiter of one is the other path our style guide allows.
+        """
         async with receive:
             async for first in receive:
                 batch = await self._gather(first, receive)
@@ -167,7 +168,7 @@ class SqliteLedger:
         return batch
 
     async def write(self, rule: Callable[[Tx], T]) -> T:
-        """Run one rule in the next group-commit batch; answer once it is durable."""
+        """Run one rule in the next group-commit batch; return once it is durable."""
         if self._send is None:
             raise RuntimeError("the ledger is not open")
         pending = _Pending(rule)
@@ -180,6 +181,8 @@ class SqliteLedger:
         return value
 
     async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `query` on the read-only connection: WAL lets it run beside the writer and see
+        only committed data."""
         reader = self._reader
         if reader is None:
             raise RuntimeError("the ledger is not open")
