@@ -292,7 +292,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _chaos(argv: list[str]) -> int:
     """`chaos ...` belongs to the schedule explorer, which parses its own arguments. It is
-    imported by name so the CLI still answers (with one line) where it is not installed."""
+    imported by name so the CLI still replies (with one line) where it is not installed."""
     import importlib
 
     try:

@@ -1,9 +1,7 @@
 """`tether-supervisor task ...` and `status`: the operator's client for the HTTP API.
 
-A thin adapter: it sends what the operator typed, prints what the supervisor answered, and
-decides nothing itself. `watch` follows the event journal by long-poll and prints one readable
-line per event, applying events in sequence order and skipping any it has already shown, and a
-line saying what the task waits for whenever that changes.
+A thin adapter: it sends what the operator typed, prints what the supervisor replied, and
+decides nothing itself.
 """
 
 from __future__ import annotations
@@ -60,7 +58,7 @@ class ClientError(Exception):
 
 
 class Unreachable(ClientError):
-    """The supervisor did not answer; trying again later may work."""
+    """The supervisor did not reply; trying again later may work."""
 
 
 class OperatorClient:
@@ -100,7 +98,7 @@ class OperatorClient:
         return response
 
     def _read(self, path: str, into: type[R], **params: Any) -> R:
-        """GET `path` and read the answer into its record."""
+        """GET `path` and read the response into its record."""
         response = self._request("GET", path, params=params)
         try:
             return decode(response.content, into)
@@ -356,8 +354,9 @@ class _Story:
 def watch(
     client: OperatorClient, task_id: str, *, after: int = 0, out: TextIO | None = None
 ) -> str:
-    """Print events until the task ends; return its terminal state (`EXIT_CODES` maps it to
-    the exit status). Survives restarts of the supervisor by retrying the long-poll, for up to
+    """Print events until the task ends, one readable line each, in sequence order and
+    skipping any already shown; return its terminal state (`EXIT_CODES` maps it to the exit
+    status). Survives restarts of the supervisor by retrying the long-poll, for up to
     five minutes, once it has reached the supervisor: a wrong URL, or nothing listening there,
     fails at once like the other commands.
 

@@ -25,21 +25,21 @@ from tether.sdnotify import Notifier
 log = structlog.get_logger("tether.supervisor")
 
 # The event loop and the ledger's writer thread share the GIL. At Python's default (5 ms) a
-# batch running Python on the writer thread can hold back every answer for that long. Measured
+# batch running Python on the writer thread can hold back every reply for that long. Measured
 # at 300 steps/s through runners (claim->commit p99 overhead, three paired runs): 120 -> 58,
 # 180 -> 89, 55 -> 45 ms at 0.5 ms, with the same steps/s for the supervisor alone.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 # How long an idle keep-alive connection stays open (uvicorn's default is 5 s). A client must
 # let go of an idle connection before the server closes it, or a request sent just as the
-# close is on the wire gets no answer: runners let go after 20 s (`runner/http.py`,
+# close is on the wire gets no reply: runners let go after 20 s (`runner/http.py`,
 # SUPERVISOR_KEEPALIVE_EXPIRY_S), well below this, and above their renew interval (10 s by
 # default), so that renewals reuse their connection.
 TIMEOUT_KEEP_ALIVE_S = 30
 
 
 def preflight(settings: SupervisorSettings) -> str | None:
-    """Open, integrity-check and migrate the ledger; answer the one line to print on failure."""
+    """Open, integrity-check and migrate the ledger; return the one line to print on failure."""
     try:
         open_ledger_file(settings.db, synchronous=settings.synchronous).close()
     except (LedgerError, sqlite3.DatabaseError) as exc:
@@ -92,7 +92,7 @@ async def _stop_on_signals(server: uvicorn.Server, notifier: Notifier, app: Star
             if server.should_exit:
                 server.force_exit = True  # a second signal: stop without waiting
             server.should_exit = True
-            drain(app)  # runners' claims and operators' watches answer now, not at the timeout
+            drain(app)  # runners' claims and operators' watches get a reply now, not at timeout
             notifier.stopping()
             log.info("supervisor stopping", signal=signal.Signals(signum).name)
 

@@ -1,11 +1,9 @@
 """Every message of the v1 API as a typed record: what a runner, an operator and the supervisor
 send each other, with the limits each field must keep.
 
-Both sides import these classes, so a message has one shape in one place; `tether.codec`
-reads a body into its record (checking the limits as it reads) and writes a record out. The
-records are frozen and keyword-only. A field a client adds that is not here is ignored, so
-either side may add one without breaking the other; except in a task's creation, where an
-unknown key is a mistake of the operator's and is refused (`forbid_unknown_fields`).
+Both sides import these classes, so a message has one shape in one place. A field a client
+adds that is not here is ignored, so either side may add one without breaking the other;
+except in a task's creation, where an unknown key is the operator's mistake and is refused.
 """
 
 from __future__ import annotations
@@ -94,7 +92,7 @@ class Lease(Record, frozen=True, kw_only=True):
 
 
 class ClaimAnswer(Record, frozen=True, kw_only=True):
-    """The answer of a claim that got leases (one that got none is a bare 204)."""
+    """The reply to a claim that got leases (one that got none is a bare 204)."""
 
     leases: tuple[Lease, ...]
 
@@ -106,7 +104,7 @@ class RenewRequest(Record, frozen=True, kw_only=True):
 
 
 class Renewal(Record, frozen=True, kw_only=True):
-    """The answer of a renew: the lease runs `ttl_s` more, unless the task was cancelled."""
+    """The reply to a renew: the lease runs `ttl_s` more, unless the task was cancelled."""
 
     ttl_s: Seconds
     renew_every_s: Interval
@@ -123,7 +121,7 @@ class ReleaseRequest(Record, frozen=True, kw_only=True):
 
 
 class Released(Record, frozen=True, kw_only=True):
-    """The answer of a release."""
+    """The reply to a release."""
 
     released: bool = True
 
@@ -167,14 +165,14 @@ class Results(Record, frozen=True, kw_only=True):
 
 
 class ResultAnswer(Record, frozen=True, kw_only=True):
-    """The answer of a result: `applied`, or `replayed` for a step already committed."""
+    """The reply to a result: `applied`, or `replayed` for a step already committed."""
 
     outcome: Outcome
 
 
 class ItemAnswer(Record, frozen=True, kw_only=True, omit_defaults=True):
-    """One result's answer in a batch: `outcome`, or the `status`, `error` and `detail` the
-    single route would have answered."""
+    """One result's reply in a batch: `outcome`, or the `status`, `error` and `detail` the
+    single route would have sent."""
 
     step_id: str
     outcome: Outcome | None = None
@@ -184,14 +182,14 @@ class ItemAnswer(Record, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class ResultsAnswer(Record, frozen=True, kw_only=True):
-    """The answers of `POST /v1/steps/results`, one per result, in order."""
+    """The reply to `POST /v1/steps/results`: one item per result, in order."""
 
     results: tuple[ItemAnswer, ...]
 
 
 class RunnerIdentity(Record, frozen=True, kw_only=True):
-    """The answer of `GET /v1/runner`: the pool the caller's runner token serves, and the
-    token's id. A runner asks once at start: an answer of this shape is how it knows that its
+    """The reply to `GET /v1/runner`: the pool the caller's runner token serves, and the
+    token's id. A runner asks once at start: a reply of this shape is how it knows that its
     `supervisor_url` is a supervisor's."""
 
     pool: str
@@ -272,7 +270,7 @@ class RepositoryHead(Record, frozen=True, kw_only=True):
 
 
 # -- what the operator reads (docs/design.md, Operator API) --------------------------------
-# The supervisor's answers to the operator's reads. The CLI reads them into these records; a
+# The supervisor's replies to the operator's reads. The CLI reads them into these records; a
 # field the supervisor adds later is ignored, so an older CLI keeps working.
 
 
