@@ -288,11 +288,13 @@ def pick_step(task: TaskView, which: str | None) -> StepView:
 
 
 def output_text(step: StepView) -> str:
-    """A step's output to print: a chat step's text, any other output as JSON."""
+    """A step's output to print: a chat step's text, any other output as JSON (so is a chat
+    answer that called tools instead of writing text: its `tool_calls` are what it said)."""
     if step.state != "committed":
         raise ClientError(f"step {step.name!r} has no output: it is {step.state}")
     out = step.output
-    if step.kind == "chat" and isinstance(out, dict) and isinstance(out.get("text"), str):
+    chat_text = step.kind == "chat" and isinstance(out, dict) and isinstance(out.get("text"), str)
+    if chat_text and (out["text"] or not out.get("tool_calls")):
         return str(out["text"])
     return json.dumps(out, indent=2, sort_keys=True)
 

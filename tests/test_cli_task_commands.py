@@ -330,3 +330,13 @@ def test_watch_names_steps_and_says_how_long_they_took() -> None:
     assert lines[1].endswith("step=draft fence=7 took=2.5s")
     assert lines[3].endswith("step=polish why=lease expired took=30.0s")
     assert lines[4].endswith("took=40.0s")  # the task, since it was created
+
+
+def test_task_output_of_a_chat_answer_that_only_called_tools_prints_it_as_json(
+    monkeypatch: pytest.MonkeyPatch, token_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]
+    tools_only = step(0, "plan", "chat", "committed", {"text": "", "tool_calls": calls})
+    script = Script([task_json("SUCCEEDED", 3, steps=[tools_only])])
+    assert run(monkeypatch, script, ["task", "output", "t1", "plan", *flags(token_file)]) == 0
+    assert json.loads(capsys.readouterr().out)["tool_calls"] == calls
