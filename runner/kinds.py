@@ -1,4 +1,5 @@
-"""Step kinds: what a step of a given `kind` does with its payload. `chat` is built in.
+"""Step kinds: what a step of a given `kind` does with its payload. `chat` and `agent` (a tool
+loop in a workspace: runner/agent/loop.py) are built in.
 
 A kind is an async function `(StepContext) -> StepOutput`. A deployment adds its own with
 `KindRegistry.register`, or, without touching the runner's code, through the entry-point
@@ -80,7 +81,7 @@ StepKind = Callable[[StepContext], Awaitable[StepOutput]]
 
 
 class KindRegistry:
-    """Kinds by name. `default()` holds `chat` and whatever entry points add."""
+    """Kinds by name. `default()` holds `chat`, `agent` and whatever entry points add."""
 
     def __init__(self, kinds: Iterable[tuple[str, StepKind]] = ()) -> None:
         self._kinds: dict[str, StepKind] = {}
@@ -106,7 +107,10 @@ class KindRegistry:
 
     @classmethod
     def default(cls, *, entry_points: bool = True) -> KindRegistry:
-        registry = cls([("chat", run_chat)])
+        # Imported here: runner.agent.loop builds on this module's StepContext and StepOutput.
+        from runner.agent.loop import AgentKind
+
+        registry = cls([("chat", run_chat), ("agent", AgentKind())])
         if entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 registry.register(ep.name, ep.load())

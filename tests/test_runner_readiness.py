@@ -131,7 +131,11 @@ async def test_ready_once_after_the_supervisor_answers_and_the_line_names_pool_a
             rig.runner.request_shutdown()
     assert notifier.sent.count("READY=1") == 1
     (line,) = [e for e in logs if e["event"] == "supervisor answered; claiming"]
-    assert (line["pool"], line["kinds"], line["runner_id"]) == ("acme/gpu", ["chat"], "test-runner")
+    assert (line["pool"], line["kinds"], line["runner_id"]) == (
+        "acme/gpu",
+        ["agent", "chat"],
+        "test-runner",
+    )
     assert not any(e["log_level"] == "error" for e in logs)
 
 

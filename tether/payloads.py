@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal, TypeVar
@@ -169,27 +170,7 @@ class ChatPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 "tool_choice.function.name",
                 f"{choice.function.name!r} is not a declared tool (declared: {names})",
             )
-        self._check_tool_answers()
-
-    def _check_tool_answers(self) -> None:
-        """Each `tool` message answers a call of the `assistant` message before it, and every
-        such call is answered before the next other message, as providers require."""
-        open_calls: list[str] = []
-        for i, message in enumerate(self.messages):
-            if message.role == "tool":
-                if message.tool_call_id not in open_calls:
-                    raise _at(
-                        f"messages[{i}].tool_call_id",
-                        f"{message.tool_call_id!r} answers no open call of an earlier"
-                        " `assistant` message",
-                    )
-                open_calls.remove(str(message.tool_call_id))
-                continue
-            if open_calls:
-                raise _at(f"messages[{i}]", f"tool calls {open_calls} are not answered before it")
-            open_calls = list(message.call_ids())
-        if open_calls:
-            raise _at("messages", f"tool calls {open_calls} of the last message are not answered")
+        _check_tool_answers(self.messages)
 
     def model_parameters(self) -> dict[str, Any]:
         """The parameters the payload sets, by name, for the provider's request body."""
@@ -198,9 +179,101 @@ class ChatPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         return {name: plain(v) for name, v in found.items() if v is not msgspec.UNSET}
 
 
+def _check_tool_answers(messages: tuple[ChatMessage, ...]) -> None:
+    """Each `tool` message answers a call of the `assistant` message before it, and every such
+    call is answered before the next other message, as providers require."""
+    open_calls: list[str] = []
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            if message.tool_call_id not in open_calls:
+                raise _at(
+                    f"messages[{i}].tool_call_id",
+                    f"{message.tool_call_id!r} answers no open call of an earlier"
+                    " `assistant` message",
+                )
+            open_calls.remove(str(message.tool_call_id))
+            continue
+        if open_calls:
+            raise _at(f"messages[{i}]", f"tool calls {open_calls} are not answered before it")
+        open_calls = list(message.call_ids())
+    if open_calls:
+        raise _at("messages", f"tool calls {open_calls} of the last message are not answered")
+
+
+# A commit SHA as git prints it: SHA-1, or SHA-256 for a repository in that format.
+CommitSha = Annotated[str, msgspec.Meta(pattern=r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")]
+
+
+class AgentRepository(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The repository an `agent` step works in: any git remote the runner can read, and the
+    commit its worktree starts at."""
+
+    url: NonEmpty
+    base_sha: CommitSha
+
+
+class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The payload of the built-in `agent` kind: a tool loop over `messages` (runner/agent/loop.py).
+
+    `allowed_commands` are the only command lines the `run` tool runs, matched exactly;
+    `allowed_paths` the prefixes the model may write under (all of the workspace when left
+    out, none when empty). `max_tokens_total` is the step's token budget, checked before each
+    model call. Without `repository` the workspace is an empty scratch folder. A key not here
+    is refused, never ignored.
+    """
+
+    messages: Annotated[tuple[ChatMessage, ...], msgspec.Meta(min_length=1)]
+    allowed_commands: tuple[NonEmpty, ...]
+    model: NonEmpty | msgspec.UnsetType = msgspec.UNSET
+    max_turns: Annotated[int, msgspec.Meta(ge=1, le=100)] = 20
+    max_tokens_total: Annotated[int, msgspec.Meta(ge=1)] | msgspec.UnsetType = msgspec.UNSET
+    allowed_paths: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+    run_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] | msgspec.UnsetType = msgspec.UNSET
+    repository: AgentRepository | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        _check_tool_answers(self.messages)
+        for i, command in enumerate(self.allowed_commands):
+            try:
+                words = shlex.split(command)
+            except ValueError as exc:
+                raise _at(
+                    f"allowed_commands[{i}]", f"{command!r} is not a command line: {exc}"
+                ) from None
+            if not words:
+                raise _at(f"allowed_commands[{i}]", "the command is empty")
+        paths = () if self.allowed_paths is msgspec.UNSET else self.allowed_paths
+        for i, prefix in enumerate(paths):
+            if not _inside_tree(prefix):
+                raise _at(
+                    f"allowed_paths[{i}]",
+                    f"{prefix!r} is not a path inside the repository (absolute, climbing"
+                    " above the root with `..`, or naming `.git`)",
+                )
+
+
+def _inside_tree(prefix: str) -> bool:
+    """Whether `prefix` names a place inside a worktree by its text alone (the runner checks
+    it again on the real tree: runner/agent/paths.py)."""
+    if "\0" in prefix or prefix.startswith(("/", "\\")):
+        return False
+    depth = 0
+    for part in prefix.replace("\\", "/").split("/"):
+        if part.lower() == ".git":
+            return False
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part not in ("", "."):
+            depth += 1
+    return True
+
+
 # The built-in kinds and their payload records: adding a kind is one line here.
 PAYLOADS: Final[Mapping[str, type[msgspec.Struct]]] = MappingProxyType({
     "chat": ChatPayload,
+    "agent": AgentPayload,
 })  # fmt: skip
 BUILT_IN_KINDS: Final = frozenset(PAYLOADS)
 

@@ -1,0 +1,402 @@
+"""The built-in `agent` step kind: a bounded tool loop (model -> tool calls -> tool results ->
+model ...) in a fresh workspace, ending in a candidate commit and the workspace's removal.
+
+The workspace is a worktree at `repository.base_sha` of the payload's `repository`, or, without
+one, an empty scratch folder. Until leases carry what an approval bound (issue 12, item 3), the
+payload is where the repository, its base and the allowed paths come from.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import json
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import msgspec
+import structlog
+
+from runner.agent.git import GitError, git
+from runner.agent.paths import normalize_prefix
+from runner.agent.sandbox import Sandbox, detect_sandbox
+from runner.agent.tools import ToolBox, ToolLimits, ToolResult
+from runner.agent.workspace import CleanupRecord, RepoCache
+from runner.errors import StepRejected
+from runner.kinds import ChatModel, StepContext, StepOutput
+from runner.model_client import USAGE_KEYS, Completion
+from tether.payloads import AgentPayload, ToolCall, plain, read_payload
+
+log = structlog.get_logger(__name__)
+
+# The transcript in the step's output: each text clipped, at most this many entries (the first
+# quarter and the last ones, with a note of how many were left out between), and at most this
+# many characters in all, so a result stays well under the supervisor's 1 MiB body limit.
+TRANSCRIPT_TEXT_MAX = 2_000
+TRANSCRIPT_ENTRIES_MAX = 200
+TRANSCRIPT_CHARS_MAX = 400_000
+
+
+class Finish(enum.StrEnum):
+    """Why the loop stopped."""
+
+    ANSWERED = "answered"  # the model answered without calling a tool
+    MAX_TURNS = "max_turns"  # `max_turns` model calls were made
+    BUDGET = "budget"  # the tokens spent reached `max_tokens_total` before the next call
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopResult:
+    text: str
+    finish: Finish
+    turns: int
+    usage: dict[str, int]
+    tool_calls: int
+    tool_errors: int
+    tool_refusals: int
+    transcript: list[dict[str, Any]]
+
+
+def default_cache_dir() -> Path:
+    """Where the runner keeps mirrors and attempt folders: systemd's `CacheDirectory=` when the
+    unit sets one, else `$XDG_CACHE_HOME/tether-runner` (`~/.cache/tether-runner`)."""
+    systemd = os.environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    if systemd:
+        return Path(systemd)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "tether-runner"
+
+
+class AgentKind:
+    """The `agent` kind as a `StepKind`, bound to the runner's cache directory and sandbox.
+
+    The cache directory is created and the sandbox probed on the first agent step, not when the
+    runner starts, so a runner that never gets one never touches either.
+    """
+
+    def __init__(
+        self,
+        *,
+        cache_dir: Path | None = None,
+        sandbox: Sandbox | None = None,
+        limits: ToolLimits | None = None,
+    ) -> None:
+        self._cache_dir = cache_dir
+        self._cache: RepoCache | None = None
+        self._sandbox = sandbox
+        self._sandbox_lock = anyio.Lock()
+        self.limits = limits or ToolLimits()
+
+    @property
+    def cache(self) -> RepoCache:
+        if self._cache is None:
+            self._cache = RepoCache(self._cache_dir or default_cache_dir())
+        return self._cache
+
+    async def sandbox(self) -> Sandbox:
+        async with self._sandbox_lock:
+            if self._sandbox is None:
+                # The interpreter's installation, often outside /usr (a virtualenv), is readable
+                # inside bubblewrap, so that `python -m pytest` runs there.
+                self._sandbox = await detect_sandbox([Path(sys.prefix), Path(sys.base_prefix)])
+            return self._sandbox
+
+    async def __call__(self, ctx: StepContext) -> StepOutput:
+        try:
+            payload = read_payload(ctx.payload, AgentPayload)
+        except ValueError as exc:
+            raise StepRejected(f"agent payload: {exc}") from None
+        limits = self.limits
+        if payload.run_timeout_s is not msgspec.UNSET:
+            limits = dataclasses.replace(limits, run_timeout_s=payload.run_timeout_s)
+        prefixes = _allowed_prefixes(payload)
+        sandbox = await self.sandbox()
+        label = f"{ctx.step_id}-{ctx.attempt}"
+        candidate: str | None = None
+        async with self._workspace(payload, label) as space:
+            try:
+                box = ToolBox(
+                    space.tree, home=space.home, allowed_paths=prefixes,
+                    allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
+                )  # fmt: skip
+            except ValueError as exc:
+                raise StepRejected(f"agent payload: {exc}") from None
+            model = ctx.default_model if payload.model is msgspec.UNSET else payload.model
+            result = await run_loop(
+                ctx.chat,
+                model=model,
+                messages=[m.request() for m in payload.messages],
+                box=box,
+                max_turns=payload.max_turns,
+                budget=None
+                if payload.max_tokens_total is msgspec.UNSET
+                else payload.max_tokens_total,
+            )
+            if payload.repository is not msgspec.UNSET and prefixes:
+                commit_paths = () if "" in prefixes else prefixes
+                candidate = await space.commit(step_id=ctx.step_id, paths=commit_paths)
+        cleanup = space.cleanup
+        output: dict[str, Any] = {
+            "text": result.text,
+            "finish": str(result.finish),
+            "turns": result.turns,
+            "usage": result.usage,
+            "tool_calls": result.tool_calls,
+            "tool_errors": result.tool_errors,
+            "tool_refusals": result.tool_refusals,
+            "sandbox": sandbox.name,
+        }
+        if candidate is not None:
+            output["candidate_sha"] = candidate
+        output["cleanup"] = None if cleanup is None else cleanup.as_dict()
+        output["transcript"] = result.transcript
+        log.info(
+            "agent step done", step_id=ctx.step_id, finish=str(result.finish),
+            turns=result.turns, tool_calls=result.tool_calls, tool_errors=result.tool_errors,
+            candidate_sha=candidate, workspace_gone=cleanup is not None and cleanup.gone,
+        )  # fmt: skip
+        return StepOutput(output=output, usage=result.usage, candidate_sha=candidate)
+
+    @asynccontextmanager
+    async def _workspace(self, payload: AgentPayload, label: str) -> AsyncIterator[Space]:
+        """The attempt's workspace, removed on the way out (even when cancelled)."""
+        repository = payload.repository
+        if repository is msgspec.UNSET:
+            async with scratch_space(self.cache.cache_dir, label) as scratch:
+                yield scratch
+            return
+        async with self.cache.attempt(
+            url=repository.url, base_sha=repository.base_sha, label=label
+        ) as workspace:
+            yield workspace
+
+
+def _allowed_prefixes(payload: AgentPayload) -> tuple[str, ...]:
+    """The payload's allowed paths, normalised; `("",)` (all of the tree) when left out."""
+    if payload.allowed_paths is msgspec.UNSET:
+        return ("",)
+    try:
+        return tuple(normalize_prefix(p) for p in payload.allowed_paths)
+    except ValueError as exc:
+        raise StepRejected(f"agent payload: {exc}") from None
+
+
+class Space(Protocol):
+    """What the loop needs of a workspace: a repository `Workspace` or a `ScratchSpace`."""
+
+    @property
+    def tree(self) -> Path: ...
+    @property
+    def home(self) -> Path: ...
+    @property
+    def cleanup(self) -> CleanupRecord | None: ...
+
+    async def commit(self, *, step_id: str, paths: Sequence[str] = ()) -> str | None: ...
+
+
+@dataclasses.dataclass
+class ScratchSpace:
+    """An empty folder for an agent step without a repository; never yields a candidate.
+
+    The tree is an empty git repository only so that the `search` tool (git grep) works in it.
+    """
+
+    folder: Path
+    tree: Path
+    home: Path
+    cleanup: CleanupRecord | None = None
+
+    async def commit(self, *, step_id: str, paths: Sequence[str] = ()) -> str | None:
+        return None
+
+    async def remove(self) -> CleanupRecord:
+        if self.cleanup is None:
+            files, size = await anyio.to_thread.run_sync(_tree_size, self.folder)
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.folder, ignore_errors=True))
+            self.cleanup = CleanupRecord(
+                path=str(self.folder),
+                bytes_removed=size,
+                files_removed=files,
+                exists_after=await anyio.Path(self.folder).exists(),
+                listed_after=False,
+            )
+        return self.cleanup
+
+
+@asynccontextmanager
+async def scratch_space(cache_dir: Path, label: str) -> AsyncIterator[ScratchSpace]:
+    """A fresh `ScratchSpace` under `cache_dir/scratch`, removed on the way out (shielded)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in label)[:80]
+    folder = cache_dir / "scratch" / f"{safe}-{secrets.token_hex(4)}"
+    space = ScratchSpace(folder=folder, tree=folder / "tree", home=folder / "home")
+    try:
+        await anyio.Path(space.tree).mkdir(parents=True)
+        await anyio.Path(space.home).mkdir()
+        try:
+            await git("init", "--quiet", ".", cwd=space.tree)
+        except GitError as exc:
+            raise StepRejected(f"cannot create the scratch workspace: {exc}") from exc
+        yield space
+    finally:
+        with anyio.CancelScope(shield=True):
+            await space.remove()
+
+
+def _tree_size(root: Path) -> tuple[int, int]:
+    files = size = 0
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            try:
+                size += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+            files += 1
+    return files, size
+
+
+async def run_loop(
+    chat: ChatModel,
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    box: ToolBox,
+    max_turns: int,
+    budget: int | None,
+) -> LoopResult:
+    """Ask the model, run the tools it calls, give it their results, and again, until it
+    answers without a tool call, `max_turns` calls were made, or the tokens spent reach
+    `budget` (checked before each call, so the last turn may pass it by its own size)."""
+    messages = list(messages)
+    transcript = Transcript()
+    for message in messages:
+        transcript.message(message)
+    usage: collections.Counter[str] = collections.Counter()
+    tools = box.tools()
+    text = ""
+    turns = calls = errors = refusals = 0
+    while True:
+        if turns >= max_turns:
+            finish = Finish.MAX_TURNS
+            break
+        if budget is not None and usage["total_tokens"] >= budget:
+            finish = Finish.BUDGET
+            break
+        completion = await chat({"model": model, "messages": messages, "tools": tools})
+        turns += 1
+        usage.update({k: v for k, v in completion.usage.items() if k in USAGE_KEYS})
+        text = completion.text
+        messages.append(_assistant_message(completion))
+        transcript.assistant(completion, turn=turns)
+        if not completion.tool_calls:
+            finish = Finish.ANSWERED
+            break
+        for call in completion.tool_calls:
+            result = await box.call(call.function.name, call.function.arguments)
+            calls += 1
+            errors += not result.ok
+            refusals += result.refused
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+            transcript.tool(call, result)
+    return LoopResult(
+        text=text,
+        finish=finish,
+        turns=turns,
+        usage=dict(usage),
+        tool_calls=calls,
+        tool_errors=errors,
+        tool_refusals=refusals,
+        transcript=transcript.entries(),
+    )
+
+
+def _assistant_message(completion: Completion) -> dict[str, Any]:
+    """The model's turn as the next request holds it (content null beside tool calls)."""
+    if not completion.tool_calls:
+        return {"role": "assistant", "content": completion.text}
+    calls = plain(completion.tool_calls)
+    return {"role": "assistant", "content": completion.text or None, "tool_calls": calls}
+
+
+def clip(text: str, limit: int = TRANSCRIPT_TEXT_MAX) -> str:
+    """`text` cut to `limit` characters, with a note of how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[{len(text) - limit} more characters]"
+
+
+class Transcript:
+    """What the agent did, for the step's output: messages, tool calls and tool results."""
+
+    def __init__(self) -> None:
+        self._entries: list[dict[str, Any]] = []
+
+    def message(self, message: dict[str, Any]) -> None:
+        entry: dict[str, Any] = {"role": message["role"]}
+        if isinstance(message.get("content"), str):
+            entry["content"] = clip(message["content"])
+        if message.get("tool_calls"):
+            entry["tool_calls"] = [_call_entry(c) for c in message["tool_calls"]]
+        if message.get("tool_call_id"):
+            entry["tool_call_id"] = message["tool_call_id"]
+        self._entries.append(entry)
+
+    def assistant(self, completion: Completion, *, turn: int) -> None:
+        entry: dict[str, Any] = {
+            "role": "assistant",
+            "turn": turn,
+            "content": clip(completion.text),
+        }
+        if completion.tool_calls:
+            entry["tool_calls"] = [_call_entry(plain(c)) for c in completion.tool_calls]
+        entry["finish_reason"] = completion.finish_reason
+        entry["usage"] = completion.usage
+        self._entries.append(entry)
+
+    def tool(self, call: ToolCall, result: ToolResult) -> None:
+        entry: dict[str, Any] = {
+            "role": "tool",
+            "tool_call_id": call.id,
+            "name": call.function.name,
+            "ok": result.ok,
+        }
+        if result.code is not None:
+            entry["error"] = result.code
+        if result.refused:
+            entry["refused"] = True
+        entry["content"] = clip(result.content)
+        self._entries.append(entry)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The entries within `TRANSCRIPT_ENTRIES_MAX` and `TRANSCRIPT_CHARS_MAX`: the first
+        ones and the last ones, with `{"omitted": n}` between when some were left out."""
+        entries = self._entries
+        sizes = [len(json.dumps(e, ensure_ascii=False)) for e in entries]
+        if len(entries) <= TRANSCRIPT_ENTRIES_MAX and sum(sizes) <= TRANSCRIPT_CHARS_MAX:
+            return list(entries)
+        count = len(entries)
+        head = min(count, TRANSCRIPT_ENTRIES_MAX // 4)
+        tail = min(count - head, TRANSCRIPT_ENTRIES_MAX - head - 1)
+        while head + tail and sum(sizes[:head]) + sum(sizes[count - tail :]) > TRANSCRIPT_CHARS_MAX:
+            if head > 1 and head * 3 > tail:
+                head -= 1
+            else:
+                tail -= 1
+        omitted = {"omitted": count - head - tail}
+        return [*entries[:head], omitted, *entries[count - tail :]]
+
+
+def _call_entry(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    return {
+        "id": call.get("id"),
+        "name": function.get("name"),
+        "arguments": clip(str(function.get("arguments", ""))),
+    }
