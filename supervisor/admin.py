@@ -1,6 +1,6 @@
 """Commands on the ledger file itself, for operators on the owned box: init, tokens, check,
-backup, budgets. They run the ledger's own rules through `Transactions`, beside a running
-supervisor if there is one (WAL and `BEGIN IMMEDIATE` serialise the writers).
+backup, budgets, repositories. They run the ledger's own rules through `Transactions`, beside a
+running supervisor if there is one (WAL and `BEGIN IMMEDIATE` serialise the writers).
 
 Only `init_ledger` and `create_token(..., init=True)` create a ledger file: every other command
 refuses a path with no ledger, so a mistyped `--db` cannot leave an empty ledger behind."""
@@ -14,7 +14,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, tokens
+import anyio
+
+from supervisor import repos
+from supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, repositories, tokens
 from supervisor.ledger.batch import Transactions
 from supervisor.ledger.operator import budget_of, set_budget
 from supervisor.ledger.schema import connect, integrity_problems, open_ledger_file
@@ -123,6 +126,47 @@ def show_budget(path: Path, tenant: str) -> str:
         f" budget={unlimited if found.budget is None else found.budget}"
         f" left={unlimited if found.left is None else found.left}"
     )
+
+
+def add_repository(
+    path: Path, tenant: str, name: str, url: str
+) -> tuple[repositories.Repository, str | None, bool]:
+    """Check that git can read `url` (`git ls-remote`), then record it as `tenant`'s
+    repository `name`; return the record, the remote's HEAD (None for an empty repository)
+    and whether it is new. A relative path that exists is made absolute first: the supervisor
+    reads it later from another working directory."""
+    if "://" not in url and Path(url).exists() and not Path(url).is_absolute():
+        url = str(Path(url).resolve())
+    with ledger_file(path) as db:
+        try:  # the rule checks these again; here so a bad name costs no network round trip
+            repositories.check_repository_name(name)
+            repositories.check_url(url)
+        except LedgerError as exc:
+            raise AdminError(str(exc)) from None
+        try:
+            refs = anyio.run(repos.ls_remote, url)
+        except repos.MirrorError as exc:
+            raise AdminError(str(exc)) from None
+        added: tuple[repositories.Repository, bool] = run_rule(
+            db, lambda tx: repositories.add_repository(tx, tenant, name, url)
+        )
+    return added[0], refs.get("HEAD"), added[1]
+
+
+def list_repositories(path: Path) -> list[str]:
+    """`TENANT NAME URL ADDED`, one line per repository (URLs hold no password: `repo add`
+    refuses one)."""
+    with ledger_file(path) as db:
+        records = repositories.list_repositories(db)
+    return [f"{r.tenant} {r.name} {r.url} {_utc(r.added_at)}" for r in records]
+
+
+def remove_repository(path: Path, tenant: str, name: str) -> repositories.Repository:
+    with ledger_file(path) as db:
+        removed: repositories.Repository = run_rule(
+            db, lambda tx: repositories.remove_repository(tx, tenant, name)
+        )
+    return removed
 
 
 def check(path: Path) -> list[str]:

@@ -67,6 +67,20 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
         "--show", action="store_true", help="print tokens spent, the budget and what is left"
     )
 
+    repo = sub.add_parser("repo", help="add, list and remove the repositories tasks may name")
+    repo_sub = repo.add_subparsers(dest="repo_command", required=True, parser_class=Parser)
+    repo_add = repo_sub.add_parser("add", help="add a repository, once git can read its URL")
+    repo_add.add_argument("name", metavar="NAME", help="the name tasks give as `repository`")
+    repo_add.add_argument("--url", required=True, help="a path, file://, ssh://, https://, ...")
+    repo_add.add_argument("--tenant", required=True, help="the tenant whose tasks may name it")
+    repo_add.add_argument("--db", required=True, help="ledger file")
+    repo_list = repo_sub.add_parser("list", help="one line per repository: TENANT NAME URL ADDED")
+    repo_list.add_argument("--db", required=True, help="ledger file")
+    repo_remove = repo_sub.add_parser("remove", help="forget a repository no running task names")
+    repo_remove.add_argument("name", metavar="NAME")
+    repo_remove.add_argument("--tenant", required=True)
+    repo_remove.add_argument("--db", required=True, help="ledger file")
+
     def operator_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--url", help="the supervisor's base URL (default: $TETHER_URL)")
         p.add_argument(
@@ -173,6 +187,8 @@ def _admin(args: argparse.Namespace) -> int:
         elif args.command == "backup":
             admin.backup(db, Path(args.dest))
             print(f"backed up {db} to {args.dest}", file=sys.stderr)
+        elif args.command == "repo":
+            _repo(db, args)
         elif args.command == "budget" and args.show:
             print(admin.show_budget(db, args.tenant))
         elif args.command == "budget":
@@ -185,6 +201,26 @@ def _admin(args: argparse.Namespace) -> int:
     except admin.AdminError as exc:
         fail(PROG, str(exc))
     return 0
+
+
+def _repo(db: Path, args: argparse.Namespace) -> None:
+    """`repo add` and `repo remove` say what they did on stderr; `repo list` prints lines."""
+    from supervisor import admin
+
+    if args.repo_command == "add":
+        added, head, created = admin.add_repository(db, args.tenant, args.name, args.url)
+        what = "added" if created else "already known:"
+        shown = head or "none (an empty repository)"
+        print(
+            f"{what} repository {added.name} of tenant {added.tenant}, HEAD {shown}",
+            file=sys.stderr,
+        )
+    elif args.repo_command == "list":
+        for line in admin.list_repositories(db):
+            print(line)
+    else:
+        removed = admin.remove_repository(db, args.tenant, args.name)
+        print(f"removed repository {removed.name} of tenant {removed.tenant}", file=sys.stderr)
 
 
 def _token_label(token_id: str, name: str | None) -> str:

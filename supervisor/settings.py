@@ -29,6 +29,7 @@ class SupervisorSettings:
     log_level: str = "info"
     shared_pools: str = "default"
     runner_seen_window_s: float = 3600.0
+    mirror_dir: Path | None = None  # None: `mirrors/` beside the ledger file
 
     def __post_init__(self) -> None:
         for name in (
@@ -57,6 +58,11 @@ class SupervisorSettings:
     def shared_pool_names(self) -> frozenset[str]:
         """The pools any tenant's tasks may name (`shared_pools`, comma-separated)."""
         return frozenset(name.strip() for name in self.shared_pools.split(",") if name.strip())
+
+    @property
+    def mirror_root(self) -> Path:
+        """Where the supervisor's bare mirrors live (`mirror_dir`, else beside the ledger)."""
+        return self.mirror_dir or self.db.parent / "mirrors"
 
     @property
     def ledger_config(self) -> LedgerConfig:

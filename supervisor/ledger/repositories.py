@@ -1,0 +1,142 @@
+"""The repositories the supervisor knows: a tenant's name for a repository, and the git URL it
+is read from (`tether-supervisor repo add`). Reachability is checked by the adapter that adds
+one (`git ls-remote`), never here: a rule does no I/O.
+
+A URL is handed to the runners of the repository's tasks, on borrowed servers (docs/design.md,
+Borrowed servers), so one that holds a password (or an http(s) user, often a token) is refused:
+read access belongs in the runner's SSH agent or credential store, never in a URL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sqlite3
+
+from supervisor.ledger import names
+from supervisor.ledger.errors import InvalidRequest, NotFound
+from supervisor.ledger.states import TERMINAL
+from supervisor.ledger.tx import Tx
+
+MAX_URL = 2000
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SCHEMES = frozenset({"file", "ssh", "git", "http", "https"})
+_SCHEME_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)")
+_TRANSPORT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*::")  # git's `ext::cmd`, `fd::`: commands
+_SCP_LIKE = re.compile(r"[^/:]+:")  # `[user@]host:path`: a colon before any slash
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Repository:
+    tenant: str
+    name: str
+    url: str
+    added_at: float
+
+
+def check_repository_name(name: str) -> str:
+    """Return `name` if it may name a repository (it appears in a route's path and in lines)."""
+    if not _NAME.fullmatch(name):
+        raise InvalidRequest(
+            f"repository name {name!r} is not allowed: letters, digits and . _ -, starting"
+            " with a letter or digit, 1..100"
+        )
+    return name
+
+
+def check_url(url: str) -> str:
+    """Return `url` if git may be pointed at it: a path (absolute), `file://`, `ssh://`,
+    `git://`, `http(s)://`, or scp-like `[user@]host:path`; never one holding a password."""
+    if not url or len(url) > MAX_URL or not url.isprintable() or any(c.isspace() for c in url):
+        raise InvalidRequest(f"a repository URL is 1..{MAX_URL} printable characters, no spaces")
+    if url.startswith("-"):
+        raise InvalidRequest("a repository URL must not start with '-'")
+    if _TRANSPORT.match(url):
+        raise InvalidRequest("a repository URL must not name a git transport ('<name>::')")
+    scheme_url = _SCHEME_URL.fullmatch(url)
+    scheme = scheme_url["scheme"].lower() if scheme_url else None
+    userinfo, at, _ = (scheme_url["rest"] if scheme_url else url).partition("/")[0].rpartition("@")
+    # An http(s) user is as often a token (`https://TOKEN@host/...`) as a name.
+    if at and (":" in userinfo or scheme in {"http", "https"}):
+        # Not echoed: the secret is the one thing this message must not print.
+        raise InvalidRequest(
+            "a repository URL must not hold a password, nor an http(s) user (it is handed"
+            " to runners): give read access through the runner's SSH agent or credential store"
+        )
+    if scheme is not None:
+        if scheme not in _SCHEMES:
+            raise InvalidRequest(
+                f"a repository URL's scheme is one of {', '.join(sorted(_SCHEMES))}"
+            )
+        return url
+    if url.startswith("/") or _SCP_LIKE.match(url):
+        return url
+    raise InvalidRequest(f"a repository path must be absolute, got {url!r}")
+
+
+def add_repository(tx: Tx, tenant: str, name: str, url: str) -> tuple[Repository, bool]:
+    """Record that `tenant`'s repository `name` is read from `url`; return it and whether it
+    is new. Adding it again with the same URL changes nothing; with another URL is refused."""
+    names.check_tenant_name(tenant, tx)
+    check_repository_name(name)
+    check_url(url)
+    held = _find(tx.db, tenant, name)
+    if held is not None:
+        if held.url != url:
+            raise InvalidRequest(
+                f"repository {name!r} of tenant {tenant!r} is read from {held.url}:"
+                " remove it first to give it another URL"
+            )
+        return held, False
+    tx.run(
+        "INSERT INTO repository_remotes (tenant, name, url, added_at) VALUES (?, ?, ?, ?)",
+        (tenant, name, url, tx.now),
+    )
+    return Repository(tenant=tenant, name=name, url=url, added_at=tx.now), True
+
+
+def remove_repository(tx: Tx, tenant: str, name: str) -> Repository:
+    """Forget `tenant`'s repository `name`; refused while a task that has not ended names it."""
+    held = _find(tx.db, tenant, name)
+    if held is None:
+        raise NotFound(f"tenant {tenant!r} has no repository {name!r}")
+    ended = sorted(state.value for state in TERMINAL)
+    busy = tx.one(
+        "SELECT id FROM tasks WHERE tenant = ? AND repository = ?"
+        f" AND state NOT IN ({', '.join('?' for _ in ended)}) ORDER BY created_order LIMIT 1",
+        (tenant, name, *ended),
+    )
+    if busy is not None:
+        raise InvalidRequest(
+            f"repository {name!r} is named by task {busy['id']}, which has not ended:"
+            " cancel it or let it end first"
+        )
+    tx.run("DELETE FROM repository_remotes WHERE tenant = ? AND name = ?", (tenant, name))
+    return held
+
+
+def find_repository(db: sqlite3.Connection, tenant: str, name: str) -> Repository | None:
+    """`tenant`'s repository `name`, or None when the supervisor does not know it."""
+    return _find(db, tenant, name)
+
+
+def list_repositories(db: sqlite3.Connection, tenant: str | None = None) -> list[Repository]:
+    """The repositories known, by tenant and name (only `tenant`'s when given)."""
+    rows = db.execute(
+        "SELECT * FROM repository_remotes WHERE ? IS NULL OR tenant = ? ORDER BY tenant, name",
+        (tenant, tenant),
+    ).fetchall()
+    return [_record(r) for r in rows]
+
+
+def _find(db: sqlite3.Connection, tenant: str, name: str) -> Repository | None:
+    row = db.execute(
+        "SELECT * FROM repository_remotes WHERE tenant = ? AND name = ?", (tenant, name)
+    ).fetchone()
+    return None if row is None else _record(row)
+
+
+def _record(row: sqlite3.Row) -> Repository:
+    return Repository(
+        tenant=row["tenant"], name=row["name"], url=row["url"], added_at=row["added_at"]
+    )
