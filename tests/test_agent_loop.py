@@ -27,6 +27,7 @@ from tether.clocks import LoopClock
 from tether.payloads import BUILT_IN_KINDS
 
 from .conftest import ApiHarness, assert_error, ledger_snapshot
+from .test_chat_tools import run_steps
 
 ASK = [{"role": "user", "content": "Make the test pass."}]
 FIXED = "def answer():\n    return 42\n"
@@ -376,3 +377,38 @@ async def test_a_good_agent_payload_is_accepted_at_submit(api: ApiHarness) -> No
     }  # fmt: skip
     response = await api.client.post("/v1/tasks", headers=api.operator, json=plan(payload))
     assert response.status_code == 201, response.text
+
+
+async def test_a_runner_commits_an_agent_step_whose_output_tells_what_it_did(
+    api: ApiHarness, tmp_path: Path
+) -> None:
+    """Through a real runner and supervisor in process: the committed step's output (what
+    `task show` prints) holds the transcript, and the result names the candidate."""
+    origin, base = make_origin(tmp_path / "origin")
+    model_app = create_app(scenario=read_scenario(FIX_SCENARIO))
+    payload = {
+        "messages": ASK, "allowed_commands": [CHECK], "allowed_paths": ["src/"],
+        "repository": {"url": str(origin), "base_sha": base},
+    }  # fmt: skip
+    created = await api.client.post("/v1/tasks", headers=api.operator, json=plan(payload))
+    assert created.status_code == 201, created.text
+    task = created.json()
+    approved = await api.client.post(
+        f"/v1/tasks/{task['id']}/approve", headers=api.operator,
+        json={"plan_hash": task["plan_hash"]},
+    )  # fmt: skip
+    assert approved.status_code == 200, approved.text
+    kinds = KindRegistry([("agent", kind(tmp_path))])
+    view = await run_steps(api, tmp_path, model_app, str(task["id"]), kinds=kinds)
+
+    assert view["state"] == "SUCCEEDED", view
+    (step,) = view["steps"]
+    output = step["output"]
+    assert (output["finish"], output["turns"], output["tool_calls"]) == ("answered", 5, 4)
+    assert [e["name"] for e in output["transcript"] if e["role"] == "tool"] == [
+        "list_files", "read_file", "write_file", "run"
+    ]  # fmt: skip
+    assert output["cleanup"]["gone"] is True
+    assert step["candidate_sha"] == output["candidate_sha"]
+    assert model_app.state.turns == ["list", "read", "write", "check", "answer"]
+    assert leftovers(tmp_path) == []

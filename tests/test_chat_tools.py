@@ -81,7 +81,13 @@ SCENARIO = {"turns": [
 ]}  # fmt: skip
 
 
-async def run_steps(api: ApiHarness, tmp_path: Path, model_app: Any, task_id: str) -> Any:
+async def run_steps(
+    api: ApiHarness,
+    tmp_path: Path,
+    model_app: Any,
+    task_id: str,
+    kinds: KindRegistry | None = None,
+) -> Any:
     """Serve one runner against `api` and `model_app` until the task ends; its view."""
     (tmp_path / "runner-token").write_text(api.secrets["runner"] + "\n")
     (tmp_path / "model-key").write_text("unused\n")
@@ -103,7 +109,8 @@ async def run_steps(api: ApiHarness, tmp_path: Path, model_app: Any, task_id: st
         model_key=SecretSource(
             path=tmp_path / "model-key", credential="model-key", setting="model_key_file"
         ),
-        kinds=KindRegistry.default(entry_points=False), clock=clock, backoff_max_s=0.05,
+        kinds=kinds or KindRegistry.default(entry_points=False), clock=clock,
+        backoff_max_s=0.05,
     )  # fmt: skip
     view: Any = None
     async with anyio.create_task_group() as tg:
