@@ -241,3 +241,14 @@ def test_the_url_forms_git_reads_are_accepted(url: str) -> None:
 def test_other_url_forms_are_refused(url: str) -> None:
     with pytest.raises(InvalidRequest):
         repositories.check_url(url)
+
+
+@pytest.mark.parametrize(
+    "command", [["repo"], ["repo", "add"], ["repo", "list"], ["repo", "remove"]]
+)
+def test_every_repo_command_answers_help(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    code, out, err = run(capsys, *command, "--help")
+    assert (code, err) == (0, "")
+    assert out.startswith(f"usage: tether-supervisor {' '.join(command)}")
