@@ -135,6 +135,15 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
         "step", nargs="?", help="step name or 0-based position (default: the last committed)"
     )
 
+    artifact = sub.add_parser("artifact", help="read the artifact store")
+    artifact_sub = artifact.add_subparsers(
+        dest="artifact_command", required=True, parser_class=Parser
+    )
+    artifact_get = operator_flags(
+        artifact_sub.add_parser("get", help="print an artifact's bytes to stdout")
+    )
+    artifact_get.add_argument("digest", metavar="DIGEST", help="the artifact's sha256")
+
     chaos = sub.add_parser(
         "chaos", help="schedule exploration against the real ledger", add_help=False
     )
@@ -326,6 +335,21 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _artifact(args: argparse.Namespace) -> int:
+    """`artifact get DIGEST`: the bytes alone on stdout, as they were uploaded."""
+    from supervisor import operator_client as oc
+
+    client = _operator_client(args)
+    try:
+        data = client.artifact(args.digest.strip().lower())
+    except oc.ClientError as exc:
+        fail(PROG, str(exc))
+    finally:
+        client.close()
+    sys.stdout.buffer.write(data)
+    return 0
+
+
 def _chaos(argv: list[str]) -> int:
     """`chaos ...` belongs to the schedule explorer, which parses its own arguments. It is
     imported by name so the CLI still replies (with one line) where it is not installed."""
@@ -350,6 +374,8 @@ def _run(argv: list[str]) -> int:
         return _task(args)
     if args.command == "status":
         return _status(args)
+    if args.command == "artifact":
+        return _artifact(args)
     return _admin(args)
 
 

@@ -1,4 +1,5 @@
-"""`tether-supervisor task ...` and `status`: the operator's client for the HTTP API.
+"""`tether-supervisor task ...`, `status` and `artifact get`: the operator's client for the HTTP
+API.
 
 A thin adapter: it sends what the operator typed, prints what the supervisor replied, and
 decides nothing itself.
@@ -32,7 +33,7 @@ from tether.messages import (
     TaskView,
     WaitingFor,
 )
-from tether.wire import plan_hash
+from tether.wire import plan_hash, sha256_hex
 
 R = TypeVar("R", bound=Record)
 
@@ -163,6 +164,15 @@ class OperatorClient:
 
     def pools(self) -> PoolsAnswer:
         return self._read("/v1/pools", PoolsAnswer)
+
+    def artifact(self, digest: str) -> bytes:
+        """The bytes stored under `digest`, checked against it."""
+        if not (len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise ClientError(f"{digest[:80]!r} is not a sha256 digest (64 lowercase hex)")
+        data = self._request("GET", f"/v1/artifacts/{digest}").content
+        if sha256_hex(data) != digest:
+            raise ClientError(f"the supervisor sent bytes whose sha256 is not {digest}")
+        return data
 
     def events(self, task_id: str, after: int, wait_s: float) -> list[dict[str, Any]]:
         body = self._call(

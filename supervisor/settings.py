@@ -29,6 +29,8 @@ class SupervisorSettings:
     log_level: str = "info"
     shared_pools: str = "default"
     runner_seen_window_s: float = 3600.0
+    artifact_max_bytes: int = 64 * 1024 * 1024
+    artifact_dir: Path | None = None  # None: `artifacts/` beside the ledger file
     mirror_dir: Path | None = None  # None: `mirrors/` beside the ledger file
 
     def __post_init__(self) -> None:
@@ -39,6 +41,7 @@ class SupervisorSettings:
             require_positive(name, getattr(self, name))
         require_positive("max_attempts", self.max_attempts)
         require_positive("max_body_bytes", self.max_body_bytes)
+        require_positive("artifact_max_bytes", self.artifact_max_bytes)
         if self.accept_window_s > self.lease_ttl_s:
             raise SettingsError("setting 'accept_window_s' must not exceed 'lease_ttl_s'")
         if not 0 < self.port < 65536:
@@ -63,6 +66,11 @@ class SupervisorSettings:
     def mirror_root(self) -> Path:
         """Where the supervisor's bare mirrors live (`mirror_dir`, else beside the ledger)."""
         return self.mirror_dir or self.db.parent / "mirrors"
+
+    @property
+    def artifact_root(self) -> Path:
+        """Where the artifact store keeps its files (`artifact_dir`, else beside the ledger)."""
+        return self.artifact_dir or self.db.parent / "artifacts"
 
     @property
     def ledger_config(self) -> LedgerConfig:

@@ -73,6 +73,7 @@ class ErrorCode(enum.StrEnum):
     TERMINAL = "terminal"
     STALE_FENCE = "stale_fence"
     PAYLOAD_DRIFT = "payload_drift"
+    DIGEST_MISMATCH = "digest_mismatch"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
 
@@ -110,6 +111,7 @@ ERRORS: Final[Mapping[ErrorCode, Meaning]] = MappingProxyType({
     ErrorCode.TERMINAL: Meaning(409, _R.DROP),
     ErrorCode.STALE_FENCE: Meaning(409, _R.DROP),
     ErrorCode.PAYLOAD_DRIFT: Meaning(409, _R.DROP),
+    ErrorCode.DIGEST_MISMATCH: Meaning(422, _R.REFUSED),
     ErrorCode.UNAVAILABLE: Meaning(503, _R.RETRY),
     ErrorCode.INTERNAL: Meaning(500, _R.RETRY),
 })  # fmt: skip

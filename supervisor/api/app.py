@@ -10,10 +10,11 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
-from supervisor.api import health, operator_routes, runner_routes
+from supervisor.api import artifact_routes, health, operator_routes, runner_routes
 from supervisor.api.auth import TokenCache
 from supervisor.api.errors import (
     ApiError,
@@ -23,6 +24,7 @@ from supervisor.api.errors import (
     on_unexpected,
 )
 from supervisor.api.longpoll import LongPolls
+from supervisor.artifacts import ArtifactStore
 from supervisor.ledger import LedgerError
 from supervisor.service import running_ledger
 from supervisor.settings import SupervisorSettings
@@ -41,10 +43,18 @@ def create_app(
             app.state.ledger = ledger
             app.state.tokens = TokenCache(ledger)
             app.state.metrics = health.Metrics(ledger)
+            artifacts = ArtifactStore(settings.artifact_root, settings.artifact_max_bytes)
+            await anyio.to_thread.run_sync(artifacts.open)
+            app.state.artifacts = artifacts
             yield
 
     app = Starlette(
-        routes=[*operator_routes.ROUTES, *runner_routes.ROUTES, *health.ROUTES],
+        routes=[
+            *operator_routes.ROUTES,
+            *runner_routes.ROUTES,
+            *artifact_routes.ROUTES,
+            *health.ROUTES,
+        ],
         exception_handlers={
             ApiError: on_api_error,
             LedgerError: on_ledger_error,

@@ -65,8 +65,9 @@ def refused(request: Request, code: ErrorCode, detail: str, **about: Any) -> Api
     return ApiError(code, detail)
 
 
-async def require(request: Request, role: Role) -> Principal:
-    """The caller's principal, which must hold `role`; 401 or 403 otherwise."""
+async def require(request: Request, role: Role, *or_roles: Role) -> Principal:
+    """The caller's principal, which must hold `role` (or one of `or_roles`); 401 or 403
+    otherwise."""
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
@@ -75,10 +76,11 @@ async def require(request: Request, role: Role) -> Principal:
     principal = await cache.principal(secret.strip())
     if principal is None:
         raise refused(request, ErrorCode.UNAUTHORIZED, "the token is unknown or revoked")
-    if principal.role is not role:
+    if principal.role is not role and principal.role not in or_roles:
         article = "an" if role is Role.OPERATOR else "a"
+        wanted = " or ".join(r.value for r in (role, *or_roles))
         raise refused(
-            request, ErrorCode.FORBIDDEN, f"this call needs {article} {role} token",
+            request, ErrorCode.FORBIDDEN, f"this call needs {article} {wanted} token",
             token_id=principal.token_id, role=principal.role.value, scope=principal.scope,
         )  # fmt: skip
     return principal

@@ -1,0 +1,19 @@
+"""The content-addressed artifact store on the owned box (docs/design.md, Artifacts)."""
+
+from supervisor.artifacts.store import (
+    ArtifactError,
+    ArtifactStore,
+    DigestMismatch,
+    InvalidDigest,
+    TooLarge,
+    check_digest,
+)
+
+__all__ = [
+    "ArtifactError",
+    "ArtifactStore",
+    "DigestMismatch",
+    "InvalidDigest",
+    "TooLarge",
+    "check_digest",
+]

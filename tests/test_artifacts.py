@@ -1,0 +1,282 @@
+"""The artifact store (docs/design.md, Artifacts): `PUT /v1/artifacts/{sha256}` and `GET`
+through a real supervisor app, the files it keeps, who may read them, and
+`tether-supervisor artifact get`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from supervisor import cli
+from supervisor import operator_client as oc
+from supervisor.artifacts import ArtifactStore
+
+from .conftest import ApiHarness, FakeClock, assert_error, ledger_snapshot, open_api, raw_db
+
+LOG = b"===== 3 passed in 0.01s =====\n" * 100
+LOG_DIGEST = hashlib.sha256(LOG).hexdigest()
+
+
+def store_of(api: ApiHarness) -> ArtifactStore:
+    store: ArtifactStore = api.app.state.artifacts
+    return store
+
+
+def stored_files(api: ApiHarness) -> list[Path]:
+    """Every file in the store's folder, temporary ones included."""
+    return sorted(p for p in store_of(api).root.rglob("*") if p.is_file())
+
+
+async def put(api: ApiHarness, who: str, data: bytes, digest: str | None = None) -> httpx.Response:
+    response: httpx.Response = await api.client.put(
+        f"/v1/artifacts/{digest or hashlib.sha256(data).hexdigest()}",
+        headers=api.auth(who),
+        content=data,
+    )
+    return response
+
+
+async def get(api: ApiHarness, who: str, digest: str) -> httpx.Response:
+    response: httpx.Response = await api.client.get(
+        f"/v1/artifacts/{digest}", headers=api.auth(who)
+    )
+    return response
+
+
+async def test_a_runners_upload_reads_back_as_the_same_bytes(api: ApiHarness) -> None:
+    response = await put(api, "runner", LOG)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"digest": LOG_DIGEST, "size": len(LOG), "created": True}
+
+    read = await get(api, "operator", LOG_DIGEST)
+    assert read.status_code == 200
+    assert read.content == LOG
+    assert read.headers["content-type"] == "application/octet-stream"
+    path = store_of(api).root / "sha256" / LOG_DIGEST[:2] / LOG_DIGEST
+    assert stored_files(api) == [path]
+    assert path.read_bytes() == LOG
+    assert store_of(api).root == api.path.parent / "artifacts"
+    rows = (
+        raw_db(api.path).execute("SELECT digest, role, scope, size FROM artifact_owners").fetchall()
+    )
+    assert [tuple(r) for r in rows] == [(LOG_DIGEST, "runner", "default", len(LOG))]
+
+
+async def test_bytes_that_are_not_the_digest_are_refused_and_nothing_is_stored(
+    api: ApiHarness,
+) -> None:
+    before = ledger_snapshot(api.path)
+    body = assert_error(await put(api, "runner", LOG, digest="0" * 64), 422, "digest_mismatch")
+    assert LOG_DIGEST in body["detail"]
+    assert stored_files(api) == []
+    assert ledger_snapshot(api.path) == before
+    assert_error(await get(api, "operator", "0" * 64), 404, "not_found")
+
+
+@pytest.mark.parametrize("digest", ["A" * 64, "a" * 63, "g" * 64, "not-a-digest", "a" * 65])
+async def test_a_name_that_is_not_a_sha256_is_refused(api: ApiHarness, digest: str) -> None:
+    before = ledger_snapshot(api.path)
+    assert_error(await put(api, "runner", LOG, digest=digest), 422, "invalid_field")
+    assert_error(await get(api, "operator", digest), 422, "invalid_field")
+    assert stored_files(api) == []
+    assert ledger_snapshot(api.path) == before
+
+
+async def _chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+async def test_an_artifact_over_the_limit_is_refused_declared_or_streamed(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    async with open_api(
+        tmp_path / "api.db", clock, synchronous="OFF", artifact_max_bytes=1000
+    ) as api:
+        before = ledger_snapshot(api.path)
+        body = assert_error(await put(api, "runner", LOG), 413, "body_too_large")
+        assert "artifact_max_bytes" in body["detail"]
+        # Chunked, so no Content-Length: refused while streaming, the temporary file removed.
+        streamed = await api.client.put(
+            f"/v1/artifacts/{LOG_DIGEST}", headers=api.runner, content=_chunks(LOG, 300)
+        )
+        assert "content-length" not in streamed.request.headers
+        assert_error(streamed, 413, "body_too_large")
+        assert stored_files(api) == []
+        assert ledger_snapshot(api.path) == before
+        small = LOG[:1000]
+        assert (await put(api, "runner", small)).status_code == 200
+
+
+async def test_another_tenant_gets_not_found(api: ApiHarness) -> None:
+    assert (await put(api, "operator", LOG)).status_code == 200
+    assert (await get(api, "operator", LOG_DIGEST)).content == LOG
+    body = assert_error(await get(api, "rival", LOG_DIGEST), 404, "not_found")
+    assert LOG_DIGEST in body["detail"]
+
+
+async def test_a_pool_the_tenant_may_not_use_does_not_share_its_uploads(api: ApiHarness) -> None:
+    """`stranger` is a runner of pool `elsewhere`, which tenant acme may not use; `runner`'s
+    pool `default` is shared, so every tenant reads what it uploaded."""
+    other = b"from elsewhere\n"
+    assert (await put(api, "stranger", other)).status_code == 200
+    assert_error(await get(api, "operator", hashlib.sha256(other).hexdigest()), 404, "not_found")
+    assert (await put(api, "runner", LOG)).status_code == 200
+    assert (await get(api, "rival", LOG_DIGEST)).content == LOG
+
+
+async def test_reading_needs_an_operator_token(api: ApiHarness) -> None:
+    assert (await put(api, "runner", LOG)).status_code == 200
+    assert_error(await get(api, "runner", LOG_DIGEST), 403, "forbidden")
+    response = await api.client.get(f"/v1/artifacts/{LOG_DIGEST}")
+    assert_error(response, 401, "unauthorized")
+    unsigned = await api.client.put(f"/v1/artifacts/{LOG_DIGEST}", content=LOG)
+    assert_error(unsigned, 401, "unauthorized")
+
+
+async def test_uploading_the_same_bytes_again_keeps_the_first_file(api: ApiHarness) -> None:
+    assert (await put(api, "operator", LOG)).json()["created"] is True
+    path = store_of(api).root / "sha256" / LOG_DIGEST[:2] / LOG_DIGEST
+    first = path.stat()
+    api.clock.advance(5)
+
+    again = await put(api, "operator", LOG)
+    assert again.status_code == 200
+    assert again.json() == {"digest": LOG_DIGEST, "size": len(LOG), "created": False}
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    assert stored_files(api) == [path]
+    # The rival proves it holds the same bytes by sending them: then it may read them too.
+    assert_error(await get(api, "rival", LOG_DIGEST), 404, "not_found")
+    assert (await put(api, "rival", LOG)).json()["created"] is False
+    assert (await get(api, "rival", LOG_DIGEST)).content == LOG
+    rows = (
+        raw_db(api.path)
+        .execute("SELECT scope, created_at FROM artifact_owners ORDER BY created_at")
+        .fetchall()
+    )
+    assert [tuple(r) for r in rows] == [("acme", api.clock.now - 5), ("rival", api.clock.now)]
+
+
+async def test_artifact_bytes_present_rehashes_the_file(api: ApiHarness) -> None:
+    store = store_of(api)
+    assert store.artifact_bytes_present(LOG_DIGEST) is False
+    assert (await put(api, "runner", LOG)).status_code == 200
+    assert store.artifact_bytes_present(LOG_DIGEST) is True
+    assert store.artifact_bytes_present("not a digest") is False
+    path = store.path_of(LOG_DIGEST)
+    path.chmod(0o600)
+    path.write_bytes(LOG[:-1] + b"!")  # the disk, or someone, changed one byte
+    assert store.artifact_bytes_present(LOG_DIGEST) is False
+    path.unlink()
+    assert store.artifact_bytes_present(LOG_DIGEST) is False
+
+
+def test_opening_the_store_removes_uploads_a_crash_cut_short(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "artifacts", max_bytes=10)
+    store.open()
+    leftover = store.root / "tmp" / "upload-x"
+    leftover.write_bytes(b"half")
+    store.open()
+    assert not leftover.exists()
+    assert (store.root / "tmp").is_dir()
+    assert oct((store.root / "sha256").stat().st_mode & 0o777) == "0o700"
+
+
+# -- tether-supervisor artifact get ---------------------------------------------------------
+
+
+class Supervisor:
+    """The supervisor's replies to the CLI: `LOG` under `LOG_DIGEST`, 404 otherwise."""
+
+    def __init__(self, body: bytes = LOG) -> None:
+        self.body = body
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.url.path == f"/v1/artifacts/{LOG_DIGEST}":
+            return httpx.Response(200, content=self.body)
+        detail = f"no artifact {request.url.path.rsplit('/', 1)[-1]}"
+        return httpx.Response(404, json={"error": "not_found", "detail": detail})
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, supervisor: Supervisor, argv: list[str]) -> int:
+    real = oc.OperatorClient
+
+    def client(url: str, token: str) -> oc.OperatorClient:
+        return real(url, token, transport=httpx.MockTransport(supervisor))
+
+    monkeypatch.setattr(oc, "OperatorClient", client)
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "operator-token"
+    path.write_text("tok\n")
+    return path
+
+
+def test_artifact_get_prints_the_bytes_alone(
+    monkeypatch: pytest.MonkeyPatch, capfdbinary: pytest.CaptureFixture[bytes], token_file: Path
+) -> None:
+    supervisor = Supervisor()
+    argv = ["artifact", "get", LOG_DIGEST, "--url", "http://sup", "--token-file", str(token_file)]
+    assert run_cli(monkeypatch, supervisor, argv) == 0
+    out, err = capfdbinary.readouterr()
+    assert out == LOG
+    assert err == b""
+    [request] = supervisor.requests
+    assert request.method == "GET"
+    assert request.headers["authorization"] == "Bearer tok"
+
+
+def test_artifact_get_reads_tether_url_and_token_file(
+    monkeypatch: pytest.MonkeyPatch, capfdbinary: pytest.CaptureFixture[bytes], token_file: Path
+) -> None:
+    monkeypatch.setenv("TETHER_URL", "http://from-env:9000")
+    monkeypatch.setenv("TETHER_TOKEN_FILE", str(token_file))
+    supervisor = Supervisor()
+    assert run_cli(monkeypatch, supervisor, ["artifact", "get", LOG_DIGEST]) == 0
+    assert capfdbinary.readouterr().out == LOG
+    assert supervisor.requests[0].url.host == "from-env"
+
+
+@pytest.mark.parametrize(
+    ("digest", "body", "words"),
+    [
+        ("b" * 64, LOG, "404 not_found: no artifact " + "b" * 64),
+        (LOG_DIGEST, LOG + b"tampered", "sha256 is not " + LOG_DIGEST),
+        ("../tasks", LOG, "is not a sha256 digest"),
+    ],
+)
+def test_artifact_get_fails_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capfdbinary: pytest.CaptureFixture[bytes],
+    token_file: Path,
+    digest: str,
+    body: bytes,
+    words: str,
+) -> None:
+    supervisor = Supervisor(body)
+    argv = ["artifact", "get", digest, "--url", "http://sup", "--token-file", str(token_file)]
+    assert run_cli(monkeypatch, supervisor, argv) == 1
+    out, err = capfdbinary.readouterr()
+    assert out == b""
+    assert err.decode().count("\n") == 1
+    assert words in err.decode()
+    assert err.startswith(b"tether-supervisor: error: ")
+
+
+def test_the_store_never_leaves_its_files_readable_by_others(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "a", max_bytes=10)
+    store.open()
+    assert os.stat(store.root / "tmp").st_mode & 0o077 == 0
