@@ -125,6 +125,7 @@ async def test_get_shows_steps_attempts_fences_and_seq(api: ApiHarness) -> None:
             "reason": None,
             "granted_at": "1970-01-12T13:46:40.000Z",  # the FakeClock's start, ISO 8601
             "ended_at": None,
+            "usage": None,  # no result or release has counted any tokens yet
         }
     ]
     assert view["steps"][1]["attempts"] == []
@@ -397,7 +398,7 @@ async def test_renew_answers_ttl_and_refuses_a_stale_fence(api: ApiHarness) -> N
     response = await api.client.post(url, headers=api.runner, json={"fence": lease["fence"]})
     assert response.status_code == 200
     assert response.json() == {"ttl_s": 30.0, "renew_every_s": lease["renew_every_s"],
-                               "cancelled": False}  # fmt: skip
+                               "cancelled": False, "budget_exhausted": False}  # fmt: skip
     stale = await api.client.post(url, headers=api.runner, json={"fence": lease["fence"] + 1})
     assert_error(stale, 409, "stale_fence")
     view = (await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator)).json()

@@ -212,6 +212,12 @@ async def test_stale_fences_are_refused_recorded_and_change_nothing(
     with pytest.raises(StaleFence):
         await ledger.renew(old.step_id, new.fence + 1000)  # a fence never issued
     after = await ledger.task(task_id)
+    # The one write that stands: the fenced-out result's tokens count toward the budget, once
+    # (docs/design.md, Budgets).
+    assert after["budget"]["spent"] == before["budget"]["spent"] + 3
+    assert after["steps"][0]["attempts"][0]["usage"] == {"total_tokens": 3}
+    after["budget"] = before["budget"]
+    after["steps"][0]["attempts"][0]["usage"] = None
     assert {k: v for k, v in after.items() if k != "rejections"} == {
         k: v for k, v in before.items() if k != "rejections"
     }

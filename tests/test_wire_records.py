@@ -31,8 +31,12 @@ RECORDS: list[m.Record] = [
     m.ClaimAnswer(leases=(LEASE, LEASE)),
     m.RenewRequest(fence=7),
     m.Renewal(ttl_s=30.0, renew_every_s=5.0, cancelled=False),
+    m.Renewal(ttl_s=30.0, renew_every_s=5.0, cancelled=False, budget_exhausted=True),
     m.RunnerIdentity(pool="default", token_id="3f2a9c1b7d4e"),
     m.ReleaseRequest(fence=7, reason=ReleaseReason.OPERATOR, retryable=True, detail="no key"),
+    m.ReleaseRequest(
+        fence=7, reason=ReleaseReason.SHUTDOWN, retryable=True, usage={"total_tokens": 5}
+    ),
     m.Released(),
     RESULT,
     m.Result(fence=0, payload_hash="h", output=None),
@@ -65,6 +69,7 @@ RECORDS: list[m.Record] = [
     m.Cancel(reason="not needed"),
     m.ReviewDecision(decision="accept", note="fine"),
     m.RepositoryHead(sha="e" * 40),
+    m.Budget(tenant="acme", spent=12, budget=None, left=None),
     m.TaskView(
         id="t", state="QUEUED", pool="gpu", seq=3, created_at=1.5,
         waiting_for=m.WaitingFor(reason="runner", pool="gpu", kind="chat", pool_last_seen_s=4.0),
@@ -75,10 +80,12 @@ RECORDS: list[m.Record] = [
                     m.AttemptView(
                         attempt=1, fence=7, runner_id="r1", state="expired",
                         granted_at="1970-01-01T00:00:01.000Z", ended_at="1970-01-01T00:00:31.000Z",
+                        usage={"total_tokens": 9},
                     ),
                 ),
             ),
         ),
+        budget=m.Budget(tenant="acme", spent=9, budget=10, left=1),
     ),
     m.TaskPage(
         tasks=(
@@ -97,7 +104,6 @@ RECORDS: list[m.Record] = [
             ),
         )
     ),
-    m.ArtifactStored(digest="d" * 64, size=12, created=False),
 ]  # fmt: skip
 
 

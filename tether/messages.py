@@ -104,11 +104,17 @@ class RenewRequest(Record, frozen=True, kw_only=True):
 
 
 class Renewal(Record, frozen=True, kw_only=True):
-    """The reply to a renew: the lease runs `ttl_s` more, unless the task was cancelled."""
+    """The reply to a renew: the lease runs `ttl_s` more, unless the task was cancelled.
+
+    `budget_exhausted`: the task's tenant has spent its token budget; the runner should stop
+    spending and release the step uncounted (`operator`, retryable), so the task waits until
+    the budget is raised (docs/design.md, Budgets). False from a supervisor older than it.
+    """
 
     ttl_s: Seconds
     renew_every_s: Interval
     cancelled: bool
+    budget_exhausted: bool = False
 
 
 class ReleaseRequest(Record, frozen=True, kw_only=True):
@@ -118,6 +124,8 @@ class ReleaseRequest(Record, frozen=True, kw_only=True):
     reason: ReleaseReason
     retryable: bool
     detail: str = ""
+    # The tokens the attempt spent before it let go, counted once per attempt like a result's.
+    usage: dict[str, Tokens] = {}
 
 
 class Released(Record, frozen=True, kw_only=True):
@@ -289,6 +297,17 @@ class WaitingFor(Record, frozen=True, kw_only=True):
     budget: int | None = None
 
 
+class Budget(Record, frozen=True, kw_only=True):
+    """`GET /v1/budget`, and a task view's `budget`: the tokens the tenant's attempts spent
+    (committed or not), its budget and what is left; `budget` and `left` are null when it has
+    none. `left` is never below 0: a step in flight may finish past the budget."""
+
+    tenant: str
+    spent: int
+    budget: int | None = None
+    left: int | None = None
+
+
 class AttemptView(Record, frozen=True, kw_only=True):
     """One lease of a step; times are ISO 8601 in UTC."""
 
@@ -300,6 +319,7 @@ class AttemptView(Record, frozen=True, kw_only=True):
     token_id: str | None = None
     granted_at: str | None = None
     ended_at: str | None = None
+    usage: dict[str, int] | None = None
 
 
 class StepView(Record, frozen=True, kw_only=True):
@@ -329,9 +349,10 @@ class TaskSummary(Record, frozen=True, kw_only=True):
 
 
 class TaskView(TaskSummary, frozen=True, kw_only=True):
-    """`GET /v1/tasks/{task_id}`: the task with its steps."""
+    """`GET /v1/tasks/{task_id}`: the task with its steps, and its tenant's token budget."""
 
     steps: tuple[StepView, ...] = ()
+    budget: Budget | None = None
 
 
 class TaskPage(Record, frozen=True, kw_only=True):
@@ -365,14 +386,3 @@ class PoolsAnswer(Record, frozen=True, kw_only=True):
 
     pools: tuple[PoolStatus, ...]
 
-
-# -- the artifact store (docs/design.md, Artifacts) -----------------------------------------
-
-
-class ArtifactStored(Record, frozen=True, kw_only=True):
-    """`PUT /v1/artifacts/{sha256}`: the bytes are kept under `digest`; `created` is false when
-    the store already held them (the upload only made them readable by its sender too)."""
-
-    digest: Hash
-    size: Annotated[int, msgspec.Meta(ge=0)]
-    created: bool

@@ -53,8 +53,9 @@ class _LedgerCounters(Collector):
 class Metrics:
     """One app's Prometheus registry: never the process-wide default, since a process (a test
     run) may build many apps. Counters come from the ledger; the gauges (steps by state, each
-    pool's queue and recent runners) are read from the ledger file when scraped. A failed or
-    cancelled task's unrun steps count as `skipped`, never as waiting or queued."""
+    pool's queue and recent runners, each tenant's tokens spent and budget) are read from the
+    ledger file when scraped. A failed or cancelled task's unrun steps count as `skipped`, never
+    as waiting or queued."""
 
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
@@ -79,11 +80,19 @@ class Metrics:
                 ),
             ]
         }  # fmt: skip
+        self._budget = Gauge(
+            "tether_budget_tokens",
+            "Tokens each tenant's attempts spent (kind=spent, committed or not) and its budget"
+            " (kind=limit; absent when it has none).",
+            ["tenant", "kind"],
+            registry=self._registry,
+        )
 
     async def exposition(self) -> bytes:
         """The text format of every metric, as of now."""
         depth = await self._ledger.queue_depth()
         pools = await self._ledger.pools()
+        budgets = await self._ledger.budgets()
         # No await from here on: a concurrent scrape cannot interleave with this one.
         self._steps.clear()
         for state, count in depth.items():
@@ -98,6 +107,11 @@ class Metrics:
                 ("tether_pool_runners_seen", len(pool.runners)),
             ]:
                 self._pool_gauges[name].labels(pool=pool.pool).set(value)
+        self._budget.clear()
+        for found in budgets:
+            self._budget.labels(tenant=found.tenant, kind="spent").set(found.spent)
+            if found.budget is not None:
+                self._budget.labels(tenant=found.tenant, kind="limit").set(found.budget)
         return generate_latest(self._registry)
 
 

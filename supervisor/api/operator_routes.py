@@ -1,4 +1,5 @@
-"""Operator routes: tasks of the caller's tenant, their events and review, repository heads."""
+"""Operator routes: tasks of the caller's tenant, their events and review, repository heads,
+the pools it may use and its token budget."""
 
 from __future__ import annotations
 
@@ -87,6 +88,14 @@ async def pools(request: Request) -> Response:
     return Response(encode(PoolsAnswer(pools=usable)), media_type="application/json")
 
 
+async def budget(request: Request) -> Response:
+    """The caller's tenant's tokens spent, budget and what is left (`tether-supervisor budget
+    --show` reads the same)."""
+    who = await require(request, Role.OPERATOR)
+    found = await _ledger(request).budget(who.scope)
+    return Response(encode(found), media_type="application/json")
+
+
 async def approve(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, Approval)
@@ -152,4 +161,5 @@ ROUTES = [
     Route("/v1/tasks/{task_id}/review", record_review, methods=["POST"]),
     Route("/v1/repositories/{name}/head", repository_head, methods=["PUT"]),
     Route("/v1/pools", pools, methods=["GET"]),
+    Route("/v1/budget", budget, methods=["GET"]),
 ]

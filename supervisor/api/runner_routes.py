@@ -88,6 +88,7 @@ async def release(request: Request) -> Response:
         ask.retryable,
         ask.detail[:MAX_TEXT],
         who.scope,
+        ask.usage,
     )
     return record_response(Released())
 

@@ -11,9 +11,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from supervisor.ledger.effects import tokens_spent
 from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift
-from supervisor.ledger.fencing import UNCOUNTED_RELEASES
+from supervisor.ledger.fencing import UNCOUNTED_RELEASES, tokens_spent
 from supervisor.ledger.identity import Created, TaskSpec, step_id_for
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import LedgerConfig

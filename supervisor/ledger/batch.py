@@ -1,7 +1,8 @@
 """The one way ledger rules run: group commit, many rules in one transaction and one fsync.
 
 Each rule runs in its own savepoint: a rule that refuses is rolled back alone, its rejection
-recorded in its place, and the others commit. Callers get their results only after `COMMIT`
+recorded in its place with the few writes it keeps even when refused (`Tx.after_refusal`), and
+the others commit. Callers get their results only after `COMMIT`
 returns, i.e. once the batch is durable, and only then are the batch's decisions logged
 (`BatchResult.notes`, `decisions`).
 """
@@ -91,13 +92,13 @@ def execute_batch(
                 outcome.value = rule(tx)
             except Refused as exc:
                 db.execute("ROLLBACK TO rule")
-                if exc.recorded:
+                outcome.error = _after_refusal(db, tx) or exc
+                if outcome.error is exc and exc.recorded:
                     task_id = record_rejection(
                         tx, code=exc.code.value, detail=exc.detail,
                         task_id=exc.task_id, step_id=exc.step_id, fence=exc.fence,
                     )  # fmt: skip
                     notes.append(_refusal_note(tx, exc, task_id))
-                outcome.error = exc
             except Exception as exc:  # a bug in one rule fails that rule alone, not its batch
                 db.execute("ROLLBACK TO rule")
                 outcome.error = _failure_of(exc)
@@ -120,6 +121,18 @@ def execute_batch(
     if not commit:
         return BatchResult(outcomes, set(), set())
     return BatchResult(outcomes, woken, touched, notes)
+
+
+def _after_refusal(db: sqlite3.Connection, tx: Tx) -> LedgerError | None:
+    """Run the writes a refused rule keeps (`Tx.after_refusal`) after its rollback. One that
+    fails is a bug: everything the rule wrote is rolled back and its failure returned."""
+    try:
+        for write in tx.after_refusal:
+            write(tx)
+    except Exception as exc:
+        db.execute("ROLLBACK TO rule")
+        return _failure_of(exc)
+    return None
 
 
 def _refusal_note(tx: Tx, exc: Refused, task_id: str | None) -> Note:

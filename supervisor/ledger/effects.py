@@ -12,22 +12,19 @@ import sqlite3
 
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
-from supervisor.ledger.fencing import about_step, end_attempt, find_step, require_current
+from supervisor.ledger.fencing import (
+    about_step,
+    charge,
+    end_attempt,
+    find_step,
+    require_current,
+)
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, dumps
 from supervisor.ledger.verification import verify
 from tether.messages import Report
 from tether.wire import Outcome, effect_key
-
-# A tenant's running total saturates here rather than overflow SQLite's 64-bit integer.
-TOKENS_CEILING = 2**62
-
-
-def tokens_spent(usage: dict[str, int]) -> int:
-    if "total_tokens" in usage:
-        return max(0, int(usage["total_tokens"]))
-    return max(0, int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)))
 
 
 def effect_identity(tx: Tx, step: sqlite3.Row, rep: Report) -> str | None:
@@ -42,9 +39,11 @@ def effect_identity(tx: Tx, step: sqlite3.Row, rep: Report) -> str | None:
 
 
 def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
-    """Commit the step's one effect, or return `replayed` if it is already committed."""
+    """Commit the step's one effect, or return `replayed` if it is already committed. The
+    report's usage counts toward the tenant's budget once per attempt, committed or refused."""
     tx.request = "result"
     step = find_step(tx, rep.step_id, pool)
+    spent = charge(tx, step, rep.fence, rep.usage)
     about = {"task_id": step["task_id"], "step_id": rep.step_id, "fence": rep.fence}
     if rep.payload_hash != step["payload_hash"]:
         raise PayloadDrift(
@@ -85,12 +84,6 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
             for name, digest in rep.artifacts.items()
         ],
     )
-    spent = tokens_spent(rep.usage)
-    if spent:
-        tx.run(
-            "UPDATE tenants SET tokens_used = MIN(tokens_used + ?, ?) WHERE name = ?",
-            (spent, TOKENS_CEILING, step["tenant"]),
-        )
     append_event(
         tx, step["task_id"], "step_committed", step["task_state"],
         {"step_id": rep.step_id, "fence": rep.fence, "effect_key": key,

@@ -9,19 +9,22 @@ judged by the supervisor's clock alone: a runner is told durations (`ttl_s`,
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from supervisor.ledger import runners
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import Tx, loads
+from supervisor.ledger.tx import Tx, dumps, loads
 from tether.messages import MAX_CAPACITY, MAX_KINDS, EarlierOutput, Lease, Renewal
 from tether.wire import ReleaseReason
 
 # Releases that say nothing about the step itself: they never count toward max_attempts.
 UNCOUNTED_RELEASES = frozenset({ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN})
+
+# A tenant's running total saturates here rather than overflow SQLite's 64-bit integer.
+TOKENS_CEILING = 2**62
 
 
 def next_fence(tx: Tx) -> int:
@@ -167,8 +170,56 @@ def lapsed(step: sqlite3.Row, now: float) -> bool:
     return bool(step["lease_deadline"] <= now or (accept is not None and accept <= now))
 
 
+def tokens_spent(usage: Mapping[str, int]) -> int:
+    """The tokens a usage record counts: `total_tokens`, else prompt plus completion."""
+    if "total_tokens" in usage:
+        return max(0, int(usage["total_tokens"]))
+    return max(0, int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)))
+
+
+def charge(tx: Tx, step: sqlite3.Row, fence: int, usage: Mapping[str, int]) -> int:
+    """Add the tokens the attempt under `fence` reports to its tenant's spent total, once per
+    attempt, and return how many were added (0 when it was counted already).
+
+    Called before the fence is checked: should the rule be refused (a fenced-out result, a
+    late release), the same count runs again after the rollback (`Tx.after_refusal`), so
+    tokens an attempt spent are counted whether or not it commits (docs/design.md, Budgets).
+    """
+    tx.after_refusal.append(lambda later: _count(later, step, fence, usage))
+    return _count(tx, step, fence, usage)
+
+
+def _count(tx: Tx, step: sqlite3.Row, fence: int, usage: Mapping[str, int]) -> int:
+    """Count `usage` on the attempt of `step` under `fence`, unless that attempt counted some
+    already: a second report of the same attempt adds nothing."""
+    if not usage:
+        return 0
+    marked = tx.run(
+        "UPDATE attempts SET usage_json = ? WHERE fence = ? AND step_id = ? AND usage_json IS NULL",
+        (dumps(dict(usage)), fence, step["id"]),
+    )
+    spent = tokens_spent(usage) if marked else 0
+    if spent:
+        tx.run(
+            "UPDATE tenants SET tokens_used = MIN(tokens_used + ?, ?) WHERE name = ?",
+            (spent, TOKENS_CEILING, step["tenant"]),
+        )
+    return spent
+
+
+def budget_exhausted(tx: Tx, tenant: str) -> bool:
+    """The tenant has a budget and has spent it: the claim rule grants none of its steps."""
+    row = tx.one(
+        "SELECT 1 FROM tenants WHERE name = ? AND token_budget IS NOT NULL"
+        " AND tokens_used >= token_budget",
+        (tenant,),
+    )
+    return row is not None
+
+
 def renew(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Renewal:
-    """Extend a lease by one TTL from now; say whether the task was cancelled meanwhile."""
+    """Extend a lease by one TTL from now; say whether the task was cancelled meanwhile, and
+    whether its tenant's budget is spent (the runner then releases the step uncounted)."""
     tx.request = "renew"
     step = current_step(tx, step_id, fence, pool)
     cfg = tx.config
@@ -182,7 +233,12 @@ def renew(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Renewal:
         "UPDATE steps SET lease_deadline = ?, accept_deadline = NULL WHERE id = ?",
         (tx.now + cfg.lease_ttl_s, step_id),
     )
-    return Renewal(ttl_s=cfg.lease_ttl_s, renew_every_s=cfg.renew_every_s, cancelled=False)
+    return Renewal(
+        ttl_s=cfg.lease_ttl_s,
+        renew_every_s=cfg.renew_every_s,
+        cancelled=False,
+        budget_exhausted=budget_exhausted(tx, step["tenant"]),
+    )
 
 
 def release(
@@ -193,11 +249,15 @@ def release(
     retryable: bool,
     detail: str,
     pool: str | None = None,
+    usage: Mapping[str, int] | None = None,
 ) -> None:
     """Hand a lease back. Non-retryable fails the task; operator-side and shutdown releases
-    requeue without counting; the rest count toward `max_attempts`."""
+    requeue without counting; the rest count toward `max_attempts`. The tokens the attempt
+    spent (`usage`) count toward its tenant's budget even if the release is refused."""
     tx.request = "release"
-    step = current_step(tx, step_id, fence, pool)
+    step = find_step(tx, step_id, pool)
+    spent = charge(tx, step, fence, usage or {})
+    require_current(tx, step, fence)
     if step["task_state"] == TaskState.CANCELLED:
         return
     if step["state"] != StepState.LEASED:
@@ -206,7 +266,8 @@ def release(
         )
     end_attempt(tx, step_id, fence, AttemptState.RELEASED, f"{reason}: {detail}"[:500])
     tx.note(
-        Decision.RELEASED, **about_step(tx, step), reason=str(reason), retryable=retryable
+        Decision.RELEASED, **about_step(tx, step), reason=str(reason), retryable=retryable,
+        tokens=spent,
     )  # fmt: skip
     if not retryable:
         fail_step(tx, step, f"step {step['name']} failed ({reason}): {detail}"[:500])

@@ -1,10 +1,9 @@
 """What operators do to a task after creating it: approve, cancel, report a repository's head,
-set a tenant's token budget. Every rule here checks ownership: another tenant's task is
+set and read a tenant's token budget. Every rule here checks ownership: another tenant's task is
 `NotFound`, never a hint that it exists."""
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 
 from supervisor.ledger import names
@@ -19,6 +18,7 @@ from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import ALL_POOLS, Tx, dumps, loads
 from supervisor.ledger.verification import review_verdict
+from tether.messages import Budget
 
 
 def owned_task(tx: Tx, tenant: str, task_id: str) -> sqlite3.Row:
@@ -116,33 +116,34 @@ def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
         tx.wake(ALL_POOLS)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Budget:
-    """A tenant's token budget (None: unlimited) and the tokens its committed steps spent."""
-
-    tenant: str
-    spent: int
-    budget: int | None
-
-    @property
-    def left(self) -> int | None:
-        """None when unlimited; never below 0 (a step in flight may finish past the budget)."""
-        return None if self.budget is None else max(0, self.budget - self.spent)
+def budget_record(tenant: str, spent: int, budget: int | None) -> Budget:
+    """`left` is never below 0: a step in flight may finish past the budget."""
+    left = None if budget is None else max(0, budget - spent)
+    return Budget(tenant=tenant, spent=spent, budget=budget, left=left)
 
 
 def budget_of(db: sqlite3.Connection, tenant: str) -> Budget:
-    """`NotFound` for a tenant the ledger has never heard of (no task, budget or operator
+    """The tenant's tokens spent (by every attempt, committed or not), budget and what is left.
+    `NotFound` for a tenant the ledger has never heard of (no task, budget or operator
     token), so a mistyped name is not shown as a tenant with nothing spent."""
     row = db.execute(
         "SELECT token_budget, tokens_used FROM tenants WHERE name = ?", (tenant,)
     ).fetchone()
     if row is not None:
-        return Budget(tenant=tenant, spent=row["tokens_used"], budget=row["token_budget"])
+        return budget_record(tenant, row["tokens_used"], row["token_budget"])
     if db.execute(
         "SELECT 1 FROM tokens WHERE scope = ? AND role = 'operator'", (tenant,)
     ).fetchone():
-        return Budget(tenant=tenant, spent=0, budget=None)
+        return budget_record(tenant, 0, None)
     raise NotFound(f"no tenant {tenant!r} in this ledger (no task, budget or operator token)")
+
+
+def all_budgets(db: sqlite3.Connection) -> list[Budget]:
+    """Every tenant the ledger holds a row for, by name (the `tether_budget_tokens` gauge)."""
+    return [
+        budget_record(r["name"], r["tokens_used"], r["token_budget"])
+        for r in db.execute("SELECT name, token_budget, tokens_used FROM tenants ORDER BY name")
+    ]
 
 
 REVIEW_DECISIONS = frozenset({"accept", "reject"})

@@ -12,7 +12,7 @@ import math
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +21,6 @@ import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from supervisor.ledger import (
-    artifacts,
     effects,
     fencing,
     identity,
@@ -39,7 +38,7 @@ from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
 from tether.broadcast import Broadcast
 from tether.clocks import WallClock
-from tether.messages import Lease, PoolStatus, Renewal, Report
+from tether.messages import Budget, Lease, PoolStatus, Renewal, Report
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
 
@@ -259,9 +258,10 @@ class SqliteLedger:
         retryable: bool,
         detail: str,
         pool: str | None = None,
+        usage: Mapping[str, int] | None = None,
     ) -> None:
         await self.write(
-            lambda tx: fencing.release(tx, step_id, fence, reason, retryable, detail, pool)
+            lambda tx: fencing.release(tx, step_id, fence, reason, retryable, detail, pool, usage)
         )
         self.counters.leases_released += 1
 
@@ -319,16 +319,14 @@ class SqliteLedger:
         now = self.clock()
         return await self.read(lambda db: views.pool_status(db, now, also))
 
+    async def budget(self, tenant: str) -> Budget:
+        return await self.read(lambda db: operator.budget_of(db, tenant))
+
+    async def budgets(self) -> list[Budget]:
+        return await self.read(operator.all_budgets)
+
     async def violations(self) -> list[str]:
         return await self.read(invariants.find_violations)
-
-    # -- artifacts ----------------------------------------------------------------------------
-
-    async def record_artifact(self, digest: str, size: int, who: tokens.Principal) -> bool:
-        return await self.write(lambda tx: artifacts.record_upload(tx, digest, size, who))
-
-    async def artifact_owners(self, digest: str) -> list[artifacts.ArtifactOwner]:
-        return await self.read(lambda db: artifacts.owners(db, digest))
 
     # -- tokens -------------------------------------------------------------------------------
 

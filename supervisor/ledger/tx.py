@@ -52,6 +52,9 @@ class Tx:
     notes: list[Note] = dataclasses.field(default_factory=list)
     # What the rule does ("renew", "result", ...), named in the log line of its refusal.
     request: str = "request"
+    # Writes that stand even if the rule is refused: the batch runs them after rolling the
+    # rule back, beside its rejection (the tokens a fenced-out attempt spent; `fencing.charge`).
+    after_refusal: list[Callable[[Tx], object]] = dataclasses.field(default_factory=list)
 
     def wake(self, pool: str) -> None:
         """Claims waiting in `pool` may find work once this transaction is durable."""

@@ -10,6 +10,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any, Final
 
+from supervisor.ledger import operator
 from supervisor.ledger.errors import InvalidRequest, NotFound
 from supervisor.ledger.states import TERMINAL, StepState, TaskState
 from supervisor.ledger.tx import loads
@@ -124,6 +125,16 @@ def waiting_for(db: sqlite3.Connection, task: sqlite3.Row, now: float) -> dict[s
     }  # fmt: skip
 
 
+def tenant_budget(db: sqlite3.Connection, tenant: str) -> dict[str, Any] | None:
+    """The tenant's `Budget` (`operator.budget_of`) as a task view shows it; None for a
+    tenant the ledger holds no row for."""
+    try:
+        found = operator.budget_of(db, tenant)
+    except NotFound:
+        return None
+    return {"tenant": tenant, "spent": found.spent, "budget": found.budget, "left": found.left}
+
+
 def _ago(now: float, at: float | None) -> float | None:
     return None if at is None else round(max(0.0, now - at), 1)
 
@@ -152,6 +163,7 @@ def task_view(
                 "attempt": a["attempt"], "fence": a["fence"], "runner_id": a["runner_id"],
                 "token_id": a["token_id"], "state": a["state"], "reason": a["reason"],
                 "granted_at": iso(a["granted_at"]), "ended_at": iso(a["ended_at"]),
+                "usage": loads(a["usage_json"]),
             }
         )  # fmt: skip
     rejections = [
@@ -163,6 +175,7 @@ def task_view(
     return {
         **_summary(row),
         "waiting_for": waiting_for(db, row, now),
+        "budget": tenant_budget(db, row["tenant"]),
         "steps": [
             {
                 "id": s["id"], "name": s["name"], "kind": s["kind"], "state": s["shown_state"],
