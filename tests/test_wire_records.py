@@ -104,6 +104,7 @@ RECORDS: list[m.Record] = [
             ),
         )
     ),
+    m.ArtifactStored(digest="d" * 64, size=12, created=False),
 ]  # fmt: skip
 
 

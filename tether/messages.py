@@ -386,3 +386,14 @@ class PoolsAnswer(Record, frozen=True, kw_only=True):
 
     pools: tuple[PoolStatus, ...]
 
+
+# -- the artifact store (docs/design.md, Artifacts) -----------------------------------------
+
+
+class ArtifactStored(Record, frozen=True, kw_only=True):
+    """`PUT /v1/artifacts/{sha256}`: the bytes are kept under `digest`; `created` is false when
+    the store already held them (the upload only made them readable by its sender too)."""
+
+    digest: Hash
+    size: Annotated[int, msgspec.Meta(ge=0)]
+    created: bool

@@ -21,6 +21,7 @@ import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from supervisor.ledger import (
+    artifacts,
     effects,
     fencing,
     identity,
@@ -327,6 +328,14 @@ class SqliteLedger:
 
     async def violations(self) -> list[str]:
         return await self.read(invariants.find_violations)
+
+    # -- artifacts ----------------------------------------------------------------------------
+
+    async def record_artifact(self, digest: str, size: int, who: tokens.Principal) -> bool:
+        return await self.write(lambda tx: artifacts.record_upload(tx, digest, size, who))
+
+    async def artifact_owners(self, digest: str) -> list[artifacts.ArtifactOwner]:
+        return await self.read(lambda db: artifacts.owners(db, digest))
 
     # -- tokens -------------------------------------------------------------------------------
 
