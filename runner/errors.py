@@ -9,6 +9,8 @@
     │   │                         release `invalid`, retryable, counted toward max_attempts
     │   ├── OperatorProblem       a missing or rejected model key, an exhausted quota, a wrong
     │   │                         model URL: release `operator` (not counted), pause claiming
+    │   ├── BudgetExhausted       the tenant's token budget is spent (a renew said so):
+    │   │                         release `operator` (not counted); the task waits for more
     │   └── TransientFailure      the model stayed unavailable within the step's deadline:
     │                             release `transient`, retryable, counted
     └── SupervisorError           talking to the supervisor went wrong
@@ -88,6 +90,13 @@ class OperatorProblem(StepFailure):
         self.action = action
         self.about_key = about_key  # the key itself is wrong or missing: name its file
         super().__init__(detail)
+
+
+class BudgetExhausted(StepFailure):
+    """The tenant's token budget is spent; the step waits in the queue until it is raised."""
+
+    reason = ReleaseReason.OPERATOR
+    retryable = True
 
 
 class TransientFailure(StepFailure):

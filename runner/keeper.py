@@ -1,8 +1,9 @@
 """The lease keeper: acknowledges a lease in time, renews it on time, and gives up honestly.
 
 Any loss (`stale_fence`, a cancelled task, an unknown step, a rejected token, expiry) goes to
-`on_lost` once per event; the step decides what to cancel. The keeper never reads or sends a
-wall-clock time, only the fence (docs/design.md, The runner).
+`on_lost` once per event; the step decides what to cancel. A renew reply saying the tenant's
+token budget is spent goes to `on_budget_exhausted`; the lease is kept meanwhile. The keeper
+never reads or sends a wall-clock time, only the fence (docs/design.md, The runner).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class LeaseKeeper:
         log: Any,
         on_lost: Callable[[LeaseLost], None],
         on_token_rejected: Callable[[str], None] = lambda _detail: None,
+        on_budget_exhausted: Callable[[], None] = lambda: None,
     ) -> None:
         self._lease = lease
         self._client = client
@@ -43,6 +45,7 @@ class LeaseKeeper:
         self._log = log
         self._on_lost = on_lost
         self._on_token_rejected = on_token_rejected
+        self._on_budget_exhausted = on_budget_exhausted
         self.expires_at = lease.claim_answered_at + min(lease.ttl_s, 1.5 * lease.renew_every_s)
         self.renew_every_s = lease.renew_every_s
         self.lost: LeaseLost | None = None
@@ -154,4 +157,7 @@ class LeaseKeeper:
             if not self.renewals:
                 self._log.debug("lease acknowledged")
             self.renewals += 1
+            if renewal.budget_exhausted:
+                # The lease still holds; the step decides whether to stop and let it go.
+                self._on_budget_exhausted()
             return sent_at

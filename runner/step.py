@@ -3,7 +3,10 @@ release, or drop.
 
 The attempt runs inside one cancel scope: the keeper cancels it the moment the lease is lost
 (nothing is reported then: the step is not ours), and shutdown cancels it after the grace
-period, releasing the lease (`shutdown`, retryable) outside that scope.
+period, releasing the lease (`shutdown`, retryable) outside that scope. A renew saying the
+tenant's token budget is spent cancels it too, and the lease is released uncounted
+(`operator`), so the task waits for the budget instead of failing. Every release carries the
+tokens the attempt's model calls spent, which count toward the budget though nothing commits.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_ra
 
 from runner.credentials import SecretMissing, SecretSource
 from runner.errors import (
+    BudgetExhausted,
     LeaseLost,
     LostBecause,
     OperatorProblem,
@@ -93,7 +97,10 @@ class StepRun:
         self.phase = Phase.STARTING
         self._scope = anyio.CancelScope()
         self._aborted = False
+        self._out_of_budget = False
         self._key_in_use: str | None = None
+        # Token counts of every model answer this attempt got, sent with a release.
+        self.spent: dict[str, int] = {}
         self.keeper = LeaseKeeper(
             lease=lease,
             client=supervisor,
@@ -101,6 +108,7 @@ class StepRun:
             log=self.log,
             on_lost=self._on_lost,
             on_token_rejected=host.token_rejected,
+            on_budget_exhausted=self._on_budget_exhausted,
         )
         self.outcome: str | None = None
 
@@ -113,6 +121,13 @@ class StepRun:
         if self.phase is Phase.REPORTING and lost.because is not LostBecause.EXPIRED:
             return
         self._scope.cancel()
+
+    def _on_budget_exhausted(self) -> None:
+        """Stop working and let the lease go uncounted; a result already on its way is let
+        finish (the tokens are spent either way)."""
+        if self.phase is Phase.WORKING and not self._out_of_budget:
+            self._out_of_budget = True
+            self._scope.cancel()
 
     def abort(self) -> None:
         """Shutdown's grace is over: stop the work; the lease is released after."""
@@ -134,6 +149,8 @@ class StepRun:
             self.log.warning(
                 "step dropped; nothing reported", because=str(self.keeper.lost.because)
             )
+        elif self._out_of_budget:
+            await self._release(BudgetExhausted())
         elif self._aborted:
             await self._release_for_shutdown()
         self.phase = Phase.DONE
@@ -192,7 +209,7 @@ class StepRun:
         self._key_in_use = key
         deadline = self._clock.now() + self._model_timeout_s
         try:
-            return await self._model.chat(
+            completion = await self._model.chat(
                 body, key=key, deadline=deadline, on_retry=self._model_retrying
             )
         except OperatorProblem as problem:
@@ -202,6 +219,9 @@ class StepRun:
                     f"put a valid API key in {self._model_key.describe()}; the runner re-reads it"
                 )
             raise
+        for name, count in completion.usage.items():
+            self.spent[name] = self.spent.get(name, 0) + count
+        return completion
 
     def _model_retrying(self, tries: int, why: str, wait_s: float) -> None:
         """A provider outage must show: the first retry of a step's model call is a warning,
@@ -249,6 +269,7 @@ class StepRun:
                     failure.reason,
                     retryable=failure.retryable,
                     detail=detail,
+                    usage=self.spent,
                 )
             )
         except LeaseLost as lost:
@@ -315,6 +336,7 @@ class StepRun:
                         ReleaseReason.SHUTDOWN,
                         retryable=True,
                         detail="runner shutting down",
+                        usage=self.spent,
                     )
                 )
             except (LeaseLost, TokenRejected, SupervisorRefused) as exc:

@@ -8,7 +8,7 @@ detail starts with the request's method and URL, so a log line says which call f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import httpx
@@ -263,9 +263,20 @@ class SupervisorClient:
         return _answer(response, Renewal, "renew")
 
     async def release(
-        self, step_id: str, fence: int, reason: ReleaseReason, *, retryable: bool, detail: str
+        self,
+        step_id: str,
+        fence: int,
+        reason: ReleaseReason,
+        *,
+        retryable: bool,
+        detail: str,
+        usage: Mapping[str, int] | None = None,
     ) -> None:
-        ask = ReleaseRequest(fence=fence, reason=reason, retryable=retryable, detail=detail)
+        """Hand the lease back with the tokens the attempt spent (`usage`), which count toward
+        the tenant's budget though the step does not commit."""
+        ask = ReleaseRequest(
+            fence=fence, reason=reason, retryable=retryable, detail=detail, usage=dict(usage or {})
+        )
         response = await self._post(f"/leases/{step_id}/release", encode(ask))
         if response.status_code != 200:
             raise self._lease_error(response)
