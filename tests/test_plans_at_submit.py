@@ -35,7 +35,7 @@ GOOD = chat_payload("hello")
 # 422 invalid_field, and the detail names the step and the field.
 BAD_PLANS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("unknown_kind", {"steps": [{"name": "ask", "kind": "chta", "payload": GOOD}]},
-     ["'plan.steps[0].kind'", "'chta'", "'ask'", "known: chat"]),
+     ["'plan.steps[0].kind'", "'chta'", "'ask'", "known: agent, chat"]),
     ("payload_key_typo", {"steps": [
         {"name": "ask", "kind": "chat", "payload": {"mesages": GOOD["messages"]}}]},
      ["'plan.steps[0].payload'", "`mesages`", "did you mean `messages`", "'ask'"]),
@@ -156,7 +156,7 @@ async def test_a_kind_nobody_announced_is_refused_and_nothing_is_created(
     with pytest.raises(InvalidRequest) as caught:
         await ledger.create_task(spec("chat", "chta"))
     detail = caught.value.detail
-    for words in ("'plan.steps[1].kind'", "'chta'", "'s1'", "pool 'default'", "known: chat"):
+    for words in ("'plan.steps[1].kind'", "'chta'", "'s1'", "pool 'default'", "known: agent, chat"):
         assert words in detail
     assert ledger_snapshot(ledger_path) == before
 
@@ -165,11 +165,11 @@ async def test_a_kind_is_known_in_the_pools_whose_runners_announced_it_lately(
     ledger: SqliteLedger, clock: FakeClock
 ) -> None:
     await ledger.claim("deployer", "gpu", 1, 0, kinds=("chat", "deploy"))
-    with pytest.raises(InvalidRequest, match=r"known: chat$"):
+    with pytest.raises(InvalidRequest, match=r"known: agent, chat$"):
         await ledger.create_task(spec("deploy", key="elsewhere"))  # pool default
     assert (await ledger.create_task(spec("deploy", key="gpu", pool="gpu"))).created
     clock.advance(ledger.config.runner_seen_window_s + 1)
-    with pytest.raises(InvalidRequest, match=r"seen in the last 3600 s; known: chat$"):
+    with pytest.raises(InvalidRequest, match=r"seen in the last 3600 s; known: agent, chat$"):
         await ledger.create_task(spec("deploy", key="stale", pool="gpu"))
     # The retry of a create that succeeded returns its task, whoever serves the kind now.
     assert not (await ledger.create_task(spec("deploy", key="gpu", pool="gpu"))).created
