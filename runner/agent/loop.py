@@ -130,15 +130,14 @@ class AgentKind:
             except ValueError as exc:
                 raise StepRejected(f"agent payload: {exc}") from None
             model = ctx.default_model if payload.model is msgspec.UNSET else payload.model
+            budget = payload.max_tokens_total
             result = await run_loop(
                 ctx.chat,
                 model=model,
                 messages=[m.request() for m in payload.messages],
                 box=box,
                 max_turns=payload.max_turns,
-                budget=None
-                if payload.max_tokens_total is msgspec.UNSET
-                else payload.max_tokens_total,
+                budget=None if budget is msgspec.UNSET else budget,
             )
             if payload.repository is not msgspec.UNSET and prefixes:
                 commit_paths = () if "" in prefixes else prefixes
