@@ -306,7 +306,7 @@ def test_allowed_paths_are_read_as_the_runner_reads_them(
 PUBLIC = {
     "Mirrors", "candidate_ref", "ls_remote", "remote_head", "path_allowed", "redact",
     "Refusal", "RefusalCode",
-    "MirrorError", "RemoteFailed", "NoSuchHead", "BundleRefused", "RefTaken", "GitFailed",
+    "MirrorError", "RemoteFailed", "NoSuchHead", "BundleRefused", "RefTaken", "GitError",
 }  # fmt: skip
 
 

@@ -25,7 +25,6 @@ import anyio
 import msgspec
 import structlog
 
-from runner.agent.git import GitError, git
 from runner.agent.paths import normalize_prefix
 from runner.agent.sandbox import Sandbox, detect_sandbox
 from runner.agent.tools import ToolBox, ToolLimits, ToolResult
@@ -33,6 +32,7 @@ from runner.agent.workspace import CleanupRecord, RepoCache
 from runner.errors import StepRejected
 from runner.kinds import ChatModel, StepContext, StepOutput
 from runner.model_client import USAGE_KEYS, Completion
+from tether.git import GitError, git
 from tether.payloads import AgentPayload, ToolCall, plain, read_payload
 
 log = structlog.get_logger(__name__)

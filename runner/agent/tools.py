@@ -25,10 +25,10 @@ import structlog
 from runner.agent import schemas
 from runner.agent.command import run_command
 from runner.agent.errors import ToolError, ToolFailed, ToolRefused
-from runner.agent.git import GitError, git, git_env
 from runner.agent.patch import patch_paths
 from runner.agent.paths import Confinement
 from runner.agent.sandbox import NoSandbox, Sandbox
+from tether.git import GitError, git, git_env
 
 log = structlog.get_logger(__name__)
 

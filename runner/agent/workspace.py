@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio
 
 from runner.agent.errors import BaseNotFound, FetchFailed, WorkspaceFailed
-from runner.agent.git import GitError, git, redact
+from tether.git import GitError, git, redact
 
 AUTHOR_NAME = "tether"
 AUTHOR_EMAIL = "tether@localhost"

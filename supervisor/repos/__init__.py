@@ -3,7 +3,6 @@ candidates runners send as bundles, and the evidence check of a candidate (`mirr
 
 Everything here is slow I/O run by the ledger's adapters, never inside a ledger rule."""
 
-from supervisor.repos.git import GitFailed, redact
 from supervisor.repos.mirror import (
     BundleRefused,
     MirrorError,
@@ -18,10 +17,11 @@ from supervisor.repos.mirror import (
     path_allowed,
     remote_head,
 )
+from tether.git import GitError, redact
 
 __all__ = [
     "BundleRefused",
-    "GitFailed",
+    "GitError",
     "MirrorError",
     "Mirrors",
     "NoSuchHead",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import anyio
 
-from supervisor.repos.git import GitFailed, git, redact
+from tether.git import GitError, git, redact
 
 SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 # What a fetch updates. Never `+refs/*:refs/*` (a `--mirror` clone's): with `--prune` it would
@@ -83,7 +83,7 @@ async def ls_remote(url: str) -> dict[str, str]:
     """Every ref the remote at `url` advertises, with its SHA (empty for an empty repository)."""
     try:
         done = await git("ls-remote", "--", url, cwd=_NEUTRAL_CWD)
-    except GitFailed as exc:
+    except GitError as exc:
         raise RemoteFailed(f"cannot read {redact(url)}: {exc.reason}") from exc
     refs: dict[str, str] = {}
     for line in done.text.splitlines():
@@ -171,7 +171,7 @@ class Mirrors:
                 return _same_or_taken(ref, existing, sha)
             try:
                 await git("bundle", "unbundle", bundle, cwd=mirror)
-            except GitFailed as exc:
+            except GitError as exc:
                 why = f"bundle {bundle_path.name} cannot be unpacked: {exc.reason}"
                 raise BundleRefused(why) from exc
             if not await _is_commit(mirror, sha):
@@ -215,7 +215,7 @@ class Mirrors:
             "merge-base", "--is-ancestor", base_sha, candidate_sha, cwd=mirror, check=False
         )
         if ancestry.returncode not in (0, 1):
-            raise GitFailed(("merge-base",), ancestry.returncode, ancestry.stderr.decode())
+            raise GitError(("merge-base",), ancestry.returncode, ancestry.stderr.decode())
         if ancestry.returncode == 1:
             refusals.append(
                 Refusal(
@@ -262,7 +262,7 @@ class Mirrors:
             await git(
                 "fetch", "--quiet", "--prune", "--no-tags", "--", url, *_FETCH_REFSPECS, cwd=mirror
             )
-        except GitFailed as exc:
+        except GitError as exc:
             raise RemoteFailed(f"cannot fetch {redact(url)}: {exc.reason}") from exc
 
     async def _verify(self, mirror: Path, bundle: str) -> str | None:
