@@ -28,7 +28,7 @@ import structlog
 from runner.agent.paths import normalize_prefix
 from runner.agent.sandbox import Sandbox, detect_sandbox
 from runner.agent.tools import ToolBox, ToolLimits, ToolResult
-from runner.agent.workspace import CleanupRecord, RepoCache
+from runner.agent.workspace import CleanupRecord, RepoCache, tree_size
 from runner.errors import StepRejected
 from runner.kinds import ChatModel, StepContext, StepOutput
 from runner.model_client import USAGE_KEYS, Completion
@@ -218,7 +218,7 @@ class ScratchSpace:
 
     async def remove(self) -> CleanupRecord:
         if self.cleanup is None:
-            files, size = await anyio.to_thread.run_sync(_tree_size, self.folder)
+            files, size = await anyio.to_thread.run_sync(tree_size, self.folder)
             await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.folder, ignore_errors=True))
             self.cleanup = CleanupRecord(
                 path=str(self.folder),
@@ -247,18 +247,6 @@ async def scratch_space(cache_dir: Path, label: str) -> AsyncIterator[ScratchSpa
     finally:
         with anyio.CancelScope(shield=True):
             await space.remove()
-
-
-def _tree_size(root: Path) -> tuple[int, int]:
-    files = size = 0
-    for folder, _dirs, names in os.walk(root):
-        for name in names:
-            try:
-                size += os.lstat(os.path.join(folder, name)).st_size
-            except OSError:
-                continue
-            files += 1
-    return files, size
 
 
 async def run_loop(

@@ -227,7 +227,7 @@ class Workspace:
         """Remove the worktree and its folder; return (and keep) the record of the removal."""
         if self.cleanup is not None:
             return self.cleanup
-        files, size = await anyio.to_thread.run_sync(_tree_size, self.folder)
+        files, size = await anyio.to_thread.run_sync(tree_size, self.folder)
         async with self._cache._lock(self.mirror):
             await git(
                 "worktree",
@@ -262,7 +262,7 @@ def _rmtree(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _tree_size(root: Path) -> tuple[int, int]:
+def tree_size(root: Path) -> tuple[int, int]:
     """Files and bytes under `root`, symlinks counted as links, never followed."""
     files = size = 0
     for folder, _dirs, names in os.walk(root):
