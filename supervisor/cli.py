@@ -7,9 +7,11 @@ repository; keep them exactly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -251,9 +253,24 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=True))
 
 
+@contextlib.contextmanager
+def _operator_session(args: argparse.Namespace) -> Iterator[Any]:
+    """An operator client for one command: closed at the end, and a `ClientError` raised
+    inside becomes the command's one line on stderr and exit 1."""
+    from supervisor import operator_client as oc
+
+    client = _operator_client(args)
+    try:
+        yield client
+    except oc.ClientError as exc:
+        fail(PROG, str(exc))
+    finally:
+        client.close()
+
+
 def _operator_client(args: argparse.Namespace) -> Any:
-    """The client `task` and `status` talk through: flags first, then `TETHER_URL` and
-    `TETHER_TOKEN_FILE`, then systemd's `$CREDENTIALS_DIRECTORY/operator-token`."""
+    """The client `task`, `status` and `artifact` talk through: flags first, then `TETHER_URL`
+    and `TETHER_TOKEN_FILE`, then systemd's `$CREDENTIALS_DIRECTORY/operator-token`."""
     from supervisor import operator_client as oc
 
     url = args.url or os.environ.get("TETHER_URL")
@@ -282,8 +299,7 @@ def _watch(client: Any, task_id: str, after: int = 0) -> int:
 def _task(args: argparse.Namespace) -> int:
     from supervisor import operator_client as oc
 
-    client = _operator_client(args)
-    try:
+    with _operator_session(args) as client:
         if args.task_command == "submit":
             body = oc.load_task_file(Path(args.file))
             task = client.submit(body)
@@ -314,38 +330,23 @@ def _task(args: argparse.Namespace) -> int:
             print(oc.output_text(oc.pick_step(client.view(args.task_id), args.step)))
         else:
             return _watch(client, args.task_id, args.after)
-    except oc.ClientError as exc:
-        fail(PROG, str(exc))
-    finally:
-        client.close()
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
     from supervisor import operator_client as oc
 
-    client = _operator_client(args)
-    try:
+    with _operator_session(args) as client:
         for line in oc.status_lines(client.pools()):
             print(line)
-    except oc.ClientError as exc:
-        fail(PROG, str(exc))
-    finally:
-        client.close()
     return 0
 
 
 def _artifact(args: argparse.Namespace) -> int:
     """`artifact get DIGEST`: the bytes alone on stdout, as they were uploaded."""
-    from supervisor import operator_client as oc
 
-    client = _operator_client(args)
-    try:
+    with _operator_session(args) as client:
         data = client.artifact(args.digest.strip().lower())
-    except oc.ClientError as exc:
-        fail(PROG, str(exc))
-    finally:
-        client.close()
     sys.stdout.buffer.write(data)
     return 0
 
