@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -45,6 +46,7 @@ import msgspec
 from runner.errors import StepRejected, StepUnsupported
 from runner.lease import EarlierOutput
 from runner.model_client import Completion
+from tether.messages import Checkpoint, CheckRun, LeaseRepository, ResumePoint
 from tether.payloads import ChatPayload, plain, read_payload
 from tether.wire import canonical_json
 
@@ -57,6 +59,23 @@ class ChatModel(Protocol):
     async def __call__(self, body: dict[str, Any]) -> Completion: ...
 
 
+class StepServices(Protocol):
+    """What the supervisor does for a step beyond its lease: the artifact store (the runner's
+    pool may read what its runners uploaded) and the step's checkpoints, under its fence."""
+
+    async def upload(self, data: bytes | Path) -> str:
+        """Store `data` (bytes, or a file's contents) in the artifact store; its sha256."""
+        ...
+
+    async def download(self, digest: str, into: Path) -> None:
+        """Write the artifact `digest` to the file `into`, its sha256 checked."""
+        ...
+
+    async def checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Record a checkpoint of this attempt; `LeaseLost` when its fence is not current."""
+        ...
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StepContext:
     step_id: str
@@ -67,6 +86,10 @@ class StepContext:
     outputs: tuple[EarlierOutput, ...]
     default_model: str
     chat: ChatModel
+    fence: int = 0
+    repository: LeaseRepository | None = None  # what the approval bound (a repository task)
+    resume: ResumePoint | None = None  # the step's last accepted checkpoint, to go on from
+    services: StepServices | None = None  # None where no supervisor is behind the step (tests)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,6 +98,8 @@ class StepOutput:
     usage: dict[str, int] = dataclasses.field(default_factory=dict)
     candidate_sha: str | None = None
     artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
+    bundle: str | None = None  # digest of the candidate's bundle, uploaded
+    checks: dict[str, CheckRun] = dataclasses.field(default_factory=dict)
 
 
 StepKind = Callable[[StepContext], Awaitable[StepOutput]]

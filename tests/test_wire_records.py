@@ -23,12 +23,40 @@ RESULT = m.Result(
     usage={"total_tokens": 12}, candidate_sha="c" * 40, artifacts={"tests": "d" * 64},
 )  # fmt: skip
 
+REPO_LEASE = msgspec.structs.replace(
+    LEASE,
+    kind="agent",
+    repository=m.LeaseRepository(
+        name="app", url="/srv/git/app.git", base_sha="b" * 40, start_sha="c" * 40,
+        start_bundle="e" * 64, allowed_paths=("src/",),
+        checks=(m.CheckSpec(name="tests", command="python -m pytest -q"),),
+    ),
+    resume=m.ResumePoint(
+        turn=3, fence=6, transcript="f" * 64, bundle="0" * 64, sha="1" * 40,
+        usage={"total_tokens": 900},
+    ),
+)  # fmt: skip
+AGENT_RESULT = msgspec.structs.replace(
+    RESULT,
+    bundle="2" * 64,
+    checks={"tests": m.CheckRun(log="3" * 64, exit_code=0, duration_s=1.25)},
+)
+
 CHAT_MESSAGE = {"role": "user", "content": "hello"}
 
 RECORDS: list[m.Record] = [
     m.ClaimRequest(runner_id="r1", capacity=4, wait_s=2.5, kinds=("chat", "deploy")),
     LEASE,
     m.ClaimAnswer(leases=(LEASE, LEASE)),
+    REPO_LEASE,
+    AGENT_RESULT,
+    AGENT_RESULT.for_step("t.1"),
+    m.Checkpoint(
+        fence=7, turn=2, transcript="4" * 64, bundle="5" * 64, sha="6" * 40,
+        usage={"total_tokens": 40}, step_usage={"total_tokens": 940},
+    ),
+    m.Checkpoint(fence=7, turn=1, transcript="4" * 64),
+    m.Checkpointed(turn=2),
     m.RenewRequest(fence=7),
     m.Renewal(ttl_s=30.0, renew_every_s=5.0, cancelled=False),
     m.Renewal(ttl_s=30.0, renew_every_s=5.0, cancelled=False, budget_exhausted=True),
@@ -62,6 +90,7 @@ RECORDS: list[m.Record] = [
         base_sha="b" * 40,
         allowed_paths=("src/",),
         expected_checks=("tests",),
+        checks={"tests": "python -m pytest -q"},
         owner="ops",
         pool="gpu",
     ),
@@ -120,7 +149,7 @@ def test_every_message_class_has_a_round_trip_above() -> None:
     }  # fmt: skip
     inside_others = {m.EarlierOutput, m.Plan, m.PlanStep, m.ItemAnswer}
     inside_others |= {m.WaitingFor, m.StepView, m.AttemptView, m.TaskSummary, m.PoolStatus}
-    inside_others |= {m.RunnerSeen}
+    inside_others |= {m.RunnerSeen, m.LeaseRepository, m.CheckSpec, m.ResumePoint, m.CheckRun}
     missing = classes - {type(r) for r in RECORDS} - inside_others
     assert not missing
 

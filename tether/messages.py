@@ -67,11 +67,57 @@ class EarlierOutput(Record, frozen=True, kw_only=True):
     output: Any
 
 
+class CheckSpec(Record, frozen=True, kw_only=True):
+    """An expected check of a repository-bound task: its name and the command line the runner
+    runs in the worktree at the candidate (docs/design.md, Repositories and candidates)."""
+
+    name: Name
+    command: NonEmpty
+
+
+class LeaseRepository(Record, frozen=True, kw_only=True):
+    """What the approval bound, carried by each lease of a repository-bound task's step.
+
+    The worktree starts at `start_sha`: the approved base for the first step that writes, else
+    the candidate of the latest earlier committed step that reported one, whose bundle
+    (`base_sha..start_sha`, uploaded by a runner of the same pool) is `start_bundle`. The
+    runner reads the repository at `url` (read access only) and writes nothing to it.
+    """
+
+    name: Name
+    url: NonEmpty
+    base_sha: Sha
+    start_sha: Sha
+    start_bundle: Hash | None = None
+    allowed_paths: tuple[str, ...] = ()
+    checks: tuple[CheckSpec, ...] = ()
+
+
+class ResumePoint(Record, frozen=True, kw_only=True):
+    """The step's last accepted checkpoint, carried by the lease of a replayed attempt: the
+    attempt resumes after turn `turn` instead of starting again (docs/design.md, Checkpoints).
+
+    `transcript` is the digest of the messages so far (the JSON list the model's next request
+    holds); `bundle` that of a bundle `start_sha..sha` holding the worktree's changes as commit
+    `sha` (both null when the worktree had none). `usage` is what the completed turns spent, in
+    all attempts, so the step's token budget goes on from there. `fence` is the attempt that
+    wrote it.
+    """
+
+    turn: Annotated[int, msgspec.Meta(ge=1)]
+    fence: Fence
+    transcript: Hash
+    bundle: Hash | None = None
+    sha: Sha | None = None
+    usage: dict[str, Tokens] = {}
+
+
 class Lease(Record, frozen=True, kw_only=True):
     """A lease as it crosses the wire: the supervisor grants it, the runner holds it.
 
     `ttl_s` and `renew_every_s` are durations, never deadlines: the runner measures them on its
-    own monotonic clock.
+    own monotonic clock. `repository` is set for a step of a repository-bound task, `resume`
+    for a replayed attempt of a step that has an accepted checkpoint.
     """
 
     step_id: str
@@ -85,6 +131,8 @@ class Lease(Record, frozen=True, kw_only=True):
     ttl_s: float
     renew_every_s: Interval
     outputs: tuple[EarlierOutput, ...] = ()
+    repository: LeaseRepository | None = None
+    resume: ResumePoint | None = None
 
     def __post_init__(self) -> None:
         if self.renew_every_s > self.ttl_s:
@@ -134,8 +182,22 @@ class Released(Record, frozen=True, kw_only=True):
     released: bool = True
 
 
+class CheckRun(Record, frozen=True, kw_only=True):
+    """One expected check as the runner ran it at the candidate: the digest of its full log
+    (uploaded to the artifact store first), its exit code and how long it took."""
+
+    log: Hash
+    exit_code: int
+    duration_s: Seconds
+
+
 class Result(Record, frozen=True, kw_only=True, omit_defaults=True):
-    """`POST /v1/steps/{step_id}/result`: one step's output, under the fence that made it."""
+    """`POST /v1/steps/{step_id}/result`: one step's output, under the fence that made it.
+
+    A step that produced a candidate names it (`candidate_sha`) with the digest of its bundle
+    (`bundle`: `start_sha..candidate_sha`, uploaded first) and the checks it ran there
+    (`checks`, by name). `artifacts` names any other uploads.
+    """
 
     fence: Fence
     payload_hash: Hash
@@ -143,6 +205,8 @@ class Result(Record, frozen=True, kw_only=True, omit_defaults=True):
     usage: dict[str, Tokens] = {}
     candidate_sha: Sha | None = None
     artifacts: dict[str, str] = {}
+    bundle: Hash | None = None
+    checks: dict[Name, CheckRun] = {}
 
     def for_step(self, step_id: str) -> Report:
         """This result naming its step, as the batch route and the ledger take it."""
@@ -154,6 +218,8 @@ class Result(Record, frozen=True, kw_only=True, omit_defaults=True):
             usage=self.usage,
             candidate_sha=self.candidate_sha,
             artifacts=self.artifacts,
+            bundle=self.bundle,
+            checks=self.checks,
         )
 
 
@@ -193,6 +259,31 @@ class ResultsAnswer(Record, frozen=True, kw_only=True):
     """The reply to `POST /v1/steps/results`: one item per result, in order."""
 
     results: tuple[ItemAnswer, ...]
+
+
+class Checkpoint(Record, frozen=True, kw_only=True):
+    """`PUT /v1/steps/{step_id}/checkpoint`: an `agent` step's state after `turn` completed
+    turns, under the attempt's fence; refused like any stale write when the fence is not
+    current. The transcript and the bundle are uploaded to the artifact store first.
+
+    `usage` is this attempt's own spend so far (counted toward the tenant's budget, like a
+    release's, so a killed attempt's turns are not lost from it); `step_usage` is what all the
+    completed turns of the step spent, in every attempt (the next `ResumePoint.usage`).
+    """
+
+    fence: Fence
+    turn: Annotated[int, msgspec.Meta(ge=1)]
+    transcript: Hash
+    bundle: Hash | None = None
+    sha: Sha | None = None
+    usage: dict[str, Tokens] = {}
+    step_usage: dict[str, Tokens] = {}
+
+
+class Checkpointed(Record, frozen=True, kw_only=True):
+    """The reply to a checkpoint: the turn the step will resume after."""
+
+    turn: int
 
 
 class RunnerIdentity(Record, frozen=True, kw_only=True):
@@ -247,6 +338,9 @@ class TaskCreate(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
     requirement_revision: Name | None = None
     allowed_paths: tuple[NonEmpty, ...] = ()
     expected_checks: tuple[NonEmpty, ...] = ()
+    # Named command lines the runner runs at the candidate; their names are the expected
+    # checks (an `expected_checks` given beside them must name the same ones).
+    checks: dict[Name, NonEmpty] = {}
     owner: Name | None = None
     pool: Name | None = None  # the tenant's `default` pool when absent
 

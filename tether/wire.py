@@ -72,6 +72,7 @@ class ErrorCode(enum.StrEnum):
     INVALID_TRANSITION = "invalid_transition"
     TERMINAL = "terminal"
     STALE_FENCE = "stale_fence"
+    STALE_BASE = "stale_base"
     PAYLOAD_DRIFT = "payload_drift"
     DIGEST_MISMATCH = "digest_mismatch"
     UNAVAILABLE = "unavailable"
@@ -110,6 +111,7 @@ ERRORS: Final[Mapping[ErrorCode, Meaning]] = MappingProxyType({
     ErrorCode.INVALID_TRANSITION: Meaning(409, _R.REFUSED),
     ErrorCode.TERMINAL: Meaning(409, _R.DROP),
     ErrorCode.STALE_FENCE: Meaning(409, _R.DROP),
+    ErrorCode.STALE_BASE: Meaning(409, _R.REFUSED),
     ErrorCode.PAYLOAD_DRIFT: Meaning(409, _R.DROP),
     ErrorCode.DIGEST_MISMATCH: Meaning(422, _R.REFUSED),
     ErrorCode.UNAVAILABLE: Meaning(503, _R.RETRY),
