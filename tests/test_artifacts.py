@@ -14,7 +14,7 @@ import pytest
 
 from supervisor import cli
 from supervisor import operator_client as oc
-from supervisor.artifacts import ArtifactStore
+from supervisor.artifacts import ArtifactStore, Held
 
 from .conftest import ApiHarness, FakeClock, assert_error, ledger_snapshot, open_api, raw_db
 
@@ -130,13 +130,29 @@ async def test_a_pool_the_tenant_may_not_use_does_not_share_its_uploads(api: Api
     assert (await get(api, "rival", LOG_DIGEST)).content == LOG
 
 
-async def test_reading_needs_an_operator_token(api: ApiHarness) -> None:
+async def test_reading_needs_a_token(api: ApiHarness) -> None:
     assert (await put(api, "runner", LOG)).status_code == 200
-    assert_error(await get(api, "runner", LOG_DIGEST), 403, "forbidden")
     response = await api.client.get(f"/v1/artifacts/{LOG_DIGEST}")
     assert_error(response, 401, "unauthorized")
     unsigned = await api.client.put(f"/v1/artifacts/{LOG_DIGEST}", content=LOG)
     assert_error(unsigned, 401, "unauthorized")
+
+
+async def test_a_runner_reads_only_what_its_own_pools_runners_uploaded(api: ApiHarness) -> None:
+    """The bundles and checkpoints a replayed attempt resumes from: `runner` (pool default)
+    reads its pool's uploads; not another pool's, nor an operator's, even of a tenant that
+    may use its pool."""
+    assert (await put(api, "runner", LOG)).status_code == 200
+    assert (await get(api, "runner", LOG_DIGEST)).content == LOG
+    assert_error(await get(api, "stranger", LOG_DIGEST), 404, "not_found")
+    theirs = b"uploaded in pool elsewhere\n"
+    assert (await put(api, "stranger", theirs)).status_code == 200
+    theirs_digest = hashlib.sha256(theirs).hexdigest()
+    assert (await get(api, "stranger", theirs_digest)).content == theirs
+    assert_error(await get(api, "runner", theirs_digest), 404, "not_found")
+    operators = b"an operator's upload\n"
+    assert (await put(api, "operator", operators)).status_code == 200
+    assert_error(await get(api, "runner", hashlib.sha256(operators).hexdigest()), 404, "not_found")
 
 
 async def test_uploading_the_same_bytes_again_keeps_the_first_file(api: ApiHarness) -> None:
@@ -170,10 +186,14 @@ async def test_artifact_bytes_present_rehashes_the_file(api: ApiHarness) -> None
     assert store.artifact_bytes_present("not a digest") is False
     path = store.path_of(LOG_DIGEST)
     path.chmod(0o600)
+    assert store.examine(LOG_DIGEST) is Held.INTACT
     path.write_bytes(LOG[:-1] + b"!")  # the disk, or someone, changed one byte
     assert store.artifact_bytes_present(LOG_DIGEST) is False
+    assert store.examine(LOG_DIGEST) is Held.CHANGED
     path.unlink()
     assert store.artifact_bytes_present(LOG_DIGEST) is False
+    assert store.examine(LOG_DIGEST) is Held.MISSING
+    assert store.examine("not a digest") is Held.MISSING
 
 
 def test_opening_the_store_removes_uploads_a_crash_cut_short(tmp_path: Path) -> None:

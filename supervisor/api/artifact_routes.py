@@ -1,9 +1,10 @@
 """Artifact routes (docs/design.md, Artifacts): upload bytes under their sha256, read them back.
 
 A digest is visible to a tenant only if a token of that tenant, or a runner token of a pool the
-tenant may use, uploaded its bytes; to anyone else it is `not_found`, like another tenant's
-task. An upload always sends the bytes, even when the store holds them already: knowing a
-digest is not enough to be allowed to read it.
+tenant may use, uploaded its bytes; to a runner token, only if a runner of its own pool did
+(the bundles and checkpoints its pool's runners resume from); to anyone else it is
+`not_found`, like another tenant's task. An upload always sends the bytes, even when the store
+holds them already: knowing a digest is not enough to be allowed to read it.
 """
 
 from __future__ import annotations
@@ -76,13 +77,21 @@ def visible_to(tenant: str, owner: ArtifactOwner, shared: frozenset[str]) -> boo
     return may_use_pool(tenant, owner.scope, shared)
 
 
+def readable_by(who: Principal, owner: ArtifactOwner, shared: frozenset[str]) -> bool:
+    """Whether `who` may read what `owner` uploaded: a runner its own pool's runners'
+    uploads, an operator what `visible_to` its tenant."""
+    if who.role is Role.RUNNER:
+        return owner.role is Role.RUNNER and owner.scope == who.scope
+    return visible_to(who.scope, owner, shared)
+
+
 async def get_artifact(request: Request) -> Response:
-    who: Principal = await require(request, Role.OPERATOR)
+    who: Principal = await require(request, Role.OPERATOR, Role.RUNNER)
     digest = _digest(request)
     ledger: Ledger = request.app.state.ledger
     shared: frozenset[str] = request.app.state.settings.shared_pool_names
     owners = await ledger.artifact_owners(digest)
-    if not any(visible_to(who.scope, owner, shared) for owner in owners):
+    if not any(readable_by(who, owner, shared) for owner in owners):
         raise ApiError(ErrorCode.NOT_FOUND, f"no artifact {digest}")
     store: ArtifactStore = request.app.state.artifacts
     path = store.path_of(digest)

@@ -17,6 +17,7 @@ Errors:
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import os
 import re
@@ -31,6 +32,14 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 # Received bytes are written and hashed in steps of this size, each on a worker thread.
 FLUSH_BYTES = 1024 * 1024
 READ_BYTES = 1024 * 1024
+
+
+class Held(enum.Enum):
+    """What the store holds under a digest (`ArtifactStore.examine`)."""
+
+    MISSING = "missing"  # no file
+    INTACT = "intact"  # a file whose bytes hash to the digest
+    CHANGED = "changed"  # a file whose bytes no longer do
 
 
 class ArtifactError(Exception):
@@ -153,18 +162,26 @@ class ArtifactStore:
 
         Reads the whole file: call it on a worker thread from async code.
         """
+        return self.examine(digest) is Held.INTACT
+
+    def examine(self, digest: str) -> Held:
+        """What the store holds under `digest`: nothing, bytes that hash to it, or bytes that
+        no longer do (changed on disk since they were stored).
+
+        Reads the whole file: call it on a worker thread from async code.
+        """
         try:
             path = self.path_of(digest)
         except InvalidDigest:
-            return False
+            return Held.MISSING
         hasher = hashlib.sha256()
         try:
             with path.open("rb") as fh:
                 while chunk := fh.read(READ_BYTES):
                     hasher.update(chunk)
         except FileNotFoundError:
-            return False
-        return hasher.hexdigest() == digest
+            return Held.MISSING
+        return Held.INTACT if hasher.hexdigest() == digest else Held.CHANGED
 
 
 def _discard(fd: int, temp: Path) -> None:
