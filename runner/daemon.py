@@ -125,7 +125,8 @@ class Runner:
         return self.exit_code
 
     def request_shutdown(self) -> None:
-        """Stop claiming; in-flight steps get `shutdown_grace_s`, then are released.
+        """Stop claiming; in-flight steps get `shutdown_grace_s`, then are released; a step
+        that checkpoints its turns is released at once (`runner.step`, `stops_at_once`).
 
         A claim reply cut off mid-flight is not lost: its leases go back to the queue through
         the supervisor's accept window.
@@ -156,6 +157,9 @@ class Runner:
         return len(self._in_flight)
 
     async def _drain(self) -> None:
+        for step in list(self._in_flight.values()):
+            if step.stops_at_once:
+                step.abort()
         if self._in_flight:
             log.info("waiting for in-flight steps", in_flight=len(self._in_flight))
             async with anyio.create_task_group() as tg:

@@ -11,8 +11,12 @@
     │   │                         model URL: release `operator` (not counted), pause claiming
     │   ├── BudgetExhausted       the tenant's token budget is spent (a renew said so):
     │   │                         release `operator` (not counted); the task waits for more
+    │   ├── ArtifactRefused       the artifact store refused an upload (too large, digest
+    │   │                         mismatch) or has no such digest for this runner: release
+    │   │                         `invalid`, not retryable (another runner would hear the same)
     │   └── TransientFailure      the model stayed unavailable within the step's deadline:
-    │                             release `transient`, retryable, counted
+    │       │                     release `transient`, retryable, counted
+    │       └── ArtifactCorrupt   a downloaded artifact's bytes do not hash to its digest
     └── SupervisorError           talking to the supervisor went wrong
         ├── SupervisorUnreachable transport error or 5xx: back off and try again
         ├── TokenRejected         401/403: the runner token is wrong or revoked; stop claiming
@@ -99,6 +103,15 @@ class BudgetExhausted(StepFailure):
     retryable = True
 
 
+class ArtifactRefused(StepRejected):
+    """The artifact store refused the request; sending the same again would fail the same way."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        self.status = status
+        self.code = code
+        super().__init__(detail)
+
+
 class TransientFailure(StepFailure):
     """The model stayed unavailable within the step's deadline."""
 
@@ -108,6 +121,10 @@ class TransientFailure(StepFailure):
     def __init__(self, detail: str | None = None, *, retry_after_s: float | None = None) -> None:
         self.retry_after_s = retry_after_s
         super().__init__(detail)
+
+
+class ArtifactCorrupt(TransientFailure):
+    """A downloaded artifact's bytes do not hash to its digest; nothing was written."""
 
 
 class SupervisorError(RunnerError):

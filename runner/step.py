@@ -2,11 +2,19 @@
 release, or drop.
 
 The attempt runs inside one cancel scope: the keeper cancels it the moment the lease is lost
-(nothing is reported then: the step is not ours), and shutdown cancels it after the grace
-period, releasing the lease (`shutdown`, retryable) outside that scope. A renew saying the
-tenant's token budget is spent cancels it too, and the lease is released uncounted
-(`operator`), so the task waits for the budget instead of failing. Every release carries the
-tokens the attempt's model calls spent, which count toward the budget though nothing commits.
+(nothing is reported then: the step is not ours), and shutdown cancels it, releasing the lease
+(`shutdown`, retryable) outside that scope. A renew saying the tenant's token budget is spent
+cancels it too, and the lease is released uncounted (`operator`), so the task waits for the
+budget instead of failing. Every release carries the tokens the attempt's model calls spent,
+which count toward the budget though nothing commits.
+
+When shutdown cancels: a step of a kind that checkpoints its turns (`agent`, or any step that
+has had a checkpoint accepted) is cancelled at once, because its last completed turn is
+recorded at the supervisor and the next attempt resumes from it: going on would only spend
+tokens on a turn that is lost anyway. Every other kind (`chat`, a deployment's own) keeps
+`shutdown_grace_s` to finish, since cancelling it loses all its work. A checkpoint already on
+its way is finished first (`runner.services`, shielded, at most `CHECKPOINT_FINISH_S`), so the
+release that follows never cuts one in half.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from runner.errors import (
     StepFailure,
     StepRejected,
     StepUnsupported,
+    SupervisorError,
     SupervisorRefused,
     SupervisorUnreachable,
     TokenRejected,
@@ -38,6 +47,7 @@ from runner.kinds import KindRegistry, StepContext, StepOutput
 from runner.lease import Lease
 from runner.model_client import Completion, ModelClient
 from runner.results import ResultSender
+from runner.services import SupervisorServices
 from runner.supervisor_client import ResultReport, SupervisorClient
 from tether.clocks import MonotonicClock
 from tether.wire import ReleaseReason, content_hash
@@ -47,6 +57,8 @@ T = TypeVar("T")
 # How long a shutdown release may take before the runner exits without it (the lease then
 # expires on the supervisor after its TTL).
 SHUTDOWN_RELEASE_S = 5.0
+# Kinds whose steps checkpoint each completed turn, and so stop at once on shutdown.
+CHECKPOINTING_KINDS = frozenset({"agent"})
 
 
 class Phase(enum.StrEnum):
@@ -94,6 +106,7 @@ class StepRun:
         self._default_model = default_model
         self._model_timeout_s = model_timeout_s
         self.log = structlog.get_logger("runner.step").bind(**lease.log_context())
+        self.services = SupervisorServices(supervisor, lease, clock=clock)
         self.phase = Phase.STARTING
         self._scope = anyio.CancelScope()
         self._aborted = False
@@ -129,6 +142,14 @@ class StepRun:
             self._out_of_budget = True
             self._scope.cancel()
 
+    @property
+    def stops_at_once(self) -> bool:
+        """Whether shutdown cancels this step without a grace period (see the module's
+        docstring): its kind checkpoints, or it has a checkpoint accepted, and it is still
+        working (a result on its way is let finish within the grace)."""
+        checkpoints = self.lease.kind in CHECKPOINTING_KINDS or self.services.checkpoints > 0
+        return checkpoints and self.phase in (Phase.STARTING, Phase.WORKING)
+
     def abort(self) -> None:
         """Shutdown's grace is over: stop the work; the lease is released after."""
         if self.phase is not Phase.DONE:
@@ -159,6 +180,17 @@ class StepRun:
         self.phase = Phase.WORKING
         try:
             output = await self._work()
+        except LeaseLost as lost:  # a checkpoint heard that the step is not ours
+            self._dropped(lost, "checkpoint refused; the step is no longer ours")
+            return
+        except TokenRejected as exc:
+            self._host.token_rejected(exc.detail)
+            self.outcome = "dropped: token_rejected"
+            self.phase = Phase.DONE
+            return
+        except SupervisorError as exc:  # the supervisor stayed unreachable, or refused a call
+            await self._release(TransientFailure(f"supervisor: {exc.detail}"))
+            return
         except OperatorProblem as problem:
             self._host.operator_problem(problem)
             await self._release(problem)
@@ -195,6 +227,10 @@ class StepRun:
             outputs=self.lease.outputs,
             default_model=self._default_model,
             chat=self._chat,
+            fence=self.lease.fence,
+            repository=self.lease.repository,
+            resume=self.lease.resume,
+            services=self.services,
         )
         return await kind(context)
 
@@ -294,20 +330,15 @@ class StepRun:
             usage=output.usage,
             candidate_sha=output.candidate_sha,
             artifacts=output.artifacts,
+            bundle=output.bundle,
+            checks=output.checks,
         )
         try:
             outcome = await self._until_answered(
                 lambda: self._results.report(self.lease.step_id, report)
             )
         except LeaseLost as lost:
-            self.outcome = f"dropped: {lost.because}"
-            log = self.log.error if lost.because is LostBecause.PAYLOAD_DRIFT else self.log.warning
-            log(
-                "result refused; the step is no longer ours",
-                because=str(lost.because),
-                error=lost.detail,
-            )
-            self.phase = Phase.DONE
+            self._dropped(lost, "result refused; the step is no longer ours")
             return
         except TokenRejected as exc:
             self._host.token_rejected(exc.detail)
@@ -323,6 +354,13 @@ class StepRun:
         self.phase = Phase.DONE
         self.log.info("step reported", outcome=str(outcome), usage=output.usage)
         self._host.step_succeeded()
+
+    def _dropped(self, lost: LeaseLost, message: str) -> None:
+        """The supervisor said the step is no longer ours: nothing more is sent about it."""
+        self.outcome = f"dropped: {lost.because}"
+        log = self.log.error if lost.because is LostBecause.PAYLOAD_DRIFT else self.log.warning
+        log(message, because=str(lost.because), error=lost.detail)
+        self.phase = Phase.DONE
 
     async def _release_for_shutdown(self) -> None:
         self.phase = Phase.RELEASING

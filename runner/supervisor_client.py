@@ -8,7 +8,8 @@ detail starts with the request's method and URL, so a log line says which call f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import TypeVar
 
 import httpx
@@ -26,6 +27,9 @@ from runner.lease import Lease
 from tether.clocks import MonotonicClock
 from tether.codec import BadMessage, decode, encode, encode_strict
 from tether.messages import (
+    ArtifactStored,
+    Checkpoint,
+    Checkpointed,
     ClaimAnswer,
     ClaimRequest,
     ErrorBody,
@@ -47,6 +51,8 @@ R = TypeVar("R", bound=Record)
 
 # A reply slower than the long-poll by this much means the supervisor is in trouble.
 CLAIM_GRACE_S = 10.0
+# A downloaded artifact arrives in pieces of at most this many bytes.
+ARTIFACT_CHUNK_BYTES = 64 * 1024
 
 # The runner's name for the contract's result (what a step reports, before it names its step).
 ResultReport = Result
@@ -96,6 +102,20 @@ def _step_error(status: int, code: str, detail: str, request: str) -> Exception:
         because = LostBecause(code) if status == 409 else LostBecause.NOT_FOUND
         return LeaseLost(because, said)
     return SupervisorRefused(status, code, detail, request=request)
+
+
+def _stop_or_retry(response: httpx.Response) -> httpx.Response:
+    """`response`, unless it is an error saying stop (`TokenRejected`) or retry
+    (`SupervisorUnreachable`)."""
+    if response.status_code >= 400:
+        code, detail = _error_of(response)
+        action = runner_action(response.status_code, code)
+        said = f"{_request_of(response)} answered {response.status_code} {code}: {detail}"
+        if action is RunnerAction.STOP:
+            raise TokenRejected(said)
+        if action is RunnerAction.RETRY:
+            raise SupervisorUnreachable(said)
+    return response
 
 
 def _answer(response: httpx.Response, into: type[R], what: str) -> R:
@@ -168,13 +188,35 @@ class SupervisorClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _request(
-        self, method: str, path: str, content: bytes | None = None, timeout_s: float | None = None
-    ) -> httpx.Response:
-        """Send one request; no reply at all is `SupervisorUnreachable`."""
+    def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {self._token}"}
-        if content is not None:
-            headers["Content-Type"] = "application/json"
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        return headers
+
+    def _unreachable(
+        self, method: str, path: str, exc: httpx.RequestError
+    ) -> SupervisorUnreachable:
+        # Some errors carry no text (a reset connection is `ReadError('')`).
+        why = str(exc) or "no answer: the connection was closed or reset"
+        url = f"{self._base_url}{API_PREFIX}{path}"
+        return SupervisorUnreachable(f"{method} {url}: {type(exc).__name__}: {why}")
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        content: bytes | AsyncIterable[bytes] | None = None,
+        timeout_s: float | None = None,
+        *,
+        content_type: str = "application/json",
+        size: int | None = None,
+    ) -> httpx.Response:
+        """Send one request; no reply at all is `SupervisorUnreachable`. A streamed body
+        (`content` an async iterable) is sent with `size` as its Content-Length."""
+        headers = self._headers(content_type if content is not None else None)
+        if size is not None:
+            headers["Content-Length"] = str(size)
         try:
             return await self._http.request(
                 method,
@@ -184,25 +226,13 @@ class SupervisorClient:
                 timeout=timeout_s or self._timeout_s,
             )
         except httpx.RequestError as exc:  # the network, or a response httpx cannot decode
-            # Some errors carry no text (a reset connection is `ReadError('')`).
-            why = str(exc) or "no answer: the connection was closed or reset"
-            url = f"{self._base_url}{API_PREFIX}{path}"
-            raise SupervisorUnreachable(f"{method} {url}: {type(exc).__name__}: {why}") from exc
+            raise self._unreachable(method, path, exc) from exc
 
     async def _post(
         self, path: str, content: bytes, *, timeout_s: float | None = None
     ) -> httpx.Response:
         """POST `content`; a reply saying stop or retry is raised, any other returned."""
-        response = await self._request("POST", path, content, timeout_s)
-        if response.status_code >= 400:
-            code, detail = _error_of(response)
-            action = runner_action(response.status_code, code)
-            said = f"{_request_of(response)} answered {response.status_code} {code}: {detail}"
-            if action is RunnerAction.STOP:
-                raise TokenRejected(said)
-            if action is RunnerAction.RETRY:
-                raise SupervisorUnreachable(said)
-        return response
+        return _stop_or_retry(await self._request("POST", path, content, timeout_s))
 
     def _lease_error(self, response: httpx.Response) -> Exception:
         """A 4xx about one step: lost if it says the step is no longer ours, else refused."""
@@ -305,3 +335,49 @@ class SupervisorClient:
             )
         pairs = zip(items, answers, strict=True)
         return [_item_answer(step_id, answer, request) for (step_id, _), answer in pairs]
+
+    async def checkpoint(self, step_id: str, checkpoint: Checkpoint) -> Checkpointed:
+        """`PUT /v1/steps/{step_id}/checkpoint`; `LeaseLost` when the step is not ours (its
+        fence is stale, its task ended), `SupervisorRefused` for any other refusal."""
+        response = _stop_or_retry(
+            await self._request("PUT", f"/steps/{step_id}/checkpoint", encode(checkpoint))
+        )
+        if response.status_code != 200:
+            raise self._lease_error(response)
+        return _answer(response, Checkpointed, "checkpoint")
+
+    async def put_artifact(
+        self, digest: str, content: bytes | AsyncIterable[bytes], *, size: int
+    ) -> ArtifactStored:
+        """`PUT /v1/artifacts/{digest}` with `size` bytes (a stream is never held whole).
+        `SupervisorRefused` for a refusal: 413 `body_too_large`, 422 `digest_mismatch`."""
+        response = _stop_or_retry(
+            await self._request(
+                "PUT",
+                f"/artifacts/{digest}",
+                content,
+                content_type="application/octet-stream",
+                size=size,
+            )
+        )
+        if response.status_code != 200:
+            raise self._refused(response)
+        return _answer(response, ArtifactStored, "artifact upload")
+
+    @contextlib.asynccontextmanager
+    async def artifact(self, digest: str) -> AsyncIterator[AsyncIterator[bytes]]:
+        """`GET /v1/artifacts/{digest}`: its bytes as chunks of at most
+        `ARTIFACT_CHUNK_BYTES`, read while the caller iterates. `SupervisorRefused` for a
+        refusal (404 `not_found`: no such digest, or not one this runner's pool uploaded); a
+        connection lost mid-stream is `SupervisorUnreachable`."""
+        path = f"/artifacts/{digest}"
+        try:
+            async with self._http.stream(
+                "GET", API_PREFIX + path, headers=self._headers(None), timeout=self._timeout_s
+            ) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise self._refused(_stop_or_retry(response))
+                yield response.aiter_bytes(ARTIFACT_CHUNK_BYTES)
+        except httpx.RequestError as exc:
+            raise self._unreachable("GET", path, exc) from exc
