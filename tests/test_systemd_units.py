@@ -6,6 +6,8 @@ copies each unit into a temporary folder with that prefix rewritten to this envi
 bin folder (where `pip install` put `tether-supervisor` and `tether-runner`), so verify checks
 the real entry points and every other line exactly as shipped. Verify reports unknown or
 misspelt directives as warnings with exit 0, so any output naming a unit fails the test too.
+The opt-in drop-in `tether-runner-bwrap.conf` is checked the way systemd applies it: appended
+to the runner's unit (its settings override or extend the unit's, as a drop-in's do).
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from pathlib import Path
 
 import pytest
 
+from runner.agent.loop import default_cache_dir
 from runner.settings import RunnerSettings
 
 UNITS = Path(__file__).resolve().parents[1] / "systemd"
 NAMES = ("tether-supervisor.service", "tether-runner.service")
+BWRAP_DROP_IN = "tether-runner-bwrap.conf"
 PROD_BIN = "/opt/tether/venv/bin/"
 EXPOSURE_MAX = 2.0
+# The opt-in drop-in's price, as its comment states it (2.4 measured with systemd 252).
+BWRAP_EXPOSURE_MAX = 2.5
 
 ANALYZE = shutil.which("systemd-analyze")
 IN_CI = os.environ.get("CI") == "true"  # .ci/run installs it: there a skip would hide a failure
@@ -43,7 +49,7 @@ def _analyze_present_in_ci() -> None:
 def _directives(name: str) -> list[tuple[str, str, str]]:
     """(section, key, value) for every directive, in order; repeated keys are kept."""
     section, found = "", []
-    for raw in (UNITS / name).read_text(encoding="utf-8").splitlines():
+    for raw in _text(name).splitlines():
         line = raw.strip()
         if not line or line.startswith(("#", ";")):
             continue
@@ -53,6 +59,11 @@ def _directives(name: str) -> list[tuple[str, str, str]]:
         key, _, value = line.partition("=")
         found.append((section, key.strip(), value.strip()))
     return found
+
+
+def _text(name: str) -> str:
+    """A unit as shipped; `+` joins the drop-in to the unit it extends, as systemd would."""
+    return "".join((UNITS / part).read_text(encoding="utf-8") for part in name.split("+"))
 
 
 def _service(name: str) -> dict[str, list[str]]:
@@ -68,9 +79,14 @@ def local_units(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("units")
     local_bin = str(Path(sys.executable).parent) + "/"
     for name in NAMES:
-        text = (UNITS / name).read_text(encoding="utf-8")
+        text = _text(name)
         assert PROD_BIN in text
         (folder / name).write_text(text.replace(PROD_BIN, local_bin), encoding="utf-8")
+        if name == "tether-runner.service":
+            with_bwrap = folder / "bwrap" / name
+            with_bwrap.parent.mkdir()
+            merged = _text(f"{name}+{BWRAP_DROP_IN}").replace(PROD_BIN, local_bin)
+            with_bwrap.write_text(merged, encoding="utf-8")
         binary = re.search(r"^ExecStart=(\S+)", text, re.MULTILINE)
         assert binary is not None
         assert Path(binary.group(1).replace(PROD_BIN, local_bin)).exists()
@@ -94,11 +110,25 @@ def test_systemd_analyze_verify_passes_on_both_units(local_units: Path) -> None:
 
 
 @needs_analyze
-@pytest.mark.parametrize("name", NAMES)
-def test_exposure_is_at_most_two(local_units: Path, name: str) -> None:
+def test_the_runner_unit_with_the_bwrap_drop_in_verifies(local_units: Path) -> None:
+    assert ANALYZE is not None
+    unit = local_units / "bwrap" / "tether-runner.service"
+    done = subprocess.run(
+        [ANALYZE, "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert [line for line in output.splitlines() if "tether-" in line] == []
+
+
+def _exposure(unit: Path) -> float:
     assert ANALYZE is not None
     done = subprocess.run(
-        [ANALYZE, "security", "--offline=yes", "--no-pager", str(local_units / name)],
+        [ANALYZE, "security", "--offline=yes", "--no-pager", str(unit)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -110,7 +140,33 @@ def test_exposure_is_at_most_two(local_units: Path, name: str) -> None:
         pytest.skip("this systemd-analyze predates --offline (systemd < 250)")
     score = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
     assert score is not None, done.stdout + done.stderr
-    assert float(score.group(1)) <= EXPOSURE_MAX
+    return float(score.group(1))
+
+
+@needs_analyze
+@pytest.mark.parametrize("name", NAMES)
+def test_exposure_is_at_most_two(local_units: Path, name: str) -> None:
+    assert _exposure(local_units / name) <= EXPOSURE_MAX
+
+
+@needs_analyze
+def test_the_bwrap_drop_in_costs_what_its_comment_says(local_units: Path) -> None:
+    plain = _exposure(local_units / "tether-runner.service")
+    with_bwrap = _exposure(local_units / "bwrap" / "tether-runner.service")
+    assert plain < with_bwrap <= BWRAP_EXPOSURE_MAX
+
+
+def test_the_bwrap_drop_in_undoes_only_what_stops_bubblewrap() -> None:
+    unit = _service("tether-runner.service")
+    merged = _service(f"tether-runner.service+{BWRAP_DROP_IN}")
+    changed = {key for key in merged if merged[key] != unit.get(key)}
+    blockers = {"RestrictNamespaces", "SystemCallFilter", "ProcSubset", "ProtectKernelTunables",
+                "ProtectKernelLogs"}  # fmt: skip
+    assert changed == blockers
+    assert merged["RestrictNamespaces"][-2:] == ["", "user mnt pid net ipc uts cgroup"]
+    assert merged["SystemCallFilter"][-1] == "mount umount2 pivot_root capset"
+    assert merged["PrivateUsers"] == ["yes"]
+    assert merged["NoNewPrivileges"] == ["yes"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -135,6 +191,30 @@ def test_supervisor_keeps_its_ledger_in_the_state_directory() -> None:
     (exec_start,) = service["ExecStart"]
     assert "serve --config /etc/tether/supervisor.toml --db /var/lib/tether/tether.db" in exec_start
     assert float(service["TimeoutStopSec"][0]) > 10  # uvicorn's graceful drain
+
+
+def test_runner_keeps_the_agents_mirrors_in_its_cache_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = _service("tether-runner.service")
+    assert service["CacheDirectory"] == ["tether-runner"]
+    assert service["CacheDirectoryMode"] == ["0700"]
+    assert service["ProtectSystem"] == ["strict"]  # the cache is the one writable folder
+    assert "ReadWritePaths" not in service
+    # systemd sets $CACHE_DIRECTORY to the folder it made; the agent kind works there.
+    monkeypatch.setenv("CACHE_DIRECTORY", "/var/cache/tether-runner")
+    assert default_cache_dir() == Path("/var/cache/tether-runner")
+    monkeypatch.delenv("CACHE_DIRECTORY")
+    assert default_cache_dir() != Path("/var/cache/tether-runner")
+
+
+def test_the_runner_unit_says_what_isolation_its_commands_get() -> None:
+    text = _text("tether-runner.service")
+    service = _service("tether-runner.service")
+    assert service["RestrictNamespaces"] == ["yes"]  # so bwrap cannot run under it
+    assert "WITHOUT bwrap" in text
+    assert BWRAP_DROP_IN in text
+    assert (UNITS / BWRAP_DROP_IN).exists()
 
 
 def test_runner_loads_its_secrets_as_credentials_and_outlasts_its_grace() -> None:
