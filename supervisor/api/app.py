@@ -21,11 +21,14 @@ from supervisor.api.errors import (
     on_api_error,
     on_http_exception,
     on_ledger_error,
+    on_repository_unavailable,
     on_unexpected,
 )
 from supervisor.api.longpoll import LongPolls
 from supervisor.artifacts import ArtifactStore
 from supervisor.ledger import LedgerError
+from supervisor.repos import Mirrors
+from supervisor.repos.evidence import RepositoryUnavailable
 from supervisor.service import running_ledger
 from supervisor.settings import SupervisorSettings
 from tether.clocks import WallClock
@@ -58,6 +61,7 @@ def create_app(
         exception_handlers={
             ApiError: on_api_error,
             LedgerError: on_ledger_error,
+            RepositoryUnavailable: on_repository_unavailable,
             HTTPException: on_http_exception,
             Exception: on_unexpected,
         },
@@ -65,6 +69,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.long_polls = LongPolls()
+    app.state.mirrors = Mirrors(settings.mirror_root)
     return app
 
 

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from supervisor.ledger import LedgerError, StorageError
+from supervisor.repos.evidence import RepositoryUnavailable
 from tether.codec import encode
 from tether.messages import ErrorBody, Record
 from tether.wire import ERRORS, ErrorCode
@@ -55,6 +56,17 @@ def ledger_error_code(exc: LedgerError, path: str) -> ErrorCode:
 async def on_ledger_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, LedgerError)
     return error_response(ledger_error_code(exc, request.url.path), exc.detail)
+
+
+async def on_repository_unavailable(request: Request, exc: Exception) -> Response:
+    """A repository's remote could not be read (approval, a report's evidence): nothing was
+    recorded; the caller tries again later. Logged: the operator may have to fix the remote."""
+    assert isinstance(exc, RepositoryUnavailable)
+    log.warning(
+        "repository unavailable", path=request.url.path, repository=exc.repository,
+        detail=exc.detail,
+    )  # fmt: skip
+    return error_response(ErrorCode.UNAVAILABLE, exc.detail)
 
 
 async def on_http_exception(_request: Request, exc: Exception) -> Response:
