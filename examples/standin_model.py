@@ -89,6 +89,7 @@ class Knobs:
 
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+HOLD_MAX_S = 86_400.0  # a turn's hold: a day at most (a "blocked" turn in a demo)
 
 
 class ScriptedCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -103,13 +104,20 @@ class ScriptedCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 class Turn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One scripted answer, `text` or `tool_calls`, and the conversations it answers: those
     with `assistant_turns` assistant messages so far and whose last message's content holds
-    `last_contains`; a condition left out always holds."""
+    `last_contains`; a condition left out always holds.
+
+    `hold_s` holds the answer that long (on top of the `latency_s` knob), for the first
+    `holds` requests this turn answers (all of them when left out): a demo can kill a runner
+    while it waits mid-loop, and the attempt that resumes is answered at once.
+    """
 
     name: NonEmpty
     assistant_turns: Annotated[int, msgspec.Meta(ge=0)] | None = None
     last_contains: NonEmpty | None = None
     text: str | None = None
     tool_calls: tuple[ScriptedCall, ...] = ()
+    hold_s: Annotated[float, msgspec.Meta(ge=0, le=HOLD_MAX_S)] = 0.0
+    holds: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
     def __post_init__(self) -> None:
         if (self.text is None) == (not self.tool_calls):
@@ -238,6 +246,46 @@ def answer_for(body: dict[str, Any], turn: Turn | None = None) -> dict[str, Any]
     }
 
 
+@dataclasses.dataclass
+class CallLog:
+    """What the stand-in was asked and answered, for `/_admin/stats` and tests.
+
+    `asked` gets a line per valid request when it arrives (before any hold), so a request
+    whose client was killed while it waited is logged too: `turn` (the scripted turn's name,
+    None for the echo), `turn_index` (the number of assistant messages the conversation
+    already holds: which model turn of an agent loop it asks for, 0 for the first; a loop
+    resumed from a checkpoint starts above 0), `messages` (the request's message count),
+    `digest` (a hash of its messages: equal digests, the same question asked twice) and
+    `hold_s`. `answered` and `turns` get the completion's id and turn name per answer.
+    """
+
+    answered: list[str] = dataclasses.field(default_factory=list)
+    turns: list[str | None] = dataclasses.field(default_factory=list)
+    asked: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    held: Counter[str] = dataclasses.field(default_factory=Counter)  # by turn, per script
+
+    def arrive(self, messages: list[dict[str, Any]], turn: Turn | None) -> float:
+        """Log a request; return how long `turn` holds its answer (see `Turn`)."""
+        hold = 0.0
+        if turn is not None and turn.hold_s > 0 and self.held[turn.name] < (turn.holds or math.inf):
+            self.held[turn.name] += 1
+            hold = turn.hold_s
+        self.asked.append(
+            {
+                "turn": None if turn is None else turn.name,
+                "turn_index": sum(1 for m in messages if m.get("role") == "assistant"),
+                "messages": len(messages),
+                "digest": sha256_hex(canonical_json(messages))[:16],
+                "hold_s": hold,
+            }
+        )
+        return hold
+
+    def answer(self, completion: dict[str, Any], turn: Turn | None) -> None:
+        self.answered.append(completion["id"])
+        self.turns.append(None if turn is None else turn.name)
+
+
 def _invalid_request(body: Any) -> str | None:
     if not isinstance(body, dict):
         return "request body must be a JSON object"
@@ -283,22 +331,23 @@ def _misbehaviour(request: Request, k: Knobs) -> Response | None:
 
 
 def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> Starlette:
-    """The stand-in as an ASGI app; `app.state.knobs`, `app.state.calls`, `app.state.turns`
-    and `app.state.scenario` (a one-item list, replaced by the admin route) are live.
+    """The stand-in as an ASGI app; `app.state.knobs`, `app.state.calls`, `app.state.turns`,
+    `app.state.asked` and `app.state.scenario` (a one-item list, replaced by the admin route)
+    are live.
 
     POST /_admin/knobs     {"latency_s": 0.5, "fail_429": 2, ...}  -> the knobs now
     GET  /_admin/knobs     the knobs (the expected key itself is never shown)
     POST /_admin/scenario  {"turns": [...]} (a `Scenario`) replaces the script -> the script now
     GET  /_admin/scenario  the script
     GET  /_admin/stats     {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...],
-                            "turns": [the turn's name, or null for an echo, per answer]}
+                            "turns": [the turn's name, or null for an echo, per answer],
+                            "asked": [a `CallLog` line per valid request, on arrival]}
     GET  /healthz          {"ok": true} once it listens
     """
     state_knobs = knobs or Knobs()
     script = [scenario or Scenario()]
     calls: Counter[str] = Counter()
-    answered: list[str] = []
-    turns: list[str | None] = []
+    log = CallLog()
 
     async def chat_completions(request: Request) -> Response:
         k = state_knobs
@@ -318,13 +367,14 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
         problem = _invalid_request(body)
         if problem is not None:
             return _openai_error(400, problem, "invalid_request_error")
-        delay = latency_for(body["messages"], k.latency_s, k.latency_spread)
+        messages = body["messages"]
+        turn = script[0].turn_for(messages)
+        hold = log.arrive(messages, turn)
+        delay = latency_for(messages, k.latency_s, k.latency_spread) + hold
         if delay > 0:
             await anyio.sleep(delay)
-        turn = script[0].turn_for(body["messages"])
         completion = answer_for(body, turn)
-        answered.append(completion["id"])
-        turns.append(None if turn is None else turn.name)
+        log.answer(completion, turn)
         return JSONResponse(completion)
 
     async def knobs_route(request: Request) -> Response:
@@ -346,6 +396,7 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
                 script[0] = read_scenario(await request.json())
             except ValueError as exc:  # malformed JSON is a ValueError too
                 return JSONResponse({"error": "invalid_field", "detail": str(exc)}, 400)
+            log.held.clear()
         return JSONResponse(msgspec.to_builtins(script[0]))
 
     async def stats_route(_request: Request) -> Response:
@@ -354,8 +405,9 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
             {
                 "calls": calls["total"],
                 "by_status": by_status,
-                "answered": list(answered),
-                "turns": list(turns),
+                "answered": list(log.answered),
+                "turns": list(log.turns),
+                "asked": list(log.asked),
             }
         )
 
@@ -377,7 +429,8 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
     )
     app.state.knobs = state_knobs
     app.state.calls = calls
-    app.state.turns = turns
+    app.state.turns = log.turns
+    app.state.asked = log.asked
     app.state.scenario = script
     return app
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,8 +19,11 @@ import pytest
 
 import examples.standin_model as standin
 from examples.standin_model import Knobs, create_app, latency_for, main, read_scenario
+from runner.agent.loop import LoopResult, run_loop
+from runner.agent.sandbox import NoSandbox
+from runner.agent.tools import ToolBox
 from runner.errors import OperatorProblem, StepRejected
-from runner.model_client import ModelClient
+from runner.model_client import Completion, ModelClient
 from tether.clocks import LoopClock
 
 BODY = {
@@ -357,3 +361,167 @@ def test_it_runs_as_a_process(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# The demo's script (issue 12, item 9): write the fix, run the tests, answer done. Each turn is
+# matched by its index in the loop, so a resumed loop gets the turns it has not had yet.
+CALC = "def add(a, b):\n    return a + b\n"
+FIX_SCENARIO = {
+    "turns": [
+        {"name": "write", "assistant_turns": 0,
+         "tool_calls": [{"name": "write_file",
+                         "arguments": {"path": "src/calc.py", "content": CALC}}]},
+        {"name": "test", "assistant_turns": 1,
+         "tool_calls": [{"name": "run", "arguments": {"command": "python -m pytest -q"}}]},
+        {"name": "done", "assistant_turns": 2, "text": "done: the test passes"},
+    ]
+}  # fmt: skip
+CALC_TEST = "from src.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+async def _agent_loop(
+    app: Any, tree: Path, messages: list[dict[str, Any]]
+) -> tuple[LoopResult, ToolBox]:
+    """The runner's own tool loop (runner/agent/loop.py) against the stand-in `app`."""
+    client = ModelClient(
+        base_url="http://standin/v1", clock=LoopClock(), transport=httpx.ASGITransport(app=app)
+    )
+
+    async def chat(body: dict[str, Any]) -> Completion:
+        return await client.chat(body, key=None, deadline=anyio.current_time() + 60)
+
+    box = ToolBox(
+        tree, home=tree.parent / "home", allowed_paths=["src/"],
+        allowed_commands=["python -m pytest -q"], sandbox=NoSandbox(),
+    )  # fmt: skip
+    try:
+        result = await run_loop(
+            chat, model="stand-in", messages=messages, box=box, max_turns=10, budget=None
+        )
+    finally:
+        await client.aclose()
+    return result, box
+
+
+@pytest.fixture
+def calc_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A scratch tree with a test of `src/calc.py`, which does not exist yet."""
+    tree = tmp_path / "tree"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "tests" / "test_calc.py").write_text(CALC_TEST)
+    (tmp_path / "home").mkdir()
+    # `python` in the command is this interpreter (it has pytest), as on a runner's PATH.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return tree
+
+
+async def test_a_scenario_scripts_a_fix_a_test_run_and_done_through_the_real_loop(
+    calc_tree: Path,
+) -> None:
+    app = create_app(scenario=read_scenario(FIX_SCENARIO))
+    result, _ = await _agent_loop(app, calc_tree, [{"role": "user", "content": "fix it"}])
+    assert (calc_tree / "src" / "calc.py").read_text() == CALC
+    assert (result.text, result.turns, result.tool_errors) == ("done: the test passes", 3, 0)
+    ran = next(e for e in result.transcript if e.get("name") == "run")
+    assert ran["ok"]
+    assert "1 passed" in ran["content"]
+    assert app.state.turns == ["write", "test", "done"]
+    log = app.state.asked
+    assert [(a["turn"], a["turn_index"]) for a in log] == [("write", 0), ("test", 1), ("done", 2)]
+    assert [a["messages"] for a in log] == [1, 3, 5]  # user; + call and result, twice
+
+
+async def test_the_call_log_shows_a_resumed_loop_not_asking_again_for_done_turns(
+    calc_tree: Path,
+) -> None:
+    first = create_app(scenario=read_scenario(FIX_SCENARIO))
+    done, _ = await _agent_loop(first, calc_tree, [{"role": "user", "content": "fix it"}])
+    # A resumed attempt starts from the checkpointed conversation after turn 1 (the write).
+    after_write = _messages_through_turn(done.transcript, 1)
+    (calc_tree / "src" / "calc.py").unlink()
+    again = create_app(scenario=read_scenario(FIX_SCENARIO))
+    resumed, _ = await _agent_loop(again, calc_tree, after_write)
+    assert resumed.text == "done: the test passes"
+    assert [a["turn_index"] for a in again.state.asked] == [1, 2]
+    assert "write" not in again.state.turns
+    # Its first request is the very one the first attempt sent for turn 1 (the next differs
+    # by the test run's timing in the tool result).
+    assert again.state.asked[0]["digest"] == first.state.asked[1]["digest"]
+
+
+def _messages_through_turn(transcript: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
+    """The request messages of a transcript up to the tool results of assistant turn `turn`,
+    rebuilt as a checkpoint's transcript would hold them."""
+    out: list[dict[str, Any]] = []
+    seen = 0
+    for entry in transcript:
+        if entry["role"] == "assistant":
+            seen += 1
+            if seen > turn:
+                break
+            calls = [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in entry["tool_calls"]
+            ]  # fmt: skip
+            out.append({"role": "assistant", "content": entry["content"] or None,
+                        "tool_calls": calls})  # fmt: skip
+        elif entry["role"] == "tool":
+            out.append(
+                {"role": "tool", "tool_call_id": entry["tool_call_id"], "content": entry["content"]}
+            )
+        else:
+            out.append({"role": entry["role"], "content": entry["content"]})
+    return out
+
+
+async def test_a_turn_holds_its_first_answers_then_answers_at_once(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holds: list[float] = []
+
+    async def record(seconds: float) -> None:
+        holds.append(seconds)
+
+    monkeypatch.setattr(anyio, "sleep", record)  # the stand-in's hold, not the test's
+    scenario = {"turns": [{"name": "slow", "text": "ok", "hold_s": 30, "holds": 1}]}
+    assert (await http.post("/_admin/scenario", json=scenario)).status_code == 200
+    for _ in range(2):
+        assert (await chat(http)).json()["choices"][0]["message"]["content"] == "ok"
+    assert holds == [30.0]  # the second request (a resumed attempt) is not held
+    asked = (await http.get("/_admin/stats")).json()["asked"]
+    assert [a["hold_s"] for a in asked] == [30.0, 0.0]
+    # A new script starts counting holds again; without `holds`, every answer is held.
+    scenario["turns"][0].pop("holds")
+    assert (await http.post("/_admin/scenario", json=scenario)).status_code == 200
+    for _ in range(2):
+        await chat(http)
+    assert holds == [30.0, 30.0, 30.0]
+
+
+async def test_a_request_killed_while_held_is_in_the_log_unanswered(
+    http: httpx.AsyncClient,
+) -> None:
+    scenario = {"turns": [{"name": "blocked", "assistant_turns": 0, "text": "x", "hold_s": 3600}]}
+    assert (await http.post("/_admin/scenario", json=scenario)).status_code == 200
+    with anyio.move_on_after(0.3) as scope:
+        await chat(http)
+    assert scope.cancelled_caught
+    stats = (await http.get("/_admin/stats")).json()
+    assert [(a["turn"], a["turn_index"], a["hold_s"]) for a in stats["asked"]] == [
+        ("blocked", 0, 3600.0)
+    ]
+    assert stats["turns"] == []  # asked, never answered
+
+
+@pytest.mark.parametrize(
+    ("turn", "words"),
+    [
+        ({"hold_s": -1}, "$.turns[0].hold_s"),
+        ({"hold_s": 90_000}, "$.turns[0].hold_s"),
+        ({"hold_s": 1, "holds": 0}, "$.turns[0].holds"),
+    ],
+)
+def test_a_bad_hold_is_refused(turn: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        read_scenario({"turns": [{"name": "t", "text": "x", **turn}]})
