@@ -10,6 +10,7 @@ error), or an async callable that decides.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from collections import defaultdict
@@ -107,7 +108,9 @@ def make_lease(
     renew_every_s: float = 0.05,
     outputs: list[dict[str, Any]] | None = None,
     payload_hash: str | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
+    """A lease as a claim reply carries it; `extra` adds fields (`repository`, `resume`)."""
     if payload is None:
         payload = {"messages": [{"role": "user", "content": f"do {step_id}"}]}
     return {
@@ -122,6 +125,7 @@ def make_lease(
         "ttl_s": ttl_s,
         "renew_every_s": renew_every_s,
         "outputs": outputs or [],
+        **extra,
     }
 
 
@@ -143,6 +147,9 @@ class FakeSupervisor:
         self.batches: list[httpx.Request] = []  # requests to the batch results route
         self.batch_route_missing = False  # answer it 404, like a supervisor without it
         self.batch_gate: anyio.Event | None = None
+        self.budget_exhausted = False  # renew replies say the tenant's budget is spent
+        self.checkpoints: dict[str, list[dict[str, Any]]] = defaultdict(list)  # accepted
+        self.artifacts: dict[str, bytes] = {}
         self._changed = anyio.Event()
 
     # -- test controls ---------------------------------------------------------------------
@@ -180,11 +187,13 @@ class FakeSupervisor:
         if request.url.path == "/v1/steps/results":
             return await self._results(request)
         parts = request.url.path.strip("/").split("/")
+        if parts[1] == "artifacts":
+            return await self._artifact(request, parts[2])
         kind = {
             "claim": "claim", "renew": "renew", "release": "release", "result": "result",
-            "runner": "whoami",
+            "runner": "whoami", "checkpoint": "checkpoint",
         }.get(parts[-1], "other")  # fmt: skip
-        step_id = parts[2] if kind in ("renew", "release", "result") else None
+        step_id = parts[2] if kind in ("renew", "release", "result", "checkpoint") else None
         body = json.loads(request.content) if request.content else None
         self.calls.append(
             Call(kind, request.url.path, body, dict(request.headers), anyio.current_time(), step_id)
@@ -194,6 +203,33 @@ class FakeSupervisor:
             return await self._answer(kind, request, body, step_id)
         finally:
             self._poke()
+
+    async def _artifact(self, request: httpx.Request, digest: str) -> httpx.Response:
+        """The artifact store: PUT keeps bytes under their sha256, GET returns them; scripts
+        of kind `artifact` answer first."""
+        self.calls.append(
+            Call("artifact", request.url.path, None, dict(request.headers), anyio.current_time())
+        )
+        self._poke()
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if self.scripts["artifact"]:
+            scripted = self.scripts["artifact"].pop(0)
+            if isinstance(scripted, httpx.Response):
+                return scripted
+            if isinstance(scripted, BaseException):
+                raise scripted
+            return await scripted(request)
+        if request.method == "PUT":
+            if hashlib.sha256(request.content).hexdigest() != digest:
+                return error(422, "digest_mismatch", "the bytes hash to another digest")
+            created = digest not in self.artifacts
+            self.artifacts[digest] = request.content
+            size = len(request.content)
+            return json_response(200, {"digest": digest, "size": size, "created": created})
+        if digest not in self.artifacts:
+            return error(404, "not_found", f"no artifact {digest}")
+        return httpx.Response(200, content=self.artifacts[digest])
 
     async def _results(self, request: httpx.Request) -> httpx.Response:
         """The batch route as the single route once per result: each result is recorded as a
@@ -252,8 +288,12 @@ class FakeSupervisor:
                     "ttl_s": 0.0 if cancelled else lease["ttl_s"],
                     "renew_every_s": lease["renew_every_s"],
                     "cancelled": cancelled,
+                    "budget_exhausted": self.budget_exhausted,
                 },
             )
+        if kind == "checkpoint":
+            self.checkpoints[step_id].append(body)
+            return json_response(200, {"turn": body["turn"]})
         if kind == "release":
             self.fences[step_id] = -1
             if body["retryable"] and self.requeue_released:
