@@ -1,0 +1,254 @@
+"""The v1 API's routes, each declared once: method, path, who may call it, the record it reads,
+the records it answers with per status, and the error codes it can send.
+
+`supervisor.api.openapi` builds the OpenAPI document from these declarations and the records'
+JSON Schemas; tests/test_openapi.py holds the app's routes to them, and runs schemathesis
+against a live supervisor to hold its answers to the document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Final
+
+from supervisor.api import answers as a
+from supervisor.ledger import Role, TaskState
+from supervisor.ledger.views import PAGE_MAX
+from tether import messages as m
+from tether.wire import ErrorCode
+
+E = ErrorCode
+
+
+@dataclasses.dataclass(frozen=True)
+class Raw:
+    """A body that is not a record: bytes of `media_type`, described by `schema`."""
+
+    media_type: str
+    schema: Mapping[str, Any]
+
+
+BYTES: Final = Raw("application/octet-stream", {"type": "string", "format": "binary"})
+PROMETHEUS_TEXT: Final = Raw("text/plain", {"type": "string"})
+OPENAPI_JSON: Final = Raw("application/json", {"type": "object"})
+
+Body = type[m.Record] | Raw
+# A status's answer: a record, raw bytes, or None for no body at all (204).
+Answer = Body | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Param:
+    """A path or query parameter; `bound_by` names the `SupervisorSettings` field that is its
+    maximum, when a setting is."""
+
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+    bound_by: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Operation:
+    """One route of the API. `roles` empty: no token needed. `errors` are the codes particular
+    to the route; `codes` adds the ones its token, body and the server itself can send."""
+
+    method: str
+    path: str
+    name: str
+    summary: str
+    tag: str
+    roles: tuple[Role, ...]
+    body: Body | None = None
+    answers: Mapping[int, Answer]
+    errors: tuple[ErrorCode, ...] = ()
+    params: tuple[Param, ...] = ()
+    query: tuple[Param, ...] = ()
+
+    @property
+    def codes(self) -> tuple[ErrorCode, ...]:
+        """Every error code the route can send, in `ErrorCode`'s order."""
+        found = {*self.errors, E.INTERNAL}
+        if self.roles:  # authentication reads the ledger
+            found |= {E.UNAUTHORIZED, E.FORBIDDEN, E.UNAVAILABLE}
+        if isinstance(self.body, type):
+            found |= {E.BAD_REQUEST, E.MALFORMED_JSON, E.BODY_TOO_LARGE, E.INVALID_FIELD}
+        return tuple(code for code in ErrorCode if code in found)
+
+
+OPERATOR: Final = (Role.OPERATOR,)
+RUNNER: Final = (Role.RUNNER,)
+PUBLIC: Final[tuple[Role, ...]] = ()
+
+
+def _id(name: str, what: str) -> Param:
+    return Param(name=name, description=what, schema={"type": "string", "minLength": 1})
+
+
+TASK_ID: Final = _id("task_id", "The task's id.")
+STEP_ID: Final = _id("step_id", "The step's id (a lease's `step_id`).")
+DIGEST: Final = Param(
+    name="digest",
+    description="The sha256 of the artifact's bytes, 64 lowercase hex digits.",
+    schema={"type": "string", "pattern": "^[0-9a-f]{64}$"},
+)
+REPOSITORY: Final = Param(
+    name="name",
+    description="The repository's name, as the tenant registered it.",
+    schema={"type": "string", "minLength": 1, "maxLength": 200},
+)
+
+_TASK_WRITE: Final = (E.NOT_FOUND, E.INVALID_TRANSITION, E.TERMINAL)
+_LEASE_WRITE: Final = (E.NOT_FOUND, E.STALE_FENCE)
+
+OPERATIONS: Final[tuple[Operation, ...]] = (
+    # -- operator (docs/design.md, Operator API)
+    Operation(
+        method="POST", path="/v1/tasks", name="create_task", tag="operator", roles=OPERATOR,
+        summary="Create a task from its plan (201), or find the one this key created (200).",
+        body=m.TaskCreate, answers={201: a.TaskDetail, 200: a.TaskDetail},
+        errors=(E.IDEMPOTENCY_CONFLICT, E.FORBIDDEN),
+    ),
+    Operation(
+        method="GET", path="/v1/tasks", name="list_tasks", tag="operator", roles=OPERATOR,
+        summary="The tenant's tasks, newest first, a page at a time.",
+        answers={200: a.TaskListing}, errors=(E.INVALID_FIELD,),
+        query=(
+            Param(name="state", description="Only tasks in this state.",
+                  schema={"type": "string", "enum": [s.value for s in TaskState]}),
+            Param(name="cursor", description="The `next` of the previous page.",
+                  schema={"type": "string", "pattern": "^[0-9]{1,18}$"}),
+            Param(name="limit", description="Tasks per page.",
+                  schema={"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "default": 50}),
+        ),
+    ),
+    Operation(
+        method="GET", path="/v1/tasks/{task_id}", name="get_task", tag="operator",
+        roles=OPERATOR, summary="A task with its steps, attempts, rejections and budget.",
+        answers={200: a.TaskDetail}, errors=(E.NOT_FOUND,), params=(TASK_ID,),
+    ),
+    Operation(
+        method="POST", path="/v1/tasks/{task_id}/approve", name="approve", tag="operator",
+        roles=OPERATOR, summary="Approve the plan by its hash (and the base commit it binds).",
+        body=m.Approval, answers={200: a.TaskDetail},
+        errors=(*_TASK_WRITE, E.PLAN_MISMATCH, E.STALE_BASE), params=(TASK_ID,),
+    ),
+    Operation(
+        method="POST", path="/v1/tasks/{task_id}/cancel", name="cancel", tag="operator",
+        roles=OPERATOR, summary="Cancel a task that has not ended.",
+        body=m.Cancel, answers={200: a.TaskDetail}, errors=_TASK_WRITE, params=(TASK_ID,),
+    ),
+    Operation(
+        method="GET", path="/v1/tasks/{task_id}/events", name="events", tag="operator",
+        roles=OPERATOR, summary="The task's events after `after`, waiting up to `wait` s for one.",
+        answers={200: a.Events}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
+        query=(
+            Param(name="after", description="The last `seq` already seen.",
+                  schema={"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0}),
+            Param(name="wait", description="Seconds to wait for the first event.",
+                  schema={"type": "number", "minimum": 0, "default": 0},
+                  bound_by="events_wait_max_s"),
+        ),
+    ),
+    Operation(
+        method="GET", path="/v1/tasks/{task_id}/review", name="review", tag="operator",
+        roles=OPERATOR, summary="The task's review record: expectations and observations.",
+        answers={200: a.ReviewRecord}, errors=(E.NOT_FOUND,), params=(TASK_ID,),
+    ),
+    Operation(
+        method="POST", path="/v1/tasks/{task_id}/review", name="record_review", tag="operator",
+        roles=OPERATOR, summary="Record the reviewer's decision on an ended task.",
+        body=m.ReviewDecision, answers={200: a.ReviewRecord},
+        errors=(E.NOT_FOUND, E.INVALID_TRANSITION), params=(TASK_ID,),
+    ),
+    Operation(
+        method="PUT", path="/v1/repositories/{name}/head", name="repository_head",
+        tag="operator", roles=OPERATOR,
+        summary="Report the commit a repository's head is now at (a forge webhook's news).",
+        body=m.RepositoryHead, answers={200: a.HeadMoved}, params=(REPOSITORY,),
+    ),
+    Operation(
+        method="GET", path="/v1/pools", name="pools", tag="operator", roles=OPERATOR,
+        summary="The queues and recent runners of the pools the tenant may use.",
+        answers={200: m.PoolsAnswer},
+    ),
+    Operation(
+        method="GET", path="/v1/budget", name="budget", tag="operator", roles=OPERATOR,
+        summary="The tenant's tokens spent, budget and what is left.",
+        answers={200: m.Budget}, errors=(E.NOT_FOUND,),
+    ),
+    # -- runner (docs/design.md, Runner API)
+    Operation(
+        method="GET", path="/v1/runner", name="whoami", tag="runner", roles=RUNNER,
+        summary="The pool and token id behind the caller's runner token.",
+        answers={200: m.RunnerIdentity},
+    ),
+    Operation(
+        method="POST", path="/v1/leases/claim", name="claim", tag="runner", roles=RUNNER,
+        summary="Leases on queued steps of the runner's pool, waiting up to `wait_s` for one.",
+        body=m.ClaimRequest, answers={200: m.ClaimAnswer, 204: None},
+    ),
+    Operation(
+        method="POST", path="/v1/leases/{step_id}/renew", name="renew", tag="runner",
+        roles=RUNNER, summary="Extend a lease under its fence.",
+        body=m.RenewRequest, answers={200: m.Renewal}, errors=_LEASE_WRITE, params=(STEP_ID,),
+    ),
+    Operation(
+        method="POST", path="/v1/leases/{step_id}/release", name="release", tag="runner",
+        roles=RUNNER, summary="Hand a lease back, with the tokens the attempt spent.",
+        body=m.ReleaseRequest, answers={200: m.Released}, errors=_LEASE_WRITE,
+        params=(STEP_ID,),
+    ),
+    Operation(
+        method="POST", path="/v1/steps/{step_id}/result", name="result", tag="runner",
+        roles=RUNNER, summary="Report a step's output under the fence that made it.",
+        body=m.Result, answers={200: m.ResultAnswer},
+        errors=(*_LEASE_WRITE, E.PAYLOAD_DRIFT, E.TERMINAL), params=(STEP_ID,),
+    ),
+    Operation(
+        method="POST", path="/v1/steps/results", name="results", tag="runner", roles=RUNNER,
+        summary="Report many steps' results at once; each item gets its own answer.",
+        body=m.Results, answers={200: m.ResultsAnswer},
+    ),
+    Operation(
+        method="PUT", path="/v1/steps/{step_id}/checkpoint", name="checkpoint", tag="runner",
+        roles=RUNNER, summary="Record an agent step's state after its completed turns.",
+        body=m.Checkpoint, answers={200: m.Checkpointed},
+        errors=(*_LEASE_WRITE, E.TERMINAL), params=(STEP_ID,),
+    ),
+    # -- artifacts (docs/design.md, Artifacts)
+    Operation(
+        method="PUT", path="/v1/artifacts/{digest}", name="put_artifact", tag="artifacts",
+        roles=(Role.RUNNER, Role.OPERATOR),
+        summary="Store bytes under their sha256 (never overwritten).",
+        body=BYTES, answers={200: m.ArtifactStored},
+        errors=(E.BAD_REQUEST, E.BODY_TOO_LARGE, E.INVALID_FIELD, E.DIGEST_MISMATCH),
+        params=(DIGEST,),
+    ),
+    Operation(
+        method="GET", path="/v1/artifacts/{digest}", name="get_artifact", tag="artifacts",
+        roles=(Role.OPERATOR, Role.RUNNER),
+        summary="The bytes of an artifact the caller's tenant or pool may see.",
+        answers={200: BYTES}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(DIGEST,),
+    ),
+    # -- health (docs/design.md, Health and metrics) and this contract
+    Operation(
+        method="GET", path="/healthz", name="healthz", tag="health", roles=PUBLIC,
+        summary="Alive: the process answers and its ledger is open.",
+        answers={200: a.Alive}, errors=(E.UNAVAILABLE,),
+    ),
+    Operation(
+        method="GET", path="/readyz", name="readyz", tag="health", roles=PUBLIC,
+        summary="Ready: the ledger can be read.", answers={200: a.Ready}, errors=(E.UNAVAILABLE,),
+    ),
+    Operation(
+        method="GET", path="/metrics", name="metrics", tag="health", roles=PUBLIC,
+        summary="Prometheus text: leases, commits, refusals, queues, budgets.",
+        answers={200: PROMETHEUS_TEXT}, errors=(E.UNAVAILABLE,),
+    ),
+    Operation(
+        method="GET", path="/v1/openapi.json", name="openapi", tag="contract", roles=PUBLIC,
+        summary="This document.", answers={200: OPENAPI_JSON},
+    ),
+)  # fmt: skip

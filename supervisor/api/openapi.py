@@ -1,0 +1,146 @@
+"""The OpenAPI 3.1 document of the v1 API, built from the routes' declarations
+(`supervisor.api.contract`) and their records' JSON Schemas, and served at
+`GET /v1/openapi.json` without a token: it is the contract, it holds no data."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections import defaultdict
+from http import HTTPStatus
+from typing import Any, Final
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from supervisor.api.contract import OPERATIONS, Answer, Body, Operation, Param, Raw
+from supervisor.settings import SupervisorSettings
+from tether.messages import ErrorBody, Record
+from tether.wire import ERRORS, ErrorCode
+
+PATH: Final = "/v1/openapi.json"
+DIALECT: Final = "https://spec.openapis.org/oas/3.1/dialect/base"
+REF: Final = "#/components/schemas/{name}"
+BEARER: Final = "bearer"
+
+
+def _records(operations: tuple[Operation, ...]) -> list[type[Record]]:
+    """Every record the operations read or answer with, ErrorBody first, each once."""
+    found: dict[type[Record], None] = {ErrorBody: None}
+    for op in operations:
+        for body in (op.body, *op.answers.values()):
+            if isinstance(body, type):
+                found[body] = None
+    return list(found)
+
+
+class _Builder:
+    """One document's state: each record's `$ref`, and the settings that bound parameters."""
+
+    def __init__(self, refs: dict[type[Record], Any], settings: SupervisorSettings) -> None:
+        self._refs = refs
+        self._settings = settings
+
+    def _schema(self, body: Body) -> Any:
+        return dict(body.schema) if isinstance(body, Raw) else self._refs[body]
+
+    def _media(self, body: Body) -> dict[str, Any]:
+        media = body.media_type if isinstance(body, Raw) else "application/json"
+        return {media: {"schema": self._schema(body)}}
+
+    def _param(self, param: Param, where: str) -> dict[str, Any]:
+        schema = dict(param.schema)
+        if param.bound_by is not None:
+            schema["maximum"] = getattr(self._settings, param.bound_by)
+        return {
+            "name": param.name, "in": where, "required": where == "path",
+            "description": param.description, "schema": schema,
+        }  # fmt: skip
+
+    def _answer(self, status: int, answer: Answer) -> dict[str, Any]:
+        described: dict[str, Any] = {"description": HTTPStatus(status).phrase}
+        if answer is not None:
+            described["content"] = self._media(answer)
+        return described
+
+    def _errors(self, codes: tuple[ErrorCode, ...]) -> dict[str, dict[str, Any]]:
+        by_status: defaultdict[int, list[str]] = defaultdict(list)
+        for code in codes:
+            by_status[ERRORS[code].status].append(code.value)
+        return {
+            str(status): {
+                "description": f"{HTTPStatus(status).phrase}: {', '.join(named)}",
+                "content": {"application/json": {"schema": {"allOf": [
+                    self._refs[ErrorBody],
+                    {"type": "object", "properties": {"error": {"enum": named}}},
+                ]}}},
+            }
+            for status, named in sorted(by_status.items())
+        }  # fmt: skip
+
+    def operation(self, op: Operation) -> dict[str, Any]:
+        errors = self._errors(op.codes)
+        clash = set(errors) & {str(status) for status in op.answers}
+        if clash:
+            raise ValueError(
+                f"{op.method} {op.path}: status {clash} is both an answer and an error"
+            )
+        described: dict[str, Any] = {
+            "operationId": op.name,
+            "summary": op.summary,
+            "tags": [op.tag],
+            "security": [{BEARER: []}] if op.roles else [],
+            "x-tether-roles": [role.value for role in op.roles],
+            "responses": {
+                **{str(s): self._answer(s, answer) for s, answer in sorted(op.answers.items())},
+                **errors,
+            },
+        }
+        params = [self._param(p, "path") for p in op.params]
+        params += [self._param(p, "query") for p in op.query]
+        if params:
+            described["parameters"] = params
+        if op.body is not None:
+            described["requestBody"] = {"required": True, "content": self._media(op.body)}
+        return described
+
+
+def document(
+    settings: SupervisorSettings, operations: tuple[Operation, ...] = OPERATIONS
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `operations`, with the limits `settings` set."""
+    records = _records(operations)
+    refs, schemas = msgspec.json.schema_components(records, ref_template=REF)
+    builder = _Builder(dict(zip(records, refs, strict=True)), settings)
+    paths: defaultdict[str, dict[str, Any]] = defaultdict(dict)
+    for op in operations:
+        paths[op.path][op.method.lower()] = builder.operation(op)
+    return {
+        "openapi": "3.1.0",
+        "jsonSchemaDialect": DIALECT,
+        "info": {
+            "title": "tether supervisor",
+            "version": importlib.metadata.version("tether"),
+            "description": "Wire protocol v1 (docs/design.md, Wire protocol v1). Every error is"
+            ' `{"error": CODE, "detail": TEXT}`; each status lists the codes it can carry.',
+        },
+        "paths": dict(paths),
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {BEARER: {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+async def openapi_json(request: Request) -> Response:
+    """The document for this supervisor's settings, built once per app."""
+    state = request.app.state
+    built: bytes | None = getattr(state, "openapi_json", None)
+    if built is None:
+        built = msgspec.json.encode(document(state.settings))
+        state.openapi_json = built
+    return Response(built, media_type="application/json")
+
+
+ROUTES = [Route(PATH, openapi_json, methods=["GET"])]

@@ -1,0 +1,155 @@
+"""The OpenAPI document (`supervisor.api.openapi`): the app's routes and the declarations agree,
+the document is valid OpenAPI 3.1 built from the records' own schemas, each status lists only
+its own error codes, and it is served without a token. (tests/test_openapi_live.py runs
+schemathesis against a live supervisor.)"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema_rs
+import msgspec
+import pytest
+from schemathesis.specs.openapi.definitions import OPENAPI_31
+
+from supervisor.api import create_app, openapi
+from supervisor.api.contract import OPERATIONS, Operation, Raw
+from supervisor.ledger import Role
+from supervisor.settings import SupervisorSettings
+from tests.conftest import ApiHarness
+from tether import messages
+from tether.wire import ERRORS, ErrorCode
+
+
+@pytest.fixture
+def doc(tmp_path: Path) -> dict[str, Any]:
+    built = openapi.document(SupervisorSettings(db=tmp_path / "x.db", events_wait_max_s=7.5))
+    loaded: dict[str, Any] = json.loads(msgspec.json.encode(built))
+    return loaded
+
+
+def _served(tmp_path: Path) -> set[tuple[str, str]]:
+    app = create_app(SupervisorSettings(db=tmp_path / "routes.db"))
+    app.router.routes.extend(openapi.ROUTES)  # the lead adds them to create_app
+    return {
+        (method, route.path)
+        for route in app.routes
+        for method in getattr(route, "methods", None) or ()
+        if method != "HEAD"  # Starlette answers HEAD wherever it answers GET
+    }
+
+
+def test_the_app_serves_every_declared_route_and_declares_every_route_it_serves(
+    tmp_path: Path,
+) -> None:
+    served = _served(tmp_path)
+    declared = {(op.method, op.path) for op in OPERATIONS}
+    assert len(declared) == len(OPERATIONS), "a route is declared twice"
+    undeclared = sorted(served - declared)
+    absent = sorted(declared - served)
+    mismatch = {
+        "served but not declared in supervisor/api/contract.py": undeclared,
+        "declared but not served by create_app": absent,
+    }
+    assert mismatch == {k: [] for k in mismatch}, mismatch
+
+
+def test_the_document_is_valid_openapi_3_1(doc: dict[str, Any]) -> None:
+    assert doc["openapi"] == "3.1.0"
+    assert doc["jsonSchemaDialect"] == "https://spec.openapis.org/oas/3.1/dialect/base"
+    problems = [str(e) for e in jsonschema_rs.Draft202012Validator(OPENAPI_31).iter_errors(doc)]
+    assert not problems, problems
+    refs = set(re.findall(r'"#/components/schemas/([^"]+)"', json.dumps(doc)))
+    assert refs
+    assert refs <= set(doc["components"]["schemas"]), "a $ref names no schema"
+
+
+def test_a_broken_document_is_refused_by_the_same_validation(doc: dict[str, Any]) -> None:
+    """The validation above can fail: an operation whose answer has no description."""
+    doc["paths"]["/v1/pools"]["get"]["responses"]["200"] = {}
+    assert list(jsonschema_rs.Draft202012Validator(OPENAPI_31).iter_errors(doc))
+
+
+def _op(doc: dict[str, Any], op: Operation) -> dict[str, Any]:
+    described: dict[str, Any] = doc["paths"][op.path][op.method.lower()]
+    return described
+
+
+@pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: f"{op.method} {op.path}")
+def test_each_operation_states_its_token_body_parameters_and_answers(
+    doc: dict[str, Any], op: Operation
+) -> None:
+    described = _op(doc, op)
+    assert described["operationId"] == op.name
+    assert described["security"] == ([{"bearer": []}] if op.roles else [])
+    assert described["x-tether-roles"] == [r.value for r in op.roles]
+    named = set(re.findall(r"{(\w+)}", op.path))
+    params = described.get("parameters", [])
+    assert {p["name"] for p in params if p["in"] == "path"} == named
+    assert all(p["required"] for p in params if p["in"] == "path")
+    if isinstance(op.body, type):
+        content = described["requestBody"]["content"]["application/json"]
+        assert content["schema"] == {"$ref": f"#/components/schemas/{op.body.__name__}"}
+    statuses = {int(s) for s in described["responses"]}
+    assert set(op.answers) <= statuses
+    if op.roles:
+        assert {401, 403} <= statuses
+
+
+def test_each_error_status_lists_exactly_the_codes_of_that_status(doc: dict[str, Any]) -> None:
+    for op in OPERATIONS:
+        described = _op(doc, op)
+        listed: list[str] = []
+        for status, answer in described["responses"].items():
+            schema = answer.get("content", {}).get("application/json", {}).get("schema", {})
+            if "allOf" not in schema:
+                continue
+            assert schema["allOf"][0] == {"$ref": "#/components/schemas/ErrorBody"}
+            codes = schema["allOf"][1]["properties"]["error"]["enum"]
+            assert all(ERRORS[ErrorCode(c)].status == int(status) for c in codes), (op, codes)
+            listed += codes
+        assert sorted(listed) == sorted(c.value for c in op.codes), op.path
+
+
+def test_routes_with_a_body_or_a_token_list_the_refusals_those_bring() -> None:
+    claim = next(op for op in OPERATIONS if op.path == "/v1/leases/claim")
+    assert {ErrorCode.MALFORMED_JSON, ErrorCode.INVALID_FIELD, ErrorCode.UNAUTHORIZED} <= set(
+        claim.codes
+    )
+    healthz = next(op for op in OPERATIONS if op.path == "/healthz")
+    assert ErrorCode.UNAUTHORIZED not in healthz.codes
+    assert ErrorCode.MALFORMED_JSON not in healthz.codes
+
+
+def test_the_schemas_are_the_records_own(doc: dict[str, Any]) -> None:
+    """One source: each component is exactly what msgspec says of the record."""
+    records = [messages.Lease, messages.TaskCreate, messages.Result, messages.ErrorBody]
+    _, own = msgspec.json.schema_components(records, ref_template=openapi.REF)
+    for name, schema in own.items():
+        assert doc["components"]["schemas"][name] == json.loads(msgspec.json.encode(schema))
+
+
+def test_a_setting_that_bounds_a_parameter_is_its_maximum(doc: dict[str, Any]) -> None:
+    events = doc["paths"]["/v1/tasks/{task_id}/events"]["get"]["parameters"]
+    assert next(p for p in events if p["name"] == "wait")["schema"]["maximum"] == 7.5
+
+
+def test_the_artifact_upload_is_raw_bytes() -> None:
+    put = next(op for op in OPERATIONS if op.method == "PUT" and "artifacts" in op.path)
+    assert put.roles == (Role.RUNNER, Role.OPERATOR)
+    assert isinstance(put.body, Raw)
+    assert put.body.media_type == "application/octet-stream"
+
+
+async def test_the_document_is_served_without_a_token(api: ApiHarness) -> None:
+    api.app.router.routes.extend(openapi.ROUTES)  # the lead adds them to create_app
+    response = await api.client.get(openapi.PATH)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    expected = json.loads(msgspec.json.encode(openapi.document(api.app.state.settings)))
+    assert response.json() == expected
+    again = await api.client.get(openapi.PATH)
+    assert again.content == response.content
