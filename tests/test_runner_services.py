@@ -27,6 +27,7 @@ from runner.kinds import KindRegistry, StepContext, StepOutput
 from runner.lease import Lease
 from runner.services import CHUNK_BYTES, SupervisorServices
 from runner.supervisor_client import SupervisorClient
+from tests.conftest import ApiHarness
 from tests.test_runner_fakes import (
     TOKEN,
     FakeSupervisor,
@@ -483,3 +484,54 @@ async def test_a_checkpoint_refused_as_stale_drops_the_step_without_a_word_more(
     assert [s.outcome for s in rig.runner.recent_steps] == ["dropped: stale_fence"]
     assert sup.of("release") == []
     assert sup.of("result") == []
+
+
+# -- against a real supervisor app -------------------------------------------------------------
+
+
+def real_services(api: ApiHarness, lease: dict[str, Any]) -> SupervisorServices:
+    """Services for `lease` over the app's own routes, with the runner's token."""
+    client = SupervisorClient(
+        base_url="http://supervisor.test",
+        token=api.secrets["runner"],
+        clock=VirtualClock(),
+        transport=httpx.ASGITransport(app=api.app),
+    )
+    return SupervisorServices(client, held(lease), clock=VirtualClock())
+
+
+async def test_the_real_store_takes_an_upload_and_gives_it_back_checked(
+    api: ApiHarness, tmp_path: Path
+) -> None:
+    await api.queued()
+    (lease,) = await api.claim()
+    svc = real_services(api, lease)
+    bundle = tmp_path / "work.bundle"
+    bundle.write_bytes(b"# v2 git bundle\n" + bytes(range(256)) * 300)
+
+    digest = await svc.upload(bundle)
+    into = tmp_path / "copy.bundle"
+    await svc.download(digest, into)
+
+    assert digest == hashlib.sha256(bundle.read_bytes()).hexdigest()
+    assert into.read_bytes() == bundle.read_bytes()
+    with pytest.raises(ArtifactRefused) as unknown:
+        await svc.download("0" * 64, tmp_path / "nothing")
+    assert (unknown.value.status, unknown.value.code) == (404, "not_found")
+
+
+async def test_the_real_supervisor_takes_a_checkpoint_and_refuses_a_stale_one(
+    api: ApiHarness,
+) -> None:
+    await api.queued()
+    (lease,) = await api.claim()
+    svc = real_services(api, lease)
+    transcript = await svc.upload(b'[{"role": "user", "content": "fix the test"}]')
+    turn = Checkpoint(fence=lease["fence"], turn=1, transcript=transcript)
+    await svc.checkpoint(turn)
+    assert svc.checkpoints == 1
+
+    stale = real_services(api, dict(lease, fence=lease["fence"] - 1))
+    with pytest.raises(LeaseLost) as lost:
+        await stale.checkpoint(Checkpoint(fence=lease["fence"] - 1, turn=2, transcript=transcript))
+    assert lost.value.because is LostBecause.STALE_FENCE
