@@ -14,6 +14,7 @@ import jsonschema_rs
 import msgspec
 import pytest
 from schemathesis.specs.openapi.definitions import OPENAPI_31
+from starlette.routing import Route
 
 from supervisor.api import create_app, openapi
 from supervisor.api.contract import OPERATIONS, Operation, Raw
@@ -34,10 +35,12 @@ def doc(tmp_path: Path) -> dict[str, Any]:
 def _served(tmp_path: Path) -> set[tuple[str, str]]:
     app = create_app(SupervisorSettings(db=tmp_path / "routes.db"))
     app.router.routes.extend(openapi.ROUTES)  # the lead adds them to create_app
+    routes = [route for route in app.routes if isinstance(route, Route)]
+    assert len(routes) == len(app.routes), "a route that is not a Route (a Mount?) is not checked"
     return {
         (method, route.path)
-        for route in app.routes
-        for method in getattr(route, "methods", None) or ()
+        for route in routes
+        for method in route.methods or ()
         if method != "HEAD"  # Starlette answers HEAD wherever it answers GET
     }
 
