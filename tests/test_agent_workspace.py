@@ -60,11 +60,16 @@ async def test_the_candidate_sha_depends_only_on_the_step_and_the_changes(
         async with cache.attempt(url=str(url), base_sha=base, label=label) as ws:
             (ws.tree / "src" / "app.py").write_text("def answer():\n    return 42\n")
             shas.append(await ws.commit(step_id=step_id, paths=["src/"]))
-            who = sh("git", "log", "-1", "--format=%an <%ae>|%cn <%ce>|%ad", "--date=raw",
+            sha = shas[-1]
+            assert sha is not None
+            who = sh("git", "log", "-1", "--format=%an <%ae>|%cn <%ce>|%ad", "--date=raw", sha,
                      cwd=ws.tree).strip()  # fmt: skip
             date = commit_date(step_id).lstrip("@")
             assert who == f"tether <tether@localhost>|tether <tether@localhost>|{date}"
-            assert sh("git", "rev-parse", "HEAD^", cwd=ws.tree).strip() == base
+            assert sh("git", "rev-parse", f"{sha}^", cwd=ws.tree).strip() == base
+            # The commit is made beside the worktree: HEAD and the index the tools see stay.
+            assert sh("git", "rev-parse", "HEAD", cwd=ws.tree).strip() == base
+            assert status(ws.tree) == " M src/app.py\n"
     assert shas[0] is not None
     assert shas[0] == shas[1]  # a replayed attempt with the same changes
     assert shas[2] != shas[0]  # another step
@@ -93,12 +98,14 @@ async def test_the_bundle_gives_another_repository_the_candidate(
         (ws.tree / "src" / "app.py").write_text("def answer():\n    return 42\n")
         candidate = await ws.commit(step_id="b")
         assert candidate is not None
-        bundle = await ws.write_bundle(tmp_path / "candidate.bundle")
+        bundle = await ws.write_bundle(tmp_path / "candidate.bundle", candidate)
     # The supervisor's side: a mirror of its own that has the base, and the bundle.
     other = tmp_path / "supervisor-mirror.git"
     sh("git", "clone", "--quiet", "--bare", str(url), str(other), cwd=tmp_path)
     sh("git", "bundle", "verify", "--quiet", str(bundle), cwd=other)
-    sh("git", "fetch", "--quiet", str(bundle), "HEAD:refs/tether/t/b/1", cwd=other)
+    (head,) = sh("git", "bundle", "list-heads", str(bundle), cwd=other).splitlines()
+    assert head.split()[0] == candidate
+    sh("git", "fetch", "--quiet", str(bundle), f"{head.split()[1]}:refs/tether/t/b/1", cwd=other)
     assert sh("git", "rev-parse", "refs/tether/t/b/1", cwd=other).strip() == candidate
     assert sh("git", "show", f"{candidate}:src/app.py", cwd=other).endswith("return 42\n")
 

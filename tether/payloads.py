@@ -200,26 +200,16 @@ def _check_tool_answers(messages: tuple[ChatMessage, ...]) -> None:
         raise _at("messages", f"tool calls {open_calls} of the last message are not answered")
 
 
-# A commit SHA as git prints it: SHA-1, or SHA-256 for a repository in that format.
-CommitSha = Annotated[str, msgspec.Meta(pattern=r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")]
-
-
-class AgentRepository(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The repository an `agent` step works in: any git remote the runner can read, and the
-    commit its worktree starts at."""
-
-    url: NonEmpty
-    base_sha: CommitSha
-
-
 class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The payload of the built-in `agent` kind: a tool loop over `messages` (runner/agent/loop.py).
 
     `allowed_commands` are the only command lines the `run` tool runs, matched exactly;
-    `allowed_paths` the prefixes the model may write under (all of the workspace when left
-    out, none when empty). `max_tokens_total` is the step's token budget, checked before each
-    model call. Without `repository` the workspace is an empty scratch folder. A key not here
-    is refused, never ignored.
+    `allowed_paths` the prefixes the model may write under in a scratch workspace (all of it
+    when left out, none when empty). A step of a repository-bound task works in the repository
+    its lease carries, under the task's allowed paths, and must not carry its own: the
+    repository is never named in a payload. `max_tokens_total` is the step's token budget (all
+    its attempts' completed turns), checked before each model call. `check_timeout_s` bounds
+    each of the task's checks (600 s when left out). A key not here is refused, never ignored.
     """
 
     messages: Annotated[tuple[ChatMessage, ...], msgspec.Meta(min_length=1)]
@@ -229,7 +219,9 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_tokens_total: Annotated[int, msgspec.Meta(ge=1)] | msgspec.UnsetType = msgspec.UNSET
     allowed_paths: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
     run_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] | msgspec.UnsetType = msgspec.UNSET
-    repository: AgentRepository | msgspec.UnsetType = msgspec.UNSET
+    check_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] | msgspec.UnsetType = (
+        msgspec.UNSET
+    )
 
     def __post_init__(self) -> None:
         _check_tool_answers(self.messages)

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -53,8 +53,10 @@ async def run_command(
     sandbox: Sandbox,
     timeout_s: float,
     output_cap: int,
+    sink: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> CommandOutcome:
-    """Run `argv` in `tree` under `sandbox`; see the module docstring."""
+    """Run `argv` in `tree` under `sandbox`; see the module docstring. `sink`, when given, gets
+    every chunk of the output as it comes (a check's full log)."""
     started = time.monotonic()
     kept = bytearray()
     total = 0
@@ -65,6 +67,8 @@ async def run_command(
             total += len(chunk)
             if len(kept) < output_cap:
                 kept.extend(chunk[: output_cap - len(kept)])
+            if sink is not None:
+                await sink(chunk)
 
     process = await anyio.open_process(
         sandbox.wrap(argv, tree=tree, home=home),

@@ -1,9 +1,10 @@
 """The built-in `agent` step kind: a bounded tool loop (model -> tool calls -> tool results ->
-model ...) in a fresh workspace, ending in a candidate commit and the workspace's removal.
+model ...) in a fresh workspace, each completed turn checkpointed, ending in a candidate commit,
+its bundle and checks, and the workspace's removal (docs/design.md, The agent kind).
 
-The workspace is a worktree at `repository.base_sha` of the payload's `repository`, or, without
-one, an empty scratch folder. Until leases carry what an approval bound (issue 12, item 3), the
-payload is where the repository, its base and the allowed paths come from.
+The workspace is a worktree at the lease's `repository.start_sha`, or, for a step without a
+repository, an empty scratch folder. A lease with a `resume` point continues the loop after the
+turns that point covers.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import secrets
 import shutil
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,14 +26,17 @@ import anyio
 import msgspec
 import structlog
 
+from runner.agent.checkpoints import Checkpointer, Start, resume_start
+from runner.agent.checks import CheckLimits, run_checks
 from runner.agent.paths import normalize_prefix
 from runner.agent.sandbox import Sandbox, detect_sandbox
 from runner.agent.tools import ToolBox, ToolLimits, ToolResult
-from runner.agent.workspace import CleanupRecord, RepoCache, tree_size
+from runner.agent.workspace import CleanupRecord, RepoCache, Workspace, tree_size
 from runner.errors import StepRejected
 from runner.kinds import ChatModel, StepContext, StepOutput
 from runner.model_client import USAGE_KEYS, Completion
 from tether.git import GitError, git
+from tether.messages import CheckRun, LeaseRepository
 from tether.payloads import AgentPayload, ToolCall, plain, read_payload
 
 log = structlog.get_logger(__name__)
@@ -43,6 +47,10 @@ log = structlog.get_logger(__name__)
 TRANSCRIPT_TEXT_MAX = 2_000
 TRANSCRIPT_ENTRIES_MAX = 200
 TRANSCRIPT_CHARS_MAX = 400_000
+
+
+# Called after each completed turn with tool calls: (turn, messages so far, attempt's usage).
+OnTurn = Callable[[int, list[dict[str, Any]], dict[str, int]], Awaitable[None]]
 
 
 class Finish(enum.StrEnum):
@@ -88,12 +96,14 @@ class AgentKind:
         cache_dir: Path | None = None,
         sandbox: Sandbox | None = None,
         limits: ToolLimits | None = None,
+        check_limits: CheckLimits | None = None,
     ) -> None:
         self._cache_dir = cache_dir
         self._cache: RepoCache | None = None
         self._sandbox = sandbox
         self._sandbox_lock = anyio.Lock()
         self.limits = limits or ToolLimits()
+        self.check_limits = check_limits or CheckLimits()
 
     @property
     def cache(self) -> RepoCache:
@@ -117,11 +127,27 @@ class AgentKind:
         limits = self.limits
         if payload.run_timeout_s is not msgspec.UNSET:
             limits = dataclasses.replace(limits, run_timeout_s=payload.run_timeout_s)
-        prefixes = _allowed_prefixes(payload)
+        check_limits = self.check_limits
+        if payload.check_timeout_s is not msgspec.UNSET:
+            check_limits = dataclasses.replace(check_limits, timeout_s=payload.check_timeout_s)
+        repo = ctx.repository
+        prefixes = _allowed_prefixes(payload, repo)
+        # Where snapshots look for changes: None when nothing may be written or no repository.
+        commit_paths = None if repo is None or not prefixes else (
+            () if "" in prefixes else prefixes
+        )  # fmt: skip
         sandbox = await self.sandbox()
         label = f"{ctx.step_id}-{ctx.attempt}"
+        fresh = [m.request() for m in payload.messages]
         candidate: str | None = None
-        async with self._workspace(payload, label) as space:
+        bundle: str | None = None
+        checks: dict[str, CheckRun] = {}
+        async with self._workspace(ctx, label) as space:
+            start = Start(messages=fresh)
+            if ctx.resume is not None and ctx.services is not None:
+                start = await resume_start(
+                    ctx.resume, services=ctx.services, workspace=space, fresh=fresh
+                )
             try:
                 box = ToolBox(
                     space.tree, home=space.home, allowed_paths=prefixes,
@@ -129,63 +155,151 @@ class AgentKind:
                 )  # fmt: skip
             except ValueError as exc:
                 raise StepRejected(f"agent payload: {exc}") from None
+            on_turn = None
+            if ctx.services is not None:
+                on_turn = Checkpointer(
+                    services=ctx.services, fence=ctx.fence, step_id=ctx.step_id,
+                    workspace=space, paths=commit_paths, start=start,
+                )  # fmt: skip
             model = ctx.default_model if payload.model is msgspec.UNSET else payload.model
             budget = payload.max_tokens_total
             result = await run_loop(
                 ctx.chat,
                 model=model,
-                messages=[m.request() for m in payload.messages],
+                messages=start.messages,
                 box=box,
                 max_turns=payload.max_turns,
                 budget=None if budget is msgspec.UNSET else budget,
+                done_turns=start.turn,
+                spent=start.usage,
+                on_turn=on_turn,
             )
-            if payload.repository is not msgspec.UNSET and prefixes:
-                commit_paths = () if "" in prefixes else prefixes
+            if isinstance(space, Workspace) and commit_paths is not None:
                 candidate = await space.commit(step_id=ctx.step_id, paths=commit_paths)
+            if candidate is not None and repo is not None and isinstance(space, Workspace):
+                bundle, checks = await self._deliver(ctx, space, candidate, repo, check_limits)
         cleanup = space.cleanup
-        output: dict[str, Any] = {
-            "text": result.text,
-            "finish": str(result.finish),
-            "turns": result.turns,
-            "usage": result.usage,
-            "tool_calls": result.tool_calls,
-            "tool_errors": result.tool_errors,
-            "tool_refusals": result.tool_refusals,
-            "sandbox": sandbox.name,
-        }
-        if candidate is not None:
-            output["candidate_sha"] = candidate
-        output["cleanup"] = None if cleanup is None else cleanup.as_dict()
-        output["transcript"] = result.transcript
+        output = _output(result, start, sandbox.name, candidate, bundle, checks, cleanup)
         log.info(
             "agent step done", step_id=ctx.step_id, finish=str(result.finish),
             turns=result.turns, tool_calls=result.tool_calls, tool_errors=result.tool_errors,
             candidate_sha=candidate, workspace_gone=cleanup is not None and cleanup.gone,
         )  # fmt: skip
-        return StepOutput(output=output, usage=result.usage, candidate_sha=candidate)
+        return StepOutput(
+            output=output, usage=result.usage, candidate_sha=candidate, bundle=bundle,
+            checks=checks,
+        )  # fmt: skip
+
+    async def _deliver(
+        self,
+        ctx: StepContext,
+        space: Workspace,
+        candidate: str,
+        repo: LeaseRepository,
+        limits: CheckLimits,
+    ) -> tuple[str | None, dict[str, CheckRun]]:
+        """Upload the candidate's bundle (`base..candidate`: it applies to any mirror of the
+        repository, whatever earlier steps it builds on) and run the checks at it."""
+        services = ctx.services
+        if services is None:
+            log.warning("no supervisor behind the step: candidate not uploaded, checks not run")
+            return None, {}
+        path = await space.write_bundle(
+            space.io / "candidate.bundle", candidate, since=repo.base_sha
+        )
+        bundle = await services.upload(path)
+        sandbox = await self.sandbox()
+        checks = await run_checks(
+            space, candidate, repo.checks, sandbox=sandbox, upload=services.upload, limits=limits
+        )
+        return bundle, checks
 
     @asynccontextmanager
-    async def _workspace(self, payload: AgentPayload, label: str) -> AsyncIterator[Space]:
+    async def _workspace(self, ctx: StepContext, label: str) -> AsyncIterator[Space]:
         """The attempt's workspace, removed on the way out (even when cancelled)."""
-        repository = payload.repository
-        if repository is msgspec.UNSET:
+        repo = ctx.repository
+        if repo is None:
             async with scratch_space(self.cache.cache_dir, label) as scratch:
                 yield scratch
             return
+        services, digest = ctx.services, repo.start_bundle
+        fetch_start = None
+        if services is not None and digest is not None:
+
+            async def fetch_start(into: Path) -> None:
+                await services.download(digest, into)
+
         async with self.cache.attempt(
-            url=repository.url, base_sha=repository.base_sha, label=label
-        ) as workspace:
+            url=repo.url, base_sha=repo.base_sha, start_sha=repo.start_sha, label=label,
+            start_bundle=fetch_start,
+        ) as workspace:  # fmt: skip
             yield workspace
 
 
-def _allowed_prefixes(payload: AgentPayload) -> tuple[str, ...]:
-    """The payload's allowed paths, normalised; `("",)` (all of the tree) when left out."""
-    if payload.allowed_paths is msgspec.UNSET:
+def _allowed_prefixes(payload: AgentPayload, repo: LeaseRepository | None) -> tuple[str, ...]:
+    """The allowed paths, normalised: the lease's for a repository (the task's, bound by its
+    approval), else the payload's, `("",)` (all of the tree) when left out."""
+    if repo is not None and payload.allowed_paths is not msgspec.UNSET:
+        raise StepRejected(
+            "agent payload: `allowed_paths` is the task's for a repository-bound step; the"
+            " payload must not carry its own"
+        )
+    if repo is not None:
+        paths: tuple[str, ...] = repo.allowed_paths
+    elif payload.allowed_paths is msgspec.UNSET:
         return ("",)
+    else:
+        paths = payload.allowed_paths
     try:
-        return tuple(normalize_prefix(p) for p in payload.allowed_paths)
+        return tuple(normalize_prefix(p) for p in paths)
     except ValueError as exc:
         raise StepRejected(f"agent payload: {exc}") from None
+
+
+def _output(
+    result: LoopResult,
+    start: Start,
+    sandbox: str,
+    candidate: str | None,
+    bundle: str | None,
+    checks: dict[str, CheckRun],
+    cleanup: CleanupRecord | None,
+) -> dict[str, Any]:
+    """The step's output: what the loop did, where it started from, what it delivered."""
+    output: dict[str, Any] = {
+        "text": result.text,
+        "finish": str(result.finish),
+        "turns": result.turns,
+        "usage": _added(start.usage, result.usage),
+        "tool_calls": result.tool_calls,
+        "tool_errors": result.tool_errors,
+        "tool_refusals": result.tool_refusals,
+        "sandbox": sandbox,
+    }
+    if start.resumed_from is not None:
+        output["resumed_from"] = {
+            "turn": start.resumed_from.turn,
+            "fence": start.resumed_from.fence,
+        }
+        output["attempt_usage"] = result.usage
+    if start.skipped is not None:
+        output["resume_skipped"] = start.skipped
+    if candidate is not None:
+        output["candidate_sha"] = candidate
+    if bundle is not None:
+        output["bundle"] = bundle
+    if checks:
+        output["checks"] = {
+            name: {"exit_code": run.exit_code, "duration_s": run.duration_s, "log": run.log}
+            for name, run in checks.items()
+        }
+    output["cleanup"] = None if cleanup is None else cleanup.as_dict()
+    output["transcript"] = result.transcript
+    return output
+
+
+def _added(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
 
 
 class Space(Protocol):
@@ -195,6 +309,8 @@ class Space(Protocol):
     def tree(self) -> Path: ...
     @property
     def home(self) -> Path: ...
+    @property
+    def io(self) -> Path: ...
     @property
     def cleanup(self) -> CleanupRecord | None: ...
 
@@ -211,6 +327,7 @@ class ScratchSpace:
     folder: Path
     tree: Path
     home: Path
+    io: Path
     cleanup: CleanupRecord | None = None
 
     async def commit(self, *, step_id: str, paths: Sequence[str] = ()) -> str | None:
@@ -235,10 +352,13 @@ async def scratch_space(cache_dir: Path, label: str) -> AsyncIterator[ScratchSpa
     """A fresh `ScratchSpace` under `cache_dir/scratch`, removed on the way out (shielded)."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in label)[:80]
     folder = cache_dir / "scratch" / f"{safe}-{secrets.token_hex(4)}"
-    space = ScratchSpace(folder=folder, tree=folder / "tree", home=folder / "home")
+    space = ScratchSpace(
+        folder=folder, tree=folder / "tree", home=folder / "home", io=folder / "io"
+    )
     try:
         await anyio.Path(space.tree).mkdir(parents=True)
         await anyio.Path(space.home).mkdir()
+        await anyio.Path(space.io).mkdir()
         try:
             await git("init", "--quiet", ".", cwd=space.tree)
         except GitError as exc:
@@ -257,23 +377,32 @@ async def run_loop(
     box: ToolBox,
     max_turns: int,
     budget: int | None,
+    done_turns: int = 0,
+    spent: dict[str, int] | None = None,
+    on_turn: OnTurn | None = None,
 ) -> LoopResult:
     """Ask the model, run the tools it calls, give it their results, and again, until it
-    answers without a tool call, `max_turns` calls were made, or the tokens spent reach
-    `budget` (checked before each call, so the last turn may pass it by its own size)."""
+    answers without a tool call, the step made `max_turns` calls, or its tokens spent reach
+    `budget` (checked before each call, so the last turn may pass it by its own size).
+
+    A resumed attempt passes the turns already done and what they spent. `on_turn` gets
+    each completed turn that called tools (its number, the messages so far and this attempt's
+    usage). The result's `usage` is this attempt's; its `turns` the step's."""
     messages = list(messages)
     transcript = Transcript()
     for message in messages:
         transcript.message(message)
     usage: collections.Counter[str] = collections.Counter()
+    before = (spent or {}).get("total_tokens", 0)
     tools = box.tools()
     text = ""
-    turns = calls = errors = refusals = 0
+    turns = done_turns
+    calls = errors = refusals = 0
     while True:
         if turns >= max_turns:
             finish = Finish.MAX_TURNS
             break
-        if budget is not None and usage["total_tokens"] >= budget:
+        if budget is not None and before + usage["total_tokens"] >= budget:
             finish = Finish.BUDGET
             break
         completion = await chat({"model": model, "messages": messages, "tools": tools})
@@ -292,6 +421,8 @@ async def run_loop(
             refusals += result.refused
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
             transcript.tool(call, result)
+        if on_turn is not None:
+            await on_turn(turns, messages, dict(usage))
     return LoopResult(
         text=text,
         finish=finish,

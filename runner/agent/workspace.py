@@ -1,21 +1,25 @@
 """An attempt's repository workspace in the runner's cache directory: a bare mirror per
-repository URL, a fresh worktree at the approved base for every attempt, the candidate commit
-and its bundle. Deleting the cache loses nothing (docs/design.md, Borrowed servers):
+repository URL, a fresh worktree at the step's start point for every attempt, snapshots of its
+changes (the per-turn wip commits and the candidate) and their bundles. Deleting the cache
+loses nothing (docs/design.md, Borrowed servers):
 
-    mirrors/<sha256(url)[:24]>.git    bare mirror, fetched when it lacks the base
+    mirrors/<sha256(url)[:24]>.git    bare mirror, fetched when it lacks the base; commits
+                                      that came in bundles are kept under refs/tether/fetched/
     attempts/<name>/tree              the attempt's worktree (`git worktree add --detach`)
     attempts/<name>/home              HOME for the attempt's commands
+    attempts/<name>/io                downloaded and written bundles, logs
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
 import re
 import secrets
 import shutil
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -32,6 +36,20 @@ _DATE_EPOCH = 1_600_000_000
 _DATE_SPAN = 300_000_000
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _FETCH_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
+# A snapshot is bundled under a ref of the worktree's own (git keeps refs/worktree/ per
+# worktree and drops them with it), so concurrent attempts never share one.
+_SNAPSHOT_REF = "refs/worktree/tether/snapshot"
+
+# Writes the start point's bundle to the path it is given (the artifact store's download).
+BundleSource = Callable[[Path], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """A commit of the worktree's changes under the allowed paths, parent the start point."""
+
+    sha: str
+    tree: str
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,44 +100,101 @@ class RepoCache:
         return self.cache_dir / "mirrors" / f"{name}.git"
 
     @asynccontextmanager
-    async def attempt(self, *, url: str, base_sha: str, label: str) -> AsyncIterator[Workspace]:
-        """A fresh workspace at `base_sha`, removed on the way out (even when cancelled).
-
-        `label` (e.g. the step id and attempt number) goes into the folder's name, after
-        which a random suffix keeps every attempt's folder its own."""
-        workspace = await self.open(url=url, base_sha=base_sha, label=label)
+    async def attempt(
+        self,
+        *,
+        url: str,
+        base_sha: str,
+        label: str,
+        start_sha: str | None = None,
+        start_bundle: BundleSource | None = None,
+    ) -> AsyncIterator[Workspace]:
+        """A fresh workspace (see `open`), removed on the way out (even when cancelled)."""
+        workspace = await self.open(
+            url=url, base_sha=base_sha, label=label, start_sha=start_sha, start_bundle=start_bundle
+        )
         try:
             yield workspace
         finally:
             with anyio.CancelScope(shield=True):
                 await workspace.remove()
 
-    async def open(self, *, url: str, base_sha: str, label: str) -> Workspace:
-        """Fetch the mirror if it lacks `base_sha`, then add a fresh worktree at it."""
-        if not _SHA.fullmatch(base_sha):
-            raise BaseNotFound(f"base {base_sha!r} is not a full lowercase commit SHA")
+    async def open(
+        self,
+        *,
+        url: str,
+        base_sha: str,
+        label: str,
+        start_sha: str | None = None,
+        start_bundle: BundleSource | None = None,
+    ) -> Workspace:
+        """A fresh worktree at `start_sha` (the base when None): the mirror is fetched if it
+        lacks the base, and when it lacks the start point, `start_bundle` writes the bundle
+        that holds it (`base..start`) and the mirror fetches that.
+
+        `label` (e.g. the step id and attempt number) goes into the folder's name, after
+        which a random suffix keeps every attempt's folder its own."""
+        start = start_sha or base_sha
+        for what, sha in (("base", base_sha), ("start point", start)):
+            if not _SHA.fullmatch(sha):
+                raise BaseNotFound(f"{what} {sha!r} is not a full lowercase commit SHA")
         mirror = self.mirror_path(url)
         safe_label = re.sub(r"[^A-Za-z0-9._-]", "_", label)[:80]
         folder = self.cache_dir / "attempts" / f"{safe_label}-{secrets.token_hex(4)}"
+        await anyio.Path(folder / "home").mkdir(parents=True)
+        await anyio.Path(folder / "io").mkdir()
+        try:
+            async with self._lock(mirror):
+                await self._ensure_mirror(mirror)
+                if not await _has_commit(mirror, base_sha):
+                    await self._fetch(mirror, url, base_sha)
+            if not await _has_commit(mirror, start):
+                await self._fetch_start(mirror, start, start_bundle, folder / "io")
+            async with self._lock(mirror):
+                try:
+                    await git(
+                        "worktree", "add", "--detach", "--quiet", str(folder / "tree"), start,
+                        cwd=mirror,
+                    )  # fmt: skip
+                except GitError as exc:
+                    raise WorkspaceFailed(f"cannot create the worktree: {exc}") from exc
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_rmtree, folder)
+            raise
+        return Workspace(
+            cache=self, mirror=mirror, folder=folder, base_sha=base_sha, start_sha=start
+        )
+
+    async def _fetch_start(
+        self, mirror: Path, start: str, source: BundleSource | None, io: Path
+    ) -> None:
+        if source is None:
+            raise WorkspaceFailed(
+                f"the start point {start} is not in the repository and the lease names no"
+                " bundle that holds it"
+            )
+        path = io / "start.bundle"
+        await source(path)
+        await self.import_bundle(mirror, path, start)
+
+    async def import_bundle(self, mirror: Path, bundle: Path, sha: str) -> None:
+        """Fetch `bundle` into `mirror`, its head kept as `refs/tether/fetched/<sha>`;
+        `WorkspaceFailed` unless its one head is `sha` and it applies (its prerequisites in
+        the mirror)."""
         async with self._lock(mirror):
-            await self._ensure_mirror(mirror)
-            if not await _has_commit(mirror, base_sha):
-                await self._fetch(mirror, url, base_sha)
-            await anyio.Path(folder / "home").mkdir(parents=True)
             try:
+                heads = (await git("bundle", "list-heads", str(bundle), cwd=mirror)).text.split()
+                if len(heads) != 2 or heads[0] != sha:
+                    raise WorkspaceFailed(
+                        f"bundle {bundle.name} does not hold exactly the commit {sha}"
+                    )
                 await git(
-                    "worktree",
-                    "add",
-                    "--detach",
-                    "--quiet",
-                    str(folder / "tree"),
-                    base_sha,
-                    cwd=mirror,
-                )
+                    "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", str(bundle),
+                    f"+{heads[1]}:refs/tether/fetched/{sha}", cwd=mirror,
+                )  # fmt: skip
             except GitError as exc:
-                await anyio.to_thread.run_sync(shutil.rmtree, folder)
-                raise WorkspaceFailed(f"cannot create the worktree: {exc}") from exc
-        return Workspace(cache=self, mirror=mirror, folder=folder, base_sha=base_sha)
+                raise WorkspaceFailed(f"cannot fetch bundle {bundle.name}: {exc}") from exc
 
     def _lock(self, mirror: Path) -> anyio.Lock:
         return self._locks.setdefault(mirror, anyio.Lock())
@@ -152,32 +227,56 @@ class RepoCache:
 
 
 class Workspace:
-    """One attempt's worktree: `tree` is what the tools see, `home` the commands' HOME."""
+    """One attempt's worktree: `tree` is what the tools see, `home` the commands' HOME, `io`
+    where bundles and logs are written."""
 
-    def __init__(self, *, cache: RepoCache, mirror: Path, folder: Path, base_sha: str) -> None:
+    def __init__(
+        self, *, cache: RepoCache, mirror: Path, folder: Path, base_sha: str, start_sha: str
+    ) -> None:
         self._cache = cache
         self.mirror = mirror
         self.folder = folder
         self.tree = folder / "tree"
         self.home = folder / "home"
+        self.io = folder / "io"
         self.base_sha = base_sha
+        self.start_sha = start_sha
         self.cleanup: CleanupRecord | None = None
+        self._index: Path | None = None  # the index the tools' git sees
 
     async def commit(self, *, step_id: str, paths: Sequence[str] = ()) -> str | None:
-        """Commit what changed since the base and return the candidate SHA, or None when
-        nothing changed. With `paths`, only changes under those prefixes are committed.
+        """The candidate: a snapshot of what changed since the start point (under `paths`
+        when given), or None when nothing did. Same author, committer and date for every
+        attempt of the step, so the same changes give the same SHA."""
+        snap = await self.snapshot(step_id=step_id, paths=paths, message=f"tether step {step_id}")
+        return None if snap is None else snap.sha
 
-        Author, committer and date are fixed by the step id, so the same changes give the
-        same SHA on every attempt of the step."""
+    async def snapshot(
+        self, *, step_id: str, paths: Sequence[str] = (), message: str
+    ) -> Snapshot | None:
+        """Commit the changes under `paths` (all of the tree when empty) on the start point,
+        without touching HEAD or the index the tools see: a private index starts as the start
+        point's tree (with the real index's stat data, so only changed files are hashed), the
+        changed paths are added to it, and its tree committed. None when nothing changed."""
+        index = self.io / f"snapshot-{secrets.token_hex(4)}.index"
+        env = {"GIT_INDEX_FILE": str(index)}
         try:
             pathspecs = await self._pathspecs(paths) if paths else ["."]
             if not pathspecs:
                 return None
-            await git("add", "--all", "--", *pathspecs, cwd=self.tree)
-            staged = await git(
-                "diff", "--cached", "--quiet", self.base_sha, cwd=self.tree, check=False
+            if self._index is None:
+                real = await git("rev-parse", "--git-path", "index", cwd=self.tree)
+                self._index = self.tree / real.text.strip()
+            await anyio.to_thread.run_sync(_copy_if_present, self._index, index)
+            merged = await git(
+                "read-tree", "-m", self.start_sha, cwd=self.tree, env=env, check=False
             )
-            if staged.returncode == 0:
+            if merged.returncode != 0:  # e.g. an index with conflicts: start from the tree alone
+                await git("read-tree", self.start_sha, cwd=self.tree, env=env)
+            await git("add", "--all", "--", *pathspecs, cwd=self.tree, env=env)
+            tree = (await git("write-tree", cwd=self.tree, env=env)).text.strip()
+            start_tree = await git("rev-parse", f"{self.start_sha}^{{tree}}", cwd=self.tree)
+            if tree == start_tree.text.strip():
                 return None
             date = commit_date(step_id)
             identity = {
@@ -185,22 +284,15 @@ class Workspace:
                 "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_NAME": AUTHOR_NAME,
                 "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL, "GIT_COMMITTER_DATE": date,
             }  # fmt: skip
-            await git(
-                "-c",
-                "commit.gpgsign=false",
-                "commit",
-                "--quiet",
-                "--no-verify",
-                "--allow-empty-message",
-                "-m",
-                f"tether step {step_id}",
-                cwd=self.tree,
-                env=identity,
-            )
-            head = await git("rev-parse", "HEAD", cwd=self.tree)
+            made = await git(
+                "commit-tree", tree, "-p", self.start_sha, "-m", message,
+                cwd=self.tree, env=identity,
+            )  # fmt: skip
         except GitError as exc:
-            raise WorkspaceFailed(f"cannot commit the candidate: {exc}") from exc
-        return head.stdout.decode().strip()
+            raise WorkspaceFailed(f"cannot commit the changes: {exc}") from exc
+        finally:
+            await anyio.Path(index).unlink(missing_ok=True)
+        return Snapshot(sha=made.text.strip(), tree=tree)
 
     async def _pathspecs(self, paths: Sequence[str]) -> list[str]:
         """The prefixes as literal pathspecs, less those that match nothing (git add refuses
@@ -213,15 +305,46 @@ class Workspace:
                 kept.append(spec)
         return kept
 
-    async def write_bundle(self, dest: Path) -> Path:
-        """Write a git bundle of base..HEAD (the candidate, named `HEAD`) to `dest`."""
+    async def write_bundle(self, dest: Path, sha: str, *, since: str | None = None) -> Path:
+        """Write a git bundle of `since..sha` (`since` the start point when None) to `dest`;
+        its one head is a ref of this worktree's own."""
         try:
+            await git("update-ref", _SNAPSHOT_REF, sha, cwd=self.tree)
             await git(
-                "bundle", "create", "--quiet", str(dest), "HEAD", f"^{self.base_sha}", cwd=self.tree
-            )
+                "bundle", "create", "--quiet", str(dest), _SNAPSHOT_REF,
+                f"^{since or self.start_sha}", cwd=self.tree,
+            )  # fmt: skip
         except GitError as exc:
             raise WorkspaceFailed(f"cannot write the bundle: {exc}") from exc
         return dest
+
+    async def import_bundle(self, bundle: Path, sha: str) -> None:
+        """Fetch `bundle`, whose one head must be `sha`, into the mirror."""
+        await self._cache.import_bundle(self.mirror, bundle, sha)
+
+    async def apply(self, sha: str) -> None:
+        """Make the worktree hold `sha`'s tree as uncommitted changes on the start point
+        (deletions included); HEAD and the index stay at the start point."""
+        try:
+            await git("read-tree", "-m", "-u", "HEAD", sha, cwd=self.tree)
+            await git("reset", "--quiet", cwd=self.tree)
+        except GitError as exc:
+            raise WorkspaceFailed(f"cannot apply {sha} to the worktree: {exc}") from exc
+
+    async def tree_of(self, sha: str) -> str:
+        try:
+            return (await git("rev-parse", f"{sha}^{{tree}}", cwd=self.tree)).text.strip()
+        except GitError as exc:
+            raise WorkspaceFailed(f"cannot read the tree of {sha}: {exc}") from exc
+
+    async def clean_checkout(self, sha: str) -> None:
+        """Put the worktree at `sha` exactly: tracked files as committed, every untracked or
+        ignored file removed."""
+        try:
+            await git("checkout", "--force", "--quiet", "--detach", sha, cwd=self.tree)
+            await git("clean", "-ffdxq", cwd=self.tree)
+        except GitError as exc:
+            raise WorkspaceFailed(f"cannot check out {sha} cleanly: {exc}") from exc
 
     async def remove(self) -> CleanupRecord:
         """Remove the worktree and its folder; return (and keep) the record of the removal."""
@@ -255,6 +378,13 @@ class Workspace:
             listed_after=str(self.tree) in names,
         )
         return self.cleanup
+
+
+def _copy_if_present(source: Path, dest: Path) -> None:
+    # With its mtime: git trusts an entry's stat data only when the file is older than the
+    # index file, so a fresh mtime would hide a same-size change made in the same second.
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copy2(source, dest)
 
 
 def _rmtree(root: Path) -> None:
