@@ -19,7 +19,9 @@ from supervisor.ledger.batch import execute_batch
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import PayloadDrift
 from supervisor.ledger.tx import Tx
+from supervisor.ledger.verification import Evidence
 from tests.conftest import FakeClock, Sim, make_spec, queued_task, raw_db, report_for
+from tests.test_ledger_verification import add_repo
 from tether.wire import ReleaseReason
 
 TOKEN = "tok-a1"
@@ -220,17 +222,17 @@ async def test_a_cancel_logs_cancelled(ledger: SqliteLedger) -> None:
 
 
 async def test_a_verification_that_fails_logs_task_failed(ledger: SqliteLedger) -> None:
+    await add_repo(ledger)
     spec = make_spec("k1", repository="repo", base_sha="a" * 40)
     created = await ledger.create_task(spec)
-    await ledger.approve("acme", created.task_id, spec.plan_hash, "a" * 40)
-    await ledger.set_repository_head("acme", "repo", "b" * 40)  # the base moved
+    await ledger.approve("acme", created.task_id, spec.plan_hash, "a" * 40, "a" * 40)
     [lease] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
     with capture_logs() as logs:
-        await ledger.report(report_for(lease, candidate_sha="c" * 40))
+        await ledger.report(report_for(lease), evidence=Evidence(head_sha="a" * 40))
     failed = only(logs, "task failed")
     assert failed["log_level"] == "warning"
     assert failed["task_id"] == created.task_id
-    assert failed["reason"].startswith("stale_base")
+    assert failed["reason"] == "no_candidate: no step reported a candidate"
     assert "task verified" not in [line["event"] for line in logs]
 
 

@@ -1,6 +1,6 @@
 """Effects and verification (docs/design.md, The invariant; Verification): one effect per step
 keyed by its identity, replays
-answered without a second effect, and no success without matching evidence."""
+answered without a second effect. Repository-bound tasks' evidence: test_ledger_verification.py."""
 
 from __future__ import annotations
 
@@ -72,95 +72,6 @@ async def test_tokens_spent_are_added_to_the_tenant_s_usage(
         report_for(await claim_one(ledger), usage={"prompt_tokens": 2, "completion_tokens": 3})
     )
     assert count(ledger_path, "tenants", "name = 'acme' AND tokens_used = 12") == 1
-
-
-async def repo_task(ledger: SqliteLedger, steps: int = 1, checks: tuple[str, ...] = CHECKS) -> str:
-    return await queued_task(
-        ledger, steps=steps, repository="repo", base_sha="base1", expected_checks=checks
-    )
-
-
-def evidence(sha: str = "cand1", checks: tuple[str, ...] = CHECKS) -> dict[str, Any]:
-    return {
-        "candidate_sha": sha,
-        "artifacts": {c: hashlib.sha256(c.encode()).hexdigest() for c in checks},
-    }
-
-
-async def test_a_repository_task_succeeds_with_matching_evidence(ledger: SqliteLedger) -> None:
-    task_id = await repo_task(ledger)
-    await ledger.report(report_for(await claim_one(ledger), **evidence()))
-    view = await ledger.task(task_id)
-    assert view["state"] == "SUCCEEDED"
-    states = [e["state"] for e in await ledger.events(task_id, None, 0, 0) if e["kind"] == "state"]
-    assert states[-3:] == ["RUNNING", "VERIFYING", "SUCCEEDED"]
-    assert await ledger.violations() == []
-
-
-@pytest.mark.parametrize(
-    ("reports", "why"),
-    [
-        ([{}], "no step reported a candidate SHA"),
-        ([evidence(checks=("tests",))], "no artifact for check 'lint'"),
-        ([evidence(checks=()), evidence("cand2", checks=())], "no artifact for check 'tests'"),
-        # Evidence for an earlier candidate does not verify the final one.
-        ([evidence("cand1"), {"candidate_sha": "cand2"}], "at candidate cand2"),
-    ],
-    ids=["no-candidate", "missing-artifact", "no-artifacts", "artifacts-for-another-sha"],
-)
-async def test_a_repository_task_without_matching_evidence_fails_unverified(
-    ledger: SqliteLedger, reports: list[dict[str, Any]], why: str
-) -> None:
-    task_id = await repo_task(ledger, steps=len(reports))
-    for extra in reports:
-        await ledger.report(report_for(await claim_one(ledger), **extra))
-    view = await ledger.task(task_id)
-    assert view["state"] == "FAILED"
-    assert view["reason"].startswith("unverified")
-    assert why in view["reason"]
-    assert await ledger.violations() == []
-
-
-async def test_artifacts_must_name_their_candidate(ledger: SqliteLedger) -> None:
-    task_id = await repo_task(ledger)
-    lease = await claim_one(ledger)
-    with pytest.raises(InvalidRequest):
-        await ledger.report(report_for(lease, artifacts={"tests": "d"}))
-    assert (await ledger.task(task_id))["steps"][0]["state"] == "leased"
-    assert await ledger.report(report_for(lease, **evidence())) is Outcome.APPLIED
-
-
-async def test_a_base_moved_before_the_last_commit_fails_stale_base(
-    ledger: SqliteLedger,
-) -> None:
-    task_id = await repo_task(ledger, steps=2)
-    await ledger.report(report_for(await claim_one(ledger)))
-    await ledger.set_repository_head("acme", "repo", "base2")
-    await ledger.report(report_for(await claim_one(ledger), **evidence()))
-    view = await ledger.task(task_id)
-    assert view["state"] == "FAILED"
-    assert view["reason"].startswith("stale_base")
-    assert "base1" in view["reason"]
-    assert "base2" in view["reason"]
-    assert await ledger.violations() == []
-
-
-async def test_a_base_moved_and_moved_back_still_verifies(ledger: SqliteLedger) -> None:
-    task_id = await repo_task(ledger)
-    lease = await claim_one(ledger)
-    await ledger.set_repository_head("acme", "repo", "base2")
-    await ledger.set_repository_head("acme", "repo", "base1")
-    await ledger.report(report_for(lease, **evidence()))
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
-
-
-async def test_another_tenant_s_repository_of_the_same_name_does_not_count(
-    ledger: SqliteLedger,
-) -> None:
-    task_id = await repo_task(ledger)
-    await ledger.set_repository_head("globex", "repo", "elsewhere")
-    await ledger.report(report_for(await claim_one(ledger), **evidence()))
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
 
 
 async def test_cancel_then_success_one_terminal_outcome_the_report_is_the_rejection(
@@ -263,20 +174,3 @@ async def test_raising_the_budget_wakes_a_waiting_claim(ledger: SqliteLedger) ->
 async def test_a_negative_budget_is_refused(ledger: SqliteLedger) -> None:
     with pytest.raises(InvalidRequest):
         await ledger.set_budget("acme", -1)
-
-
-async def test_a_new_repository_head_is_journalled_on_the_tasks_it_concerns(
-    ledger: SqliteLedger,
-) -> None:
-    live = await repo_task(ledger)
-    other_repo = await queued_task(ledger, "other", repository="other", base_sha="base1")
-    plain = await queued_task(ledger, "plain")
-    theirs = await queued_task(
-        ledger, "theirs", tenant="globex", repository="repo", base_sha="base1"
-    )
-    await ledger.set_repository_head("acme", "repo", "base2")
-    for task_id, expected in ((live, ["base2"]), (other_repo, []), (plain, []), (theirs, [])):
-        events = await ledger.events(task_id, None, 0, 0)
-        assert [e["data"]["head_sha"] for e in events if e["kind"] == "base_changed"] == expected
-    # The journal records a moved base, not a state change.
-    assert (await ledger.task(live))["state"] == "QUEUED"

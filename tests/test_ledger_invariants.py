@@ -4,6 +4,7 @@ on). Every invariant has a plant here, and each plant trips exactly the invarian
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,12 +12,16 @@ from dataclasses import dataclass
 import pytest
 
 from supervisor.ledger import Report
+from supervisor.ledger.checkpoints import checkpoint
 from supervisor.ledger.effects import report
 from supervisor.ledger.fencing import claim
 from supervisor.ledger.identity import create_task
 from supervisor.ledger.invariants import INVARIANTS, find_violations
 from supervisor.ledger.operator import approve
 from supervisor.ledger.reaper import expire
+from supervisor.ledger.repositories import add_repository
+from supervisor.ledger.verification import Evidence, Finding, Problem
+from tether.messages import Checkpoint, CheckRun
 from tether.wire import effect_key
 
 from .conftest import Sim, make_spec
@@ -30,7 +35,7 @@ class World:
     old_fence: int
     new_fence: int
     running: str  # RUNNING: step 0 committed, step 1 leased
-    repo: str  # repository task SUCCEEDED with a candidate and its artifacts
+    repo: str  # repository task SUCCEEDED with a candidate, its evidence and check run
     queued: str  # QUEUED, its step never leased
     retried: str  # RUNNING, its step expired twice and queued again
     retried_fences: tuple[int, int]
@@ -39,7 +44,8 @@ class World:
 def queue(sim: Sim, key: str, steps: int = 1, **extra: object) -> str:
     spec = make_spec(key, steps, **extra)  # type: ignore[arg-type]
     task_id: str = sim.run(lambda tx: create_task(tx, spec)).task_id
-    sim.run(lambda tx: approve(tx, "acme", task_id, spec.plan_hash, spec.base_sha))
+    base = spec.base_sha
+    sim.run(lambda tx: approve(tx, "acme", task_id, spec.plan_hash, base, base))
     return task_id
 
 
@@ -48,10 +54,10 @@ def lease(sim: Sim, pool: str = "default") -> tuple[str, int, str]:
     return got.step_id, got.fence, got.payload_hash
 
 
-def commit(sim: Sim, **extra: object) -> int:
+def commit(sim: Sim, evidence: Evidence | None = None, **extra: object) -> int:
     step_id, fence, payload_hash = lease(sim)
     rep = Report(step_id=step_id, fence=fence, payload_hash=payload_hash, output="ok", **extra)  # type: ignore[arg-type]
-    sim.run(lambda tx: report(tx, rep))
+    sim.run(lambda tx: report(tx, rep, None, evidence))
     return fence
 
 
@@ -73,9 +79,13 @@ def world(sim: Sim) -> World:
     expire_all(sim)
     running = queue(sim, "running", steps=2)
     commit(sim)
-    lease(sim)
+    step_id, fence, _ = lease(sim)
+    cp = Checkpoint(fence=fence, turn=1, transcript="t" * 64)
+    sim.run(lambda tx: checkpoint(tx, step_id, cp))
+    sim.run(lambda tx: add_repository(tx, "acme", "repo", "/srv/git/repo.git"))
     repo = queue(sim, "repo", repository="repo", base_sha="b1", expected_checks=("tests",))
-    commit(sim, candidate_sha="c1", artifacts={"tests": "d" * 64})
+    run = CheckRun(log="d" * 64, exit_code=0, duration_s=1.0)
+    commit(sim, Evidence(head_sha="b1"), candidate_sha="c1", checks={"tests": run})
     queued = queue(sim, "queued")
     states = dict(sim.db.execute("SELECT id, state FROM tasks").fetchall())
     assert states == {
@@ -204,7 +214,33 @@ def success_with_an_uncommitted_step(db: sqlite3.Connection, w: World) -> None:
 
 
 def success_without_evidence(db: sqlite3.Connection, w: World) -> None:
-    db.execute("DELETE FROM artifacts WHERE task_id = ?", (w.repo,))
+    db.execute("DELETE FROM check_runs WHERE step_id IN (SELECT id FROM steps WHERE task_id = ?)",
+               (w.repo,))  # fmt: skip
+
+
+def success_with_a_failed_check(db: sqlite3.Connection, w: World) -> None:
+    db.execute(
+        "UPDATE check_runs SET exit_code = 1 WHERE step_id IN (SELECT id FROM steps"
+        " WHERE task_id = ?)",
+        (w.repo,),
+    )
+
+
+def success_with_a_problem_in_the_evidence(db: sqlite3.Connection, w: World) -> None:
+    problem = Problem(code=Finding.PATH_NOT_ALLOWED, detail="README.md")
+    found = Evidence(head_sha="b1", problems=(problem,))
+    db.execute(
+        "UPDATE steps SET evidence_json = ? WHERE task_id = ?",
+        (json.dumps(found.as_dict()), w.repo),
+    )
+
+
+def success_without_a_candidate(db: sqlite3.Connection, w: World) -> None:
+    db.execute("UPDATE steps SET candidate_sha = NULL WHERE task_id = ?", (w.repo,))
+
+
+def a_checkpoint_of_no_attempt(db: sqlite3.Connection, w: World) -> None:
+    db.execute("UPDATE checkpoints SET fence = 0")
 
 
 def success_after_the_base_moved(db: sqlite3.Connection, w: World) -> None:
@@ -256,6 +292,7 @@ PLANTS: dict[str, tuple[Plant, set[str]]] = {
     "fence-counter-ahead": (counter_behind, set()),
     "success-is-complete": (success_with_an_uncommitted_step, set()),
     "success-is-verified": (success_without_evidence, set()),
+    "checkpoint-of-an-attempt": (a_checkpoint_of_no_attempt, set()),
     "success-on-approved-base": (success_after_the_base_moved, set()),
     "task-state-is-last-event": (state_not_the_journal_s, set()),
     "task-has-steps": (a_task_without_steps_or_journal, {"task-state-is-last-event"}),
@@ -273,3 +310,13 @@ def test_a_planted_violation_is_named(sim: Sim, world: World, name: str) -> None
     plant(sim.db, world)
     assert names(sim.db) == {name} | collateral
     assert all(v.split(": ", 1)[1] for v in find_violations(sim.db))  # each has a description
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [success_with_a_failed_check, success_with_a_problem_in_the_evidence,
+     success_without_a_candidate],
+)  # fmt: skip
+def test_each_hole_in_a_success_s_evidence_is_named(sim: Sim, world: World, plant: Plant) -> None:
+    plant(sim.db, world)
+    assert names(sim.db) == {"success-is-verified"}

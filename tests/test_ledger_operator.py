@@ -22,6 +22,7 @@ from supervisor.ledger.states import transition
 from tether.wire import ReleaseReason
 
 from .conftest import FakeClock, count, make_spec, queued_task, report_for
+from .test_ledger_verification import add_repo
 
 
 async def state_events(ledger: SqliteLedger, task_id: str) -> list[str]:
@@ -48,9 +49,10 @@ async def test_plan_mismatch_is_refused_and_changes_nothing(
 
 
 async def test_approve_binds_the_base_and_queues_with_two_events(ledger: SqliteLedger) -> None:
+    await add_repo(ledger)
     spec = make_spec(repository="repo", base_sha="declared")
     task_id = (await ledger.create_task(spec)).task_id
-    await ledger.approve("acme", task_id, spec.plan_hash, "base1")
+    await ledger.approve("acme", task_id, spec.plan_hash, "base1", "base1")
     view = await ledger.task(task_id)
     assert view["state"] == "QUEUED"
     assert view["base_sha"] == "base1"
@@ -67,31 +69,34 @@ async def test_approve_binds_the_base_and_queues_with_two_events(ledger: SqliteL
 
 
 async def test_repeating_the_same_approval_is_answered_as_done(ledger: SqliteLedger) -> None:
+    await add_repo(ledger)
     spec = make_spec(repository="repo")
     task_id = (await ledger.create_task(spec)).task_id
-    await ledger.approve("acme", task_id, spec.plan_hash, "base1")
+    await ledger.approve("acme", task_id, spec.plan_hash, "base1", "base1")
     before = await ledger.events(task_id, None, 0, 0)
-    await ledger.approve("acme", task_id, spec.plan_hash, "base1")
+    await ledger.approve("acme", task_id, spec.plan_hash, "base1", "base1")
     assert await ledger.events(task_id, None, 0, 0) == before
     assert (await ledger.task(task_id))["rejections"] == []
 
 
 async def test_approving_again_with_another_base_is_refused(ledger: SqliteLedger) -> None:
+    await add_repo(ledger)
     spec = make_spec(repository="repo")
     task_id = (await ledger.create_task(spec)).task_id
-    await ledger.approve("acme", task_id, spec.plan_hash, "base1")
+    await ledger.approve("acme", task_id, spec.plan_hash, "base1", "base1")
     with pytest.raises(InvalidTransition):
-        await ledger.approve("acme", task_id, spec.plan_hash, "base2")
+        await ledger.approve("acme", task_id, spec.plan_hash, "base2", "base2")
     view = await ledger.task(task_id)
     assert (view["state"], view["base_sha"]) == ("QUEUED", "base1")
     assert [r["code"] for r in view["rejections"]] == ["invalid_transition"]
 
 
 async def test_a_repository_task_needs_a_base_sha(ledger: SqliteLedger) -> None:
+    await add_repo(ledger)
     spec = make_spec(repository="repo")
     task_id = (await ledger.create_task(spec)).task_id
     with pytest.raises(InvalidRequest):
-        await ledger.approve("acme", task_id, spec.plan_hash, None)
+        await ledger.approve("acme", task_id, spec.plan_hash, None, "base1")
     assert (await ledger.task(task_id))["state"] == "PLANNED"
     assert await state_events(ledger, task_id) == ["PLANNED"]
 

@@ -11,11 +11,14 @@ PUBLIC = {
     "ALLOWED", "TERMINAL", "TaskState", "StepState", "AttemptState",
     # records in and out
     "TaskSpec", "StepSpec", "Created", "Lease", "Renewal", "Report", "Principal", "Role",
+    # what the adapters observe about a repository-bound task, and what it binds
+    "Evidence", "Problem", "Finding", "Binding",
     # the port, its implementation and its knobs
     "Ledger", "SqliteLedger", "LedgerConfig", "Tx",
     # errors
     "LedgerError", "Refused", "InvalidRequest", "NotFound", "IdempotencyConflict",
-    "PlanMismatch", "InvalidTransition", "TerminalState", "StaleFence", "PayloadDrift",
+    "PlanMismatch", "InvalidTransition", "TerminalState", "StaleFence", "StaleBase",
+    "PayloadDrift",
     "StorageError", "IntegrityCheckFailed", "SchemaTooNew",
 }  # fmt: skip
 

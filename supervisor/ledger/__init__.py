@@ -19,23 +19,29 @@ from supervisor.ledger.errors import (
     PlanMismatch,
     Refused,
     SchemaTooNew,
+    StaleBase,
     StaleFence,
     StorageError,
     TerminalState,
 )
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from supervisor.ledger.port import Ledger
+from supervisor.ledger.repositories import Binding
 from supervisor.ledger.states import ALLOWED, TERMINAL, AttemptState, StepState, TaskState
 from supervisor.ledger.store import SqliteLedger
 from supervisor.ledger.tokens import Principal, Role
 from supervisor.ledger.tx import LedgerConfig, Tx
+from supervisor.ledger.verification import Evidence, Finding, Problem
 from tether.messages import Lease, Renewal, Report
 
 __all__ = [
     "ALLOWED",
     "TERMINAL",
     "AttemptState",
+    "Binding",
     "Created",
+    "Evidence",
+    "Finding",
     "IdempotencyConflict",
     "IntegrityCheckFailed",
     "InvalidRequest",
@@ -48,12 +54,14 @@ __all__ = [
     "PayloadDrift",
     "PlanMismatch",
     "Principal",
+    "Problem",
     "Refused",
     "Renewal",
     "Report",
     "Role",
     "SchemaTooNew",
     "SqliteLedger",
+    "StaleBase",
     "StaleFence",
     "StepSpec",
     "StepState",

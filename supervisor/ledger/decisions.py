@@ -23,6 +23,7 @@ class Decision(enum.StrEnum):
     APPROVED = "task approved"
     GRANTED = "step granted"
     COMMITTED = "step committed"
+    CHECKPOINTED = "step checkpointed"
     REPLAYED = "result replayed"
     REFUSED = "refused"  # logged as "<request> refused", e.g. "renew refused", with its `code`
     EXPIRED = "lease expired"

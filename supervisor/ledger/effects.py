@@ -20,9 +20,10 @@ from supervisor.ledger.fencing import (
     require_current,
 )
 from supervisor.ledger.journal import append_event
+from supervisor.ledger.operator import observe_head
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, dumps
-from supervisor.ledger.verification import verify
+from supervisor.ledger.verification import Evidence, verify
 from tether.messages import Report
 from tether.wire import Outcome, effect_key
 
@@ -38,9 +39,17 @@ def effect_identity(tx: Tx, step: sqlite3.Row, rep: Report) -> str | None:
     return effect_key(rep.step_id, rep.payload_hash)
 
 
-def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
+def report(
+    tx: Tx, rep: Report, pool: str | None = None, evidence: Evidence | None = None
+) -> Outcome:
     """Commit the step's one effect, or return `replayed` if it is already committed. The
-    report's usage counts toward the tenant's budget once per attempt, committed or refused."""
+    report's usage counts toward the tenant's budget, committed or refused (`charge`).
+
+    A step of a repository-bound task commits only with `evidence`, what the adapters observed
+    about this report; it is kept on the step with the bundle and the check runs. When the
+    evidence's head is not the approved base, the step still commits (its effect is recorded
+    once) and the task fails `stale_base` at once, so no later step runs on a moved base.
+    """
     tx.request = "result"
     step = find_step(tx, rep.step_id, pool)
     spent = charge(tx, step, rep.fence, rep.usage)
@@ -57,11 +66,16 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
     if TaskState(step["task_state"]) in TERMINAL:
         raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
     require_current(tx, step, rep.fence)
-    for name, digest in rep.artifacts.items():
-        if not name or not digest:
-            raise InvalidRequest("artifact names and digests must be non-empty")
-    if rep.artifacts and not rep.candidate_sha:
-        raise InvalidRequest("artifacts must name the candidate_sha they were produced for")
+    check_report(rep)
+    task = tx.one(
+        "SELECT repository, approved_base_sha FROM tasks WHERE id = ?", (step["task_id"],)
+    )
+    assert task is not None
+    if task["repository"] and evidence is None:
+        raise InvalidRequest(
+            f"step {rep.step_id} is bound to repository {task['repository']}: its result"
+            " commits only with the supervisor's evidence"
+        )
     tx.run(
         "INSERT INTO effects (effect_key, step_id, task_id, fence, payload_hash, output_json,"
         " usage_json, candidate_sha, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -71,10 +85,14 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
         ),
     )  # fmt: skip
     tx.run(
-        "UPDATE steps SET state = ?, output_json = ?, candidate_sha = ?, committed_at = ?,"
-        " lease_deadline = NULL, accept_deadline = NULL WHERE id = ?",
-        (StepState.COMMITTED.value, dumps(rep.output), rep.candidate_sha, tx.now, rep.step_id),
-    )
+        "UPDATE steps SET state = ?, output_json = ?, candidate_sha = ?, bundle = ?,"
+        " evidence_json = ?, committed_at = ?, lease_deadline = NULL, accept_deadline = NULL"
+        " WHERE id = ?",
+        (
+            StepState.COMMITTED.value, dumps(rep.output), rep.candidate_sha, rep.bundle,
+            None if evidence is None else dumps(evidence.as_dict()), tx.now, rep.step_id,
+        ),
+    )  # fmt: skip
     end_attempt(tx, rep.step_id, rep.fence, AttemptState.COMMITTED, "committed")
     tx.db.executemany(
         "INSERT OR REPLACE INTO artifacts (task_id, step_id, candidate_sha, name, digest)"
@@ -84,14 +102,40 @@ def report(tx: Tx, rep: Report, pool: str | None = None) -> Outcome:
             for name, digest in rep.artifacts.items()
         ],
     )
+    tx.db.executemany(
+        "INSERT INTO check_runs (step_id, name, candidate_sha, log_digest, exit_code,"
+        " duration_s) VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            (rep.step_id, name, rep.candidate_sha, run.log, run.exit_code, run.duration_s)
+            for name, run in rep.checks.items()
+        ],
+    )
     append_event(
         tx, step["task_id"], "step_committed", step["task_state"],
         {"step_id": rep.step_id, "fence": rep.fence, "effect_key": key,
          "candidate_sha": rep.candidate_sha},
     )  # fmt: skip
     tx.note(Decision.COMMITTED, **about_step(tx, step), effect_key=key, tokens=spent)
+    if evidence is not None and task["repository"]:
+        # The head the adapter read is an observation like a webhook's: on a moved base this
+        # task (and any other approved on the old one) fails `stale_base` here.
+        observe_head(tx, step["tenant"], task["repository"], evidence.head_sha)
+        if evidence.head_sha != task["approved_base_sha"]:
+            return Outcome.APPLIED
     advance(tx, step)
     return Outcome.APPLIED
+
+
+def check_report(rep: Report) -> None:
+    """`InvalidRequest` for artifacts, check runs or a bundle that name no candidate, and for
+    empty artifact names or digests."""
+    for name, digest in rep.artifacts.items():
+        if not name or not digest:
+            raise InvalidRequest("artifact names and digests must be non-empty")
+    if (rep.artifacts or rep.checks or rep.bundle) and not rep.candidate_sha:
+        raise InvalidRequest(
+            "artifacts, checks and a bundle must name the candidate_sha they were produced for"
+        )
 
 
 def _committed_attempt(tx: Tx, step: sqlite3.Row) -> dict[str, object]:

@@ -9,6 +9,7 @@
     │   ├── InvalidTransition    the state machine forbids it                 (invalid_transition)
     │   ├── TerminalState        the task already ended                        (terminal)
     │   ├── StaleFence           not the step's current fencing token          (stale_fence)
+    │   ├── StaleBase            the approved base is not the repository's head (stale_base)
     │   └── PayloadDrift         payload hash differs from the intent          (payload_drift)
     └── StorageError         the ledger file itself is at fault; the operator must act
         ├── IntegrityCheckFailed
@@ -96,6 +97,12 @@ class StaleFence(Refused):
 
     code = ErrorCode.STALE_FENCE
     recorded = True
+
+
+class StaleBase(Refused):
+    """The base named is not the repository's head; approve the head, or rebase the plan."""
+
+    code = ErrorCode.STALE_BASE
 
 
 class PayloadDrift(Refused):

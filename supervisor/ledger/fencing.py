@@ -11,13 +11,22 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Collection, Mapping
 
-from supervisor.ledger import runners
+from supervisor.ledger import repositories, runners
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import Tx, dumps, loads
-from tether.messages import MAX_CAPACITY, MAX_KINDS, EarlierOutput, Lease, Renewal
+from tether.messages import (
+    MAX_CAPACITY,
+    MAX_KINDS,
+    CheckSpec,
+    EarlierOutput,
+    Lease,
+    LeaseRepository,
+    Renewal,
+    ResumePoint,
+)
 from tether.wire import ReleaseReason
 
 # Releases that say nothing about the step itself: they never count toward max_attempts.
@@ -86,7 +95,11 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str, token_id: str | None) -> L
         (step["id"], attempt, fence, runner_id, token_id, AttemptState.LEASED.value, tx.now),
     )
     task_id = step["task_id"]
-    task = tx.one("SELECT state, tenant, pool FROM tasks WHERE id = ?", (task_id,))
+    task = tx.one(
+        "SELECT state, tenant, pool, repository, approved_base_sha, allowed_paths_json,"
+        " checks_json FROM tasks WHERE id = ?",
+        (task_id,),
+    )
     assert task is not None
     state = TaskState(task["state"])
     if state is TaskState.QUEUED:
@@ -120,7 +133,46 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str, token_id: str | None) -> L
             EarlierOutput(step_id=r["id"], name=r["name"], output=loads(r["output_json"]))
             for r in earlier
         ),
+        repository=None if task["repository"] is None else lease_repository(tx, task, step),
+        # Only a replayed attempt can find a checkpoint: the first grant skips the lookup.
+        resume=None if attempt == 1 else resume_point(tx, step["id"]),
     )
+
+
+def lease_repository(tx: Tx, task: sqlite3.Row, step: sqlite3.Row) -> LeaseRepository:
+    """What the approval of `task` (repository-bound) binds, for a lease of `step`: the
+    worktree starts at the candidate of the latest earlier step that reported one, whose
+    bundle the runner fetches from the artifact store, else at the approved base."""
+    held = repositories.find_repository(tx.db, task["tenant"], task["repository"])
+    if held is None:  # `repo remove` is refused while a task that has not ended names it
+        raise RuntimeError(f"task {step['task_id']}'s repository {task['repository']} is gone")
+    start = tx.one(
+        "SELECT candidate_sha, bundle FROM steps WHERE task_id = ? AND position < ?"
+        " AND candidate_sha IS NOT NULL ORDER BY position DESC LIMIT 1",
+        (step["task_id"], step["position"]),
+    )
+    return LeaseRepository(
+        name=task["repository"],
+        url=held.url,
+        base_sha=task["approved_base_sha"],
+        start_sha=task["approved_base_sha"] if start is None else start["candidate_sha"],
+        start_bundle=None if start is None else start["bundle"],
+        allowed_paths=tuple(loads(task["allowed_paths_json"])),
+        checks=tuple(
+            CheckSpec(name=c["name"], command=c["command"]) for c in loads(task["checks_json"])
+        ),
+    )
+
+
+def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
+    """The step's last accepted checkpoint as a lease carries it, if it has one."""
+    row = tx.one("SELECT * FROM checkpoints WHERE step_id = ?", (step_id,))
+    if row is None:
+        return None
+    return ResumePoint(
+        turn=row["turn"], fence=row["fence"], transcript=row["transcript"], bundle=row["bundle"],
+        sha=row["sha"], usage=loads(row["step_usage_json"]),
+    )  # fmt: skip
 
 
 def find_step(tx: Tx, step_id: str, pool: str | None) -> sqlite3.Row:
@@ -178,32 +230,42 @@ def tokens_spent(usage: Mapping[str, int]) -> int:
 
 
 def charge(tx: Tx, step: sqlite3.Row, fence: int, usage: Mapping[str, int]) -> int:
-    """Add the tokens the attempt under `fence` reports to its tenant's spent total, once per
-    attempt, and return how many were added (0 when it was counted already).
+    """Charge the tenant for what the attempt under `fence` spent, as its running total
+    `usage` tells, and return how many tokens were added: the increase over what was counted
+    for that attempt before (0 for a repeat or a smaller total).
 
     Called before the fence is checked: should the rule be refused (a fenced-out result, a
-    late release), the same count runs again after the rollback (`Tx.after_refusal`), so
-    tokens an attempt spent are counted whether or not it commits (docs/design.md, Budgets).
+    late release or checkpoint), the same count runs again after the rollback
+    (`Tx.after_refusal`), so tokens an attempt spent are counted whether or not it commits
+    (docs/design.md, Budgets). Checkpoints, results and releases all charge this way, so a
+    checkpoint of 100 tokens and a result of 150 charge 150 in all.
     """
     tx.after_refusal.append(lambda later: _count(later, step, fence, usage))
     return _count(tx, step, fence, usage)
 
 
 def _count(tx: Tx, step: sqlite3.Row, fence: int, usage: Mapping[str, int]) -> int:
-    """Count `usage` on the attempt of `step` under `fence`, unless that attempt counted some
-    already: a second report of the same attempt adds nothing."""
+    """Raise the total counted for the attempt of `step` under `fence` to `usage`, and the
+    tenant's spent total by the difference, when `usage` counts more than was counted."""
     if not usage:
         return 0
-    marked = tx.run(
-        "UPDATE attempts SET usage_json = ? WHERE fence = ? AND step_id = ? AND usage_json IS NULL",
+    row = tx.one(
+        "SELECT usage_json FROM attempts WHERE fence = ? AND step_id = ?", (fence, step["id"])
+    )
+    if row is None:
+        return 0
+    before = tokens_spent(loads(row["usage_json"]) or {})
+    spent = tokens_spent(usage) - before
+    if spent <= 0:
+        return 0
+    tx.run(
+        "UPDATE attempts SET usage_json = ? WHERE fence = ? AND step_id = ?",
         (dumps(dict(usage)), fence, step["id"]),
     )
-    spent = tokens_spent(usage) if marked else 0
-    if spent:
-        tx.run(
-            "UPDATE tenants SET tokens_used = MIN(tokens_used + ?, ?) WHERE name = ?",
-            (spent, TOKENS_CEILING, step["tenant"]),
-        )
+    tx.run(
+        "UPDATE tenants SET tokens_used = MIN(tokens_used + ?, ?) WHERE name = ?",
+        (spent, TOKENS_CEILING, step["tenant"]),
+    )
     return spent
 
 
@@ -330,3 +392,27 @@ def fail_step(tx: Tx, step: sqlite3.Row, reason: str) -> None:
     )
     transition(tx, step["task_id"], TaskState.FAILED, reason=reason)
     tx.note(Decision.FAILED, **about_step(tx, step), reason=reason)
+
+
+def fail_task(tx: Tx, task: sqlite3.Row, reason: str) -> None:
+    """Fail `task` (a row of `tasks`, not ended) with `reason`, ending its live attempts as
+    cancel does: a runner holding one learns at its next renew or result that the step is no
+    longer its own (`StaleFence`). Its unfinished steps are cancelled, a leased one failed."""
+    task_id = task["id"]
+    tx.run(
+        "UPDATE attempts SET state = ?, reason = ?, ended_at = ?"
+        " WHERE state = ? AND step_id IN (SELECT id FROM steps WHERE task_id = ?)",
+        (AttemptState.FAILED.value, reason[:500], tx.now, AttemptState.LEASED.value, task_id),
+    )
+    tx.run(
+        "UPDATE steps SET state = CASE WHEN state = ? THEN ? ELSE ? END, fence = NULL,"
+        " lease_deadline = NULL, accept_deadline = NULL WHERE task_id = ? AND state NOT IN (?, ?)",
+        (
+            StepState.LEASED.value, StepState.FAILED.value, StepState.CANCELLED.value, task_id,
+            StepState.COMMITTED.value, StepState.FAILED.value,
+        ),
+    )  # fmt: skip
+    transition(tx, task_id, TaskState.FAILED, reason=reason)
+    tx.note(
+        Decision.FAILED, task_id=task_id, tenant=task["tenant"], pool=task["pool"], reason=reason
+    )

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from supervisor.ledger import names, runners
+from supervisor.ledger import names, repositories, runners
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import StepState, TaskState
 from supervisor.ledger.tx import Tx, dumps
+from tether.messages import CheckSpec
 from tether.payloads import BUILT_IN_KINDS
 from tether.wire import content_hash, plan_document
 
@@ -31,7 +32,12 @@ class StepSpec:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskSpec:
-    """What an operator asks for. Fields after `steps` are declarations for the review record."""
+    """What an operator asks for. Fields after `steps` are declarations for the review record.
+
+    `checks` are the named commands a runner runs at each candidate; their names are the
+    task's expected checks. `expected_checks` alone (no commands) stay allowed: a custom step
+    kind may report such a check itself.
+    """
 
     tenant: str
     idempotency_key: str
@@ -43,6 +49,12 @@ class TaskSpec:
     expected_checks: tuple[str, ...] = ()
     owner: str | None = None
     pool: str = "default"
+    checks: tuple[CheckSpec, ...] = ()
+
+    @property
+    def expected(self) -> tuple[str, ...]:
+        """The expected checks: the checks' names in order, else `expected_checks`."""
+        return tuple(c.name for c in self.checks) if self.checks else self.expected_checks
 
     @property
     def plan(self) -> dict[str, Any]:
@@ -59,7 +71,8 @@ class TaskSpec:
             "declared_base_sha": self.base_sha,
             "requirement_revision": self.requirement_revision,
             "allowed_paths_json": dumps(list(self.allowed_paths)),
-            "expected_checks_json": dumps(list(self.expected_checks)),
+            "expected_checks_json": dumps(list(self.expected)),
+            "checks_json": dumps([{"name": c.name, "command": c.command} for c in self.checks]),
             "owner": self.owner,
             "pool": self.pool,
         }
@@ -92,10 +105,54 @@ def validate(spec: TaskSpec, max_steps: int, tx: Tx | None = None) -> None:
     names.check_pool_name(spec.pool, tx)
     if spec.repository is not None and not spec.repository.strip():
         raise InvalidRequest("repository must name a repository")
-    if spec.expected_checks and not spec.repository:
-        raise InvalidRequest("expected_checks need a repository to be checked against")
+    if (spec.expected_checks or spec.checks) and not spec.repository:
+        raise InvalidRequest("checks need a repository to be checked against")
+    check_checks(spec)
     if spec.base_sha and not spec.repository:
         raise InvalidRequest("base_sha needs a repository")
+
+
+def check_checks(spec: TaskSpec) -> None:
+    """`InvalidRequest` for checks named twice, or `expected_checks` naming another set than
+    the checks given beside them."""
+    lists = (("checks", [c.name for c in spec.checks]), ("expected_checks", spec.expected_checks))
+    for label, named in lists:
+        twice = sorted({n for n in named if named.count(n) > 1})
+        if twice:
+            raise InvalidRequest(f"{label} names {', '.join(map(repr, twice))} more than once")
+        if any(not n or len(n) > MAX_NAME for n in named):
+            raise InvalidRequest(f"{label} names must be 1..{MAX_NAME} characters")
+    if spec.checks and spec.expected_checks:
+        given = {c.name for c in spec.checks}
+        if set(spec.expected_checks) != given:
+            raise InvalidRequest(
+                f"expected_checks {sorted(spec.expected_checks)} must name the same checks as"
+                f" checks {sorted(given)} (or be left out: the checks' names are expected)"
+            )
+
+
+def check_repository(tx: Tx, spec: TaskSpec) -> None:
+    """`InvalidRequest` unless the task's repository is one its tenant added, and no `agent`
+    step of it carries `allowed_paths` of its own (the task's apply to every step)."""
+    if spec.repository is None:
+        return
+    if repositories.find_repository(tx.db, spec.tenant, spec.repository) is None:
+        raise InvalidRequest(
+            f"'repository': tenant {spec.tenant!r} has no repository {spec.repository!r}:"
+            f" add it first with `tether-supervisor repo add {spec.repository} --url URL"
+            f" --tenant {spec.tenant}`"
+        )
+    for i, step in enumerate(spec.steps):
+        if (
+            step.kind == "agent"
+            and isinstance(step.payload, dict)
+            and ("allowed_paths" in step.payload)
+        ):
+            raise InvalidRequest(
+                f"'plan.steps[{i}].payload.allowed_paths': step {step.name!r} is an agent step"
+                " of a task bound to a repository: the task's allowed_paths apply to it; give"
+                " them there and leave them out of the payload"
+            )
 
 
 def check_kinds(tx: Tx, spec: TaskSpec) -> None:
@@ -146,6 +203,7 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     if existing is not None:
         return existing
     check_kinds(tx, spec)
+    check_repository(tx, spec)
     plan_hash = spec.plan_hash
     declared = spec.declared()
     task_id = tx.new_id()
@@ -154,13 +212,14 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     tx.run(
         "INSERT INTO tasks (id, tenant, idempotency_key, state, plan_hash, plan_json,"
         " repository, declared_base_sha, requirement_revision, allowed_paths_json,"
-        " expected_checks_json, owner, pool, created_order, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " expected_checks_json, checks_json, owner, pool, created_order, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             task_id, spec.tenant, spec.idempotency_key, TaskState.PLANNED.value, plan_hash,
             dumps(spec.plan), declared["repository"], declared["declared_base_sha"],
             declared["requirement_revision"], declared["allowed_paths_json"],
-            declared["expected_checks_json"], declared["owner"], declared["pool"],
+            declared["expected_checks_json"], declared["checks_json"], declared["owner"],
+            declared["pool"],
             order["n"], tx.now,
         ),
     )  # fmt: skip

@@ -85,14 +85,23 @@ _QUERIES: dict[str, tuple[str, Callable[[sqlite3.Row], str]]] = {
         " (SELECT 1 FROM steps s WHERE s.task_id = t.id AND s.state != 'committed')",
         lambda r: f"task {r['id']} SUCCEEDED with an uncommitted step",
     ),
+    # A SUCCEEDED repository task has a final candidate (the latest step's, by position) whose
+    # report came with evidence finding no problem, and a passing run of each expected check.
     "success-is-verified": (
-        "SELECT t.id FROM tasks t WHERE t.state = 'SUCCEEDED' AND t.repository IS NOT NULL AND ("
-        " NOT EXISTS (SELECT 1 FROM steps s WHERE s.task_id = t.id AND s.candidate_sha IS NOT NULL)"
+        "SELECT t.id FROM tasks t LEFT JOIN steps f ON f.id = (SELECT s.id FROM steps s"
+        "  WHERE s.task_id = t.id AND s.candidate_sha IS NOT NULL ORDER BY s.position DESC LIMIT 1)"
+        " WHERE t.state = 'SUCCEEDED' AND t.repository IS NOT NULL AND ("
+        " f.id IS NULL OR f.evidence_json IS NULL"
+        " OR json_array_length(f.evidence_json, '$.problems') > 0"
         " OR EXISTS (SELECT 1 FROM json_each(t.expected_checks_json) c WHERE NOT EXISTS ("
-        "  SELECT 1 FROM artifacts a WHERE a.task_id = t.id AND a.name = c.value"
-        "  AND a.candidate_sha = (SELECT s.candidate_sha FROM steps s WHERE s.task_id = t.id"
-        "   AND s.candidate_sha IS NOT NULL ORDER BY s.position DESC LIMIT 1))))",
+        "  SELECT 1 FROM check_runs r JOIN steps s ON s.id = r.step_id WHERE s.task_id = t.id"
+        "  AND r.name = c.value AND r.candidate_sha = f.candidate_sha AND r.exit_code = 0)))",
         lambda r: f"task {r['id']} SUCCEEDED without matching verification evidence",
+    ),
+    "checkpoint-of-an-attempt": (
+        "SELECT k.step_id, k.fence FROM checkpoints k WHERE NOT EXISTS"
+        " (SELECT 1 FROM attempts a WHERE a.step_id = k.step_id AND a.fence = k.fence)",
+        lambda r: f"step {r['step_id']}'s checkpoint names fence {r['fence']}, not an attempt",
     ),
     "success-on-approved-base": (
         "SELECT t.id FROM tasks t JOIN events v ON v.task_id = t.id AND v.kind = 'state'"

@@ -13,11 +13,13 @@ from supervisor.ledger.errors import (
     InvalidTransition,
     NotFound,
     PlanMismatch,
+    StaleBase,
 )
+from supervisor.ledger.fencing import fail_task
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import ALL_POOLS, Tx, dumps, loads
-from supervisor.ledger.verification import review_verdict
+from supervisor.ledger.verification import review_verdict, stale_base
 from tether.messages import Budget
 
 
@@ -28,31 +30,48 @@ def owned_task(tx: Tx, tenant: str, task_id: str) -> sqlite3.Row:
     return row
 
 
-def approve(tx: Tx, tenant: str, task_id: str, plan_hash: str, base_sha: str | None) -> None:
+def approve(
+    tx: Tx,
+    tenant: str,
+    task_id: str,
+    plan_hash: str,
+    base_sha: str | None,
+    observed_head: str | None = None,
+) -> None:
     """Bind the plan hash and base SHA, then queue the task's first step.
 
-    A repeated approval with the same binding succeeds again, changing nothing, so a client may
-    retry one whose reply it lost.
+    A repository-bound task needs `observed_head`, the repository's head as the adapter just
+    read it: a base that is not the head is refused (`StaleBase`) and the task is unchanged.
+    The head observed is recorded as the repository's, failing any other approved task bound
+    to another base (`observe_head`). A repeated approval with the same binding succeeds
+    again, changing nothing, so a client may retry one whose reply it lost.
     """
     tx.request = "approve"
     task = owned_task(tx, tenant, task_id)
     if plan_hash != task["plan_hash"]:
         raise PlanMismatch(f"task {task_id} has plan hash {task['plan_hash']}, not {plan_hash}")
-    if task["repository"] and not base_sha:
-        raise InvalidRequest(f"task {task_id} names repository {task['repository']}: give base_sha")
-    if base_sha and not task["repository"]:
+    repository = task["repository"]
+    if repository and not base_sha:
+        raise InvalidRequest(f"task {task_id} names repository {repository}: give base_sha")
+    if base_sha and not repository:
         raise InvalidRequest(f"task {task_id} names no repository: a base_sha binds nothing")
     if task["approved_at"] is not None and task["approved_base_sha"] == base_sha:
         return
+    if repository:
+        if not observed_head:
+            raise InvalidRequest(
+                f"task {task_id} names repository {repository}: its approval needs the head"
+                " the supervisor read from it"
+            )
+        if base_sha != observed_head:
+            raise StaleBase(
+                f"base {base_sha} is not the head of repository {repository}, which is at"
+                f" {observed_head}: approve that head, or plan against it"
+            )
     transition(tx, task_id, TaskState.APPROVED, data={"plan_hash": plan_hash, "base_sha": base_sha})
     tx.run("UPDATE tasks SET approved_base_sha = ? WHERE id = ?", (base_sha, task_id))
-    if task["repository"]:
-        # The approver asserts this base; it becomes the known head if none was reported yet.
-        tx.run(
-            "INSERT OR IGNORE INTO repositories (tenant, name, head_sha, updated_at)"
-            " VALUES (?, ?, ?, ?)",
-            (tenant, task["repository"], base_sha, tx.now),
-        )
+    if repository and observed_head:
+        observe_head(tx, tenant, repository, observed_head, approving=task_id)
     transition(tx, task_id, TaskState.QUEUED)
     tx.run(
         "UPDATE steps SET state = ? WHERE task_id = ? AND position = 0",
@@ -87,19 +106,39 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
 
 
 def set_repository_head(tx: Tx, tenant: str, repository: str, sha: str) -> None:
+    """A forge's push webhook: the repository's head is now `sha` (`observe_head`)."""
+    tx.request = "head"
     if not repository.strip() or not sha.strip():
         raise InvalidRequest("repository and sha must be non-empty")
+    observe_head(tx, tenant, repository, sha)
+
+
+def observe_head(
+    tx: Tx, tenant: str, repository: str, sha: str, *, approving: str | None = None
+) -> None:
+    """Record `sha` as the head of `tenant`'s `repository`. Every task of it that has not
+    ended (but the one `approving`, whose base it is) gets a `base_changed` event when the
+    head changes; every approved one whose base is not `sha` fails at once with `stale_base`
+    (docs/design.md, Verification), so no later step is granted on a moved base."""
+    held = tx.one(
+        "SELECT head_sha FROM repositories WHERE tenant = ? AND name = ?", (tenant, repository)
+    )
     tx.run(
         "INSERT INTO repositories (tenant, name, head_sha, updated_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (tenant, name) DO UPDATE SET head_sha = excluded.head_sha,"
         " updated_at = excluded.updated_at",
         (tenant, repository, sha, tx.now),
     )
+    ended = sorted(state.value for state in TERMINAL)
     for row in tx.all(
-        "SELECT id, state FROM tasks WHERE tenant = ? AND repository = ?", (tenant, repository)
+        "SELECT * FROM tasks WHERE tenant = ? AND repository = ?"
+        f" AND state NOT IN ({', '.join('?' for _ in ended)}) ORDER BY created_order",
+        (tenant, repository, *ended),
     ):
-        if TaskState(row["state"]) not in TERMINAL:
+        if row["id"] != approving and (held is None or held["head_sha"] != sha):
             append_event(tx, row["id"], "base_changed", row["state"], {"head_sha": sha})
+        if row["approved_at"] is not None and row["approved_base_sha"] != sha:
+            fail_task(tx, row, stale_base(row["approved_base_sha"], sha, repository).reason)
 
 
 def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:

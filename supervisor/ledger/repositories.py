@@ -16,7 +16,7 @@ import sqlite3
 from supervisor.ledger import names
 from supervisor.ledger.errors import InvalidRequest, NotFound
 from supervisor.ledger.states import TERMINAL
-from supervisor.ledger.tx import Tx
+from supervisor.ledger.tx import Tx, loads
 
 MAX_URL = 2000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -32,6 +32,21 @@ class Repository:
     name: str
     url: str
     added_at: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Binding:
+    """What a repository-bound task's approval binds, as the adapters need it (to read the
+    head at approval, and to gather a report's evidence)."""
+
+    task_id: str
+    tenant: str
+    pool: str
+    repository: str  # the tenant's name for it
+    url: str
+    approved_base: str | None  # None before approval
+    allowed_paths: tuple[str, ...]
+    expected_checks: tuple[str, ...]
 
 
 def check_repository_name(name: str) -> str:
@@ -139,4 +154,44 @@ def _find(db: sqlite3.Connection, tenant: str, name: str) -> Repository | None:
 def _record(row: sqlite3.Row) -> Repository:
     return Repository(
         tenant=row["tenant"], name=row["name"], url=row["url"], added_at=row["added_at"]
+    )
+
+
+def binding_of_task(db: sqlite3.Connection, tenant: str, task_id: str) -> Binding | None:
+    """The binding of `tenant`'s task `task_id`; None when it names no repository. `NotFound`
+    when the tenant has no such task."""
+    task = db.execute(
+        "SELECT * FROM tasks WHERE id = ? AND tenant = ?", (task_id, tenant)
+    ).fetchone()
+    if task is None:
+        raise NotFound(f"no task {task_id}")
+    return _binding(db, task)
+
+
+def binding_of_step(db: sqlite3.Connection, step_id: str, pool: str | None) -> Binding | None:
+    """The binding of the task of step `step_id`; None when it names no repository. `NotFound`
+    when there is no such step, or it is not of `pool` (a runner's, when given)."""
+    task = db.execute(
+        "SELECT t.* FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.id = ?", (step_id,)
+    ).fetchone()
+    if task is None or (pool is not None and task["pool"] != pool):
+        raise NotFound(f"no step {step_id}")
+    return _binding(db, task)
+
+
+def _binding(db: sqlite3.Connection, task: sqlite3.Row) -> Binding | None:
+    if not task["repository"]:
+        return None
+    held = _find(db, task["tenant"], task["repository"])
+    if held is None:  # `repo remove` is refused while a task that has not ended names it
+        raise NotFound(f"task {task['id']}'s repository {task['repository']!r} is no longer known")
+    return Binding(
+        task_id=task["id"],
+        tenant=task["tenant"],
+        pool=task["pool"],
+        repository=task["repository"],
+        url=held.url,
+        approved_base=task["approved_base_sha"],
+        allowed_paths=tuple(loads(task["allowed_paths_json"])),
+        expected_checks=tuple(loads(task["expected_checks_json"])),
     )

@@ -22,12 +22,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from supervisor.ledger import (
     artifacts,
+    checkpoints,
     effects,
     fencing,
     identity,
     invariants,
     operator,
     reaper,
+    repositories,
     tokens,
     views,
 )
@@ -37,9 +39,10 @@ from supervisor.ledger.decisions import log_decisions
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
+from supervisor.ledger.verification import Evidence
 from tether.broadcast import Broadcast
 from tether.clocks import WallClock
-from tether.messages import Budget, Lease, PoolStatus, Renewal, Report
+from tether.messages import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
 
@@ -195,9 +198,22 @@ class SqliteLedger:
         return await self.write(lambda tx: identity.create_task(tx, spec))
 
     async def approve(
-        self, tenant: str, task_id: str, plan_hash: str, base_sha: str | None
+        self,
+        tenant: str,
+        task_id: str,
+        plan_hash: str,
+        base_sha: str | None,
+        observed_head: str | None = None,
     ) -> None:
-        await self.write(lambda tx: operator.approve(tx, tenant, task_id, plan_hash, base_sha))
+        await self.write(
+            lambda tx: operator.approve(tx, tenant, task_id, plan_hash, base_sha, observed_head)
+        )
+
+    async def binding_of_task(self, tenant: str, task_id: str) -> repositories.Binding | None:
+        return await self.read(lambda db: repositories.binding_of_task(db, tenant, task_id))
+
+    async def binding_of_step(self, step_id: str, pool: str | None) -> repositories.Binding | None:
+        return await self.read(lambda db: repositories.binding_of_step(db, step_id, pool))
 
     async def cancel(self, tenant: str, task_id: str, reason: str) -> None:
         await self.write(lambda tx: operator.cancel(tx, tenant, task_id, reason))
@@ -266,10 +282,17 @@ class SqliteLedger:
         )
         self.counters.leases_released += 1
 
-    async def report(self, rep: Report, pool: str | None = None) -> ResultOutcome:
-        outcome = await self.write(lambda tx: effects.report(tx, rep, pool))
+    async def report(
+        self, rep: Report, pool: str | None = None, evidence: Evidence | None = None
+    ) -> ResultOutcome:
+        outcome = await self.write(lambda tx: effects.report(tx, rep, pool, evidence))
         self.counters.commits[outcome] += 1
         return outcome
+
+    async def checkpoint(
+        self, step_id: str, cp: Checkpoint, pool: str | None = None
+    ) -> Checkpointed:
+        return await self.write(lambda tx: checkpoints.checkpoint(tx, step_id, cp, pool))
 
     async def expire(self) -> int:
         reaped = await self.write(reaper.expire)

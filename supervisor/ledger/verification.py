@@ -1,14 +1,76 @@
 """Verification (VERIFYING -> SUCCEEDED) and the review verdict: no success, and no acceptance,
 without matching evidence (docs/design.md, Verification and Review record).
+
+The adapters observe (they read the repository's head, import the bundle into the supervisor's
+mirror, hash the stored logs) and hand the ledger an `Evidence`; the rule here only judges what
+is recorded, so it does no I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import sqlite3
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import Tx, loads
+
+
+class Finding(enum.StrEnum):
+    """Every named reason verification refuses a candidate for; a failed task's reason is
+    `<code>: <detail>` of its first finding."""
+
+    STALE_BASE = "stale_base"
+    NO_CANDIDATE = "no_candidate"
+    UNKNOWN_CANDIDATE = "unknown_candidate"  # not in the mirror, no bundle, bundle head differs
+    NOT_DESCENDANT = "not_descendant"
+    PATH_NOT_ALLOWED = "path_not_allowed"
+    BUNDLE_REFUSED = "bundle_refused"  # git refused the bundle, or its ref is taken
+    MISSING_CHECK = "missing_check"  # an expected check has no run at the candidate
+    MISSING_ARTIFACT = "missing_artifact"  # a log's bytes are not in the store (or not the pool's)
+    ARTIFACT_MISMATCH = "artifact_mismatch"  # the stored bytes do not hash to the digest
+    CHECK_FAILED = "check_failed"  # exit code != 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Problem:
+    code: Finding
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        return f"{self.code}: {self.detail}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code.value, "detail": self.detail}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """What the supervisor's adapters observed about one report of a repository-bound step."""
+
+    head_sha: str  # the repository's head, read just before the commit
+    problems: tuple[Problem, ...] = ()  # what the mirror and the store found against the report
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"head_sha": self.head_sha, "problems": [p.as_dict() for p in self.problems]}
+
+
+def problems_of(evidence_json: str | None) -> list[Problem]:
+    """The problems of a step's stored evidence (`steps.evidence_json`)."""
+    stored: Mapping[str, Any] | None = loads(evidence_json)
+    if not stored:
+        return []
+    return [Problem(code=Finding(p["code"]), detail=p["detail"]) for p in stored["problems"]]
+
+
+def stale_base(approved: str | None, head: str, repository: str) -> Problem:
+    return Problem(
+        code=Finding.STALE_BASE,
+        detail=f"approved {approved}, repository {repository} is at {head}",
+    )
 
 
 def repository_head(db: sqlite3.Connection, task: sqlite3.Row) -> str | None:
@@ -33,9 +95,8 @@ def candidate_sha(db: sqlite3.Connection, task_id: str) -> str | None:
 def verify(tx: Tx, task_id: str) -> str | None:
     """Return None when the task may succeed, else the reason it fails.
 
-    Every step must be committed with exactly one effect. When the task names a repository, the
-    approved base must still be its head (else `stale_base`), the committed steps must have
-    reported a candidate SHA, and every expected check needs an artifact for that candidate.
+    Every step must be committed with exactly one effect. When the task names a repository,
+    its findings (`findings`) must be empty; the reason is the first one's `<code>: <detail>`.
     """
     task = tx.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
     assert task is not None
@@ -46,23 +107,72 @@ def verify(tx: Tx, task_id: str) -> str | None:
     )
     if uneven is not None:
         return f"unverified: step {uneven['id']} does not have exactly one effect"
+    found = findings(tx.db, task)
+    return found[0].reason if found else None
+
+
+def findings(db: sqlite3.Connection, task: sqlite3.Row) -> list[Problem]:
+    """What stands between a repository-bound task (a row of `tasks`) and success, first
+    first; none for a task without a repository.
+
+    In order: a step whose evidence saw the head off the approved base (`stale_base`); no
+    candidate at all (`no_candidate`); the problems the adapters found against the report of
+    the final candidate (the latest step, by position, that reported one) and against the
+    reports of the check runs used; then, for each expected check in order, no run at the
+    final candidate (`missing_check`) or a run that exited non-zero (`check_failed`).
+    """
     if not task["repository"]:
-        return None
-    head = repository_head(tx.db, task)
-    if head is None or head != task["approved_base_sha"]:
-        current = "unknown" if head is None else head
-        return f"stale_base: approved {task['approved_base_sha']}, repository is at {current}"
-    sha = candidate_sha(tx.db, task_id)
-    if sha is None:
-        return "unverified: no step reported a candidate SHA"
+        return []
+    steps = db.execute(
+        "SELECT id, position, candidate_sha, evidence_json FROM steps WHERE task_id = ?"
+        " AND state = 'committed' ORDER BY position",
+        (task["id"],),
+    ).fetchall()
+    found: list[Problem] = []
+    for step in steps:
+        evidence = loads(step["evidence_json"])
+        if evidence and evidence["head_sha"] != task["approved_base_sha"]:
+            approved, head = task["approved_base_sha"], evidence["head_sha"]
+            found.append(stale_base(approved, head, task["repository"]))
+    final = next((s for s in reversed(steps) if s["candidate_sha"]), None)
+    if final is None:
+        found.append(Problem(code=Finding.NO_CANDIDATE, detail="no step reported a candidate"))
+        return found
+    sha = final["candidate_sha"]
+    runs = check_runs_at(db, task["id"], sha)
+    reporting = {final["id"]} | {run["step_id"] for run in runs.values()}
+    for step in steps:
+        if step["id"] in reporting:
+            found.extend(problems_of(step["evidence_json"]))
     for check in loads(task["expected_checks_json"]):
-        found = tx.one(
-            "SELECT 1 FROM artifacts WHERE task_id = ? AND candidate_sha = ? AND name = ?",
-            (task_id, sha, check),
-        )
-        if found is None:
-            return f"unverified: no artifact for check {check!r} at candidate {sha}"
-    return None
+        run = runs.get(check)
+        if run is None:
+            found.append(
+                Problem(code=Finding.MISSING_CHECK, detail=f"no run of check {check!r} at {sha}")
+            )
+        elif run["exit_code"] != 0:
+            found.append(
+                Problem(
+                    code=Finding.CHECK_FAILED,
+                    detail=f"check {check!r} exited {run['exit_code']} at {sha}"
+                    f" (log {run['log_digest']})",
+                )
+            )
+    return _unique(found)
+
+
+def check_runs_at(db: sqlite3.Connection, task_id: str, sha: str | None) -> dict[str, sqlite3.Row]:
+    """The task's check runs at candidate `sha` by name: the latest step's run of each."""
+    rows = db.execute(
+        "SELECT c.*, s.position FROM check_runs c JOIN steps s ON s.id = c.step_id"
+        " WHERE s.task_id = ? AND c.candidate_sha = ? ORDER BY s.position",
+        (task_id, sha),
+    ).fetchall()
+    return {r["name"]: r for r in rows}
+
+
+def _unique(problems: Iterable[Problem]) -> list[Problem]:
+    return list(dict.fromkeys(problems))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ from supervisor.ledger import operator
 from supervisor.ledger.errors import InvalidRequest, NotFound
 from supervisor.ledger.states import TERMINAL, StepState, TaskState
 from supervisor.ledger.tx import loads
-from supervisor.ledger.verification import review_verdict
+from supervisor.ledger.verification import check_runs_at, findings, problems_of, review_verdict
 from tether.messages import PoolStatus, RunnerSeen
 
 PAGE_MAX = 200
@@ -144,7 +144,9 @@ def task_view(
 ) -> dict[str, Any]:
     """The task with its steps, attempts, fences, last sequence number and what it waits for.
     Attempts' times are ISO 8601 (UTC); a failed or cancelled task's unrun steps are
-    `skipped`."""
+    `skipped`. Each step shows its candidate, bundle, check runs, the problems the
+    supervisor's evidence found against its result and its last checkpoint (turn, fence);
+    `findings` are what verification holds against the task (`verification.findings`)."""
     row = _task_row(db, tenant, task_id)
     steps = db.execute(
         f"SELECT s.*, {_SHOWN_STATE} AS shown_state, e.effect_key FROM steps s"
@@ -166,6 +168,26 @@ def task_view(
                 "usage": loads(a["usage_json"]),
             }
         )  # fmt: skip
+    checks: dict[str, list[dict[str, Any]]] = {}
+    for c in db.execute(
+        "SELECT c.* FROM check_runs c JOIN steps s ON s.id = c.step_id WHERE s.task_id = ?"
+        " ORDER BY c.step_id, c.name",
+        (task_id,),
+    ):
+        checks.setdefault(c["step_id"], []).append(
+            {
+                "name": c["name"], "log": c["log_digest"], "exit_code": c["exit_code"],
+                "duration_s": c["duration_s"],
+            }
+        )  # fmt: skip
+    held = {
+        r["step_id"]: {"turn": r["turn"], "fence": r["fence"]}
+        for r in db.execute(
+            "SELECT k.step_id, k.turn, k.fence FROM checkpoints k JOIN steps s"
+            " ON s.id = k.step_id WHERE s.task_id = ?",
+            (task_id,),
+        )
+    }
     rejections = [
         {"step_id": r["step_id"], "fence": r["fence"], "code": r["code"], "detail": r["detail"]}
         for r in db.execute(
@@ -181,10 +203,14 @@ def task_view(
                 "id": s["id"], "name": s["name"], "kind": s["kind"], "state": s["shown_state"],
                 "payload_hash": s["payload_hash"], "effect_key": s["effect_key"],
                 "fence": s["fence"], "output": loads(s["output_json"]),
-                "candidate_sha": s["candidate_sha"], "attempts": attempts.get(s["id"], []),
+                "candidate_sha": s["candidate_sha"], "bundle": s["bundle"],
+                "checks": checks.get(s["id"], []),
+                "problems": [p.as_dict() for p in problems_of(s["evidence_json"])],
+                "checkpoint": held.get(s["id"]), "attempts": attempts.get(s["id"], []),
             }
             for s in steps
         ],
+        "findings": [p.as_dict() for p in findings(db, row)],
         "rejections": rejections,
     }  # fmt: skip
 
@@ -254,16 +280,18 @@ def _field(value: Any, kind: str) -> dict[str, Any]:
 
 def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> dict[str, Any]:
     """The review record (docs/design.md, Review record). `expectation`: declared before the
-    run; `observation`: recorded by the ledger. `verdict` is `verification.review_verdict`."""
+    run; `observation`: recorded by the ledger or observed by the supervisor and its runners.
+    `verdict` is `verification.review_verdict`."""
     task = _task_row(db, tenant, task_id)
     state = TaskState(task["state"])
     verdict = review_verdict(db, task)
-    artifacts = {
-        r["name"]: r["digest"]
-        for r in db.execute(
-            "SELECT name, digest FROM artifacts WHERE task_id = ? AND candidate_sha = ?",
-            (task_id, verdict.candidate_sha),
-        )
+    runs = check_runs_at(db, task_id, verdict.candidate_sha)
+    expected = loads(task["expected_checks_json"])
+    observed_checks = {
+        name: None
+        if name not in runs
+        else {"log": runs[name]["log_digest"], "exit_code": runs[name]["exit_code"]}
+        for name in expected
     }
     attempts = db.execute(
         "SELECT a.state, COUNT(*) AS n FROM attempts a JOIN steps s ON s.id = a.step_id"
@@ -274,11 +302,7 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
         "SELECT COUNT(*) FROM rejections WHERE task_id = ?", (task_id,)
     ).fetchone()[0]
 
-    questions: list[str] = []
-    if task["repository"]:
-        missing = [c for c in loads(task["expected_checks_json"]) if c not in artifacts]
-        if missing:
-            questions.append(f"no artifact at the candidate for: {', '.join(missing)}")
+    questions: list[str] = [p.reason for p in findings(db, task)]
     if rejected:
         questions.append(f"{rejected} rejected attempt(s) recorded; see the task's rejections")
     if state not in TERMINAL:
@@ -297,8 +321,8 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
         "allowed_paths": _field(loads(task["allowed_paths_json"]), "expectation"),
         "start_time": _field(task["started_at"], "observation"),
         "stop_time": _field(task["finished_at"], "observation"),
-        "expected_checks": _field(loads(task["expected_checks_json"]), "expectation"),
-        "observed_checks": _field(artifacts, "observation"),
+        "expected_checks": _field(expected, "expectation"),
+        "observed_checks": _field(observed_checks, "observation"),
         "observed_terminal_state": _field(
             state.value if state in TERMINAL else None, "observation"
         ),
@@ -307,12 +331,31 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
             {
                 "live_leases": verdict.live_leases,
                 "attempts_by_state": {r["state"]: r["n"] for r in attempts},
+                "removed": removal_records(db, task_id),
             },
             "observation",
         ),
         "unresolved_questions": _field(questions, "observation"),
         "verdict": {"acceptable": verdict.acceptable, "reasons": list(verdict.reasons)},
     }
+
+
+_REMOVAL_FIELDS = ("path", "bytes_removed", "files_removed", "gone")
+
+
+def removal_records(db: sqlite3.Connection, task_id: str) -> list[dict[str, Any]]:
+    """The runners' records of removing their workspaces, from the committed outputs that hold
+    one (an `agent` step's `cleanup`: path, bytes and files removed, gone), by step."""
+    found: list[dict[str, Any]] = []
+    for row in db.execute(
+        "SELECT id, output_json FROM steps WHERE task_id = ? AND state = ? ORDER BY position",
+        (task_id, StepState.COMMITTED.value),
+    ):
+        output = loads(row["output_json"])
+        cleanup = output.get("cleanup") if isinstance(output, dict) else None
+        if isinstance(cleanup, dict):
+            found.append({"step_id": row["id"], **{k: cleanup.get(k) for k in _REMOVAL_FIELDS}})
+    return found
 
 
 def queue_depth(db: sqlite3.Connection) -> dict[str, int]:

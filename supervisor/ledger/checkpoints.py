@@ -1,0 +1,58 @@
+"""Checkpoints: an `agent` step's state after each completed turn, kept under the attempt's
+fence so a replayed attempt resumes there instead of paying for those turns again
+(docs/design.md, Checkpoints).
+
+A checkpoint is a write like a result: refused as `stale_fence`, and recorded, unless its fence
+is the step's current one and the step is leased. The step keeps only its latest one; a turn
+never goes back. The attempt's usage is charged by delta like a result's (`fencing.charge`).
+The next grant of the step carries it as `Lease.resume` (`fencing.resume_point`).
+"""
+
+from __future__ import annotations
+
+from supervisor.ledger.decisions import Decision
+from supervisor.ledger.errors import InvalidRequest, StaleFence
+from supervisor.ledger.fencing import about_step, charge, find_step, require_current
+from supervisor.ledger.states import StepState
+from supervisor.ledger.tx import Tx, dumps
+from tether.messages import Checkpoint, Checkpointed
+
+
+def checkpoint(tx: Tx, step_id: str, cp: Checkpoint, pool: str | None = None) -> Checkpointed:
+    """Accept `cp` as the step's latest checkpoint and answer the turn it resumes after.
+
+    The same turn again under the same fence is the same answer and changes nothing; a turn
+    below the one held is refused (`InvalidRequest`), as is a bundle without its commit.
+    """
+    tx.request = "checkpoint"
+    step = find_step(tx, step_id, pool)
+    spent = charge(tx, step, cp.fence, cp.usage)
+    require_current(tx, step, cp.fence)
+    if step["state"] != StepState.LEASED:
+        raise StaleFence(f"step {step_id} is {step['state']}; the lease is over").about(
+            task_id=step["task_id"], step_id=step_id, fence=cp.fence
+        )
+    if (cp.bundle is None) != (cp.sha is None):
+        raise InvalidRequest("a checkpoint names its bundle and the commit `sha` in it together")
+    held = tx.one("SELECT fence, turn FROM checkpoints WHERE step_id = ?", (step_id,))
+    if held is not None:
+        if held["fence"] == cp.fence and held["turn"] == cp.turn:
+            return Checkpointed(turn=cp.turn)
+        if cp.turn < held["turn"]:
+            raise InvalidRequest(
+                f"step {step_id} is checkpointed after turn {held['turn']}; turn {cp.turn}"
+                " would go back"
+            )
+    tx.run(
+        "INSERT INTO checkpoints (step_id, fence, turn, transcript, bundle, sha,"
+        " step_usage_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (step_id) DO UPDATE SET fence = excluded.fence, turn = excluded.turn,"
+        " transcript = excluded.transcript, bundle = excluded.bundle, sha = excluded.sha,"
+        " step_usage_json = excluded.step_usage_json, created_at = excluded.created_at",
+        (
+            step_id, cp.fence, cp.turn, cp.transcript, cp.bundle, cp.sha,
+            dumps(dict(cp.step_usage)), tx.now,
+        ),
+    )  # fmt: skip
+    tx.note(Decision.CHECKPOINTED, **about_step(tx, step), turn=cp.turn, tokens=spent)
+    return Checkpointed(turn=cp.turn)
