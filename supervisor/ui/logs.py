@@ -1,0 +1,67 @@
+"""An artifact the tenant may read (a check's log), shown as text inside a page: streamed from
+the artifact store in chunks, each decoded as UTF-8 (bad bytes shown as U+FFFD) and escaped,
+never sent as the bytes themselves. Who may read a digest is the API's rule
+(`artifact_routes.visible_to`)."""
+
+from __future__ import annotations
+
+import codecs
+import html
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Final
+
+import anyio
+from markupsafe import Markup
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from supervisor.api.artifact_routes import visible_to
+from supervisor.api.errors import ApiError
+from supervisor.artifacts import ArtifactStore, InvalidDigest
+from supervisor.ledger import Principal
+from supervisor.ui import pages, render, session
+from supervisor.ui.guard import signed
+from tether.wire import ErrorCode
+
+CHUNK: Final = 64 * 1024
+
+
+async def escaped(path: Path) -> AsyncIterator[str]:
+    """The file at `path` as escaped, printable text, a chunk at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    async with await anyio.open_file(path, "rb") as file:
+        while chunk := await file.read(CHUNK):
+            yield html.escape(render.printable(decoder.decode(chunk)), quote=False)
+    yield html.escape(render.printable(decoder.decode(b"", final=True)), quote=False)
+
+
+async def _log(request: Request, who: Principal) -> Response:
+    digest: str = request.path_params["digest"]
+    store: ArtifactStore = request.app.state.artifacts
+    try:
+        path = store.path_of(digest)
+    except InvalidDigest as exc:
+        raise ApiError(ErrorCode.INVALID_FIELD, f"path: {exc}") from None
+    shared: frozenset[str] = request.app.state.settings.shared_pool_names
+    owners = await pages.ledger_of(request).artifact_owners(digest)
+    if not any(visible_to(who.scope, owner, shared) for owner in owners) or not path.is_file():
+        raise ApiError(ErrorCode.NOT_FOUND, f"no artifact {digest}")
+    head, _, foot = (
+        render.templates.get_template("log.html")
+        .render(digest=digest, who=who, csrf=session.csrf_token(request), body=Markup("\0"))
+        .partition("\0")
+    )
+
+    async def body() -> AsyncIterator[str]:
+        yield head
+        async for text in escaped(path):
+            yield text
+        yield foot
+
+    response = StreamingResponse(body(), media_type="text/html; charset=utf-8")
+    response.headers.update(render.HEADERS)
+    return response
+
+
+log = signed(_log)

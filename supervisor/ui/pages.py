@@ -1,0 +1,137 @@
+"""The status page's reads: the tenant's tasks, one task, and the part of a task page that
+live updates replace. Everything comes through the ledger port, as the API's reads do."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from supervisor.api import requests as rq
+from supervisor.api.errors import ApiError
+from supervisor.ledger import Ledger, Principal
+from supervisor.ledger.views import PAGE_MAX
+from supervisor.ui import render
+from supervisor.ui.guard import signed
+from tether.wire import ErrorCode
+
+PAGE_SIZE: Final = 50
+# What the templates show by name; any other field of a task, step or attempt is shown as a
+# key and its value, so a field the ledger adds appears without a template change.
+TASK_SHOWN: Final = frozenset(
+    {
+        "id", "tenant", "idempotency_key", "state", "reason", "plan_hash", "base_sha",
+        "repository", "pool", "seq", "created_at", "waiting_for", "budget", "steps",
+        "rejections",
+    }
+)  # fmt: skip
+STEP_SHOWN: Final = frozenset(
+    {
+        "id", "name", "kind", "state", "payload_hash", "effect_key", "fence", "output",
+        "candidate_sha", "attempts",
+    }
+)  # fmt: skip
+ATTEMPT_SHOWN: Final = frozenset(
+    {
+        "attempt", "fence", "runner_id", "token_id", "state", "reason", "granted_at",
+        "ended_at", "usage",
+    }
+)  # fmt: skip
+
+
+def ledger_of(request: Request) -> Ledger:
+    ledger: Ledger = request.app.state.ledger
+    return ledger
+
+
+def carries_data(value: Any) -> bool:
+    """Whether a field is worth a section: not null and not empty."""
+    return value is not None and value not in ({}, [], "")
+
+
+def extras(record: dict[str, Any], shown: frozenset[str]) -> dict[str, Any]:
+    """The fields of `record` no template names, those carrying data only."""
+    return {k: v for k, v in record.items() if k not in shown and carries_data(v)}
+
+
+def review_parts(review: dict[str, Any]) -> dict[str, Any]:
+    """The review record split for the page: what was declared before the run, what the ledger
+    recorded, and the verdict."""
+    fields = {k: v for k, v in review.items() if isinstance(v, dict) and "kind" in v}
+    return {
+        "expectations": {k: v["value"] for k, v in fields.items() if v["kind"] == "expectation"},
+        "observations": {k: v["value"] for k, v in fields.items() if v["kind"] != "expectation"},
+        "checks": (fields.get("observed_checks") or {}).get("value") or {},
+        "verdict": review.get("verdict") or {},
+    }
+
+
+async def task_context(request: Request, who: Principal, task_id: str) -> dict[str, Any]:
+    """What the task page and its live fragment show."""
+    ledger = ledger_of(request)
+    task = await ledger.task(task_id, who.scope)
+    review = await ledger.review(task_id, who.scope)
+    steps = [
+        {
+            **step,
+            "extra": extras(step, STEP_SHOWN),
+            "attempts": [
+                {**attempt, "extra": extras(attempt, ATTEMPT_SHOWN)}
+                for attempt in step.get("attempts", [])
+            ],
+        }
+        for step in task.get("steps", [])
+    ]
+    return {
+        "who": who,
+        "task": task,
+        "steps": steps,
+        "task_extra": extras(task, TASK_SHOWN),
+        "review": review_parts(review),
+        "ended": render.is_ended(task["state"]),
+    }
+
+
+async def task_page(
+    request: Request,
+    who: Principal,
+    task_id: str,
+    notice: str | None = None,
+    status_code: int = 200,
+) -> Response:
+    """The task page, with `notice` (a refused action) above it."""
+    context = await task_context(request, who, task_id)
+    return render.page(request, "task.html", {**context, "notice": notice}, status_code)
+
+
+async def _task(request: Request, who: Principal) -> Response:
+    return await task_page(request, who, request.path_params["task_id"])
+
+
+async def _fragment(request: Request, who: Principal) -> Response:
+    context = await task_context(request, who, request.path_params["task_id"])
+    return render.page(request, "task_live.html", context)
+
+
+def _cursor(request: Request) -> int | None:
+    raw = request.query_params.get("cursor") or None
+    if raw is not None and not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise ApiError(ErrorCode.INVALID_FIELD, "query parameter 'cursor' is not valid")
+    return None if raw is None else int(raw)
+
+
+async def _tasks(request: Request, who: Principal) -> Response:
+    state = request.query_params.get("state") or None
+    limit = rq.query_int(request, "limit", default=PAGE_SIZE, low=1, high=PAGE_MAX)
+    found = await ledger_of(request).list_tasks(who.scope, state, _cursor(request), limit)
+    context = {
+        "who": who, "tasks": found["tasks"], "next": found["next"], "state": state,
+        "limit": None if limit == PAGE_SIZE else limit,
+    }  # fmt: skip
+    return render.page(request, "tasks.html", context)
+
+
+tasks = signed(_tasks)
+task = signed(_task)
+fragment = signed(_fragment, redirect=False)

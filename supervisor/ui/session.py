@@ -1,0 +1,150 @@
+"""Who is signed in to the status page, and whether a write may go ahead.
+
+The operator's token is posted once to the login form and kept in a cookie (HttpOnly,
+SameSite=Strict, Path=/ui, Secure over https); nothing puts it in a URL. Each request checks
+it with the API's own check (`supervisor.api.auth.require`), so a revoked token stops working
+here as soon as it does on the API. Every write carries a CSRF token, an HMAC of the cookie
+under a key made when the process starts (a restart asks for a reload, never a new login),
+and is refused when its Origin or Referer names another host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Mapping
+from urllib.parse import parse_qsl, urlsplit
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from supervisor.api import requests as rq
+from supervisor.api.auth import require
+from supervisor.api.errors import ApiError
+from supervisor.ledger import Principal, Role
+from tether.wire import ErrorCode
+
+COOKIE = "tether_ui"
+PATH = "/ui"
+FORM_FIELDS_MAX = 20
+# Tokens are `tether_` and URL-safe base64; anything else cannot be one, and must not reach a
+# header or a cookie.
+_TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_\-.~+/=]{1,512}")
+_KEY = secrets.token_bytes(32)
+
+
+class SignedOut(Exception):
+    """The request carries no session, or its token is no longer valid."""
+
+
+class WriteRefused(Exception):
+    """A write that fails the CSRF or origin check: refused before it reads anything."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+def well_formed(secret: str) -> bool:
+    return bool(_TOKEN_SHAPE.fullmatch(secret))
+
+
+def _as_bearer(request: Request, secret: str) -> Request:
+    """`request` as the API would see it with `secret` in its Authorization header."""
+    headers = [(k, v) for k, v in request.scope["headers"] if k != b"authorization"]
+    headers.append((b"authorization", f"Bearer {secret}".encode("ascii")))
+    return Request({**request.scope, "headers": headers}, request.receive)
+
+
+async def operator_for(request: Request, secret: str) -> Principal:
+    """The operator `secret` stands for; `ApiError` (401 unknown or revoked, 403 a runner's
+    token) from the API's own check otherwise."""
+    if not well_formed(secret):
+        raise ApiError(ErrorCode.UNAUTHORIZED, "the token is unknown or revoked")
+    return await require(_as_bearer(request, secret), Role.OPERATOR)
+
+
+async def signed_in(request: Request) -> Principal:
+    """The operator whose token the session cookie holds; `SignedOut` if there is none."""
+    secret = request.cookies.get(COOKIE, "")
+    if not secret:
+        raise SignedOut
+    try:
+        return await operator_for(request, secret)
+    except ApiError:
+        raise SignedOut from None
+
+
+def csrf_token(request: Request) -> str:
+    """The CSRF token of this session: it proves a form was served to the cookie's holder."""
+    secret = request.cookies.get(COOKIE, "")
+    return hmac.new(_KEY, secret.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def same_origin(request: Request) -> bool:
+    """False when the request names an Origin (or, lacking one, a Referer) on another host
+    than the one it was sent to; True when it names none (a browser sends Origin with every
+    POST, so only other clients lack both)."""
+    host = request.headers.get("host", "")
+    origin = request.headers.get("origin")
+    if origin is not None:
+        return origin != "null" and urlsplit(origin).netloc == host
+    referer = request.headers.get("referer")
+    return referer is None or urlsplit(referer).netloc == host
+
+
+async def form(request: Request) -> dict[str, str]:
+    """The posted form's fields (urlencoded, within `max_body_bytes`); a name sent twice keeps
+    its first value."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != (
+        "application/x-www-form-urlencoded"
+    ):
+        raise WriteRefused("send the page's form (application/x-www-form-urlencoded)")
+    raw = await rq.body_bytes(request, request.app.state.settings.max_body_bytes)
+    try:
+        pairs = parse_qsl(
+            raw.decode("utf-8"), keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX
+        )
+    except (UnicodeDecodeError, ValueError):
+        raise WriteRefused("the form could not be read") from None
+    fields: dict[str, str] = {}
+    for name, value in pairs:
+        fields.setdefault(name, value)
+    return fields
+
+
+async def checked_form(request: Request) -> dict[str, str]:
+    """The form of a write by the signed-in operator, once its origin and CSRF token are
+    checked; `WriteRefused` otherwise, before anything is changed."""
+    if not same_origin(request):
+        raise WriteRefused("refused: the form was sent from another site")
+    fields = await form(request)
+    sent = fields.get("csrf", "")
+    if not request.cookies.get(COOKIE) or not hmac.compare_digest(
+        sent.encode("utf-8"), csrf_token(request).encode("ascii")
+    ):
+        raise WriteRefused("refused: the form is stale or not this session's; reload the page")
+    return fields
+
+
+def keep(response: Response, request: Request, secret: str) -> None:
+    """Set the session cookie on `response`."""
+    response.set_cookie(
+        COOKIE, secret, path=PATH, httponly=True, samesite="strict",
+        secure=request.url.scheme == "https",
+    )  # fmt: skip
+
+
+def forget(response: Response, request: Request) -> None:
+    """Clear the session cookie on `response`."""
+    response.delete_cookie(
+        COOKIE, path=PATH, httponly=True, samesite="strict",
+        secure=request.url.scheme == "https",
+    )  # fmt: skip
+
+
+def fields_of(fields: Mapping[str, str], *names: str) -> dict[str, str]:
+    """The named fields, stripped, "" for a missing one."""
+    return {name: fields.get(name, "").strip() for name in names}

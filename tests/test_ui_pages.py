@@ -1,0 +1,411 @@
+"""The status page (`/ui`) in process: signing in, the cookie, CSRF and origin checks, the
+pages and their strict HTML5, and the operator's actions with the API's rules."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from supervisor import admin
+
+from .agent_repos import make_origin
+from .conftest import ApiHarness, FakeClock, ledger_snapshot, open_api
+from .ui_pages import csrf_of, sign_in, strict, strict_fragment, with_ui
+
+HOSTILE = "<script>alert('x')</script>\x00\x07\x85\ufffe & \"q\""
+
+
+@pytest.fixture
+async def web(tmp_path: Path, clock: FakeClock) -> AsyncIterator[ApiHarness]:
+    async with open_api(tmp_path / "ui.db", clock, synchronous="OFF") as harness:
+        with_ui(harness.app)
+        yield harness
+
+
+async def signed_in(web: ApiHarness, who: str = "operator") -> httpx.AsyncClient:
+    answer = await sign_in(web.client, web.secrets[who])
+    assert answer.status_code == 303, answer.text
+    assert answer.headers["location"] == "/ui"
+    client: httpx.AsyncClient = web.client
+    return client
+
+
+async def page(client: httpx.AsyncClient, url: str, status: int = 200) -> str:
+    answer = await client.get(url)
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("text/html")
+    strict(answer.text)
+    return answer.text
+
+
+async def post_form(
+    client: httpx.AsyncClient, url: str, fields: dict[str, str], origin: str | None = None
+) -> httpx.Response:
+    headers = {"Origin": origin or "http://supervisor.test"}
+    return await client.post(url, data=fields, headers=headers)
+
+
+async def repository(web: ApiHarness, tmp_path: Path) -> str:
+    """Register a real git repository `app` for tenant acme (as `repo add` does, in a thread:
+    it runs an event loop of its own); answer its head."""
+    path, head = make_origin(tmp_path / "origin")
+    await anyio.to_thread.run_sync(admin.add_repository, web.path, "acme", "app", str(path))
+    return head
+
+
+async def finished(web: ApiHarness, key: str, output: Any = "done", **extra: Any) -> str:
+    task = await web.queued(key)
+    [lease] = await web.claim()
+    answer = await web.report(lease, output, **extra)
+    assert answer.status_code == 200, answer.text
+    return str(task["id"])
+
+
+# -- signing in ------------------------------------------------------------------------------
+
+
+async def test_without_a_session_every_page_sends_to_the_login_form(web: ApiHarness) -> None:
+    task = await web.create("k")
+    for url in ("/ui", f"/ui/tasks/{task['id']}", "/ui/artifacts/" + "0" * 64):
+        answer = await web.client.get(url)
+        assert (answer.status_code, answer.headers["location"]) == (303, "/ui/login"), url
+    for url in (f"/ui/tasks/{task['id']}/fragment", f"/ui/tasks/{task['id']}/events"):
+        assert (await web.client.get(url)).status_code == 401, url
+    form = await page(web.client, "/ui/login")
+    assert 'type="password"' in form
+    assert 'action="/ui/login"' in form
+
+
+async def test_the_cookie_is_httponly_strict_scoped_to_ui_and_not_secure_over_http(
+    web: ApiHarness,
+) -> None:
+    answer = await sign_in(web.client, web.secrets["operator"])
+    cookie = answer.headers["set-cookie"]
+    flags = {part.strip().lower() for part in cookie.split(";")[1:]}
+    assert {"httponly", "samesite=strict", "path=/ui"} <= flags
+    assert "secure" not in flags
+    assert web.secrets["operator"] not in answer.headers["location"]
+
+
+async def test_over_https_the_cookie_is_secure(web: ApiHarness) -> None:
+    transport = httpx.ASGITransport(app=web.app)
+    async with httpx.AsyncClient(transport=transport, base_url="https://ui.test") as client:
+        answer = await sign_in(client, web.secrets["operator"])
+        assert answer.status_code == 303
+        assert "secure" in answer.headers["set-cookie"].lower().split("; ")
+        assert (await client.get("/ui")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("who", "status", "says"),
+    [("runner", 403, "needs an operator token"), ("nobody", 401, "unknown or revoked")],
+)
+async def test_a_runner_or_unknown_token_is_refused(
+    web: ApiHarness, who: str, status: int, says: str
+) -> None:
+    secret = web.secrets.get(who, "tether_made-up")
+    answer = await sign_in(web.client, secret)
+    assert answer.status_code == status
+    assert says in answer.text
+    assert "set-cookie" not in answer.headers
+    strict(answer.text)
+    web.client.cookies.set("tether_ui", secret, path="/ui")  # a cookie planted by hand
+    assert (await web.client.get("/ui")).headers["location"] == "/ui/login"
+
+
+async def test_a_login_posted_from_another_site_is_refused(web: ApiHarness) -> None:
+    answer = await web.client.post(
+        "/ui/login", data={"token": web.secrets["operator"]},
+        headers={"Origin": "https://evil.example"},
+    )  # fmt: skip
+    assert answer.status_code == 403
+    assert "set-cookie" not in answer.headers
+
+
+async def test_sign_out_clears_the_cookie(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    listing = await page(client, "/ui")
+    answer = await post_form(client, "/ui/logout", {"csrf": csrf_of(listing)})
+    assert (answer.status_code, answer.headers["location"]) == (303, "/ui/login")
+    assert 'tether_ui=""' in answer.headers["set-cookie"]
+    assert "max-age=0" in answer.headers["set-cookie"].lower()
+    assert (await client.get("/ui")).status_code == 303
+
+
+async def test_a_revoked_token_ends_the_session(web: ApiHarness) -> None:
+    from supervisor import admin
+
+    client = await signed_in(web)
+    assert (await client.get("/ui")).status_code == 200
+    token_id = await web.app.state.ledger.authenticate(web.secrets["operator"])
+    admin.revoke_token(web.path, token_id.token_id)
+    web.clock.advance(2)
+    web.app.state.tokens._entries.clear()  # the API's one-second cache, passed at once
+    answer = await client.get("/ui")
+    assert (answer.status_code, answer.headers["location"]) == (303, "/ui/login")
+
+
+# -- writes: CSRF and origin ---------------------------------------------------------------
+
+
+async def test_a_write_without_the_sessions_csrf_token_changes_nothing(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    task = await web.create("guarded")
+    url = f"/ui/tasks/{task['id']}/approve"
+    good = csrf_of(await page(client, f"/ui/tasks/{task['id']}"))
+    before = ledger_snapshot(web.path)
+    for fields, origin in [
+        ({"plan_hash": task["plan_hash"]}, None),  # no token
+        ({"plan_hash": task["plan_hash"], "csrf": "0" * 64}, None),  # a made-up one
+        ({"plan_hash": task["plan_hash"], "csrf": good}, "https://evil.example"),
+        ({"plan_hash": task["plan_hash"], "csrf": good}, "null"),
+    ]:
+        answer = await post_form(client, url, fields, origin)
+        assert answer.status_code == 403, fields
+        strict(answer.text)
+    referred = await client.post(
+        url, data={"plan_hash": task["plan_hash"], "csrf": good},
+        headers={"Referer": "https://evil.example/page"},
+    )  # fmt: skip
+    assert referred.status_code == 403
+    as_json = await client.post(url, json={"plan_hash": task["plan_hash"], "csrf": good})
+    assert as_json.status_code == 403
+    assert ledger_snapshot(web.path) == before
+
+
+async def test_another_sessions_csrf_token_is_refused(web: ApiHarness) -> None:
+    client = await signed_in(web, "rival")
+    rivals = csrf_of(await page(client, "/ui"))
+    client.cookies.clear()
+    await signed_in(web)
+    task = await web.create("mine")
+    before = ledger_snapshot(web.path)
+    answer = await post_form(
+        client, f"/ui/tasks/{task['id']}/cancel", {"csrf": rivals, "reason": "x"}
+    )
+    assert answer.status_code == 403
+    assert ledger_snapshot(web.path) == before
+
+
+# -- pages -----------------------------------------------------------------------------------
+
+
+async def test_tasks_are_listed_newest_first_and_paged_with_the_apis_cursor(
+    web: ApiHarness,
+) -> None:
+    client = await signed_in(web)
+    ids = [(await web.create(f"k{i}"))["id"] for i in range(5)]
+    seen: list[str] = []
+    url: str | None = "/ui?limit=2"
+    while url is not None:
+        text = await page(client, url)
+        seen += re.findall(r'href="/ui/tasks/([^"/]+)"', text)
+        older = re.search(r'rel="next" href="([^"]+)"', text)
+        url = older.group(1).replace("&amp;", "&") if older else None
+    assert seen == ids[::-1]
+
+
+async def test_the_state_filter_shows_only_that_state(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    planned = await web.create("planned")
+    queued = await web.queued("queued")
+    text = await page(client, "/ui?state=QUEUED")
+    assert queued["id"] in text
+    assert planned["id"] not in text
+    assert '<option value="QUEUED" selected>' in text
+    refused = await page(client, "/ui?state=BOGUS", 422)
+    assert "state must be one of" in refused
+    assert (await client.get("/ui?cursor=abc")).status_code == 422
+
+
+async def test_another_tenants_task_is_not_found(web: ApiHarness) -> None:
+    task = await web.create("private")
+    client = await signed_in(web, "rival")
+    await page(client, f"/ui/tasks/{task['id']}", 404)
+    assert task["id"] not in await page(client, "/ui")
+
+
+async def test_the_task_page_shows_the_plan_steps_attempts_review_and_budget(
+    web: ApiHarness,
+) -> None:
+    client = await signed_in(web)
+    task_id = await finished(web, "shown", {"answer": 42})
+    text = await page(client, f"/ui/tasks/{task_id}")
+    task = (await web.client.get(f"/v1/tasks/{task_id}", headers=web.operator)).json()
+    step = task["steps"][0]
+    for shown in (
+        task["plan_hash"], step["payload_hash"], step["effect_key"], "SUCCEEDED", "r1",
+        "committed", "Expected (declared before the run)", "Observed (recorded by the ledger)",
+        "Verdict", "spent 3 tokens", "answer",
+    ):  # fmt: skip
+        assert shown in text, shown
+    fragment = await client.get(f"/ui/tasks/{task_id}/fragment")
+    strict_fragment(fragment.text)
+    assert f'data-seq="{task["seq"]}"' in fragment.text
+
+
+async def test_hostile_output_is_escaped_and_every_page_still_parses(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    task = await web.queued("hostile")
+    answer = await web.client.post(
+        "/v1/leases/claim", headers=web.runner,
+        json={"runner_id": "<b>r</b>", "capacity": 1, "wait_s": 0},
+    )  # fmt: skip
+    [lease] = answer.json()["leases"]
+    await web.report(lease, {HOSTILE: [HOSTILE]})
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert "<script>alert" not in text
+    assert "<b>r</b>" not in text
+    assert "&lt;script&gt;alert" in text
+    assert "&lt;b&gt;r&lt;/b&gt;" in text
+    strict_fragment((await client.get(f"/ui/tasks/{task['id']}/fragment")).text)
+
+
+async def test_a_check_log_reads_as_escaped_text_for_its_tenant_only(
+    web: ApiHarness, tmp_path: Path
+) -> None:
+    head = await repository(web, tmp_path)
+    client = await signed_in(web)
+    log = b"ok\n" + HOSTILE.encode() + b"\n\xff\xfe broken utf-8 \xe2\x82"
+    digest = hashlib.sha256(log).hexdigest()
+    # Uploaded by acme's operator token: a runner's upload to the shared pool `default` would
+    # be readable by every tenant that may use that pool (the API's rule).
+    put = await web.client.put(f"/v1/artifacts/{digest}", headers=web.operator, content=log)
+    assert put.status_code == 200, put.text
+    task = await web.queued("checked", repository="app", base_sha=head, expected_checks=["test"])
+    [lease] = await web.claim()
+    answer = await web.report(
+        lease,
+        "done",
+        candidate_sha="b" * 40,
+        artifacts={"test": digest},
+        checks={"test": {"log": digest, "exit_code": 0, "duration_s": 1.0}},
+    )
+    assert answer.status_code == 200, answer.text
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert f'href="/ui/artifacts/{digest}"' in text
+    shown = await page(client, f"/ui/artifacts/{digest}")
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)" in shown or "&lt;script&gt;alert('x')" in shown
+    assert "<script>alert" not in shown
+    assert "broken utf-8" in shown
+    assert shown.count("\ufffd") >= 3
+    await page(client, "/ui/artifacts/" + "0" * 64, 404)
+    await page(client, "/ui/artifacts/not-a-digest", 422)
+    client.cookies.clear()
+    await signed_in(web, "rival")
+    await page(client, f"/ui/artifacts/{digest}", 404)
+
+
+async def test_no_page_puts_the_token_in_a_url(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    secret = web.secrets["operator"]
+    task_id = await finished(web, "urls")
+    for url in ("/ui", f"/ui/tasks/{task_id}", "/ui/login", "/ui?state=SUCCEEDED"):
+        answer = await client.get(url)
+        assert secret not in answer.text, url
+        assert secret not in answer.headers.get("location", "")
+    assert "sha256" not in secret  # (the secret is opaque: nothing derived from it is shown)
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+
+async def test_approve_binds_the_plan_hash_the_form_shows(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    task = await web.create("approve-me")
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert f'name="plan_hash" value="{task["plan_hash"]}"' in text
+    answer = await post_form(
+        client, f"/ui/tasks/{task['id']}/approve",
+        {"csrf": csrf_of(text), "plan_hash": task["plan_hash"]},
+    )  # fmt: skip
+    assert (answer.status_code, answer.headers["location"]) == (303, f"/ui/tasks/{task['id']}")
+    assert "QUEUED" in await page(client, answer.headers["location"])
+
+
+async def test_a_repository_tasks_approval_shows_its_base(web: ApiHarness, tmp_path: Path) -> None:
+    head = await repository(web, tmp_path)
+    client = await signed_in(web)
+    task = await web.create("repo", repository="app", base_sha=head)
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert f'name="base_sha" value="{head}"' in text
+    answer = await post_form(
+        client, f"/ui/tasks/{task['id']}/approve",
+        {"csrf": csrf_of(text), "plan_hash": task["plan_hash"], "base_sha": head},
+    )  # fmt: skip
+    assert answer.status_code == 303
+    view = (await web.client.get(f"/v1/tasks/{task['id']}", headers=web.operator)).json()
+    assert (view["state"], view["base_sha"]) == ("QUEUED", head)
+
+
+async def test_a_refused_action_says_why_in_one_line_and_changes_nothing(
+    web: ApiHarness,
+) -> None:
+    client = await signed_in(web)
+    task = await web.create("mismatch")
+    csrf = csrf_of(await page(client, f"/ui/tasks/{task['id']}"))
+    before = ledger_snapshot(web.path)
+    answer = await post_form(
+        client, f"/ui/tasks/{task['id']}/approve", {"csrf": csrf, "plan_hash": "f" * 64}
+    )
+    assert answer.status_code == 409
+    strict(answer.text)
+    [notice] = re.findall(r'<p class="notice" role="alert">(.*?)</p>', answer.text)
+    assert "plan_mismatch" in notice
+    assert "\n" not in notice
+    assert "PLANNED" in answer.text
+    empty = await post_form(client, f"/ui/tasks/{task['id']}/approve", {"csrf": csrf})
+    assert empty.status_code == 422
+    assert "plan_hash" in empty.text
+    assert ledger_snapshot(web.path)["tasks"] == before["tasks"]
+
+
+async def test_cancel_records_the_reason(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    task = await web.queued("stop-me")
+    csrf = csrf_of(await page(client, f"/ui/tasks/{task['id']}"))
+    answer = await post_form(
+        client, f"/ui/tasks/{task['id']}/cancel", {"csrf": csrf, "reason": "wrong branch"}
+    )
+    assert answer.status_code == 303
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert "CANCELLED" in text
+    assert "wrong branch" in text
+    again = await post_form(client, f"/ui/tasks/{task['id']}/cancel", {"csrf": csrf})
+    assert again.status_code == 409
+    assert "terminal" in again.text
+
+
+async def test_a_review_decision_follows_the_verdict(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    task = await web.queued("review-me")
+    csrf = csrf_of(await page(client, f"/ui/tasks/{task['id']}"))
+    url = f"/ui/tasks/{task['id']}/review"
+    early = await post_form(client, url, {"csrf": csrf, "decision": "reject"})
+    assert early.status_code == 422
+    assert "invalid_field" in early.text
+    await post_form(client, f"/ui/tasks/{task['id']}/cancel", {"csrf": csrf, "reason": "x"})
+    refused = await post_form(client, url, {"csrf": csrf, "decision": "accept"})
+    assert refused.status_code == 422
+    assert "CANCELLED" in refused.text
+    rejected = await post_form(client, url, {"csrf": csrf, "decision": "reject", "note": "no"})
+    assert rejected.status_code == 303
+    review = (await web.client.get(f"/v1/tasks/{task['id']}/review", headers=web.operator)).json()
+    assert review["reviewer_decision"]["value"]["decision"] == "reject"
+    assert "reject" in await page(client, f"/ui/tasks/{task['id']}")
+
+
+async def test_the_pages_own_files_are_served(web: ApiHarness) -> None:
+    css = await web.client.get("/ui/static/ui.css")
+    script = await web.client.get("/ui/static/live.js")
+    assert css.headers["content-type"].startswith("text/css")
+    assert "@media" in css.text
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert "lastEventId" in script.text

@@ -1,0 +1,45 @@
+"""Helpers for the status page's tests (tests/test_ui_*.py): the app with the page's routes,
+a signed-in browser session over httpx, and the strict HTML5 parser every page must pass."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import html5lib  # type: ignore[import-untyped]  # no stubs; tests only
+import httpx
+
+from supervisor import ui
+
+_CSRF = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
+
+
+def with_ui(app: Any) -> Any:
+    """`app` with the status page's routes, unless the app mounts them already."""
+    if not any(getattr(route, "path", "").startswith("/ui") for route in app.router.routes):
+        app.router.routes.extend(ui.ROUTES)
+    return app
+
+
+def strict(page: str) -> None:
+    """Parse `page` as a whole document; html5lib raises at its first parse error."""
+    html5lib.HTMLParser(strict=True).parse(page)
+
+
+def strict_fragment(part: str) -> None:
+    html5lib.HTMLParser(strict=True).parseFragment(part)
+
+
+def csrf_of(page: str) -> str:
+    found = _CSRF.search(page)
+    assert found, "the page has no form with a CSRF token"
+    return found.group(1)
+
+
+async def sign_in(client: httpx.AsyncClient, secret: str) -> httpx.Response:
+    """Post the login form as a browser would (same origin); answer the response."""
+    return await client.post(
+        "/ui/login",
+        data={"token": secret},
+        headers={"Origin": str(client.base_url).rstrip("/")},
+    )
