@@ -322,12 +322,16 @@ class StepRun:
         self.phase = Phase.DONE
 
     async def _report(self, output: StepOutput) -> None:
+        """Send the result. Its usage is the attempt's own: the kind's `usage` (the agent's
+        excludes the turns an earlier attempt paid for), else what this attempt's model calls
+        spent, so a kind that reports none is charged all the same."""
         self.phase = Phase.REPORTING
+        usage = output.usage or dict(self.spent)
         report = ResultReport(
             fence=self.lease.fence,
             payload_hash=content_hash(self.lease.payload),
             output=output.output,
-            usage=output.usage,
+            usage=usage,
             candidate_sha=output.candidate_sha,
             artifacts=output.artifacts,
             bundle=output.bundle,
@@ -352,7 +356,7 @@ class StepRun:
             return
         self.outcome = str(outcome)
         self.phase = Phase.DONE
-        self.log.info("step reported", outcome=str(outcome), usage=output.usage)
+        self.log.info("step reported", outcome=str(outcome), usage=usage)
         self._host.step_succeeded()
 
     def _dropped(self, lost: LeaseLost, message: str) -> None:

@@ -535,3 +535,22 @@ async def test_the_real_supervisor_takes_a_checkpoint_and_refuses_a_stale_one(
     with pytest.raises(LeaseLost) as lost:
         await stale.checkpoint(Checkpoint(fence=lease["fence"] - 1, turn=2, transcript=transcript))
     assert lost.value.because is LostBecause.STALE_FENCE
+
+
+async def test_a_kind_that_reports_no_usage_is_charged_what_its_model_calls_spent(
+    tmp_path: Path,
+) -> None:
+    async def quiet(ctx: StepContext) -> StepOutput:
+        await ctx.chat({"model": "m", "messages": []})
+        await ctx.chat({"model": "m", "messages": []})
+        return StepOutput(output="done")
+
+    rig = make_rig(tmp_path, kinds=KindRegistry([("quiet", quiet)]))
+    sup = rig.supervisor
+    sup.offer(make_lease("s1", kind="quiet"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await sup.until(lambda: bool(sup.of("result", "s1")))
+        rig.runner.request_shutdown()
+    (result,) = sup.of("result", "s1")
+    assert result.body["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
