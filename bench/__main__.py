@@ -3,8 +3,9 @@
 Order: the disk's bound; group commit off/on (in process); then one supervisor on one ledger
 file in a fresh work directory: 1,000 idle long-polls (first, on a fresh supervisor), runner
 RSS, steps/s at 1/16/64/256, model calls alone (no tether), the supervisor alone, overhead at
-half of the peak, renewals, steps under renewals; then the peers. `--smoke` windows are too
-short to mean anything: they only prove the suite still runs (the test suite does this).
+half of the peak, renewals, steps under renewals; then the peers. Runner RSS includes the
+reading with 10 `agent` steps in flight (issue 12). `--smoke` windows are too short to mean
+anything: they only prove the suite still runs (the test suite does this).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    agent_rss,
     claimcost,
     disk,
     groupcommit,
@@ -52,14 +54,15 @@ class Plan:
     renew_s: float
     peers_s: float | None
     claim_depths: tuple[int, ...]
+    agent_hold_s: float  # how long the stand-in holds each answer of the agent steps
 
 
 FULL = Plan(disk_s=5, gc_tasks=2000, idle_window_s=25, steps_s=15, bare_s=10, overhead_s=20,
-            renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000))  # fmt: skip
+            renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000), agent_hold_s=2.0)  # fmt: skip
 QUICK = Plan(disk_s=1.5, gc_tasks=600, idle_window_s=4, steps_s=3, bare_s=3, overhead_s=4,
-             renew_s=3, peers_s=None, claim_depths=(100, 1000))  # fmt: skip
+             renew_s=3, peers_s=None, claim_depths=(100, 1000), agent_hold_s=1.0)  # fmt: skip
 SMOKE = Plan(disk_s=0.2, gc_tasks=100, idle_window_s=1, steps_s=0.5, bare_s=0.5, overhead_s=1,
-             renew_s=0.5, peers_s=None, claim_depths=(100,))  # fmt: skip
+             renew_s=0.5, peers_s=None, claim_depths=(100,), agent_hold_s=0.5)  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -119,6 +122,13 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         r["runner_rss_in_flight"] = rss.in_flight
         say(f"runner rss: idle {rss.idle_mb:.0f} MB, in flight ({rss.in_flight}) "
             f"{rss.in_flight_mb:.0f} MB")  # fmt: skip
+
+        agents = agent_rss.run(stack, hold_s=plan.agent_hold_s)
+        r["runner_rss_10_agents_mb"] = agents.in_flight_mb
+        r["agent_rss"] = dataclasses.asdict(agents)
+        say(f"runner rss, {agents.in_flight} agent steps in flight: {agents.in_flight_mb:.0f} MB "
+            f"({agents.with_children_mb:.0f} MB with its commands; {agents.model_calls} model "
+            f"calls, {agents.succeeded} steps succeeded)")  # fmt: skip
 
         r["steps_per_s"] = {}
         r["steps_detail"] = {}

@@ -38,6 +38,11 @@ NOTES = [
     " approvals/s of another pool's tasks for 5 s, CPU and ledger rules per approval.",
     "runner RSS: one runner, concurrency 100, idle on an empty pool; then 100 leases held"
     " while a stand-in model answers after 5 s.",
+    "runner RSS, agent steps: one runner, concurrency 10, 10 `agent` steps (scratch"
+    " workspaces in a cache folder), each four scripted model turns (write a file; list, read,"
+    " search; run `ls -la notes`; answer) with every answer held (2 s full, 1 s quick); the"
+    " runner process's peak RSS while all 10 are leased (with its git/bwrap/command children"
+    " in the JSON, agent_rss.with_children_mb).",
     "group commit: the ledger in process (no HTTP), 64 workers claim -> renew -> result;"
     " 'off' is a bench-local SqliteLedger subclass whose writer takes one rule per"
     " transaction.",
@@ -176,6 +181,10 @@ def table(results: dict[str, Any]) -> str:
         lines.append(_row("runner RSS idle", f"{idle:.0f} MB", "", "<= 40 MB", yes[idle <= 40]))
         lines.append(_row("runner RSS, 100 steps in flight", f"{busy:.0f} MB", "", "<= 64 MB",
                           yes[busy <= 64]))  # fmt: skip
+    if "runner_rss_10_agents_mb" in results:
+        agents = results["runner_rss_10_agents_mb"]
+        lines.append(_row("runner RSS, 10 agent steps in flight (tool loops)", f"{agents:.0f} MB",
+                          "", "<= 64 MB", yes[agents <= 64]))  # fmt: skip
     if "supervisor_rss_mb" in results:
         rss = results["supervisor_rss_mb"]
         lines.append(_row("supervisor RSS under load (max)", f"{rss:.0f} MB"))

@@ -3,8 +3,9 @@
 Tasks are created (and, if asked, approved) through the ledger's own rules with
 `Transactions`, straight on the file and before the supervisor opens it, so seeding is never
 part of what is timed. Each measurement gets its own pool, so runners of one measurement never
-take another's tasks. Every task is one `chat` step; the stand-in model replies at once
-(unless a measurement sets its latency, as `overhead.paced` does).
+take another's tasks. Every task is one `chat` step (`agent_rss` seeds `agent` steps); the
+stand-in model replies at once (unless a measurement sets its latency, as `overhead.paced`
+does).
 """
 
 from __future__ import annotations
@@ -51,14 +52,18 @@ def _run(db: sqlite3.Connection, rules: Sequence[Callable[[Tx], Any]]) -> list[A
     return values
 
 
-def create_tasks(path: Path, pool: str, count: int, *, approve: bool) -> list[tuple[str, str]]:
-    """Create `count` one-step tasks in `pool`; approve them (queue them) if `approve`.
-    Return `(task_id, plan_hash)` of each, for approving them later over HTTP."""
+def create_tasks(
+    path: Path, pool: str, count: int, *, approve: bool,
+    make: Callable[[str, str], TaskSpec] = spec,
+) -> list[tuple[str, str]]:  # fmt: skip
+    """Create `count` one-step tasks in `pool` (each `make(key, pool)`, a `chat` step unless
+    told); approve them (queue them) if `approve`. Return `(task_id, plan_hash)` of each, for
+    approving them later over HTTP."""
     db = _open(path)
     ids: list[tuple[str, str]] = []
     try:
         for start in range(0, count, CHUNK):
-            specs = [spec(f"{pool}-{i}", pool) for i in range(start, min(count, start + CHUNK))]
+            specs = [make(f"{pool}-{i}", pool) for i in range(start, min(count, start + CHUNK))]
             created = _run(db, [_creator(s) for s in specs])
             ids += [(c.task_id, s.plan_hash) for s, c in zip(specs, created, strict=True)]
             if approve:

@@ -54,13 +54,16 @@ class Stack:
             self.kids.stop(self.supervisor, grace_s=15)
             self.supervisor = None
 
-    def start_model(self, latency_s: float = 0.0) -> None:
+    def start_model(self, latency_s: float = 0.0, scenario: Path | None = None) -> None:
+        """The stand-in model, holding each answer `latency_s`, scripted by a `scenario` file
+        (see `examples.standin_model.Scenario`) when given."""
         port = free_port()
         self.model_url = f"http://127.0.0.1:{port}/v1"
+        script = [] if scenario is None else ["--scenario", str(scenario)]
         self.model = self.kids.start(
             f"model-{port}",
             [sys.executable, "-m", "examples.standin_model", "--port", str(port),
-             "--latency", str(latency_s)],
+             "--latency", str(latency_s), *script],
         )  # fmt: skip
         wait_ready(f"http://127.0.0.1:{port}/_admin/knobs", self.model)
 
@@ -101,10 +104,12 @@ class Stack:
             self.kids.stop(feeder)
 
     def start_runners(
-        self, name: str, pool: str, concurrency: int, processes: int
-    ) -> list[subprocess.Popen[bytes]]:
-        """`processes` runners sharing `concurrency` between them (as evenly as possible).
-        The pool's token must exist (`token(pool)`) before the supervisor starts."""
+        self, name: str, pool: str, concurrency: int, processes: int,
+        env: dict[str, str] | None = None,
+    ) -> list[subprocess.Popen[bytes]]:  # fmt: skip
+        """`processes` runners sharing `concurrency` between them (as evenly as possible),
+        with `env` added to their environment. The pool's token must exist (`token(pool)`)
+        before the supervisor starts."""
         token = self.workdir / f"token-runner-{pool}"
         base, extra = divmod(concurrency, processes)
         shares = [base + (i < extra) for i in range(processes)]
@@ -119,6 +124,7 @@ class Stack:
                      "--model", "standin", "--concurrency", str(share),
                      "--runner-id", runner_id, "--log-level", self.runner_log_level,
                      "--log-format", "json"],
+                    env=env,
                 ),
             )  # fmt: skip
         return procs

@@ -23,6 +23,7 @@ ISSUE_KEYS = (
     "idle_1000_rss_mb",
     "runner_rss_idle_mb",
     "runner_rss_100_mb",
+    "runner_rss_10_agents_mb",
     "supervisor_rss_mb",
 )
 
@@ -48,6 +49,11 @@ def test_the_benchmark_suite_runs_and_writes_every_figure(tmp_path: Path) -> Non
     assert set(figures["steps_per_s"]) == {"1", "16", "64", "256"}
     assert sum(figures["steps_per_s"].values()) > 0  # runners committed steps
     assert figures["model_calls_only_per_s"] > 0
+    agents = figures["agent_rss"]  # 10 agent loops were in flight at once and ran to their end
+    assert agents["in_flight"] == 10
+    assert agents["samples"] > 0
+    assert agents["model_calls"] == 40
+    assert agents["succeeded"] == 10
     for reading in ("overhead", "overhead_paced"):  # both overhead readings ran on real steps
         taken = figures[reading]
         assert taken["steps"] > 0, reading
