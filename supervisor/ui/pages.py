@@ -111,7 +111,7 @@ async def _task(request: Request, who: Principal) -> Response:
 
 async def _fragment(request: Request, who: Principal) -> Response:
     context = await task_context(request, who, request.path_params["task_id"])
-    return render.page(request, "task_live.html", context)
+    return render.page(request, "task_fragment.html", context)
 
 
 def _cursor(request: Request) -> int | None:

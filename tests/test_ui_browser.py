@@ -1,0 +1,254 @@
+"""The status page in real headless Chromium (Debian's chromium and chromedriver; nothing is
+downloaded) against a real uvicorn on a free port: refused without a token, signed in, a task
+approved from its page and watched live through an expired attempt, its replay and SUCCEEDED,
+and a screenshot of that page written to docs/screenshots/task-page.png.
+
+The runner side is a fake runner speaking the HTTP API: it claims, then stops renewing, as a
+runner killed with SIGKILL would; the short lease (1 s) expires and the reaper requeues."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from supervisor import admin
+from supervisor.api import create_app, drain
+from supervisor.settings import SupervisorSettings
+
+from .conftest import task_body
+from .ui_pages import with_ui
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshots" / "task-page.png"
+WAIT_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Supervisor:
+    """A supervisor app with the status page, served by uvicorn in a thread."""
+
+    def __init__(self, root: Path) -> None:
+        db = root / "ledger.db"
+        self.secrets = {
+            name: admin.create_token(db, scope, role, init=True).secret
+            for name, scope, role in [
+                ("operator", "acme", "operator"),
+                ("runner", "default", "runner"),
+            ]
+        }
+        settings = SupervisorSettings(db=db, lease_ttl_s=1.0, accept_window_s=1.0)
+        self.app = with_ui(create_app(settings))
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=port, log_level="warning", ws="none",
+            lifespan="on", timeout_graceful_shutdown=2,
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Supervisor]:
+        self.thread.start()
+        deadline = time.monotonic() + WAIT_S
+        while not self.server.started:
+            assert self.thread.is_alive(), "uvicorn stopped while starting"
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        try:
+            yield self
+        finally:
+            if self.loop is not None:  # end the open event streams, as `serve` does on SIGTERM
+                self.loop.call_soon_threadsafe(drain, self.app)
+            self.server.should_exit = True
+            self.thread.join(timeout=WAIT_S)
+
+    def api(self, who: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, timeout=WAIT_S,
+            headers={"Authorization": f"Bearer {self.secrets[who]}"},
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
+    with Supervisor(tmp_path_factory.mktemp("ui-browser")).running() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed in CI (.ci/run installs them)")
+        pytest.skip("no /usr/bin/chromium or /usr/bin/chromedriver: apt install chromium")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--window-size=1280,1000", "--hide-scrollbars", "--no-first-run",
+    ):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(driver: Any, text: str, where: str = "live") -> None:
+    """Wait until the element `where` shows `text` (live updates replace it meanwhile)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    replaced = (NoSuchElementException, StaleElementReferenceException)
+    WebDriverWait(driver, WAIT_S, ignored_exceptions=replaced).until(
+        lambda d: text in d.find_element(By.ID, where).text,
+        f"{where!r} never showed {text!r}",
+    )
+
+
+def notice(driver: Any) -> str:
+    """The page's one-line refusal, once the page that carries it has loaded."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    found: str = WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, ".notice").text, "no refusal shown"
+    )
+    return found
+
+
+def sign_in(driver: Any, supervisor: Supervisor, secret: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{supervisor.url}/ui/login")
+    driver.find_element(By.ID, "token").send_keys(secret)
+    driver.find_element(By.CSS_SELECTOR, "form.card button[type=submit]").click()
+
+
+def test_without_an_operator_token_the_page_stays_shut(
+    browser: Any, supervisor: Supervisor
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.delete_all_cookies()
+    browser.get(f"{supervisor.url}/ui")
+    assert browser.current_url == f"{supervisor.url}/ui/login"
+    sign_in(browser, supervisor, supervisor.secrets["runner"])
+    assert "needs an operator token" in notice(browser)
+    sign_in(browser, supervisor, "tether_not-a-token")
+    assert "unknown or revoked" in notice(browser)
+    assert browser.get_cookies() == []
+
+
+def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
+    browser: Any, supervisor: Supervisor
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    with supervisor.api("operator") as operator, supervisor.api("runner") as runner:
+        created = operator.post("/v1/tasks", json=task_body("watched", 1))
+        assert created.status_code == 201, created.text
+        task = created.json()
+        browser.delete_all_cookies()
+        sign_in(browser, supervisor, supervisor.secrets["operator"])
+        assert browser.current_url == f"{supervisor.url}/ui"
+        assert task["id"] in browser.find_element(By.TAG_NAME, "main").text
+        [cookie] = browser.get_cookies()
+        assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict", "/ui")
+
+        browser.get(f"{supervisor.url}/ui/tasks/{task['id']}")
+        approve = browser.find_element(By.ID, "approve")
+        assert task["plan_hash"] in approve.text
+        approve.find_element(By.CSS_SELECTOR, "button").click()
+        wait_for(browser, "QUEUED")
+        browser.execute_script("window.notReloaded = true;")
+
+        claim = {"runner_id": "box-killed", "capacity": 1, "wait_s": 5}
+        [first] = runner.post("/v1/leases/claim", json=claim).json()["leases"]
+        wait_for(browser, "RUNNING")
+        # box-killed never renews nor reports: its lease lapses and the reaper requeues.
+        replay = {**claim, "runner_id": "box-replay"}
+        [second] = runner.post("/v1/leases/claim", json=replay).json()["leases"]
+        assert second["fence"] > first["fence"]
+        wait_for(browser, "expired")
+        result = {
+            "fence": second["fence"], "payload_hash": second["payload_hash"],
+            "output": "patched", "usage": {"total_tokens": 7},
+        }  # fmt: skip
+        answer = runner.post(f"/v1/steps/{second['step_id']}/result", json=result)
+        assert answer.json() == {"outcome": "applied"}
+        wait_for(browser, "SUCCEEDED")
+        assert browser.execute_script("return window.notReloaded === true;")
+        wait_for(browser, "Review decision", "actions")  # the state changed: so did the forms
+        live = browser.find_element(By.ID, "live").text
+        assert "box-killed" in live
+        assert "box-replay" in live
+        assert "committed" in live
+
+        height = browser.execute_script("return document.documentElement.scrollHeight;")
+        browser.set_window_size(1280, min(int(height) + 40, 4000))
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(SCREENSHOT))
+        assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+        browser.set_window_size(390, 844)  # a phone: nothing wider than the screen
+        browser.refresh()
+        assert browser.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth;"
+        )
+        browser.set_window_size(1280, 1000)
+
+
+def test_the_event_stream_resumes_after_the_last_event_id(supervisor: Supervisor) -> None:
+    with supervisor.api("operator") as operator:
+        task = operator.post("/v1/tasks", json=task_body("streamed", 1)).json()
+        operator.post(f"/v1/tasks/{task['id']}/approve", json={"plan_hash": task["plan_hash"]})
+        seqs = [e["seq"] for e in operator.get(f"/v1/tasks/{task['id']}/events").json()["events"]]
+    assert len(seqs) >= 3
+    with httpx.Client(base_url=supervisor.url, timeout=WAIT_S) as client:
+        login = client.post("/ui/login", data={"token": supervisor.secrets["operator"]})
+        assert login.status_code == 303
+        client.cookies.set("tether_ui", login.cookies["tether_ui"], path="/ui")
+        headers = {"Last-Event-ID": str(seqs[0])}
+        ids: list[int] = []
+        with client.stream("GET", f"/ui/tasks/{task['id']}/events", headers=headers) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            for line in stream.iter_lines():
+                if line.startswith("id: "):
+                    ids.append(int(line[4:]))
+                if len(ids) == len(seqs) - 1:
+                    break
+    assert ids == seqs[1:]
