@@ -208,6 +208,16 @@ def test_runner_keeps_the_agents_mirrors_in_its_cache_directory(
     assert default_cache_dir() != Path("/var/cache/tether-runner")
 
 
+def test_the_agents_commands_find_the_runners_own_interpreter_first() -> None:
+    service = _service("tether-runner.service")
+    (exec_start,) = service["ExecStart"]
+    (path,) = [v.removeprefix("PATH=") for v in service["Environment"] if v.startswith("PATH=")]
+    folders = path.split(":")
+    assert folders[0] + "/" == PROD_BIN  # `python` in an allowed command: the venv's
+    assert exec_start.startswith(folders[0])
+    assert "/usr/bin" in folders  # git
+
+
 def test_the_runner_unit_says_what_isolation_its_commands_get() -> None:
     text = _text("tether-runner.service")
     service = _service("tether-runner.service")
