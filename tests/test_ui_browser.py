@@ -161,7 +161,6 @@ def sign_in(driver: Any, supervisor: Supervisor, secret: str) -> None:
 def test_without_an_operator_token_the_page_stays_shut(
     browser: Any, supervisor: Supervisor
 ) -> None:
-    from selenium.webdriver.common.by import By
 
     browser.delete_all_cookies()
     browser.get(f"{supervisor.url}/ui")

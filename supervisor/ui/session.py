@@ -14,7 +14,6 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 from starlette.requests import Request
@@ -143,8 +142,3 @@ def forget(response: Response, request: Request) -> None:
         COOKIE, path=PATH, httponly=True, samesite="strict",
         secure=request.url.scheme == "https",
     )  # fmt: skip
-
-
-def fields_of(fields: Mapping[str, str], *names: str) -> dict[str, str]:
-    """The named fields, stripped, "" for a missing one."""
-    return {name: fields.get(name, "").strip() for name in names}
