@@ -120,15 +120,17 @@ class Checkpointer:
         space = self._workspace
         if self._paths is None or not isinstance(space, Workspace):
             return None
+        previous = None if self._wip is None else self._wip.snapshot
         snap = await space.snapshot(
-            step_id=self._step_id, paths=self._paths, message=f"tether wip {self._step_id}"
-        )
+            step_id=self._step_id, paths=self._paths, message=f"tether wip {self._step_id}",
+            previous=previous,
+        )  # fmt: skip
         if snap is None:
             return None
-        if self._wip is not None and self._wip.snapshot.tree == snap.tree:
+        if self._wip is not None and snap is previous:
             return self._wip  # nothing changed since the last checkpoint: its bundle stands
         path = space.io / f"wip-{turn}.bundle"
-        await space.write_bundle(path, snap.sha)
+        await space.write_bundle(path, snap.sha, fast=True)
         try:
             self._wip = Wip(snapshot=snap, bundle=await self._services.upload(path))
         finally:

@@ -40,6 +40,12 @@ _FETCH_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
 # worktree and drops them with it), so concurrent attempts never share one.
 _SNAPSHOT_REF = "refs/worktree/tether/snapshot"
 
+# Made every turn, under the shielded checkpoint, so made cheaply: a snapshot's objects are
+# written uncompressed (they stay in the cache), a checkpoint's bundle is packed without a
+# delta search and with zlib's fastest level (it still travels, so it is compressed).
+_FAST_OBJECTS = ("-c", "core.looseCompression=0")
+_FAST_PACK = ("-c", "pack.window=0", "-c", "pack.compression=1")
+
 # Writes the start point's bundle to the path it is given (the artifact store's download).
 BundleSource = Callable[[Path], Awaitable[None]]
 
@@ -242,7 +248,7 @@ class Workspace:
         self.base_sha = base_sha
         self.start_sha = start_sha
         self.cleanup: CleanupRecord | None = None
-        self._index: Path | None = None  # the index the tools' git sees
+        self._start_tree: str | None = None  # set once the private index exists
 
     async def commit(self, *, step_id: str, paths: Sequence[str] = ()) -> str | None:
         """The candidate: a snapshot of what changed since the start point (under `paths`
@@ -252,32 +258,34 @@ class Workspace:
         return None if snap is None else snap.sha
 
     async def snapshot(
-        self, *, step_id: str, paths: Sequence[str] = (), message: str
+        self,
+        *,
+        step_id: str,
+        paths: Sequence[str] = (),
+        message: str,
+        previous: Snapshot | None = None,
     ) -> Snapshot | None:
         """Commit the changes under `paths` (all of the tree when empty) on the start point,
-        without touching HEAD or the index the tools see: a private index starts as the start
-        point's tree (with the real index's stat data, so only changed files are hashed), the
-        changed paths are added to it, and its tree committed. None when nothing changed."""
-        index = self.io / f"snapshot-{secrets.token_hex(4)}.index"
-        env = {"GIT_INDEX_FILE": str(index)}
+        without touching HEAD or the index the tools see; None when nothing changed.
+
+        The commit's tree comes from a private index, made once from the start point's tree
+        (with the real index's stat data) and kept for the attempt: each snapshot only adds
+        the paths to it, so git hashes only the files that changed since the last one, and
+        whatever happened outside the paths (or in the real index) never gets in. When the
+        tree is `previous`'s, `previous` is returned as it is."""
+        env = {"GIT_INDEX_FILE": str(self.io / "snapshot.index")}
         try:
-            pathspecs = await self._pathspecs(paths) if paths else ["."]
+            if self._start_tree is None:
+                await self._start_index(env)
+            pathspecs = await self._pathspecs(paths, env) if paths else ["."]
             if not pathspecs:
                 return None
-            if self._index is None:
-                real = await git("rev-parse", "--git-path", "index", cwd=self.tree)
-                self._index = self.tree / real.text.strip()
-            await anyio.to_thread.run_sync(_copy_if_present, self._index, index)
-            merged = await git(
-                "read-tree", "-m", self.start_sha, cwd=self.tree, env=env, check=False
-            )
-            if merged.returncode != 0:  # e.g. an index with conflicts: start from the tree alone
-                await git("read-tree", self.start_sha, cwd=self.tree, env=env)
-            await git("add", "--all", "--", *pathspecs, cwd=self.tree, env=env)
+            await git(*_FAST_OBJECTS, "add", "--all", "--", *pathspecs, cwd=self.tree, env=env)
             tree = (await git("write-tree", cwd=self.tree, env=env)).text.strip()
-            start_tree = await git("rev-parse", f"{self.start_sha}^{{tree}}", cwd=self.tree)
-            if tree == start_tree.text.strip():
+            if tree == self._start_tree:
                 return None
+            if previous is not None and previous.tree == tree:
+                return previous
             date = commit_date(step_id)
             identity = {
                 "GIT_AUTHOR_NAME": AUTHOR_NAME, "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
@@ -290,28 +298,40 @@ class Workspace:
             )  # fmt: skip
         except GitError as exc:
             raise WorkspaceFailed(f"cannot commit the changes: {exc}") from exc
-        finally:
-            await anyio.Path(index).unlink(missing_ok=True)
         return Snapshot(sha=made.text.strip(), tree=tree)
 
-    async def _pathspecs(self, paths: Sequence[str]) -> list[str]:
+    async def _start_index(self, env: dict[str, str]) -> None:
+        real = await git("rev-parse", "--git-path", "index", cwd=self.tree)
+        await anyio.to_thread.run_sync(
+            _copy_if_present, self.tree / real.text.strip(), Path(env["GIT_INDEX_FILE"])
+        )
+        merged = await git("read-tree", "-m", self.start_sha, cwd=self.tree, env=env, check=False)
+        if merged.returncode != 0:  # e.g. an index with conflicts: start from the tree alone
+            await git("read-tree", self.start_sha, cwd=self.tree, env=env)
+        self._start_tree = await self.tree_of(self.start_sha)
+
+    async def _pathspecs(self, paths: Sequence[str], env: dict[str, str]) -> list[str]:
         """The prefixes as literal pathspecs, less those that match nothing (git add refuses
         a pathspec that matches no file, on disk or in the index)."""
         kept = []
         for prefix in paths:
             spec = f":(literal){prefix}"
             on_disk = await anyio.to_thread.run_sync(os.path.lexists, self.tree / prefix)
-            if on_disk or (await git("ls-files", "-z", "--", spec, cwd=self.tree)).stdout:
+            if on_disk or (await git("ls-files", "-z", "--", spec, cwd=self.tree, env=env)).stdout:
                 kept.append(spec)
         return kept
 
-    async def write_bundle(self, dest: Path, sha: str, *, since: str | None = None) -> Path:
+    async def write_bundle(
+        self, dest: Path, sha: str, *, since: str | None = None, fast: bool = False
+    ) -> Path:
         """Write a git bundle of `since..sha` (`since` the start point when None) to `dest`;
-        its one head is a ref of this worktree's own."""
+        its one head is a ref of this worktree's own. `fast`: no delta search and light
+        compression (a checkpoint's bundle, made every turn and read at most once)."""
+        options = _FAST_PACK if fast else ()
         try:
             await git("update-ref", _SNAPSHOT_REF, sha, cwd=self.tree)
             await git(
-                "bundle", "create", "--quiet", str(dest), _SNAPSHOT_REF,
+                *options, "bundle", "create", "--quiet", str(dest), _SNAPSHOT_REF,
                 f"^{since or self.start_sha}", cwd=self.tree,
             )  # fmt: skip
         except GitError as exc:
