@@ -229,6 +229,8 @@ async def test_another_tenants_task_is_not_found(web: ApiHarness) -> None:
     task = await web.create("private")
     client = await signed_in(web, "rival")
     await page(client, f"/ui/tasks/{task['id']}", 404)
+    for part in ("fragment", "events"):
+        assert (await client.get(f"/ui/tasks/{task['id']}/{part}")).status_code == 404
     assert task["id"] not in await page(client, "/ui")
 
 

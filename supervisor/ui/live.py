@@ -46,7 +46,8 @@ async def _events(request: Request, who: Principal) -> Response:
     ledger = pages.ledger_of(request)
     task_id = request.path_params["task_id"]
     after = _resume_after(request)
-    await ledger.events(task_id, who.scope, after, 0.0)  # not_found before the stream starts
+    # Read once before the stream starts, so an unknown task is a 404 page, not an empty stream.
+    first = await ledger.events(task_id, who.scope, after, 0.0)
     polls: LongPolls = request.app.state.long_polls
     wait = min(POLL_S, request.app.state.settings.events_wait_max_s)
 
@@ -54,15 +55,18 @@ async def _events(request: Request, who: Principal) -> Response:
         nonlocal after
         yield f"retry: {RETRY_MS}\n\n".encode()
         deadline = anyio.current_time() + STREAM_S
-        while not polls.draining and anyio.current_time() < deadline:
-            found: list[dict[str, Any]] = []
-            with polls.until_drained():
-                found = await ledger.events(task_id, who.scope, after, wait)
+        found = first
+        while True:
             for event in found:
                 after = max(after, int(event["seq"]))
                 yield frame(event)
             if not found:
                 yield b": idle\n\n"
+            if polls.draining or anyio.current_time() >= deadline:
+                return
+            found = []
+            with polls.until_drained():
+                found = await ledger.events(task_id, who.scope, after, wait)
 
     return StreamingResponse(
         stream(),
