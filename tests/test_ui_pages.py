@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from supervisor import admin
 
@@ -161,15 +162,21 @@ async def test_a_write_without_the_sessions_csrf_token_changes_nothing(web: ApiH
     url = f"/ui/tasks/{task['id']}/approve"
     good = csrf_of(await page(client, f"/ui/tasks/{task['id']}"))
     before = ledger_snapshot(web.path)
-    for fields, origin in [
+    refused = [
         ({"plan_hash": task["plan_hash"]}, None),  # no token
         ({"plan_hash": task["plan_hash"], "csrf": "0" * 64}, None),  # a made-up one
         ({"plan_hash": task["plan_hash"], "csrf": good}, "https://evil.example"),
         ({"plan_hash": task["plan_hash"], "csrf": good}, "null"),
-    ]:
-        answer = await post_form(client, url, fields, origin)
-        assert answer.status_code == 403, fields
-        strict(answer.text)
+    ]
+    with capture_logs() as logs:
+        for fields, origin in refused:
+            answer = await post_form(client, url, fields, origin)
+            assert answer.status_code == 403, fields
+            strict(answer.text)
+    refusals = [e for e in logs if e["event"] == "write refused"]
+    assert len(refusals) == 4
+    assert all(e["path"] == url and e["log_level"] == "warning" for e in refusals)
+    assert web.secrets["operator"] not in repr(logs)
     referred = await client.post(
         url, data={"plan_hash": task["plan_hash"], "csrf": good},
         headers={"Referer": "https://evil.example/page"},

@@ -42,7 +42,7 @@ async def _act(request: Request, who: Principal, act: Any) -> Response:
         await act(fields)
     except (ApiError, LedgerError, RepositoryUnavailable) as exc:
         code, detail = refusal(exc, request.url.path)
-        notice = f"refused ({code.value}): {detail}"
+        notice = f"{code.value}: {detail}"
         return await pages.task_page(request, who, task_id, notice, ERRORS[code].status)
     return _to_task(task_id)
 
@@ -108,13 +108,13 @@ async def login(request: Request) -> Response:
 
     try:
         if not session.same_origin(request):
-            raise session.WriteRefused("refused: the form was sent from another site")
+            raise session.WriteRefused("the form was sent from another site")
         secret = (await session.form(request)).get("token", "").strip()
         await session.operator_for(request, secret)
     except session.WriteRefused as exc:
         return again(exc.detail, 403)
     except ApiError as exc:
-        return again(f"refused ({exc.code.value}): {exc.detail}", ERRORS[exc.code].status)
+        return again(f"{exc.code.value}: {exc.detail}", ERRORS[exc.code].status)
     response = RedirectResponse("/ui", status_code=303)
     session.keep(response, request, secret)
     return response

@@ -118,13 +118,13 @@ async def checked_form(request: Request) -> dict[str, str]:
     """The form of a write by the signed-in operator, once its origin and CSRF token are
     checked; `WriteRefused` otherwise, before anything is changed."""
     if not same_origin(request):
-        raise WriteRefused("refused: the form was sent from another site")
+        raise WriteRefused("the form was sent from another site")
     fields = await form(request)
     sent = fields.get("csrf", "")
     if not request.cookies.get(COOKIE) or not hmac.compare_digest(
         sent.encode("utf-8"), csrf_token(request).encode("ascii")
     ):
-        raise WriteRefused("refused: the form is stale or not this session's; reload the page")
+        raise WriteRefused("the form is stale or not this session's; reload the page")
     return fields
 
 
