@@ -25,6 +25,8 @@ class FakeServices:
         self.checkpoints: list[Checkpoint] = []
         self.stale = False  # refuse every checkpoint from now on
         self.downloads: list[str] = []
+        self.checkpoint_delay_s = 0.0  # how long recording a checkpoint takes
+        self.checkpoint_started = anyio.Event()
 
     async def upload(self, data: bytes | Path) -> str:
         if isinstance(data, Path):
@@ -42,6 +44,8 @@ class FakeServices:
         await anyio.Path(into).write_bytes(data)
 
     async def checkpoint(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint_started.set()
+        await anyio.sleep(self.checkpoint_delay_s)
         if self.stale:
             raise LeaseLost(LostBecause.STALE_FENCE)
         self.checkpoints.append(checkpoint)

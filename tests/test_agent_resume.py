@@ -209,3 +209,29 @@ async def test_a_scratch_step_checkpoints_its_transcript_only(tmp_path: Path) ->
     assert json.loads(services.store[cp.transcript])[-1]["role"] == "tool"
     assert done.candidate_sha is None
     assert done.bundle is None
+
+
+async def test_a_checkpoint_in_flight_is_finished_when_the_step_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    origin, base = make_origin(tmp_path / "origin")
+    services = FakeServices()
+    services.checkpoint_delay_s = 0.3
+    chat = ScriptedChat([call("write_file", path="src/a.py", content="A = 1\n")], "done")
+    agent = AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox())
+    ctx = context(chat, services, lease_repository(str(origin), base), fence=1)
+    outputs: list[StepOutput] = []
+
+    async def work() -> None:
+        outputs.append(await agent(ctx))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(work)
+            await services.checkpoint_started.wait()
+            tg.cancel_scope.cancel()  # SIGTERM, a lost lease or a spent budget
+    (cp,) = services.checkpoints
+    assert cp.turn == 1
+    assert cp.bundle in services.store
+    assert outputs == []  # the cancel took effect once the checkpoint was recorded
+    assert leftovers(tmp_path / "cache") == []

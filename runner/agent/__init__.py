@@ -1,8 +1,11 @@
 """The runner's side of an agent step: the `agent` kind's tool loop (`loop`), the attempt's
-repository workspace (`workspace`), the confinement of the paths a tool names (`paths`), the
-built-in tools and their dispatcher (`tools`), and how an allowed command runs (`command`,
-`sandbox`)."""
+repository workspace (`workspace`), per-turn checkpoints and resume (`checkpoints`), the
+task's checks at the candidate (`checks`), the confinement of the paths a tool names
+(`paths`), the built-in tools and their dispatcher (`tools`), and how an allowed command runs
+(`command`, `sandbox`)."""
 
+from runner.agent.checkpoints import Checkpointer, Start, resume_start
+from runner.agent.checks import CheckLimits, run_checks
 from runner.agent.errors import (
     BaseNotFound,
     FetchFailed,
@@ -15,12 +18,14 @@ from runner.agent.loop import AgentKind, Finish, LoopResult, run_loop
 from runner.agent.paths import Confinement
 from runner.agent.sandbox import Bubblewrap, NoSandbox, Sandbox, detect_sandbox
 from runner.agent.tools import ToolBox, ToolLimits, ToolLog, ToolResult
-from runner.agent.workspace import CleanupRecord, RepoCache, Workspace, commit_date
+from runner.agent.workspace import CleanupRecord, RepoCache, Snapshot, Workspace, commit_date
 
 __all__ = [
     "AgentKind",
     "BaseNotFound",
     "Bubblewrap",
+    "CheckLimits",
+    "Checkpointer",
     "CleanupRecord",
     "Confinement",
     "FetchFailed",
@@ -29,6 +34,8 @@ __all__ = [
     "NoSandbox",
     "RepoCache",
     "Sandbox",
+    "Snapshot",
+    "Start",
     "ToolBox",
     "ToolError",
     "ToolFailed",
@@ -40,5 +47,7 @@ __all__ = [
     "WorkspaceFailed",
     "commit_date",
     "detect_sandbox",
+    "resume_start",
+    "run_checks",
     "run_loop",
 ]
