@@ -409,10 +409,11 @@ def test_the_agent_package_exports_its_surface() -> None:
     import runner.agent
 
     assert sorted(runner.agent.__all__) == sorted(
-        ["AgentKind", "BaseNotFound", "Bubblewrap", "CleanupRecord", "Confinement",
-         "FetchFailed", "Finish", "LoopResult", "NoSandbox", "RepoCache", "Sandbox", "ToolBox",
-         "ToolError", "ToolFailed", "ToolLimits", "ToolLog", "ToolRefused", "ToolResult",
-         "Workspace", "WorkspaceFailed", "commit_date", "detect_sandbox", "run_loop"]
+        ["AgentKind", "BaseNotFound", "Bubblewrap", "CheckLimits", "Checkpointer",
+         "CleanupRecord", "Confinement", "FetchFailed", "Finish", "LoopResult", "NoSandbox",
+         "RepoCache", "Sandbox", "Snapshot", "Start", "ToolBox", "ToolError", "ToolFailed",
+         "ToolLimits", "ToolLog", "ToolRefused", "ToolResult", "Workspace", "WorkspaceFailed",
+         "commit_date", "detect_sandbox", "resume_start", "run_checks", "run_loop"]
     )  # fmt: skip
     for name in runner.agent.__all__:
         assert getattr(runner.agent, name) is not None
