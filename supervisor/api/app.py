@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 
 from supervisor.api import artifact_routes, health, operator_routes, runner_routes
 from supervisor.api.auth import TokenCache
+from supervisor.api.bindings import UnboundSteps
 from supervisor.api.errors import (
     ApiError,
     on_api_error,
@@ -70,6 +71,7 @@ def create_app(
     app.state.settings = settings
     app.state.long_polls = LongPolls()
     app.state.mirrors = Mirrors(settings.mirror_root)
+    app.state.unbound_steps = UnboundSteps()
     return app
 
 

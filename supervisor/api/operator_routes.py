@@ -14,11 +14,13 @@ from supervisor.api.auth import may_use_pool, require, require_pool_access
 from supervisor.api.errors import ApiError
 from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
+from supervisor.repos.evidence import read_head
 from tether.codec import encode
 from tether.messages import (
     MAX_TEXT,
     Approval,
     Cancel,
+    CheckSpec,
     PoolsAnswer,
     RepositoryHead,
     ReviewDecision,
@@ -43,6 +45,7 @@ def task_spec(tenant: str, ask: TaskCreate) -> TaskSpec:
         requirement_revision=ask.requirement_revision,
         allowed_paths=ask.allowed_paths,
         expected_checks=ask.expected_checks,
+        checks=tuple(CheckSpec(name=name, command=line) for name, line in ask.checks.items()),
         owner=ask.owner,
         pool=ask.pool or "default",
     )
@@ -100,7 +103,12 @@ async def approve(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, Approval)
     task_id = request.path_params["task_id"]
-    await _ledger(request).approve(who.scope, task_id, ask.plan_hash, ask.base_sha)
+    ledger = _ledger(request)
+    # A repository task's base must be the repository's head now: read here (git is an
+    # adapter's I/O), judged by the ledger's rule (StaleBase).
+    binding = await ledger.binding_of_task(who.scope, task_id)
+    head = None if binding is None else await read_head(request.app.state.mirrors, binding)
+    await ledger.approve(who.scope, task_id, ask.plan_hash, ask.base_sha, head)
     return JSONResponse(await _ledger(request).task(task_id, who.scope))
 
 

@@ -1,5 +1,9 @@
-"""Runner routes: who am I, claim, renew, release, result. A runner token acts for its pool
-only; a step of another pool is `not_found`.
+"""Runner routes: who am I, claim, renew, release, result, checkpoint. A runner token acts for
+its pool only; a step of another pool is `not_found`.
+
+A report of a repository-bound task's step reaches the ledger with the evidence the
+supervisor gathered about it first (`supervisor.repos.evidence`): the ledger judges, the
+route only observes.
 """
 
 from __future__ import annotations
@@ -10,12 +14,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from supervisor.api.auth import require
+from supervisor.api.bindings import UnboundSteps
 from supervisor.api.errors import ApiError, ledger_error_code, record_response
 from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.api.requests import read
+from supervisor.artifacts import ArtifactStore
 from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role
+from supervisor.ledger.verification import Evidence
+from supervisor.repos import Mirrors
+from supervisor.repos.evidence import PoolArtifacts, RepositoryUnavailable, gather
 from tether.messages import (
     MAX_TEXT,
+    Checkpoint,
     ClaimAnswer,
     ClaimRequest,
     ItemAnswer,
@@ -68,6 +78,8 @@ async def claim(request: Request) -> Response:
             )
     if not leases:
         return Response(status_code=204)
+    unbound: UnboundSteps = request.app.state.unbound_steps
+    unbound.granted(leases)
     return record_response(ClaimAnswer(leases=tuple(leases)))
 
 
@@ -93,11 +105,46 @@ async def release(request: Request) -> Response:
     return record_response(Released())
 
 
+async def evidence_for(request: Request, report: Report, pool: str) -> Evidence | None:
+    """What the supervisor observes about `report` when its step's task names a repository
+    (None when it names none): git and the artifact store, before the ledger's rule.
+
+    Whether the report names a candidate cannot decide it: a repository-bound step's report
+    needs evidence even without one (its head is read). So the step's binding is read, except
+    for a step this process granted unbound (`UnboundSteps`): a chat step's result pays no
+    read it did not pay before.
+    """
+    unbound: UnboundSteps = request.app.state.unbound_steps
+    if unbound.take(report.step_id):
+        return None
+    ledger = _ledger(request)
+    binding = await ledger.binding_of_step(report.step_id, pool)
+    if binding is None:
+        return None
+    mirrors: Mirrors = request.app.state.mirrors
+    store: ArtifactStore = request.app.state.artifacts
+    return await gather(
+        mirrors, store, ledger, binding, report,
+        step_id=report.step_id, fence=report.fence, pool=binding.pool,
+    )  # fmt: skip
+
+
 async def result(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
     report = (await read(request, Result)).for_step(request.path_params["step_id"])
-    outcome = await _ledger(request).report(report, who.scope)
+    evidence = await evidence_for(request, report, who.scope)
+    outcome = await _ledger(request).report(report, who.scope, evidence)
     return record_response(ResultAnswer(outcome=outcome))
+
+
+def _item_error(request: Request, step_id: str, exc: Exception) -> ItemAnswer:
+    """The item a batch answers for a report the single route would have refused."""
+    if isinstance(exc, RepositoryUnavailable):
+        code, detail = ErrorCode.UNAVAILABLE, exc.detail
+    else:
+        assert isinstance(exc, LedgerError)
+        code, detail = ledger_error_code(exc, request.url.path), exc.detail
+    return ItemAnswer(step_id=step_id, status=ERRORS[code].status, error=code.value, detail=detail)
 
 
 async def results(request: Request) -> Response:
@@ -110,25 +157,53 @@ async def results(request: Request) -> Response:
     if len({r.step_id for r in reports}) != len(reports):
         raise ApiError(ErrorCode.INVALID_FIELD, "'results' names a step more than once")
     ledger = _ledger(request)
-    answers: list[ItemAnswer] = [ItemAnswer(step_id=r.step_id) for r in reports]
+    answers: list[ItemAnswer | None] = [None] * len(reports)
+    evidence: list[Evidence | None] = [None] * len(reports)
+
+    async def observe(n: int, report: Report) -> None:
+        try:
+            evidence[n] = await evidence_for(request, report, who.scope)
+        except (LedgerError, RepositoryUnavailable) as exc:
+            answers[n] = _item_error(request, report.step_id, exc)
 
     async def one(n: int, report: Report) -> None:
         try:
-            outcome = await ledger.report(report, who.scope)
+            outcome = await ledger.report(report, who.scope, evidence[n])
         except LedgerError as exc:
-            code = ledger_error_code(exc, request.url.path)
-            answers[n] = ItemAnswer(
-                step_id=report.step_id, status=ERRORS[code].status, error=code.value,
-                detail=exc.detail,
-            )  # fmt: skip
+            answers[n] = _item_error(request, report.step_id, exc)
         else:
             answers[n] = ItemAnswer(step_id=report.step_id, outcome=outcome)
 
-    # Started together, the reports reach the ledger's writer together: one transaction.
+    # Evidence first, every report's at once; then the reports that got theirs, started
+    # together so that they reach the ledger's writer together: one transaction.
     async with anyio.create_task_group() as tg:
         for n, report in enumerate(reports):
-            tg.start_soon(one, n, report)
-    return record_response(ResultsAnswer(results=tuple(answers)))
+            tg.start_soon(observe, n, report)
+    async with anyio.create_task_group() as tg:
+        for n, report in enumerate(reports):
+            if answers[n] is None:
+                tg.start_soon(one, n, report)
+    done = tuple(a for a in answers if a is not None)
+    assert len(done) == len(reports)
+    return record_response(ResultsAnswer(results=done))
+
+
+async def checkpoint(request: Request) -> Response:
+    """An `agent` step's state after a completed turn, under the attempt's fence. Its
+    transcript and bundle must be bytes a runner of the caller's pool uploaded (else
+    `invalid_field` naming which); the ledger decides whether the fence may write it."""
+    who = await require(request, Role.RUNNER)
+    ask = await read(request, Checkpoint)
+    store: ArtifactStore = request.app.state.artifacts
+    artifacts = PoolArtifacts(store, _ledger(request), who.scope)
+    for field, digest in (("transcript", ask.transcript), ("bundle", ask.bundle)):
+        if digest is None:
+            continue
+        problem = await artifacts.problem(digest, f"the checkpoint's {field}")
+        if problem is not None:
+            raise ApiError(ErrorCode.INVALID_FIELD, f"{field!r}: {problem.detail}")
+    done = await _ledger(request).checkpoint(request.path_params["step_id"], ask, who.scope)
+    return record_response(done)
 
 
 ROUTES = [
@@ -138,4 +213,5 @@ ROUTES = [
     Route("/v1/leases/{step_id}/release", release, methods=["POST"]),
     Route("/v1/steps/results", results, methods=["POST"]),
     Route("/v1/steps/{step_id}/result", result, methods=["POST"]),
+    Route("/v1/steps/{step_id}/checkpoint", checkpoint, methods=["PUT"]),
 ]
