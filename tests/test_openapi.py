@@ -27,7 +27,8 @@ from tether.wire import ERRORS, ErrorCode
 
 @pytest.fixture
 def doc(tmp_path: Path) -> dict[str, Any]:
-    built = openapi.document(SupervisorSettings(db=tmp_path / "x.db", events_wait_max_s=7.5))
+    settings = SupervisorSettings(db=tmp_path / "x.db", events_wait_max_s=7.5, claim_wait_max_s=2.5)
+    built = openapi.document(settings)
     loaded: dict[str, Any] = json.loads(msgspec.json.encode(built))
     return loaded
 
@@ -135,9 +136,11 @@ def test_the_schemas_are_the_records_own(doc: dict[str, Any]) -> None:
         assert doc["components"]["schemas"][name] == json.loads(msgspec.json.encode(schema))
 
 
-def test_a_setting_that_bounds_a_parameter_is_its_maximum(doc: dict[str, Any]) -> None:
+def test_a_setting_that_bounds_a_parameter_or_a_field_is_its_maximum(doc: dict[str, Any]) -> None:
     events = doc["paths"]["/v1/tasks/{task_id}/events"]["get"]["parameters"]
     assert next(p for p in events if p["name"] == "wait")["schema"]["maximum"] == 7.5
+    claim = doc["components"]["schemas"]["ClaimRequest"]["properties"]["wait_s"]
+    assert claim == {"type": "number", "minimum": 0.0, "default": 0.0, "maximum": 2.5}
 
 
 def test_the_artifact_upload_is_raw_bytes() -> None:

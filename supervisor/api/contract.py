@@ -52,7 +52,9 @@ class Param:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Operation:
     """One route of the API. `roles` empty: no token needed. `errors` are the codes particular
-    to the route; `codes` adds the ones its token, body and the server itself can send."""
+    to the route; `codes` adds the ones its token, body and the server itself can send.
+    `bound_by` names, for a field of the body, the `SupervisorSettings` field that is its
+    maximum."""
 
     method: str
     path: str
@@ -65,6 +67,7 @@ class Operation:
     errors: tuple[ErrorCode, ...] = ()
     params: tuple[Param, ...] = ()
     query: tuple[Param, ...] = ()
+    bound_by: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def codes(self) -> tuple[ErrorCode, ...]:
@@ -188,6 +191,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         method="POST", path="/v1/leases/claim", name="claim", tag="runner", roles=RUNNER,
         summary="Leases on queued steps of the runner's pool, waiting up to `wait_s` for one.",
         body=m.ClaimRequest, answers={200: m.ClaimAnswer, 204: None},
+        bound_by={"wait_s": "claim_wait_max_s"},
     ),
     Operation(
         method="POST", path="/v1/leases/{step_id}/renew", name="renew", tag="runner",

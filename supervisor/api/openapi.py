@@ -23,6 +23,12 @@ PATH: Final = "/v1/openapi.json"
 DIALECT: Final = "https://spec.openapis.org/oas/3.1/dialect/base"
 REF: Final = "#/components/schemas/{name}"
 BEARER: Final = "bearer"
+DESCRIPTION: Final = (
+    "Wire protocol v1 (docs/design.md, Wire protocol v1). Every error is"
+    ' `{"error": CODE, "detail": TEXT}`; each status lists the codes it can carry. Bodies are'
+    " strict JSON: an integer is written without a fraction or an exponent (`3`, never"
+    " `3.0`), and a field a record does not name is ignored, except in `POST /v1/tasks`."
+)
 
 
 def _records(operations: tuple[Operation, ...]) -> list[type[Record]]:
@@ -106,12 +112,27 @@ class _Builder:
         return described
 
 
+def _bound(
+    schemas: dict[str, Any], operations: tuple[Operation, ...], settings: SupervisorSettings
+) -> None:
+    """Give each body field whose maximum is a setting (`Operation.bound_by`) that maximum."""
+    for op in operations:
+        if not op.bound_by:
+            continue
+        if not isinstance(op.body, type):
+            raise TypeError(f"{op.method} {op.path}: only a record's fields can be bounded")
+        fields = schemas[op.body.__name__]["properties"]
+        for field, setting in op.bound_by.items():
+            fields[field]["maximum"] = getattr(settings, setting)
+
+
 def document(
     settings: SupervisorSettings, operations: tuple[Operation, ...] = OPERATIONS
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`, with the limits `settings` set."""
     records = _records(operations)
     refs, schemas = msgspec.json.schema_components(records, ref_template=REF)
+    _bound(schemas, operations, settings)
     builder = _Builder(dict(zip(records, refs, strict=True)), settings)
     paths: defaultdict[str, dict[str, Any]] = defaultdict(dict)
     for op in operations:
@@ -122,8 +143,7 @@ def document(
         "info": {
             "title": "tether supervisor",
             "version": importlib.metadata.version("tether"),
-            "description": "Wire protocol v1 (docs/design.md, Wire protocol v1). Every error is"
-            ' `{"error": CODE, "detail": TEXT}`; each status lists the codes it can carry.',
+            "description": DESCRIPTION,
         },
         "paths": dict(paths),
         "components": {
