@@ -98,8 +98,8 @@ DIGEST: Final = Param(
 )
 REPOSITORY: Final = Param(
     name="name",
-    description="The repository's name, as the tenant registered it.",
-    schema={"type": "string", "minLength": 1, "maxLength": 200},
+    description="The repository's name, as the tenant's tasks name it.",
+    schema={"type": "string", "minLength": 1},
 )
 
 _TASK_WRITE: Final = (E.NOT_FOUND, E.INVALID_TRANSITION, E.TERMINAL)
