@@ -34,25 +34,32 @@ FIXED = {"src/app.py": "def answer():\n    return 42\n"}
 PASSED = b"1 passed in 0.01s\n"
 
 
+def make_remote(root: Path) -> Origin:
+    """A bare remote under `root` whose main has two commits (a parent, then the base)."""
+    seed, _ = make_origin(root / "seed")
+    base = add_commit(seed, "docs/notes.md", "notes\n")
+    bare = root / "origin.git"
+    sh("git", "clone", "--quiet", "--bare", str(seed), str(bare), cwd=root)
+    work = root / "work"
+    sh("git", "clone", "--quiet", str(bare), str(work), cwd=root)
+    return Origin(url=str(bare), work=work, base=base, root=root)
+
+
+async def add_app(api: ApiHarness, origin: Origin, tenant: str = "acme") -> None:
+    """Tenant `tenant`'s repository `app`, added as `repo add` adds it."""
+    await anyio.to_thread.run_sync(admin.add_repository, api.path, tenant, "app", origin.url)
+
+
 @pytest.fixture
 def origin(tmp_path: Path) -> Origin:
-    """A bare remote whose main has two commits (a parent, then the base)."""
-    seed, _ = make_origin(tmp_path / "seed")
-    base = add_commit(seed, "docs/notes.md", "notes\n")
-    bare = tmp_path / "origin.git"
-    sh("git", "clone", "--quiet", "--bare", str(seed), str(bare), cwd=tmp_path)
-    work = tmp_path / "work"
-    sh("git", "clone", "--quiet", str(bare), str(work), cwd=tmp_path)
-    return Origin(url=str(bare), work=work, base=base, root=tmp_path)
+    return make_remote(tmp_path)
 
 
 @pytest.fixture
 async def api(tmp_path: Path, clock: FakeClock, origin: Origin) -> AsyncIterator[ApiHarness]:
-    """The API harness with tenant acme's repository `app` added, as `repo add` adds it."""
-    path = tmp_path / "api.db"
-    await anyio.to_thread.run_sync(admin.init_ledger, path)
-    await anyio.to_thread.run_sync(admin.add_repository, path, "acme", "app", origin.url)
-    async with open_api(path, clock, synchronous="OFF") as harness:
+    """The API harness with tenant acme's repository `app` added."""
+    async with open_api(tmp_path / "api.db", clock, synchronous="OFF") as harness:
+        await add_app(harness, origin)
         yield harness
 
 

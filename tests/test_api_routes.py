@@ -3,7 +3,6 @@ and each of its 409s."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from .conftest import (
     raw_db,
     task_body,
 )
+from .test_api_repository_tasks import add_app, make_remote, work
 
 # -- POST /v1/tasks ----------------------------------------------------------------------------
 
@@ -161,18 +161,24 @@ async def test_approve_with_another_plan_hash_is_a_plan_mismatch(api: ApiHarness
     assert ledger_snapshot(api.path) == before
 
 
-async def test_approving_again_on_another_base_is_an_invalid_transition(api: ApiHarness) -> None:
-    task = await api.queued("k", repository="repo", base_sha="a" * 40)
+async def test_approving_again_on_another_base_is_stale_and_changes_nothing(
+    api: ApiHarness, tmp_path: Path
+) -> None:
+    origin = make_remote(tmp_path)
+    await add_app(api, origin)
+    task = await api.queued("k", repository="app", base_sha=origin.base)
+    before = ledger_snapshot(api.path)
     response = await api.client.post(
         f"/v1/tasks/{task['id']}/approve",
         headers=api.operator,
         json={"plan_hash": task["plan_hash"], "base_sha": "b" * 40},
     )
-    assert_error(response, 409, "invalid_transition")
+    body = assert_error(response, 409, "stale_base")
+    assert origin.base in body["detail"]
+    assert ledger_snapshot(api.path) == before
     view = (await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator)).json()
     assert view["state"] == "QUEUED"
-    assert view["base_sha"] == "a" * 40
-    assert [r["code"] for r in view["rejections"]] == ["invalid_transition"]
+    assert view["base_sha"] == origin.base
 
 
 # -- POST /v1/tasks/{id}/cancel ----------------------------------------------------------------
@@ -257,29 +263,36 @@ OBSERVATIONS = {
 }  # fmt: skip
 
 
-async def test_review_marks_every_field_expectation_or_observation(api: ApiHarness) -> None:
-    digest = hashlib.sha256(b"test log").hexdigest()
+async def test_review_marks_every_field_expectation_or_observation(
+    api: ApiHarness, tmp_path: Path
+) -> None:
+    origin = make_remote(tmp_path)
+    await add_app(api, origin)
     task = await api.queued(
-        "k", repository="repo", base_sha="a" * 40, owner="ana", requirement_revision="req-7",
-        allowed_paths=["src/"], expected_checks=["tests"],
+        "k", repository="app", base_sha=origin.base, owner="ana", requirement_revision="req-7",
+        allowed_paths=["src/"], checks={"tests": "python -m pytest -q"},
     )  # fmt: skip
     [lease] = await api.claim()
-    result = await api.report(lease, candidate_sha="c" * 40, artifacts={"tests": digest})
+    fields = await work(api, origin, lease)
+    result = await api.report(lease, **fields)
     assert result.json() == {"outcome": "applied"}
     response = await api.client.get(f"/v1/tasks/{task['id']}/review", headers=api.operator)
     assert response.status_code == 200
     review = response.json()
-    fields = {k: v for k, v in review.items() if k not in {"task_id", "verdict"}}
-    assert set(fields) == EXPECTATIONS | OBSERVATIONS
-    for name, field in fields.items():
+    fields_shown = {k: v for k, v in review.items() if k not in {"task_id", "verdict"}}
+    assert set(fields_shown) == EXPECTATIONS | OBSERVATIONS
+    for name, field in fields_shown.items():
         assert set(field) == {"value", "kind"}, name
         expected = "expectation" if name in EXPECTATIONS else "observation"
         assert field["kind"] == expected, name
     assert review["owner"]["value"] == "ana"
     assert review["allowed_paths"]["value"] == ["src/"]
-    assert review["base_commit"]["value"] == "a" * 40
-    assert review["candidate_sha"]["value"] == "c" * 40
-    assert review["observed_checks"]["value"] == {"tests": digest}
+    assert review["base_commit"]["value"] == origin.base
+    assert review["expected_checks"]["value"] == ["tests"]
+    assert review["candidate_sha"]["value"] == fields["candidate_sha"]
+    log = fields["checks"]["tests"]["log"]
+    assert review["observed_checks"]["value"] == {"tests": {"log": log, "exit_code": 0}}
+    assert review["repository_head"]["value"] == origin.base
     assert review["observed_terminal_state"]["value"] == "SUCCEEDED"
     assert review["cleanup_proof"]["value"]["live_leases"] == 0
     assert review["stop_time"]["value"] is not None
@@ -296,30 +309,40 @@ async def test_review_of_an_unfinished_task_is_not_acceptable(api: ApiHarness) -
 # -- PUT /v1/repositories/{name}/head ----------------------------------------------------------
 
 
-async def test_repository_head_moving_off_the_base_fails_the_task(api: ApiHarness) -> None:
-    task = await api.queued("k", repository="repo", base_sha="a" * 40)
+async def test_repository_head_moving_off_the_base_fails_the_task(
+    api: ApiHarness, tmp_path: Path
+) -> None:
+    """The forge's webhook says the head moved: the approved task fails `stale_base` at once,
+    and the runner still holding its step can no longer commit it."""
+    origin = make_remote(tmp_path)
+    await add_app(api, origin)
+    task = await api.queued("k", repository="app", base_sha=origin.base)
     [lease] = await api.claim()
     response = await api.client.put(
-        "/v1/repositories/repo/head", headers=api.operator, json={"sha": "f" * 40}
+        "/v1/repositories/app/head", headers=api.operator, json={"sha": "f" * 40}
     )
     assert response.status_code == 200
-    assert response.json() == {"repository": "repo", "head_sha": "f" * 40}
-    assert (await api.report(lease, candidate_sha="c" * 40)).json() == {"outcome": "applied"}
+    assert response.json() == {"repository": "app", "head_sha": "f" * 40}
     view = (await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator)).json()
     assert view["state"] == "FAILED"
-    assert "base" in view["reason"]
+    assert view["reason"].startswith("stale_base: ")
+    assert_error(await api.report(lease, **await work(api, origin, lease)), 409, "terminal")
     review = (await api.client.get(f"/v1/tasks/{task['id']}/review", headers=api.operator)).json()
     assert review["repository_head"] == {"value": "f" * 40, "kind": "observation"}
 
 
-async def test_repository_heads_are_per_tenant(api: ApiHarness) -> None:
-    task = await api.queued("k", repository="repo", base_sha="a" * 40)
+async def test_repository_heads_are_per_tenant(api: ApiHarness, tmp_path: Path) -> None:
+    origin = make_remote(tmp_path)
+    await add_app(api, origin)
+    await add_app(api, origin, tenant="rival")
+    task = await api.queued("k", repository="app", base_sha=origin.base, allowed_paths=["src/"])
     [lease] = await api.claim()
     moved = await api.client.put(
-        "/v1/repositories/repo/head", headers=api.auth("rival"), json={"sha": "f" * 40}
+        "/v1/repositories/app/head", headers=api.auth("rival"), json={"sha": "f" * 40}
     )
     assert moved.status_code == 200
-    assert (await api.report(lease, candidate_sha="c" * 40)).json() == {"outcome": "applied"}
+    result = await api.report(lease, **await work(api, origin, lease))
+    assert result.json() == {"outcome": "applied"}
     view = (await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator)).json()
     assert view["state"] == "SUCCEEDED"
 
