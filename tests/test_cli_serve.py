@@ -23,6 +23,8 @@ import pytest
 from supervisor import admin
 from supervisor.cli import main
 
+from .agent_repos import make_origin
+
 pytestmark = pytest.mark.slow
 
 START_TIMEOUT_S = 20.0
@@ -209,11 +211,17 @@ def test_serve_on_a_port_in_use_fails_with_one_line(tmp_path: Path) -> None:
 
 
 class Served:
-    def __init__(self, url: str, token_file: Path, runner_token: str, folder: Path) -> None:
+    """A served ledger whose tenant acme has the repository `tether` (a real one, whose
+    HEAD is `head`)."""
+
+    def __init__(
+        self, url: str, token_file: Path, runner_token: str, folder: Path, head: str
+    ) -> None:
         self.url = url
         self.token_file = token_file
         self.runner = {"Authorization": f"Bearer {runner_token}"}
         self.folder = folder
+        self.head = head
         self.files = 0
 
     def task_file(self, key: str, steps: int = 1, **extra: Any) -> Path:
@@ -238,8 +246,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     token_file = folder / "operator-token"
     token_file.write_text(admin.create_token(db, "acme", "operator", init=True).secret + "\n")
     runner_token = admin.create_token(db, "acme/cli", "runner").secret
+    origin, head = make_origin(folder / "tether")
+    admin.add_repository(db, "acme", "tether", str(origin))
     with serving(db, folder / "serve.log") as (_proc, url):
-        yield Served(url, token_file, runner_token, folder)
+        yield Served(url, token_file, runner_token, folder, head)
 
 
 def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
@@ -265,14 +275,40 @@ def test_submit_with_approve_then_show(served: Served, capsys: pytest.CaptureFix
     assert [s["name"] for s in shown["steps"]] == ["s0", "s1"]
 
 
-def test_submit_with_approve_binds_the_files_base_sha(
+def test_submit_with_approve_binds_the_files_base_sha_and_checks(
     served: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = served.task_file("repo-task", repository="tether", base_sha="a" * 40)
+    path = served.task_file(
+        "repo-task", repository="tether", base_sha=served.head, allowed_paths=["src/"],
+        checks={"tests": "python -m pytest -q"},
+    )  # fmt: skip
     code, out, err = run(capsys, served.args("submit", "--file", str(path), "--approve"))
     assert code == 0, err
     task = json.loads(out)
-    assert (task["state"], task["base_sha"]) == ("QUEUED", "a" * 40)
+    assert (task["state"], task["base_sha"]) == ("QUEUED", served.head)
+    code, out, err = run(capsys, served.args("review", task["id"]))
+    assert code == 0, err
+    assert json.loads(out)["expected_checks"]["value"] == ["tests"]
+
+
+def test_approve_on_a_stale_base_fails_with_one_line(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = served.task_file("stale", repository="tether", base_sha="a" * 40)
+    code, out, err = run(capsys, served.args("submit", "--file", str(path)))
+    assert code == 0, err
+    task = json.loads(out)
+    argv = served.args("approve", task["id"], "--plan-hash", task["plan_hash"])
+    code, out, err = run(capsys, [*argv, "--base-sha", "a" * 40])
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1, err
+    assert "409 stale_base" in err
+    assert served.head in err
+    code, out, err = run(capsys, served.args("show", task["id"]))
+    assert json.loads(out)["state"] == "PLANNED"
+    code, out, err = run(capsys, [*argv, "--base-sha", served.head])
+    assert code == 0, err
+    assert json.loads(out)["state"] == "QUEUED"
 
 
 def test_submit_then_approve_by_plan_hash(
