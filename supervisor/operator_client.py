@@ -321,7 +321,8 @@ def describe(
         parts.append(f"step={(names or {}).get(data['step_id'], data['step_id'])}")
     parts += [
         f"{k}={v}" for k, v in data.items() if k in {"attempt", "fence", "reason", "runner_id",
-                                                     "why", "head_sha", "from"}
+                                                     "why", "head_sha", "from", "candidate_sha"}
+        and v is not None
     ]  # fmt: skip
     if took is not None:
         parts.append(f"took={took:.1f}s")

@@ -161,6 +161,18 @@ def test_describe_is_one_readable_line() -> None:
     assert "why=lease expired" in line
 
 
+def test_describe_names_a_committed_steps_candidate_and_a_moved_head() -> None:
+    committed = event(13, "step_committed", "RUNNING", step_id="t1.0", fence=7,
+                      candidate_sha="c" * 40, effect_key="e" * 64)  # fmt: skip
+    line = oc.describe(committed, {"t1.0": "fix"})
+    assert "step=fix fence=7 candidate_sha=" + "c" * 40 in line
+    assert "effect_key" not in line
+    chat = oc.describe(event(14, "step_committed", "RUNNING", step_id="t1.1", candidate_sha=None))
+    assert "candidate_sha" not in chat
+    moved = oc.describe(event(15, "base_changed", "RUNNING", head_sha="f" * 40))
+    assert "head_sha=" + "f" * 40 in moved
+
+
 def test_events_without_an_events_list_is_a_client_error() -> None:
     http = client(lambda _request: httpx.Response(200, json={"tasks": []}))
     with pytest.raises(oc.ClientError, match="no 'events' list"):
