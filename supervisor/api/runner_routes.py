@@ -40,6 +40,9 @@ from tether.messages import (
 )
 from tether.wire import ERRORS, ErrorCode
 
+# Reports of one batch whose evidence is gathered at the same time.
+EVIDENCE_AT_ONCE = 4
+
 
 def _ledger(request: Request) -> Ledger:
     ledger: Ledger = request.app.state.ledger
@@ -160,9 +163,13 @@ async def results(request: Request) -> Response:
     answers: list[ItemAnswer | None] = [None] * len(reports)
     evidence: list[Evidence | None] = [None] * len(reports)
 
+    # Each bound report runs a few git processes; a full batch must not start them all at once.
+    gatherers = anyio.CapacityLimiter(EVIDENCE_AT_ONCE)
+
     async def observe(n: int, report: Report) -> None:
         try:
-            evidence[n] = await evidence_for(request, report, who.scope)
+            async with gatherers:
+                evidence[n] = await evidence_for(request, report, who.scope)
         except (LedgerError, RepositoryUnavailable) as exc:
             answers[n] = _item_error(request, report.step_id, exc)
 
