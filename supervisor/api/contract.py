@@ -2,8 +2,9 @@
 the records it answers with per status, and the error codes it can send.
 
 `supervisor.api.openapi` builds the OpenAPI document from these declarations and the records'
-JSON Schemas; tests/test_openapi.py holds the app's routes to them, and runs schemathesis
-against a live supervisor to hold its answers to the document.
+JSON Schemas; tests/test_openapi.py holds the app's routes to them, and
+tests/test_openapi_live.py runs schemathesis against a live supervisor to hold its answers to
+the document.
 """
 
 from __future__ import annotations
