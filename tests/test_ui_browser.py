@@ -4,7 +4,8 @@ approved from its page and watched live through an expired attempt, its replay a
 and a screenshot of that page written to docs/screenshots/task-page.png.
 
 The runner side is a fake runner speaking the HTTP API: it claims, then stops renewing, as a
-runner killed with SIGKILL would; the short lease (1 s) expires and the reaper requeues."""
+runner killed with SIGKILL would; its unacknowledged lease lapses after the 1 s acceptance
+window and the reaper requeues the step for the next runner."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ class Supervisor:
                 ("runner", "default", "runner"),
             ]
         }
-        settings = SupervisorSettings(db=db, lease_ttl_s=1.0, accept_window_s=1.0)
+        # A lease nobody acknowledges lapses after 1 s; one renewed lives 3 s.
+        settings = SupervisorSettings(db=db, lease_ttl_s=3.0, accept_window_s=1.0)
         self.app = with_ui(create_app(settings))
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -202,7 +204,10 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
         replay = {**claim, "runner_id": "box-replay"}
         [second] = runner.post("/v1/leases/claim", json=replay).json()["leases"]
         assert second["fence"] > first["fence"]
+        renew = (f"/v1/leases/{second['step_id']}/renew", {"fence": second["fence"]})
+        assert runner.post(renew[0], json=renew[1]).status_code == 200  # box-replay lives on
         wait_for(browser, "expired")
+        assert runner.post(renew[0], json=renew[1]).status_code == 200
         result = {
             "fence": second["fence"], "payload_hash": second["payload_hash"],
             "output": "patched", "usage": {"total_tokens": 7},
