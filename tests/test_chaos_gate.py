@@ -26,9 +26,11 @@ from supervisor.ledger import (
 )
 from supervisor.ledger.fencing import Lease
 from supervisor.ledger.states import transition
+from supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, ReleaseReason
 
 from .conftest import FakeClock, make_spec, queued_task
+from .test_ledger_verification import add_repo, check_specs, ran
 
 CONFIG = LedgerConfig(lease_ttl_s=30, accept_window_s=10)
 
@@ -193,16 +195,25 @@ async def expired_lease(gate: Gate) -> list[Expect]:
 
 
 async def changed_base(gate: Gate) -> list[Expect]:
-    task_id = await queued_task(
-        gate.ledger, "changed-base", repository="repo", base_sha="sha0", expected_checks=("lint",)
-    )
+    await add_repo(gate.ledger)
+    spec = make_spec("changed-base", repository="repo", base_sha="sha0", checks=check_specs())
+    task_id = (await gate.ledger.create_task(spec)).task_id
+    await gate.ledger.approve("acme", task_id, spec.plan_hash, "sha0", "sha0")
     lease = await claim_one(gate.ledger, "runner-a")
-    await gate.ledger.set_repository_head("acme", "repo", "sha1")  # the base moves mid-step
-    evidence = result(lease, candidate_sha="cand1", artifacts={"lint": "d1"})
-    assert await gate.ledger.report(evidence) is Outcome.APPLIED
+    # The base moves mid-step: the supervisor reads the new head when the result arrives.
+    report = result(lease, **ran("cand1"))
+    assert await gate.ledger.report(report, evidence=Evidence(head_sha="sha1")) is Outcome.APPLIED
     view = await gate.ledger.task(task_id)
-    assert view["reason"].startswith("stale_base")
-    return [Expect(task_id, TaskState.FAILED)]
+    assert view["reason"] == "stale_base: approved sha0, repository repo is at sha1"
+    # A webhook telling the same fails a second task on the old base at once, mid-step too.
+    other = make_spec("changed-base-2", repository="repo", base_sha="sha1", checks=check_specs())
+    other_id = (await gate.ledger.create_task(other)).task_id
+    await gate.ledger.approve("acme", other_id, other.plan_hash, "sha1", "sha1")
+    second = await claim_one(gate.ledger, "runner-a")
+    await gate.ledger.set_repository_head("acme", "repo", "sha2")
+    with pytest.raises(TerminalState):
+        await gate.ledger.report(result(second, **ran("cand2")), evidence=Evidence(head_sha="sha2"))
+    return [Expect(task_id, TaskState.FAILED), Expect(other_id, TaskState.FAILED)]
 
 
 async def cancel_success_race(gate: Gate) -> list[Expect]:

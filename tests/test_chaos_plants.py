@@ -46,4 +46,6 @@ def test_no_ledger_module_knows_the_plants() -> None:
                 named.add(node.id if isinstance(node, ast.Name) else node.attr)
             if isinstance(node, ast.ImportFrom) and node.module:
                 named.add(node.module)
-    assert {"checks", "Checks", "PLANTS", "supervisor.chaos.plants", "planted"} & named == set()
+    # (`checks` is a word of the wire now, a task's checks; the plants are named below.)
+    chaos = {"PLANTS", "Plant", "supervisor.chaos", "supervisor.chaos.plants", "planted"}
+    assert chaos & named == set()

@@ -24,7 +24,7 @@ PLANT_CAUGHT_BY = {
     "double-effect": "effect-key-is-identity",
     "terminal-overwrite": "terminal-is-final",
     "key-reuse": "idempotency-key-unique",
-    "unverified-success": "success-on-approved-base",
+    "unverified-success": "success-is-verified",  # stale bases fail at commit, not here
     "lapsed-lease": "lapsed-lease",  # the observer's: the ledger's file cannot show a time
 }
 CI_SEED = 20_260_601

@@ -19,12 +19,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from supervisor.chaos.harness import Harness, Workspace, scratch_root
-from supervisor.ledger import effects, fencing, identity, operator, reaper
+from supervisor.ledger import effects, fencing, identity, operator, reaper, repositories
 from supervisor.ledger.effects import Report
 from supervisor.ledger.errors import LedgerError
 from supervisor.ledger.identity import StepSpec, TaskSpec
 from supervisor.ledger.invariants import find_violations
 from supervisor.ledger.tx import LedgerConfig
+from supervisor.ledger.verification import Evidence
+from tether.messages import CheckRun
 from tether.wire import Outcome, ReleaseReason, content_hash
 
 settings.register_profile(
@@ -86,7 +88,8 @@ class MTask:
     state: str = "PLANNED"
     approved: bool = False
     base: str | None = None
-    artifacts: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (candidate, name)
+    # (candidate, check) -> the exit code of its latest run there
+    runs: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
 class Refusal(Exception):
@@ -104,7 +107,8 @@ class Model:
         self.fence = 0
         self.tasks: dict[str, MTask] = {}
         self.keys: dict[str, str] = {}
-        self.heads: dict[str, str] = {}
+        self.heads: dict[str, str] = {}  # recorded by the ledger
+        self.real = "sha0"  # the repository's head: what the adapters read
 
     def step(self, step_id: str) -> tuple[MTask, MStep]:
         task = self.tasks[step_id.rsplit(".", 1)[0]]
@@ -138,12 +142,28 @@ class Model:
             raise Refusal("plan_mismatch")
         if task.approved and task.base == base:
             return
+        if task.spec.repository and base != self.real:
+            raise Refusal("stale_base")
         self.move(task, "APPROVED")
         task.approved, task.base = True, base
-        if task.spec.repository and base:
-            self.heads.setdefault(task.spec.repository, base)
+        if task.spec.repository:
+            self.observe(self.real)
         self.move(task, "QUEUED")
         task.steps[0].state = "queued"
+
+    def observe(self, sha: str) -> None:
+        """The head `sha` is recorded: approved tasks on another base fail at once."""
+        self.heads["repo"] = sha
+        for task in self.tasks.values():
+            if not task.spec.repository or not task.approved or task.state in TERMINAL:
+                continue
+            if task.base == sha:
+                continue
+            for s in task.steps:
+                if s.state not in ("committed", "failed"):
+                    s.state = "failed" if s.state == "leased" else "cancelled"
+                    s.fence = s.deadline = s.accept = None
+            self.move(task, "FAILED")
 
     def cancel(self, task: MTask) -> None:
         self.move(task, "CANCELLED")
@@ -221,7 +241,12 @@ class Model:
         self.current(rep.step_id, rep.fence)
         s.state, s.effects, s.candidate = "committed", s.effects + 1, rep.candidate_sha
         s.deadline = s.accept = None
-        task.artifacts |= {(rep.candidate_sha or "", name) for name in rep.artifacts}
+        for name, run in rep.checks.items():
+            task.runs[(rep.candidate_sha or "", name)] = run.exit_code
+        if task.spec.repository:
+            self.observe(self.real)  # the evidence's head
+            if task.state in TERMINAL:
+                return Outcome.APPLIED
         pending = [x for x in task.steps if x.state != "committed"]
         if pending:
             if pending[0].state == "waiting":
@@ -234,12 +259,10 @@ class Model:
     def verified(self, task: MTask) -> bool:
         if not task.spec.repository:
             return True
-        if self.heads.get(task.spec.repository) != task.base:
-            return False
         candidates = [s.candidate for s in task.steps if s.candidate]
         if not candidates:
             return False
-        return all((candidates[-1], c) in task.artifacts for c in task.spec.expected_checks)
+        return all(task.runs.get((candidates[-1], c)) == 0 for c in task.spec.expected_checks)
 
     def expire(self) -> int:
         reaped = 0
@@ -295,6 +318,8 @@ class LedgerVersusModel(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
         assert self.h.states() == []
+        [added] = self.h.run([lambda tx: repositories.add_repository(tx, TENANT, "repo", "/r")])
+        assert added.error is None
 
     @rule(
         key=st.sampled_from(["k0", "k1", "k2"]), variant=st.integers(0, 1),
@@ -318,8 +343,9 @@ class LedgerVersusModel(RuleBasedStateMachine):
         task = self.model.tasks[data.draw(st.sampled_from(sorted(self.model.tasks)))]
         plan_hash = "0" * 64 if wrong_plan else task.spec.plan_hash
         sha = base if task.spec.repository else None
+        head = self.model.real if task.spec.repository else None
         self.both(
-            lambda tx: operator.approve(tx, TENANT, task.id, plan_hash, sha),
+            lambda tx: operator.approve(tx, TENANT, task.id, plan_hash, sha, head),
             lambda: self.model.approve(task, plan_hash, sha),
         )
 
@@ -333,9 +359,10 @@ class LedgerVersusModel(RuleBasedStateMachine):
 
     @rule(sha=st.sampled_from(["sha0", "sha1", "sha2"]))
     def move_head(self, sha: str) -> None:
+        self.model.real = sha  # pushed, and the webhook arrives at once
         self.both(
             lambda tx: operator.set_repository_head(tx, TENANT, "repo", sha),
-            lambda: self.model.heads.__setitem__("repo", sha),
+            lambda: self.model.observe(sha),
         )
 
     @rule(runner=st.sampled_from(["r0", "r1"]))
@@ -378,22 +405,32 @@ class LedgerVersusModel(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self.leases)
-    @rule(data=st.data(), drift=FEW, evidence=st.sampled_from(["full", "full", "none", "partial"]))
+    @rule(
+        data=st.data(), drift=FEW,
+        evidence=st.sampled_from(["full", "full", "none", "partial", "failing"]),
+    )  # fmt: skip
     def report(self, data: st.DataObject, drift: bool, evidence: str) -> None:
         step_id, fence = self.pick_lease(data)
         self.report_as(step_id, fence, drift, evidence)
 
     def report_as(self, step_id: str, fence: int, drift: bool, evidence: str) -> None:
-        _, s = self.model.step(step_id)
+        """`evidence`: "full" (a candidate, lint passing), "failing" (lint exits 1),
+        "partial" (a candidate, no check run) or "none" (no candidate)."""
+        task, s = self.model.step(step_id)
         candidate = None if evidence == "none" else f"c{fence}"
+        exit_code = {"full": 0, "failing": 1}.get(evidence)
+        checks = {} if exit_code is None else {
+            "lint": CheckRun(log=f"d{fence}", exit_code=exit_code, duration_s=1.0)
+        }  # fmt: skip
         rep = Report(
             step_id=step_id, fence=fence,
             payload_hash=content_hash({"drift": step_id}) if drift else s.payload_hash,
             output={"fence": fence}, usage={"total_tokens": 1}, candidate_sha=candidate,
-            artifacts={"lint": f"d{fence}"} if evidence == "full" else {},
+            checks=checks,
         )  # fmt: skip
+        seen = Evidence(head_sha=self.model.real) if task.spec.repository else None
         outcome, expected = self.both(
-            lambda tx: effects.report(tx, rep, "default"), lambda: self.model.report(rep)
+            lambda tx: effects.report(tx, rep, "default", seen), lambda: self.model.report(rep)
         )
         assert outcome == expected
 

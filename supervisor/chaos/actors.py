@@ -17,6 +17,7 @@ from typing import Any
 from supervisor.ledger import effects, fencing, identity, operator
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from supervisor.ledger.tx import Tx
+from supervisor.ledger.verification import Evidence
 from tether.messages import Lease, Renewal, Report
 from tether.wire import ReleaseReason
 
@@ -25,6 +26,8 @@ POOL = "default"
 # What the explorer's runners announce when they claim: every step of its scenarios is chat.
 KINDS = ("chat",)
 TENANTS = ("acme", "globex")
+REPOSITORIES = ("repo0", "repo1")  # each tenant added both at setup (`repo add`)
+BASE = "sha0"  # every repository's head when a schedule starts
 CHECKS = ("lint", "test")
 
 
@@ -61,6 +64,10 @@ class Message:
     reason: ReleaseReason = ReleaseReason.TRANSIENT
     retryable: bool = True
     report: Report | None = None
+    # What the supervisor's adapters read just before the rule: the repository's head for an
+    # approval, the evidence for a report of a repository-bound step.
+    observed_head: str | None = None
+    evidence: Evidence | None = None
 
     def rule(self) -> Callable[[Tx], Any]:
         k = Kind
@@ -70,7 +77,7 @@ class Message:
             return lambda tx: identity.create_task(tx, spec)
         if self.kind is k.APPROVE:
             return lambda tx: operator.approve(
-                tx, self.tenant, self.task_id, self.plan_hash, self.base_sha
+                tx, self.tenant, self.task_id, self.plan_hash, self.base_sha, self.observed_head
             )
         if self.kind is k.CANCEL:
             return lambda tx: operator.cancel(tx, self.tenant, self.task_id, "chaos cancel")
@@ -89,8 +96,8 @@ class Message:
                 tx, self.step_id, self.fence, self.reason, self.retryable, "chaos", POOL
             )
         assert self.report is not None
-        rep = self.report
-        return lambda tx: effects.report(tx, rep, POOL)
+        rep, evidence = self.report, self.evidence
+        return lambda tx: effects.report(tx, rep, POOL, evidence)
 
     @property
     def subject(self) -> tuple[str, str]:
@@ -113,7 +120,10 @@ class Message:
                 f" plan {self.spec.plan_hash[:8]}"
             )
         if self.kind is k.APPROVE:
-            return f"{who} approve {self.task_id} plan {self.plan_hash[:8]} base {self.base_sha}"
+            return (
+                f"{who} approve {self.task_id} plan {self.plan_hash[:8]} base {self.base_sha}"
+                f" head {self.observed_head}"
+            )
         if self.kind is k.CANCEL:
             return f"{who} cancel {self.task_id}"
         if self.kind is k.HEAD:
@@ -129,10 +139,11 @@ class Message:
             return f"{who} release {self.step_id} fence {self.fence} {self.reason} {kind}"
         assert self.report is not None
         rep = self.report
-        artifacts = ",".join(f"{n}={d}" for n, d in sorted(rep.artifacts.items())) or "-"
+        checks = ",".join(f"{n}={c.exit_code}" for n, c in sorted(rep.checks.items())) or "-"
+        head = f" head {self.evidence.head_sha}" if self.evidence else ""
         return (
             f"{who} report {rep.step_id} fence {rep.fence} payload {rep.payload_hash[:8]}"
-            f" candidate {rep.candidate_sha or '-'} artifacts {artifacts}"
+            f" candidate {rep.candidate_sha or '-'} checks {checks}{head}"
         )
 
 
@@ -188,7 +199,7 @@ def make_orders(rng: Random, count: int) -> list[Order]:
             idempotency_key=f"k{i}",
             steps=steps,
             repository=repository,
-            base_sha="sha0" if repository else None,
+            base_sha=BASE if repository else None,
             expected_checks=checks,
         )
         # The same key for another task: another plan, or (every other order) the same plan

@@ -16,6 +16,7 @@ from supervisor.ledger.fencing import UNCOUNTED_RELEASES, tokens_spent
 from supervisor.ledger.identity import Created, TaskSpec, step_id_for
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import LedgerConfig
+from supervisor.ledger.verification import Evidence
 from tether.messages import Lease, Renewal, Report
 from tether.wire import Outcome, ReleaseReason, content_hash
 
@@ -95,16 +96,41 @@ class Observer:
         elif not same_task(self.specs[known], spec):
             self.violation(f"create {key} with another plan answered the existing task {known}")
 
-    def approved_task(self, task_id: str, plan_hash: str, base_sha: str | None) -> None:
+    def approved_task(
+        self, task_id: str, plan_hash: str, base_sha: str | None, observed_head: str | None
+    ) -> None:
         spec = self.specs.get(task_id)
         if spec is not None and plan_hash != spec.plan_hash:
             self.violation(f"approval of {task_id} accepted plan {plan_hash[:8]}, not its own")
+        if task_id in self.approved and self.approved[task_id] == base_sha:
+            return  # a repeated approval: answered as done, nothing read or changed
+        if spec is not None and spec.repository and base_sha != observed_head:
+            self.violation(
+                f"stale-approval: {task_id} approved at base {base_sha}; the head read was"
+                f" {observed_head}"
+            )
         self.approved[task_id] = base_sha
-        if spec is not None and spec.repository and base_sha:
-            self.heads.setdefault((spec.tenant, spec.repository), base_sha)
+        if spec is not None and spec.repository and observed_head:
+            self.head_moved(spec.tenant, spec.repository, observed_head)
 
     def head_moved(self, tenant: str, repository: str, sha: str) -> None:
+        """The ledger recorded `sha` as the head (a webhook, or a head an adapter read): every
+        approved task of the repository that has not ended and is bound to another base fails
+        `stale_base` in the same rule, and its leases end."""
         self.heads[(tenant, repository)] = sha
+        for task_id, spec in self.specs.items():
+            if (spec.tenant, spec.repository) != (tenant, repository):
+                continue
+            if task_id not in self.approved or task_id in self.first_terminal:
+                continue
+            base = self.approved[task_id]
+            if base == sha or self.expected_end.get(task_id) is not None:
+                continue
+            self.expected_end[task_id] = Expectation(
+                state=TaskState.FAILED, why=f"stale base {base}, head {sha}"
+            )
+            for step_id in [s for s, lease in self.leases.items() if lease.task_id == task_id]:
+                del self.leases[step_id]
 
     def cancelled_task(self, task_id: str) -> None:
         if task_id in self.first_terminal:
@@ -199,6 +225,7 @@ class Observer:
         outcome: Outcome | None,
         error: LedgerError | None,
         now: float,
+        evidence: Evidence | None = None,
     ) -> None:
         step = rep.step_id
         task_id = step.rsplit(".", 1)[0]
@@ -232,8 +259,12 @@ class Observer:
         self.applied[step] = rep
         if spec is not None:
             self.spent[spec.tenant] = self.spent.get(spec.tenant, 0) + tokens_spent(rep.usage)
-        if spec is not None and all(
-            step_id_for(task_id, i) in self.applied for i in range(len(spec.steps))
+        if spec is not None and spec.repository and evidence is not None:
+            self.head_moved(spec.tenant, spec.repository, evidence.head_sha)
+        if (
+            spec is not None
+            and task_id not in self.expected_end
+            and all(step_id_for(task_id, i) in self.applied for i in range(len(spec.steps)))
         ):
             self.expected_end[task_id] = self._verdict(task_id, spec)
 
@@ -242,19 +273,22 @@ class Observer:
         Verification)."""
         if not spec.repository:
             return Expectation(state=TaskState.SUCCEEDED, why="all steps committed")
-        head = self.heads.get((spec.tenant, spec.repository))
         base = self.approved.get(task_id)
-        if head != base:
-            return Expectation(state=TaskState.FAILED, why=f"stale base {base}, head {head}")
         reports = [self.applied[step_id_for(task_id, i)] for i in range(len(spec.steps))]
         candidates = [r.candidate_sha for r in reports if r.candidate_sha]
         if not candidates:
             return Expectation(state=TaskState.FAILED, why="no candidate sha")
         candidate = candidates[-1]
         for check in spec.expected_checks:
-            if not any(r.candidate_sha == candidate and check in r.artifacts for r in reports):
+            runs = [r.checks[check] for r in reports if r.candidate_sha == candidate
+                    and check in r.checks]  # fmt: skip
+            if not runs:
                 return Expectation(
-                    state=TaskState.FAILED, why=f"no artifact {check} for candidate {candidate}"
+                    state=TaskState.FAILED, why=f"no run of {check} at candidate {candidate}"
+                )
+            if runs[-1].exit_code != 0:
+                return Expectation(
+                    state=TaskState.FAILED, why=f"{check} failed at candidate {candidate}"
                 )
         return Expectation(state=TaskState.SUCCEEDED, why=f"verified at {candidate} on {base}")
 

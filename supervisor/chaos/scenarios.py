@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from random import Random
 
 from supervisor.chaos import hazards
-from supervisor.chaos.actors import Order, RunnerActor
+from supervisor.chaos.actors import BASE, Order, RunnerActor
 from supervisor.chaos.harness import Harness, Workspace, scratch_root
 from supervisor.chaos.plants import planted
 from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS, quiesce
@@ -40,7 +40,7 @@ def order(steps: int = 2) -> Order:
             for j in range(steps)
         ),
         repository="repo0",
-        base_sha="sha0",
+        base_sha=BASE,
         expected_checks=("lint",),
     )
     other = dataclasses.replace(spec, steps=(StepSpec(name="s0", kind="chat", payload={}),))

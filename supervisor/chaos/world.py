@@ -9,12 +9,16 @@ primitive comes next; the hazards compose them into the adversarial histories.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from random import Random
 from typing import Any
 
 from supervisor.chaos.actors import (
+    BASE,
     OPERATOR,
+    REPOSITORIES,
+    TENANTS,
     Held,
     HeldPhase,
     Kind,
@@ -26,12 +30,13 @@ from supervisor.chaos.actors import (
 )
 from supervisor.chaos.harness import START, Harness
 from supervisor.chaos.observer import Consumer, Observer
-from supervisor.ledger import reaper, views
+from supervisor.ledger import reaper, repositories, views
 from supervisor.ledger.batch import RuleCrashed
 from supervisor.ledger.errors import LedgerError, Refused
 from supervisor.ledger.invariants import find_violations
 from supervisor.ledger.tx import Tx
-from tether.messages import Report
+from supervisor.ledger.verification import Evidence
+from tether.messages import CheckRun, Report
 from tether.wire import Outcome, ReleaseReason, content_hash
 
 
@@ -40,7 +45,7 @@ class Habits:
     """How the simulated clients misbehave, as probabilities per action."""
 
     drift: float = 0.0  # a runner reports a payload other than its lease's
-    sloppy: float = 0.0  # a runner's result lacks the candidate SHA or an artifact
+    sloppy: float = 0.0  # a runner's result lacks the candidate SHA or a check, or one fails
     release: float = 0.05  # a runner hands a lease back instead of finishing it
     stale_approval: float = 0.0  # the operator approves an out-of-date base
     wrong_plan: float = 0.0  # the operator approves with another plan hash
@@ -82,6 +87,27 @@ class World:
         self._messages = 0
         self._shas = 0
         self.honest = False  # set once faults stop: clients then behave
+        # Each repository's real head: a push moves it at once; its webhook (a HEAD message)
+        # reaches the supervisor later, or never. The adapters read it (`head_of`).
+        self.heads: dict[tuple[str, str], str] = {}
+        self._add_repositories()
+
+    def _add_repositories(self) -> None:
+        """Every tenant adds every repository before the schedule starts (`repo add`)."""
+        adds = [
+            functools.partial(
+                repositories.add_repository, tenant=tenant, name=name, url=f"/srv/git/{name}.git"
+            )
+            for tenant in TENANTS
+            for name in REPOSITORIES
+        ]
+        for outcome in self.h.run(adds):
+            if outcome.error is not None:
+                raise outcome.error
+
+    def head_of(self, tenant: str, repository: str) -> str:
+        """The repository's head now, as `git ls-remote` would read it."""
+        return self.heads.get((tenant, repository), BASE)
 
     def _misbehaves(self, probability: float) -> bool:
         return not self.honest and self.rng.random() < probability
@@ -108,12 +134,23 @@ class World:
 
     def send(self, sender: str, incarnation: int, kind: Kind, **fields: Any) -> Message:
         self._messages += 1
+        report = fields.get("report")
+        if kind is Kind.REPORT and "evidence" not in fields and report is not None:
+            fields["evidence"] = self._evidence(report)
         msg = Message(
             id=self._messages, sender=sender, incarnation=incarnation, kind=kind, **fields
         )
         self.queue.append(msg)
         self.in_flight.add(msg.subject)
         return msg
+
+    def _evidence(self, report: Report) -> Evidence | None:
+        """What the adapters observe about `report` as it arrives: the head of its task's
+        repository now (no mirror or store problem: those are the adapters' to find)."""
+        spec = self.observer.specs.get(report.step_id.rsplit(".", 1)[0])
+        if spec is None or not spec.repository:
+            return None
+        return Evidence(head_sha=self.head_of(spec.tenant, spec.repository))
 
     def busy(self, sender: str, subject: str) -> bool:
         """Is `sender` still waiting for an answer about `subject`?"""
@@ -175,9 +212,9 @@ class World:
         elif error is not None:
             if msg.kind is k.REPORT and isinstance(error, LedgerError):
                 assert msg.report is not None
-                obs.reported(msg.report, msg.sender, None, error, self.h.now)
+                obs.reported(msg.report, msg.sender, None, error, self.h.now, msg.evidence)
         elif msg.kind is k.APPROVE:
-            obs.approved_task(msg.task_id, msg.plan_hash, msg.base_sha)
+            obs.approved_task(msg.task_id, msg.plan_hash, msg.base_sha, msg.observed_head)
         elif msg.kind is k.CANCEL:
             obs.cancelled_task(msg.task_id)
         elif msg.kind is k.HEAD:
@@ -193,7 +230,7 @@ class World:
             obs.released(msg.step_id, msg.fence, msg.reason, msg.retryable)
         elif msg.kind is k.REPORT:
             assert msg.report is not None
-            obs.reported(msg.report, msg.sender, Outcome(value), None, self.h.now)
+            obs.reported(msg.report, msg.sender, Outcome(value), None, self.h.now, msg.evidence)
 
     def _answer(self, msg: Message, value: Any, error: BaseException | None) -> None:
         if msg.sender == OPERATOR:
@@ -255,22 +292,23 @@ class World:
         return self.send(OPERATOR, 0, Kind.CREATE, order=index, spec=spec)
 
     def approve(self, index: int) -> Message | None:
-        """Approve against the head the operator believes current (sometimes a stale one)."""
+        """Approve against the repository's head (sometimes a stale base); the supervisor's
+        adapter reads the head as it takes the approval."""
         order = self.operator.orders[index]
         if order.task_id is None:
             return None
         spec = order.spec
-        base = None
+        base = head = None
         if spec.repository:
-            base = self.observer.heads.get((spec.tenant, spec.repository), spec.base_sha)
+            base = head = self.head_of(spec.tenant, spec.repository)
             if self._misbehaves(self.habits.stale_approval):
-                base = "sha0" if base != "sha0" else f"old{self.rng.randrange(3)}"
+                base = BASE if base != BASE else f"old{self.rng.randrange(3)}"
         plan_hash = spec.plan_hash
         if self._misbehaves(self.habits.wrong_plan):
             plan_hash = order.conflicting.plan_hash
         return self.send(
             OPERATOR, 0, Kind.APPROVE, tenant=spec.tenant, task_id=order.task_id,
-            plan_hash=plan_hash, base_sha=base,
+            plan_hash=plan_hash, base_sha=base, observed_head=head,
         )  # fmt: skip
 
     def cancel(self, index: int) -> Message | None:
@@ -284,10 +322,11 @@ class World:
         if not spec.repository:
             return None
         if revert:
-            sha = self.observer.approved.get(self.operator.orders[index].task_id or "") or "sha0"
+            sha = self.observer.approved.get(self.operator.orders[index].task_id or "") or BASE
         else:
             self._shas += 1
             sha = f"sha{self._shas}"
+        self.heads[(spec.tenant, spec.repository)] = sha  # pushed; the webhook is on its way
         return self.send(
             OPERATOR, 0, Kind.HEAD, tenant=spec.tenant, repository=spec.repository, sha=sha
         )
@@ -333,21 +372,28 @@ class World:
         if self._misbehaves(self.habits.drift):
             payload_hash = content_hash({"drifted": payload})
         candidate: str | None = None
-        artifacts: dict[str, str] = {}
+        checks: dict[str, CheckRun] = {}
         if payload.get("repo"):
             candidate = f"c{fence}"
-            artifacts = {check: f"d{fence}{check[0]}" for check in payload.get("checks", [])}
+            checks = {
+                check: CheckRun(log=f"d{fence}{check[0]}", exit_code=0, duration_s=1.0)
+                for check in payload.get("checks", [])
+            }
             if self._misbehaves(self.habits.sloppy):
-                if artifacts and self.rng.random() < 0.5:
-                    artifacts.pop(self.rng.choice(sorted(artifacts)))
+                roll = self.rng.random()
+                if checks and roll < 0.3:
+                    checks.pop(self.rng.choice(sorted(checks)))
+                elif checks and roll < 0.5:
+                    name = self.rng.choice(sorted(checks))
+                    checks[name] = CheckRun(log=checks[name].log, exit_code=1, duration_s=1.0)
                 elif not payload.get("last"):
                     candidate = None
                 else:
-                    candidate, artifacts = None, {}
+                    candidate, checks = None, {}
         return Report(
             step_id=step_id, fence=fence, payload_hash=payload_hash,
             output={"step": step_id, "fence": fence}, usage={"total_tokens": 10},
-            candidate_sha=candidate, artifacts=artifacts,
+            candidate_sha=candidate, checks=checks,
         )  # fmt: skip
 
     def crash_runner(self, runner: RunnerActor) -> None:

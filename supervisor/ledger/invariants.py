@@ -103,11 +103,14 @@ _QUERIES: dict[str, tuple[str, Callable[[sqlite3.Row], str]]] = {
         " (SELECT 1 FROM attempts a WHERE a.step_id = k.step_id AND a.fence = k.fence)",
         lambda r: f"step {r['step_id']}'s checkpoint names fence {r['fence']}, not an attempt",
     ),
+    # (A head that moved before the approval does not count: the approval read the head.)
     "success-on-approved-base": (
         "SELECT t.id FROM tasks t JOIN events v ON v.task_id = t.id AND v.kind = 'state'"
         " AND v.state = 'SUCCEEDED' WHERE t.repository IS NOT NULL AND EXISTS ("
         "  SELECT 1 FROM events b WHERE b.task_id = t.id AND b.kind = 'base_changed'"
         "  AND b.seq < v.seq AND json_extract(b.data_json, '$.head_sha') != t.approved_base_sha"
+        "  AND b.seq > (SELECT MAX(a.seq) FROM events a WHERE a.task_id = t.id"
+        "   AND a.kind = 'state' AND a.state = 'APPROVED')"
         "  AND NOT EXISTS (SELECT 1 FROM events b2 WHERE b2.task_id = t.id"
         "   AND b2.kind = 'base_changed' AND b2.seq > b.seq AND b2.seq < v.seq))",
         lambda r: f"task {r['id']} SUCCEEDED after its repository moved off the approved base",
