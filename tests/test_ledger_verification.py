@@ -381,8 +381,9 @@ async def test_the_checks_names_are_the_expected_checks(ledger: SqliteLedger) ->
         ({"checks": check_specs(("tests", "tests"))}, "more than once"),
         ({"repository": None, "base_sha": None}, "repository"),
         ({"repository": "unknown"}, "tether-supervisor repo add unknown"),
+        ({"checks": (CheckSpec(name="tests", command=" "),)}, "command line"),
     ],
-    ids=["expected-differs", "twice", "no-repository", "unknown-repository"],
+    ids=["expected-differs", "twice", "no-repository", "unknown-repository", "no-command"],
 )
 async def test_checks_and_repositories_that_cannot_be_bound_are_refused(
     ledger: SqliteLedger, extra: dict[str, Any], message: str

@@ -122,6 +122,8 @@ def check_checks(spec: TaskSpec) -> None:
             raise InvalidRequest(f"{label} names {', '.join(map(repr, twice))} more than once")
         if any(not n or len(n) > MAX_NAME for n in named):
             raise InvalidRequest(f"{label} names must be 1..{MAX_NAME} characters")
+    if any(not c.command.strip() for c in spec.checks):
+        raise InvalidRequest("each check needs a command line")
     if spec.checks and spec.expected_checks:
         given = {c.name for c in spec.checks}
         if set(spec.expected_checks) != given:
