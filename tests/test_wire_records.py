@@ -113,8 +113,16 @@ RECORDS: list[m.Record] = [
                     ),
                 ),
             ),
+            m.StepView(
+                id="t.1", name="fix", kind="agent", state="committed", candidate_sha="c" * 40,
+                bundle="b" * 64,
+                checks=(m.CheckRunView(name="tests", log="d" * 64, exit_code=1, duration_s=0.5),),
+                problems=(m.ProblemView(code="check_failed", detail="tests exited 1"),),
+                checkpoint=m.CheckpointView(turn=2, fence=8),
+            ),
         ),
         budget=m.Budget(tenant="acme", spent=9, budget=10, left=1),
+        findings=(m.ProblemView(code="check_failed", detail="tests exited 1"),),
     ),
     m.TaskPage(
         tasks=(
@@ -150,6 +158,7 @@ def test_every_message_class_has_a_round_trip_above() -> None:
     inside_others = {m.EarlierOutput, m.Plan, m.PlanStep, m.ItemAnswer}
     inside_others |= {m.WaitingFor, m.StepView, m.AttemptView, m.TaskSummary, m.PoolStatus}
     inside_others |= {m.RunnerSeen, m.LeaseRepository, m.CheckSpec, m.ResumePoint, m.CheckRun}
+    inside_others |= {m.CheckRunView, m.ProblemView, m.CheckpointView}
     missing = classes - {type(r) for r in RECORDS} - inside_others
     assert not missing
 

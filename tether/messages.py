@@ -416,9 +416,34 @@ class AttemptView(Record, frozen=True, kw_only=True):
     usage: dict[str, int] | None = None
 
 
+class CheckRunView(Record, frozen=True, kw_only=True):
+    """A check a committed step ran at its candidate: its log's digest, exit code, duration."""
+
+    name: str
+    log: str
+    exit_code: int
+    duration_s: float
+
+
+class ProblemView(Record, frozen=True, kw_only=True):
+    """A named reason verification holds against a result (docs/design.md, Verification)."""
+
+    code: str
+    detail: str
+
+
+class CheckpointView(Record, frozen=True, kw_only=True):
+    """A step's last accepted checkpoint: the turns done, under the attempt `fence`."""
+
+    turn: int
+    fence: int
+
+
 class StepView(Record, frozen=True, kw_only=True):
     """A step as `GET /v1/tasks/{task_id}` shows it; `state` is `skipped` for a failed or
-    cancelled task's steps that never ran."""
+    cancelled task's steps that never ran. A step of a repository-bound task also shows its
+    candidate, the digest of its bundle, its check runs, the problems the supervisor's evidence
+    found against its result, and its last checkpoint."""
 
     id: str
     name: str
@@ -426,6 +451,11 @@ class StepView(Record, frozen=True, kw_only=True):
     state: str
     output: Any = None
     attempts: tuple[AttemptView, ...] = ()
+    candidate_sha: str | None = None
+    bundle: str | None = None
+    checks: tuple[CheckRunView, ...] = ()
+    problems: tuple[ProblemView, ...] = ()
+    checkpoint: CheckpointView | None = None
 
 
 class TaskSummary(Record, frozen=True, kw_only=True):
@@ -443,10 +473,12 @@ class TaskSummary(Record, frozen=True, kw_only=True):
 
 
 class TaskView(TaskSummary, frozen=True, kw_only=True):
-    """`GET /v1/tasks/{task_id}`: the task with its steps, and its tenant's token budget."""
+    """`GET /v1/tasks/{task_id}`: the task with its steps, its tenant's token budget, and what
+    verification holds against it (`findings`, empty unless it failed on evidence)."""
 
     steps: tuple[StepView, ...] = ()
     budget: Budget | None = None
+    findings: tuple[ProblemView, ...] = ()
 
 
 class TaskPage(Record, frozen=True, kw_only=True):

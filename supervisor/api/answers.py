@@ -22,29 +22,6 @@ class Rejection(Record, frozen=True, kw_only=True):
     detail: str
 
 
-class Problem(Record, frozen=True, kw_only=True):
-    """What verification holds against a step's result or a task: a named finding and why."""
-
-    code: str
-    detail: str
-
-
-class StepCheck(Record, frozen=True, kw_only=True):
-    """A check run a step's result reported: its log's digest, exit code and duration."""
-
-    name: str
-    log: str
-    exit_code: int
-    duration_s: float
-
-
-class CheckpointHeld(Record, frozen=True, kw_only=True):
-    """A step's last accepted checkpoint: the turn it resumes after, the fence that wrote it."""
-
-    turn: int
-    fence: int
-
-
 class StepDetail(StepView, frozen=True, kw_only=True):
     """A step with its fences, hashes and what its result reported, as the task view shows it."""
 
@@ -52,10 +29,6 @@ class StepDetail(StepView, frozen=True, kw_only=True):
     effect_key: str | None
     fence: int | None
     candidate_sha: str | None
-    bundle: str | None = None
-    checks: tuple[StepCheck, ...] = ()
-    problems: tuple[Problem, ...] = ()
-    checkpoint: CheckpointHeld | None = None
 
 
 class TaskListed(TaskSummary, frozen=True, kw_only=True):
@@ -77,7 +50,6 @@ class TaskDetail(TaskView, frozen=True, kw_only=True):
     base_sha: str | None
     repository: str | None
     steps: tuple[StepDetail, ...] = ()
-    findings: tuple[Problem, ...] = ()
     rejections: tuple[Rejection, ...] = ()
 
 
