@@ -53,7 +53,8 @@ BAD_PLANS: list[tuple[str, dict[str, Any], list[str]]] = [
                                      "note": "dropped before"}]},
      ["'plan.steps[0]'", "unknown field `note`"]),
 ]  # fmt: skip
-UNKNOWN_TOP_LEVEL = ({"idempotency_key": "k", "plan": {"steps": []}, "pool_name": "gpu"},
+ONE_STEP = {"steps": [{"name": "a", "kind": "chat", "payload": GOOD}]}
+UNKNOWN_TOP_LEVEL = ({"idempotency_key": "k", "plan": ONE_STEP, "pool_name": "gpu"},
                      ["unknown field `pool_name`", "did you mean `pool`"])  # fmt: skip
 
 

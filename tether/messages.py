@@ -324,7 +324,7 @@ class PlanStep(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
 
 class Plan(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    steps: tuple[PlanStep, ...]
+    steps: Annotated[tuple[PlanStep, ...], msgspec.Meta(min_length=1)]
 
 
 class TaskCreate(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
