@@ -13,23 +13,34 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
+from examples.processes import (
+    CHECKOUT,
+    Children,
+    Deadline,
+    DemoError,
+    call,
+    child_environment,
+    create_token,
+    free_port,
+    ledger_check,
+    program,
+    say,
+    wait_until_up,
+    write_secret,
+)
 from tether.cli_support import Parser
 from tether.wire import content_hash, effect_key
 
-DEADLINE_S = 45.0  # the run itself; stopping adds at most STOP_BUDGET_S
-STOP_BUDGET_S = 10.0
+DEADLINE_S = 45.0  # the run itself; stopping adds at most processes.STOP_BUDGET_S
 # A runner killed before its first renew is never acknowledged within the accept window; a
 # renewed lease would run out its TTL. Either way the step is re-queued within seconds.
 LEASE_TTL_S = 4
@@ -41,10 +52,6 @@ KILL_STEP = 1  # zero-based: the second step, once the first has committed
 TENANT = "demo"
 POOL = "default"
 SERVE_ARGS = ("--host", "127.0.0.1", "--port")
-CHECKOUT = Path(__file__).resolve().parent.parent  # examples/ is imported from here, not installed
-# Inherited variables that would point a child at another configuration or another systemd.
-_SCRUBBED_PREFIXES = ("TETHER_",)
-_SCRUBBED = frozenset({"CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})
 
 PLAN: dict[str, Any] = {
     "steps": [
@@ -84,147 +91,6 @@ PLAN: dict[str, Any] = {
         },
     ]
 }
-
-
-class DemoError(Exception):
-    """The demo did not go as the ledger promises; the message says what was off."""
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def program(name: str) -> str:
-    """A console script of this installation: beside this Python first, then on PATH."""
-    local = Path(sys.executable).parent / name
-    if local.exists():
-        return str(local)
-    found = shutil.which(name)
-    if found is None:
-        raise DemoError(f"{name} is not installed; run `make demo`, which installs the project")
-    return found
-
-
-def child_environment(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _SCRUBBED and not k.startswith(_SCRUBBED_PREFIXES)
-    }
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"  # loopback never via a proxy
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
-@dataclasses.dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    log_file: IO[bytes]
-
-    def tail(self, lines: int = 12) -> str:
-        if not self.log_file.closed:
-            self.log_file.flush()
-        text = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-        return "\n".join(f"    {line}" for line in text[-lines:]) or "    (no output)"
-
-
-class Children:
-    """The demo's processes: started with their output in a log file, always stopped."""
-
-    def __init__(self, folder: Path) -> None:
-        self._folder = folder
-        self.all: dict[str, Child] = {}
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
-        log_path = self._folder / f"{name}.log"
-        log_file = log_path.open("wb")
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env
-        )
-        child = Child(name=name, process=process, log_path=log_path, log_file=log_file)
-        self.all[name] = child
-        return child
-
-    def stop_all(self, budget_s: float = STOP_BUDGET_S) -> None:
-        """Stop in reverse start order (runners before the supervisor they poll): SIGTERM each,
-        and SIGKILL whoever is still running when the shared `budget_s` is spent."""
-        end = time.monotonic() + budget_s
-        for child in reversed(self.all.values()):
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-                try:
-                    child.process.wait(max(0.1, end - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    child.process.kill()
-                    child.process.wait()
-            child.log_file.close()
-
-    def report(self) -> str:
-        return "\n".join(
-            f"  {c.name} (exit {c.process.returncode}), {c.log_path}:\n{c.tail()}"
-            for c in self.all.values()
-        )
-
-
-class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self._end = time.monotonic() + seconds
-        self.seconds = seconds
-
-    def left(self) -> float:
-        return self._end - time.monotonic()
-
-    def check(self, waiting_for: str) -> None:
-        if self.left() <= 0:
-            raise DemoError(f"still waiting for {waiting_for} after {self.seconds:g} s")
-
-
-def wait_until_up(url: str, child: Child, deadline: Deadline) -> None:
-    with httpx.Client(trust_env=False, timeout=2.0) as http:
-        while True:
-            if child.process.poll() is not None:
-                raise DemoError(f"{child.name} exited with {child.process.returncode} at start")
-            with contextlib.suppress(httpx.TransportError):
-                if http.get(url).status_code < 500:
-                    return
-            deadline.check(f"{child.name} to answer on {url}")
-            time.sleep(0.1)
-
-
-def admin(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run one `tether-supervisor` admin command on the demo's ledger, its output captured."""
-    return subprocess.run(
-        [program("tether-supervisor"), *args],
-        capture_output=True,
-        text=True,
-        env=child_environment(),
-        timeout=30,
-        check=False,
-    )
-
-
-def create_token(db: Path, tenant: str, role: str) -> str:
-    # --init: the demo's first token makes its ledger (without it, a new path is refused)
-    done = admin("token", "create", "--init", "--db", str(db), "--tenant", tenant, "--role", role)
-    if done.returncode != 0:
-        raise DemoError(f"token create failed: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
-def write_secret(path: Path, value: str) -> Path:
-    path.touch(mode=0o600)
-    path.write_text(value + "\n", encoding="utf-8")
-    return path
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -283,16 +149,6 @@ def standin_argv(port: int) -> list[str]:
     return argv
 
 
-def call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
-    try:
-        response = http.request(method, path, **kwargs)
-    except httpx.TransportError as exc:
-        raise DemoError(f"{method} {path}: the supervisor did not answer ({exc})") from None
-    if response.status_code >= 400:
-        raise DemoError(f"{method} {path} answered {response.status_code}: {response.text[:300]}")
-    return response.json()
-
-
 def submit(http: httpx.Client) -> str:
     body = {"idempotency_key": f"demo-{os.getpid()}-{time.time_ns()}", "plan": PLAN, "pool": POOL}
     task = call(http, "POST", "/v1/tasks", json=body)
@@ -345,8 +201,7 @@ def kill_the_holder(
     if holder not in children.all:
         raise DemoError(f"step leased to {holder!r}, which is not one of the demo's runners")
     time.sleep(MODEL_LATENCY_S / 3)  # let the model call get under way
-    children.all[holder].process.kill()
-    children.all[holder].process.wait()
+    children.all[holder].kill()
     say(
         f"  SIGKILL {holder} (pid {children.all[holder].process.pid}) while it holds step"
         f" {KILL_STEP + 1} {step['name']!r} under fence {fence}: a revoked server"
@@ -375,13 +230,6 @@ def effects_by_step(db: Path) -> dict[str, list[tuple[str, int]]]:
         ):
             found.setdefault(step_id, []).append((key, fence))
     return found
-
-
-def ledger_check(db: Path) -> str:
-    done = admin("check", "--db", str(db))
-    if done.returncode != 0:
-        raise DemoError(f"tether-supervisor check found a violation:\n{done.stdout}{done.stderr}")
-    return done.stdout.strip()
 
 
 def account(
@@ -442,13 +290,8 @@ def account(
 
 def stopped_cleanly(children: Children, killed_runner: str) -> list[str]:
     """After SIGTERM, the supervisor and the surviving runner must have exited 0."""
-    bad = [
-        f"{c.name} exited {c.process.returncode}"
-        for c in children.all.values()
-        # the stand-in is a test double: how it dies proves nothing
-        if c.name not in (killed_runner, "stand-in-model") and c.process.returncode != 0
-    ]
-    return bad
+    # the stand-in is a test double: how it dies proves nothing
+    return children.exited_badly(ignoring=(killed_runner, "stand-in-model"))
 
 
 def run(*, keep: bool) -> int:
