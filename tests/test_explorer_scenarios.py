@@ -50,8 +50,14 @@ def test_cancel_between_verification_and_commit(variant: str, winner: str, effec
 def test_renew_after_fenced_out_is_refused() -> None:
     with played("fenced-renew") as world:
         refused = rejections(world)
-        assert refused == [("stale_fence", 1), ("stale_fence", 1)]  # its report, then its renew
+        # its report, its renew, then the checkpoint of the turn it finished while paused
+        assert refused == [("stale_fence", 1)] * 3
         assert any("renew T1.0 fence 1 -> refused stale_fence" in line for line in world.trace)
+        assert any(
+            "checkpoint T1.0 fence 1 turn 1 sha - tokens 10 -> refused stale_fence" in line
+            for line in world.trace
+        )
+        assert world.h.query("SELECT COUNT(*) FROM checkpoints")[0][0] == 0
         fences = [r[0] for r in world.h.query("SELECT fence FROM effects ORDER BY created_at")]
         assert 1 not in fences
         assert world.observer.states == {"T1": "SUCCEEDED"}
@@ -117,6 +123,9 @@ def test_every_hazard_is_reachable_from_random_schedules() -> None:
         "r": "fenced-renew",
         "consumer": "consumer-replay",
         "supervisor": "crash-around-key",
+        "base": "base-moves",
+        "late": "late-push",
+        "checkpoint": "stale-checkpoint",
     }
     seen: set[str] = set()
     with scratch_root() as root, Workspace(root) as workspace:

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from random import Random
 from typing import Any
 
-from supervisor.ledger import effects, fencing, identity, operator
+from supervisor.chaos.repos import ALLOWED, BASE
+from supervisor.ledger import checkpoints, effects, fencing, identity, operator
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from supervisor.ledger.tx import Tx
 from supervisor.ledger.verification import Evidence
-from tether.messages import Lease, Renewal, Report
+from tether.messages import Checkpoint, Checkpointed, Lease, Renewal, Report
 from tether.wire import ReleaseReason
 
 OPERATOR = "operator"
@@ -27,8 +28,22 @@ POOL = "default"
 KINDS = ("chat",)
 TENANTS = ("acme", "globex")
 REPOSITORIES = ("repo0", "repo1")  # each tenant added both at setup (`repo add`)
-BASE = "sha0"  # every repository's head when a schedule starts
 CHECKS = ("lint", "test")
+TURN_TOKENS = 10  # what one turn of a simulated agent spends
+
+
+_plan_hashes: dict[int, tuple[TaskSpec, str]] = {}
+
+
+def plan_hash(spec: TaskSpec) -> str:
+    """`spec.plan_hash`, computed once per spec: the explorer asks for it on every label and
+    answer, and hashing a plan costs more than most rules."""
+    held = _plan_hashes.get(id(spec))
+    if held is None or held[0] is not spec:
+        if len(_plan_hashes) > 256:
+            _plan_hashes.clear()
+        held = _plan_hashes[id(spec)] = (spec, spec.plan_hash)
+    return held[1]
 
 
 class Kind(enum.StrEnum):
@@ -41,6 +56,7 @@ class Kind(enum.StrEnum):
     RENEW = "renew"
     RELEASE = "release"
     REPORT = "report"
+    CHECKPOINT = "checkpoint"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +84,7 @@ class Message:
     # approval, the evidence for a report of a repository-bound step.
     observed_head: str | None = None
     evidence: Evidence | None = None
+    checkpoint: Checkpoint | None = None
 
     def rule(self) -> Callable[[Tx], Any]:
         k = Kind
@@ -95,6 +112,10 @@ class Message:
             return lambda tx: fencing.release(
                 tx, self.step_id, self.fence, self.reason, self.retryable, "chaos", POOL
             )
+        if self.kind is k.CHECKPOINT:
+            assert self.checkpoint is not None
+            cp = self.checkpoint
+            return lambda tx: checkpoints.checkpoint(tx, self.step_id, cp, POOL)
         assert self.report is not None
         rep, evidence = self.report, self.evidence
         return lambda tx: effects.report(tx, rep, POOL, evidence)
@@ -117,7 +138,7 @@ class Message:
             assert self.spec is not None
             return (
                 f"{who} create {self.spec.tenant}/{self.spec.idempotency_key}"
-                f" plan {self.spec.plan_hash[:8]}"
+                f" plan {plan_hash(self.spec)[:8]}"
             )
         if self.kind is k.APPROVE:
             return (
@@ -137,13 +158,24 @@ class Message:
         if self.kind is k.RELEASE:
             kind = "retryable" if self.retryable else "final"
             return f"{who} release {self.step_id} fence {self.fence} {self.reason} {kind}"
+        if self.kind is k.CHECKPOINT:
+            assert self.checkpoint is not None
+            cp = self.checkpoint
+            return (
+                f"{who} checkpoint {self.step_id} fence {cp.fence} turn {cp.turn}"
+                f" sha {cp.sha or '-'} tokens {cp.usage.get('total_tokens', 0)}"
+            )
         assert self.report is not None
         rep = self.report
         checks = ",".join(f"{n}={c.exit_code}" for n, c in sorted(rep.checks.items())) or "-"
-        head = f" head {self.evidence.head_sha}" if self.evidence else ""
+        found = ""
+        if self.evidence is not None:
+            codes = ",".join(p.code.value for p in self.evidence.problems)
+            found = f" head {self.evidence.head_sha}" + (f" problems {codes}" if codes else "")
         return (
             f"{who} report {rep.step_id} fence {rep.fence} payload {rep.payload_hash[:8]}"
-            f" candidate {rep.candidate_sha or '-'} checks {checks}{head}"
+            f" candidate {rep.candidate_sha or '-'} bundle {rep.bundle or '-'} checks"
+            f" {checks}{found}"
         )
 
 
@@ -153,9 +185,18 @@ def describe(kind: Kind, value: Any) -> str:
         return f"{value.task_id} {'new' if value.created else 'existing'}"
     if kind is Kind.CLAIM:
         leases: list[Lease] = value
-        return ", ".join(f"{x.step_id} a{x.attempt} f{x.fence}" for x in leases) or "nothing"
+        return (
+            ", ".join(
+                f"{x.step_id} a{x.attempt} f{x.fence}"
+                + (f" resume t{x.resume.turn} f{x.resume.fence}" if x.resume else "")
+                for x in leases
+            )
+            or "nothing"
+        )
     if isinstance(value, Renewal):
         return "cancelled" if value.cancelled else "renewed"
+    if isinstance(value, Checkpointed):
+        return f"checkpointed after turn {value.turn}"
     return "ok" if value is None else str(value)
 
 
@@ -200,6 +241,7 @@ def make_orders(rng: Random, count: int) -> list[Order]:
             steps=steps,
             repository=repository,
             base_sha=BASE if repository else None,
+            allowed_paths=(ALLOWED,) if repository else (),
             expected_checks=checks,
         )
         # The same key for another task: another plan, or (every other order) the same plan
@@ -240,9 +282,24 @@ class HeldPhase(enum.StrEnum):
 
 @dataclasses.dataclass
 class Held:
+    """A lease a runner holds, with its agent's progress: the turns completed (counting those
+    of the checkpoint it resumed from) and the tokens this attempt spent."""
+
     lease: Lease
     phase: HeldPhase = HeldPhase.NEW
     report: Report | None = None
+    turn: int = 0
+    spent: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lease.resume is not None:
+            self.turn = self.lease.resume.turn
+
+    @property
+    def step_tokens(self) -> int:
+        """What the completed turns of the step spent, in every attempt."""
+        resumed = self.lease.resume
+        return self.spent + (resumed.usage.get("total_tokens", 0) if resumed else 0)
 
 
 @dataclasses.dataclass
@@ -274,5 +331,7 @@ class RunnerActor:
             if held.phase is HeldPhase.NEW:
                 held.phase = HeldPhase.WORKING
             return
+        if msg.kind is Kind.CHECKPOINT and error is None:
+            return  # checkpointed: work goes on
         # Any other answer ends this runner's part: committed, replayed, refused or cancelled.
         del self.held[step_id]

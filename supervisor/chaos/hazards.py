@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from supervisor.chaos.actors import OPERATOR, HeldPhase, Kind, Message, RunnerActor
 from supervisor.chaos.observer import TERMINAL_NAMES
-from supervisor.chaos.world import World
+from supervisor.chaos.world import World, late_checkpoint
 from supervisor.ledger.identity import step_id_for
 
 
@@ -78,7 +78,7 @@ def cancel_between_verification_and_commit(world: World, *, variant: str | None 
 
 def renew_after_fenced_out(world: World, *, sleeper: RunnerActor | None = None) -> bool:
     """A runner pauses past its TTL, is fenced out and its step claimed by another; it wakes
-    and renews and reports with its old fence: both refused, neither a state."""
+    and reports, renews and checkpoints with its old fence: all refused, none a state."""
     holders = [r for r in world.runners if r.held]
     if sleeper is None:
         if not holders:
@@ -99,6 +99,9 @@ def renew_after_fenced_out(world: World, *, sleeper: RunnerActor | None = None) 
         sleeper.id, sleeper.incarnation, Kind.RENEW, step_id=step_id, fence=old.fence
     )
     world.deliver([renew])
+    # and checkpoints the turn it completed while paused
+    cp = late_checkpoint(old, 1)
+    world.deliver([world.send_checkpoint(sleeper.id, sleeper.incarnation, step_id, cp)])
     return True
 
 
@@ -162,9 +165,66 @@ def crash_around_key_insert(
     return True
 
 
+def base_moves_between_steps(world: World, *, webhook: bool | None = None) -> bool:
+    """The operator pushes to the repository of an approved task that has committed a step
+    and has more to run. The webhook reaches the supervisor (`webhook`), or is lost, and then
+    only the evidence of the next report shows the move: either way no later step may
+    commit on the old base, and the task fails `stale_base`."""
+    obs = world.observer
+    moving = []
+    for index, order in enumerate(world.operator.orders):
+        task_id, spec = order.task_id, order.spec
+        if task_id is None or not spec.repository or task_id not in obs.approved:
+            continue
+        if obs.states.get(task_id) in TERMINAL_NAMES or task_id in obs.expected_end:
+            continue
+        done = sum(step_id_for(task_id, i) in obs.applied for i in range(len(spec.steps)))
+        if 0 < done < len(spec.steps):
+            moving.append(index)
+    if not moving:
+        return False
+    index = world.rng.choice(moving)
+    if webhook is None:
+        webhook = world.rng.random() < 0.5
+    world.log(
+        f"hazard: base of {world.operator.orders[index].task_id} moves between steps"
+        + ("" if webhook else "; its webhook is lost")
+    )
+    msg = world.move_head(index)
+    if msg is not None and webhook:
+        world.deliver([msg])
+    elif msg is not None:
+        world.drop(msg)
+    return True
+
+
+def fenced_out_attempt_pushes_late(world: World, *, taken: bool | None = None) -> bool:
+    """A runner fenced out of a step that then committed under another fence wakes and
+    reports its candidate: its bundle makes only its own ref, never moves the committed one,
+    and the report is refused (or, naming the committed fence, answered as a replay)."""
+    msg = world.late_push(taken=taken)
+    if msg is None:
+        return False
+    world.deliver([msg])
+    return True
+
+
+def checkpoint_after_fenced_out(world: World) -> bool:
+    """A runner that lost its lease (lapsed, fenced out, its task ended) checkpoints under
+    its old fence: refused as stale, and never the point a later attempt resumes from."""
+    msg = world.ghost_checkpoint()
+    if msg is None:
+        return False
+    world.deliver([msg])
+    return True
+
+
 HAZARDS: dict[str, Callable[[World], bool]] = {
     "cancel-vs-commit": cancel_between_verification_and_commit,
     "fenced-renew": renew_after_fenced_out,
     "consumer-replay": consumer_replay_after_success,
     "crash-around-key": crash_around_key_insert,
+    "base-moves": base_moves_between_steps,
+    "late-push": fenced_out_attempt_pushes_late,
+    "stale-checkpoint": checkpoint_after_fenced_out,
 }

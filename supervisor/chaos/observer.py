@@ -11,13 +11,14 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift
+from supervisor.chaos.actors import plan_hash
+from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift, StaleFence
 from supervisor.ledger.fencing import UNCOUNTED_RELEASES, tokens_spent
 from supervisor.ledger.identity import Created, TaskSpec, step_id_for
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import LedgerConfig
-from supervisor.ledger.verification import Evidence
-from tether.messages import Lease, Renewal, Report
+from supervisor.ledger.verification import Evidence, Finding
+from tether.messages import Checkpoint, Lease, Renewal, Report
 from tether.wire import Outcome, ReleaseReason, content_hash
 
 TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
@@ -34,12 +35,19 @@ class ShadowLease:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Expectation:
+    """How a task must end; a FAILED one with the code of one of `codes` as its reason."""
+
     state: TaskState
     why: str
+    codes: frozenset[str] = frozenset()
+
+    @property
+    def stale(self) -> bool:
+        return Finding.STALE_BASE.value in self.codes
 
 
 def same_task(a: TaskSpec, b: TaskSpec) -> bool:
-    return a.plan_hash == b.plan_hash and a.declared() == b.declared()
+    return plan_hash(a) == plan_hash(b) and a.declared() == b.declared()
 
 
 class Observer:
@@ -64,6 +72,9 @@ class Observer:
         self.budgets: dict[str, int | None] = {}  # tenant -> token budget
         self.spent: dict[str, int] = {}  # tenant -> tokens of applied results
         self.burned: dict[str, int] = {}  # step -> attempts counted toward max_attempts
+        self.evidence: dict[str, Evidence] = {}  # step -> the evidence its commit came with
+        self.checkpoints: dict[str, Checkpoint] = {}  # step -> its last accepted checkpoint
+        self.charged: dict[str, int] = {}  # tenant -> tokens_used as last read
 
     def violation(self, text: str) -> None:
         if text not in self.violations:
@@ -97,11 +108,11 @@ class Observer:
             self.violation(f"create {key} with another plan answered the existing task {known}")
 
     def approved_task(
-        self, task_id: str, plan_hash: str, base_sha: str | None, observed_head: str | None
+        self, task_id: str, approved_plan: str, base_sha: str | None, observed_head: str | None
     ) -> None:
         spec = self.specs.get(task_id)
-        if spec is not None and plan_hash != spec.plan_hash:
-            self.violation(f"approval of {task_id} accepted plan {plan_hash[:8]}, not its own")
+        if spec is not None and approved_plan != plan_hash(spec):
+            self.violation(f"approval of {task_id} accepted plan {approved_plan[:8]}, not its own")
         if task_id in self.approved and self.approved[task_id] == base_sha:
             return  # a repeated approval: answered as done, nothing read or changed
         if spec is not None and spec.repository and base_sha != observed_head:
@@ -127,8 +138,9 @@ class Observer:
             if base == sha or self.expected_end.get(task_id) is not None:
                 continue
             self.expected_end[task_id] = Expectation(
-                state=TaskState.FAILED, why=f"stale base {base}, head {sha}"
-            )
+                state=TaskState.FAILED, why=f"stale base {base}, head {sha}",
+                codes=frozenset({Finding.STALE_BASE.value}),
+            )  # fmt: skip
             for step_id in [s for s, lease in self.leases.items() if lease.task_id == task_id]:
                 del self.leases[step_id]
 
@@ -171,7 +183,13 @@ class Observer:
                 break
         if lease.task_id in self.first_terminal:
             self.violation(f"lease {step} on ended task ({self.first_terminal[lease.task_id]})")
+        expected = self.expected_end.get(lease.task_id)
+        if expected is not None and expected.stale:
+            self.violation(f"stale-grant: {step} granted after the head moved ({expected.why})")
+        self._check_resume(lease)
         spec = self.specs.get(lease.task_id)
+        if spec is not None and spec.repository:
+            self._check_start(lease, spec)
         budget = self.budgets.get(spec.tenant) if spec else None
         if spec is not None and budget is not None and self.spent.get(spec.tenant, 0) >= budget:
             self.violation(
@@ -185,6 +203,85 @@ class Observer:
             deadline=now + self.config.lease_ttl_s,
             accept_deadline=now + self.config.accept_window_s,
         )
+
+    def _check_resume(self, lease: Lease) -> None:
+        """A replayed attempt resumes from its step's last accepted checkpoint, one written
+        under a fence that was current then; a first attempt, or a step never checkpointed,
+        from nothing."""
+        step, resume = lease.step_id, lease.resume
+        held = self.checkpoints.get(step)
+        if resume is None:
+            if held is not None:
+                self.violation(
+                    f"resume: {step} attempt {lease.attempt} granted without its checkpoint"
+                    f" (turn {held.turn}, fence {held.fence})"
+                )
+            return
+        if not resume.transcript.startswith(f"t:{step}:"):
+            self.violation(f"resume: {step} resumes from {resume.transcript}, another step's")
+        elif held is None or (resume.fence, resume.turn, resume.transcript) != (
+            held.fence, held.turn, held.transcript
+        ):  # fmt: skip
+            last = "none" if held is None else f"turn {held.turn} fence {held.fence}"
+            self.violation(
+                f"resume: {step} resumes from turn {resume.turn} fence {resume.fence}; its last"
+                f" checkpoint accepted under a current fence is {last}"
+            )
+
+    def _check_start(self, lease: Lease, spec: TaskSpec) -> None:
+        """The worktree starts at the approved base, or the latest earlier candidate."""
+        position = int(lease.step_id.rsplit(".", 1)[1])
+        start = self.approved.get(lease.task_id)
+        for earlier in range(position):
+            rep = self.applied.get(step_id_for(lease.task_id, earlier))
+            if rep is not None and rep.candidate_sha:
+                start = rep.candidate_sha
+        bound = lease.repository
+        if (
+            bound is None
+            or bound.start_sha != start
+            or bound.base_sha != self.approved.get(lease.task_id)
+        ):
+            shown = "none" if bound is None else f"base {bound.base_sha} start {bound.start_sha}"
+            self.violation(f"lease-repository: {lease.step_id} carries {shown}; expected {start}")
+
+    def checkpointed(
+        self, step_id: str, cp: Checkpoint, error: LedgerError | None, now: float
+    ) -> None:
+        """A checkpoint is accepted only under the step's current fence of a lease that has
+        not lapsed, and never goes back a turn; one that is current is not refused stale."""
+        live = self.leases.get(step_id)
+        current = live is not None and live.fence == cp.fence and not _lapsed(live, now)
+        if error is None:
+            if not current:
+                state = "none" if live is None else f"{live.fence}"
+                if live is not None and live.fence == cp.fence:
+                    state += " (lapsed)"
+                self.violation(
+                    f"stale-checkpoint: {step_id} checkpoint under fence {cp.fence} accepted;"
+                    f" the current fence is {state}"
+                )
+            held = self.checkpoints.get(step_id)
+            if held is not None and cp.turn < held.turn:
+                self.violation(
+                    f"checkpoint-turn: {step_id} went back from turn {held.turn} to {cp.turn}"
+                )
+            self.checkpoints[step_id] = cp
+        elif isinstance(error, StaleFence) and current:
+            self.violation(f"{step_id}: a current checkpoint (fence {cp.fence}) refused as stale")
+
+    def charged_now(self, rows: Iterable[tuple[str, int]]) -> None:
+        """Charged tokens never decrease, and cover at least every committed result's usage."""
+        for tenant, used in rows:
+            before = self.charged.get(tenant, 0)
+            if used < before:
+                self.violation(f"tokens-charged: tenant {tenant}'s count fell {before} -> {used}")
+            if used < self.spent.get(tenant, 0):
+                self.violation(
+                    f"tokens-charged: tenant {tenant} charged {used}, below its committed"
+                    f" results' {self.spent[tenant]}"
+                )
+            self.charged[tenant] = used
 
     def renewed(self, step_id: str, fence: int, renewal: Renewal, now: float) -> None:
         task_id = step_id.rsplit(".", 1)[0]
@@ -257,6 +354,8 @@ class Observer:
                 f"lapsed-lease: {step} committed under fence {rep.fence} after its lease ended"
             )
         self.applied[step] = rep
+        if evidence is not None:
+            self.evidence[step] = evidence
         if spec is not None:
             self.spent[spec.tenant] = self.spent.get(spec.tenant, 0) + tokens_spent(rep.usage)
         if spec is not None and spec.repository and evidence is not None:
@@ -274,22 +373,33 @@ class Observer:
         if not spec.repository:
             return Expectation(state=TaskState.SUCCEEDED, why="all steps committed")
         base = self.approved.get(task_id)
-        reports = [self.applied[step_id_for(task_id, i)] for i in range(len(spec.steps))]
-        candidates = [r.candidate_sha for r in reports if r.candidate_sha]
-        if not candidates:
-            return Expectation(state=TaskState.FAILED, why="no candidate sha")
-        candidate = candidates[-1]
+        steps = [step_id_for(task_id, i) for i in range(len(spec.steps))]
+        reports = [self.applied[s] for s in steps]
+        final = [s for s, r in zip(steps, reports, strict=True) if r.candidate_sha]
+        if not final:
+            return _failed("no candidate sha", {Finding.NO_CANDIDATE})
+        candidate = self.applied[final[-1]].candidate_sha
+        why: list[str] = []
+        codes: set[Finding] = set()
+        used = {final[-1]}
         for check in spec.expected_checks:
-            runs = [r.checks[check] for r in reports if r.candidate_sha == candidate
-                    and check in r.checks]  # fmt: skip
+            runs = [(s, r.checks[check]) for s, r in zip(steps, reports, strict=True)
+                    if r.candidate_sha == candidate and check in r.checks]  # fmt: skip
             if not runs:
-                return Expectation(
-                    state=TaskState.FAILED, why=f"no run of {check} at candidate {candidate}"
-                )
-            if runs[-1].exit_code != 0:
-                return Expectation(
-                    state=TaskState.FAILED, why=f"{check} failed at candidate {candidate}"
-                )
+                why.append(f"no run of {check} at candidate {candidate}")
+                codes.add(Finding.MISSING_CHECK)
+                continue
+            used.add(runs[-1][0])
+            if runs[-1][1].exit_code != 0:
+                why.append(f"{check} failed at candidate {candidate}")
+                codes.add(Finding.CHECK_FAILED)
+        for step in sorted(used):
+            evidence = self.evidence.get(step)
+            for problem in evidence.problems if evidence is not None else ():
+                why.append(f"{step}'s evidence: {problem.reason}")
+                codes.add(problem.code)
+        if codes:
+            return _failed("; ".join(why), codes)
         return Expectation(state=TaskState.SUCCEEDED, why=f"verified at {candidate} on {base}")
 
     # -- the supervisor's own doings ----------------------------------------------------------
@@ -308,11 +418,11 @@ class Observer:
             if lease.accept_deadline is not None:
                 lease.accept_deadline = now + self.config.accept_window_s
 
-    def saw_states(self, rows: Iterable[tuple[str, str]]) -> list[str]:
-        """Terminal monotonicity and verification, from the task states after one rule.
-        Return the changes, for the trace."""
+    def saw_states(self, rows: Iterable[tuple[str, str, str | None]]) -> list[str]:
+        """Terminal monotonicity and verification, from the task states (and reasons) after
+        one rule. Return the changes, for the trace."""
         changes: list[str] = []
-        for task_id, state in rows:
+        for task_id, state, reason in rows:
             before = self.states.get(task_id)
             if before != state:
                 changes.append(f"{task_id} {before or 'new'}->{state}")
@@ -335,7 +445,18 @@ class Observer:
                     f"verification: {task_id} ended {state}; the evidence says"
                     f" {expected.state} ({expected.why})"
                 )
+            elif expected is not None and expected.codes:
+                code = (reason or "").split(":", 1)[0]
+                if code not in expected.codes:
+                    self.violation(
+                        f"failure-reason: {task_id} failed {reason!r}; the evidence names"
+                        f" {', '.join(sorted(expected.codes))} ({expected.why})"
+                    )
         return changes
+
+
+def _failed(why: str, codes: Iterable[Finding]) -> Expectation:
+    return Expectation(state=TaskState.FAILED, why=why, codes=frozenset(c.value for c in codes))
 
 
 def _lapsed(lease: ShadowLease, now: float) -> bool:

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from supervisor.ledger import Report, effects, fencing, identity, states
+from supervisor.ledger import Report, checkpoints, effects, fencing, identity, states, verification
 from supervisor.ledger.identity import Created, TaskSpec
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import Tx
+from supervisor.ledger.verification import Problem
 from tether.wire import effect_key
 
 
@@ -55,6 +56,17 @@ def leases_never_lapse(step: sqlite3.Row, now: float) -> bool:
     return False
 
 
+def evidence_ignored(evidence_json: str | None) -> list[Problem]:
+    """evidence-ignored: verification reads no problem in any step's evidence, so a forged
+    candidate or log passes as long as the checks' exit codes say 0."""
+    return []
+
+
+def checkpoints_skip_the_fence(tx: Tx, step: sqlite3.Row, fence: int) -> None:
+    """stale-checkpoint: a checkpoint is taken whatever fence it carries, lapsed or fenced
+    out, as long as the step is leased to someone."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Plant:
     """`replacement` stands in for `module.name`; `drop_index` is dropped from the ledger file
@@ -86,6 +98,12 @@ PLANTS: dict[str, Plant] = {
         module=effects, name="verify", replacement=success_needs_no_evidence
     ),
     "lapsed-lease": Plant(module=fencing, name="lapsed", replacement=leases_never_lapse),
+    "evidence-ignored": Plant(
+        module=verification, name="problems_of", replacement=evidence_ignored
+    ),
+    "stale-checkpoint": Plant(
+        module=checkpoints, name="require_current", replacement=checkpoints_skip_the_fence
+    ),
 }
 
 

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 from random import Random
 
 from supervisor.chaos import hazards
-from supervisor.chaos.actors import BASE, Order, RunnerActor
+from supervisor.chaos.actors import Order, RunnerActor
 from supervisor.chaos.harness import Harness, Workspace, scratch_root
 from supervisor.chaos.plants import planted
+from supervisor.chaos.repos import BASE
 from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS, quiesce
 from supervisor.chaos.world import Habits, World
 from supervisor.ledger.identity import StepSpec, TaskSpec

@@ -25,7 +25,7 @@ QUIESCENCE_TTLS = 4.0
 # chance per event that an armed hazard tries to play (it plays only if its situation exists)
 HAZARD_EAGERNESS = {
     "cancel-vs-commit": 0.5, "fenced-renew": 0.03, "consumer-replay": 0.05,
-    "crash-around-key": 0.03,
+    "crash-around-key": 0.03, "base-moves": 0.05, "late-push": 0.1, "stale-checkpoint": 0.05,
 }  # fmt: skip
 
 # event -> weight when on; faults are switched on per schedule by the plan
@@ -59,7 +59,8 @@ class FaultPlan:
         hazards = tuple(h for h in HAZARDS if rng.random() < 0.4)
         habits = Habits(
             drift=0.08 if rng.random() < 0.25 else 0.0,
-            sloppy=0.3 if rng.random() < 0.4 else 0.0,
+            sloppy=0.1 if rng.random() < 0.4 else 0.0,
+            forge=0.4 if rng.random() < 0.5 else 0.0,
             release=0.06 if rng.random() < 0.5 else 0.0,
             stale_approval=0.25 if rng.random() < 0.3 else 0.0,
             wrong_plan=0.2 if rng.random() < 0.2 else 0.0,

@@ -15,10 +15,10 @@ from random import Random
 from typing import Any
 
 from supervisor.chaos.actors import (
-    BASE,
     OPERATOR,
     REPOSITORIES,
     TENANTS,
+    TURN_TOKENS,
     Held,
     HeldPhase,
     Kind,
@@ -27,16 +27,18 @@ from supervisor.chaos.actors import (
     Order,
     RunnerActor,
     describe,
+    plan_hash,
 )
 from supervisor.chaos.harness import START, Harness
 from supervisor.chaos.observer import Consumer, Observer
+from supervisor.chaos.repos import BASE, FORGERIES, Repos, candidate_ref
 from supervisor.ledger import reaper, repositories, views
 from supervisor.ledger.batch import RuleCrashed
 from supervisor.ledger.errors import LedgerError, Refused
 from supervisor.ledger.invariants import find_violations
 from supervisor.ledger.tx import Tx
-from supervisor.ledger.verification import Evidence
-from tether.messages import CheckRun, Report
+from supervisor.ledger.verification import Evidence, Finding
+from tether.messages import Checkpoint, Lease, Report
 from tether.wire import Outcome, ReleaseReason, content_hash
 
 
@@ -45,23 +47,36 @@ class Habits:
     """How the simulated clients misbehave, as probabilities per action."""
 
     drift: float = 0.0  # a runner reports a payload other than its lease's
-    sloppy: float = 0.0  # a runner's result lacks the candidate SHA or a check, or one fails
+    sloppy: float = 0.0  # a runner's result lacks the candidate SHA
+    forge: float = 0.0  # a runner's result is forged in one way the adapters name (`FORGERIES`)
     release: float = 0.05  # a runner hands a lease back instead of finishing it
     stale_approval: float = 0.0  # the operator approves an out-of-date base
     wrong_plan: float = 0.0  # the operator approves with another plan hash
 
 
 QUICK_STEPS = 0.3
+CHANGED_WORKTREE = 0.7  # a turn's checkpoint carries a bundle of the worktree's changes
+DUPLICATE_CHECKPOINT = 0.1  # a runner sends a checkpoint twice (a retry after a timeout)
 
 
 def _observed(rule: Callable[[Tx], Any]) -> Callable[[Tx], Any]:
     """Run `rule`, then read every task's state inside the same savepoint."""
 
-    def run(tx: Tx) -> tuple[Any, list[tuple[str, str]]]:
+    def run(tx: Tx) -> tuple[Any, list[tuple[str, str, str | None]]]:
         value = rule(tx)
-        return value, [(r[0], r[1]) for r in tx.db.execute("SELECT id, state FROM tasks")]
+        return value, tx.db.execute("SELECT id, state, reason FROM tasks").fetchall()
 
     return run
+
+
+def late_checkpoint(lease: Lease, turns: int) -> Checkpoint:
+    """The checkpoint an attempt under `lease` makes after `turns` more turns, sent when its
+    lease may be long over."""
+    turn = (lease.resume.turn if lease.resume else 0) + turns
+    return Checkpoint(
+        fence=lease.fence, turn=turn, transcript=f"t:{lease.step_id}:{lease.fence}:{turn}",
+        usage={"total_tokens": TURN_TOKENS * turns},
+    )  # fmt: skip
 
 
 class World:
@@ -87,9 +102,12 @@ class World:
         self._messages = 0
         self._shas = 0
         self.honest = False  # set once faults stop: clients then behave
-        # Each repository's real head: a push moves it at once; its webhook (a HEAD message)
-        # reaches the supervisor later, or never. The adapters read it (`head_of`).
-        self.heads: dict[tuple[str, str], str] = {}
+        # The repositories: a push moves a head at once; its webhook (a HEAD message) reaches
+        # the supervisor later, or never. The adapters read the head, and import bundles into
+        # the mirror's refs, as each report arrives (`_gathered`).
+        self.repos = Repos()
+        self.forgery: Finding | None = None  # a scenario's: every result forged this way
+        self.grants: list[tuple[str, Lease]] = []  # every lease granted, with its runner
         self._add_repositories()
 
     def _add_repositories(self) -> None:
@@ -107,7 +125,7 @@ class World:
 
     def head_of(self, tenant: str, repository: str) -> str:
         """The repository's head now, as `git ls-remote` would read it."""
-        return self.heads.get((tenant, repository), BASE)
+        return self.repos.head(tenant, repository)
 
     def _misbehaves(self, probability: float) -> bool:
         return not self.honest and self.rng.random() < probability
@@ -123,8 +141,23 @@ class World:
         before = len(self.violations)
         for found in find_violations(self.h.db):
             self.observer.violation(found)
+        self.observer.charged_now(self.h.db.execute("SELECT name, tokens_used FROM tenants"))
         for found in self.violations[before:]:
             self.log(f"VIOLATION {found}")
+
+    def check_refs(self) -> None:
+        """The ref a committed attempt's clean candidate was imported under still names that
+        candidate, whatever was pushed since."""
+        for step_id, rep in self.observer.applied.items():
+            evidence = self.observer.evidence.get(step_id)
+            if rep.candidate_sha is None or evidence is None or evidence.problems:
+                continue
+            ref = candidate_ref(step_id, rep.fence)
+            held = self.repos.refs.get(ref)
+            if held != rep.candidate_sha:
+                self.observer.violation(
+                    f"candidate-ref: {ref} names {held}; {step_id} committed {rep.candidate_sha}"
+                )
 
     def _flag_new(self, before: int) -> None:
         for found in self.violations[before:]:
@@ -134,9 +167,6 @@ class World:
 
     def send(self, sender: str, incarnation: int, kind: Kind, **fields: Any) -> Message:
         self._messages += 1
-        report = fields.get("report")
-        if kind is Kind.REPORT and "evidence" not in fields and report is not None:
-            fields["evidence"] = self._evidence(report)
         msg = Message(
             id=self._messages, sender=sender, incarnation=incarnation, kind=kind, **fields
         )
@@ -144,13 +174,24 @@ class World:
         self.in_flight.add(msg.subject)
         return msg
 
-    def _evidence(self, report: Report) -> Evidence | None:
-        """What the adapters observe about `report` as it arrives: the head of its task's
-        repository now (no mirror or store problem: those are the adapters' to find)."""
-        spec = self.observer.specs.get(report.step_id.rsplit(".", 1)[0])
-        if spec is None or not spec.repository:
-            return None
-        return Evidence(head_sha=self.head_of(spec.tenant, spec.repository))
+    def _gathered(self, msg: Message) -> Message:
+        """`msg` as the supervisor's rule gets it: a report of a repository-bound step with the
+        evidence its adapters observe as it arrives (`Repos.gather`)."""
+        rep = msg.report
+        if msg.kind is not Kind.REPORT or rep is None:
+            return msg
+        task = self.h.db.execute(
+            "SELECT tenant, repository, approved_base_sha FROM tasks WHERE id = ?",
+            (rep.step_id.rsplit(".", 1)[0],),
+        ).fetchone()
+        if task is None or task["repository"] is None:
+            return msg
+        evidence: Evidence = self.repos.gather(
+            tenant=task["tenant"], repository=task["repository"],
+            approved_base=task["approved_base_sha"], step_id=rep.step_id, fence=rep.fence,
+            candidate=rep.candidate_sha, bundle=rep.bundle, checks=rep.checks,
+        )  # fmt: skip
+        return dataclasses.replace(msg, evidence=evidence)
 
     def busy(self, sender: str, subject: str) -> bool:
         """Is `sender` still waiting for an answer about `subject`?"""
@@ -169,6 +210,7 @@ class World:
         if not keep:
             for msg in msgs:
                 self._gone(msg)
+        msgs = [self._gathered(m) for m in msgs]
         before, changes_before = len(self.violations), self.h.db.total_changes
         outcomes = self.h.run([_observed(m.rule()) for m in msgs])
         batch = f"batch of {len(msgs)}: " if len(msgs) > 1 else ""
@@ -202,6 +244,10 @@ class World:
             for m, o in zip(msgs, outcomes, strict=True)
         ):
             self.check()
+        if any(m.kind is Kind.REPORT for m in msgs):
+            before = len(self.violations)
+            self.check_refs()
+            self._flag_new(before)
 
     def _observe(self, msg: Message, value: Any, error: BaseException | None) -> None:
         obs, k = self.observer, Kind
@@ -213,6 +259,9 @@ class World:
             if msg.kind is k.REPORT and isinstance(error, LedgerError):
                 assert msg.report is not None
                 obs.reported(msg.report, msg.sender, None, error, self.h.now, msg.evidence)
+            elif msg.kind is k.CHECKPOINT and isinstance(error, LedgerError):
+                assert msg.checkpoint is not None
+                obs.checkpointed(msg.step_id, msg.checkpoint, error, self.h.now)
         elif msg.kind is k.APPROVE:
             obs.approved_task(msg.task_id, msg.plan_hash, msg.base_sha, msg.observed_head)
         elif msg.kind is k.CANCEL:
@@ -223,7 +272,11 @@ class World:
             obs.budgets[msg.tenant] = msg.tokens
         elif msg.kind is k.CLAIM:
             for lease in value:
+                self.grants.append((msg.sender, lease))
                 obs.granted(lease, msg.sender, self.h.now)
+        elif msg.kind is k.CHECKPOINT:
+            assert msg.checkpoint is not None
+            obs.checkpointed(msg.step_id, msg.checkpoint, None, self.h.now)
         elif msg.kind is k.RENEW:
             obs.renewed(msg.step_id, msg.fence, value, self.h.now)
         elif msg.kind is k.RELEASE:
@@ -250,6 +303,7 @@ class World:
         """The supervisor dies inside the batch carrying `msgs`, before its commit."""
         for msg in msgs:
             self._gone(msg)
+        msgs = [self._gathered(m) for m in msgs]  # the adapters ran before the batch
         refreshed = self.h.crash_before_commit([m.rule() for m in msgs])
         labels = "; ".join(m.label() for m in msgs)
         self.log(f"supervisor crash before commit of [{labels}]; restart refreshed {refreshed}")
@@ -303,12 +357,12 @@ class World:
             base = head = self.head_of(spec.tenant, spec.repository)
             if self._misbehaves(self.habits.stale_approval):
                 base = BASE if base != BASE else f"old{self.rng.randrange(3)}"
-        plan_hash = spec.plan_hash
+        approved = plan_hash(spec)
         if self._misbehaves(self.habits.wrong_plan):
-            plan_hash = order.conflicting.plan_hash
+            approved = plan_hash(order.conflicting)
         return self.send(
             OPERATOR, 0, Kind.APPROVE, tenant=spec.tenant, task_id=order.task_id,
-            plan_hash=plan_hash, base_sha=base, observed_head=head,
+            plan_hash=approved, base_sha=base, observed_head=head,
         )  # fmt: skip
 
     def cancel(self, index: int) -> Message | None:
@@ -326,7 +380,7 @@ class World:
         else:
             self._shas += 1
             sha = f"sha{self._shas}"
-        self.heads[(spec.tenant, spec.repository)] = sha  # pushed; the webhook is on its way
+        self.repos.push(spec.tenant, spec.repository, sha)  # the webhook is on its way
         return self.send(
             OPERATOR, 0, Kind.HEAD, tenant=spec.tenant, repository=spec.repository, sha=sha
         )
@@ -349,15 +403,92 @@ class World:
             roll = self.rng.random()
             if finish is None and roll < self.habits.release and not self.honest:
                 return self._release(runner, held)
-            if finish or (finish is None and roll < 0.75):
+            if finish or (finish is None and roll < 0.6):
                 held.phase = HeldPhase.REPORTING
                 held.report = self._result(lease.step_id, lease.fence, lease.payload, held)
+            elif finish is None and roll < 0.85:
+                return self.checkpoint(runner, held)
         if held.phase is HeldPhase.REPORTING:
             assert held.report is not None
             return self.send(runner.id, runner.incarnation, Kind.REPORT, report=held.report)
         return self.send(
             runner.id, runner.incarnation, Kind.RENEW, step_id=step_id, fence=lease.fence
         )
+
+    def checkpoint(self, runner: RunnerActor, held: Held) -> Message:
+        """Another turn completed: checkpoint it under the lease's fence (sometimes twice)."""
+        held.turn += 1
+        held.spent += TURN_TOKENS
+        lease = held.lease
+        changed = self.rng.random() < CHANGED_WORKTREE
+        cp = Checkpoint(
+            fence=lease.fence, turn=held.turn,
+            transcript=f"t:{lease.step_id}:{lease.fence}:{held.turn}",
+            bundle=f"w{lease.fence}.{held.turn}" if changed else None,
+            sha=f"w{lease.fence}t{held.turn}" if changed else None,
+            usage={"total_tokens": held.spent}, step_usage={"total_tokens": held.step_tokens},
+        )  # fmt: skip
+        msg = self.send_checkpoint(runner.id, runner.incarnation, lease.step_id, cp)
+        if self._misbehaves(DUPLICATE_CHECKPOINT):
+            self.send_checkpoint(runner.id, runner.incarnation, lease.step_id, cp)
+        return msg
+
+    def send_checkpoint(
+        self, sender: str, incarnation: int, step_id: str, cp: Checkpoint
+    ) -> Message:
+        return self.send(
+            sender, incarnation, Kind.CHECKPOINT, step_id=step_id, fence=cp.fence, checkpoint=cp
+        )
+
+    def ghost_checkpoint(self) -> Message | None:
+        """A runner that lost a lease (fenced out, lapsed, or its step ended) checkpoints
+        under its old fence, as a paused process that wakes does."""
+        ghosts = [
+            (runner, lease) for runner, lease in self.grants
+            if (live := self.observer.leases.get(lease.step_id)) is None
+            or live.fence != lease.fence
+        ]  # fmt: skip
+        if not ghosts:
+            return None
+        runner, lease = self.rng.choice(ghosts)
+        cp = late_checkpoint(lease, self.rng.randint(1, 3))
+        self.log(
+            f"hazard: checkpoint of {lease.step_id} by {runner} under fence {lease.fence},"
+            " its lease over"
+        )
+        return self.send_checkpoint(runner, -1, lease.step_id, cp)
+
+    def late_push(self, *, taken: bool | None = None) -> Message | None:
+        """A fenced-out attempt of a step that committed under another fence reports its
+        candidate late: its bundle lands under its own ref, or (`taken`) it names the
+        committed fence with another commit, which the mirror refuses."""
+        ghosts = [
+            (runner, lease) for runner, lease in self.grants
+            if lease.repository is not None
+            and (done := self.observer.applied.get(lease.step_id)) is not None
+            and done.fence != lease.fence
+        ]  # fmt: skip
+        if not ghosts:
+            return None
+        runner, lease = self.rng.choice(ghosts)
+        committed = self.observer.applied[lease.step_id].fence
+        if taken is None:
+            taken = self.rng.random() < 0.5
+        fence = committed if taken else lease.fence
+        work = self.repos.work(
+            lease.step_id, fence, lease.repository, lease.payload.get("checks", []),
+            sha=f"c{lease.fence}late",
+        )  # fmt: skip
+        rep = Report(
+            step_id=lease.step_id, fence=fence, payload_hash=lease.payload_hash,
+            output={"step": lease.step_id, "fence": lease.fence}, usage={"total_tokens": 1},
+            candidate_sha=work.candidate, bundle=work.bundle, checks=work.checks,
+        )  # fmt: skip
+        self.log(
+            f"hazard: late push of {lease.step_id} by fenced-out {runner} (fence {lease.fence}),"
+            f" committed under fence {committed}" + (", naming that fence" if taken else "")
+        )
+        return self.send(runner, -1, Kind.REPORT, report=rep)
 
     def _release(self, runner: RunnerActor, held: Held) -> Message:
         reason = self.rng.choice(list(ReleaseReason))
@@ -368,32 +499,27 @@ class World:
         )  # fmt: skip
 
     def _result(self, step_id: str, fence: int, payload: Any, held: Held) -> Report:
+        """The attempt's result: its running usage with the last turn's, and for a
+        repository-bound step the work it did (sometimes none, sometimes forged)."""
         payload_hash = held.lease.payload_hash
         if self._misbehaves(self.habits.drift):
             payload_hash = content_hash({"drifted": payload})
-        candidate: str | None = None
-        checks: dict[str, CheckRun] = {}
-        if payload.get("repo"):
-            candidate = f"c{fence}"
-            checks = {
-                check: CheckRun(log=f"d{fence}{check[0]}", exit_code=0, duration_s=1.0)
-                for check in payload.get("checks", [])
-            }
-            if self._misbehaves(self.habits.sloppy):
-                roll = self.rng.random()
-                if checks and roll < 0.3:
-                    checks.pop(self.rng.choice(sorted(checks)))
-                elif checks and roll < 0.5:
-                    name = self.rng.choice(sorted(checks))
-                    checks[name] = CheckRun(log=checks[name].log, exit_code=1, duration_s=1.0)
-                elif not payload.get("last"):
-                    candidate = None
-                else:
-                    candidate, checks = None, {}
+        usage = {"total_tokens": held.spent + TURN_TOKENS}
+        if not payload.get("repo") or self._misbehaves(self.habits.sloppy):
+            return Report(
+                step_id=step_id, fence=fence, payload_hash=payload_hash,
+                output={"step": step_id, "fence": fence}, usage=usage,
+            )  # fmt: skip
+        forgery = self.forgery
+        if forgery is None and self._misbehaves(self.habits.forge):
+            forgery = self.rng.choice(FORGERIES)
+        work = self.repos.work(
+            step_id, fence, held.lease.repository, payload.get("checks", []), forgery
+        )
         return Report(
             step_id=step_id, fence=fence, payload_hash=payload_hash,
-            output={"step": step_id, "fence": fence}, usage={"total_tokens": 10},
-            candidate_sha=candidate, checks=checks,
+            output={"step": step_id, "fence": fence}, usage=usage,
+            candidate_sha=work.candidate, bundle=work.bundle, checks=work.checks,
         )  # fmt: skip
 
     def crash_runner(self, runner: RunnerActor) -> None:
