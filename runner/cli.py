@@ -63,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--runner-id", metavar="ID", help="default: hostname-pid")
     run.add_argument("--log-level", choices=LOG_LEVELS)
     run.add_argument("--log-format", choices=LOG_FORMATS)
+    run.add_argument(
+        "--commands-without-sandbox",
+        action="store_true",
+        default=None,  # not given: the file or the environment decides
+        help="let agent steps run commands without bubblewrap; they can then read the"
+        " runner's credentials",
+    )
     return parser
 
 
@@ -76,6 +83,7 @@ _FLAGS = (
     "runner_id",
     "log_level",
     "log_format",
+    "commands_without_sandbox",
 )
 
 
@@ -91,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             path=settings.token_file, credential="runner-token", setting="token_file"
         )
         token_value = token.read_now()
-        kinds = KindRegistry.default()
+        kinds = KindRegistry.default(commands_without_sandbox=settings.commands_without_sandbox)
     except (SettingsError, SecretMissing) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return USAGE_EXIT

@@ -76,7 +76,9 @@ class Runner:
         self._model = model
         self._model_key = model_key
         self._token = token
-        self._kinds = kinds or KindRegistry.default()
+        self._kinds = kinds or KindRegistry.default(
+            commands_without_sandbox=settings.commands_without_sandbox
+        )
         self._clock = clock or LoopClock()
         self._notifier = notifier or Notifier({})
         self._backoff_max_s = backoff_max_s

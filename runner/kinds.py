@@ -131,11 +131,15 @@ class KindRegistry:
         return sorted(self._kinds)
 
     @classmethod
-    def default(cls, *, entry_points: bool = True) -> KindRegistry:
+    def default(
+        cls, *, entry_points: bool = True, commands_without_sandbox: bool = False
+    ) -> KindRegistry:
+        """`commands_without_sandbox` is the runner's setting of that name, for the agent kind."""
         # Imported here: runner.agent.loop builds on this module's StepContext and StepOutput.
         from runner.agent.loop import AgentKind
 
-        registry = cls([("chat", run_chat), ("agent", AgentKind())])
+        agent = AgentKind(commands_without_sandbox=commands_without_sandbox)
+        registry = cls([("chat", run_chat), ("agent", agent)])
         if entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 registry.register(ep.name, ep.load())

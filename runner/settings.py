@@ -57,6 +57,10 @@ class RunnerSettings:
     pause_max_s: float = 300.0
     log_level: str = "info"
     log_format: str = "auto"
+    # Without a working bubblewrap, agent steps that run commands are refused (released
+    # `operator`, uncounted) unless this is true: then commands run as the runner's own user and
+    # model-written code can read the runner's credentials (runner/agent/sandbox_policy.py).
+    commands_without_sandbox: bool = False
 
     def __post_init__(self) -> None:
         _check_url("supervisor_url", self.supervisor_url)

@@ -42,7 +42,13 @@ def context(
 
 
 def agent(tmp_path: Path, name: str = "cache", **kw: object) -> AgentKind:
-    return AgentKind(cache_dir=tmp_path / name, sandbox=NoSandbox(), **kw)  # type: ignore[arg-type]
+    """An agent kind whose checks run without bubblewrap, as the operator allowed."""
+    return AgentKind(
+        cache_dir=tmp_path / name,
+        sandbox=NoSandbox(),
+        commands_without_sandbox=True,
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 TESTS = py("import sys; sys.path.insert(0, 'src'); import app; assert app.answer() == 42")

@@ -72,7 +72,10 @@ def context(
 
 
 def kind(tmp_path: Path) -> AgentKind:
-    return AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox())
+    """An agent kind whose commands run without bubblewrap, as the operator allowed."""
+    return AgentKind(
+        cache_dir=tmp_path / "cache", sandbox=NoSandbox(), commands_without_sandbox=True
+    )
 
 
 def leftovers(tmp_path: Path) -> list[str]:

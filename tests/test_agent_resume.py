@@ -81,7 +81,9 @@ async def test_a_replayed_attempt_resumes_from_the_checkpoint_without_asking_aga
         [call("write_file", path="src/a.py", content="A = 1\n"), call("run", command=remove)],
         [call("write_file", path="src/b.py", content="B = 2\n"), call("run", command=sleeper)],
     )
-    agent = AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox())
+    agent = AgentKind(
+        cache_dir=tmp_path / "cache", sandbox=NoSandbox(), commands_without_sandbox=True
+    )
     await killed_mid_turn(agent, context(first, services, repo, fence=1, payload=payload), marker)
 
     # Turn 1 completed and was checkpointed; turn 2 was cut short and was not.

@@ -225,6 +225,10 @@ def test_the_runner_unit_says_what_isolation_its_commands_get() -> None:
     assert "WITHOUT bwrap" in text
     assert BWRAP_DROP_IN in text
     assert (UNITS / BWRAP_DROP_IN).exists()
+    # The two ways out of the refusal: the drop-in above, or the setting, named as it is.
+    assert "commands_without_sandbox = true" in text
+    assert "commands_without_sandbox" in RunnerSettings.__dataclass_fields__
+    assert "commands_without_sandbox = false" in _text(BWRAP_DROP_IN)
 
 
 def test_runner_loads_its_secrets_as_credentials_and_outlasts_its_grace() -> None:

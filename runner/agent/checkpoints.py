@@ -28,8 +28,11 @@ from tether.wire import canonical_json
 log = structlog.get_logger(__name__)
 
 # A checkpoint is finished even when the step is cancelled meanwhile (SIGTERM, a lost lease,
-# a spent budget), but not waited for longer than this; the previous one then stands.
-CHECKPOINT_TIMEOUT_S = 30.0
+# a spent budget), but not waited for longer than this; the previous one then stands. On
+# SIGTERM an agent step stops at once, then this (20 s at most) plus the shutdown release
+# (runner.step.SHUTDOWN_RELEASE_S, 5 s) is 25 s, inside the unit's TimeoutStopSec=30
+# (systemd/tether-runner.service) with 5 s left for the exit.
+CHECKPOINT_TIMEOUT_S = 20.0
 
 
 class Scratch(Protocol):

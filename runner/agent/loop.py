@@ -30,6 +30,7 @@ from runner.agent.checkpoints import Checkpointer, Start, resume_start
 from runner.agent.checks import CheckLimits, run_checks
 from runner.agent.paths import normalize_prefix
 from runner.agent.sandbox import Sandbox, detect_sandbox
+from runner.agent.sandbox_policy import CommandPolicy
 from runner.agent.tools import ToolBox, ToolLimits, ToolResult
 from runner.agent.workspace import CleanupRecord, RepoCache, Workspace, tree_size
 from runner.errors import StepRejected
@@ -87,7 +88,9 @@ class AgentKind:
     """The `agent` kind as a `StepKind`, bound to the runner's cache directory and sandbox.
 
     The cache directory is created and the sandbox probed on the first agent step, not when the
-    runner starts, so a runner that never gets one never touches either.
+    runner starts, so a runner that never gets one never touches either. Without a working
+    sandbox, a step that would run commands is refused unless `commands_without_sandbox` (the
+    runner's setting) allows it (`runner/agent/sandbox_policy.py`).
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class AgentKind:
         sandbox: Sandbox | None = None,
         limits: ToolLimits | None = None,
         check_limits: CheckLimits | None = None,
+        commands_without_sandbox: bool = False,
     ) -> None:
         self._cache_dir = cache_dir
         self._cache: RepoCache | None = None
@@ -104,6 +108,7 @@ class AgentKind:
         self._sandbox_lock = anyio.Lock()
         self.limits = limits or ToolLimits()
         self.check_limits = check_limits or CheckLimits()
+        self.policy = CommandPolicy(commands_without_sandbox=commands_without_sandbox)
 
     @property
     def cache(self) -> RepoCache:
@@ -137,6 +142,8 @@ class AgentKind:
             () if "" in prefixes else prefixes
         )  # fmt: skip
         sandbox = await self.sandbox()
+        runs_commands = bool(payload.allowed_commands) or bool(repo is not None and repo.checks)
+        self.policy.admit(sandbox, step_id=ctx.step_id, runs_commands=runs_commands)
         label = f"{ctx.step_id}-{ctx.attempt}"
         fresh = [m.request() for m in payload.messages]
         candidate: str | None = None

@@ -29,6 +29,12 @@ class Sandbox(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def isolated(self) -> bool:
+        """Whether a command is kept from the runner's files and network (bubblewrap), so
+        whether code the model wrote may run here (`runner/agent/sandbox_policy.py`)."""
+        ...
+
     def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]: ...
 
 
@@ -40,10 +46,16 @@ class NoSandbox:
     container that forbids them). The command runs as the runner's own user, so it can read
     whatever that user can read and reach whatever the runner can reach. What still holds: its
     own process group, killed whole on timeout or cancellation; a fixed minimal environment
-    with no secret; the worktree as its working directory.
+    with no secret; the worktree as its working directory. `why` says why bubblewrap is not
+    used, for the operator.
     """
 
+    why: str = "no sandbox is in use"
     name: str = "none"
+
+    @property
+    def isolated(self) -> bool:
+        return False
 
     def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]:
         return list(argv)
@@ -64,6 +76,10 @@ class Bubblewrap:
     bwrap: str
     read_only: tuple[Path, ...] = ()
     name: str = "bwrap"
+
+    @property
+    def isolated(self) -> bool:
+        return True
 
     def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]:
         args = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all"]
@@ -91,8 +107,9 @@ async def detect_sandbox(read_only: Sequence[Path] = ()) -> Sandbox:
     succeeds, else `NoSandbox`."""
     found = shutil.which("bwrap")
     if found is None:
-        log.info("sandbox", sandbox="none", why="bwrap is not installed")
-        return NoSandbox()
+        why = "bwrap is not installed"
+        log.info("sandbox", sandbox="none", why=why)
+        return NoSandbox(why=why)
     candidate = Bubblewrap(bwrap=found, read_only=tuple(read_only))
     with tempfile.TemporaryDirectory(prefix="tether-probe-") as scratch:
         tree = Path(scratch)
@@ -104,8 +121,10 @@ async def detect_sandbox(read_only: Sequence[Path] = ()) -> Sandbox:
             if done.returncode == 0:
                 log.info("sandbox", sandbox="bwrap")
                 return candidate
-            why = done.stderr.decode(errors="replace").strip()[-300:]
-            log.warning("sandbox", sandbox="none", why=f"bwrap probe failed: {why}")
-            return NoSandbox()
-    log.warning("sandbox", sandbox="none", why="bwrap probe timed out")
-    return NoSandbox()
+            said = done.stderr.decode(errors="replace").strip()[-300:]
+            why = f"bwrap probe failed: {said}"
+            log.warning("sandbox", sandbox="none", why=why)
+            return NoSandbox(why=why)
+    why = "bwrap probe timed out"
+    log.warning("sandbox", sandbox="none", why=why)
+    return NoSandbox(why=why)
