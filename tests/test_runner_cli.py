@@ -10,13 +10,16 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 import runner
 from runner.cli import main
+from runner.kinds import KindRegistry
 from runner.settings import RunnerSettings
 from tether.settings import SettingsError, load_settings
 
@@ -153,6 +156,81 @@ def test_a_bad_config_file_names_the_key(tmp_path: Path, toml: str, words: str) 
     with pytest.raises(SettingsError) as caught:
         load_settings(RunnerSettings, config_file=config, environ={})
     assert words in str(caught.value)
+
+
+def test_commands_without_sandbox_is_false_unless_the_file_or_the_environment_says_true(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "runner.toml"
+    base = "".join(f'{k} = "{v}"\n' for k, v in REQUIRED.items())
+
+    def loaded(env: dict[str, str]) -> bool:
+        return load_settings(
+            RunnerSettings, config_file=config, environ=env
+        ).commands_without_sandbox
+
+    config.write_text(base)
+    assert loaded({}) is False
+    config.write_text(base + "commands_without_sandbox = true\n")
+    assert loaded({}) is True
+    for raw, expected in (("1", True), ("true", True), ("0", False), ("no", False)):
+        assert loaded({"TETHER_COMMANDS_WITHOUT_SANDBOX": raw}) is expected, raw
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "words"),
+    [
+        ('commands_without_sandbox = "maybe"\n', {}, "'commands_without_sandbox' must be bool"),
+        ("commands_without_sandbox = 1\n", {}, "'commands_without_sandbox' must be bool"),
+        ("", {"TETHER_COMMANDS_WITHOUT_SANDBOX": "maybe"}, "TETHER_COMMANDS_WITHOUT_SANDBOX"),
+    ],
+)
+def test_commands_without_sandbox_must_be_a_boolean(
+    tmp_path: Path, toml: str, env: dict[str, str], words: str
+) -> None:
+    config = tmp_path / "runner.toml"
+    config.write_text("".join(f'{k} = "{v}"\n' for k, v in REQUIRED.items()) + toml)
+    with pytest.raises(SettingsError) as caught:
+        load_settings(RunnerSettings, config_file=config, environ=env)
+    assert words in str(caught.value)
+    assert "commands_without_sandbox" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [([], None, False), (["--commands-without-sandbox"], None, True), ([], "true", True)],
+)
+def test_the_runner_hands_commands_without_sandbox_to_the_agent_kind(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flag: list[str],
+    env: str | None,
+    expected: bool,
+) -> None:
+    import runner.cli
+    from runner.agent import AgentKind
+
+    token_file = tmp_path / "runner-token"
+    token_file.write_text(TOKEN + "\n")
+    if env is not None:
+        monkeypatch.setenv("TETHER_COMMANDS_WITHOUT_SANDBOX", env)
+    served: list[tuple[RunnerSettings, KindRegistry]] = []
+
+    async def fake_serve(settings: RunnerSettings, _token: str, _t: Any, _k: Any,
+                         kinds: KindRegistry) -> int:  # fmt: skip
+        served.append((settings, kinds))
+        return 0
+
+    monkeypatch.setattr(runner.cli, "serve", fake_serve)
+    try:
+        assert main([*_flags(token_file=str(token_file)), *flag]) == 0
+    finally:
+        structlog.reset_defaults()
+    ((settings, kinds),) = served
+    assert settings.commands_without_sandbox is expected
+    agent = kinds.get("agent")
+    assert isinstance(agent, AgentKind)
+    assert agent.policy.commands_without_sandbox is expected
 
 
 LIGHT_CHECK = textwrap.dedent(
