@@ -1,5 +1,6 @@
 """How an allowed command is isolated: under bubblewrap when it works on this host, otherwise
-with no isolation beyond what `runner/agent/command.py` always does.
+with no isolation beyond what `runner/agent/command.py` always does. Whether a step may run
+commands at all without bubblewrap is `runner/agent/sandbox_policy.py`'s decision.
 """
 
 from __future__ import annotations
