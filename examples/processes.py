@@ -211,3 +211,9 @@ def call(http: httpx.Client, method: str, path: str, **kwargs: Any) -> Any:
     if response.status_code >= 400:
         raise DemoError(f"{method} {path} answered {response.status_code}: {response.text[:300]}")
     return response.json()
+
+
+def expect(holds: bool, problem: str) -> None:
+    """A claim the demo is about to print: DemoError with `problem` unless it holds."""
+    if not holds:
+        raise DemoError(problem)
