@@ -13,6 +13,7 @@ while its step runs and fails `stale_base`. Every line printed is checked first.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ from examples.demo_repo import (
 )
 from examples.processes import (
     CHECKOUT,
+    Child,
     Children,
     Deadline,
     DemoError,
@@ -395,8 +397,9 @@ def stale_run(demo: Demo, repo: Repository) -> None:
     say(f"  approving another task on the old base now: 409 stale_base ({body['detail'][:90]}…)")
 
 
-def first_run(demo: Demo, repo: Repository) -> None:
-    """The first run: kill mid-loop after the write's checkpoint, resume, verify, review."""
+def first_run(demo: Demo, repo: Repository) -> str:
+    """The first run: kill mid-loop after the write's checkpoint, resume, verify, review.
+    Returns the killed runner's id."""
     code, last = tests_at(repo.work, repo.base)
     expect(code != 0, f"the tests pass at the base already ({last})")
     say(f"base         {repo.base[:12]}: {TEST_COMMAND} exits {code} ({last})")
@@ -411,11 +414,22 @@ def first_run(demo: Demo, repo: Repository) -> None:
     log = verified_candidate(final, repo, demo.folder / "mirrors")
     show_check_log(demo.url, demo.token_file, log)
     review_record(demo.http, final, repo, DECLARED, log)
+    return str(killed["holder"])
+
+
+def sandbox_used(child: Child) -> str:
+    """Which sandbox a stopped runner said its agent steps used (its `sandbox` log line)."""
+    for line in child.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict) and entry.get("event") == "sandbox":
+                return str(entry.get("sandbox"))
+    raise DemoError(f"{child.name} never logged which sandbox its commands ran in")
 
 
 def run(*, keep: bool) -> int:
     """Run the demo; return 0 when every claim it printed held, else print one line saying
-    what was off (and each process's log tail) and return 1.
+    what was off (and where the logs are kept) and return 1.
 
     Every child is stopped before the return; the temporary folder is removed unless the demo
     failed (then its path is printed, logs inside) or `keep` is set.
@@ -430,14 +444,18 @@ def run(*, keep: bool) -> int:
         runner_env = sandbox_environment(folder)
         repo = make_repository(folder / "git")
         demo.start(repo, runner_env)
-        first_run(demo, repo)
+        killed = first_run(demo, repo)
         stale_run(demo, repo)
         demo.close()
         children.stop_all()
-        killed = [c.name for c in children.all.values() if c.process.returncode == -signal.SIGKILL]
-        bad = children.exited_badly(ignoring=(*killed, "stand-in-model"))
+        # the stand-in is a test double: how it dies proves nothing
+        bad = children.exited_badly(ignoring=(killed, "stand-in-model"))
         expect(not bad, "after SIGTERM: " + ", ".join(bad))
+        survivor = next(r for r in RUNNER_IDS if r != killed)
+        used = sandbox_used(children.all[survivor])
+        expect(used == ("none" if runner_env else "bwrap"), f"{survivor} used sandbox {used}")
         say("")
+        say(f"{survivor}'s log: its commands and checks ran in sandbox={used}")
         say(f"tether-supervisor check: {ledger_check(demo.db)}")
         say(
             "demo-agent ok: killed after its checkpoint, resumed without asking again for done"
@@ -449,16 +467,16 @@ def run(*, keep: bool) -> int:
     except KeyboardInterrupt:
         failure = "interrupted"
         return 130
+    except Exception as exc:  # a surprise is a failed demo too: one line, logs kept
+        failure = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        return 1
     else:
         return 0
     finally:
         demo.close()
         children.stop_all()
         if failure is not None:
-            print(f"demo-agent: error: {failure}", file=sys.stderr)
-            if failure != "interrupted":
-                print(children.report(), file=sys.stderr)
-            print(f"demo-agent: logs kept in {folder}", file=sys.stderr)
+            print(f"demo-agent: error: {failure} (logs kept in {folder})", file=sys.stderr)
         elif keep:
             say(f"logs, ledger and repositories kept in {folder}")
         else:

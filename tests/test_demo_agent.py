@@ -34,7 +34,7 @@ def test_demo_agent_prints_a_checked_account_and_exits_zero() -> None:
         check=False,
     )
     out = done.stdout
-    assert done.returncode == 0, out + done.stderr
+    assert done.returncode == 0, out + done.stderr + _kept_logs(done.stderr)
     assert re.search(r"^sandbox      (bwrap works here|NONE: .*=true\))", out, re.M)
     base = re.search(r"^base         (\w{12}): python -m pytest -q exits 1 \(1 failed", out, re.M)
     assert base is not None
@@ -103,6 +103,18 @@ def test_demo_agent_prints_a_checked_account_and_exits_zero() -> None:
         if any(str(folder) in part for part in (p.info["cmdline"] or []))
     ]
     assert leftovers == []
+
+
+def _kept_logs(stderr: str) -> str:
+    """The tails of the process logs a failed demo kept (its one line names the folder)."""
+    kept = re.search(r"\(logs kept in (\S+)\)", stderr)
+    if kept is None:
+        return ""
+    logs = sorted(Path(kept.group(1)).glob("*.log"))
+    return "".join(
+        f"\n--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        for log in logs
+    )
 
 
 def test_the_script_is_one_the_stand_in_takes_with_one_held_turn() -> None:
