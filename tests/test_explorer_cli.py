@@ -26,6 +26,8 @@ PLANT_CAUGHT_BY = {
     "key-reuse": "idempotency-key-unique",
     "unverified-success": "success-is-verified",  # stale bases fail at commit, not here
     "lapsed-lease": "lapsed-lease",  # the observer's: the ledger's file cannot show a time
+    "evidence-ignored": "success-is-verified",  # a forged candidate or log passes
+    "stale-checkpoint": "stale-checkpoint",  # the observer's: it knows which fence is current
 }
 CI_SEED = 20_260_601
 

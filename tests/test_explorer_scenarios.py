@@ -8,6 +8,7 @@ import pytest
 from supervisor.chaos import hazards
 from supervisor.chaos.harness import Workspace, scratch_root
 from supervisor.chaos.observer import Consumer
+from supervisor.chaos.repos import FORGERIES
 from supervisor.chaos.scenarios import SCENARIOS, played
 from supervisor.chaos.schedule import FaultPlan, run_schedule
 from supervisor.chaos.seeds import parse_seed, schedule_seed
@@ -105,6 +106,8 @@ def test_crash_around_the_key_insert_returns_the_existing_task(when: str) -> Non
         ("crash-around-key/after", "key-reuse", "key-uniqueness"),
         ("cancel-vs-commit/report-first", "terminal-overwrite", "terminal"),
         ("consumer-replay", "double-effect", "effect-key-is-identity"),
+        ("forged/path_not_allowed", "evidence-ignored", "success-is-verified"),
+        ("stale-checkpoint", "stale-checkpoint", "stale-checkpoint"),
     ],
 )
 def test_a_planted_bug_turns_its_history_into_a_violation(
@@ -184,3 +187,68 @@ def test_an_explorer_error_is_reported_like_a_violation(monkeypatch: pytest.Monk
     assert result.violations == ["explorer error: RuntimeError: boom"]
     assert result.trace[-1].endswith("explorer error: RuntimeError: boom")
     assert result.snapshot[0].startswith("fence counter")
+
+
+def reason(world: object) -> str:
+    [row] = world.h.query("SELECT reason FROM tasks")  # type: ignore[attr-defined]
+    return str(row[0])
+
+
+@pytest.mark.parametrize("code", [c.value for c in FORGERIES])
+def test_each_forged_result_fails_the_task_with_its_own_name(code: str) -> None:
+    with played(f"forged/{code}") as world:
+        assert world.violations == []
+        assert world.observer.states == {"T1": "FAILED"}
+        assert reason(world).startswith(f"{code}: "), reason(world)
+        assert code in world.observer.expected_end["T1"].codes  # the observer expected it
+
+
+@pytest.mark.parametrize("when", ["webhook", "no-webhook", "during-step"])
+def test_a_base_moved_after_approval_fails_the_task_stale(when: str) -> None:
+    with played(f"base-moves/{when}") as world:
+        assert world.observer.states == {"T1": "FAILED"}
+        assert reason(world) == "stale_base: approved sha0, repository repo0 is at sha1"
+        leased = world.h.query("SELECT COUNT(*) FROM attempts WHERE step_id = 'T1.1'")[0][0]
+        effects = world.h.query("SELECT COUNT(*) FROM effects WHERE step_id = 'T1.1'")[0][0]
+        if when == "webhook":  # the supervisor knew before the next claim: nothing granted
+            assert (leased, effects) == (0, 0)
+        else:  # the report's own evidence showed it: recorded once, and the task failed
+            assert (leased, effects) == (1, 1)
+            assert any("report T1.1" in x and "head sha1 -> applied" in x for x in world.trace)
+
+
+def test_a_fenced_out_attempt_pushing_late_makes_only_its_own_ref() -> None:
+    with played("late-push/own-ref") as world:
+        assert world.violations == []
+        assert world.repos.refs == {
+            "refs/tether/T1/T1.0/1": "c1late",  # a's, pushed after b committed
+            "refs/tether/T1/T1.0/2": "c2",  # b's, the committed candidate, unmoved
+            "refs/tether/T1/T1.1/3": "c3",
+        }
+        assert ("stale_fence", 1) in rejections(world)
+        assert world.observer.states == {"T1": "SUCCEEDED"}
+
+
+def test_a_late_push_naming_the_committed_fence_cannot_move_its_ref() -> None:
+    with played("late-push/taken") as world:
+        assert world.violations == []
+        assert world.repos.refs["refs/tether/T1/T1.0/2"] == "c2"
+        [late] = [x for x in world.trace if "report T1.0 fence 2 payload" in x and "late" in x]
+        assert "problems bundle_refused -> replayed" in late
+        assert world.h.query("SELECT candidate_sha FROM steps WHERE id = 'T1.0'")[0][0] == "c2"
+
+
+def test_a_stale_checkpoint_is_refused_and_the_next_attempt_resumes_from_the_last_good_one() -> (
+    None
+):
+    with played("stale-checkpoint") as world:
+        assert world.violations == []
+        refused = [x for x in world.trace if "checkpoint T1.0 fence 1" in x and "refused" in x]
+        assert len(refused) == 2  # lapsed, then fenced out
+        assert any("T1.0 a2 f2 resume t2 f1" in x for x in world.trace)
+        [row] = world.h.query("SELECT fence, turn FROM checkpoints WHERE step_id = 'T1.0'")
+        assert tuple(row) == (2, 3)
+        assert world.observer.states == {"T1": "SUCCEEDED"}
+        # every turn's tokens counted once: a's two accepted turns, b's one turn and result
+        [used] = world.h.query("SELECT tokens_used FROM tenants WHERE name = 'acme'")
+        assert used[0] >= 20 + 20

@@ -17,10 +17,11 @@ from supervisor.chaos import hazards
 from supervisor.chaos.actors import Order, RunnerActor
 from supervisor.chaos.harness import Harness, Workspace, scratch_root
 from supervisor.chaos.plants import planted
-from supervisor.chaos.repos import BASE
+from supervisor.chaos.repos import BASE, FORGERIES
 from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS, quiesce
-from supervisor.chaos.world import Habits, World
+from supervisor.chaos.world import Habits, World, late_checkpoint
 from supervisor.ledger.identity import StepSpec, TaskSpec
+from supervisor.ledger.verification import Finding
 
 
 def order(steps: int = 2) -> Order:
@@ -42,6 +43,7 @@ def order(steps: int = 2) -> Order:
         ),
         repository="repo0",
         base_sha=BASE,
+        allowed_paths=("src/",),
         expected_checks=("lint",),
     )
     other = dataclasses.replace(spec, steps=(StepSpec(name="s0", kind="chat", payload={}),))
@@ -117,6 +119,76 @@ def crash_around_key(when: str) -> Callable[[World], None]:
     return play
 
 
+def base_moves(when: str) -> Callable[[World], None]:
+    """Step 0 commits on the approved base; then the operator pushes. `when`: "webhook" (the
+    push's webhook arrives before step 1 is claimed), "no-webhook" (it is lost: step 1 runs and
+    its evidence shows the move) or "during-step" (the push lands while step 1 runs)."""
+
+    def play(world: World) -> None:
+        submit(world)
+        a = world.runners[0]
+        finish(world, a, work(world, a))
+        if when == "during-step":
+            step_id = work(world, a)
+            world.drop(world.move_head(0))  # type: ignore[arg-type]
+            finish(world, a, step_id)
+            return
+        assert hazards.base_moves_between_steps(world, webhook=when == "webhook")
+        world.deliver([world.claim(a)])
+        for step_id in sorted(a.held):
+            world.deliver([world.act(a, step_id, finish=False)])
+            finish(world, a, step_id)
+
+    return play
+
+
+def late_push(taken: bool) -> Callable[[World], None]:
+    """Runner a pauses holding step 0 and is fenced out; b commits the step; a wakes and
+    pushes its candidate late, under its own fence or (`taken`) naming b's."""
+
+    def play(world: World) -> None:
+        submit(world)
+        a, b = world.runners
+        work(world, a)
+        hazards.pause(world, a, world.h.config.lease_ttl_s + 1)
+        finish(world, b, work(world, b))
+        assert hazards.fenced_out_attempt_pushes_late(world, taken=taken)
+
+    return play
+
+
+def stale_checkpoint(world: World) -> None:
+    """Runner a checkpoints two turns of step 0 and pauses past its TTL: its next checkpoint
+    (lapsed) is refused; b resumes from turn 2; a's checkpoint while b holds the step (fenced
+    out) is refused too; b checkpoints turn 3 and commits."""
+    submit(world)
+    a, b = world.runners
+    step_id = work(world, a)
+    lease = a.held[step_id].lease
+    for _ in range(2):
+        world.deliver([world.checkpoint(a, a.held[step_id])])
+    hazards.pause(world, a, world.h.config.lease_ttl_s + 1)
+    world.deliver([world.checkpoint(a, a.held[step_id])])
+    work(world, b)
+    world.deliver([world.send_checkpoint(a.id, a.incarnation, step_id, late_checkpoint(lease, 4))])
+    world.deliver([world.checkpoint(b, b.held[step_id])])
+    if step_id in b.held:  # (a planted bug may have taken it from b)
+        finish(world, b, step_id)
+
+
+def forged(code: Finding) -> Callable[[World], None]:
+    """Step 0 is honest; every result after it is forged the way the adapters call `code`."""
+
+    def play(world: World) -> None:
+        submit(world)
+        a = world.runners[0]
+        finish(world, a, work(world, a))
+        world.forgery = code
+        finish(world, a, work(world, a))
+
+    return play
+
+
 SCENARIOS: dict[str, Callable[[World], None]] = {
     "cancel-vs-commit/cancel-first": cancel_vs_commit("cancel-first"),
     "cancel-vs-commit/report-first": cancel_vs_commit("report-first"),
@@ -125,6 +197,13 @@ SCENARIOS: dict[str, Callable[[World], None]] = {
     "consumer-replay": consumer_replay,
     "crash-around-key/before": crash_around_key("before"),
     "crash-around-key/after": crash_around_key("after"),
+    "base-moves/webhook": base_moves("webhook"),
+    "base-moves/no-webhook": base_moves("no-webhook"),
+    "base-moves/during-step": base_moves("during-step"),
+    "late-push/own-ref": late_push(taken=False),
+    "late-push/taken": late_push(taken=True),
+    "stale-checkpoint": stale_checkpoint,
+    **{f"forged/{code}": forged(code) for code in FORGERIES},
 }
 
 
