@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from supervisor.chaos.actors import OPERATOR, HeldPhase, Kind, Message, RunnerActor
+from supervisor.chaos.actors import OPERATOR, TURN_TOKENS, HeldPhase, Kind, Message, RunnerActor
 from supervisor.chaos.observer import TERMINAL_NAMES
-from supervisor.chaos.world import World, late_checkpoint
+from supervisor.chaos.world import World
 from supervisor.ledger.identity import step_id_for
+from tether.messages import Checkpoint, Lease, Report
 
 
 def completes_task(world: World, step_id: str) -> bool:
@@ -201,21 +202,66 @@ def base_moves_between_steps(world: World, *, webhook: bool | None = None) -> bo
 def fenced_out_attempt_pushes_late(world: World, *, taken: bool | None = None) -> bool:
     """A runner fenced out of a step that then committed under another fence wakes and
     reports its candidate: its bundle makes only its own ref, never moves the committed one,
-    and the report is refused (or, naming the committed fence, answered as a replay)."""
-    msg = world.late_push(taken=taken)
-    if msg is None:
+    and the report is refused. Or (`taken`) it names the committed fence with another commit:
+    the mirror refuses the ref, and the ledger answers it as a replay."""
+    obs = world.observer
+    ghosts = [
+        (runner, lease) for runner, lease in world.grants
+        if lease.repository is not None
+        and (done := obs.applied.get(lease.step_id)) is not None and done.fence != lease.fence
+    ]  # fmt: skip
+    if not ghosts:
         return False
-    world.deliver([msg])
+    runner, lease = world.rng.choice(ghosts)
+    committed = obs.applied[lease.step_id].fence
+    if taken is None:
+        taken = world.rng.random() < 0.5
+    fence = committed if taken else lease.fence
+    work = world.repos.work(
+        lease.step_id, fence, lease.repository, lease.payload.get("checks", []),
+        sha=f"c{lease.fence}late",
+    )  # fmt: skip
+    rep = Report(
+        step_id=lease.step_id, fence=fence, payload_hash=lease.payload_hash,
+        output={"step": lease.step_id, "fence": lease.fence}, usage={"total_tokens": 1},
+        candidate_sha=work.candidate, bundle=work.bundle, checks=work.checks,
+    )  # fmt: skip
+    world.log(
+        f"hazard: late push of {lease.step_id} by fenced-out {runner} (fence {lease.fence}),"
+        f" committed under fence {committed}" + (", naming that fence" if taken else "")
+    )
+    world.deliver([world.send(runner, -1, Kind.REPORT, report=rep)])
     return True
 
 
+def late_checkpoint(lease: Lease, turns: int) -> Checkpoint:
+    """The checkpoint the attempt under `lease` makes after `turns` more turns, sent when its
+    lease may be long over."""
+    turn = (lease.resume.turn if lease.resume else 0) + turns
+    return Checkpoint(
+        fence=lease.fence, turn=turn, transcript=f"t:{lease.step_id}:{lease.fence}:{turn}",
+        usage={"total_tokens": TURN_TOKENS * turns},
+    )  # fmt: skip
+
+
 def checkpoint_after_fenced_out(world: World) -> bool:
-    """A runner that lost its lease (lapsed, fenced out, its task ended) checkpoints under
-    its old fence: refused as stale, and never the point a later attempt resumes from."""
-    msg = world.ghost_checkpoint()
-    if msg is None:
+    """A runner that lost a lease (lapsed, fenced out, its task ended) wakes and checkpoints
+    under its old fence: refused as stale, and never the point a later attempt resumes from.
+    (It is no longer the process that holds anything: its answer goes nowhere.)"""
+    ghosts = [
+        (runner, lease) for runner, lease in world.grants
+        if (live := world.observer.leases.get(lease.step_id)) is None
+        or live.fence != lease.fence
+    ]  # fmt: skip
+    if not ghosts:
         return False
-    world.deliver([msg])
+    runner, lease = world.rng.choice(ghosts)
+    cp = late_checkpoint(lease, world.rng.randint(1, 3))
+    world.log(
+        f"hazard: checkpoint of {lease.step_id} by {runner} under fence {lease.fence},"
+        " its lease over"
+    )
+    world.deliver([world.send_checkpoint(runner, -1, lease.step_id, cp)])
     return True
 
 

@@ -19,7 +19,7 @@ from supervisor.chaos.harness import Harness, Workspace, scratch_root
 from supervisor.chaos.plants import planted
 from supervisor.chaos.repos import BASE, FORGERIES
 from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS, quiesce
-from supervisor.chaos.world import Habits, World, late_checkpoint
+from supervisor.chaos.world import Habits, World
 from supervisor.ledger.identity import StepSpec, TaskSpec
 from supervisor.ledger.verification import Finding
 
@@ -170,7 +170,9 @@ def stale_checkpoint(world: World) -> None:
     hazards.pause(world, a, world.h.config.lease_ttl_s + 1)
     world.deliver([world.checkpoint(a, a.held[step_id])])
     work(world, b)
-    world.deliver([world.send_checkpoint(a.id, a.incarnation, step_id, late_checkpoint(lease, 4))])
+    world.deliver(
+        [world.send_checkpoint(a.id, a.incarnation, step_id, hazards.late_checkpoint(lease, 4))]
+    )
     world.deliver([world.checkpoint(b, b.held[step_id])])
     if step_id in b.held:  # (a planted bug may have taken it from b)
         finish(world, b, step_id)

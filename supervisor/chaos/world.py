@@ -69,16 +69,6 @@ def _observed(rule: Callable[[Tx], Any]) -> Callable[[Tx], Any]:
     return run
 
 
-def late_checkpoint(lease: Lease, turns: int) -> Checkpoint:
-    """The checkpoint an attempt under `lease` makes after `turns` more turns, sent when its
-    lease may be long over."""
-    turn = (lease.resume.turn if lease.resume else 0) + turns
-    return Checkpoint(
-        fence=lease.fence, turn=turn, transcript=f"t:{lease.step_id}:{lease.fence}:{turn}",
-        usage={"total_tokens": TURN_TOKENS * turns},
-    )  # fmt: skip
-
-
 class World:
     def __init__(
         self,
@@ -439,56 +429,6 @@ class World:
         return self.send(
             sender, incarnation, Kind.CHECKPOINT, step_id=step_id, fence=cp.fence, checkpoint=cp
         )
-
-    def ghost_checkpoint(self) -> Message | None:
-        """A runner that lost a lease (fenced out, lapsed, or its step ended) checkpoints
-        under its old fence, as a paused process that wakes does."""
-        ghosts = [
-            (runner, lease) for runner, lease in self.grants
-            if (live := self.observer.leases.get(lease.step_id)) is None
-            or live.fence != lease.fence
-        ]  # fmt: skip
-        if not ghosts:
-            return None
-        runner, lease = self.rng.choice(ghosts)
-        cp = late_checkpoint(lease, self.rng.randint(1, 3))
-        self.log(
-            f"hazard: checkpoint of {lease.step_id} by {runner} under fence {lease.fence},"
-            " its lease over"
-        )
-        return self.send_checkpoint(runner, -1, lease.step_id, cp)
-
-    def late_push(self, *, taken: bool | None = None) -> Message | None:
-        """A fenced-out attempt of a step that committed under another fence reports its
-        candidate late: its bundle lands under its own ref, or (`taken`) it names the
-        committed fence with another commit, which the mirror refuses."""
-        ghosts = [
-            (runner, lease) for runner, lease in self.grants
-            if lease.repository is not None
-            and (done := self.observer.applied.get(lease.step_id)) is not None
-            and done.fence != lease.fence
-        ]  # fmt: skip
-        if not ghosts:
-            return None
-        runner, lease = self.rng.choice(ghosts)
-        committed = self.observer.applied[lease.step_id].fence
-        if taken is None:
-            taken = self.rng.random() < 0.5
-        fence = committed if taken else lease.fence
-        work = self.repos.work(
-            lease.step_id, fence, lease.repository, lease.payload.get("checks", []),
-            sha=f"c{lease.fence}late",
-        )  # fmt: skip
-        rep = Report(
-            step_id=lease.step_id, fence=fence, payload_hash=lease.payload_hash,
-            output={"step": lease.step_id, "fence": lease.fence}, usage={"total_tokens": 1},
-            candidate_sha=work.candidate, bundle=work.bundle, checks=work.checks,
-        )  # fmt: skip
-        self.log(
-            f"hazard: late push of {lease.step_id} by fenced-out {runner} (fence {lease.fence}),"
-            f" committed under fence {committed}" + (", naming that fence" if taken else "")
-        )
-        return self.send(runner, -1, Kind.REPORT, report=rep)
 
     def _release(self, runner: RunnerActor, held: Held) -> Message:
         reason = self.rng.choice(list(ReleaseReason))
