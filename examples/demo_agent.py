@@ -13,6 +13,7 @@ while its step runs and fails `stale_base`. Every line printed is checked first.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -67,7 +68,7 @@ TENANT, POOL, OWNER = "demo", "default", "demo-operator"
 REPOSITORY = "calc"
 REQUIREMENT = "calc-add-r1"
 CHECKPOINT_TURN = 2  # read, then write: the kill comes after the write's checkpoint
-STALE_HOLD_S = 3.0  # the second run's first answer waits this long; the head moves meanwhile
+STALE_HOLD_S = 4.0  # the second run's first answer waits this long; the head moves meanwhile
 WITHOUT_SANDBOX = "TETHER_COMMANDS_WITHOUT_SANDBOX"
 CHECKS = {"tests": TEST_COMMAND}
 DECLARED = Declared(owner=OWNER, repository=REPOSITORY, requirement_revision=REQUIREMENT,
@@ -272,9 +273,19 @@ def checkpoint_row(db: Path, step_id: str) -> dict[str, Any]:
     return dict(row)
 
 
-def kill_after_checkpoint(demo: Demo, task_id: str, progress: Progress) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Kill:
+    """Whom the demo killed: the runner, its attempt's fence, and how many calls the stand-in's
+    log held at that moment (the killed attempt's; every later one is the resumed attempt's)."""
+
+    holder: str
+    fence: int
+    asked: int
+
+
+def kill_after_checkpoint(demo: Demo, task_id: str, progress: Progress) -> Kill:
     """Wait until the step's write is checkpointed and the model holds the next answer, then
-    SIGKILL the runner holding the step; the checkpoint and the kill as a record."""
+    SIGKILL the runner holding the step."""
     while True:
         view = demo.view(task_id)
         progress.show(view)
@@ -304,21 +315,20 @@ def kill_after_checkpoint(demo: Demo, task_id: str, progress: Progress) -> dict[
         f"  SIGKILL {holder} (pid {child.process.pid}) while the stand-in holds its turn-3"
         " call: a revoked server"
     )
-    return {"step_id": step["id"], "holder": holder, "fence": fence, "asked": asked_before,
-            "checkpoint": row}  # fmt: skip
+    return Kill(holder=holder, fence=fence, asked=asked_before)
 
 
-def resume_proof(demo: Demo, killed: dict[str, Any], final: dict[str, Any]) -> None:
+def resume_proof(demo: Demo, killed: Kill, final: dict[str, Any]) -> None:
     """Print the stand-in's call log and check from it that the resumed attempt did not ask
     again for the turns its checkpoint held."""
     asked = demo.asked()
-    before, after = asked[: killed["asked"]], asked[killed["asked"] :]
+    before, after = asked[: killed.asked], asked[killed.asked :]
     step = final["steps"][0]
     winner = next(a for a in step["attempts"] if a["state"] == "committed")
     say("")
     say("== the stand-in's call log (GET /_admin/stats, 'asked': each request on arrival) ==")
     for number, line in enumerate(asked, start=1):
-        who = killed["holder"] if number <= killed["asked"] else winner["runner_id"]
+        who = killed.holder if number <= killed.asked else winner["runner_id"]
         held = f"  held {line['hold_s']:g} s, never answered" if line["hold_s"] else ""
         say(
             f"  #{number} turn_index {line['turn_index']}  {line['turn']:<6} messages"
@@ -337,7 +347,7 @@ def resume_proof(demo: Demo, killed: dict[str, Any], final: dict[str, Any]) -> N
            f"turns answered: {turns}")  # fmt: skip
     output = step["output"]
     resumed = output.get("resumed_from") or {}
-    expect(resumed == {"turn": CHECKPOINT_TURN, "fence": killed["fence"]},
+    expect(resumed == {"turn": CHECKPOINT_TURN, "fence": killed.fence},
            f"the step's output says resumed_from {resumed}")  # fmt: skip
     say(
         f"resume proof: {winner['runner_id']} resumed from turn {resumed['turn']} of fence"
@@ -376,8 +386,10 @@ def stale_run(demo: Demo, repo: Repository) -> None:
     expect("stale_base" in {f["code"] for f in final.get("findings") or []},
            f"findings {final.get('findings')}")  # fmt: skip
     say(f"task {task_id}  state FAILED  reason {reason}")
-    say(f"  its step's result was recorded once (candidate {step['candidate_sha'][:12]}),"
-        " never verified: it was made on a base that is no longer the head")  # fmt: skip
+    say(
+        f"  its step's result was recorded once (candidate {step['candidate_sha'][:12]}), and the"
+        " task failed at that report: the head the supervisor read was not the approved base"
+    )
     again = demo.http.post(
         "/v1/tasks", json={"idempotency_key": f"demo-agent-late-{time.time_ns()}", "plan": PLAN,
                            "repository": REPOSITORY, "allowed_paths": ["src/"], "pool": POOL},
@@ -414,7 +426,7 @@ def first_run(demo: Demo, repo: Repository) -> str:
     log = verified_candidate(final, repo, demo.folder / "mirrors")
     show_check_log(demo.url, demo.token_file, log)
     review_record(demo.http, final, repo, DECLARED, log)
-    return str(killed["holder"])
+    return killed.holder
 
 
 def sandbox_used(child: Child) -> str:

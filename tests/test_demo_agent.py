@@ -35,7 +35,10 @@ def test_demo_agent_prints_a_checked_account_and_exits_zero() -> None:
     )
     out = done.stdout
     assert done.returncode == 0, out + done.stderr + _kept_logs(done.stderr)
-    assert re.search(r"^sandbox      (bwrap works here|NONE: .*=true\))", out, re.M)
+    announced = re.search(r"^sandbox      (bwrap works here|NONE: .*=true\))", out, re.M)
+    assert announced is not None
+    used = "bwrap" if announced.group(1).startswith("bwrap") else "none"
+    assert re.search(rf"'s log: its commands and checks ran in sandbox={used}$", out, re.M)
     base = re.search(r"^base         (\w{12}): python -m pytest -q exits 1 \(1 failed", out, re.M)
     assert base is not None
 
