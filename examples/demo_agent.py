@@ -59,7 +59,7 @@ from runner.agent.sandbox import Bubblewrap
 from tether.cli_support import Parser
 from tether.wire import content_hash
 
-DEADLINE_S = 90.0  # the run itself (about 30 s here); stopping adds at most STOP_BUDGET_S
+DEADLINE_S = 120.0  # the run itself (30-45 s here, unloaded); stopping adds at most STOP_BUDGET_S
 LEASE_TTL_S = 4  # the killed runner's lease ends within this after its last renew
 ACCEPT_WINDOW_S = 2
 CLAIM_WAIT_S = 2

@@ -23,14 +23,14 @@ CALL = re.compile(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(240)
 def test_demo_agent_prints_a_checked_account_and_exits_zero() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "examples.demo_agent"],
         cwd=Path(__file__).resolve().parent.parent,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=220,
         check=False,
     )
     out = done.stdout
