@@ -32,7 +32,7 @@ def refusal(why: str) -> str:
         why = why[: WHY_MAX - 1] + "…"
     return (
         f"no working sandbox on this runner ({why}): this step's commands (allowed_commands,"
-        f" checks) would run as the runner's own user and could read its token and model key."
+        " checks) would run as the runner's own user and could read its token and model key."
         f" Either {WAYS_OUT}"
     )
 
