@@ -46,6 +46,30 @@ CHECKPOINT_FINISH_S = 10.0
 _ARTIFACT_REFUSALS = (404, 413, 422)
 
 
+async def while_unreachable(
+    call: Callable[[], Awaitable[T]],
+    *,
+    clock: MonotonicClock,
+    stop: Callable[[RetryCallState], bool],
+    max_wait_s: float,
+) -> T:
+    """`call()`, asked again with jittered exponential backoff (at most `max_wait_s` apart)
+    while it raises `SupervisorUnreachable`, until `stop` says so; then that error. The one
+    retry rule of a step's calls to the supervisor (results, releases, artifacts,
+    checkpoints)."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(SupervisorUnreachable),
+        wait=wait_random_exponential(multiplier=0.2, max=max_wait_s),
+        stop=stop,
+        sleep=clock.sleep,
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def file_digest(path: Path) -> tuple[str, int]:
     """The sha256 and size of the file at `path`, read in chunks (run it in a thread)."""
     digest = hashlib.sha256()
@@ -99,24 +123,14 @@ class SupervisorServices:
         self.checkpoints = 0  # accepted by the supervisor
 
     async def _retried(self, call: Callable[[], Awaitable[T]], within_s: float) -> T:
-        """`call()`, asked again with backoff while the supervisor gives no answer, until
-        `within_s` has passed; then its last `SupervisorUnreachable`."""
+        """`call()`, asked again while the supervisor gives no answer, until `within_s` has
+        passed; then its last `SupervisorUnreachable`."""
         give_up_at = self._clock.now() + within_s
 
         def out_of_time(_state: RetryCallState) -> bool:
             return self._clock.now() >= give_up_at
 
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(SupervisorUnreachable),
-            wait=wait_random_exponential(multiplier=0.2, max=5.0),
-            stop=out_of_time,
-            sleep=self._clock.sleep,
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                return await call()
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await while_unreachable(call, clock=self._clock, stop=out_of_time, max_wait_s=5.0)
 
     async def upload(self, data: bytes | Path) -> str:
         """Store `data` (bytes, or the contents of the file at that path) and return its

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 import structlog
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_never, wait_random_exponential
+from tenacity import stop_never
 
 from runner.credentials import SecretMissing, SecretSource
 from runner.errors import (
@@ -38,7 +38,6 @@ from runner.errors import (
     StepUnsupported,
     SupervisorError,
     SupervisorRefused,
-    SupervisorUnreachable,
     TokenRejected,
     TransientFailure,
 )
@@ -47,7 +46,7 @@ from runner.kinds import KindRegistry, StepContext, StepOutput
 from runner.lease import Lease
 from runner.model_client import Completion, ModelClient
 from runner.results import ResultSender
-from runner.services import SupervisorServices
+from runner.services import SupervisorServices, while_unreachable
 from runner.supervisor_client import ResultReport, SupervisorClient
 from tether.clocks import MonotonicClock
 from tether.wire import ReleaseReason, content_hash
@@ -184,9 +183,7 @@ class StepRun:
             self._dropped(lost, "checkpoint refused; the step is no longer ours")
             return
         except TokenRejected as exc:
-            self._host.token_rejected(exc.detail)
-            self.outcome = "dropped: token_rejected"
-            self.phase = Phase.DONE
+            self._token_rejected(exc)
             return
         except SupervisorError as exc:  # the supervisor stayed unreachable, or refused a call
             await self._release(TransientFailure(f"supervisor: {exc.detail}"))
@@ -268,6 +265,12 @@ class StepRun:
                 error=why, tries=tries, retry_in_s=round(wait_s, 2),
             )  # fmt: skip
 
+    def _token_rejected(self, exc: TokenRejected) -> None:
+        """The runner's token was refused: the runner stops claiming; this step is dropped."""
+        self._host.token_rejected(exc.detail)
+        self.outcome = "dropped: token_rejected"
+        self.phase = Phase.DONE
+
     def _detail(self, failure: StepFailure) -> str:
         detail = failure.detail
         if self._key_in_use:
@@ -276,17 +279,10 @@ class StepRun:
 
     async def _until_answered(self, call: Callable[[], Awaitable[T]]) -> T:
         """Retry `call`, with backoff, while the supervisor gives no reply; expiry bounds it."""
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(SupervisorUnreachable),
-            wait=wait_random_exponential(multiplier=0.2, max=min(5.0, self.keeper.renew_every_s)),
-            stop=stop_never,
-            sleep=self._clock.sleep,
-            reraise=True,
+        max_wait_s = min(5.0, self.keeper.renew_every_s)
+        return await while_unreachable(
+            call, clock=self._clock, stop=stop_never, max_wait_s=max_wait_s
         )
-        async for attempt in retrying:
-            with attempt:
-                return await call()
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _release(self, failure: StepFailure) -> None:
         self.phase = Phase.RELEASING
@@ -345,9 +341,7 @@ class StepRun:
             self._dropped(lost, "result refused; the step is no longer ours")
             return
         except TokenRejected as exc:
-            self._host.token_rejected(exc.detail)
-            self.outcome = "dropped: token_rejected"
-            self.phase = Phase.DONE
+            self._token_rejected(exc)
             return
         except SupervisorRefused as exc:
             # The supervisor will never take this output (too large, malformed): the step
