@@ -105,7 +105,7 @@ def make_lease(
     attempt: int = 1,
     kind: str = "chat",
     ttl_s: float = 5.0,
-    renew_every_s: float = 0.05,
+    renew_every_s: float = 0.5,
     outputs: list[dict[str, Any]] | None = None,
     payload_hash: str | None = None,
     **extra: Any,
