@@ -72,7 +72,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         db=db, claim_wait_max_s=0.2, events_wait_max_s=0.2, artifact_max_bytes=4096
     )
     app = create_app(settings, reaper=False)
-    app.router.routes.extend(openapi.ROUTES)  # the lead adds them to create_app
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

@@ -28,7 +28,6 @@ from supervisor.api import create_app, drain
 from supervisor.settings import SupervisorSettings
 
 from .conftest import task_body
-from .ui_pages import with_ui
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +57,7 @@ class Supervisor:
         }
         # A lease nobody acknowledges lapses after 1 s; one renewed lives 3 s.
         settings = SupervisorSettings(db=db, lease_ttl_s=3.0, accept_window_s=1.0)
-        self.app = with_ui(create_app(settings))
+        self.app = create_app(settings)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         config = uvicorn.Config(

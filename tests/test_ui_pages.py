@@ -18,7 +18,7 @@ from supervisor import admin
 
 from .agent_repos import make_origin
 from .conftest import ApiHarness, FakeClock, ledger_snapshot, open_api
-from .ui_pages import csrf_of, sign_in, strict, strict_fragment, with_ui
+from .ui_pages import csrf_of, sign_in, strict, strict_fragment
 
 HOSTILE = "<script>alert('x')</script>\x00\x07\x85\ufffe & \"q\""
 
@@ -26,7 +26,6 @@ HOSTILE = "<script>alert('x')</script>\x00\x07\x85\ufffe & \"q\""
 @pytest.fixture
 async def web(tmp_path: Path, clock: FakeClock) -> AsyncIterator[ApiHarness]:
     async with open_api(tmp_path / "ui.db", clock, synchronous="OFF") as harness:
-        with_ui(harness.app)
         yield harness
 
 

@@ -1,24 +1,14 @@
-"""Helpers for the status page's tests (tests/test_ui_*.py): the app with the page's routes,
-a signed-in browser session over httpx, and the strict HTML5 parser every page must pass."""
+"""Helpers for the status page's tests (tests/test_ui_*.py): a signed-in browser session over
+httpx, and the strict HTML5 parser every page must pass."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import html5lib  # type: ignore[import-untyped]  # no stubs; tests only
 import httpx
 
-from supervisor import ui
-
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
-
-
-def with_ui(app: Any) -> Any:
-    """`app` with the status page's routes, unless the app mounts them already."""
-    if not any(getattr(route, "path", "").startswith("/ui") for route in app.router.routes):
-        app.router.routes.extend(ui.ROUTES)
-    return app
 
 
 def strict(page: str) -> None:

@@ -14,7 +14,8 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
-from supervisor.api import artifact_routes, health, operator_routes, runner_routes
+from supervisor import ui
+from supervisor.api import artifact_routes, health, openapi, operator_routes, runner_routes
 from supervisor.api.auth import TokenCache
 from supervisor.api.bindings import UnboundSteps
 from supervisor.api.errors import (
@@ -58,6 +59,8 @@ def create_app(
             *runner_routes.ROUTES,
             *artifact_routes.ROUTES,
             *health.ROUTES,
+            *openapi.ROUTES,
+            *ui.ROUTES,
         ],
         exception_handlers={
             ApiError: on_api_error,
