@@ -75,6 +75,8 @@ class ErrorCode(enum.StrEnum):
     STALE_BASE = "stale_base"
     PAYLOAD_DRIFT = "payload_drift"
     DIGEST_MISMATCH = "digest_mismatch"
+    GATE_MISMATCH = "gate_mismatch"
+    EFFECT_NOT_HELD = "effect_not_held"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
 
@@ -114,6 +116,8 @@ ERRORS: Final[Mapping[ErrorCode, Meaning]] = MappingProxyType({
     ErrorCode.STALE_BASE: Meaning(409, _R.REFUSED),
     ErrorCode.PAYLOAD_DRIFT: Meaning(409, _R.DROP),
     ErrorCode.DIGEST_MISMATCH: Meaning(422, _R.REFUSED),
+    ErrorCode.GATE_MISMATCH: Meaning(409, _R.REFUSED),
+    ErrorCode.EFFECT_NOT_HELD: Meaning(409, _R.DROP),
     ErrorCode.UNAVAILABLE: Meaning(503, _R.RETRY),
     ErrorCode.INTERNAL: Meaning(500, _R.RETRY),
 })  # fmt: skip

@@ -10,7 +10,10 @@
     │   ├── TerminalState        the task already ended                        (terminal)
     │   ├── StaleFence           not the step's current fencing token          (stale_fence)
     │   ├── StaleBase            the approved base is not the repository's head (stale_base)
-    │   └── PayloadDrift         payload hash differs from the intent          (payload_drift)
+    │   ├── PayloadDrift         payload hash differs from the intent          (payload_drift)
+    │   ├── EffectNotHeld        the caller does not hold this effect           (effect_not_held)
+    │   ├── GateMismatch         the digest is not the effect's request's       (gate_mismatch)
+    │   └── EffectNotGated       no gate or uncertain effect to act on          (invalid_transition)
     └── StorageError         the ledger file itself is at fault; the operator must act
         ├── IntegrityCheckFailed
         └── SchemaTooNew
@@ -110,6 +113,24 @@ class PayloadDrift(Refused):
 
     code = ErrorCode.PAYLOAD_DRIFT
     recorded = True
+
+
+class EffectNotHeld(Refused):
+    """This dispatcher does not hold the effect (another took it over, or its task ended)."""
+
+    code = ErrorCode.EFFECT_NOT_HELD
+
+
+class GateMismatch(Refused):
+    """The digest is not the digest of the effect's rendered request; nothing was opened."""
+
+    code = ErrorCode.GATE_MISMATCH
+
+
+class EffectNotGated(Refused):
+    """The effect is not waiting for this operator action."""
+
+    code = ErrorCode.INVALID_TRANSITION
 
 
 class StorageError(LedgerError):

@@ -28,6 +28,7 @@ from supervisor.ledger import (
     identity,
     invariants,
     operator,
+    outbox,
     reaper,
     repositories,
     tokens,
@@ -37,6 +38,7 @@ from supervisor.ledger.batch import Rule, RuleOutcome, Transactions, random_id
 from supervisor.ledger.counts import LedgerCounts
 from supervisor.ledger.decisions import log_decisions
 from supervisor.ledger.errors import Refused
+from supervisor.ledger.outbox import Answer, Outgoing
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
 from supervisor.ledger.verification import Evidence
@@ -79,6 +81,7 @@ class SqliteLedger:
         # One wake-up per pool: work queued for one pool never wakes the others' claims.
         self._work: defaultdict[str, Broadcast] = defaultdict(Broadcast)
         self._events = Broadcast()
+        self._effects = Broadcast()  # fired when an effect may be ready to take
         self._write_limiter = anyio.CapacityLimiter(1)
         self._read_limiter = anyio.CapacityLimiter(1)
         self._writer: sqlite3.Connection | None = None
@@ -301,6 +304,44 @@ class SqliteLedger:
 
     async def next_deadline(self) -> float | None:
         return await self.write(reaper.next_deadline)
+
+    # -- effects: the dispatcher ------------------------------------------------------------
+
+    async def take_effects(self, holder: str, limit: int) -> list[Outgoing]:
+        """Take up to `limit` effects to deliver (lapsed holds first); see `outbox.take`."""
+        return await self.write(lambda tx: outbox.take(tx, holder, limit))
+
+    async def begin_attempt(self, effect_id: str, holder: str, digest: str) -> int:
+        """Record that an attempt is about to be sent; return its number."""
+        return await self.write(lambda tx: outbox.begin_attempt(tx, effect_id, holder, digest))
+
+    async def record_attempt(
+        self, effect_id: str, attempt: int, holder: str, answer: Answer
+    ) -> None:
+        await self.write(lambda tx: outbox.record_attempt(tx, effect_id, attempt, holder, answer))
+
+    async def give_up(self, effect_id: str, holder: str, reason: str) -> None:
+        await self.write(lambda tx: outbox.give_up(tx, effect_id, holder, reason))
+
+    async def release_effect(self, effect_id: str, holder: str) -> None:
+        await self.write(lambda tx: outbox.release(tx, effect_id, holder))
+
+    async def wait_for_effects(self, timeout_s: float) -> None:
+        """Return when an effect may have become ready to take, or after `timeout_s`."""
+        armed = self._effects.armed()
+        await self._effects.wait(armed, max(0.0, timeout_s))
+
+    # -- effects: the operator --------------------------------------------------------------
+
+    async def open_gate(
+        self, tenant: str, task_id: str, step_name: str, digest: str, by: str
+    ) -> None:
+        await self.write(lambda tx: outbox.open_gate(tx, tenant, task_id, step_name, digest, by))
+
+    async def resolve_effect(
+        self, tenant: str, task_id: str, step_name: str, happened: bool, by: str
+    ) -> None:
+        await self.write(lambda tx: outbox.resolve(tx, tenant, task_id, step_name, happened, by))
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -26,6 +26,10 @@ class LedgerConfig:
     max_steps: int = 256
     # A task may name a kind announced by a runner of its pool seen within this (identity).
     runner_seen_window_s: float = 3600.0
+    # Plan step kinds the supervisor delivers itself (docs/design.md, Effects): never leased.
+    effect_kinds: frozenset[str] = frozenset({"http", "git.push"})
+    # How long a dispatcher's hold on an effect lasts without a refresh.
+    effect_hold_s: float = 60.0
 
     @property
     def renew_every_s(self) -> float:
