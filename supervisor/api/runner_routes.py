@@ -3,12 +3,14 @@ its pool only; a step of another pool is `not_found`.
 
 A report of a repository-bound task's step reaches the ledger with the evidence the
 supervisor gathered about it first (`supervisor.repos.evidence`): the ledger judges, the
-route only observes.
+route only observes. A claim reads the head of each repository it granted a step of, so no
+step runs on a base that moved since the last report (`on_current_heads`).
 """
 
 from __future__ import annotations
 
 import anyio
+import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -20,9 +22,11 @@ from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.api.requests import read
 from supervisor.artifacts import ArtifactStore
 from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role
+from supervisor.ledger.repositories import Binding
 from supervisor.ledger.verification import Evidence
 from supervisor.repos import Mirrors
-from supervisor.repos.evidence import PoolArtifacts, RepositoryUnavailable, gather
+from supervisor.repos.evidence import PoolArtifacts, RepositoryUnavailable, gather, read_head
+from tether.git import redact
 from tether.messages import (
     MAX_TEXT,
     Checkpoint,
@@ -42,6 +46,8 @@ from tether.wire import ERRORS, ErrorCode
 
 # Reports of one batch whose evidence is gathered at the same time.
 EVIDENCE_AT_ONCE = 4
+
+log = structlog.get_logger("tether.api")
 
 
 def _ledger(request: Request) -> Ledger:
@@ -83,7 +89,62 @@ async def claim(request: Request) -> Response:
         return Response(status_code=204)
     unbound: UnboundSteps = request.app.state.unbound_steps
     unbound.granted(leases)
+    leases = await on_current_heads(request, leases, who.scope)
+    if not leases:
+        return Response(status_code=204)
     return record_response(ClaimAnswer(leases=tuple(leases)))
+
+
+async def on_current_heads(request: Request, leases: list[Lease], pool: str) -> list[Lease]:
+    """`leases` without those whose repository's head is no longer their approved base
+    (docs/design.md, Verification): each repository a lease names is read once (`git
+    ls-remote`, all at once) and its head recorded, which fails every approved task on
+    another base `stale_base` at once; a left-out lease's step is no longer the runner's,
+    and the lease lapses unused. Leases without a repository cost nothing here.
+
+    A remote that cannot be read now does not hold the step back: its leases are handed out
+    and one warning is logged; the step's result reads the head again before the ledger
+    judges it, so a moved base is still caught, one step later.
+    """
+    bound = [lease for lease in leases if lease.repository is not None]
+    if not bound:
+        return leases
+    ledger = _ledger(request)
+    mirrors: Mirrors = request.app.state.mirrors
+    named: dict[tuple[str, str], Binding] = {}  # by tenant and repository name
+    heads: dict[str, str] = {}  # by URL, for the remotes that answered
+
+    async def bind(lease: Lease) -> None:
+        binding = await ledger.binding_of_step(lease.step_id, pool)
+        if binding is not None:
+            named.setdefault((binding.tenant, binding.repository), binding)
+
+    async def read(url: str, binding: Binding) -> None:
+        try:
+            heads[url] = await read_head(mirrors, binding)
+        except RepositoryUnavailable as exc:
+            log.warning(
+                "head not read at grant", repository=binding.repository, url=redact(url),
+                detail=exc.detail,
+            )  # fmt: skip
+
+    async with anyio.create_task_group() as tg:
+        for lease in bound:
+            tg.start_soon(bind, lease)
+    async with anyio.create_task_group() as tg:
+        for url, binding in {b.url: b for b in named.values()}.items():
+            tg.start_soon(read, url, binding)
+    async with anyio.create_task_group() as tg:
+        for (tenant, repository), binding in named.items():
+            if binding.url in heads:
+                tg.start_soon(ledger.set_repository_head, tenant, repository, heads[binding.url])
+    return [
+        lease
+        for lease in leases
+        if lease.repository is None
+        or lease.repository.url not in heads
+        or heads[lease.repository.url] == lease.repository.base_sha
+    ]
 
 
 async def renew(request: Request) -> Response:
