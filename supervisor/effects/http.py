@@ -1,0 +1,151 @@
+"""The built-in `http` effect kind: one HTTP request per attempt, with `Idempotency-Key`
+(docs/design.md, Effects).
+
+The rendered request is `{"method", "url", "headers", "body", ...}`; header values may still
+hold `{{ credential.<name> }}` placeholders, replaced here at send time by the credential's
+value (never stored, never logged; masked in the answer kept). Every try carries
+`Idempotency-Key: <effect_key>`, replacing any header of that name the plan set. Redirects are
+not followed.
+
+How an answer is classified:
+
+    2xx                                Delivered (replayed when `Idempotent-Replayed: true`)
+    408, 429, 5xx                      Unanswered(sent=True), RetryLater when `Retry-After`
+    any other status (3xx, 4xx)        Refused `receiver_refused`
+    no connection (connect error or    Unanswered(sent=False): nothing reached the receiver
+      timeout, no pooled connection)
+    any other transport failure        Unanswered(sent=True): it may have been applied
+    a named credential missing         Refused `credential_missing`, nothing sent
+
+The answer's detail is `HTTP <status>: <body>`, the body masked and cut to 2 KiB.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+import httpx
+
+from supervisor.effects.credentials import CredentialMissing, Credentials, mask
+from supervisor.effects.registry import RetryLater
+from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.clocks import WallClock
+from tether.git import redact
+
+KEY_HEADER: Final = "Idempotency-Key"
+REPLAYED_HEADER: Final = "Idempotent-Replayed"
+CREDENTIAL: Final = re.compile(r"\{\{\s*credential\.([A-Za-z0-9_.-]{1,64})\s*\}\}")
+EXCERPT_BYTES: Final = 2048
+_READ_AT_MOST: Final = 64 * 1024  # of a receiver's body, before masking and cutting
+# One try: 10 s to connect, 20 s for each read or write. Kept well below the dispatcher's
+# bound on an attempt (half the hold), so that httpx, not that bound, classifies a timeout.
+TIMEOUT: Final = httpx.Timeout(20.0, connect=10.0)
+RETRYABLE: Final = frozenset({408, 429})
+
+
+class HttpDeliverer:
+    """Delivers `http` effects through one shared `httpx.AsyncClient`."""
+
+    kind = "http"
+
+    def __init__(self, client: httpx.AsyncClient, *, clock: WallClock = time.time) -> None:
+        self.client = client
+        self.clock = clock
+
+    async def deliver(self, out: Outgoing, secrets: Credentials) -> Answer:
+        request = out.request
+        try:
+            headers, used = resolve_headers(request.get("headers") or {}, secrets)
+        except CredentialMissing as exc:
+            return Refused(status=None, detail=str(exc), code="credential_missing")
+        headers[KEY_HEADER] = out.effect_key
+        body = request.get("body")
+        method = str(request.get("method", "POST")).upper()
+        try:
+            async with self.client.stream(
+                method,
+                str(request["url"]),
+                headers=headers,
+                json=body if body is not None else None,
+                timeout=TIMEOUT,
+                follow_redirects=False,
+            ) as response:
+                text = await _excerpt(response, used)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            return Unanswered(detail=f"not connected: {_name(exc, used)}", sent=False)
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            return Refused(status=None, detail=f"bad URL: {_name(exc, used)}", code="invalid_url")
+        except httpx.HTTPError as exc:
+            return Unanswered(detail=f"no answer: {_name(exc, used)}", sent=True)
+        return self.classify(response, text)
+
+    def classify(self, response: httpx.Response, text: str) -> Answer:
+        status = response.status_code
+        detail = f"HTTP {status}: {text}" if text else f"HTTP {status}"
+        if 200 <= status < 300:
+            replayed = response.headers.get(REPLAYED_HEADER, "").strip().lower() == "true"
+            return Delivered(status=status, detail=detail, replayed=replayed)
+        if status in RETRYABLE or status >= 500:
+            after = retry_after(response.headers.get("Retry-After"), self.clock())
+            if after is not None:
+                return RetryLater(detail=detail, sent=True, status=status, retry_after_s=after)
+            return Unanswered(detail=detail, sent=True, status=status)
+        return Refused(status=status, detail=detail, code="receiver_refused")
+
+
+def resolve_headers(
+    headers: Mapping[str, Any], secrets: Credentials
+) -> tuple[dict[str, str], set[str]]:
+    """The header values with credential placeholders replaced, and the values used (to mask).
+    A header the plan named `Idempotency-Key` is dropped: the effect key replaces it."""
+    used: set[str] = set()
+
+    def value_of(match: re.Match[str]) -> str:
+        value = secrets.read(match.group(1))
+        used.add(value)
+        return value
+
+    resolved: dict[str, str] = {}
+    for name, value in headers.items():
+        if name.lower() != KEY_HEADER.lower():
+            resolved[str(name)] = CREDENTIAL.sub(value_of, str(value))
+    return resolved, used
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a `Retry-After` header (delta-seconds or an HTTP date), or None."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+async def _excerpt(response: httpx.Response, secrets: set[str]) -> str:
+    """The start of the response's body, decoded, masked and cut to `EXCERPT_BYTES`."""
+    data = bytearray()
+    async for chunk in response.aiter_bytes():
+        data += chunk
+        if len(data) >= _READ_AT_MOST:
+            break
+    text = mask(data.decode("utf-8", errors="replace"), secrets)
+    cut = text.encode("utf-8")[:EXCERPT_BYTES]
+    return cut.decode("utf-8", errors="ignore").strip()
+
+
+def _name(exc: Exception, secrets: set[str]) -> str:
+    """An exception's type and message (httpx's name no header or body; a URL's user and
+    password are masked all the same)."""
+    message = mask(redact(str(exc)), secrets).strip()
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

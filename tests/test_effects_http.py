@@ -1,0 +1,153 @@
+"""The `http` deliverer (supervisor/effects/http.py): the key on every try, credentials only at
+send time, and how each kind of answer is classified."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from examples.receiver import create_app
+from supervisor.effects.credentials import Credentials
+from supervisor.effects.http import HttpDeliverer, retry_after
+from supervisor.effects.registry import RetryLater
+from supervisor.ledger.outbox import Delivered, Refused, Unanswered
+
+from .effects_fakes import outgoing
+
+NOW = 1_000_000.0
+TOKEN = "s3cret-token-value"
+
+
+@pytest.fixture
+def secrets(tmp_path: Path) -> Credentials:
+    folder = tmp_path / "credentials"
+    folder.mkdir()
+    (folder / "hook").write_text(TOKEN + "\n")
+    return Credentials(folder)
+
+
+def mocked(handler: Callable[[httpx.Request], httpx.Response]) -> HttpDeliverer:
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return HttpDeliverer(client, clock=lambda: NOW)
+
+
+def request(**extra: Any) -> dict[str, Any]:
+    return {"method": "POST", "url": "http://receiver/deploy", "body": {"v": 1}, **extra}
+
+
+async def test_delivered_to_the_receiver_once_then_replayed(
+    tmp_path: Path, secrets: Credentials
+) -> None:
+    app = create_app(tmp_path / "r.db")
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
+    deliverer = HttpDeliverer(client)
+    out = outgoing(request())
+    first = await deliverer.deliver(out, secrets)
+    again = await deliverer.deliver(out, secrets)
+    assert first == Delivered(status=201, detail=first.detail, replayed=False)
+    assert isinstance(again, Delivered)
+    assert again.replayed
+    assert '"applied":1' in again.detail.replace(" ", "")
+    counts = (await client.get("http://receiver/counts")).json()
+    assert (counts["applied"], counts["requests"], counts["by_key"]) == (1, 2, {"key-e1": 2})
+
+
+async def test_the_key_and_the_credential_go_with_the_request_and_are_masked_in_the_answer(
+    secrets: Credentials,
+) -> None:
+    seen: list[httpx.Request] = []
+
+    def echo(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        return httpx.Response(422, text=f"bad token {req.headers['Authorization']}")
+
+    headers = {"Authorization": "Bearer {{ credential.hook }}", "idempotency-key": "mine"}
+    answer = await mocked(echo).deliver(outgoing(request(headers=headers)), secrets)
+    assert seen[0].headers["Authorization"] == f"Bearer {TOKEN}"
+    assert seen[0].headers.get_list("Idempotency-Key") == ["key-e1"]
+    assert seen[0].read() == b'{"v":1}'
+    assert answer == Refused(
+        status=422, detail="HTTP 422: bad token Bearer ****", code="receiver_refused"
+    )
+
+
+async def test_a_missing_credential_refuses_without_sending(secrets: Credentials) -> None:
+    sent: list[httpx.Request] = []
+
+    def never(req: httpx.Request) -> httpx.Response:
+        sent.append(req)
+        return httpx.Response(200)
+
+    headers = {"Authorization": "{{ credential.absent }}"}
+    answer = await mocked(never).deliver(outgoing(request(headers=headers)), secrets)
+    assert isinstance(answer, Refused)
+    assert answer.code == "credential_missing"
+    assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "expected"),
+    [
+        (200, {}, Delivered(status=200, detail="HTTP 200: ok")),
+        (
+            204,
+            {"Idempotent-Replayed": "true"},
+            Delivered(status=204, detail="HTTP 204: ok", replayed=True),
+        ),
+        (408, {}, Unanswered(detail="HTTP 408: ok", sent=True, status=408)),
+        (
+            429,
+            {"Retry-After": "7"},
+            RetryLater(detail="HTTP 429: ok", sent=True, status=429, retry_after_s=7.0),
+        ),
+        (503, {}, Unanswered(detail="HTTP 503: ok", sent=True, status=503)),
+        (301, {}, Refused(status=301, detail="HTTP 301: ok", code="receiver_refused")),
+        (404, {}, Refused(status=404, detail="HTTP 404: ok", code="receiver_refused")),
+    ],
+)
+async def test_answers_are_classified(
+    secrets: Credentials, status: int, headers: dict[str, str], expected: Any
+) -> None:
+    deliverer = mocked(lambda _: httpx.Response(status, headers=headers, text="ok"))
+    assert await deliverer.deliver(outgoing(request()), secrets) == expected
+
+
+@pytest.mark.parametrize(
+    ("error", "sent"),
+    [
+        (httpx.ConnectError("refused"), False),
+        (httpx.ConnectTimeout("slow"), False),
+        (httpx.ReadTimeout("slow"), True),
+        (httpx.WriteTimeout("slow"), True),
+        (httpx.RemoteProtocolError("cut"), True),
+        (httpx.ReadError("reset"), True),
+    ],
+)
+async def test_transport_failures_are_unanswered(
+    secrets: Credentials, error: Exception, sent: bool
+) -> None:
+    def fail(req: httpx.Request) -> httpx.Response:
+        raise error
+
+    answer = await mocked(fail).deliver(outgoing(request()), secrets)
+    assert isinstance(answer, Unanswered)
+    assert answer.sent is sent
+    assert type(error).__name__ in answer.detail
+
+
+async def test_the_answer_kept_is_at_most_2_kib(secrets: Credentials) -> None:
+    deliverer = mocked(lambda _: httpx.Response(400, text="é" * 10_000))
+    answer = await deliverer.deliver(outgoing(request()), secrets)
+    assert len(answer.detail.encode()) <= 2048 + len("HTTP 400: ")
+
+
+def test_retry_after_reads_seconds_and_dates() -> None:
+    assert retry_after("12", NOW) == 12.0
+    assert retry_after("Thu, 01 Jan 1970 00:00:10 GMT", 0.0) == 10.0
+    assert retry_after("Thu, 01 Jan 1970 00:00:10 GMT", 100.0) == 0.0
+    assert retry_after("soon", NOW) is None
+    assert retry_after(None, NOW) is None
