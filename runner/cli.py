@@ -3,7 +3,8 @@
 Exit codes: 0 after a graceful shutdown; 2 for bad usage or configuration (one line on
 stderr naming what is wrong), or for a `supervisor_url` that replies but not as a tether
 supervisor (one error line in the log naming the URL; `READY=1` is never sent); 128+N when a
-second signal N cut the shutdown short.
+second signal N cut the shutdown short. With several supervisor URLs the runner starts once one
+of them answers as a supervisor (`runner.supervisor_client`, `whoami`).
 A missing runner token stops the runner at start; a missing model key does not (see
 `runner.settings`).
 """
@@ -54,7 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     run.add_argument("--config", metavar="FILE", help="TOML settings file (or TETHER_CONFIG)")
-    run.add_argument("--supervisor", dest="supervisor_url", metavar="URL")
+    run.add_argument(
+        "--supervisor",
+        dest="supervisor_url",
+        metavar="URL",
+        help="the supervisor's base URL; several supervisors of one ledger comma-separated,"
+        " in failover order",
+    )
     run.add_argument("--token-file", metavar="F", help="file holding the runner token")
     run.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL")
     run.add_argument("--model-key-file", metavar="F", help="file holding the model API key")
@@ -145,13 +152,17 @@ async def serve(
 ) -> int:
     """Run the daemon with signal handling; return the exit code."""
     clock = LoopClock()
+    urls = settings.supervisor_urls
     supervisor = SupervisorClient(
-        base_url=settings.supervisor_url,
+        base_url=urls,
         token=token_value,
         clock=clock,
         timeout_s=settings.request_timeout_s,
         transport=supervisor_transport
-        or pooled_transport(settings.concurrency, keepalive_expiry_s=SUPERVISOR_KEEPALIVE_EXPIRY_S),
+        or [  # one set of pools per supervisor
+            pooled_transport(settings.concurrency, keepalive_expiry_s=SUPERVISOR_KEEPALIVE_EXPIRY_S)
+            for _ in urls
+        ],
     )
     model = ModelClient(
         base_url=settings.model_url,

@@ -110,6 +110,7 @@ class Runner:
             "runner starting",
             runner_id=s.runner_id,
             supervisor_url=s.supervisor_url,
+            failover=len(s.supervisor_urls) > 1,
             model_url=s.model_url,
             model=s.model,
             concurrency=s.concurrency,

@@ -8,7 +8,8 @@
     │   ├── StepUnsupported       this runner cannot run it (unknown kind, hash mismatch):
     │   │                         release `invalid`, retryable, counted toward max_attempts
     │   ├── OperatorProblem       a missing or rejected model key, an exhausted quota, a wrong
-    │   │                         model URL: release `operator` (not counted), pause claiming
+    │   │                         model URL, no working sandbox for an agent step's commands:
+    │   │                         release `operator` (not counted), pause claiming
     │   ├── BudgetExhausted       the tenant's token budget is spent (a renew said so):
     │   │                         release `operator` (not counted); the task waits for more
     │   ├── ArtifactRefused       the artifact store refused an upload (too large, digest
@@ -18,7 +19,8 @@
     │       │                     release `transient`, retryable, counted
     │       └── ArtifactCorrupt   a downloaded artifact's bytes do not hash to its digest
     └── SupervisorError           talking to the supervisor went wrong
-        ├── SupervisorUnreachable transport error or 5xx: back off and try again
+        ├── SupervisorUnreachable transport error or 5xx: back off and try again (with
+        │                         several supervisors, the next one first: runner.failover)
         ├── TokenRejected         401/403: the runner token is wrong or revoked; stop claiming
         ├── SupervisorRefused     any other 4xx: the runner sent something the supervisor
         │                         will never accept (a bug or a version skew)
@@ -85,7 +87,8 @@ class StepUnsupported(StepFailure):
 
 
 class OperatorProblem(StepFailure):
-    """The model provider refused us for a reason only an operator can fix."""
+    """Only an operator can fix this: the model provider refused us, or no sandbox works for
+    an agent step's commands (runner.agent.sandbox_policy)."""
 
     reason = ReleaseReason.OPERATOR
     retryable = True

@@ -4,6 +4,11 @@ Any loss (`stale_fence`, a cancelled task, an unknown step, a rejected token, ex
 `on_lost` once per event; the step decides what to cancel. A renew reply saying the tenant's
 token budget is spent goes to `on_budget_exhausted`; the lease is kept meanwhile. The keeper
 never reads or sends a wall-clock time, only the fence (docs/design.md, The runner).
+
+With several supervisors (`runner.failover`) a renew waits at most one renew interval for an
+answer, and one that gets none goes on to the next supervisor by the same fence: a supervisor
+that hangs without refusing costs one renew interval, not the whole request timeout, and the
+lease stays live through the others.
 """
 
 from __future__ import annotations
@@ -122,8 +127,12 @@ class LeaseKeeper:
         unreachable = False
         while True:
             sent_at = self._clock.now()
+            # One supervisor: nowhere else to ask, so the whole request timeout is the better bet.
+            timeout_s = self.renew_every_s if self._client.can_fail_over else None
             try:
-                renewal = await self._client.renew(self._lease.step_id, self._lease.fence)
+                renewal = await self._client.renew(
+                    self._lease.step_id, self._lease.fence, timeout_s=timeout_s
+                )
             except SupervisorUnreachable as exc:
                 if not unreachable:
                     self._log.warning("renew got no answer; retrying", error=exc.detail)

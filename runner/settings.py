@@ -5,6 +5,10 @@ Secrets are never settings (docs/design.md, Command line and settings): `token_f
 `$CREDENTIALS_DIRECTORY` for `runner-token` and `model-key`. A missing runner token stops the
 runner at start. A missing model key is an operator problem only when `model_key_file` names
 a file; with no file and no credential the runner sends no key, for a local model server.
+
+`supervisor_url` may list several supervisors of one ledger, comma-separated (in the file, the
+environment or `--supervisor`); the runner fails over between them in that order
+(`runner.failover`). A single URL means what it always did.
 """
 
 from __future__ import annotations
@@ -36,8 +40,34 @@ def _check_url(name: str, value: str) -> None:
         raise SettingsError(f"setting {name!r} must be an http:// or https:// URL, got {value!r}")
 
 
+def split_urls(value: str) -> tuple[str, ...]:
+    """The URLs a comma-separated `supervisor_url` lists, stripped of spaces, in order."""
+    return tuple(part.strip() for part in value.split(","))
+
+
+def _check_urls(name: str, value: str) -> None:
+    """`value` lists one URL or several, comma-separated; each is checked as `_check_url`
+    does and named when it is wrong; an empty entry or a repeated URL is refused."""
+    urls = split_urls(value)
+    if len(urls) == 1:
+        _check_url(name, value)
+        return
+    seen: set[str] = set()
+    for n, url in enumerate(urls, start=1):
+        if not url:
+            raise SettingsError(f"setting {name!r}: entry {n} of {value!r} is empty")
+        if not url.startswith(("http://", "https://")):
+            raise SettingsError(
+                f"setting {name!r}: entry {n}, {url!r}, is not an http:// or https:// URL"
+            )
+        if url.rstrip("/") in seen:
+            raise SettingsError(f"setting {name!r} lists {url!r} twice")
+        seen.add(url.rstrip("/"))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunnerSettings:
+    # One URL, or several supervisors of one ledger, comma-separated, in failover order.
     supervisor_url: str = ""
     token_file: Path | None = None
     model_url: str = ""
@@ -63,7 +93,7 @@ class RunnerSettings:
     commands_without_sandbox: bool = False
 
     def __post_init__(self) -> None:
-        _check_url("supervisor_url", self.supervisor_url)
+        _check_urls("supervisor_url", self.supervisor_url)
         _check_url("model_url", self.model_url)
         if not self.model:
             raise SettingsError(
@@ -93,6 +123,11 @@ class RunnerSettings:
             raise SettingsError(f"setting 'log_level' must be one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(f"setting 'log_format' must be one of {', '.join(LOG_FORMATS)}")
+
+    @property
+    def supervisor_urls(self) -> tuple[str, ...]:
+        """The supervisors `supervisor_url` lists, in failover order."""
+        return split_urls(self.supervisor_url)
 
     @property
     def json_logs(self) -> bool | None:

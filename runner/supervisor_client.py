@@ -1,9 +1,13 @@
 """The supervisor's runner API (docs/design.md, Runner API) as calls, with its replies read
 into the contract's records.
 
-Each call makes exactly one HTTP request; retrying is the caller's decision, because what a
-retry means differs (a claim backs off, a renew races the lease's expiry). Every error's
-detail starts with the request's method and URL, so a log line says which call failed where.
+Each call makes one HTTP request to the current supervisor. With several supervisors on one
+ledger (`supervisor_url` lists them), a request the current one gives no answer to is sent
+again, at once, to the next (`runner.failover`), each supervisor at most once per call; a
+streamed body is never sent twice, so such a call only moves the next one. Retrying once
+every supervisor failed is the caller's decision, because what a retry means differs (a claim
+backs off, a renew races the lease's expiry). Every error's detail starts with the request's
+method and URL, so a log line says which call failed where.
 """
 
 from __future__ import annotations
@@ -12,16 +16,20 @@ import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import TypeVar
 
+import anyio
 import httpx
+import structlog
 
 from runner.errors import (
     LeaseLost,
     LostBecause,
     NotASupervisor,
+    SupervisorError,
     SupervisorRefused,
     SupervisorUnreachable,
     TokenRejected,
 )
+from runner.failover import Endpoint, Endpoints
 from runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, make_client
 from runner.lease import Lease
 from tether.clocks import MonotonicClock
@@ -48,6 +56,10 @@ from tether.wire import API_PREFIX, ErrorCode, Outcome, ReleaseReason, RunnerAct
 __all__ = ["CLAIM_GRACE_S", "Renewal", "ResultReport", "SupervisorClient", "encode_result"]
 
 R = TypeVar("R", bound=Record)
+
+log = structlog.get_logger("runner")
+
+Transports = httpx.AsyncBaseTransport | Sequence[httpx.AsyncBaseTransport | None] | None
 
 # A reply slower than the long-poll by this much means the supervisor is in trouble.
 CLAIM_GRACE_S = 10.0
@@ -159,34 +171,80 @@ def _not_a_supervisor(base_url: str, response: httpx.Response) -> NotASupervisor
     )
 
 
+def _retry_elsewhere(response: httpx.Response) -> bool:
+    """Whether `response` is one the runner would send again (5xx, 408, 429): another
+    supervisor on the same ledger may answer it."""
+    if response.status_code < 400:
+        return False
+    code, _detail = _error_of(response)
+    return runner_action(response.status_code, code) is RunnerAction.RETRY
+
+
+def _split_base_urls(base_url: str | Sequence[str]) -> list[str]:
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    if not urls:
+        raise ValueError("at least one supervisor URL is needed")
+    return [url.rstrip("/") for url in urls]
+
+
+def _transport_for(transport: Transports, n: int, count: int) -> httpx.AsyncBaseTransport | None:
+    if transport is None or isinstance(transport, httpx.AsyncBaseTransport):
+        return transport
+    if len(transport) != count:
+        raise ValueError(f"{len(transport)} transports for {count} supervisor URLs")
+    return transport[n]
+
+
 class SupervisorClient:
-    """An `httpx.AsyncClient` bound to one supervisor and one runner token."""
+    """Calls to the supervisors of one ledger (one, or several to fail over between) with one
+    runner token.
+
+    `base_url` is one URL or several in failover order; `transport` is one transport for
+    every URL, or one per URL (`None` for httpx's own), so that each supervisor has its own
+    connection pool.
+    """
 
     def __init__(
         self,
         *,
-        base_url: str,
+        base_url: str | Sequence[str],
         token: str,
         clock: MonotonicClock,
         timeout_s: float = 10.0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transports = None,
     ) -> None:
         self._clock = clock
         self._timeout_s = timeout_s
-        self._base_url = base_url.rstrip("/")
-        self._http = make_client(
-            base_url=self._base_url,
-            transport=transport,
-            timeout=timeout_s,
-            keepalive_expiry_s=SUPERVISOR_KEEPALIVE_EXPIRY_S,
-        )
+        urls = _split_base_urls(base_url)
+        self.endpoints = Endpoints([
+            Endpoint(
+                url,
+                make_client(
+                    base_url=url,
+                    transport=_transport_for(transport, n, len(urls)),
+                    timeout=timeout_s,
+                    keepalive_expiry_s=SUPERVISOR_KEEPALIVE_EXPIRY_S,
+                ),
+            )
+            for n, url in enumerate(urls)
+        ])  # fmt: skip
         self._token = token
+
+    @property
+    def can_fail_over(self) -> bool:
+        """Whether there is another supervisor to send a call to when one gives no answer."""
+        return self.endpoints.several
+
+    @property
+    def base_url(self) -> str:
+        """The current supervisor's base URL."""
+        return self.endpoints.current.url
 
     def set_token(self, token: str) -> None:
         self._token = token
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self.endpoints.aclose()
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {self._token}"}
@@ -194,12 +252,13 @@ class SupervisorClient:
             headers["Content-Type"] = content_type
         return headers
 
+    @staticmethod
     def _unreachable(
-        self, method: str, path: str, exc: httpx.RequestError
+        endpoint: Endpoint, method: str, path: str, exc: httpx.RequestError
     ) -> SupervisorUnreachable:
         # Some errors carry no text (a reset connection is `ReadError('')`).
         why = str(exc) or "no answer: the connection was closed or reset"
-        url = f"{self._base_url}{API_PREFIX}{path}"
+        url = f"{endpoint.url}{API_PREFIX}{path}"
         return SupervisorUnreachable(f"{method} {url}: {type(exc).__name__}: {why}")
 
     async def _request(
@@ -213,20 +272,44 @@ class SupervisorClient:
         size: int | None = None,
     ) -> httpx.Response:
         """Send one request; no reply at all is `SupervisorUnreachable`. A streamed body
-        (`content` an async iterable) is sent with `size` as its Content-Length."""
+        (`content` an async iterable) is sent with `size` as its Content-Length.
+
+        While a supervisor gives no answer (no reply, or one the runner would retry), the
+        next becomes current (`runner.failover`) and the request goes there, unless its body
+        is a stream, which cannot be sent twice; the last supervisor's answer (or silence)
+        is the call's."""
         headers = self._headers(content_type if content is not None else None)
         if size is not None:
             headers["Content-Length"] = str(size)
-        try:
-            return await self._http.request(
-                method,
-                API_PREFIX + path,
-                content=content,
-                headers=headers,
-                timeout=timeout_s or self._timeout_s,
-            )
-        except httpx.RequestError as exc:  # the network, or a response httpx cannot decode
-            raise self._unreachable(method, path, exc) from exc
+        once = content is not None and not isinstance(content, bytes)
+        failure: SupervisorUnreachable | None = None
+        response: httpx.Response | None = None
+        for endpoint in self.endpoints.attempts():
+            try:
+                response = await endpoint.http.request(
+                    method,
+                    API_PREFIX + path,
+                    content=content,
+                    headers=headers,
+                    timeout=timeout_s or self._timeout_s,
+                )
+            except httpx.RequestError as exc:  # the network, or a response httpx cannot decode
+                failure, response = self._unreachable(endpoint, method, path, exc), None
+                self.endpoints.failed(endpoint, failure.detail)
+            else:
+                if not _retry_elsewhere(response):
+                    return response
+                code, _detail = _error_of(response)
+                self.endpoints.failed(
+                    endpoint, f"{method} {endpoint.url}{API_PREFIX}{path} answered"
+                    f" {response.status_code} {code}"
+                )  # fmt: skip
+            if once:
+                break
+        if response is not None:
+            return response
+        assert failure is not None
+        raise failure
 
     async def _post(
         self, path: str, content: bytes, *, timeout_s: float | None = None
@@ -244,21 +327,82 @@ class SupervisorClient:
         return SupervisorRefused(response.status_code, code, detail, request=_request_of(response))
 
     async def whoami(self) -> RunnerIdentity:
-        """The pool and token id the supervisor knows this runner's token by: the runner's
-        first call, and the only one that checks who replies.
+        """The pool and token id the supervisors know this runner's token by: the runner's
+        first call, and the only one that checks who replies. Every URL is asked.
 
         `TokenRejected` for a token refused in the contract's error shape and
         `SupervisorUnreachable` for no reply, a 5xx or a 408/429 (a proxy's 502 while the
         supervisor restarts); any other reply (an HTML page, the model server's 404, the
         supervisor's own 404 for a URL ending in /v1) is `NotASupervisor`.
+
+        With several URLs: any URL that replies but not as a supervisor is `NotASupervisor`,
+        and so are two supervisors that know the token by different identities (they do not
+        share a ledger). Otherwise one identity is enough: the first URL that answered
+        becomes current and every other is named in one warning line; with none, a refused
+        token is `TokenRejected`, else `SupervisorUnreachable`.
         """
-        response = await self._request("GET", "/runner")
+        endpoints = self.endpoints.all
+        if len(endpoints) == 1:
+            return await self._whoami_at(endpoints[0])
+        answers: list[RunnerIdentity | SupervisorError] = [
+            SupervisorUnreachable("not asked") for _ in endpoints
+        ]
+
+        async def ask(n: int, endpoint: Endpoint) -> None:
+            try:
+                answers[n] = await self._whoami_at(endpoint)
+            except (SupervisorUnreachable, TokenRejected, NotASupervisor) as exc:
+                answers[n] = exc
+
+        async with anyio.create_task_group() as tg:
+            for n, endpoint in enumerate(endpoints):
+                tg.start_soon(ask, n, endpoint)
+        for answer in answers:
+            if isinstance(answer, NotASupervisor):
+                raise answer
+        answered = [
+            (e, a) for e, a in zip(endpoints, answers, strict=True)
+            if isinstance(a, RunnerIdentity)
+        ]  # fmt: skip
+        if not answered:
+            for answer in answers:
+                if isinstance(answer, TokenRejected):
+                    raise answer
+            said = "; ".join(str(a) for a in answers)
+            raise SupervisorUnreachable(f"no supervisor answered: {said}")
+        first, identity = answered[0]
+        for endpoint, other in answered[1:]:
+            if (other.pool, other.token_id) != (identity.pool, identity.token_id):
+                raise NotASupervisor(
+                    f"{first.shown} and {endpoint.shown} know the runner token as different"
+                    f" tokens (pool {identity.pool!r}, token {identity.token_id} against pool"
+                    f" {other.pool!r}, token {other.token_id}): they do not share one ledger;"
+                    " list only the supervisors of one ledger in supervisor_url"
+                )
+        for endpoint, answer in zip(endpoints, answers, strict=True):
+            if not isinstance(answer, RunnerIdentity):
+                log.warning(
+                    "supervisor did not answer at start; the runner fails over to it if it must",
+                    url=endpoint.shown,
+                    error=str(answer),
+                )
+        self.endpoints.prefer(first)
+        return identity
+
+    async def _whoami_at(self, endpoint: Endpoint) -> RunnerIdentity:
+        """`GET /v1/runner` at one supervisor, without failing over (see `whoami`)."""
+        try:
+            response = await endpoint.http.request(
+                "GET", API_PREFIX + "/runner", headers=self._headers(None)
+            )
+        except httpx.RequestError as exc:
+            raise self._unreachable(endpoint, "GET", "/runner", exc) from exc
         status = response.status_code
         if status == 200:
             try:
                 return decode(response.content, RunnerIdentity)
             except BadMessage:
-                raise _not_a_supervisor(self._base_url, response) from None
+                raise _not_a_supervisor(endpoint.url, response) from None
         body = _contract_error(response)
         code = body.error if body is not None else "unknown"
         action = runner_action(status, code)
@@ -267,7 +411,7 @@ class SupervisorClient:
             raise SupervisorUnreachable(said)
         if action is RunnerAction.STOP and body is not None:
             raise TokenRejected(f"{said}: {body.detail[:500]}")
-        raise _not_a_supervisor(self._base_url, response)
+        raise _not_a_supervisor(endpoint.url, response)
 
     async def claim(
         self, runner_id: str, capacity: int, wait_s: float, kinds: Sequence[str] = ("chat",)
@@ -286,8 +430,14 @@ class SupervisorClient:
         answer = _answer(response, ClaimAnswer, "claim")
         return [Lease.held(lease, answered_at=answered_at) for lease in answer.leases]
 
-    async def renew(self, step_id: str, fence: int) -> Renewal:
-        response = await self._post(f"/leases/{step_id}/renew", encode(RenewRequest(fence=fence)))
+    async def renew(self, step_id: str, fence: int, *, timeout_s: float | None = None) -> Renewal:
+        """Renew the lease `fence` holds; `timeout_s`, when given, shortens the request's
+        timeout (never lengthens it)."""
+        if timeout_s is not None:
+            timeout_s = min(timeout_s, self._timeout_s)
+        response = await self._post(
+            f"/leases/{step_id}/renew", encode(RenewRequest(fence=fence)), timeout_s=timeout_s
+        )
         if response.status_code != 200:
             raise self._lease_error(response)
         return _answer(response, Renewal, "renew")
@@ -369,15 +519,23 @@ class SupervisorClient:
         """`GET /v1/artifacts/{digest}`: its bytes as chunks of at most
         `ARTIFACT_CHUNK_BYTES`, read while the caller iterates. `SupervisorRefused` for a
         refusal (404 `not_found`: no such digest, or not one this runner's pool uploaded); a
-        connection lost mid-stream is `SupervisorUnreachable`."""
+        connection lost mid-stream is `SupervisorUnreachable`. A stream is not asked again
+        elsewhere: a supervisor that gives no answer makes the next current for the caller's
+        retry."""
         path = f"/artifacts/{digest}"
+        endpoint = self.endpoints.current
         try:
-            async with self._http.stream(
+            async with endpoint.http.stream(
                 "GET", API_PREFIX + path, headers=self._headers(None), timeout=self._timeout_s
             ) as response:
                 if response.status_code != 200:
                     await response.aread()
+                    if _retry_elsewhere(response):
+                        status = response.status_code
+                        self.endpoints.failed(endpoint, f"GET {path} answered {status}")
                     raise self._refused(_stop_or_retry(response))
                 yield response.aiter_bytes(ARTIFACT_CHUNK_BYTES)
         except httpx.RequestError as exc:
-            raise self._unreachable("GET", path, exc) from exc
+            unreachable = self._unreachable(endpoint, "GET", path, exc)
+            self.endpoints.failed(endpoint, unreachable.detail)
+            raise unreachable from exc
