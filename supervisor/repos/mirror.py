@@ -17,7 +17,7 @@ import enum
 import hashlib
 import re
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -37,8 +37,9 @@ class MirrorError(Exception):
         MirrorError
         ├── RemoteFailed      git could not read the remote: retry later, or fix its URL
         ├── NoSuchHead        the remote has no such branch (or no HEAD: it is empty)
-        └── BundleRefused     the bundle is not imported; do not retry it as is
-            └── RefTaken      the attempt's ref already names another commit
+        ├── BundleRefused     the bundle is not imported; do not retry it as is
+        │   └── RefTaken      the attempt's ref already names another commit
+        └── PushRejected      the remote refused to move the branch (`reason` says why)
 
     Messages name URLs with their user and password masked."""
 
@@ -57,6 +58,16 @@ class BundleRefused(MirrorError):
 
 class RefTaken(BundleRefused):
     """The attempt's candidate ref already names another commit; it is never moved."""
+
+
+class PushRejected(MirrorError):
+    """The remote refused the branch update: `reason` is `stale` (the branch is not at the
+    value the lease expected), `non-fast-forward`, or `rejected` (anything else: a hook, a
+    protected branch)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class RefusalCode(enum.StrEnum):
@@ -79,10 +90,11 @@ def candidate_ref(task_id: str, step_id: str, fence: int) -> str:
     return f"refs/tether/{task_id}/{step_id}/{fence}"
 
 
-async def ls_remote(url: str) -> dict[str, str]:
-    """Every ref the remote at `url` advertises, with its SHA (empty for an empty repository)."""
+async def ls_remote(url: str, *, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every ref the remote at `url` advertises, with its SHA (empty for an empty repository).
+    `env` is added to git's environment (a push credential's helper)."""
     try:
-        done = await git("ls-remote", "--", url, cwd=_NEUTRAL_CWD)
+        done = await git("ls-remote", "--", url, cwd=_NEUTRAL_CWD, env=env)
     except GitError as exc:
         raise RemoteFailed(f"cannot read {redact(url)}: {exc.reason}") from exc
     refs: dict[str, str] = {}
@@ -238,6 +250,64 @@ class Mirrors:
                 )
             )
         return refusals
+
+    async def branch_head(
+        self, url: str, branch: str, *, env: Mapping[str, str] | None = None
+    ) -> str | None:
+        """The SHA the remote's `branch` names now, or None when it has no such branch."""
+        refs = await ls_remote(url, env=env)
+        return refs.get(f"refs/heads/{branch}")
+
+    async def is_ancestor(self, url: str, ancestor: str, descendant: str) -> bool | None:
+        """Whether `ancestor` is an ancestor of (or is) `descendant` in the mirror of `url`;
+        None when either is not a commit there."""
+        mirror = self.path(url)
+        for sha in (ancestor, descendant):
+            if not (SHA.fullmatch(sha) and await _is_commit(mirror, sha)):
+                return None
+        done = await git(
+            "merge-base", "--is-ancestor", ancestor, descendant, cwd=mirror, check=False
+        )
+        if done.returncode not in (0, 1):
+            raise GitError(("merge-base",), done.returncode, done.stderr.decode())
+        return done.returncode == 0
+
+    async def push(
+        self,
+        url: str,
+        sha: str,
+        branch: str,
+        expected: str,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Move the remote's `branch` to `sha` (a commit in the mirror of `url`) only if it
+        names `expected` now: `git push --force-with-lease=refs/heads/<branch>:<expected>`.
+        The lease makes it a compare-and-swap; whether `sha` descends from `expected` is the
+        caller's to check (`is_ancestor`). `PushRejected` when the remote refused,
+        `RemoteFailed` when it could not be reached; `env` is added to git's environment."""
+        ref = f"refs/heads/{branch}"
+        valid = await git("check-ref-format", ref, cwd=_NEUTRAL_CWD, check=False)
+        if valid.returncode != 0 or not SHA.fullmatch(sha) or not SHA.fullmatch(expected):
+            raise PushRejected(f"cannot push {sha!r} to {ref!r} over {expected!r}", "rejected")
+        mirror = self.path(url)
+        done = await git(
+            "push", "--porcelain", "--no-verify", f"--force-with-lease={ref}:{expected}",
+            "--", url, f"{sha}:{ref}",
+            cwd=mirror, env=env, check=False,
+        )  # fmt: skip
+        if done.returncode == 0:
+            return
+        refused = [line for line in done.text.splitlines() if line.startswith("!")]
+        if not refused:
+            reason = " ".join(redact(done.stderr.decode(errors="replace")).split())[-300:]
+            raise RemoteFailed(f"cannot push to {redact(url)}: {reason}")
+        said = redact(refused[0].split("\t")[-1])
+        if "stale info" in said:
+            raise PushRejected(f"{redact(url)} refused {ref}: {said}", "stale")
+        if "non-fast-forward" in said or "fetch first" in said:
+            raise PushRejected(f"{redact(url)} refused {ref}: {said}", "non-fast-forward")
+        raise PushRejected(f"{redact(url)} refused {ref}: {said}", "rejected")
 
     def _lock(self, mirror: Path) -> anyio.Lock:
         return self._locks.setdefault(mirror, anyio.Lock())

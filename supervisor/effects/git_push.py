@@ -1,0 +1,155 @@
+"""The built-in `git.push` effect kind: move a branch of the task's repository to its verified
+candidate, from the supervisor's own mirror, as a compare-and-swap (docs/design.md, Effects).
+
+The rendered request is `{"url", "branch", "expected", "candidate", "credential"}`. Each attempt
+first reads the branch (`git ls-remote`):
+
+    at `candidate`                     Delivered(replayed=True): an earlier attempt (or someone)
+                                       already moved it there; nothing is pushed
+    at neither (or absent)             Refused `branch_moved`: never an overwrite
+    at `expected`, candidate not a     Refused `not_fast_forward`
+      descendant of it
+    at `expected`                      `git push --force-with-lease=refs/heads/<branch>:<expected>
+                                       <candidate>:refs/heads/<branch>`; a lease the remote
+                                       finds stale is `branch_moved` (or replayed, if the branch
+                                       is at the candidate by then)
+
+A remote that cannot be reached is Unanswered (retried until the deadline); a refusal by the
+remote for another reason (a hook, a protected branch) is Refused `push_rejected`.
+
+A credential for the push reaches git only through its environment, from a private temporary
+folder removed after the attempt: a value holding `PRIVATE KEY` is an SSH key (written 0600,
+named by `GIT_SSH_COMMAND ... -i <file> -o IdentitiesOnly=yes`), anything else is an HTTPS
+token given as the password by a `GIT_ASKPASS` script that reads it from the environment, with
+configured credential helpers switched off so that none stores it. The username asked for is
+the one in the URL if any (git then does not ask), else `x-access-token`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from supervisor.effects.credentials import CredentialMissing, Credentials
+from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from supervisor.repos.mirror import MirrorError, Mirrors, PushRejected
+
+DEFAULT_USERNAME: Final = "x-access-token"
+TOKEN_VARIABLE: Final = "TETHER_PUSH_TOKEN"  # noqa: S105 - the variable's name, not a value
+USERNAME_VARIABLE: Final = "TETHER_PUSH_USERNAME"
+_ASKPASS: Final = f"""#!/bin/sh
+case "$1" in
+  Username*) printf '%s\\n' "${USERNAME_VARIABLE}" ;;
+  *) printf '%s\\n' "${TOKEN_VARIABLE}" ;;
+esac
+"""
+
+
+class GitPushDeliverer:
+    """Delivers `git.push` effects from the mirrors under one folder."""
+
+    kind = "git.push"
+
+    def __init__(self, mirrors: Mirrors) -> None:
+        self.mirrors = mirrors
+
+    async def deliver(self, out: Outgoing, secrets: Credentials) -> Answer:
+        request = out.request
+        url, branch = str(request["url"]), str(request["branch"])
+        expected, candidate = str(request["expected"]), str(request["candidate"])
+        credential = request.get("credential")
+        try:
+            value = None if credential is None else secrets.read(str(credential))
+        except CredentialMissing as exc:
+            return Refused(status=None, detail=str(exc), code="credential_missing")
+        with credential_environment(value) as env:
+            try:
+                at = await self.mirrors.branch_head(url, branch, env=env)
+            except MirrorError as exc:
+                return Unanswered(detail=str(exc), sent=False)
+            if at == candidate:
+                return _replayed(branch, candidate)
+            if at != expected:
+                where = "does not exist" if at is None else f"is at {at}"
+                return Refused(
+                    status=None,
+                    detail=f"branch {branch} {where}, not at the approved base {expected}",
+                    code="branch_moved",
+                )
+            descends = await self.mirrors.is_ancestor(url, expected, candidate)
+            if descends is None:
+                return Refused(
+                    status=None,
+                    detail=f"the mirror lacks the candidate {candidate} or the base {expected}",
+                    code="unknown_candidate",
+                )
+            if not descends:
+                return Refused(
+                    status=None,
+                    detail=f"candidate {candidate} does not descend from {branch} at {expected}",
+                    code="not_fast_forward",
+                )
+            try:
+                await self.mirrors.push(url, candidate, branch, expected, env=env)
+            except PushRejected as exc:
+                return await self._rejected(exc, url, branch, candidate, env)
+            except MirrorError as exc:
+                return Unanswered(detail=str(exc), sent=True)
+        return Delivered(status=None, detail=f"branch {branch} moved {expected} -> {candidate}")
+
+    async def _rejected(
+        self, exc: PushRejected, url: str, branch: str, candidate: str, env: dict[str, str]
+    ) -> Answer:
+        if exc.reason == "non-fast-forward":
+            return Refused(status=None, detail=str(exc), code="not_fast_forward")
+        if exc.reason != "stale":
+            return Refused(status=None, detail=str(exc), code="push_rejected")
+        try:  # the branch moved between the read and the push: to the candidate, or away
+            at = await self.mirrors.branch_head(url, branch, env=env)
+        except MirrorError as again:
+            return Unanswered(detail=str(again), sent=True)
+        if at == candidate:
+            return _replayed(branch, candidate)
+        return Refused(status=None, detail=str(exc), code="branch_moved")
+
+
+def _replayed(branch: str, candidate: str) -> Delivered:
+    return Delivered(status=None, detail=f"branch {branch} already at {candidate}", replayed=True)
+
+
+@contextlib.contextmanager
+def credential_environment(value: str | None) -> Iterator[dict[str, str]]:
+    """The variables that hand git the credential `value` (none for None), valid inside the
+    block; the private folder they point into is removed on leaving it."""
+    if value is None:
+        yield {}
+        return
+    folder = Path(tempfile.mkdtemp(prefix="tether-push-"))  # 0700, this process's user only
+    try:
+        if "PRIVATE KEY" in value:
+            key = folder / "key"
+            key.touch(mode=0o600)
+            key.write_text(value if value.endswith("\n") else value + "\n", encoding="utf-8")
+            ssh = os.environ.get("GIT_SSH_COMMAND") or "ssh -o BatchMode=yes"
+            yield {"GIT_SSH_COMMAND": f"{ssh} -i {shlex.quote(str(key))} -o IdentitiesOnly=yes"}
+        else:
+            askpass = folder / "askpass"
+            askpass.touch(mode=0o700)
+            askpass.write_text(_ASKPASS, encoding="utf-8")
+            yield {
+                "GIT_ASKPASS": str(askpass),
+                TOKEN_VARIABLE: value,
+                USERNAME_VARIABLE: DEFAULT_USERNAME,
+                # No configured credential helper sees the token (`store` would save it).
+                "GIT_CONFIG_COUNT": "1",
+                "GIT_CONFIG_KEY_0": "credential.helper",
+                "GIT_CONFIG_VALUE_0": "",
+            }
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
