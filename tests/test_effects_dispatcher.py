@@ -47,7 +47,7 @@ async def running(d: Dispatcher) -> AsyncIterator[anyio.CancelScope]:
 
 async def until(condition: Callable[[], bool], within_s: float = 5.0) -> None:
     with anyio.fail_after(within_s):
-        while not condition():
+        while not condition():  # noqa: ASYNC110 (plain state, no event)
             await anyio.sleep(0.005)
 
 
