@@ -28,6 +28,16 @@ from tests.runner_failover_fakes import (
     url_of,
 )
 from tests.test_runner_fakes import TOKEN, FakeSupervisor, error, make_lease
+from tests.test_runner_processes import (
+    ACCEPT_S,
+    RENEW_EVERY_S,
+    TTL_S,
+    Cluster,
+    environment,
+    free_port,
+    program,
+    wait_for,
+)
 from tests.test_runner_steps import Gate, step_outcomes, until
 from tether.clocks import LoopClock
 from tether.settings import SettingsError, load_settings
@@ -343,3 +353,53 @@ async def test_a_token_refused_by_one_supervisor_is_not_a_reason_to_fail_over(
     assert switches(logs) == []
     assert second.of("renew") == []
     assert any(e["event"].startswith("claiming paused") for e in logs)
+
+
+# -- as real processes: two supervisors on one SQLite ledger file -------------------------------
+
+
+@pytest.mark.slow
+def test_a_runner_process_finishes_its_step_through_the_second_supervisor_process(
+    tmp_path: Path,
+) -> None:
+    """Two `tether-supervisor serve` on one ledger file (SQLite serialises their writes: WAL,
+    `BEGIN IMMEDIATE`, a 30 s busy timeout; fences come from the ledger's counter). The
+    supervisor that granted the lease is SIGKILLed while the step runs; the runner renews
+    and reports through the other, and the task succeeds on its first attempt."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_supervisor()
+        first = cluster.procs[-1]
+        other_url = f"http://127.0.0.1:{free_port()}"
+        argv = [*program("tether-supervisor"), "serve", "--db", str(cluster.db)]
+        argv += ["--host", "127.0.0.1", "--port", other_url.rsplit(":", 1)[1]]
+        env = environment(TETHER_LEASE_TTL_S=str(TTL_S), TETHER_ACCEPT_WINDOW_S=str(ACCEPT_S))
+        second = cluster.start("supervisor-2", argv, env)
+        wait_for(lambda: cluster._up(f"{other_url}/healthz", second), "supervisor 2", 20, cluster)
+        cluster.start_model()
+        cluster.knobs(latency_s=4 * RENEW_EVERY_S)
+        runner = cluster.start(
+            "runner",
+            [
+                *program("tether-runner"), "run", "--supervisor", f"{cluster.url},{other_url}",
+                "--runner-id", "r-failover", "--token-file", str(cluster.runner_token_file),
+                "--model", "stand-in", "--model-url", f"{cluster.model_url}/v1",
+            ],
+            environment(TETHER_LOG_FORMAT="json", TETHER_CLAIM_WAIT_S="1"),
+        )  # fmt: skip
+        wait_for(lambda: runner.events("supervisor answered"), "the runner", 20, cluster)
+        task_id = cluster.submit()
+        wait_for(lambda: cluster.leased_to(task_id), "the lease", 20, cluster)
+        first.popen.kill()
+        first.popen.wait(5)
+        cluster.http.base_url = httpx.URL(other_url)
+        wait_for(lambda: cluster.state(task_id) == "SUCCEEDED", "the task", 20, cluster)
+        (attempt,) = cluster.attempts(task_id)
+        assert attempt["runner_id"] == "r-failover"
+        (switch,) = runner.events(SWITCHED)
+        assert (switch["from"], switch["to"]) == (cluster.url, other_url)
+        assert not runner.events("step dropped")
+        assert runner.stop() == 0
+        cluster.check_ledger()
+    finally:
+        cluster.stop_all()
