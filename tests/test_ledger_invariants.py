@@ -271,6 +271,45 @@ def effect_key_not_identity(db: sqlite3.Connection, w: World) -> None:
     db.execute("UPDATE effects SET effect_key = ? WHERE task_id = ?", ("0" * 64, w.done))
 
 
+def outbox_row(db: sqlite3.Connection, step_id: str, state: str, keyed: int = 1) -> None:
+    """An effect's outbox row planted by hand (docs/design.md, Effects)."""
+    task_id = step_id.rsplit(".", 1)[0]
+    db.execute(
+        "INSERT INTO outbox (step_id, task_id, kind, effect_key, keyed, request_json, digest,"
+        " state, deadline_s, not_before, openings, created_at)"
+        " VALUES (?, ?, 'http', 'k', ?, '{}', 'd', ?, 300, 0, 1, 0)",
+        (step_id, task_id, keyed, state),
+    )
+
+
+def delivered_without_an_effect(db: sqlite3.Connection, w: World) -> None:
+    outbox_row(db, f"{w.queued}.0", "delivered")
+
+
+def unkeyed_sent_twice_under_one_opening(db: sqlite3.Connection, w: World) -> None:
+    outbox_row(db, f"{w.queued}.0", "uncertain", keyed=0)
+    for attempt in (1, 2):
+        db.execute(
+            "INSERT INTO deliveries (step_id, attempt, opening, holder, started_at, sent)"
+            " VALUES (?, ?, 1, 'd1', 0, 1)",
+            (f"{w.queued}.0", attempt),
+        )
+
+
+def held_effect_of_a_cancelled_task_never_begun(db: sqlite3.Connection, w: World) -> None:
+    db.execute("UPDATE tasks SET state = 'CANCELLED' WHERE id = ?", (w.queued,))
+    db.execute(
+        "INSERT INTO events (task_id, kind, state, data_json, at)"
+        " VALUES (?, 'state', 'CANCELLED', '{}', 0)",
+        (w.queued,),
+    )
+    outbox_row(db, f"{w.queued}.0", "sending")
+
+
+def effect_step_leased_to_a_runner(db: sqlite3.Connection, w: World) -> None:
+    outbox_row(db, f"{w.running}.1", "sending")
+
+
 # plant -> every invariant it must trip (the first is the one it is about)
 PLANTS: dict[str, tuple[Plant, set[str]]] = {
     "one-effect-per-step": (two_effects_for_one_step, {"effect-key-is-identity"}),
@@ -297,6 +336,10 @@ PLANTS: dict[str, tuple[Plant, set[str]]] = {
     "task-state-is-last-event": (state_not_the_journal_s, set()),
     "task-has-steps": (a_task_without_steps_or_journal, {"task-state-is-last-event"}),
     "effect-key-is-identity": (effect_key_not_identity, set()),
+    "delivered-effect-has-one-effect": (delivered_without_an_effect, set()),
+    "unkeyed-sent-once-per-opening": (unkeyed_sent_twice_under_one_opening, set()),
+    "no-idle-sending-of-ended-task": (held_effect_of_a_cancelled_task_never_begun, set()),
+    "effect-step-never-leased": (effect_step_leased_to_a_runner, set()),
 }
 
 

@@ -19,6 +19,8 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 import msgspec
 import msgspec.inspect
 
+from tether import effect_templates as templates
+
 R = TypeVar("R", bound=msgspec.Struct)
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -262,11 +264,89 @@ def _inside_tree(prefix: str) -> bool:
     return True
 
 
+HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+DeadlineS = Annotated[float, msgspec.Meta(gt=0, le=7 * 86400)]
+CredentialName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+# A branch name git accepts as `refs/heads/<branch>`, by its text (no `..`, no leading `-`).
+_BRANCH = re.compile(r"(?!-)(?!.*\.\.)(?!.*//)(?!.*@\{)[A-Za-z0-9._/-]{1,200}(?<![./])")
+
+
+def _template_problem(exc: ValueError) -> ValueError:
+    """A template error as a field problem: `read_payload` names the field from the
+    `- at `$.<field>`` suffix, which the template error's own text starts with."""
+    where, _, problem = str(exc).partition(": ")
+    return _at(where, problem)
+
+
+class HttpPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The payload of the built-in `http` effect kind, sent by the supervisor (never a runner).
+
+    `url`, the header values and any string inside `body` may hold placeholders
+    (`tether.effect_templates`): earlier steps' outputs, and in header values only,
+    `{{ credential.<name> }}`. The URL's scheme is written in the plan: it starts with
+    `http://` or `https://`. `keyed: false` puts the effect behind an operator's gate;
+    `deadline_s` bounds its delivery, retries included.
+    """
+
+    url: NonEmpty
+    method: HttpMethod = "POST"
+    headers: dict[NonEmpty, str] = {}
+    body: Any = None
+    keyed: bool = True
+    deadline_s: DeadlineS = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.url.lower().startswith(("http://", "https://")):
+            raise _at("url", "must start with http:// or https://")
+        try:
+            templates.check(self.url, "url", earlier=_ANY, credentials_allowed=False)
+            templates.check(self.headers, "headers", earlier=_ANY, credentials_allowed=True)
+            templates.check(self.body, "body", earlier=_ANY, credentials_allowed=False)
+        except templates.TemplateError as exc:
+            raise _template_problem(exc) from None
+
+
+class GitPushPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The payload of the built-in `git.push` effect kind: move `branch` of the task's
+    repository to the task's verified candidate, compare-and-swap against the approved base.
+    Only a repository-bound task may have one. `credential` names a file of the supervisor's
+    credentials folder (an SSH key or an HTTPS token). A push is keyed by nature."""
+
+    branch: NonEmpty
+    credential: CredentialName | None = None
+    keyed: Literal[True] = True
+    deadline_s: DeadlineS = 300.0
+
+    def __post_init__(self) -> None:
+        if _BRANCH.fullmatch(self.branch) is None or self.branch.endswith(".lock"):
+            raise _at("branch", f"{self.branch!r} is not a branch name git accepts")
+
+
+class _Anything:
+    """Every step name: the payload alone cannot know the plan's earlier steps (the ledger
+    checks those at create)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+_ANY: Final = _Anything()
+
 # The built-in kinds and their payload records: adding a kind is one line here.
 PAYLOADS: Final[Mapping[str, type[msgspec.Struct]]] = MappingProxyType({
     "chat": ChatPayload,
     "agent": AgentPayload,
+    "http": HttpPayload,
+    "git.push": GitPushPayload,
 })  # fmt: skip
+# The built-in kinds the supervisor delivers itself; the others are leased to runners.
+EFFECT_KINDS: Final = frozenset({"http", "git.push"})
 BUILT_IN_KINDS: Final = frozenset(PAYLOADS)
 
 

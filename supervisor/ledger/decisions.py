@@ -32,9 +32,14 @@ class Decision(enum.StrEnum):
     FAILED = "task failed"
     CANCELLED = "task cancelled"
     VERIFIED = "task verified"
+    EFFECT_DUE = "effect due"
+    EFFECT_UNCERTAIN = "effect uncertain"
+    GATE_OPENED = "gate opened"
 
 
-WARNINGS: frozenset[Decision] = frozenset({Decision.REFUSED, Decision.EXPIRED, Decision.FAILED})
+WARNINGS: frozenset[Decision] = frozenset(
+    {Decision.REFUSED, Decision.EXPIRED, Decision.FAILED, Decision.EFFECT_UNCERTAIN}
+)
 
 Note = tuple[Decision, dict[str, Any]]
 

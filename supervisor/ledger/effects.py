@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from supervisor.ledger import outbox
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
 from supervisor.ledger.fencing import (
@@ -155,8 +156,9 @@ def _committed_attempt(tx: Tx, step: sqlite3.Row) -> dict[str, object]:
 
 
 def advance(tx: Tx, step: sqlite3.Row) -> None:
-    """Queue the step after `step` (just committed; a row of `find_step`), or, when every step
-    is committed, verify and end the task."""
+    """Start the step after `step` (just committed; a row of `find_step`): queue it, or make
+    an effect step due (`outbox.start`); when every step is committed, verify and end the
+    task."""
     task_id, pool = step["task_id"], step["pool"]
     about = {"task_id": task_id, "tenant": step["tenant"], "pool": pool}
     pending = tx.one(
@@ -165,10 +167,7 @@ def advance(tx: Tx, step: sqlite3.Row) -> None:
     )
     if pending is not None:
         if pending["state"] == StepState.WAITING:
-            tx.run(
-                "UPDATE steps SET state = ? WHERE id = ?", (StepState.QUEUED.value, pending["id"])
-            )
-            tx.wake(pool)
+            outbox.start(tx, pending["id"])
         return
     transition(tx, task_id, TaskState.VERIFYING)
     failure = verify(tx, task_id)

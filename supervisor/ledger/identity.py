@@ -8,6 +8,7 @@ so a client that retries after a lost reply can never start a second execution.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 from supervisor.ledger import names, repositories, runners
@@ -16,6 +17,7 @@ from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import StepState, TaskState
 from supervisor.ledger.tx import Tx, dumps
+from tether import effect_templates as templates
 from tether.messages import CheckSpec
 from tether.payloads import BUILT_IN_KINDS
 from tether.wire import content_hash, plan_document
@@ -164,19 +166,90 @@ def check_kinds(tx: Tx, spec: TaskSpec) -> None:
     Only a new task is checked; the retry of a create that succeeded returns its task even if
     the runners serving its kinds have gone since.
     """
-    unknown = [(i, s) for i, s in enumerate(spec.steps) if s.kind not in BUILT_IN_KINDS]
+    builtin = BUILT_IN_KINDS | tx.config.effect_kinds
+    unknown = [(i, s) for i, s in enumerate(spec.steps) if s.kind not in builtin]
     if not unknown:
         return
     window = tx.config.runner_seen_window_s
     served = runners.kinds_served(tx, spec.pool, tx.now - window)
     for i, step in unknown:
         if step.kind not in served:
-            known = ", ".join(sorted(BUILT_IN_KINDS | served))
+            known = ", ".join(sorted(builtin | served))
             raise InvalidRequest(
                 f"'plan.steps[{i}].kind': unknown kind {step.kind!r} (step {step.name!r}):"
                 f" neither built in nor announced by a runner of pool {spec.pool!r} seen in"
                 f" the last {window:g} s; known: {known}"
             )
+
+
+def check_effects(spec: TaskSpec, effect_kinds: Collection[str]) -> None:
+    """`InvalidRequest` for an effect step whose placeholders are malformed or name a step
+    that is not an earlier step of the plan (or one whose name two earlier steps share), and
+    for a `git.push` in a task without a repository (docs/design.md, Effects). Whether a path
+    exists in the named step's output is known only once that step has committed."""
+    for i, step in enumerate(spec.steps):
+        if step.kind not in effect_kinds:
+            continue
+        where = f"plan.steps[{i}].payload"
+        if step.kind == "git.push" and not spec.repository:
+            raise InvalidRequest(
+                f"'{where}': step {step.name!r} is a git.push: only a task bound to a"
+                " repository can push"
+            )
+        before = [s.name for s in spec.steps[:i]]
+        payload = step.payload if isinstance(step.payload, dict) else {}
+        try:
+            for ref in _effect_placeholders(step.kind, payload, where, before):
+                if not isinstance(ref, templates.StepRef):
+                    continue
+                twins = before.count(ref.step)
+                if twins > 1:
+                    raise templates.TemplateError(
+                        f"{where}: placeholder names step {ref.step!r}, and {twins} earlier"
+                        " steps have that name"
+                    )
+        except templates.TemplateError as exc:
+            raise InvalidRequest(f"'{str(exc).partition(': ')[0]}': {exc}") from None
+
+
+def _effect_placeholders(
+    kind: str, payload: dict[str, Any], where: str, before: list[str]
+) -> list[templates.Placeholder]:
+    """The placeholders of an effect step's payload, checked: credentials only in an `http`
+    step's header values (anywhere in a registered kind's payload, for its deliverer)."""
+    if kind == "git.push":
+        return []
+    if kind != "http":
+        return templates.check(payload, where, earlier=before, credentials_allowed=True)
+    found: list[templates.Placeholder] = []
+    for field in ("url", "body"):
+        found += templates.check(
+            payload.get(field), f"{where}.{field}", earlier=before, credentials_allowed=False
+        )
+    found += templates.check(
+        payload.get("headers"), f"{where}.headers", earlier=before, credentials_allowed=True
+    )
+    return found
+
+
+def credentials_named(spec: TaskSpec, effect_kinds: Collection[str]) -> set[str]:
+    """Every credential the plan's effect steps name (a push's `credential`, and
+    `{{ credential.<name> }}` placeholders), for the API adapter to check against the
+    credentials folder at create."""
+    named: set[str] = set()
+    for step in spec.steps:
+        if step.kind not in effect_kinds or not isinstance(step.payload, dict):
+            continue
+        if step.kind == "git.push":
+            credential = step.payload.get("credential")
+            if isinstance(credential, str):
+                named.add(credential)
+            continue
+        try:
+            named |= templates.credential_names(step.payload)
+        except templates.TemplateError:
+            continue  # refused by `check_effects`
+    return named
 
 
 def existing_task(tx: Tx, spec: TaskSpec) -> Created | None:
@@ -206,6 +279,7 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
         return existing
     check_kinds(tx, spec)
     check_repository(tx, spec)
+    check_effects(spec, tx.config.effect_kinds)
     plan_hash = spec.plan_hash
     declared = spec.declared()
     task_id = tx.new_id()

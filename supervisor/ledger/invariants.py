@@ -38,9 +38,10 @@ _QUERIES: dict[str, tuple[str, Callable[[sqlite3.Row], str]]] = {
     "no-stale-commit": (
         "SELECT e.step_id, e.fence, (SELECT MAX(a.fence) FROM attempts a"
         "  WHERE a.step_id = e.step_id AND a.granted_at <= e.created_at) AS latest"
-        " FROM effects e WHERE e.fence != latest OR latest IS NULL"
+        " FROM effects e WHERE e.step_id NOT IN (SELECT step_id FROM outbox)"
+        " AND (e.fence != latest OR latest IS NULL"
         " OR NOT EXISTS (SELECT 1 FROM attempts a WHERE a.step_id = e.step_id"
-        "  AND a.fence = e.fence AND a.state = 'committed')",
+        "  AND a.fence = e.fence AND a.state = 'committed'))",
         lambda r: (
             f"step {r['step_id']} committed under fence {r['fence']},"
             f" its current fence was {r['latest']}"
@@ -126,6 +127,32 @@ _QUERIES: dict[str, tuple[str, Callable[[sqlite3.Row], str]]] = {
         " AND e.kind = 'state' ORDER BY e.seq DESC LIMIT 1) AS last FROM tasks t"
         " WHERE last IS NULL OR t.state != last",
         lambda r: f"task {r['id']} is {r['state']} but its journal says {r['last']}",
+    ),
+    # Effect steps (docs/design.md, Effects): the supervisor delivers them, no runner does.
+    "delivered-effect-has-one-effect": (
+        "SELECT o.step_id, (SELECT COUNT(*) FROM effects e WHERE e.step_id = o.step_id) AS n"
+        " FROM outbox o WHERE (o.state = 'delivered' AND n != 1)"
+        " OR (o.state != 'delivered' AND n != 0)",
+        lambda r: f"effect {r['step_id']} is recorded with {r['n']} effect rows",
+    ),
+    "unkeyed-sent-once-per-opening": (
+        "SELECT d.step_id, d.opening, COUNT(*) AS n FROM deliveries d JOIN outbox o"
+        " ON o.step_id = d.step_id WHERE o.keyed = 0 AND (d.sent IS NULL OR d.sent = 1)"
+        " GROUP BY d.step_id, d.opening HAVING n > 1 OR d.opening < 1",
+        lambda r: (
+            f"unkeyed effect {r['step_id']} has {r['n']} attempts that may have sent"
+            f" under gate opening {r['opening']}"
+        ),
+    ),
+    "no-idle-sending-of-ended-task": (
+        "SELECT o.step_id FROM outbox o JOIN tasks t ON t.id = o.task_id"
+        f" WHERE o.state = 'sending' AND t.state IN ({_TERMINAL_SQL})"
+        " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.step_id = o.step_id)",
+        lambda r: f"effect {r['step_id']} of an ended task is held with no delivery begun",
+    ),
+    "effect-step-never-leased": (
+        "SELECT DISTINCT a.step_id FROM attempts a JOIN outbox o ON o.step_id = a.step_id",
+        lambda r: f"effect step {r['step_id']} was leased to a runner",
     ),
     "task-has-steps": (
         "SELECT t.id FROM tasks t WHERE NOT EXISTS (SELECT 1 FROM steps s WHERE s.task_id = t.id)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from supervisor.ledger import names
+from supervisor.ledger import identity, names, outbox
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import (
     InvalidRequest,
@@ -15,7 +15,7 @@ from supervisor.ledger.errors import (
     PlanMismatch,
     StaleBase,
 )
-from supervisor.ledger.fencing import fail_task
+from supervisor.ledger.fencing import NOT_IN_DELIVERY, fail_task, withdraw_effects
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import ALL_POOLS, Tx, dumps, loads
@@ -73,19 +73,18 @@ def approve(
     if repository and observed_head:
         observe_head(tx, tenant, repository, observed_head, approving=task_id)
     transition(tx, task_id, TaskState.QUEUED)
-    tx.run(
-        "UPDATE steps SET state = ? WHERE task_id = ? AND position = 0",
-        (StepState.QUEUED.value, task_id),
-    )
     tx.note(
         Decision.APPROVED, task_id=task_id, tenant=tenant, pool=task["pool"], plan_hash=plan_hash,
         base_sha=base_sha,
     )  # fmt: skip
-    tx.wake(task["pool"])
+    outbox.start(tx, identity.step_id_for(task_id, 0))
 
 
 def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
-    """Cancel a task that has not ended. A step in flight learns of it at its next renew."""
+    """Cancel a task that has not ended. A step in flight learns of it at its next renew. Its
+    effects nothing was sent for are withdrawn at once; one being delivered is left to its
+    dispatcher, which records what it learns (the task stays CANCELLED; docs/design.md,
+    Effects)."""
     tx.request = "cancel"
     task = owned_task(tx, tenant, task_id)
     transition(tx, task_id, TaskState.CANCELLED, reason=reason or "cancelled")
@@ -96,9 +95,10 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
     )
     tx.run(
         "UPDATE steps SET state = ?, lease_deadline = NULL, accept_deadline = NULL"
-        " WHERE task_id = ? AND state NOT IN (?, ?)",
+        f" WHERE task_id = ? AND state NOT IN (?, ?) AND {NOT_IN_DELIVERY}",
         (StepState.CANCELLED.value, task_id, StepState.COMMITTED.value, StepState.FAILED.value),
     )
+    withdraw_effects(tx, task_id, TaskState.CANCELLED)
     tx.note(
         Decision.CANCELLED, task_id=task_id, tenant=tenant, pool=task["pool"],
         from_state=task["state"],

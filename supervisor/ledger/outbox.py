@@ -10,10 +10,28 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import sqlite3
 from typing import Any
 
-from supervisor.ledger.errors import EffectNotHeld, GateMismatch
-from supervisor.ledger.tx import Tx
+from supervisor.ledger import repositories
+from supervisor.ledger.decisions import Decision
+from supervisor.ledger.errors import (
+    EffectNotGated,
+    EffectNotHeld,
+    GateMismatch,
+    InvalidRequest,
+    NotFound,
+    TerminalState,
+)
+from supervisor.ledger.fencing import fail_step, fail_task, find_step, withdraw_effects
+from supervisor.ledger.journal import append_event
+from supervisor.ledger.states import TERMINAL, StepState, TaskState, transition
+from supervisor.ledger.tx import EFFECTS, Tx, dumps, loads
+from supervisor.ledger.verification import Finding, candidate_sha, findings
+from tether import effect_templates as templates
+from tether.effect_templates import RenderError
+from tether.wire import content_hash, effect_key
 
 __all__ = [
     "Answer",
@@ -83,32 +101,548 @@ class Unanswered:
 Answer = Delivered | Refused | Unanswered
 
 
-# -- the dispatcher's rules (filled in below the types; see docs/design.md, Effects) --------
+HOLDING = (OutboxState.SENDING,)
+# Rows a cancel withdraws at once: nothing of them was sent.
+WITHDRAWABLE = (OutboxState.DUE, OutboxState.GATED, OutboxState.OPEN)
+
+
+# -- making a step ready ----------------------------------------------------------------------
+
+
+def start(tx: Tx, step_id: str) -> None:
+    """Make a waiting step ready: an effect step becomes due (`make_due`); any other is queued
+    for the runners of its task's pool."""
+    step = find_step(tx, step_id, None)
+    if step["kind"] in tx.config.effect_kinds:
+        make_due(tx, step)
+        return
+    tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.QUEUED.value, step_id))
+    tx.wake(step["pool"])
+
+
+def make_due(tx: Tx, step: sqlite3.Row) -> None:
+    """Write the effect step's outbox row with its rendered request, in the transaction that
+    makes it due (`step`: a row of `find_step`).
+
+    A repository-bound task's evidence must verify so far (`verification.findings` over the
+    steps committed before it): otherwise the task fails with the first finding and the
+    effect is never due. A request that cannot be rendered (a path missing from an earlier
+    step's output, no candidate for a push) fails the step and the task; nothing is written.
+    """
+    task = tx.one("SELECT * FROM tasks WHERE id = ?", (step["task_id"],))
+    assert task is not None
+    if TaskState(task["state"]) is TaskState.QUEUED:
+        transition(tx, task["id"], TaskState.RUNNING)
+        step = find_step(tx, step["id"], None)
+    if task["repository"]:
+        found = findings(tx.db, task)
+        if found:
+            fail_task(tx, task, found[0].reason)
+            return
+    payload = loads(step["payload_json"])
+    payload = payload if isinstance(payload, dict) else {}
+    try:
+        request = render_request(tx, step, task, payload)
+    except (RenderError, ValueError) as exc:
+        fail_step(tx, step, f"{render_code(exc)}: {exc}")
+        return
+    keyed = payload.get("keyed", True) is not False
+    deadline_s = float(payload.get("deadline_s") or DEFAULT_DEADLINE_S)
+    state = OutboxState.DUE if keyed else OutboxState.GATED
+    digest = content_hash(request)
+    tx.run(
+        "INSERT INTO outbox (step_id, task_id, kind, effect_key, keyed, request_json, digest,"
+        " state, deadline_s, deadline_at, not_before, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            step["id"], step["task_id"], step["kind"],
+            effect_key(step["id"], step["payload_hash"]), int(keyed), dumps(request), digest,
+            state.value, deadline_s, tx.now + deadline_s if keyed else None, tx.now, tx.now,
+        ),
+    )  # fmt: skip
+    tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.DUE.value, step["id"]))
+    append_event(
+        tx, step["task_id"], "effect_due", TaskState.RUNNING,
+        {"step_id": step["id"], "kind": step["kind"], "keyed": keyed, "digest": digest,
+         "state": state.value},
+    )  # fmt: skip
+    tx.note(
+        Decision.EFFECT_DUE, task_id=step["task_id"], step_id=step["id"], kind=step["kind"],
+        keyed=keyed, state=state.value, tenant=step["tenant"], pool=step["pool"],
+    )  # fmt: skip
+    if keyed:
+        tx.wake(EFFECTS)
+
+
+DEFAULT_DEADLINE_S = 300.0
+
+
+class NoCandidate(ValueError):
+    """A push is due, but no step of the task reported a candidate."""
+
+
+def render_code(exc: Exception) -> str:
+    return Finding.NO_CANDIDATE.value if isinstance(exc, NoCandidate) else "effect_render_failed"
+
+
+def render_request(
+    tx: Tx, step: sqlite3.Row, task: sqlite3.Row, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """The request the dispatcher sends for `step`, from its payload and what the ledger
+    holds now. Credentials stay as placeholders (by name)."""
+    if step["kind"] == "git.push":
+        remote = repositories.find_repository(tx.db, task["tenant"], task["repository"] or "")
+        if remote is None:
+            raise ValueError(f"task {task['id']} has no repository to push to")
+        candidate = candidate_sha(tx.db, task["id"])
+        if candidate is None:
+            raise NoCandidate("no step of the task reported a candidate to push")
+        return {
+            "url": remote.url, "branch": payload.get("branch"),
+            "expected": task["approved_base_sha"], "candidate": candidate,
+            "credential": payload.get("credential"),
+        }  # fmt: skip
+    outputs = {
+        r["name"]: loads(r["output_json"])
+        for r in tx.all(
+            "SELECT name, output_json FROM steps WHERE task_id = ? AND position < ?"
+            " AND state = ? ORDER BY position",
+            (task["id"], step["position"], StepState.COMMITTED.value),
+        )
+    }
+    if step["kind"] == "http":
+        return {
+            "method": payload.get("method", "POST"),
+            "url": templates.render(payload.get("url"), outputs, "payload.url", as_text=True),
+            "headers": templates.render(
+                payload.get("headers") or {}, outputs, "payload.headers", as_text=True
+            ),
+            "body": templates.render(payload.get("body"), outputs, "payload.body"),
+        }
+    fields = {k: v for k, v in payload.items() if k not in ("keyed", "deadline_s")}
+    rendered: dict[str, Any] = templates.render(fields, outputs, "payload")
+    return rendered
+
+
+# -- the dispatcher's side --------------------------------------------------------------------
+
+
+def _row(tx: Tx, effect_id: str) -> sqlite3.Row:
+    row = tx.one(
+        "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o JOIN tasks t"
+        " ON t.id = o.task_id WHERE o.step_id = ?",
+        (effect_id,),
+    )
+    if row is None:
+        raise NotFound(f"no effect {effect_id}")
+    return row
+
+
+def _ended(row: sqlite3.Row) -> bool:
+    return TaskState(row["task_state"]) in TERMINAL
+
+
+def _held(tx: Tx, effect_id: str, holder: str) -> sqlite3.Row:
+    """The row, if `holder` holds it; `EffectNotHeld` otherwise."""
+    row = _row(tx, effect_id)
+    if row["state"] != OutboxState.SENDING or row["holder"] != holder:
+        raise EffectNotHeld(
+            f"effect {effect_id} is {row['state']}, not held by this dispatcher"
+        ).about(task_id=row["task_id"], step_id=effect_id)
+    return row
+
+
+def _set(tx: Tx, effect_id: str, state: OutboxState, **columns: Any) -> None:
+    """Move the row to `state`; a row leaving `sending` drops its holder."""
+    if state is not OutboxState.SENDING:
+        columns.setdefault("holder", None)
+        columns.setdefault("held_until", None)
+    if state in ENDS:
+        columns.setdefault("ended_at", tx.now)
+    sets = ", ".join(f"{name} = ?" for name in columns)
+    tx.run(
+        f"UPDATE outbox SET state = ?{', ' if sets else ''}{sets} WHERE step_id = ?",
+        (state.value, *columns.values(), effect_id),
+    )
+
+
+ENDS = frozenset({OutboxState.DELIVERED, OutboxState.FAILED, OutboxState.WITHDRAWN})
+
+
+def _attempts(tx: Tx, row: sqlite3.Row, opening_only: bool) -> list[sqlite3.Row]:
+    sql = "SELECT * FROM deliveries WHERE step_id = ?"
+    params: tuple[Any, ...] = (row["step_id"],)
+    if opening_only:
+        sql += " AND opening = ?"
+        params += (row["openings"],)
+    return tx.all(sql + " ORDER BY attempt", params)
+
+
+def _maybe_sent(attempts: list[sqlite3.Row]) -> bool:
+    """Whether any of these attempts may have reached the receiver: one answered `sent`, or
+    one begun and never answered."""
+    return any(a["sent"] is None or a["sent"] for a in attempts)
+
+
+def _to_outgoing(row: sqlite3.Row) -> Outgoing:
+    return Outgoing(
+        effect_id=row["step_id"], task_id=row["task_id"], tenant=row["tenant"], kind=row["kind"],
+        effect_key=row["effect_key"], keyed=bool(row["keyed"]),
+        request=loads(row["request_json"]), digest=row["digest"],
+        deadline_at=math.inf if row["deadline_at"] is None else float(row["deadline_at"]),
+    )  # fmt: skip
 
 
 def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
-    raise NotImplementedError
+    """Hand up to `limit` effects to `holder`, for `effect_hold_s`.
+
+    First the `sending` rows whose hold lapsed (their dispatcher vanished): a keyed one is
+    taken again and will be sent again under the same key; an unkeyed one that may have been
+    sent becomes `uncertain` (never re-sent by itself), one with no attempt begun goes back to
+    `open`; a row of a task that ended meanwhile is settled (`_settle_ended`). Then `due`
+    (keyed) and `open` (unkeyed) rows of live tasks, oldest first.
+    """
+    tx.request = "take"
+    taken: list[sqlite3.Row] = []
+    hold = tx.now + tx.config.effect_hold_s
+    for row in tx.all(
+        "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o JOIN tasks t"
+        " ON t.id = o.task_id WHERE o.state = ? AND o.held_until < ? ORDER BY o.created_at",
+        (OutboxState.SENDING.value, tx.now),
+    ):
+        if _ended(row):
+            _settle_ended(tx, row, "its dispatcher vanished")
+        elif row["keyed"]:
+            if len(taken) < limit:
+                taken.append(row)
+        elif _maybe_sent(_attempts(tx, row, opening_only=True)):
+            _uncertain(tx, row, "its dispatcher vanished after starting to send")
+        else:
+            _set(tx, row["step_id"], OutboxState.OPEN)
+    room = max(0, limit - len(taken))
+    if room:
+        taken += tx.all(
+            "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o INDEXED BY outbox_ready"
+            " JOIN tasks t ON t.id = o.task_id WHERE o.state IN (?, ?) AND o.not_before <= ?"
+            " AND t.state NOT IN (?, ?, ?) ORDER BY o.created_at LIMIT ?",
+            (
+                OutboxState.DUE.value, OutboxState.OPEN.value, tx.now,
+                *(s.value for s in TERMINAL), room,
+            ),
+        )  # fmt: skip
+    for row in taken:
+        _set(tx, row["step_id"], OutboxState.SENDING, holder=holder, held_until=hold)
+    return [_to_outgoing(row) for row in taken]
+
+
+def _uncertain(tx: Tx, row: sqlite3.Row, why: str) -> None:
+    _set(tx, row["step_id"], OutboxState.UNCERTAIN)
+    append_event(
+        tx, row["task_id"], "effect_uncertain", row["task_state"],
+        {"step_id": row["step_id"], "why": why},
+    )  # fmt: skip
+    tx.note(
+        Decision.EFFECT_UNCERTAIN, task_id=row["task_id"], step_id=row["step_id"],
+        kind=row["kind"], why=why, tenant=row["tenant"],
+    )  # fmt: skip
+
+
+def _settle_ended(tx: Tx, row: sqlite3.Row, why: str) -> None:
+    """A held row whose task ended: withdrawn if nothing of it can have been sent, else
+    `uncertain` for an operator (its task stays ended either way)."""
+    if _maybe_sent(_attempts(tx, row, opening_only=False)):
+        _uncertain(tx, row, f"{why}; its task ended")
+    else:
+        _withdraw(tx, row["step_id"], row["task_id"], row["task_state"])
+
+
+def _withdraw(tx: Tx, step_id: str, task_id: str, task_state: str) -> None:
+    withdraw_effects(tx, task_id, task_state, only=step_id)
 
 
 def begin_attempt(tx: Tx, effect_id: str, holder: str, digest: str) -> int:
-    raise NotImplementedError
+    """Record that attempt N is about to be sent (before anything leaves); return N.
+
+    Refused, with nothing written, when `holder` does not hold the effect (`EffectNotHeld`;
+    a held row whose task ended is settled at once, `_settle_ended`), when `digest` is not the
+    rendered request's or, unkeyed, not the one its gate was opened for (`GateMismatch`), and
+    when an unkeyed effect's gate opening was already used by an attempt that may have sent.
+    """
+    tx.request = "begin_attempt"
+    row = _held(tx, effect_id, holder)
+    about = {"task_id": row["task_id"], "step_id": effect_id}
+    if _ended(row):
+        tx.after_refusal.append(lambda t: _settle_ended(t, _row(t, effect_id), "cancelled"))
+        raise EffectNotHeld(f"task {row['task_id']} is {row['task_state']}").about(**about)
+    if digest != row["digest"]:
+        raise GateMismatch(
+            f"digest {digest} is not effect {effect_id}'s request digest {row['digest']}"
+        ).about(**about)
+    opening = 0
+    if not row["keyed"]:
+        opening = row["openings"]
+        if digest != row["gate_digest"]:
+            raise GateMismatch(
+                f"the gate of effect {effect_id} was opened for {row['gate_digest']}"
+            ).about(**about)
+        if _maybe_sent(_attempts(tx, row, opening_only=True)):
+            raise EffectNotHeld(
+                f"effect {effect_id} is unkeyed and its gate opening was used"
+            ).about(**about)
+    if row["deadline_at"] is not None and tx.now > row["deadline_at"]:
+        raise EffectNotHeld(f"effect {effect_id}'s delivery deadline has passed").about(**about)
+    last = tx.one("SELECT MAX(attempt) AS n FROM deliveries WHERE step_id = ?", (effect_id,))
+    attempt = int((last["n"] if last else None) or 0) + 1
+    tx.run(
+        "INSERT INTO deliveries (step_id, attempt, opening, holder, started_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (effect_id, attempt, opening, holder, tx.now),
+    )
+    tx.run(
+        "UPDATE outbox SET held_until = ? WHERE step_id = ?",
+        (tx.now + tx.config.effect_hold_s, effect_id),
+    )
+    return attempt
 
 
 def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: Answer) -> None:
-    raise NotImplementedError
+    """Record the receiver's answer to attempt `attempt`, then move the effect on: delivered
+    (step committed, task advances; a task cancelled meanwhile stays CANCELLED with its
+    effect delivered), refused (step and task fail with the answer's code), or unanswered
+    (keyed, or unkeyed and certainly not sent: still held, to be retried; unkeyed and maybe
+    sent: `uncertain`)."""
+    tx.request = "record_attempt"
+    row = _held(tx, effect_id, holder)
+    delivery = tx.one(
+        "SELECT * FROM deliveries WHERE step_id = ? AND attempt = ?", (effect_id, attempt)
+    )
+    if delivery is None or delivery["answer"] is not None:
+        raise EffectNotHeld(
+            f"effect {effect_id} has no attempt {attempt} waiting for its answer"
+        ).about(task_id=row["task_id"], step_id=effect_id)
+    kind, sent = _answer_columns(answer)
+    tx.run(
+        "UPDATE deliveries SET ended_at = ?, answer = ?, sent = ?, status = ?, detail = ?,"
+        " error = ? WHERE step_id = ? AND attempt = ?",
+        (
+            tx.now, kind, sent, answer.status, answer.detail[:DETAIL_MAX],
+            answer.code if isinstance(answer, Refused) else None, effect_id, attempt,
+        ),
+    )  # fmt: skip
+    if isinstance(answer, Delivered):
+        observation = {
+            "status": answer.status, "detail": answer.detail[:DETAIL_MAX],
+            "replayed": answer.replayed, "attempt": attempt,
+        }  # fmt: skip
+        _deliver(tx, row, observation)
+    elif isinstance(answer, Refused):
+        _set(tx, effect_id, OutboxState.FAILED)
+        _fail(tx, row, f"{answer.code}: {answer.detail[:DETAIL_MAX]}")
+    elif row["keyed"] or not answer.sent:
+        tx.run(
+            "UPDATE outbox SET held_until = ? WHERE step_id = ?",
+            (tx.now + tx.config.effect_hold_s, effect_id),
+        )
+    else:
+        _uncertain(tx, row, "an unkeyed send went unanswered")
+
+
+DETAIL_MAX = 2048
+
+
+def _answer_columns(answer: Answer) -> tuple[str, int]:
+    if isinstance(answer, Delivered):
+        return "delivered", 1
+    if isinstance(answer, Refused):
+        return "refused", 1
+    return "unanswered", int(answer.sent)
+
+
+def _deliver(tx: Tx, row: sqlite3.Row, observation: dict[str, Any]) -> None:
+    """The effect happened: its one effect row, the step committed with the observation as its
+    output, and the task advanced (unless it has ended: the delivery is still recorded)."""
+    from supervisor.ledger import effects  # effects.advance starts steps through this module
+
+    effect_id = row["step_id"]
+    _set(tx, effect_id, OutboxState.DELIVERED)
+    step = find_step(tx, effect_id, None)
+    tx.run(
+        "INSERT INTO effects (effect_key, step_id, task_id, fence, payload_hash, output_json,"
+        " usage_json, candidate_sha, created_at) VALUES (?, ?, ?, ?, ?, ?, '{}', NULL, ?)",
+        (
+            row["effect_key"], effect_id, row["task_id"], EFFECT_FENCE, step["payload_hash"],
+            dumps(observation), tx.now,
+        ),
+    )  # fmt: skip
+    tx.run(
+        "UPDATE steps SET state = ?, output_json = ?, committed_at = ? WHERE id = ?",
+        (StepState.COMMITTED.value, dumps(observation), tx.now, effect_id),
+    )
+    append_event(
+        tx, row["task_id"], "step_committed", step["task_state"],
+        {"step_id": effect_id, "effect_key": row["effect_key"], "delivered": True,
+         "replayed": bool(observation.get("replayed"))},
+    )  # fmt: skip
+    tx.note(
+        Decision.COMMITTED, task_id=row["task_id"], step_id=effect_id, kind=row["kind"],
+        effect_key=row["effect_key"], tenant=row["tenant"], pool=step["pool"],
+        replayed=bool(observation.get("replayed")),
+    )  # fmt: skip
+    if TaskState(step["task_state"]) not in TERMINAL:
+        effects.advance(tx, step)
+
+
+# An effect the supervisor delivered was committed under no lease: its effect row's fence.
+EFFECT_FENCE = 0
+
+
+def _fail(tx: Tx, row: sqlite3.Row, reason: str) -> None:
+    """Fail the effect step, and its task unless the task has ended already."""
+    step = find_step(tx, row["step_id"], None)
+    if TaskState(step["task_state"]) in TERMINAL:
+        tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.FAILED.value, row["step_id"]))
+        return
+    fail_step(tx, step, reason)
 
 
 def give_up(tx: Tx, effect_id: str, holder: str, reason: str) -> None:
-    raise NotImplementedError
+    """The delivery deadline passed with only unanswered attempts: a keyed effect fails
+    (`delivery_deadline`); an unkeyed one becomes `uncertain` if an attempt may have sent,
+    else fails."""
+    tx.request = "give_up"
+    row = _held(tx, effect_id, holder)
+    if not row["keyed"] and _maybe_sent(_attempts(tx, row, opening_only=True)):
+        _uncertain(tx, row, f"delivery deadline passed: {reason}")
+        return
+    _set(tx, effect_id, OutboxState.FAILED)
+    _fail(tx, row, f"delivery_deadline: {reason}"[:DETAIL_MAX])
 
 
 def release(tx: Tx, effect_id: str, holder: str) -> None:
-    raise NotImplementedError
+    """The dispatcher stops without an answer (shutdown). A keyed effect goes back to `due`;
+    an unkeyed one becomes `uncertain` if an attempt began and was never answered, else goes
+    back to `open`. A row whose task ended is settled (`_settle_ended`)."""
+    tx.request = "release_effect"
+    row = _held(tx, effect_id, holder)
+    tx.run(
+        "UPDATE deliveries SET ended_at = ?, detail = 'released without an answer'"
+        " WHERE step_id = ? AND answer IS NULL AND ended_at IS NULL",
+        (tx.now, effect_id),
+    )
+    if _ended(row):
+        _settle_ended(tx, row, "released")
+    elif row["keyed"]:
+        _set(tx, effect_id, OutboxState.DUE)
+        tx.wake(EFFECTS)
+    elif _maybe_sent(_attempts(tx, row, opening_only=True)):
+        _uncertain(tx, row, "released after starting to send")
+    else:
+        _set(tx, effect_id, OutboxState.OPEN)
+        tx.wake(EFFECTS)
+
+
+# -- the operator's side ----------------------------------------------------------------------
+
+
+def _effect_of(tx: Tx, tenant: str, task_id: str, step_name: str) -> sqlite3.Row:
+    """The outbox row of `tenant`'s task's step named `step_name`; `NotFound` for another
+    tenant's task, an unknown step, and a step that is not (yet) an effect with a row."""
+    task = tx.one("SELECT id FROM tasks WHERE id = ? AND tenant = ?", (task_id, tenant))
+    if task is None:
+        raise NotFound(f"no task {task_id}")
+    step = tx.one(
+        "SELECT id, kind FROM steps WHERE task_id = ? AND name = ? ORDER BY position LIMIT 1",
+        (task_id, step_name),
+    )
+    if step is None:
+        raise NotFound(f"task {task_id} has no step {step_name!r}")
+    if step["kind"] not in tx.config.effect_kinds:
+        raise InvalidRequest(f"step {step_name!r} is a {step['kind']} step, not an effect")
+    row = tx.one(
+        "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o JOIN tasks t"
+        " ON t.id = o.task_id WHERE o.step_id = ?",
+        (step["id"],),
+    )
+    if row is None:
+        raise EffectNotGated(f"step {step_name!r} of task {task_id} is not due yet").about(
+            task_id=task_id, step_id=step["id"]
+        )
+    return row
 
 
 def open_gate(tx: Tx, tenant: str, task_id: str, step_name: str, digest: str, by: str) -> None:
-    raise NotImplementedError
+    """Open the gate of an unkeyed effect for exactly `digest`, the digest of its rendered
+    request as shown to the operator; one opening allows one send. Refused (nothing changes)
+    when the effect is not `gated` (`EffectNotGated`) or `digest` is not its request's
+    (`GateMismatch`). The delivery deadline starts at the opening."""
+    tx.request = "gate"
+    row = _effect_of(tx, tenant, task_id, step_name)
+    about = {"task_id": task_id, "step_id": row["step_id"]}
+    if _ended(row):
+        raise TerminalState(f"task {task_id} is {row['task_state']}").about(task_id=task_id)
+    if row["state"] != OutboxState.GATED:
+        raise EffectNotGated(
+            f"step {step_name!r} is {row['state']}: only a gated effect's gate can be opened"
+        ).about(**about)
+    if digest != row["digest"]:
+        raise GateMismatch(
+            f"digest {digest} is not the digest of step {step_name!r}'s request"
+            f" ({row['digest']}); look at the request again"
+        ).about(**about)
+    _set(
+        tx, row["step_id"], OutboxState.OPEN, openings=row["openings"] + 1, gate_digest=digest,
+        deadline_at=tx.now + row["deadline_s"], not_before=tx.now,
+    )  # fmt: skip
+    _decided(tx, row, "open", by, digest)
+    append_event(
+        tx, task_id, "gate_opened", row["task_state"],
+        {"step_id": row["step_id"], "digest": digest, "by": by},
+    )  # fmt: skip
+    tx.note(
+        Decision.GATE_OPENED, task_id=task_id, step_id=row["step_id"], by=by, digest=digest,
+        tenant=tenant,
+    )  # fmt: skip
+    tx.wake(EFFECTS)
 
 
 def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, by: str) -> None:
-    raise NotImplementedError
+    """An operator's word on an `uncertain` effect. `happened`: it is recorded as delivered
+    (step committed, the task advances unless it ended). Not: the effect goes back behind its
+    gate, once; a second `no` for the same effect is refused (say yes, or cancel the task).
+    For a task that ended, `no` withdraws the effect."""
+    tx.request = "happened"
+    row = _effect_of(tx, tenant, task_id, step_name)
+    about = {"task_id": task_id, "step_id": row["step_id"]}
+    if row["state"] != OutboxState.UNCERTAIN:
+        raise EffectNotGated(
+            f"step {step_name!r} is {row['state']}: only an uncertain effect is resolved"
+        ).about(**about)
+    if happened:
+        _decided(tx, row, "happened", by, row["digest"])
+        _deliver(
+            tx, row,
+            {"status": None, "detail": f"an operator ({by}) said it happened", "replayed": False,
+             "by": by},
+        )  # fmt: skip
+        return
+    if row["said_no"]:
+        raise EffectNotGated(
+            f"step {step_name!r} was already re-opened once after a `no`: say whether it"
+            " happened, or cancel the task"
+        ).about(**about)
+    _decided(tx, row, "not_happened", by, row["digest"])
+    if _ended(row):
+        tx.run("UPDATE outbox SET said_no = 1 WHERE step_id = ?", (row["step_id"],))
+        _withdraw(tx, row["step_id"], task_id, row["task_state"])
+        return
+    _set(tx, row["step_id"], OutboxState.GATED, said_no=1, gate_digest=None)
+    append_event(
+        tx, task_id, "effect_regated", row["task_state"], {"step_id": row["step_id"], "by": by}
+    )
+
+
+def _decided(tx: Tx, row: sqlite3.Row, action: str, by: str, digest: str | None) -> None:
+    tx.run(
+        "INSERT INTO effect_decisions (step_id, action, digest, by, at) VALUES (?, ?, ?, ?, ?)",
+        (row["step_id"], action, digest, by, tx.now),
+    )

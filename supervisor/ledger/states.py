@@ -27,6 +27,7 @@ class StepState(enum.StrEnum):
     WAITING = "waiting"  # an earlier step is not committed yet
     QUEUED = "queued"  # may be leased
     LEASED = "leased"
+    DUE = "due"  # an effect step the supervisor delivers: its outbox row says how far it got
     COMMITTED = "committed"
     FAILED = "failed"
     CANCELLED = "cancelled"

@@ -40,7 +40,7 @@ from supervisor.ledger.decisions import log_decisions
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.outbox import Answer, Outgoing
 from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.tx import ALL_POOLS, LedgerConfig, Tx
+from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Tx
 from supervisor.ledger.verification import Evidence
 from tether.broadcast import Broadcast
 from tether.clocks import WallClock
@@ -148,7 +148,9 @@ class SqliteLedger:
                         self.counters.rejections[outcome.error.code] += 1
                     pending.done.set()
                 woken = result.woken_pools
-                for pool in list(self._work) if ALL_POOLS in woken else woken:
+                if EFFECTS in woken:
+                    self._effects.fire()
+                for pool in list(self._work) if ALL_POOLS in woken else woken - {EFFECTS}:
                     self._work[pool].fire()
                 if result.touched_tasks:
                     self._events.fire()

@@ -38,6 +38,8 @@ class LedgerConfig:
 
 
 ALL_POOLS = "*"  # pools are names of runner tokens' scopes, which cannot be empty or "*"
+# Woken (`Tx.wake`) when an effect may be ready for the dispatcher: no pool has this name.
+EFFECTS = ""
 
 
 @dataclasses.dataclass(kw_only=True)

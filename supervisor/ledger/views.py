@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from supervisor.ledger import operator
 from supervisor.ledger.errors import InvalidRequest, NotFound
+from supervisor.ledger.outbox import OutboxState
 from supervisor.ledger.states import TERMINAL, StepState, TaskState
 from supervisor.ledger.tx import loads
 from supervisor.ledger.verification import check_runs_at, findings, problems_of, review_verdict
@@ -80,19 +81,30 @@ def waiting_for(db: sqlite3.Connection, task: sqlite3.Row, now: float) -> dict[s
     - `approval`: the plan is not approved yet;
     - `budget`: the tenant has spent its token budget (`spent` >= `budget`), so the claim rule
       (`fencing.claim`) grants none of its steps;
+    - `gate`: an unkeyed effect (`step`) waits for an operator to open its gate for the
+      request's `digest`; `uncertain`: an unkeyed effect may have been sent and only an
+      operator can say whether it happened (docs/design.md, Effects);
     - `runner`: a step is queued for a runner of `pool` serving `kind`. `last_seen_s` is how
       long ago such a runner last claimed (null: never); `pool_last_seen_s` the same for any
       runner of the pool, so a pool whose runners serve other kinds can be told from an empty
       one. A runner seen a moment ago means the pool is busy with earlier work.
 
-    Checked in the order that releases a task: approval, then (when gates come) a gate before
-    any runner, then the budget, then a runner.
+    Checked in the order that releases a task: approval, then a gate or an uncertain effect,
+    then the budget, then a runner.
     """
     state = TaskState(task["state"])
     if state is TaskState.PLANNED:
         return {"reason": "approval"}
     if state not in (TaskState.QUEUED, TaskState.RUNNING):
         return None
+    operator_word = db.execute(
+        "SELECT s.name, o.state, o.digest FROM outbox o JOIN steps s ON s.id = o.step_id"
+        " WHERE o.task_id = ? AND o.state IN (?, ?) ORDER BY s.position LIMIT 1",
+        (task["id"], OutboxState.GATED.value, OutboxState.UNCERTAIN.value),
+    ).fetchone()
+    if operator_word is not None:
+        reason = "gate" if operator_word["state"] == OutboxState.GATED else "uncertain"
+        return {"reason": reason, "step": operator_word["name"], "digest": operator_word["digest"]}
     step = db.execute(
         "SELECT kind, state FROM steps WHERE task_id = ? AND state IN (?, ?)"
         " ORDER BY position LIMIT 1",
@@ -188,6 +200,7 @@ def task_view(
             (task_id,),
         )
     }
+    effects = effect_views(db, task_id)
     rejections = [
         {"step_id": r["step_id"], "fence": r["fence"], "code": r["code"], "detail": r["detail"]}
         for r in db.execute(
@@ -207,11 +220,58 @@ def task_view(
                 "checks": checks.get(s["id"], []),
                 "problems": [p.as_dict() for p in problems_of(s["evidence_json"])],
                 "checkpoint": held.get(s["id"]), "attempts": attempts.get(s["id"], []),
+                "effect": effects.get(s["id"]),
             }
             for s in steps
         ],
         "findings": [p.as_dict() for p in findings(db, row)],
         "rejections": rejections,
+    }  # fmt: skip
+
+
+def effect_views(db: sqlite3.Connection, task_id: str) -> dict[str, dict[str, Any]]:
+    """The task's effects by step id, as `tether.messages.EffectView`: the request as rendered
+    (credentials appear only as their `{{ credential.<name> }}` placeholders, never their
+    values), its digest and key, every delivery attempt, the last gate opening and the
+    operator's word on an uncertain effect."""
+    deliveries: dict[str, list[dict[str, Any]]] = {}
+    for d in db.execute(
+        "SELECT d.* FROM deliveries d JOIN outbox o ON o.step_id = d.step_id"
+        " WHERE o.task_id = ? ORDER BY d.step_id, d.attempt",
+        (task_id,),
+    ):
+        deliveries.setdefault(d["step_id"], []).append(
+            {
+                "attempt": d["attempt"], "started_at": iso(d["started_at"]),
+                "ended_at": iso(d["ended_at"]), "answer": d["answer"],
+                "sent": None if d["sent"] is None else bool(d["sent"]), "status": d["status"],
+                "detail": d["detail"], "error": d["error"], "opening": d["opening"],
+            }
+        )  # fmt: skip
+    gates: dict[str, dict[str, Any]] = {}
+    resolved: dict[str, dict[str, Any]] = {}
+    for a in db.execute(
+        "SELECT a.* FROM effect_decisions a JOIN outbox o ON o.step_id = a.step_id"
+        " WHERE o.task_id = ? ORDER BY a.id",
+        (task_id,),
+    ):
+        if a["action"] == "open":
+            gates[a["step_id"]] = {
+                "opened_by": a["by"], "opened_at": iso(a["at"]), "digest": a["digest"],
+            }  # fmt: skip
+        else:
+            resolved[a["step_id"]] = {
+                "by": a["by"], "at": iso(a["at"]), "happened": a["action"] == "happened",
+            }  # fmt: skip
+    return {
+        o["step_id"]: {
+            "kind": o["kind"], "keyed": bool(o["keyed"]), "state": o["state"],
+            "request": loads(o["request_json"]), "digest": o["digest"], "key": o["effect_key"],
+            "deadline_at": iso(o["deadline_at"]), "openings": o["openings"],
+            "deliveries": deliveries.get(o["step_id"], []),
+            "gate": gates.get(o["step_id"]), "resolved": resolved.get(o["step_id"]),
+        }
+        for o in db.execute("SELECT * FROM outbox WHERE task_id = ?", (task_id,))
     }  # fmt: skip
 
 
@@ -302,7 +362,17 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
         "SELECT COUNT(*) FROM rejections WHERE task_id = ?", (task_id,)
     ).fetchone()[0]
 
+    effects = effect_views(db, task_id)
+    names = {
+        r["id"]: r["name"] for r in db.execute("SELECT id, name FROM steps WHERE task_id = ?",
+                                               (task_id,))
+    }  # fmt: skip
     questions: list[str] = [p.reason for p in findings(db, task)]
+    questions += [
+        f"effect {names[step_id]!r} is uncertain: an operator must say whether it happened"
+        for step_id, effect in effects.items()
+        if effect["state"] == OutboxState.UNCERTAIN
+    ]
     if rejected:
         questions.append(f"{rejected} rejected attempt(s) recorded; see the task's rejections")
     if state not in TERMINAL:
@@ -335,9 +405,30 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
             },
             "observation",
         ),
+        "effects": _field(
+            [
+                {
+                    "step": names[step_id],
+                    "kind": e["kind"],
+                    "keyed": e["keyed"],
+                    "state": e["state"],
+                    "digest": e["digest"],
+                    "key": e["key"],
+                    "deliveries": e["deliveries"],
+                    "gate": e["gate"],
+                    "resolved": e["resolved"],
+                }
+                for step_id, e in sorted(effects.items(), key=lambda item: _position(item[0]))
+            ],
+            "observation",
+        ),
         "unresolved_questions": _field(questions, "observation"),
         "verdict": {"acceptable": verdict.acceptable, "reasons": list(verdict.reasons)},
     }
+
+
+def _position(step_id: str) -> int:
+    return int(step_id.rsplit(".", 1)[1])
 
 
 _REMOVAL_FIELDS = ("path", "bytes_removed", "files_removed", "gone")
