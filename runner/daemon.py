@@ -260,7 +260,8 @@ class Runner:
         supervisor: a refusal of the token in the contract's error shape is one too, reported
         on STATUS and paused as later rather than by a start-up failure loop; any other reply
         (an HTML page, the model server, a URL ending in /v1) is one error line naming the URL,
-        exit 2 and no `READY=1`.
+        exit 2 and no `READY=1`. With several supervisor URLs, one that answers is enough;
+        every one that replies is checked (`SupervisorClient.whoami`).
         """
         async for attempt in self._retrying():
             with attempt:
