@@ -1,19 +1,32 @@
-"""The running supervisor's core, without HTTP: the ledger opened on its file plus the reaper.
+"""The running supervisor's core, without HTTP: the ledger opened on its file plus the reaper
+and the effects dispatcher.
 
 The HTTP app's lifespan, the demo and the benchmarks all start the supervisor through
-`running_ledger`, so there is exactly one way the reaper gets attached to a ledger.
+`running_ledger`, so there is exactly one way the reaper and the dispatcher get attached to a
+ledger. The dispatcher always runs (docs/design.md, Effects): a ledger with no effect steps
+gives it nothing to do but a look at the outbox each second.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
+import httpx
 import structlog
 
+from supervisor.effects.credentials import Credentials
+from supervisor.effects.dispatcher import Dispatcher
+from supervisor.effects.git_push import GitPushDeliverer
+from supervisor.effects.http import HttpDeliverer
+from supervisor.effects.registry import EffectKindError, EffectKinds
 from supervisor.ledger import SqliteLedger, StorageError
+from supervisor.repos.mirror import Mirrors
 from supervisor.settings import SupervisorSettings
 from tether.clocks import WallClock
 
@@ -56,22 +69,59 @@ async def reap_forever(ledger: SqliteLedger) -> None:
         await anyio.sleep(pause)
 
 
+def credentials_folder(settings: SupervisorSettings) -> Path | None:
+    """The effects' credentials folder: the setting `credentials_dir` when set, else systemd's
+    `$CREDENTIALS_DIRECTORY` (`LoadCredential=`), else none."""
+    configured = getattr(settings, "credentials_dir", None)
+    if configured is not None:
+        return Path(configured)
+    given = os.environ.get("CREDENTIALS_DIRECTORY")
+    return Path(given) if given else None
+
+
+def effect_kinds(
+    settings: SupervisorSettings, client: httpx.AsyncClient, clock: WallClock
+) -> EffectKinds:
+    """The built-in deliverers plus the entry points' (`tether.effects`); a clash or a broken
+    entry point stops the start with one line naming it."""
+    built_ins = (
+        HttpDeliverer(client, clock=clock),
+        GitPushDeliverer(Mirrors(settings.mirror_root)),
+    )
+    try:
+        return EffectKinds.with_entry_points(built_ins)
+    except EffectKindError as exc:
+        log.error("refusing to start", error=str(exc))  # noqa: TRY400 - one line, no traceback
+        raise
+
+
 @contextlib.asynccontextmanager
 async def running_ledger(
     settings: SupervisorSettings, *, clock: WallClock = time.time, reaper: bool = True
 ) -> AsyncIterator[SqliteLedger]:
-    async with (
-        SqliteLedger.open(
-            settings.db,
-            config=settings.ledger_config,
-            clock=clock,
-            synchronous=settings.synchronous,
-        ) as ledger,
-        anyio.create_task_group() as tg,
-    ):
-        if reaper:
-            tg.start_soon(reap_forever, ledger)
-        try:
-            yield ledger
-        finally:
-            tg.cancel_scope.cancel()
+    """The ledger open with its reaper (unless `reaper` is off, for tests that expire leases
+    by hand) and its effects dispatcher running; both stop when the block ends."""
+    async with httpx.AsyncClient(follow_redirects=False) as client:
+        kinds = effect_kinds(settings, client, clock)
+        config = settings.ledger_config
+        config = dataclasses.replace(config, effect_kinds=config.effect_kinds | kinds.names())
+        async with (
+            SqliteLedger.open(
+                settings.db,
+                config=config,
+                clock=clock,
+                synchronous=settings.synchronous,
+            ) as ledger,
+            anyio.create_task_group() as tg,
+        ):
+            if reaper:
+                tg.start_soon(reap_forever, ledger)
+            secrets = Credentials(credentials_folder(settings))
+            dispatcher = Dispatcher(
+                ledger, kinds, secrets, hold_s=config.effect_hold_s, clock=clock
+            )
+            tg.start_soon(dispatcher.run)
+            try:
+                yield ledger
+            finally:
+                tg.cancel_scope.cancel()

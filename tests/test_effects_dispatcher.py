@@ -4,19 +4,26 @@ at shutdown, ledger refusals and the concurrency bound."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
+from examples.receiver import ReceiverState, create_app
 from supervisor.effects.credentials import Credentials
-from supervisor.effects.dispatcher import DEADLINE_REASON, UNKNOWN_KIND_REASON, Dispatcher
+from supervisor.effects.dispatcher import Dispatcher
+from supervisor.effects.http import HttpDeliverer
 from supervisor.effects.registry import EffectKinds, RetryLater
+from supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
 from supervisor.ledger.outbox import Delivered, Refused, Unanswered
 
+from .conftest import LEDGER_CONFIG, FakeClock, count, raw_db, report_for
 from .effects_fakes import FakeOutbox, Scripted, outgoing
 
 OK = Delivered(status=200, detail="HTTP 200")
@@ -93,7 +100,7 @@ async def test_the_deadline_bounds_the_retries(outbox: FakeOutbox) -> None:
     started = time.monotonic()
     async with running(dispatcher(outbox, script, retry_base_s=0.05)):
         await until(lambda: outbox.rows["e1"].state == "failed")
-    assert outbox.rows["e1"].reason == DEADLINE_REASON
+    assert outbox.rows["e1"].reason == "still unanswered; last: HTTP 503"
     assert 2 <= len(script.calls) <= 12
     assert time.monotonic() - started < 1.0  # given up before any attempt after the deadline
     assert outbox.log[-1] == ("give_up", "e1")
@@ -106,6 +113,7 @@ async def test_an_effect_past_its_deadline_is_never_attempted(outbox: FakeOutbox
         await until(lambda: outbox.rows["e1"].state == "failed")
     assert script.calls == []
     assert outbox.rows["e1"].attempts == []
+    assert outbox.rows["e1"].reason == "no attempt before the deadline"
 
 
 async def test_retry_after_is_honoured_and_recorded_as_unanswered(outbox: FakeOutbox) -> None:
@@ -192,7 +200,7 @@ async def test_an_effect_of_a_kind_nobody_delivers_is_given_up(outbox: FakeOutbo
     outbox.add(outgoing(kind="slack", deadline_at=soon()))
     async with running(dispatcher(outbox, Scripted([OK]))):
         await until(lambda: outbox.rows["e1"].state == "failed")
-    assert outbox.rows["e1"].reason == UNKNOWN_KIND_REASON
+    assert outbox.rows["e1"].reason == "no deliverer for effect kind 'slack' in this supervisor"
 
 
 async def test_concurrency_bounds_the_effects_in_delivery(outbox: FakeOutbox) -> None:
@@ -232,3 +240,142 @@ async def test_a_ledger_without_effects_stays_idle(outbox: FakeOutbox) -> None:
         await anyio.sleep(0.2)
     assert script.calls == []
     assert outbox.log == []
+
+
+# -- against a real SqliteLedger and the local receiver --------------------------------------
+
+
+RECEIVER = "http://receiver"
+
+
+def deploy_spec(key: str = "k1") -> TaskSpec:
+    body = {"version": "{{ steps.build.output.version }}"}
+    return TaskSpec(
+        tenant="acme",
+        idempotency_key=key,
+        steps=(
+            StepSpec(name="build", kind="chat", payload={"cmd": "build"}),
+            StepSpec(
+                name="deploy",
+                kind="http",
+                payload={"url": f"{RECEIVER}/deploy", "body": body, "keyed": True},
+            ),
+        ),
+    )
+
+
+async def due_deploy(ledger: SqliteLedger) -> str:
+    """A task whose `build` step committed, so that its `deploy` effect is due; its id."""
+    spec = deploy_spec()
+    task_id = (await ledger.create_task(spec)).task_id
+    await ledger.approve("acme", task_id, spec.plan_hash, None)
+    [lease] = await ledger.claim("r1", "default", 1, 0, kinds=("chat",))
+    await ledger.report(report_for(lease, output={"version": "1.2.3"}))
+    return task_id
+
+
+def real_dispatcher(ledger: Any, receiver: Any, clock: FakeClock, **extra: Any) -> Dispatcher:
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=receiver))
+    kinds = EffectKinds([HttpDeliverer(client, clock=clock)])
+    return Dispatcher(
+        ledger, kinds, Credentials(None), hold_s=LEDGER_CONFIG.effect_hold_s, clock=clock,
+        poll_s=0.05, retry_base_s=0.01, **extra,
+    )  # fmt: skip
+
+
+async def task_state(ledger: SqliteLedger, task_id: str) -> str:
+    state: str = (await ledger.task(task_id))["state"]
+    return state
+
+
+async def until_task(ledger: SqliteLedger, task_id: str, state: str) -> None:
+    with anyio.fail_after(10):
+        while await task_state(ledger, task_id) != state:  # noqa: ASYNC110 (another task's write)
+            await anyio.sleep(0.01)
+
+
+async def test_an_http_step_is_delivered_to_the_receiver_exactly_once(
+    ledger: SqliteLedger, ledger_path: Path, clock: FakeClock, tmp_path: Path
+) -> None:
+    receiver = create_app(tmp_path / "receiver.db")
+    task_id = await due_deploy(ledger)
+    async with running(real_dispatcher(ledger, receiver, clock)):
+        await until_task(ledger, task_id, "SUCCEEDED")
+    counts = receiver_counts(tmp_path / "receiver.db")
+    assert (counts["requests"], counts["applied"], counts["replayed"]) == (1, 1, 0)
+    assert count(ledger_path, "effects", "step_id IN (SELECT id FROM steps WHERE name = ?)",
+                 ("deploy",)) == 1  # fmt: skip
+    applied = applied_bodies(tmp_path / "receiver.db")
+    assert applied == [{"version": "1.2.3"}]
+
+
+class Crashing:
+    """The ledger as a supervisor that dies after sending sees it: the answer is never
+    recorded and nothing is handed back."""
+
+    def __init__(self, ledger: SqliteLedger) -> None:
+        self.ledger = ledger
+        self.begun = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ledger, name)
+
+    async def begin_attempt(self, effect_id: str, holder: str, digest: str) -> int:
+        attempt = await self.ledger.begin_attempt(effect_id, holder, digest)
+        self.begun.set()
+        return attempt
+
+    async def record_attempt(self, *args: Any) -> None:
+        await anyio.sleep_forever()
+
+    async def release_effect(self, effect_id: str, holder: str) -> None:
+        return None
+
+
+async def test_a_supervisor_killed_after_sending_sends_again_with_the_same_key(
+    ledger: SqliteLedger, ledger_path: Path, clock: FakeClock, tmp_path: Path
+) -> None:
+    receiver = create_app(tmp_path / "receiver.db")
+    task_id = await due_deploy(ledger)
+    crashing = Crashing(ledger)
+    first = real_dispatcher(crashing, receiver, clock)
+    async with running(first):
+        await crashing.begun.wait()
+        await until(lambda: receiver_counts(tmp_path / "receiver.db")["applied"] == 1)
+    assert await task_state(ledger, task_id) == "RUNNING"
+    assert outbox_state(ledger_path) == "sending"
+
+    clock.advance(LEDGER_CONFIG.effect_hold_s + 1)  # the dead holder's hold lapses
+    second = real_dispatcher(ledger, receiver, clock)
+    assert second.holder != first.holder
+    async with running(second):
+        await until_task(ledger, task_id, "SUCCEEDED")
+
+    counts = receiver_counts(tmp_path / "receiver.db")
+    assert (counts["requests"], counts["applied"], counts["replayed"]) == (2, 1, 1)
+    assert list(counts["by_key"].values()) == [2]  # one key, sent twice
+    deploy = next(s for s in (await ledger.task(task_id))["steps"] if s["name"] == "deploy")
+    assert deploy["output"]["replayed"] is True
+    assert count(ledger_path, "deliveries") == 2
+    assert count(ledger_path, "effects", "step_id = ?", (deploy["id"],)) == 1
+
+
+def receiver_counts(state: Path) -> dict[str, Any]:
+    return ReceiverState(state).counts()
+
+
+def applied_bodies(state: Path) -> list[Any]:
+    db = raw_db(state)
+    try:
+        return [json.loads(row["body"]) for row in db.execute("SELECT body FROM applied")]
+    finally:
+        db.close()
+
+
+def outbox_state(path: Path) -> str:
+    db = raw_db(path)
+    try:
+        state: str = db.execute("SELECT state FROM outbox").fetchone()["state"]
+        return state
+    finally:
+        db.close()

@@ -63,8 +63,6 @@ RETRY_BASE_S: Final = 0.5
 RETRY_CAP_S: Final = 30.0
 POLL_S: Final = 1.0
 RELEASE_BOUND_S: Final = 5.0
-DEADLINE_REASON: Final = "delivery_deadline"
-UNKNOWN_KIND_REASON: Final = "unknown_effect_kind"
 
 
 class EffectsPort(Protocol):
@@ -173,12 +171,13 @@ class Dispatcher:
 
     async def _deliver(self, out: Outgoing) -> None:
         deliverer = self.kinds.get(out.kind)
-        if deliverer is None:
-            await self.ledger.give_up(out.effect_id, self.holder, UNKNOWN_KIND_REASON)
+        if deliverer is None:  # its plugin was uninstalled since the step became due
+            why = f"no deliverer for effect kind {out.kind!r} in this supervisor"
+            await self.ledger.give_up(out.effect_id, self.holder, why)
             log.error("no deliverer for this effect kind", effect_id=out.effect_id, kind=out.kind)
             return
         if self.clock() >= out.deadline_at:
-            await self._give_up(out)
+            await self._give_up(out, "no attempt before the deadline")
             return
         backoff = wait_random_exponential(multiplier=self.retry_base_s, max=self.retry_cap_s)
 
@@ -204,7 +203,7 @@ class Dispatcher:
         )
         last: Answer | None = await retrying(self._attempt, out, deliverer)
         if isinstance(last, Unanswered) and again(last):
-            await self._give_up(out)
+            await self._give_up(out, f"still unanswered; last: {last.detail}")
 
     async def _attempt(self, out: Outgoing, deliverer: Deliverer) -> Answer:
         attempt = await self.ledger.begin_attempt(out.effect_id, self.holder, out.digest)
@@ -228,8 +227,9 @@ class Dispatcher:
         )
         return answer
 
-    async def _give_up(self, out: Outgoing) -> None:
-        await self.ledger.give_up(out.effect_id, self.holder, DEADLINE_REASON)
+    async def _give_up(self, out: Outgoing, why: str) -> None:
+        """The ledger names the failure `delivery_deadline`; `why` is its detail."""
+        await self.ledger.give_up(out.effect_id, self.holder, why)
         log.warning("effect delivery deadline passed", effect_id=out.effect_id, kind=out.kind)
 
 

@@ -2,7 +2,8 @@
 (docs/design.md, Effects).
 
 The rendered request is `{"method", "url", "headers", "body", ...}`; header values may still
-hold `{{ credential.<name> }}` placeholders, replaced here at send time by the credential's
+hold `{{ credential.<name> }}` placeholders (tether/effect_templates.py), replaced here at send
+time by the credential's
 value (never stored, never logged; masked in the answer kept). Every try carries
 `Idempotency-Key: <effect_key>`, replacing any header of that name the plan set. Redirects are
 not followed.
@@ -16,6 +17,7 @@ How an answer is classified:
       timeout, no pooled connection)
     any other transport failure        Unanswered(sent=True): it may have been applied
     a named credential missing         Refused `credential_missing`, nothing sent
+    a step placeholder left unfilled   Refused `effect_render_failed`, nothing sent
 
 The answer's detail is `HTTP <status>: <body>`, the body masked and cut to 2 KiB.
 """
@@ -23,7 +25,6 @@ The answer's detail is `HTTP <status>: <body>`, the body masked and cut to 2 KiB
 from __future__ import annotations
 
 import email.utils
-import re
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -34,11 +35,11 @@ from supervisor.effects.credentials import CredentialMissing, Credentials, mask
 from supervisor.effects.registry import RetryLater
 from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
 from tether.clocks import WallClock
+from tether.effect_templates import TemplateError, fill_credentials
 from tether.git import redact
 
 KEY_HEADER: Final = "Idempotency-Key"
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
-CREDENTIAL: Final = re.compile(r"\{\{\s*credential\.([A-Za-z0-9_.-]{1,64})\s*\}\}")
 EXCERPT_BYTES: Final = 2048
 _READ_AT_MOST: Final = 64 * 1024  # of a receiver's body, before masking and cutting
 # One try: 10 s to connect, 20 s for each read or write. Kept well below the dispatcher's
@@ -62,6 +63,8 @@ class HttpDeliverer:
             headers, used = resolve_headers(request.get("headers") or {}, secrets)
         except CredentialMissing as exc:
             return Refused(status=None, detail=str(exc), code="credential_missing")
+        except TemplateError as exc:
+            return Refused(status=None, detail=str(exc), code="effect_render_failed")
         headers[KEY_HEADER] = out.effect_key
         body = request.get("body")
         method = str(request.get("method", "POST")).upper()
@@ -104,15 +107,15 @@ def resolve_headers(
     A header the plan named `Idempotency-Key` is dropped: the effect key replaces it."""
     used: set[str] = set()
 
-    def value_of(match: re.Match[str]) -> str:
-        value = secrets.read(match.group(1))
+    def value_of(name: str) -> str:
+        value = secrets.read(name)
         used.add(value)
         return value
 
     resolved: dict[str, str] = {}
     for name, value in headers.items():
         if name.lower() != KEY_HEADER.lower():
-            resolved[str(name)] = CREDENTIAL.sub(value_of, str(value))
+            resolved[str(name)] = fill_credentials(str(value), value_of)
     return resolved, used
 
 
