@@ -7,6 +7,7 @@ Every key here appears, with its default and a comment, in `config/supervisor.to
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from supervisor.ledger.schema import SYNCHRONOUS_MODES
@@ -32,11 +33,15 @@ class SupervisorSettings:
     artifact_max_bytes: int = 64 * 1024 * 1024
     artifact_dir: Path | None = None  # None: `artifacts/` beside the ledger file
     mirror_dir: Path | None = None  # None: `mirrors/` beside the ledger file
+    # Effects' credentials, one file per name; None: $CREDENTIALS_DIRECTORY (systemd's
+    # `LoadCredential=`) when set, else no credentials at all.
+    credentials_dir: Path | None = None
+    effect_hold_s: float = 60.0  # how long a dispatcher's hold on an effect lasts unrefreshed
 
     def __post_init__(self) -> None:
         for name in (
             "lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s",
-            "runner_seen_window_s",
+            "runner_seen_window_s", "effect_hold_s",
         ):  # fmt: skip
             require_positive(name, getattr(self, name))
         require_positive("max_attempts", self.max_attempts)
@@ -73,10 +78,20 @@ class SupervisorSettings:
         return self.artifact_dir or self.db.parent / "artifacts"
 
     @property
+    def credentials_folder(self) -> Path | None:
+        """Where effects' credentials are read (`credentials_dir`, else systemd's
+        `$CREDENTIALS_DIRECTORY`, else none)."""
+        if self.credentials_dir is not None:
+            return self.credentials_dir
+        given = os.environ.get("CREDENTIALS_DIRECTORY")
+        return Path(given) if given else None
+
+    @property
     def ledger_config(self) -> LedgerConfig:
         return LedgerConfig(
             lease_ttl_s=self.lease_ttl_s,
             accept_window_s=self.accept_window_s,
             max_attempts=self.max_attempts,
             runner_seen_window_s=self.runner_seen_window_s,
+            effect_hold_s=self.effect_hold_s,
         )

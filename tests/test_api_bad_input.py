@@ -95,12 +95,16 @@ CREATE = "/v1/tasks"
 APPROVE = "/v1/tasks/{planned}/approve"
 CANCEL = "/v1/tasks/{task}/cancel"
 HEAD = "/v1/repositories/repo/head"
+GATE = "/v1/tasks/{task}/steps/s0/gate"
+HAPPENED = "/v1/tasks/{task}/steps/s0/happened"
 
 BODY_ROUTES = [
     ("create", "POST", CREATE, "operator"),
     ("approve", "POST", APPROVE, "operator"),
     ("cancel", "POST", CANCEL, "operator"),
     ("head", "PUT", HEAD, "operator"),
+    ("gate", "POST", GATE, "operator"),
+    ("happened", "POST", HAPPENED, "operator"),
     ("claim", "POST", CLAIM, "runner"),
     ("renew", "POST", RENEW, "runner"),
     ("release", "POST", RELEASE, "runner"),

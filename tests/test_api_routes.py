@@ -259,7 +259,8 @@ EXPECTATIONS = {
 }  # fmt: skip
 OBSERVATIONS = {
     "repository_head", "candidate_sha", "start_time", "stop_time", "observed_checks",
-    "observed_terminal_state", "reviewer_decision", "cleanup_proof", "unresolved_questions",
+    "observed_terminal_state", "reviewer_decision", "cleanup_proof", "effects",
+    "unresolved_questions",
 }  # fmt: skip
 
 

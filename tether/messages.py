@@ -358,6 +358,20 @@ class Cancel(Record, frozen=True, kw_only=True):
     reason: str = ""
 
 
+class GateOpen(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/tasks/{task_id}/steps/{step_name}/gate`: open an unkeyed effect's gate for
+    exactly the request whose digest this is (docs/design.md, Effects)."""
+
+    digest: Hash
+
+
+class EffectHappened(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/tasks/{task_id}/steps/{step_name}/happened`: an operator's word on an
+    uncertain effect."""
+
+    happened: bool
+
+
 class ReviewDecision(Record, frozen=True, kw_only=True):
     """`POST /v1/tasks/{task_id}/review`: `accept` or `reject`, with a note."""
 
@@ -377,11 +391,15 @@ class RepositoryHead(Record, frozen=True, kw_only=True):
 
 
 class WaitingFor(Record, frozen=True, kw_only=True):
-    """Why a task's next step is not running: `reason` is `approval`, `budget` (the tenant's
+    """Why a task's next step is not running: `reason` is `approval`, `gate` (the effect
+    `step` waits for an operator to open its gate for `digest`), `uncertain` (the effect
+    `step` may have been sent; an operator says whether it happened), `budget` (the tenant's
     `spent` >= `budget`) or `runner` (a runner of `pool` serving `kind`; `last_seen_s` since
     one last claimed, `pool_last_seen_s` since any runner of the pool did; null: never)."""
 
     reason: str
+    step: str | None = None
+    digest: str | None = None
     pool: str | None = None
     kind: str | None = None
     last_seen_s: float | None = None
@@ -439,6 +457,57 @@ class CheckpointView(Record, frozen=True, kw_only=True):
     fence: int
 
 
+class DeliveryView(Record, frozen=True, kw_only=True):
+    """One delivery attempt of an effect: `answer` is `delivered`, `refused`, `unanswered`, or
+    null while in flight or never answered; `sent` whether it may have reached the receiver."""
+
+    attempt: int
+    started_at: str | None = None
+    ended_at: str | None = None
+    answer: str | None = None
+    sent: bool | None = None
+    status: int | None = None
+    detail: str | None = None
+    error: str | None = None
+    opening: int = 0
+
+
+class GateView(Record, frozen=True, kw_only=True):
+    """The last opening of an unkeyed effect's gate: by which operator token, when, for which
+    request digest."""
+
+    opened_by: str
+    opened_at: str | None = None
+    digest: str | None = None
+
+
+class ResolvedView(Record, frozen=True, kw_only=True):
+    """An operator's word on an uncertain effect."""
+
+    by: str
+    at: str | None = None
+    happened: bool
+
+
+class EffectView(Record, frozen=True, kw_only=True):
+    """An effect step's delivery (docs/design.md, Effects). `state` is the outbox's: `due`,
+    `gated`, `open`, `sending`, `uncertain`, `delivered`, `failed` or `withdrawn`. `request`
+    is as rendered when the step became due: credentials appear only as their
+    `{{ credential.<name> }}` placeholders, never their values."""
+
+    kind: str
+    keyed: bool
+    state: str
+    request: Any = None
+    digest: str
+    key: str
+    deadline_at: str | None = None
+    openings: int = 0
+    deliveries: tuple[DeliveryView, ...] = ()
+    gate: GateView | None = None
+    resolved: ResolvedView | None = None
+
+
 class StepView(Record, frozen=True, kw_only=True):
     """A step as `GET /v1/tasks/{task_id}` shows it; `state` is `skipped` for a failed or
     cancelled task's steps that never ran. A step of a repository-bound task also shows its
@@ -456,6 +525,7 @@ class StepView(Record, frozen=True, kw_only=True):
     checks: tuple[CheckRunView, ...] = ()
     problems: tuple[ProblemView, ...] = ()
     checkpoint: CheckpointView | None = None
+    effect: EffectView | None = None
 
 
 class TaskSummary(Record, frozen=True, kw_only=True):

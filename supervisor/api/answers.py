@@ -109,6 +109,7 @@ class ReviewRecord(Record, frozen=True, kw_only=True):
     observed_terminal_state: ReviewField
     reviewer_decision: ReviewField
     cleanup_proof: ReviewField
+    effects: ReviewField
     unresolved_questions: ReviewField
     verdict: Verdict
 

@@ -97,6 +97,7 @@ DIGEST: Final = Param(
     description="The sha256 of the artifact's bytes, 64 lowercase hex digits.",
     schema={"type": "string", "pattern": "^[0-9a-f]{64}$"},
 )
+STEP_NAME: Final = _id("step_name", "The name of one of the task's steps, as its plan gives it.")
 REPOSITORY: Final = Param(
     name="name",
     description="The repository's name, as the tenant's tasks name it.",
@@ -165,6 +166,20 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         roles=OPERATOR, summary="Record the reviewer's decision on an ended task.",
         body=m.ReviewDecision, answers={200: a.ReviewRecord},
         errors=(E.NOT_FOUND, E.INVALID_TRANSITION), params=(TASK_ID,),
+    ),
+    Operation(
+        method="POST", path="/v1/tasks/{task_id}/steps/{step_name}/gate", name="open_gate",
+        tag="operator", roles=OPERATOR,
+        summary="Open an unkeyed effect's gate for exactly the request with this digest.",
+        body=m.GateOpen, answers={200: a.TaskDetail},
+        errors=(*_TASK_WRITE, E.GATE_MISMATCH), params=(TASK_ID, STEP_NAME),
+    ),
+    Operation(
+        method="POST", path="/v1/tasks/{task_id}/steps/{step_name}/happened",
+        name="effect_happened", tag="operator", roles=OPERATOR,
+        summary="Say whether an uncertain effect happened (`no` re-opens its gate, once).",
+        body=m.EffectHappened, answers={200: a.TaskDetail}, errors=_TASK_WRITE,
+        params=(TASK_ID, STEP_NAME),
     ),
     Operation(
         method="PUT", path="/v1/repositories/{name}/head", name="repository_head",

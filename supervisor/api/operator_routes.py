@@ -13,7 +13,9 @@ from supervisor.api import requests as rq
 from supervisor.api.auth import may_use_pool, require, require_pool_access
 from supervisor.api.errors import ApiError
 from supervisor.api.longpoll import LongPolls, unless_disconnected
+from supervisor.effects.credentials import Credentials
 from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
+from supervisor.ledger.identity import credentials_named
 from supervisor.repos.evidence import read_head
 from tether.codec import encode
 from tether.messages import (
@@ -21,11 +23,14 @@ from tether.messages import (
     Approval,
     Cancel,
     CheckSpec,
+    EffectHappened,
+    GateOpen,
     PoolsAnswer,
     RepositoryHead,
     ReviewDecision,
     TaskCreate,
 )
+from tether.payloads import EFFECT_KINDS
 from tether.wire import ErrorCode
 
 
@@ -51,10 +56,26 @@ def task_spec(tenant: str, ask: TaskCreate) -> TaskSpec:
     )
 
 
+def require_credentials(request: Request, spec: TaskSpec) -> None:
+    """`invalid_field` for a plan whose built-in effect steps name a credential the
+    supervisor's credentials folder does not hold (docs/design.md, Effects). A kind a
+    deployment registers reads its payload's credentials itself, at send time."""
+    settings = request.app.state.settings
+    held = Credentials(settings.credentials_folder)
+    missing = sorted(n for n in credentials_named(spec, EFFECT_KINDS) if not held.has(n))
+    if missing:
+        raise ApiError(
+            ErrorCode.INVALID_FIELD,
+            f"'plan': credential {missing[0]!r} is not in the supervisor's credentials folder"
+            " (setting credentials_dir, or LoadCredential= in its unit)",
+        )
+
+
 async def create_task(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     spec = task_spec(who.scope, await rq.read(request, TaskCreate))
     require_pool_access(request, who, spec.pool, request.app.state.settings.shared_pool_names)
+    require_credentials(request, spec)
     created = await _ledger(request).create_task(spec)
     view = await _ledger(request).task(created.task_id, who.scope)
     return JSONResponse(view, status_code=201 if created.created else 200)
@@ -150,6 +171,25 @@ async def record_review(request: Request) -> Response:
     return JSONResponse(await _ledger(request).review(task_id, who.scope))
 
 
+async def open_gate(request: Request) -> Response:
+    """Open an unkeyed effect's gate for the digest of the request the operator was shown.
+    `task submit --approve` never opens a gate: only this does."""
+    who = await require(request, Role.OPERATOR)
+    ask = await rq.read(request, GateOpen)
+    task_id, step = request.path_params["task_id"], request.path_params["step_name"]
+    await _ledger(request).open_gate(who.scope, task_id, step, ask.digest, who.token_id)
+    return JSONResponse(await _ledger(request).task(task_id, who.scope))
+
+
+async def effect_happened(request: Request) -> Response:
+    """An operator's word on an uncertain effect: it happened, or (once) it did not."""
+    who = await require(request, Role.OPERATOR)
+    ask = await rq.read(request, EffectHappened)
+    task_id, step = request.path_params["task_id"], request.path_params["step_name"]
+    await _ledger(request).resolve_effect(who.scope, task_id, step, ask.happened, who.token_id)
+    return JSONResponse(await _ledger(request).task(task_id, who.scope))
+
+
 async def repository_head(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     sha = (await rq.read(request, RepositoryHead)).sha
@@ -167,6 +207,8 @@ ROUTES = [
     Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
     Route("/v1/tasks/{task_id}/review", review, methods=["GET"]),
     Route("/v1/tasks/{task_id}/review", record_review, methods=["POST"]),
+    Route("/v1/tasks/{task_id}/steps/{step_name}/gate", open_gate, methods=["POST"]),
+    Route("/v1/tasks/{task_id}/steps/{step_name}/happened", effect_happened, methods=["POST"]),
     Route("/v1/repositories/{name}/head", repository_head, methods=["PUT"]),
     Route("/v1/pools", pools, methods=["GET"]),
     Route("/v1/budget", budget, methods=["GET"]),
