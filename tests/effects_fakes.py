@@ -142,3 +142,16 @@ class FakeOutbox:
         with anyio.move_on_after(timeout_s):
             await self.woken.wait()
         self.woken = anyio.Event()
+
+
+class SlackDeliverer:
+    """A plugin's deliverer, as an entry point names it (`slack = tests.effects_fakes:...`)."""
+
+    kind = "slack"
+
+    async def deliver(self, out: Outgoing, secrets: Credentials) -> Answer:
+        return Delivered(status=200, detail="posted")
+
+
+class ClashingDeliverer(SlackDeliverer):
+    kind = "http"

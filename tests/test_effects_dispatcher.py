@@ -4,6 +4,7 @@ at shutdown, ledger refusals and the concurrency bound."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,12 +20,12 @@ from examples.receiver import ReceiverState, create_app
 from supervisor.effects.credentials import Credentials
 from supervisor.effects.dispatcher import Dispatcher
 from supervisor.effects.http import HttpDeliverer
-from supervisor.effects.registry import EffectKinds, RetryLater
+from supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
 from supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
 from supervisor.ledger.outbox import Delivered, Refused, Unanswered
 
 from .conftest import LEDGER_CONFIG, FakeClock, count, raw_db, report_for
-from .effects_fakes import FakeOutbox, Scripted, outgoing
+from .effects_fakes import FakeOutbox, Scripted, SlackDeliverer, outgoing
 
 OK = Delivered(status=200, detail="HTTP 200")
 BUSY = Unanswered(detail="HTTP 503", sent=True, status=503)
@@ -379,3 +380,77 @@ def outbox_state(path: Path) -> str:
         return state
     finally:
         db.close()
+
+
+# -- the registry of effect kinds ------------------------------------------------------------
+
+
+def entry_point(name: str, value: str) -> importlib.metadata.EntryPoint:
+    return importlib.metadata.EntryPoint(name=name, value=value, group="tether.effects")
+
+
+def test_an_entry_point_adds_an_effect_kind() -> None:
+    kinds = EffectKinds.with_entry_points(
+        [Scripted([OK])], [entry_point("slack", "tests.effects_fakes:SlackDeliverer")]
+    )
+    assert kinds.names() == {"http", "slack"}
+    assert isinstance(kinds.get("slack"), SlackDeliverer)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("http", "tests.effects_fakes:SlackDeliverer", "'http' (entry point http = tests"),
+        ("slack", "tests.effects_fakes:ClashingDeliverer", "delivers kind 'http' instead"),
+        ("slack", "tests.effects_fakes:Nothing", "cannot be loaded"),
+        ("slack", "tests.effects_fakes:outgoing", "is not a Deliverer"),
+    ],
+)
+def test_a_bad_entry_point_is_refused_in_one_line(name: str, value: str, message: str) -> None:
+    with pytest.raises(EffectKindError) as caught:
+        EffectKinds.with_entry_points([Scripted([OK])], [entry_point(name, value)])
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_clash_with_a_built_in_names_it() -> None:
+    with pytest.raises(EffectKindError, match="clashes with a built-in kind"):
+        EffectKinds.with_entry_points(
+            [Scripted([OK])], [entry_point("http", "tests.effects_fakes:SlackDeliverer")]
+        )
+
+
+async def test_a_cancel_during_the_send_ends_cancelled_with_the_effect_delivered(
+    ledger: SqliteLedger, ledger_path: Path, clock: FakeClock
+) -> None:
+    gate = anyio.Event()
+    script = Scripted([OK], hang=gate)
+    task_id = await due_deploy(ledger)
+    d = Dispatcher(
+        ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05
+    )
+    async with running(d):
+        await until(lambda: script.calls != [])
+        await ledger.cancel("acme", task_id, "stop")
+        gate.set()
+        await until(lambda: outbox_state(ledger_path) == "delivered")
+    assert await task_state(ledger, task_id) == "CANCELLED"
+    assert count(ledger_path, "effects", "step_id IN (SELECT step_id FROM outbox)") == 1
+
+
+async def test_a_keyed_effect_unanswered_past_its_deadline_fails_the_task(
+    ledger: SqliteLedger, ledger_path: Path, clock: FakeClock
+) -> None:
+    script = Scripted([BUSY])
+    task_id = await due_deploy(ledger)
+    d = Dispatcher(
+        ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05,
+        retry_base_s=0.01,
+    )  # fmt: skip
+    async with running(d):
+        await until(lambda: len(script.calls) >= 2)
+        clock.advance(301)  # past the step's deadline_s (300 by default)
+        await until_task(ledger, task_id, "FAILED")
+    assert outbox_state(ledger_path) == "failed"
+    view = await ledger.task(task_id)
+    assert "delivery_deadline" in json.dumps(view)
