@@ -30,7 +30,9 @@ refreshes it, so an attempt plus the wait before the next must stay well inside 
                              the hold plus a second
     RELEASE_BOUND_S = 5.0    how long shutdown waits to hand back each effect in hand
 
-Measured on the test receiver (in process): a keyed effect due to delivered in about 10 ms.
+Measured (30 keyed effects one after another, synchronous=FULL, the local receiver in process,
+a 2-core machine): from the report that makes the effect due to its task SUCCEEDED -- take,
+begin, send, record: three durable writes -- median 46 ms, p90 75 ms.
 """
 
 from __future__ import annotations
