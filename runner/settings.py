@@ -17,8 +17,9 @@ import dataclasses
 import os
 import socket
 from pathlib import Path
+from typing import Annotated
 
-from tether.settings import SettingsError, require_positive
+from tether.settings import COMMA_LIST, SettingsError, require_positive
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
@@ -67,8 +68,9 @@ def _check_urls(name: str, value: str) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunnerSettings:
-    # One URL, or several supervisors of one ledger, comma-separated, in failover order.
-    supervisor_url: str = ""
+    # One URL, or several supervisors of one ledger in failover order: comma-separated, or in
+    # the TOML file a list of strings.
+    supervisor_url: Annotated[str, COMMA_LIST] = ""
     token_file: Path | None = None
     model_url: str = ""
     model_key_file: Path | None = None

@@ -82,6 +82,19 @@ def test_one_url_keeps_its_meaning_and_several_are_listed_with_commas(tmp_path: 
     assert flag.supervisor_urls == ("https://one.example:8443",)
 
 
+def test_the_file_may_list_the_urls_as_an_array(tmp_path: Path) -> None:
+    config = tmp_path / "runner.toml"
+    config.write_text('supervisor_url = ["http://a:8080", "http://b:8080"]\n')
+    listed = load_settings(RunnerSettings, config_file=config, environ={}, flags=REQUIRED)
+    assert listed.supervisor_urls == ("http://a:8080", "http://b:8080")
+    config.write_text('supervisor_url = ["http://a:8080", 7]\n')
+    with pytest.raises(SettingsError, match="'supervisor_url' must be a string or a non-empty"):
+        load_settings(RunnerSettings, config_file=config, environ={}, flags=REQUIRED)
+    config.write_text('supervisor_url = ["http://a:8080", "ftp://b"]\n')
+    with pytest.raises(SettingsError, match="entry 2, 'ftp://b'"):
+        load_settings(RunnerSettings, config_file=config, environ={}, flags=REQUIRED)
+
+
 @pytest.mark.parametrize(
     ("value", "said"),
     [

@@ -22,19 +22,32 @@ ENV_PREFIX = "TETHER_"
 
 S = TypeVar("S")
 
+# `Annotated[str, COMMA_LIST]`: a string setting that lists several values, comma-separated;
+# in the TOML file it may also be an array of strings.
+COMMA_LIST = "comma-separated list"
+
 
 class SettingsError(Exception):
     """The configuration is invalid; the message names the key and what is wrong."""
 
 
 def _field_types(cls: type[Any]) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _coerce(key: str, raw: Any, hint: Any, origin: str) -> Any:
     """Turn a TOML or string value into `hint`, or raise naming `key` and where it came from."""
     args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Annotated:
+        if COMMA_LIST in args[1:] and isinstance(raw, list):
+            if not raw or not all(isinstance(item, str) for item in raw):
+                raise SettingsError(
+                    f"{origin}: setting {key!r} must be a string or a non-empty list of strings,"
+                    f" got {raw!r}"
+                )
+            raw = ",".join(raw)
+        return _coerce(key, raw, args[0], origin)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         if type(None) in args and (raw is None or raw == ""):
             return None
