@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio
 import httpx
@@ -69,16 +67,6 @@ async def reap_forever(ledger: SqliteLedger) -> None:
         await anyio.sleep(pause)
 
 
-def credentials_folder(settings: SupervisorSettings) -> Path | None:
-    """The effects' credentials folder: the setting `credentials_dir` when set, else systemd's
-    `$CREDENTIALS_DIRECTORY` (`LoadCredential=`), else none."""
-    configured = getattr(settings, "credentials_dir", None)
-    if configured is not None:
-        return Path(configured)
-    given = os.environ.get("CREDENTIALS_DIRECTORY")
-    return Path(given) if given else None
-
-
 def effect_kinds(
     settings: SupervisorSettings, client: httpx.AsyncClient, clock: WallClock
 ) -> EffectKinds:
@@ -116,7 +104,7 @@ async def running_ledger(
         ):
             if reaper:
                 tg.start_soon(reap_forever, ledger)
-            secrets = Credentials(credentials_folder(settings))
+            secrets = Credentials(settings.credentials_folder)
             dispatcher = Dispatcher(
                 ledger, kinds, secrets, hold_s=config.effect_hold_s, clock=clock
             )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +18,7 @@ import anyio
 import httpx
 import pytest
 
+from examples.processes import child_environment, free_port
 from examples.receiver import ReceiverState, create_app
 from supervisor.effects.credentials import Credentials
 from supervisor.effects.dispatcher import Dispatcher
@@ -23,6 +26,8 @@ from supervisor.effects.http import HttpDeliverer
 from supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
 from supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
 from supervisor.ledger.outbox import Delivered, Refused, Unanswered
+from supervisor.service import running_ledger
+from supervisor.settings import SupervisorSettings
 
 from .conftest import LEDGER_CONFIG, FakeClock, count, raw_db, report_for
 from .effects_fakes import FakeOutbox, Scripted, SlackDeliverer, outgoing
@@ -454,3 +459,33 @@ async def test_a_keyed_effect_unanswered_past_its_deadline_fails_the_task(
     assert outbox_state(ledger_path) == "failed"
     view = await ledger.task(task_id)
     assert "delivery_deadline" in json.dumps(view)
+
+
+def start_receiver(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "examples.receiver", "--port", str(port)]
+    command += ["--state", str(tmp_path / "receiver.db")]
+    with (tmp_path / "receiver.log").open("wb") as out:
+        return subprocess.Popen(command, env=child_environment(), stdout=out, stderr=out)
+
+
+async def test_the_running_supervisor_delivers_effects_by_itself(tmp_path: Path) -> None:
+    """`running_ledger` starts the dispatcher (with its own httpx client) beside the reaper:
+    an http step reaches a receiver process on 127.0.0.1."""
+    port = free_port()
+    process = start_receiver(tmp_path, port)
+    try:
+        spec = TaskSpec(
+            tenant="acme",
+            idempotency_key="k1",
+            steps=(
+                StepSpec(name="ping", kind="http", payload={"url": f"http://127.0.0.1:{port}/p"}),
+            ),
+        )
+        async with running_ledger(SupervisorSettings(db=tmp_path / "l.db")) as ledger:
+            task_id = (await ledger.create_task(spec)).task_id
+            await ledger.approve("acme", task_id, spec.plan_hash, None)
+            await until_task(ledger, task_id, "SUCCEEDED")
+        assert receiver_counts(tmp_path / "receiver.db")["applied"] == 1
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
