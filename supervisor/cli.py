@@ -118,6 +118,19 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     cancel = task_command("cancel", "cancel a task that has not ended")
     cancel.add_argument("task_id")
     cancel.add_argument("--reason", default="cancelled by operator")
+    gate = task_command(
+        "gate", "show an effect's request and digest; open its gate; say if it happened"
+    )
+    gate.add_argument("task_id")
+    gate.add_argument("step", metavar="STEP", help="the effect step's name")
+    gate_action = gate.add_mutually_exclusive_group()
+    gate_action.add_argument(
+        "--open", action="store_true", help="open the gate for the request of --digest"
+    )
+    gate_action.add_argument(
+        "--happened", choices=["yes", "no"], help="resolve an uncertain effect"
+    )
+    gate.add_argument("--digest", help="the digest shown for the request to open the gate for")
     show = task_command("show", "print a task with its steps, attempts and fences")
     show.add_argument("task_id")
     review = task_command("review", "print a task's review record, or record a decision")
@@ -317,6 +330,8 @@ def _task(args: argparse.Namespace) -> int:
             _print_json(client.cancel(args.task_id, args.reason))
         elif args.task_command == "review":
             _print_json(client.review(args.task_id, args.decision, args.note))
+        elif args.task_command == "gate":
+            return _gate(client, args)
         elif args.task_command == "show":
             shown = client.show(args.task_id)
             _print_json(shown)
@@ -330,6 +345,34 @@ def _task(args: argparse.Namespace) -> int:
             print(oc.output_text(oc.pick_step(client.view(args.task_id), args.step)))
         else:
             return _watch(client, args.task_id, args.after)
+    return 0
+
+
+def _gate(client: Any, args: argparse.Namespace) -> int:
+    """`task gate TASK_ID STEP`: print the effect's request and digest; with `--open --digest
+    D` open its gate for that digest (without `--digest`: the request, then a one-line hint
+    and exit 1); with `--happened yes|no` resolve an uncertain effect."""
+    from supervisor import operator_client as oc
+
+    if args.digest and not args.open:
+        fail(PROG, "--digest goes with --open", USAGE_EXIT)
+    if args.happened is not None:
+        client.effect_happened(args.task_id, args.step, args.happened == "yes")
+        step, effect = oc.effect_of(client.view(args.task_id), args.step)
+        print(f"effect {step.name!r} of task {args.task_id} is {effect.state}")
+        return 0
+    step, effect = oc.effect_of(client.view(args.task_id), args.step)
+    if args.open and args.digest:
+        client.open_gate(args.task_id, args.step, args.digest.strip().lower())
+        print(f"gate of effect {step.name!r} opened for digest {args.digest.strip().lower()}")
+        return 0
+    print(oc.gate_text(step, effect))
+    if args.open:
+        fail(
+            PROG,
+            f"read the request above, then open the gate for exactly it: tether-supervisor task"
+            f" gate {args.task_id} {args.step} --open --digest {effect.digest}",
+        )
     return 0
 
 

@@ -11,6 +11,7 @@ import datetime
 import json
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, TextIO, TypeVar
@@ -24,6 +25,9 @@ from tether.codec import BadMessage, decode, encode
 from tether.messages import (
     Approval,
     Cancel,
+    EffectHappened,
+    EffectView,
+    GateOpen,
     PoolsAnswer,
     Record,
     ReviewDecision,
@@ -143,6 +147,14 @@ class OperatorClient:
             f"/v1/tasks/{task_id}/review", ReviewDecision(decision=decision, note=note)
         )
 
+    def open_gate(self, task_id: str, step: str, digest: str) -> Any:
+        """Open an unkeyed effect's gate for exactly the request whose digest is `digest`."""
+        return self._send(_step_path(task_id, step, "gate"), GateOpen(digest=digest))
+
+    def effect_happened(self, task_id: str, step: str, happened: bool) -> Any:
+        """An operator's word on an uncertain effect."""
+        return self._send(_step_path(task_id, step, "happened"), EffectHappened(happened=happened))
+
     def show(self, task_id: str) -> Any:
         """The task view as the supervisor sent it, every field kept (`task show` prints it)."""
         return self._call("GET", f"/v1/tasks/{task_id}")
@@ -181,6 +193,47 @@ class OperatorClient:
         if not isinstance(body, dict) or not isinstance(body.get("events"), list):
             raise ClientError("not a tether supervisor's answer: no 'events' list")
         return list(body["events"])
+
+
+def _step_path(task_id: str, step: str, action: str) -> str:
+    quoted = urllib.parse.quote(step, safe="")
+    return f"/v1/tasks/{urllib.parse.quote(task_id, safe='')}/steps/{quoted}/{action}"
+
+
+def effect_of(task: TaskView, step_name: str) -> tuple[StepView, EffectView]:
+    """The step named `step_name` and its effect; `ClientError` if it is no effect yet."""
+    step = next((s for s in task.steps if s.name == step_name), None)
+    if step is None:
+        names = ", ".join(repr(s.name) for s in task.steps)
+        raise ClientError(f"task {task.id} has no step named {step_name!r} (steps: {names})")
+    if step.effect is None:
+        raise ClientError(
+            f"step {step_name!r} of task {task.id} is a {step.kind} step in state {step.state}:"
+            " it has no effect to show (an effect step shows one once it is due)"
+        )
+    return step, step.effect
+
+
+def gate_text(step: StepView, effect: EffectView) -> str:
+    """What `task gate` shows: the request exactly as it will be sent (a credential only as
+    its `{{ credential.<name> }}` placeholder, never its value), its digest, and where the
+    effect stands."""
+    keyed = "keyed (sent with its Idempotency-Key)" if effect.keyed else "unkeyed (behind a gate)"
+    lines = [
+        f"step {step.name!r}: {effect.kind} effect, {keyed}, {effect.state}",
+        json.dumps(effect.request, indent=2, sort_keys=True, ensure_ascii=False),
+        f"digest {effect.digest}",
+    ]
+    for d in effect.deliveries:
+        answer = d.answer or "no answer"
+        status = "" if d.status is None else f" {d.status}"
+        lines.append(f"  attempt {d.attempt} at {d.started_at}: {answer}{status}")
+    if effect.gate is not None:
+        lines.append(f"gate last opened by {effect.gate.opened_by} at {effect.gate.opened_at}")
+    if effect.resolved is not None:
+        said = "happened" if effect.resolved.happened else "did not happen"
+        lines.append(f"{effect.resolved.by} said it {said} at {effect.resolved.at}")
+    return "\n".join(lines)
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -236,6 +289,16 @@ def waiting_line(waiting: WaitingFor) -> str:
             f"waiting for budget: tenant {waiting.tenant!r} has spent {waiting.spent} of its"
             f" {waiting.budget} tokens (tether-supervisor budget)"
         )
+    if waiting.reason == "gate":
+        return (
+            f"waiting for an operator to open the gate of effect {waiting.step!r}"
+            f" (tether-supervisor task gate TASK_ID {waiting.step})"
+        )
+    if waiting.reason == "uncertain":
+        return (
+            f"waiting for an operator: effect {waiting.step!r} may have been sent; say whether"
+            f" it happened (tether-supervisor task gate TASK_ID {waiting.step} --happened yes|no)"
+        )
     if waiting.reason == "runner":
         pool = f"waiting for a runner in pool {waiting.pool!r}"
         if waiting.pool_last_seen_s is None:
@@ -255,7 +318,7 @@ def _waiting_key(waiting: WaitingFor | None) -> tuple[Any, ...] | None:
     if waiting is None:
         return None
     return (
-        waiting.reason, waiting.pool, waiting.kind, waiting.tenant,
+        waiting.reason, waiting.pool, waiting.kind, waiting.tenant, waiting.step,
         waiting.last_seen_s is None, waiting.pool_last_seen_s is None,
     )  # fmt: skip
 
