@@ -117,7 +117,9 @@ class Lease(Record, frozen=True, kw_only=True):
 
     `ttl_s` and `renew_every_s` are durations, never deadlines: the runner measures them on its
     own monotonic clock. `repository` is set for a step of a repository-bound task, `resume`
-    for a replayed attempt of a step that has an accepted checkpoint.
+    for a replayed attempt of a step that has an accepted checkpoint. `traceparent` is the W3C
+    trace context of the task's trace, set by the supervisor when tracing is on, so the
+    runner's spans join the supervisor's.
     """
 
     step_id: str
@@ -133,6 +135,7 @@ class Lease(Record, frozen=True, kw_only=True):
     outputs: tuple[EarlierOutput, ...] = ()
     repository: LeaseRepository | None = None
     resume: ResumePoint | None = None
+    traceparent: str | None = None
 
     def __post_init__(self) -> None:
         if self.renew_every_s > self.ttl_s:
