@@ -120,6 +120,22 @@ RECORDS: list[m.Record] = [
                 problems=(m.ProblemView(code="check_failed", detail="tests exited 1"),),
                 checkpoint=m.CheckpointView(turn=2, fence=8),
             ),
+            m.StepView(
+                id="t.2", name="deploy", kind="http", state="committed",
+                effect=m.EffectView(
+                    kind="http", keyed=False, state="delivered", digest="e" * 64, key="k" * 64,
+                    request={"method": "POST", "url": "https://x.example/",
+                             "headers": {"A": "{{ credential.tok }}"}, "body": {"n": 1}},
+                    deliveries=(
+                        m.DeliveryView(attempt=1, started_at="1970-01-01T00:00:01.000Z",
+                                       answer="unanswered", sent=True, opening=1),
+                    ),
+                    gate=m.GateView(opened_by="op-1", opened_at="1970-01-01T00:00:00.500Z",
+                                    digest="e" * 64),
+                    resolved=m.ResolvedView(by="op-1", at="1970-01-01T00:00:09.000Z",
+                                            happened=True),
+                ),
+            ),
         ),
         budget=m.Budget(tenant="acme", spent=9, budget=10, left=1),
         findings=(m.ProblemView(code="check_failed", detail="tests exited 1"),),
@@ -142,6 +158,8 @@ RECORDS: list[m.Record] = [
         )
     ),
     m.ArtifactStored(digest="d" * 64, size=12, created=False),
+    m.GateOpen(digest="e" * 64),
+    m.EffectHappened(happened=False),
 ]  # fmt: skip
 
 
@@ -159,6 +177,7 @@ def test_every_message_class_has_a_round_trip_above() -> None:
     inside_others |= {m.WaitingFor, m.StepView, m.AttemptView, m.TaskSummary, m.PoolStatus}
     inside_others |= {m.RunnerSeen, m.LeaseRepository, m.CheckSpec, m.ResumePoint, m.CheckRun}
     inside_others |= {m.CheckRunView, m.ProblemView, m.CheckpointView}
+    inside_others |= {m.EffectView, m.DeliveryView, m.GateView, m.ResolvedView}
     missing = classes - {type(r) for r in RECORDS} - inside_others
     assert not missing
 
