@@ -4,8 +4,10 @@ Order: the disk's bound; group commit off/on (in process); then one supervisor o
 file in a fresh work directory: 1,000 idle long-polls (first, on a fresh supervisor), runner
 RSS, steps/s at 1/16/64/256, model calls alone (no tether), the supervisor alone, overhead at
 half of the peak, renewals, steps under renewals; then the peers. Runner RSS includes the
-reading with 10 `agent` steps in flight (issue 12). `--smoke` windows are too short to mean
-anything: they only prove the suite still runs (the test suite does this).
+reading with 10 `agent` steps in flight (issue 12); after it come the rest of the agent path
+(issue 17): lease -> first model call with a warm mirror, a turn's checkpoint with a 1 MB diff,
+a check's 10 MB artifact upload. `--smoke` windows are too short to mean anything: they only
+prove the suite still runs (the test suite does this).
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from bench import (
+    agent_checkpoint,
+    agent_lease,
     agent_rss,
+    agent_upload,
     claimcost,
     disk,
     groupcommit,
@@ -55,14 +62,24 @@ class Plan:
     peers_s: float | None
     claim_depths: tuple[int, ...]
     agent_hold_s: float  # how long the stand-in holds each answer of the agent steps
+    lease_files: int  # files in the repository of the lease -> first model call reading
+    lease_runs: int  # warm leases timed
+    checkpoint_files: int  # files in the repository of the checkpoint reading
+    checkpoint_rounds: int
+    upload_rounds: int  # 10 MB uploads timed
 
 
 FULL = Plan(disk_s=5, gc_tasks=2000, idle_window_s=25, steps_s=15, bare_s=10, overhead_s=20,
-            renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000), agent_hold_s=2.0)  # fmt: skip
+            renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000), agent_hold_s=2.0,
+            lease_files=10_000, lease_runs=5, checkpoint_files=10_000, checkpoint_rounds=10,
+            upload_rounds=5)  # fmt: skip
 QUICK = Plan(disk_s=1.5, gc_tasks=600, idle_window_s=4, steps_s=3, bare_s=3, overhead_s=4,
-             renew_s=3, peers_s=None, claim_depths=(100, 1000), agent_hold_s=1.0)  # fmt: skip
+             renew_s=3, peers_s=None, claim_depths=(100, 1000), agent_hold_s=1.0,
+             lease_files=2_000, lease_runs=3, checkpoint_files=1_000, checkpoint_rounds=5,
+             upload_rounds=3)  # fmt: skip
 SMOKE = Plan(disk_s=0.2, gc_tasks=100, idle_window_s=1, steps_s=0.5, bare_s=0.5, overhead_s=1,
-             renew_s=0.5, peers_s=None, claim_depths=(100,), agent_hold_s=0.5)  # fmt: skip
+             renew_s=0.5, peers_s=None, claim_depths=(100,), agent_hold_s=0.5, lease_files=200,
+             lease_runs=2, checkpoint_files=100, checkpoint_rounds=2, upload_rounds=1)  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -104,6 +121,8 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         stack = Stack(kids=kids, workdir=workdir, db=db)
         stack.token("idle")  # tokens are read from the file; create before serving
         stack.token(seed.TENANT, role="operator")
+        for pool in (agent_lease.POOL, agent_lease.TMPFS_POOL, agent_upload.POOL):
+            stack.token(pool)
         stack.start_supervisor()
         stack.start_model(latency_s=0.0)
 
@@ -129,6 +148,7 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         say(f"runner rss, {agents.in_flight} agent steps in flight: {agents.in_flight_mb:.0f} MB "
             f"({agents.with_children_mb:.0f} MB with its commands; {agents.model_calls} model "
             f"calls, {agents.succeeded} steps succeeded)")  # fmt: skip
+        agent_path(r, plan, stack)
 
         r["steps_per_s"] = {}
         r["steps_detail"] = {}
@@ -210,6 +230,34 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
     say(f"disk bound again at the end: {r['disk_commits_per_s_end']:.0f} commits/s")
     report.ratios(r)
     return r
+
+
+def agent_path(r: dict[str, Any], plan: Plan, stack: Stack) -> None:
+    """Issue 17's agent figures: lease -> first model call (the runner's cache in the work
+    folder, and on tmpfs when there is one), a turn's checkpoint, a check's upload."""
+    lease = agent_lease.run(stack, files=plan.lease_files, runs=plan.lease_runs)
+    r["agent_lease"] = dataclasses.asdict(lease)
+    r["agent_lease_first_call_p50_s"] = lease.p50_s
+    r["agent_lease_first_call_max_s"] = lease.max_s
+    say(f"lease -> first model call, {lease.files:,} files, warm mirror: p50 {lease.p50_s:.2f} s,"
+        f" max {lease.max_s:.2f} s (cold {lease.cold_s:.2f} s)")  # fmt: skip
+    if agent_lease.TMPFS.is_dir():
+        tmpfs = agent_lease.run(
+            stack, files=plan.lease_files, runs=plan.lease_runs, pool=agent_lease.TMPFS_POOL,
+            cache_root=agent_lease.TMPFS,
+        )  # fmt: skip
+        r["agent_lease_tmpfs"] = dataclasses.asdict(tmpfs)
+        say(f"same, the runner's cache on tmpfs: p50 {tmpfs.p50_s:.2f} s, max {tmpfs.max_s:.2f} s")
+    cost = anyio.run(agent_checkpoint.measure, plan.checkpoint_files, 1_000_000,
+                     plan.checkpoint_rounds, stack.workdir)  # fmt: skip
+    r["agent_checkpoint"] = dataclasses.asdict(cost)
+    r["agent_checkpoint_1mb_ms"] = cost.changed_median_ms
+    say(f"checkpoint, 1 MB diff, {cost.files:,} files: {cost.changed_median_ms:.0f} ms"
+        f" ({cost.changed_cpu_median_ms:.0f} ms CPU); {cost.breakdown_ms}")  # fmt: skip
+    upload = agent_upload.run(stack, rounds=plan.upload_rounds)
+    r["agent_upload"] = dataclasses.asdict(upload)
+    r["agent_upload_10mb_s"] = upload.median_s
+    say(f"10 MB artifact upload: {upload.median_s:.2f} s, {upload.mb_per_s:.0f} MB/s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,11 @@ and search the tree, run an allowed command, answer; and it holds every answer `
 all 10 loops are mid-way at once. The runner's RSS (the process alone, and with the commands
 it started) is sampled every `SAMPLE_S` while all 10 steps are leased; the peak is the figure.
 The steps then finish, and how many succeeded is recorded beside it.
+
+The runner is given `commands_without_sandbox` (`TETHER_COMMANDS_WITHOUT_SANDBOX=1`): where
+bubblewrap works it changes nothing (commands run in it); where it does not, the steps would
+otherwise be refused and released `operator`, and the runner would pause claiming instead of
+running them (runner/agent/sandbox_policy.py). Which sandbox ran is in the JSON (`sandbox`).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class AgentRss:
     hold_s: float
     model_calls: int  # the stand-in's answers: TURNS per step when every loop ran to its end
     succeeded: int
+    sandbox: str  # what the steps' commands ran in ("bubblewrap", or "none" without one)
 
 
 def agent_spec(key: str, pool: str) -> TaskSpec:
@@ -84,12 +90,13 @@ def run(stack: Stack, *, hold_s: float, timeout_s: float = 120.0) -> AgentRss:
                   supervisor_url=stack.supervisor_url)  # fmt: skip
     model.start_model(latency_s=hold_s, scenario=script)
     cache = stack.workdir / "agent-cache"
-    [runner] = model.start_runners(pool, pool, IN_FLIGHT, 1, env={"CACHE_DIRECTORY": str(cache)})
+    env = {"CACHE_DIRECTORY": str(cache), "TETHER_COMMANDS_WITHOUT_SANDBOX": "1"}
+    [runner] = model.start_runners(pool, pool, IN_FLIGHT, 1, env=env)
     alone = with_children = 0.0
     leased = samples = 0
     try:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and seed.succeeded(stack.db, pool) < IN_FLIGHT:
+        while time.monotonic() < deadline and len(seed.ended(stack.db, pool)) < IN_FLIGHT:
             now_leased = seed.steps_in_state(stack.db, pool, "leased")
             if now_leased >= IN_FLIGHT:
                 try:
@@ -104,6 +111,7 @@ def run(stack: Stack, *, hold_s: float, timeout_s: float = 120.0) -> AgentRss:
         succeeded = wait_succeeded(stack.db, pool, IN_FLIGHT, timeout_s=5.0)
         stats = httpx.get(model.model_url.removesuffix("/v1") + "/_admin/stats", timeout=5)
         calls = sum(1 for turn in stats.json()["turns"] if turn is not None)
+        sandbox = seed.output_field(stack.db, pool, "sandbox")
     finally:
         stack.kids.stop(runner, grace_s=10)
         if model.model is not None:
@@ -111,7 +119,7 @@ def run(stack: Stack, *, hold_s: float, timeout_s: float = 120.0) -> AgentRss:
         seed.cancel_pool(stack.db, pool)
     return AgentRss(
         in_flight_mb=alone, with_children_mb=with_children, in_flight=leased, samples=samples,
-        hold_s=hold_s, model_calls=calls, succeeded=succeeded,
+        hold_s=hold_s, model_calls=calls, succeeded=succeeded, sandbox=sandbox,
     )  # fmt: skip
 
 

@@ -17,7 +17,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.ledger import LedgerConfig, StepSpec, TaskSpec, Tx, identity, operator, tokens
+from supervisor.ledger import (
+    LedgerConfig,
+    StepSpec,
+    TaskSpec,
+    Tx,
+    identity,
+    operator,
+    repositories,
+    tokens,
+)
 from supervisor.ledger.batch import Transactions
 from supervisor.ledger.schema import connect, open_ledger_file
 
@@ -54,11 +63,12 @@ def _run(db: sqlite3.Connection, rules: Sequence[Callable[[Tx], Any]]) -> list[A
 
 def create_tasks(
     path: Path, pool: str, count: int, *, approve: bool,
-    make: Callable[[str, str], TaskSpec] = spec,
+    make: Callable[[str, str], TaskSpec] = spec, base_sha: str | None = None,
 ) -> list[tuple[str, str]]:  # fmt: skip
     """Create `count` one-step tasks in `pool` (each `make(key, pool)`, a `chat` step unless
-    told); approve them (queue them) if `approve`. Return `(task_id, plan_hash)` of each, for
-    approving them later over HTTP."""
+    told); approve them (queue them) if `approve`, repository-bound ones on `base_sha` (taken
+    as the head the supervisor read). Return `(task_id, plan_hash)` of each, for approving
+    them later over HTTP."""
     db = _open(path)
     ids: list[tuple[str, str]] = []
     try:
@@ -67,7 +77,13 @@ def create_tasks(
             created = _run(db, [_creator(s) for s in specs])
             ids += [(c.task_id, s.plan_hash) for s, c in zip(specs, created, strict=True)]
             if approve:
-                _run(db, [_approver(s, c.task_id) for s, c in zip(specs, created, strict=True)])
+                _run(
+                    db,
+                    [
+                        _approver(s, c.task_id, base_sha)
+                        for s, c in zip(specs, created, strict=True)
+                    ],
+                )
     finally:
         db.close()
     return ids
@@ -77,8 +93,17 @@ def _creator(s: TaskSpec) -> Callable[[Tx], Any]:
     return lambda tx: identity.create_task(tx, s)
 
 
-def _approver(s: TaskSpec, task_id: str) -> Callable[[Tx], Any]:
-    return lambda tx: operator.approve(tx, TENANT, task_id, s.plan_hash, None)
+def _approver(s: TaskSpec, task_id: str, base_sha: str | None) -> Callable[[Tx], Any]:
+    return lambda tx: operator.approve(tx, TENANT, task_id, s.plan_hash, base_sha, base_sha)
+
+
+def add_repository(path: Path, name: str, url: str) -> None:
+    """Register the bench tenant's repository `name`, read from `url` (`repo add`)."""
+    db = _open(path)
+    try:
+        _run(db, [lambda tx: repositories.add_repository(tx, TENANT, name, url)])
+    finally:
+        db.close()
 
 
 def create_token(path: Path, scope: str, role: str, dest: Path) -> Path:
@@ -130,6 +155,50 @@ def step_rows_with_messages(path: Path, pool: str) -> list[tuple[float, float, A
             (pool,),
         ).fetchall()
         return [(float(r[0]), float(r[1]), json.loads(r[2])["messages"]) for r in rows]
+    finally:
+        db.close()
+
+
+def first_grants(path: Path, pool: str) -> dict[str, float]:
+    """Each task's idempotency key -> when its first step's first attempt was granted."""
+    db = connect(path, readonly=True)
+    try:
+        rows = db.execute(
+            "SELECT t.idempotency_key, min(a.granted_at) FROM attempts a"
+            " JOIN steps s ON s.id = a.step_id JOIN tasks t ON t.id = s.task_id"
+            " WHERE t.pool = ? AND s.position = 0 GROUP BY t.id",
+            (pool,),
+        ).fetchall()
+        return {str(r[0]): float(r[1]) for r in rows}
+    finally:
+        db.close()
+
+
+def ended(path: Path, pool: str) -> dict[str, str]:
+    """Each ended task's idempotency key -> its state and reason (`FAILED: ...`)."""
+    db = connect(path, readonly=True)
+    try:
+        rows = db.execute(
+            "SELECT idempotency_key, state, reason FROM tasks WHERE pool = ?"
+            " AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')",
+            (pool,),
+        ).fetchall()
+        return {str(r[0]): f"{r[1]}: {r[2] or ''}" for r in rows}
+    finally:
+        db.close()
+
+
+def output_field(path: Path, pool: str, field: str) -> str:
+    """The distinct values of `field` in the committed outputs of `pool`'s steps, joined by
+    "/" ("" when none committed)."""
+    db = connect(path, readonly=True)
+    try:
+        rows = db.execute(
+            "SELECT DISTINCT json_extract(e.output_json, '$.' || ?) FROM effects e"
+            " JOIN tasks t ON t.id = e.task_id WHERE t.pool = ?",
+            (field, pool),
+        ).fetchall()
+        return "/".join(sorted(str(r[0]) for r in rows))
     finally:
         db.close()
 
