@@ -1,0 +1,80 @@
+"""The placeholder grammar of effect payloads (`tether.effect_templates`): checked at create,
+filled at due time, credentials filled only at send time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tether import effect_templates as t
+
+OUTPUTS = {"build": {"version": "1.2", "sizes": [3, 5], "meta": {"ok": True}}}
+
+
+@pytest.mark.parametrize(
+    ("value", "rendered"),
+    [
+        ("{{ steps.build.output.version }}", "1.2"),
+        ("{{steps.build.output.sizes}}", [3, 5]),
+        ("{{ steps.build.output.sizes.1 }}", 5),
+        ("{{ steps.build.output.meta }}", {"ok": True}),
+        ("v{{ steps.build.output.version }}-{{ steps.build.output.sizes }}", "v1.2-[3,5]"),
+        ({"a": ["{{ steps.build.output.meta.ok }}"]}, {"a": [True]}),
+        ("no placeholder", "no placeholder"),
+        ("Bearer {{ credential.tok }}", "Bearer {{ credential.tok }}"),
+    ],
+)
+def test_render_fills_step_outputs_and_leaves_credentials(value: Any, rendered: Any) -> None:
+    assert t.render(value, OUTPUTS) == rendered
+
+
+def test_a_header_value_stays_text_even_as_one_placeholder() -> None:
+    assert t.render("{{ steps.build.output.sizes.0 }}", OUTPUTS, as_text=True) == "3"
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["{{ steps.build.output.missing }}", "{{ steps.build.output.sizes.9 }}",
+     "{{ steps.other.output }}", "x{{ steps.build.output.version.deeper }}"],
+)  # fmt: skip
+def test_a_missing_value_is_a_render_error(value: str) -> None:
+    with pytest.raises(t.RenderError):
+        t.render({"body": value}, OUTPUTS)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("{{ step.build.output }}", "malformed placeholder"),
+        ("{{ steps.build }}", "malformed placeholder"),
+        ("{{ steps.build.output.a..b }}", "empty path segment"),
+        ("{{ steps.build.output", "unbalanced"),
+        ("}} nothing opened", "unbalanced"),
+        ("{{ credential.a b }}", "malformed placeholder"),
+        ("{{ credential.%s }}" % ("x" * 65), "credential name"),
+        ("{{ steps.later.output }}", "not an earlier step"),
+        ("{{ credential.tok }}", "only in header values"),
+    ],
+)
+def test_check_refuses_what_cannot_be_rendered(text: str, words: str) -> None:
+    with pytest.raises(t.TemplateError, match=words):
+        t.check({"x": text}, "body", earlier=["build"], credentials_allowed=False)
+
+
+def test_check_names_the_field_and_returns_the_placeholders() -> None:
+    found = t.check(
+        {"Authorization": "Bearer {{ credential.deploy-token }}", "X": "{{ steps.build.output }}"},
+        "headers", earlier=["build"], credentials_allowed=True,
+    )  # fmt: skip
+    assert found == [t.CredentialRef("deploy-token"), t.StepRef("build", ())]
+    with pytest.raises(t.TemplateError, match=r"^body\.items\[1\]: "):
+        t.check({"items": ["ok", "{{ nope }}"]}, "body", earlier=[], credentials_allowed=False)
+
+
+def test_credentials_are_filled_only_by_fill_credentials() -> None:
+    assert t.credential_names({"h": "{{ credential.a }} {{credential.b}}"}) == {"a", "b"}
+    filled = t.fill_credentials("Bearer {{ credential.a }}", {"a": "s3cret"}.__getitem__)
+    assert filled == "Bearer s3cret"
+    with pytest.raises(t.TemplateError):
+        t.fill_credentials("{{ steps.build.output }}", str)
