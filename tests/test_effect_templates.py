@@ -33,6 +33,15 @@ def test_a_header_value_stays_text_even_as_one_placeholder() -> None:
     assert t.render("{{ steps.build.output.sizes.0 }}", OUTPUTS, as_text=True) == "3"
 
 
+def test_an_output_cannot_smuggle_a_credential_into_a_header_value() -> None:
+    outputs = {"build": {"text": "x {{ credential.push-key }}"}}
+    with pytest.raises(t.RenderError, match="holds '{{'"):
+        t.render("v={{ steps.build.output.text }}", outputs, "headers.X-Note", as_text=True)
+    # In a body, which is never filled with credentials, the text is data.
+    body = t.render({"note": "{{ steps.build.output.text }}"}, outputs)
+    assert body == {"note": "x {{ credential.push-key }}"}
+
+
 @pytest.mark.parametrize(
     "value",
     ["{{ steps.build.output.missing }}", "{{ steps.build.output.sizes.9 }}",

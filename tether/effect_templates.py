@@ -184,7 +184,13 @@ def _render_string(text: str, outputs: Mapping[str, Any], where: str, as_text: b
         ref = parse(match.group(1), where)
         if isinstance(ref, CredentialRef):
             return match.group(0)
-        return _text(_lookup(outputs, ref, where))
+        filled = _text(_lookup(outputs, ref, where))
+        if as_text and "{{" in filled:
+            # A header value is filled with credentials at send time: an output (a model's
+            # words) holding `{{ credential.x }}` would have a secret sent where the plan put
+            # none. Refused, nothing is sent.
+            raise RenderError(f"{where}: the output of step {ref.step!r} holds '{{{{'")
+        return filled
 
     return _BRACES.sub(fill, text)
 
