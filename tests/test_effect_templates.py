@@ -35,7 +35,7 @@ def test_a_header_value_stays_text_even_as_one_placeholder() -> None:
 
 def test_an_output_cannot_smuggle_a_credential_into_a_header_value() -> None:
     outputs = {"build": {"text": "x {{ credential.push-key }}"}}
-    with pytest.raises(t.RenderError, match="holds '{{'"):
+    with pytest.raises(t.RenderError, match=r"holds '\{\{'"):
         t.render("v={{ steps.build.output.text }}", outputs, "headers.X-Note", as_text=True)
     # In a body, which is never filled with credentials, the text is data.
     body = t.render({"note": "{{ steps.build.output.text }}"}, outputs)
