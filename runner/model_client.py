@@ -21,6 +21,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
+from runner import tracing
 from runner.errors import OperatorProblem, StepRejected, TransientFailure
 from runner.http import make_client
 from runner.retry_after import HasRetryAfter, parse_retry_after, stop_before_deadline
@@ -223,6 +224,7 @@ class ModelClient:
             )
         except httpx.RequestError as exc:  # the network, or a reply httpx cannot decode
             raise _Retryable(f"model unreachable: POST {self._url}: {type(exc).__name__}") from exc
+        tracing.annotate(status_code=response.status_code)
         problem = self._classify(response)
         if problem is not None:
             raise problem
@@ -259,6 +261,15 @@ class ModelClient:
             before_sleep=before_sleep,
             reraise=True,
         )
+        with tracing.span("tether.model.call", model=str(body.get("model", ""))) as span:
+            completion = await self._chat(retrying, body, key, deadline)
+            span.set(tries=retrying.statistics.get("attempt_number", 1), **completion.usage)
+            span.set(finish_reason=completion.finish_reason)
+            return completion
+
+    async def _chat(
+        self, retrying: AsyncRetrying, body: dict[str, Any], key: str | None, deadline: float
+    ) -> Completion:
         try:
             async for attempt in retrying:
                 with attempt:

@@ -27,6 +27,7 @@ import anyio
 import structlog
 from tenacity import stop_never
 
+from runner import tracing
 from runner.credentials import SecretMissing, SecretSource
 from runner.errors import (
     BudgetExhausted,
@@ -156,6 +157,11 @@ class StepRun:
             self._scope.cancel()
 
     async def run(self) -> None:
+        with tracing.step(self.lease) as span:
+            await self._run()
+            span.set(outcome=self.outcome, **self.spent)
+
+    async def _run(self) -> None:
         self.log.info("step leased", kind=self.lease.kind, name=self.lease.name)
         with self._scope:
             async with anyio.create_task_group() as tg:

@@ -20,6 +20,7 @@ import anyio
 import httpx
 import structlog
 
+from runner import tracing
 from runner.errors import (
     LeaseLost,
     LostBecause,
@@ -247,9 +248,13 @@ class SupervisorClient:
         await self.endpoints.aclose()
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
+        """The token, and the current span's `traceparent` when a step's call is traced."""
         headers = {"Authorization": f"Bearer {self._token}"}
         if content_type is not None:
             headers["Content-Type"] = content_type
+        traceparent = tracing.traceparent()
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         return headers
 
     @staticmethod
@@ -501,15 +506,17 @@ class SupervisorClient:
     ) -> ArtifactStored:
         """`PUT /v1/artifacts/{digest}` with `size` bytes (a stream is never held whole).
         `SupervisorRefused` for a refusal: 413 `body_too_large`, 422 `digest_mismatch`."""
-        response = _stop_or_retry(
-            await self._request(
-                "PUT",
-                f"/artifacts/{digest}",
-                content,
-                content_type="application/octet-stream",
-                size=size,
+        with tracing.span("tether.artifact.upload", digest=digest, bytes=size) as span:
+            response = _stop_or_retry(
+                await self._request(
+                    "PUT",
+                    f"/artifacts/{digest}",
+                    content,
+                    content_type="application/octet-stream",
+                    size=size,
+                )
             )
-        )
+            span.set(status_code=response.status_code)
         if response.status_code != 200:
             raise self._refused(response)
         return _answer(response, ArtifactStored, "artifact upload")

@@ -27,6 +27,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 ALWAYS_FORBIDDEN = frozenset({
     "starlette", "uvicorn", "httptools", "prometheus_client", "cachetools", "jinja2",
     "psycopg", "aiosqlite",
+    "opentelemetry",  # the otel extra: tracing is optional on a runner too
     # packages of the checkout that a borrowed server never has
     "supervisor", "examples", "bench", "tests",
 })  # fmt: skip
@@ -44,12 +45,14 @@ def _distribution_name(requirement: str) -> str:
 
 
 def forbidden_modules() -> frozenset[str]:
-    """The top-level modules of the `supervisor` and `dev` extras' distributions (less any
-    the base dependencies also need, and the venv's own tools), with the ones named above."""
+    """The top-level modules of the `supervisor`, `otel` and `dev` extras' distributions (less
+    any the base dependencies also need, and the venv's own tools), with the ones named above:
+    tracing is optional on a runner too, so no runner module may need it."""
     project = PYPROJECT["project"]
     base = {_distribution_name(r) for r in project["dependencies"]}
     extras = project["optional-dependencies"]
-    wanted = {_distribution_name(r) for r in [*extras["supervisor"], *extras["dev"]]}
+    optional = [*extras["supervisor"], *extras["otel"], *extras["dev"]]
+    wanted = {_distribution_name(r) for r in optional}
     wanted -= base | VENV_TOOLS
     modules: set[str] = set()
     for module, dists in importlib.metadata.packages_distributions().items():
@@ -81,6 +84,7 @@ def probe(*args: str, pythonpath: Path | None = None) -> dict[str, Any]:
 def test_the_forbidden_list_covers_the_supervisor_and_dev_extras() -> None:
     forbidden = forbidden_modules()
     assert {"starlette", "uvicorn", "httptools", "pytest", "hypothesis", "psutil"} <= forbidden
+    assert "opentelemetry" in forbidden
     assert not {"anyio", "httpx", "structlog", "tenacity", "sniffio", "tether", "runner"} & (
         forbidden
     )
@@ -94,6 +98,7 @@ def test_every_runner_module_imports_and_help_runs_without_them() -> None:
     assert result["failures"] == []
     imported = set(result["imported"])
     assert {"tether.wire", "tether.logs", "runner.cli", "runner.daemon", "runner.step"} <= imported
+    assert {"tether.tracing", "runner.tracing"} <= imported
     assert result["helped"] == [["--help"], ["run", "--help"]]
 
 

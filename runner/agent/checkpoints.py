@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
+from runner import tracing
 from runner.agent.workspace import Snapshot, Workspace
 from runner.errors import LeaseLost, RunnerError
 from runner.kinds import StepServices
@@ -92,15 +93,19 @@ class Checkpointer:
     ) -> None:
         """Checkpoint `turn` (`usage`: this attempt's running total); see the module docstring.
         `LeaseLost` when the supervisor refuses it as stale."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CHECKPOINT_TIMEOUT_S) as scope:
-            try:
-                await self._save(turn, messages, usage)
-            except LeaseLost:
-                raise
-            except (RunnerError, OSError) as exc:
-                log.warning("checkpoint failed", turn=turn, error=str(exc))
-        if scope.cancelled_caught:
-            log.warning("checkpoint timed out", turn=turn, timeout_s=CHECKPOINT_TIMEOUT_S)
+        with tracing.span("tether.checkpoint", turn=turn, fence=self._fence) as span:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CHECKPOINT_TIMEOUT_S) as scope:
+                try:
+                    await self._save(turn, messages, usage)
+                    span.set(outcome="saved")
+                except LeaseLost:
+                    raise
+                except (RunnerError, OSError) as exc:
+                    log.warning("checkpoint failed", turn=turn, error=str(exc))
+                    span.set(outcome="failed", error=type(exc).__name__)
+            if scope.cancelled_caught:
+                log.warning("checkpoint timed out", turn=turn, timeout_s=CHECKPOINT_TIMEOUT_S)
+                span.set(outcome="timed_out")
 
     async def _save(self, turn: int, messages: list[dict[str, Any]], usage: dict[str, int]) -> None:
         transcript = await self._services.upload(canonical_json(messages))

@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import structlog
 
+from runner import tracing
 from runner.agent.command import run_command
 from runner.agent.sandbox import Sandbox
 from runner.agent.workspace import Workspace
@@ -92,21 +93,38 @@ async def run_checks(
 ) -> dict[str, CheckRun]:
     """Run each check at `candidate` and upload its log; the runs by check name."""
     runs: dict[str, CheckRun] = {}
-    for index, spec in enumerate(specs):
-        # Each check starts from the candidate alone: neither what the tools wrote outside the
-        # allowed paths nor what an earlier check left behind is there.
-        await workspace.clean_checkout(candidate)
-        home = workspace.io / f"check-{index}-home"
-        await anyio.Path(home).mkdir()
-        path = workspace.io / f"check-{index}.log"
-        try:
-            run = await _run_one(spec, workspace.tree, home, path, sandbox, limits)
-        finally:
-            await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, home, True))
-        digest = await upload(path)
-        runs[spec.name] = CheckRun(log=digest, exit_code=run[0], duration_s=run[1])
-        log.info("check ran", check=spec.name, exit_code=run[0], duration_s=run[1], log=digest)
+    with tracing.span("tether.checks", checks=len(specs)):
+        for index, spec in enumerate(specs):
+            with tracing.span("tether.check", check=spec.name) as span:
+                runs[spec.name] = await _check(
+                    workspace, candidate, index, spec, sandbox, upload, limits
+                )
+                span.set(exit_code=runs[spec.name].exit_code, duration_s=runs[spec.name].duration_s)
     return runs
+
+
+async def _check(
+    workspace: Workspace,
+    candidate: str,
+    index: int,
+    spec: CheckSpec,
+    sandbox: Sandbox,
+    upload: Callable[[Path], Awaitable[str]],
+    limits: CheckLimits,
+) -> CheckRun:
+    # Each check starts from the candidate alone: neither what the tools wrote outside the
+    # allowed paths nor what an earlier check left behind is there.
+    await workspace.clean_checkout(candidate)
+    home = workspace.io / f"check-{index}-home"
+    await anyio.Path(home).mkdir()
+    path = workspace.io / f"check-{index}.log"
+    try:
+        run = await _run_one(spec, workspace.tree, home, path, sandbox, limits)
+    finally:
+        await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, home, True))
+    digest = await upload(path)
+    log.info("check ran", check=spec.name, exit_code=run[0], duration_s=run[1], log=digest)
+    return CheckRun(log=digest, exit_code=run[0], duration_s=run[1])
 
 
 async def _run_one(

@@ -22,6 +22,7 @@ import anyio
 import msgspec
 import structlog
 
+from runner import tracing
 from runner.agent import schemas
 from runner.agent.command import run_command
 from runner.agent.errors import ToolError, ToolFailed, ToolRefused
@@ -108,7 +109,16 @@ class ToolBox:
 
     async def call(self, name: str, arguments_json: str | bytes) -> ToolResult:
         """Decode the arguments, run the tool, and return its result; a model's mistake or
-        a broken rule is an error result, counted in `self.log`."""
+        a broken rule is an error result, counted in `self.log`. Its span names the tool only
+        when it is one of ours: a name the model made up is the model's text."""
+        with tracing.span(
+            "tether.tool.call", tool=name if name in self._tools else "unknown"
+        ) as span:
+            result = await self._call(name, arguments_json)
+            span.set(ok=result.ok, refused=result.refused, error_code=result.code)
+            return result
+
+    async def _call(self, name: str, arguments_json: str | bytes) -> ToolResult:
         self.log.calls[name] += 1
         try:
             tool = self._tools.get(name)

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from supervisor import tracing
 from supervisor.api.auth import require
 from supervisor.api.bindings import UnboundSteps
 from supervisor.api.errors import ApiError, ledger_error_code, record_response
@@ -89,7 +90,8 @@ async def claim(request: Request) -> Response:
         return Response(status_code=204)
     unbound: UnboundSteps = request.app.state.unbound_steps
     unbound.granted(leases)
-    leases = await on_current_heads(request, leases, who.scope)
+    with tracing.Grants(leases, runner_id=ask.runner_id, pool=who.scope) as grants:
+        leases = grants.sent(await on_current_heads(request, leases, who.scope))
     if not leases:
         return Response(status_code=204)
     return record_response(ClaimAnswer(leases=tuple(leases)))
@@ -197,7 +199,10 @@ async def result(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
     report = (await read(request, Result)).for_step(request.path_params["step_id"])
     evidence = await evidence_for(request, report, who.scope)
-    outcome = await _ledger(request).report(report, who.scope, evidence)
+    header = request.headers.get("traceparent")
+    with tracing.commit(report.step_id, report.fence, header=header) as span:
+        outcome = await _ledger(request).report(report, who.scope, evidence)
+        span.set(outcome=str(outcome))
     return record_response(ResultAnswer(outcome=outcome))
 
 
@@ -234,9 +239,13 @@ async def results(request: Request) -> Response:
         except (LedgerError, RepositoryUnavailable) as exc:
             answers[n] = _item_error(request, report.step_id, exc)
 
+    header, sole = request.headers.get("traceparent"), len(reports) == 1
+
     async def one(n: int, report: Report) -> None:
         try:
-            outcome = await ledger.report(report, who.scope, evidence[n])
+            with tracing.commit(report.step_id, report.fence, header=header, sole=sole) as span:
+                outcome = await ledger.report(report, who.scope, evidence[n])
+                span.set(outcome=str(outcome))
         except LedgerError as exc:
             answers[n] = _item_error(request, report.step_id, exc)
         else:

@@ -45,6 +45,7 @@ import anyio
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_random_exponential
 
+from supervisor import tracing
 from supervisor.effects.credentials import Credentials
 from supervisor.effects.registry import Deliverer, EffectKinds, RetryLater
 from supervisor.ledger.errors import LedgerError, StorageError
@@ -208,16 +209,19 @@ class Dispatcher:
             await self._give_up(out, f"still unanswered; last: {last.detail}")
 
     async def _attempt(self, out: Outgoing, deliverer: Deliverer) -> Answer:
-        attempt = await self.ledger.begin_attempt(out.effect_id, self.holder, out.digest)
-        answer: Answer = Unanswered(
-            detail=f"no answer within {self.attempt_bound_s:g} s", sent=True
-        )
-        with anyio.move_on_after(self.attempt_bound_s):
-            try:
-                answer = await deliverer.deliver(out, self.secrets)
-            except Exception as exc:  # a deliverer's bug: nobody can say whether it sent
-                answer = Unanswered(detail=f"the deliverer failed: {type(exc).__name__}", sent=True)
-        await self.ledger.record_attempt(out.effect_id, attempt, self.holder, _plain(answer))
+        with tracing.effect_attempt(out) as span:
+            attempt = await self.ledger.begin_attempt(out.effect_id, self.holder, out.digest)
+            answer: Answer = Unanswered(
+                detail=f"no answer within {self.attempt_bound_s:g} s", sent=True
+            )
+            with anyio.move_on_after(self.attempt_bound_s):
+                try:
+                    answer = await deliverer.deliver(out, self.secrets)
+                except Exception as exc:  # a deliverer's bug: nobody can say whether it sent
+                    detail = f"the deliverer failed: {type(exc).__name__}"
+                    answer = Unanswered(detail=detail, sent=True)
+            await self.ledger.record_attempt(out.effect_id, attempt, self.holder, _plain(answer))
+            tracing.effect_answered(span, attempt, answer)
         log.info(
             "effect attempt",
             effect_id=out.effect_id,
