@@ -69,6 +69,7 @@ async def test_a_head_moved_after_a_result_fails_the_task_at_the_next_grant(
     assert shown["state"] == "FAILED"
     assert shown["reason"].startswith("stale_base: "), shown["reason"]
     assert moved in shown["reason"]
+    assert [(f["code"], moved in f["detail"]) for f in shown["findings"]] == [("stale_base", True)]
     assert [s["state"] for s in shown["steps"]] == ["committed", "failed"]
     [attempt] = shown["steps"][1]["attempts"]
     assert attempt["state"] == "failed"

@@ -134,6 +134,11 @@ def findings(db: sqlite3.Connection, task: sqlite3.Row) -> list[Problem]:
         if evidence and evidence["head_sha"] != task["approved_base_sha"]:
             approved, head = task["approved_base_sha"], evidence["head_sha"]
             found.append(stale_base(approved, head, task["repository"]))
+    failed_on = _stale_failure(task)
+    if failed_on is not None and not found:
+        # Failed by a head read outside any step's evidence (at grant, or a webhook): the
+        # reason the ledger wrote then is the finding.
+        found.append(failed_on)
     final = next((s for s in reversed(steps) if s["candidate_sha"]), None)
     if final is None:
         found.append(Problem(code=Finding.NO_CANDIDATE, detail="no step reported a candidate"))
@@ -159,6 +164,15 @@ def findings(db: sqlite3.Connection, task: sqlite3.Row) -> list[Problem]:
                 )
             )
     return _unique(found)
+
+
+def _stale_failure(task: sqlite3.Row) -> Problem | None:
+    """The `stale_base` finding of a task that failed with it, from its recorded reason."""
+    prefix = f"{Finding.STALE_BASE.value}: "
+    reason = task["reason"] or ""
+    if task["state"] != TaskState.FAILED or not reason.startswith(prefix):
+        return None
+    return Problem(code=Finding.STALE_BASE, detail=reason.removeprefix(prefix))
 
 
 def check_runs_at(db: sqlite3.Connection, task_id: str, sha: str | None) -> dict[str, sqlite3.Row]:
