@@ -1,4 +1,4 @@
-"""The runner's spans (docs/design.md, Observability): the step, from its lease to its report
+"""The runner's spans (docs/design.md, Health and metrics): the step, from its lease to its report
 or release, joined to the supervisor's grant by the lease's `traceparent`; inside it the model
 calls, the agent's tool calls, checks, checkpoints and artifact uploads, through `span`.
 

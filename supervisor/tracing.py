@@ -1,4 +1,4 @@
-"""The supervisor's spans (docs/design.md, Observability): a grant per lease of a claim, whose
+"""The supervisor's spans (docs/design.md, Health and metrics): a grant per lease of a claim, whose
 context the lease carries to the runner (`Lease.traceparent`); a commit per reported result;
 an attempt per effect delivery. All in the task's trace (`tether.tracing.trace_id_of`).
 

@@ -1,6 +1,7 @@
-"""OpenTelemetry traces, optional (`pip install 'tether[otel]'`, docs/design.md, Observability):
-one trace per task, its id derived from the task id, so every process computes the same one and
-the supervisor stores nothing; spans joined across processes by a W3C `traceparent`.
+"""OpenTelemetry traces, optional (`pip install 'tether[otel]'`; docs/design.md, Health and
+metrics): one trace per task, its id derived from the task id, so every process computes the
+same one and the supervisor stores nothing; spans joined across processes by a W3C
+`traceparent`.
 
 Tracing is on only when an OTLP endpoint is configured in the environment
 (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`; `OTEL_SDK_DISABLED=true`
