@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv test lint types pytest demo demo-agent bench bench-quick bench-peers-venv clean
+.PHONY: all venv test lint types pytest demo demo-agent demo-effects bench bench-quick bench-peers-venv clean
 
 all: test
 
@@ -36,6 +36,9 @@ demo: $(STAMP)
 
 demo-agent: $(STAMP)
 	$(BIN)/python -m examples.demo_agent
+
+demo-effects: $(STAMP)
+	$(BIN)/python -m examples.demo_effects
 
 # The peers (Huey, DBOS) live in a venv of their own, never in the project's.
 PEERS_VENV := bench/.peers-venv
