@@ -14,11 +14,12 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor import admin
+from supervisor import admin, service
+from supervisor.ledger.outbox import Delivered, Unanswered
 
 from .agent_repos import make_origin
 from .conftest import ApiHarness, FakeClock, ledger_snapshot, open_api
-from .ui_pages import csrf_of, sign_in, strict, strict_fragment
+from .ui_pages import IdleDispatcher, csrf_of, sign_in, strict, strict_fragment
 
 HOSTILE = "<script>alert('x')</script>\x00\x07\x85\ufffe & \"q\""
 
@@ -416,3 +417,276 @@ async def test_the_pages_own_files_are_served(web: ApiHarness) -> None:
     assert "@media" in css.text
     assert script.headers["content-type"].startswith("text/javascript")
     assert "lastEventId" in script.text
+
+
+# -- effects: the request behind a gate, opening it, an uncertain effect -------------------
+
+SECRET = "s3cret-from-the-folder"
+LITERAL = "literal-key-in-the-plan"
+
+
+@pytest.fixture
+async def effects(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[ApiHarness]:
+    """The status page with a credentials folder; deliveries are driven by hand through the
+    ledger's port (`IdleDispatcher`), so nothing reaches the network."""
+    monkeypatch.setattr(service, "Dispatcher", IdleDispatcher)
+    folder = tmp_path / "credentials"
+    folder.mkdir()
+    (folder / "deploy-token").write_text(SECRET + "\n")
+    async with open_api(
+        tmp_path / "ui.db", clock, synchronous="OFF", credentials_dir=folder
+    ) as harness:
+        yield harness
+
+
+def effect_plan(key: str, keyed: bool = False) -> dict[str, Any]:
+    payload = {
+        "url": "https://ops:hunter2@deploy.example/hook",
+        "keyed": keyed,
+        "headers": {
+            "Authorization": "Bearer {{ credential.deploy-token }}",
+            "X-Api-Key": LITERAL,
+            "X-Team": "blue",
+        },
+        "body": {"amount": "$82,000"},
+    }
+    return {
+        "idempotency_key": key,
+        "plan": {"steps": [{"name": "deploy", "kind": "http", "payload": payload}]},
+    }
+
+
+async def approved_effect(web: ApiHarness, key: str, keyed: bool = False) -> dict[str, Any]:
+    """A task of one http effect, approved through the API: its effect is due (or gated)."""
+    created = await web.client.post("/v1/tasks", headers=web.operator, json=effect_plan(key, keyed))
+    assert created.status_code == 201, created.text
+    task = created.json()
+    approved = await web.client.post(
+        f"/v1/tasks/{task['id']}/approve", headers=web.operator,
+        json={"plan_hash": task["plan_hash"]},
+    )  # fmt: skip
+    assert approved.status_code == 200, approved.text
+    view: dict[str, Any] = approved.json()
+    return view
+
+
+async def effect_now(web: ApiHarness, task_id: str) -> dict[str, Any]:
+    view = (await web.client.get(f"/v1/tasks/{task_id}", headers=web.operator)).json()
+    effect: dict[str, Any] = view["steps"][0]["effect"]
+    return {**effect, "task_state": view["state"]}
+
+
+async def send(web: ApiHarness, *answers: Delivered | Unanswered) -> None:
+    """A dispatcher takes the effect and, for each of `answers`, begins a send and records
+    that answer (as its retry loop does while it holds the effect)."""
+    ledger = web.app.state.ledger
+    [out] = await ledger.take_effects("d1", 8)
+    for answer in answers:
+        attempt = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
+        await ledger.record_attempt(out.effect_id, attempt, "d1", answer)
+
+
+def shown_digest(text: str) -> str:
+    found = re.search(r'name="digest" value="([0-9a-f]{64})"', text)
+    assert found, "the page has no gate form"
+    return found.group(1)
+
+
+def notice_of(text: str) -> str:
+    [notice] = re.findall(r'<p class="notice" role="alert">(.*?)</p>', text)
+    assert "\n" not in notice
+    return str(notice)
+
+
+def without_rejections(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot less the rejections table: a refused gate is recorded there, as the API's
+    refusal is (tests/test_api_gates.py); nothing else may change."""
+    return {k: v for k, v in snapshot.items() if k != "rejections"}
+
+
+async def test_a_gate_shows_the_request_to_approve_masked_with_its_digest(
+    effects: ApiHarness,
+) -> None:
+    client = await signed_in(effects)
+    task = await approved_effect(effects, "gated")
+    effect = task["steps"][0]["effect"]
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert shown_digest(text) == effect["digest"]
+    request = re.search(r'<div class="request".*?<p>Digest .*?</p>', text, re.DOTALL)
+    assert request, "no request shown"
+    shown = request.group(0)
+    for part in (
+        "The request to approve", "POST", "https://***@deploy.example/hook", "X-Team", "blue",
+        "Bearer {{ credential.deploy-token }}", "credential <code>deploy-token</code>",
+        "X-Api-Key", "masked", "&#34;amount&#34;: &#34;$82,000&#34;", effect["digest"],
+    ):  # fmt: skip
+        assert part in shown, part
+    for hidden in (SECRET, LITERAL, "hunter2"):
+        assert hidden not in text, hidden
+    assert 'name="step" value="deploy"' in text
+    assert "Open the gate for this digest" in text
+    assert "needs an operator" in text
+    assert 'href="#effect-step-1"' in text  # the summary's waiting line links to it
+    listing = await page(client, "/ui")
+    assert "waiting for an operator to open the gate of effect <code>deploy</code>" in listing
+    strict_fragment((await client.get(f"/ui/tasks/{task['id']}/fragment")).text)
+
+
+async def test_the_gate_opens_for_the_shown_digest_once(effects: ApiHarness) -> None:
+    client = await signed_in(effects)
+    task = await approved_effect(effects, "open-me")
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    fields = {"csrf": csrf_of(text), "step": "deploy", "digest": shown_digest(text)}
+    answer = await post_form(client, f"/ui/tasks/{task['id']}/gate", fields)
+    assert (answer.status_code, answer.headers["location"]) == (303, f"/ui/tasks/{task['id']}")
+    effect = await effect_now(effects, task["id"])
+    assert effect["state"] == "open"
+    token = await effects.app.state.ledger.authenticate(effects.secrets["operator"])
+    assert effect["gate"] == {**effect["gate"], "opened_by": token.token_id}
+    assert effect["gate"]["digest"] == fields["digest"]
+    after = await page(client, answer.headers["location"])
+    assert 'name="digest"' not in after
+    assert "gate opened for one send" in after
+    again = await post_form(client, f"/ui/tasks/{task['id']}/gate", fields)
+    assert again.status_code == 409
+    assert "invalid_transition" in notice_of(again.text)
+    strict(again.text)
+
+
+async def test_another_digest_is_refused_in_one_line_and_changes_nothing(
+    effects: ApiHarness,
+) -> None:
+    client = await signed_in(effects)
+    task = await approved_effect(effects, "mismatch")
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    csrf, digest = csrf_of(text), shown_digest(text)
+    url = f"/ui/tasks/{task['id']}/gate"
+    before = without_rejections(ledger_snapshot(effects.path))
+    wrong = await post_form(client, url, {"csrf": csrf, "step": "deploy", "digest": "a" * 64})
+    assert wrong.status_code == 409
+    strict(wrong.text)
+    notice = notice_of(wrong.text)
+    assert "gate_mismatch" in notice
+    assert "look at the request again" in notice
+    assert shown_digest(wrong.text) == digest  # the page shows the request again
+    refusals = [
+        ({"csrf": csrf, "step": "deploy", "digest": ""}, 422, "invalid_field"),
+        ({"csrf": csrf, "step": "deploy", "digest": "z" * 65}, 422, "invalid_field"),
+        ({"csrf": csrf, "digest": digest}, 422, "names no effect step"),
+        ({"csrf": csrf, "step": "nosuch", "digest": digest}, 404, "no step"),
+    ]
+    for fields, status, says in refusals:
+        answer = await post_form(client, url, fields)
+        assert answer.status_code == status, fields
+        assert says in notice_of(answer.text), fields
+    assert without_rejections(ledger_snapshot(effects.path)) == before
+    assert (await effect_now(effects, task["id"]))["state"] == "gated"
+
+
+async def test_a_gate_needs_the_tenants_operator_session_and_its_csrf_token(
+    effects: ApiHarness,
+) -> None:
+    task = await approved_effect(effects, "guarded-gate")
+    digest = task["steps"][0]["effect"]["digest"]
+    url = f"/ui/tasks/{task['id']}/gate"
+    before = ledger_snapshot(effects.path)
+    client: httpx.AsyncClient = effects.client
+    client.cookies.set("tether_ui", effects.secrets["runner"], path="/ui")  # a runner's token
+    as_runner = await post_form(client, url, {"step": "deploy", "digest": digest})
+    assert (as_runner.status_code, as_runner.headers["location"]) == (303, "/ui/login")
+    client.cookies.clear()
+    await signed_in(effects)
+    csrf = csrf_of(await page(client, f"/ui/tasks/{task['id']}"))
+    no_csrf = await post_form(client, url, {"step": "deploy", "digest": digest})
+    assert no_csrf.status_code == 403
+    other_site = await post_form(
+        client, url, {"csrf": csrf, "step": "deploy", "digest": digest}, "https://evil.example"
+    )
+    assert other_site.status_code == 403
+    happened = await post_form(client, f"/ui/tasks/{task['id']}/happened",
+                               {"step": "deploy", "happened": "yes"})  # fmt: skip
+    assert happened.status_code == 403
+    client.cookies.clear()
+    await signed_in(effects, "rival")
+    rival_csrf = csrf_of(await page(client, "/ui"))
+    rival = await post_form(client, url, {"csrf": rival_csrf, "step": "deploy", "digest": digest})
+    assert rival.status_code == 404
+    assert ledger_snapshot(effects.path) == before
+    assert (await effect_now(effects, task["id"]))["state"] == "gated"
+
+
+async def test_an_uncertain_effect_is_resolved_from_its_page_with_the_clis_rules(
+    effects: ApiHarness,
+) -> None:
+    client = await signed_in(effects)
+    task = await approved_effect(effects, "uncertain")
+    task_url = f"/ui/tasks/{task['id']}"
+    happened_url = f"{task_url}/happened"
+
+    async def open_and_lose_the_answer() -> str:
+        text = await page(client, task_url)
+        fields = {"csrf": csrf_of(text), "step": "deploy", "digest": shown_digest(text)}
+        assert (await post_form(client, f"{task_url}/gate", fields)).status_code == 303
+        await send(effects, Unanswered(detail="connection reset", sent=True))
+        return await page(client, task_url)
+
+    fields = {"csrf": csrf_of(await page(client, task_url)), "step": "deploy", "happened": "yes"}
+    early = await post_form(client, happened_url, fields)
+    assert early.status_code == 409
+    assert "only an uncertain effect is resolved" in notice_of(early.text)
+    text = await open_and_lose_the_answer()
+    csrf = csrf_of(text)
+    assert "may have been sent" in text
+    assert 'id="happened-step-1"' in text
+    assert 'name="happened" value="yes"' in text
+    assert 'name="happened" value="no"' in text
+    assert 'name="digest"' not in text  # no gate to open while it is uncertain
+    assert "connection reset" in text
+    listing = await page(client, "/ui")
+    assert "say whether effect <code>deploy</code> happened" in listing
+    maybe = await post_form(client, happened_url,
+                            {"csrf": csrf, "step": "deploy", "happened": "maybe"})  # fmt: skip
+    assert maybe.status_code == 422
+    assert "yes or no" in notice_of(maybe.text)
+    no = await post_form(client, happened_url, {"csrf": csrf, "step": "deploy", "happened": "no"})
+    assert no.status_code == 303
+    assert (await effect_now(effects, task["id"]))["state"] == "gated"
+    text = await open_and_lose_the_answer()
+    before = without_rejections(ledger_snapshot(effects.path))
+    second_no = await post_form(client, happened_url,
+                                {"csrf": csrf, "step": "deploy", "happened": "no"})  # fmt: skip
+    assert second_no.status_code == 409
+    assert "already re-opened once" in notice_of(second_no.text)
+    assert without_rejections(ledger_snapshot(effects.path)) == before
+    yes = await post_form(client, happened_url, {"csrf": csrf, "step": "deploy", "happened": "yes"})
+    assert yes.status_code == 303
+    effect = await effect_now(effects, task["id"])
+    assert (effect["task_state"], effect["state"]) == ("SUCCEEDED", "delivered")
+    done = await page(client, task_url)
+    assert f"<code>{effect['resolved']['by']}</code> said it happened" in done
+    deliveries = re.search(r'<table class="deliveries">.*?</table>', done, re.DOTALL)
+    assert deliveries
+    assert deliveries.group(0).count("<tr>") == 3  # a head and two sends
+
+
+async def test_a_keyed_effect_shows_each_delivery_and_its_answer(effects: ApiHarness) -> None:
+    client = await signed_in(effects)
+    task = await approved_effect(effects, "keyed", keyed=True)
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert "every try carries its <code>Idempotency-Key</code>" in text
+    assert 'name="digest"' not in text  # a keyed effect has no gate
+    await send(
+        effects,
+        Unanswered(detail="HTTP 503: busy", sent=True, status=503),
+        Delivered(status=201, detail='HTTP 201: {"applied": 1}'),
+    )
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert "SUCCEEDED" in text
+    deliveries = re.search(r'<table class="deliveries">.*?</table>', text, re.DOTALL)
+    assert deliveries
+    rows = deliveries.group(0)
+    for part in ("503", "HTTP 503: busy", "<strong>delivered</strong>", "201", "applied"):
+        assert part in rows, part
+    assert "delivered; the receiver&#39;s answer is recorded" in text

@@ -1,10 +1,13 @@
 """Helpers for the status page's tests (tests/test_ui_*.py): a signed-in browser session over
-httpx, and the strict HTML5 parser every page must pass."""
+httpx, the strict HTML5 parser every page must pass, and an idle stand-in for the effects
+dispatcher."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import anyio
 import html5lib  # type: ignore[import-untyped]  # no stubs; tests only
 import httpx
 
@@ -33,3 +36,14 @@ async def sign_in(client: httpx.AsyncClient, secret: str) -> httpx.Response:
         data={"token": secret},
         headers={"Origin": str(client.base_url).rstrip("/")},
     )
+
+
+class IdleDispatcher:
+    """Stands in for the supervisor's dispatcher where a test drives deliveries through the
+    ledger's port by hand: nothing may reach the network."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    async def run(self) -> None:
+        await anyio.sleep_forever()

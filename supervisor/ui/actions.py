@@ -1,7 +1,8 @@
 """The status page's writes: sign in and out, and the operator's actions on a task (approve,
-cancel, record a review decision) with the CLI's rules: each form is read into the API's own
-record and handed to the same ledger method the API route calls. A refused action shows the
-task page again with the refusal in one line; nothing changed."""
+cancel, record a review decision, open an effect's gate, say whether an uncertain effect
+happened) with the CLI's rules: each form is read into the API's own record and handed to the
+same ledger method the API route calls. A refused action shows the task page again with the
+refusal in one line; nothing changed."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ from supervisor.repos.evidence import RepositoryUnavailable, read_head
 from supervisor.ui import pages, render, session
 from supervisor.ui.guard import LOGIN, refusal, signed
 from tether.codec import BadMessage, decode, encode
-from tether.messages import MAX_TEXT, Approval, Cancel, Record, ReviewDecision
-from tether.wire import ERRORS
+from tether.messages import (
+    MAX_TEXT,
+    Approval,
+    Cancel,
+    EffectHappened,
+    GateOpen,
+    Record,
+    ReviewDecision,
+)
+from tether.wire import ERRORS, ErrorCode
 
 R = TypeVar("R", bound=Record)
 
@@ -89,6 +98,47 @@ async def _review(request: Request, who: Principal) -> Response:
     return await _act(request, who, act)
 
 
+def _step_of(fields: dict[str, str]) -> str:
+    """The effect step a gate form names (in the form, not the path: a step's name may hold
+    any character, `/` included)."""
+    step = fields.get("step", "")
+    if not step:
+        raise ApiError(ErrorCode.INVALID_FIELD, "'step': the form names no effect step")
+    return step
+
+
+async def _open_gate(request: Request, who: Principal) -> Response:
+    """Open an effect's gate for the digest the page showed (a hidden field); the ledger
+    refuses a digest that is no longer its request's (docs/design.md, Effects)."""
+
+    async def act(fields: dict[str, str]) -> None:
+        ask = _record({"digest": fields.get("digest", "").strip().lower()}, GateOpen)
+        await pages.ledger_of(request).open_gate(
+            who.scope, request.path_params["task_id"], _step_of(fields), ask.digest, who.token_id
+        )
+
+    return await _act(request, who, act)
+
+
+_SAID: dict[str, bool] = {"yes": True, "no": False}
+
+
+async def _happened(request: Request, who: Principal) -> Response:
+    """An operator's word on an uncertain effect, `yes` or `no` as `task gate --happened`."""
+
+    async def act(fields: dict[str, str]) -> None:
+        said = fields.get("happened", "")
+        if said not in _SAID:
+            raise ApiError(ErrorCode.INVALID_FIELD, "'happened' must be yes or no")
+        ask = _record({"happened": _SAID[said]}, EffectHappened)
+        await pages.ledger_of(request).resolve_effect(
+            who.scope, request.path_params["task_id"], _step_of(fields), ask.happened,
+            who.token_id,
+        )  # fmt: skip
+
+    return await _act(request, who, act)
+
+
 async def _logout(request: Request, _who: Principal) -> Response:
     await session.checked_form(request)
     response = RedirectResponse(LOGIN, status_code=303)
@@ -123,4 +173,6 @@ async def login(request: Request) -> Response:
 approve = signed(_approve)
 cancel = signed(_cancel)
 review = signed(_review)
+open_gate = signed(_open_gate)
+happened = signed(_happened)
 logout = signed(_logout)

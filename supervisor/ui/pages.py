@@ -13,6 +13,7 @@ from supervisor.api.errors import ApiError
 from supervisor.ledger import Ledger, Principal
 from supervisor.ledger.views import PAGE_MAX
 from supervisor.ui import render
+from supervisor.ui.effects import shown_effect
 from supervisor.ui.guard import signed
 from tether.wire import ErrorCode
 
@@ -29,7 +30,7 @@ TASK_SHOWN: Final = frozenset(
 STEP_SHOWN: Final = frozenset(
     {
         "id", "name", "kind", "state", "payload_hash", "effect_key", "fence", "output",
-        "candidate_sha", "attempts",
+        "candidate_sha", "attempts", "effect",
     }
 )  # fmt: skip
 ATTEMPT_SHOWN: Final = frozenset(
@@ -75,18 +76,22 @@ async def task_context(request: Request, who: Principal, task_id: str) -> dict[s
     steps = [
         {
             **step,
+            "anchor": f"step-{number}",
             "extra": extras(step, STEP_SHOWN),
             "attempts": [
                 {**attempt, "extra": extras(attempt, ATTEMPT_SHOWN)}
                 for attempt in step.get("attempts", [])
             ],
+            "effect": shown_effect(step.get("effect")),
         }
-        for step in task.get("steps", [])
+        for number, step in enumerate(task.get("steps", []), start=1)
     ]
     return {
         "who": who,
         "task": task,
         "steps": steps,
+        # Where on the page each step is, so that what the task waits for links to it.
+        "anchors": {step["name"]: step["anchor"] for step in steps},
         "task_extra": extras(task, TASK_SHOWN),
         "review": review_parts(review),
         "ended": render.is_ended(task["state"]),

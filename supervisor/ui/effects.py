@@ -1,0 +1,99 @@
+"""An effect step as the task page shows it (docs/design.md, Effects): its request laid out for
+an operator to read before opening a gate, with what must not be shown masked.
+
+The ledger's view already holds a credential only as its `{{ credential.<name> }}` placeholder
+(filled at send time, never stored). The page also masks what the plan itself wrote where a
+secret goes: the value of a header whose name says it carries one, and a URL's user and
+password. The digest the page binds a gate to is the ledger's digest of the whole request,
+masked parts included, so what is masked here still cannot change unseen."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+from tether.effect_templates import TemplateError, credential_names
+from tether.git import redact
+
+MASK: Final = "••••••"
+# Header names whose literal value is a secret as far as the page is concerned.
+_SECRET_HEADER = re.compile(
+    r"authorization|cookie|api[-_]?key|token|secret|password|passwd|signature|session",
+    re.IGNORECASE,
+)
+# An Authorization value's scheme is shown; only its credentials are masked.
+_SCHEME = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*) +\S")
+WAITING: Final = frozenset({"gated", "uncertain"})
+# Each outbox state in words, beside the state's name: the page never relies on colour.
+MEANING: Final = {
+    "due": "to be sent by the supervisor's dispatcher",
+    "gated": "waiting for an operator to open its gate for this request",
+    "open": "gate opened for one send; waiting for the dispatcher",
+    "sending": "being sent",
+    "uncertain": (
+        "may have been sent: the supervisor stopped between starting the send and recording"
+        " the answer; it is never sent again by itself"
+    ),
+    "delivered": "delivered; the receiver's answer is recorded",
+    "failed": "not delivered; the step failed",
+    "withdrawn": "withdrawn before it was sent",
+}
+
+
+def _credentials_in(text: str) -> list[str]:
+    try:
+        return sorted(credential_names(text))
+    except TemplateError:
+        return []
+
+
+def shown_header(name: str, value: Any) -> dict[str, Any]:
+    """One header as shown: `value` (placeholders kept, a literal secret masked), the
+    credentials it names (`credentials`) and whether the page masked it (`masked`)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    named = _credentials_in(text)
+    if named or not _SECRET_HEADER.search(name):
+        return {"name": name, "value": text, "credentials": named, "masked": False}
+    scheme = _SCHEME.match(text)
+    masked = f"{scheme['scheme']} {MASK}" if scheme else MASK
+    return {"name": name, "value": masked, "credentials": [], "masked": True}
+
+
+def _body(body: Any) -> str | None:
+    if body is None:
+        return None
+    return json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def shown_request(kind: str, request: Any) -> dict[str, Any]:
+    """The rendered request laid out by part: `method`, `url`, `headers` (see `shown_header`),
+    `body` as indented JSON, and `other` for the fields of any other shape (a git.push's
+    branch and commits, or a registered kind's payload)."""
+    if not isinstance(request, dict):
+        return {"other": request}
+    fields = dict(request)
+    url = fields.pop("url", None)
+    headers = fields.pop("headers", None) if kind == "http" else None
+    shown: dict[str, Any] = {
+        "method": fields.pop("method", None) if kind == "http" else None,
+        "url": redact(url) if isinstance(url, str) else url,
+        "headers": [shown_header(str(k), v) for k, v in sorted((headers or {}).items())],
+        "has_body": kind == "http" and "body" in fields,
+        "body": _body(fields.pop("body", None)) if kind == "http" else None,
+        "other": fields,
+    }
+    return shown
+
+
+def shown_effect(effect: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The effect of a step's view with its request laid out (`shown`) and whether an
+    operator's word is awaited (`waiting`: its gate, or whether it happened)."""
+    if effect is None:
+        return None
+    return {
+        **effect,
+        "shown": shown_request(str(effect.get("kind")), effect.get("request")),
+        "waiting": effect.get("state") in WAITING,
+        "meaning": MEANING.get(str(effect.get("state")), ""),
+    }
