@@ -22,11 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from bench import (
-    agent_checkpoint,
     agent_lease,
+    agent_path,
     agent_rss,
     agent_upload,
     claimcost,
@@ -148,7 +146,11 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         say(f"runner rss, {agents.in_flight} agent steps in flight: {agents.in_flight_mb:.0f} MB "
             f"({agents.with_children_mb:.0f} MB with its commands; {agents.model_calls} model "
             f"calls, {agents.succeeded} steps succeeded)")  # fmt: skip
-        agent_path(r, plan, stack)
+        agent_path.measure(
+            r, stack, lease_files=plan.lease_files, lease_runs=plan.lease_runs,
+            checkpoint_files=plan.checkpoint_files, checkpoint_rounds=plan.checkpoint_rounds,
+            upload_rounds=plan.upload_rounds, say=say,
+        )  # fmt: skip
 
         r["steps_per_s"] = {}
         r["steps_detail"] = {}
@@ -230,34 +232,6 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
     say(f"disk bound again at the end: {r['disk_commits_per_s_end']:.0f} commits/s")
     report.ratios(r)
     return r
-
-
-def agent_path(r: dict[str, Any], plan: Plan, stack: Stack) -> None:
-    """Issue 17's agent figures: lease -> first model call (the runner's cache in the work
-    folder, and on tmpfs when there is one), a turn's checkpoint, a check's upload."""
-    lease = agent_lease.run(stack, files=plan.lease_files, runs=plan.lease_runs)
-    r["agent_lease"] = dataclasses.asdict(lease)
-    r["agent_lease_first_call_p50_s"] = lease.p50_s
-    r["agent_lease_first_call_max_s"] = lease.max_s
-    say(f"lease -> first model call, {lease.files:,} files, warm mirror: p50 {lease.p50_s:.2f} s,"
-        f" max {lease.max_s:.2f} s (cold {lease.cold_s:.2f} s)")  # fmt: skip
-    if agent_lease.TMPFS.is_dir():
-        tmpfs = agent_lease.run(
-            stack, files=plan.lease_files, runs=plan.lease_runs, pool=agent_lease.TMPFS_POOL,
-            cache_root=agent_lease.TMPFS,
-        )  # fmt: skip
-        r["agent_lease_tmpfs"] = dataclasses.asdict(tmpfs)
-        say(f"same, the runner's cache on tmpfs: p50 {tmpfs.p50_s:.2f} s, max {tmpfs.max_s:.2f} s")
-    cost = anyio.run(agent_checkpoint.measure, plan.checkpoint_files, 1_000_000,
-                     plan.checkpoint_rounds, stack.workdir)  # fmt: skip
-    r["agent_checkpoint"] = dataclasses.asdict(cost)
-    r["agent_checkpoint_1mb_ms"] = cost.changed_median_ms
-    say(f"checkpoint, 1 MB diff, {cost.files:,} files: {cost.changed_median_ms:.0f} ms"
-        f" ({cost.changed_cpu_median_ms:.0f} ms CPU); {cost.breakdown_ms}")  # fmt: skip
-    upload = agent_upload.run(stack, rounds=plan.upload_rounds)
-    r["agent_upload"] = dataclasses.asdict(upload)
-    r["agent_upload_10mb_s"] = upload.median_s
-    say(f"10 MB artifact upload: {upload.median_s:.2f} s, {upload.mb_per_s:.0f} MB/s")
 
 
 def main(argv: list[str] | None = None) -> int:
