@@ -1,11 +1,13 @@
 """The status page in real headless Chromium (Debian's chromium and chromedriver; nothing is
 downloaded) against a real uvicorn on a free port: refused without a token, signed in, a task
-approved from its page and watched live through an expired attempt, its replay and SUCCEEDED,
-and a screenshot of that page written to docs/screenshots/task-page.png.
+approved from its page and watched live through an expired attempt, its replay, its effect
+delivered and SUCCEEDED, and a screenshot of that page written to docs/screenshots/task-page.png;
+then an effect's gate opened from its page and the effect seen delivered live.
 
 The runner side is a fake runner speaking the HTTP API: it claims, then stops renewing, as a
 runner killed with SIGKILL would; its unacknowledged lease lapses after the 1 s acceptance
-window and the reaper requeues the step for the next runner."""
+window and the reaper requeues the step for the next runner. Effects are sent by the
+supervisor's own dispatcher to examples/receiver.py, served on 127.0.0.1 in a thread."""
 
 from __future__ import annotations
 
@@ -17,17 +19,20 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+import anyio
 import httpx
 import pytest
 import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from examples import receiver as example_receiver
 from supervisor import admin
 from supervisor.api import create_app, drain
 from supervisor.settings import SupervisorSettings
 
-from .conftest import task_body
+from .conftest import chat_payload, task_body
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +48,48 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class Supervisor:
-    """A supervisor app with the status page, served by uvicorn in a thread."""
+class Served:
+    """An ASGI app served by uvicorn on a free port of 127.0.0.1, in a thread."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", ws="none",
+            lifespan="on", timeout_graceful_shutdown=2, interface="asgi3",
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve()
+
+    def before_stop(self) -> None:
+        """What to do in the server's loop before it is told to exit."""
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Self]:
+        self.thread.start()
+        deadline = time.monotonic() + WAIT_S
+        while not self.server.started:
+            assert self.thread.is_alive(), "uvicorn stopped while starting"
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        try:
+            yield self
+        finally:
+            self.before_stop()
+            self.server.should_exit = True
+            self.thread.join(timeout=WAIT_S)
+
+
+class Supervisor(Served):
+    """A supervisor app with the status page and its effects dispatcher."""
 
     def __init__(self, root: Path) -> None:
         db = root / "ledger.db"
@@ -58,38 +103,11 @@ class Supervisor:
         # A lease nobody acknowledges lapses after 1 s; one renewed lives 3 s.
         settings = SupervisorSettings(db=db, lease_ttl_s=3.0, accept_window_s=1.0)
         self.app = create_app(settings)
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, log_level="warning", ws="none",
-            lifespan="on", timeout_graceful_shutdown=2,
-        )  # fmt: skip
-        self.server = uvicorn.Server(config)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(self.app)
 
-    def _run(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        await self.server.serve()
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[Supervisor]:
-        self.thread.start()
-        deadline = time.monotonic() + WAIT_S
-        while not self.server.started:
-            assert self.thread.is_alive(), "uvicorn stopped while starting"
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
-        try:
-            yield self
-        finally:
-            if self.loop is not None:  # end the open event streams, as `serve` does on SIGTERM
-                self.loop.call_soon_threadsafe(drain, self.app)
-            self.server.should_exit = True
-            self.thread.join(timeout=WAIT_S)
+    def before_stop(self) -> None:
+        if self.loop is not None:  # end the open event streams, as `serve` does on SIGTERM
+            self.loop.call_soon_threadsafe(drain, self.app)
 
     def api(self, who: str) -> httpx.Client:
         return httpx.Client(
@@ -98,9 +116,35 @@ class Supervisor:
         )  # fmt: skip
 
 
+class Receiver(Served):
+    """examples/receiver.py, with a hold in front: while held, a delivery waits (at most
+    `WAIT_S`) before the receiver sees it, so a page can be looked at mid-send."""
+
+    def __init__(self, root: Path) -> None:
+        self.receiver = example_receiver.create_app(root / "receiver.db")
+        self.released = threading.Event()
+        self.released.set()
+        super().__init__(self._held)
+
+    async def _held(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/counts":
+            await anyio.to_thread.run_sync(self.released.wait, WAIT_S)
+        await self.receiver(scope, receive, send)
+
+    def counts(self) -> dict[str, Any]:
+        counts: dict[str, Any] = httpx.get(f"{self.url}/counts", timeout=WAIT_S).json()
+        return counts
+
+
 @pytest.fixture(scope="module")
 def supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     with Supervisor(tmp_path_factory.mktemp("ui-browser")).running() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    with Receiver(tmp_path_factory.mktemp("receiver")).running() as running:
         yield running
 
 
@@ -173,13 +217,26 @@ def test_without_an_operator_token_the_page_stays_shut(
     assert browser.get_cookies() == []
 
 
+def deploy_step(receiver: Receiver, name: str, *, keyed: bool, **body: Any) -> dict[str, Any]:
+    """An `http` effect step that delivers `body` to the receiver."""
+    payload = {"url": f"{receiver.url}/{name}", "keyed": keyed, "body": body}
+    return {"name": name, "kind": "http", "payload": payload}
+
+
 def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
-    browser: Any, supervisor: Supervisor
+    browser: Any, supervisor: Supervisor, receiver: Receiver
 ) -> None:
     from selenium.webdriver.common.by import By
 
+    # A chat step, then a keyed effect the supervisor sends once the chat step is committed.
+    plan = {
+        "steps": [
+            {"name": "s0", "kind": "chat", "payload": chat_payload("apply patch 0")},
+            deploy_step(receiver, "notify", keyed=True, patched="{{ steps.s0.output }}"),
+        ]
+    }
     with supervisor.api("operator") as operator, supervisor.api("runner") as runner:
-        created = operator.post("/v1/tasks", json=task_body("watched", 1))
+        created = operator.post("/v1/tasks", json={"idempotency_key": "watched", "plan": plan})
         assert created.status_code == 201, created.text
         task = created.json()
         browser.delete_all_cookies()
@@ -220,6 +277,11 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
         assert "box-killed" in live
         assert "box-replay" in live
         assert "committed" in live
+        effect = browser.find_element(By.ID, "effect-step-2").text
+        assert "delivered" in effect
+        assert '"patched": "patched"' in effect  # the body took the chat step's output
+        key = operator.get(f"/v1/tasks/{task['id']}").json()["steps"][1]["effect"]["key"]
+        assert receiver.counts()["by_key"][key] == 1
 
         height = browser.execute_script("return document.documentElement.scrollHeight;")
         browser.set_window_size(1280, min(int(height) + 40, 4000))
@@ -233,6 +295,57 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
             "return document.documentElement.scrollWidth <= window.innerWidth;"
         )
         browser.set_window_size(1280, 1000)
+
+
+def test_open_a_gate_from_the_page_and_see_the_effect_delivered_live(
+    browser: Any, supervisor: Supervisor, receiver: Receiver
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    plan = {"steps": [deploy_step(receiver, "charge", keyed=False, amount="$82,000")]}
+    with supervisor.api("operator") as operator:
+        task = operator.post("/v1/tasks", json={"idempotency_key": "gated", "plan": plan}).json()
+        approved = operator.post(
+            f"/v1/tasks/{task['id']}/approve", json={"plan_hash": task["plan_hash"]}
+        )
+        effect = approved.json()["steps"][0]["effect"]
+        assert effect["state"] == "gated"  # approval opens no gate
+        browser.delete_all_cookies()
+        sign_in(browser, supervisor, supervisor.secrets["operator"])
+        assert "open the gate of effect charge" in browser.find_element(By.TAG_NAME, "main").text
+
+        browser.get(f"{supervisor.url}/ui/tasks/{task['id']}")
+        wait_for(browser, "needs an operator", "effect-step-1")
+        request = browser.find_element(By.ID, "request-step-1").text
+        for shown in ("POST", f"{receiver.url}/charge", '"amount": "$82,000"', effect["digest"]):
+            assert shown in request, shown
+        gate = browser.find_element(By.ID, "gate-step-1")
+        digest = gate.find_element(By.CSS_SELECTOR, "input[name=digest]")
+        assert digest.get_attribute("value") == effect["digest"]
+        assert receiver.counts()["by_key"].get(effect["key"]) is None
+
+        receiver.released.clear()  # the send waits at the receiver while the page is read
+        try:
+            browser.execute_script("window.gatePage = true;")
+            gate.find_element(By.CSS_SELECTOR, "button").click()
+            WebDriverWait(browser, WAIT_S).until(
+                lambda d: d.execute_script("return window.gatePage !== true;"), "no new page"
+            )
+            # 303 back to the task page, the effect open or being sent: held at the receiver.
+            wait_for(browser, "Gate opened", "effect-step-1")
+            shown = browser.find_element(By.ID, "effect-step-1").text
+            assert "delivered" not in shown
+            assert "Open the gate" not in shown
+            browser.execute_script("window.notReloaded = true;")
+        finally:
+            receiver.released.set()
+        wait_for(browser, "delivered", "effect-step-1")
+        wait_for(browser, "SUCCEEDED")
+        assert browser.execute_script("return window.notReloaded === true;")
+        assert receiver.counts()["by_key"][effect["key"]] == 1
+        view = operator.get(f"/v1/tasks/{task['id']}").json()["steps"][0]["effect"]
+        assert (view["state"], view["openings"], len(view["deliveries"])) == ("delivered", 1, 1)
 
 
 def test_the_event_stream_resumes_after_the_last_event_id(supervisor: Supervisor) -> None:
