@@ -18,7 +18,7 @@ from supervisor import admin, service
 from supervisor.ledger.outbox import Delivered, Unanswered
 
 from .agent_repos import make_origin
-from .conftest import ApiHarness, FakeClock, ledger_snapshot, open_api
+from .conftest import ApiHarness, FakeClock, chat_payload, ledger_snapshot, open_api
 from .ui_pages import IdleDispatcher, csrf_of, sign_in, strict, strict_fragment
 
 HOSTILE = "<script>alert('x')</script>\x00\x07\x85\ufffe & \"q\""
@@ -690,3 +690,14 @@ async def test_a_keyed_effect_shows_each_delivery_and_its_answer(effects: ApiHar
     for part in ("503", "HTTP 503: busy", "<strong>delivered</strong>", "201", "applied"):
         assert part in rows, part
     assert "delivered; the receiver&#39;s answer is recorded" in text
+
+
+async def test_an_effect_not_due_yet_says_so_and_offers_no_gate(effects: ApiHarness) -> None:
+    client = await signed_in(effects)
+    body = effect_plan("later")
+    body["plan"]["steps"].insert(0, {"name": "s0", "kind": "chat", "payload": chat_payload("x")})
+    task = (await effects.client.post("/v1/tasks", headers=effects.operator, json=body)).json()
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert "An effect, not due yet" in text
+    assert 'name="digest"' not in text
+    assert 'id="effect-step-2"' not in text

@@ -16,6 +16,7 @@ from starlette.templating import Jinja2Templates
 from supervisor.ledger import TERMINAL, TaskState
 from supervisor.ledger.views import iso
 from supervisor.ui import session
+from tether.payloads import EFFECT_KINDS
 
 # Code points a strict HTML5 parser reports as errors in text (controls other than tab, line
 # feed and carriage return; noncharacters), and lone surrogates, which UTF-8 cannot encode: a
@@ -77,6 +78,8 @@ templates.env.globals["ARTIFACT_KEYS"] = ARTIFACT_KEYS
 templates.env.globals["ARTIFACT_MAPS"] = ARTIFACT_MAPS
 templates.env.globals["STATES"] = list(TaskState.__members__)
 templates.env.globals["is_ended"] = is_ended
+# The built-in effect kinds: a step of one that is not due yet has no effect to show.
+templates.env.globals["EFFECT_KINDS"] = EFFECT_KINDS
 
 
 def page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
