@@ -7,15 +7,17 @@ The receiver applies a delivery, then waits `RECEIVER_DELAY_S` before answering,
 comes within that wait after a delivery arrived: between the send and the record. Keyed tasks
 hold two chained keyed effects; an unkeyed task holds a keyed effect, an unkeyed one
 (`"keyed": false`, its gate opened through the API for the digest of the request shown) and a
-keyed one after it. A round that opened a gate waits for that very request to arrive before it
-kills, so some unkeyed effects always end `uncertain`.
+keyed one after it. A round that opened a gate kills once that very request reached the receiver
+or, half the time, once the ledger holds its attempt begun (the send may not have left yet), so
+some unkeyed effects always end `uncertain`, some sent and some not.
 
 At the end, by the receiver's own counts (`GET /counts`): every keyed effect was applied
 exactly once (some were sent again after a kill and answered as replays), and no unkeyed effect
-was sent more than once. Each `uncertain` effect is shown so by `task show`, and resolved
-through the CLI the way an operator would: `--happened yes` when the receiver has it, else
-`--happened no`, then the gate opened again for the digest `task gate` shows; every task then
-succeeds, and `tether-supervisor check` passes.
+was sent more than once. Each `uncertain` effect is shown so, and resolved the way an operator
+would (one `yes` and one `no` through the CLI: `task show`, `task gate --happened`, `task gate`
+for the digest and `--open --digest`; the rest through the API behind it): `yes` when the
+receiver has it, else `no` and the gate opened again. Every task then succeeds, and
+`tether-supervisor check` passes. The figures are printed (`pytest -s`).
 """
 
 from __future__ import annotations
@@ -172,10 +174,10 @@ def begun_unrecorded(db: Path, keys: list[str] | None = None) -> bool:
 def moment_to_kill(cluster: Cluster, receiver: Receiver, rng: random.Random) -> None:
     """Wait for a moment between a send and its record (bounded by `ARRIVAL_WAIT_S`).
 
-    A round that opened gates waits for one of those effects: on odd rounds until the receiver
-    has it, on even ones until the ledger holds its attempt begun (the send may not have left
-    yet: the operator finds out from the receiver). Other rounds wait for any new delivery at
-    the receiver, then a random part of its wait before it answers."""
+    A round that opened gates waits for one of those effects: half the time (at random) until
+    the ledger holds its attempt begun (the send may not have left yet: the operator finds out
+    from the receiver), else until the receiver has it. Other rounds wait for any new delivery
+    at the receiver, then a random part of its wait before it answers."""
     requests_before = int(receiver.counts()["requests"])
     opened = open_gates(cluster)
     end = time.monotonic() + ARRIVAL_WAIT_S
