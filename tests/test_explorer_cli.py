@@ -28,6 +28,8 @@ PLANT_CAUGHT_BY = {
     "lapsed-lease": "lapsed-lease",  # the observer's: the ledger's file cannot show a time
     "evidence-ignored": "success-is-verified",  # a forged candidate or log passes
     "stale-checkpoint": "stale-checkpoint",  # the observer's: it knows which fence is current
+    "double-send": "unkeyed-sent-once-per-opening",  # a second attempt under one opening
+    "ungated": "unkeyed-needs-word",  # the observer's: only it knows no operator opened it
 }
 CI_SEED = 20_260_601
 

@@ -26,7 +26,9 @@ def test_scenario_has_no_violation_and_ends(name: str) -> None:
         states = world.observer.states
         assert states, world.trace
         assert all(s in {"SUCCEEDED", "FAILED", "CANCELLED"} for s in states.values())
-        assert world.h.query("SELECT COUNT(*) FROM tasks")[0][0] == 1  # one logical execution
+        # one logical execution per order
+        orders = len(world.operator.orders)
+        assert world.h.query("SELECT COUNT(*) FROM tasks")[0][0] == orders
 
 
 @pytest.mark.parametrize(
@@ -129,6 +131,8 @@ def test_every_hazard_is_reachable_from_random_schedules() -> None:
         "base": "base-moves",
         "late": "late-push",
         "checkpoint": "stale-checkpoint",
+        **{name: name for name in ("crash-before-send", "crash-after-send", "crash-mid-batch")},
+        "cancel-vs-delivery": "cancel-vs-delivery",
     }
     seen: set[str] = set()
     with scratch_root() as root, Workspace(root) as workspace:

@@ -15,7 +15,7 @@ from random import Random
 from typing import Any
 
 from supervisor.chaos.repos import ALLOWED, BASE
-from supervisor.ledger import checkpoints, effects, fencing, identity, operator
+from supervisor.ledger import checkpoints, effects, fencing, identity, operator, outbox
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from supervisor.ledger.tx import Tx
 from supervisor.ledger.verification import Evidence
@@ -57,6 +57,8 @@ class Kind(enum.StrEnum):
     RELEASE = "release"
     REPORT = "report"
     CHECKPOINT = "checkpoint"
+    GATE = "gate"  # the operator opens an unkeyed effect's gate for the digest shown
+    RESOLVE = "resolve"  # the operator says whether an uncertain effect happened
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +87,9 @@ class Message:
     observed_head: str | None = None
     evidence: Evidence | None = None
     checkpoint: Checkpoint | None = None
+    step_name: str = ""  # an effect step's name, for the operator's gate and resolve
+    digest: str = ""
+    happened: bool = False
 
     def rule(self) -> Callable[[Tx], Any]:
         k = Kind
@@ -116,6 +121,14 @@ class Message:
             assert self.checkpoint is not None
             cp = self.checkpoint
             return lambda tx: checkpoints.checkpoint(tx, self.step_id, cp, POOL)
+        if self.kind is k.GATE:
+            return lambda tx: outbox.open_gate(
+                tx, self.tenant, self.task_id, self.step_name, self.digest, OPERATOR
+            )
+        if self.kind is k.RESOLVE:
+            return lambda tx: outbox.resolve(
+                tx, self.tenant, self.task_id, self.step_name, self.happened, OPERATOR
+            )
         assert self.report is not None
         rep, evidence = self.report, self.evidence
         return lambda tx: effects.report(tx, rep, POOL, evidence)
@@ -158,6 +171,10 @@ class Message:
         if self.kind is k.RELEASE:
             kind = "retryable" if self.retryable else "final"
             return f"{who} release {self.step_id} fence {self.fence} {self.reason} {kind}"
+        if self.kind is k.GATE:
+            return f"{who} gate {self.step_id} ({self.step_name}) open for {self.digest[:8]}"
+        if self.kind is k.RESOLVE:
+            return f"{who} resolve {self.step_id} ({self.step_name}) happened {self.happened}"
         if self.kind is k.CHECKPOINT:
             assert self.checkpoint is not None
             cp = self.checkpoint
@@ -235,6 +252,7 @@ def make_orders(rng: Random, count: int) -> list[Order]:
             )
             for j in range(n)
         )
+        steps = with_effects(rng, i, steps, bool(repository))
         spec = TaskSpec(
             tenant=tenant,
             idempotency_key=f"k{i}",
@@ -256,6 +274,52 @@ def make_orders(rng: Random, count: int) -> list[Order]:
         )
         orders.append(Order(spec=spec, conflicting=other))
     return orders
+
+
+EFFECTFUL = 0.7  # the share of orders whose plans have effect steps
+
+
+def with_effects(
+    rng: Random, order: int, steps: tuple[StepSpec, ...], repository: bool
+) -> tuple[StepSpec, ...]:
+    """`steps` with effect steps added, for some orders: a keyed `http` deploy, an unkeyed
+    `http` notification, and for a repository task a `git.push` of its candidate. On a
+    repository task they follow every runner step (verification runs before the first is
+    due, and the push moves the head its later steps would be checked against); elsewhere
+    anywhere, its body naming the first step's output when it follows that step."""
+    if rng.random() >= EFFECTFUL:
+        return steps
+    # Where each effect goes: after every runner step on a repository task, else anywhere.
+    kinds = [kind for kind, chance in (("deploy", 0.7), ("notify", 0.4)) if rng.random() < chance]
+    if repository and rng.random() < 0.6:
+        kinds.append("push")
+    placed = list(steps)
+    for kind in kinds:
+        # (Half of them first: due at approval, so the faults meet them.)
+        at = len(placed) if repository else rng.choice([0, rng.randint(0, len(placed))])
+        first = next(i for i, s in enumerate(placed) if s.name == "s0")
+        placed.insert(at, effect_step(rng, order, kind, after_s0=at > first))
+    return tuple(placed)
+
+
+def effect_step(rng: Random, order: int, kind: str, *, after_s0: bool) -> StepSpec:
+    """A keyed `deploy`, an unkeyed `notify` (both `http`, their body naming the first
+    step's output when they follow it) or a `push` of the task's candidate."""
+    if kind == "push":
+        return StepSpec(name="push", kind="git.push", payload={"branch": "main"})
+    body: dict[str, Any] = {"order": order}
+    if after_s0:
+        body["after"] = "{{ steps.s0.output.fence }}"
+    payload: dict[str, Any] = {
+        "method": "POST",
+        "url": f"http://receiver.test/{kind}",
+        "body": body,
+    }
+    if kind == "notify":
+        payload["keyed"] = False
+    else:
+        payload["deadline_s"] = rng.choice([60, 300])
+    return StepSpec(name=kind, kind="http", payload=payload)
 
 
 @dataclasses.dataclass

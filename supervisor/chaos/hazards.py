@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from supervisor.chaos import dispatch
 from supervisor.chaos.actors import OPERATOR, TURN_TOKENS, HeldPhase, Kind, Message, RunnerActor
+from supervisor.chaos.dispatch import DispatcherActor, InHand
 from supervisor.chaos.observer import TERMINAL_NAMES
 from supervisor.chaos.world import World
 from supervisor.ledger.identity import step_id_for
@@ -24,7 +26,7 @@ def completes_task(world: World, step_id: str) -> bool:
     if spec is None or obs.states.get(task_id) in TERMINAL_NAMES or step_id in obs.applied:
         return False
     others = (step_id_for(task_id, i) for i in range(len(spec.steps)) if i != int(position))
-    return all(other in obs.applied for other in others)
+    return all(obs.done(other) for other in others)
 
 
 def completing_reports(world: World) -> list[Message]:
@@ -265,6 +267,111 @@ def checkpoint_after_fenced_out(world: World) -> bool:
     return True
 
 
+# -- effects ----------------------------------------------------------------------------------
+
+
+def holding(world: World, count: int = 1) -> tuple[DispatcherActor, list[InHand]] | None:
+    """A dispatcher holding at least `count` effects (one: no hazard played on it yet): one
+    already does, or one takes them now when the outbox has enough ready. None (nothing
+    changed) otherwise. The effects it returns are marked played."""
+
+    def fresh(d: DispatcherActor) -> list[InHand]:
+        # (a batch: any effects held will do; one effect: one no hazard played on yet)
+        return [d.hand[e] for e in sorted(d.hand) if count > 1 or e not in world.hazarded]
+
+    held = [d for d in world.dispatchers if len(fresh(d)) >= count]
+    if held:
+        d = world.rng.choice(held)
+    else:
+        d = world.rng.choice(world.dispatchers)
+        room = dispatch.CAPACITY - len(d.hand)
+        if room < 1 or not world.outbox_ready(count - len(fresh(d))):
+            return None
+        dispatch.take(world, d, room)
+        if len(fresh(d)) < count:
+            return None
+    hands = fresh(d)
+    world.hazarded.update(h.out.effect_id for h in hands)
+    return d, hands
+
+
+def to_phase(world: World, d: DispatcherActor, hand: InHand, phase: str) -> bool:
+    """Step `hand` until it is "begun" (an attempt recorded, nothing sent) or "sent" (the
+    receiver had it, its answer not recorded); False if the effect left the hand first."""
+    effect_id = hand.out.effect_id
+    for _ in range(6):
+        if d.hand.get(effect_id) is not hand:
+            return False
+        if phase == "begun" and hand.attempt is not None and hand.answer is None:
+            return True
+        if phase == "sent" and hand.answer is not None:
+            return True
+        if phase == "begun" and hand.answer is not None:
+            dispatch.record(world, d, hand)  # an earlier attempt's answer first
+        else:
+            dispatch.step(world, d, hand)
+    return False
+
+
+def crash_around_send(world: World, *, when: str) -> bool:
+    """The supervisor dies with an effect's attempt begun and nothing sent (`when`
+    "before"), or sent and the answer not recorded ("after"). After the restart the effect's
+    hold lapses: a keyed one is sent again under its key, an unkeyed one that may have been
+    sent becomes uncertain and waits for an operator."""
+    found = holding(world)
+    if found is None:
+        return False
+    d, hands = found
+    hand = world.rng.choice(hands)
+    world.log(f"hazard: crash-{when}-send of {hand.out.effect_id} ({hand.out.kind})")
+    to_phase(world, d, hand, "begun" if when == "before" else "sent")
+    world.restart()
+    return True
+
+
+def crash_mid_batch(world: World) -> bool:
+    """A dispatcher holds several effects: the first is recorded, the second sent and not
+    recorded, the rest untouched, when the supervisor dies."""
+    found = holding(world, 2)
+    if found is None:
+        return False
+    d, hands = found
+    world.log(f"hazard: crash-mid-batch with {', '.join(h.out.effect_id for h in hands)} held")
+    first, second = hands[0], hands[1]
+    if to_phase(world, d, first, "sent") and first.out.effect_id in d.hand:
+        dispatch.record(world, d, first)
+    to_phase(world, d, second, "sent")
+    world.restart()
+    return True
+
+
+def cancel_vs_delivery(world: World, *, sent: bool | None = None) -> bool:
+    """The operator cancels a task while its effect is being delivered: after the attempt
+    began and before the send (`sent` False), or after the send and before its answer is
+    recorded. Either way the effect is not withdrawn (it may have been sent): the dispatcher
+    goes on, and the task stays CANCELLED with the effect delivered, or uncertain."""
+    found = holding(world)
+    if found is None:
+        return False
+    d, hands = found
+    hand = world.rng.choice(hands)
+    if sent is None:
+        sent = world.rng.random() < 0.5
+    task_id = hand.out.task_id
+    world.log(
+        f"hazard: cancel-vs-delivery of {hand.out.effect_id},"
+        f" {'after the send' if sent else 'before the send'}"
+    )
+    if not to_phase(world, d, hand, "sent" if sent else "begun"):
+        return True
+    world.deliver([world.send(OPERATOR, 0, Kind.CANCEL, tenant=hand.out.tenant, task_id=task_id)])
+    for _ in range(4):
+        if d.hand.get(hand.out.effect_id) is not hand:
+            break
+        dispatch.step(world, d, hand)
+    return True
+
+
 HAZARDS: dict[str, Callable[[World], bool]] = {
     "cancel-vs-commit": cancel_between_verification_and_commit,
     "fenced-renew": renew_after_fenced_out,
@@ -273,4 +380,8 @@ HAZARDS: dict[str, Callable[[World], bool]] = {
     "base-moves": base_moves_between_steps,
     "late-push": fenced_out_attempt_pushes_late,
     "stale-checkpoint": checkpoint_after_fenced_out,
+    "crash-before-send": lambda world: crash_around_send(world, when="before"),
+    "crash-after-send": lambda world: crash_around_send(world, when="after"),
+    "crash-mid-batch": crash_mid_batch,
+    "cancel-vs-delivery": cancel_vs_delivery,
 }

@@ -12,9 +12,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from supervisor.chaos.actors import plan_hash
+from supervisor.chaos.receivers import Receivers
 from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift, StaleFence
 from supervisor.ledger.fencing import UNCOUNTED_RELEASES, tokens_spent
-from supervisor.ledger.identity import Created, TaskSpec, step_id_for
+from supervisor.ledger.identity import Created, StepSpec, TaskSpec, step_id_for
+from supervisor.ledger.outbox import Outgoing
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import LedgerConfig
 from supervisor.ledger.verification import Evidence, Finding
@@ -22,6 +24,7 @@ from tether.messages import Checkpoint, Lease, Renewal, Report
 from tether.wire import Outcome, ReleaseReason, content_hash
 
 TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
+EFFECT_KINDS = LedgerConfig().effect_kinds  # plan steps the supervisor delivers itself
 
 
 @dataclasses.dataclass
@@ -75,10 +78,37 @@ class Observer:
         self.evidence: dict[str, Evidence] = {}  # step -> the evidence its commit came with
         self.checkpoints: dict[str, Checkpoint] = {}  # step -> its last accepted checkpoint
         self.charged: dict[str, int] = {}  # tenant -> tokens_used as last read
+        # effects (docs/design.md, Effects): the ones recorded delivered (by an answer or an
+        # operator's yes), each unkeyed one's gate openings and sends that may have reached
+        # its receiver, the ones an operator said did not happen, and the pending verdict of
+        # a task whose runner steps are all committed and whose effects are not
+        self.delivered: set[str] = set()
+        self.openings: dict[str, int] = {}
+        self.sends: dict[str, int] = {}
+        self.said_no: set[str] = set()
+        self.misled: set[str] = set()  # an operator's word on it was not the receiver's
+        self.pending: dict[str, Expectation] = {}
 
     def violation(self, text: str) -> None:
         if text not in self.violations:
             self.violations.append(text)
+
+    def done(self, step_id: str) -> bool:
+        """Committed: a runner's result applied, or an effect recorded delivered."""
+        return step_id in self.applied or step_id in self.delivered
+
+    def step_of(self, step_id: str) -> StepSpec | None:
+        spec = self.specs.get(step_id.rsplit(".", 1)[0])
+        position = int(step_id.rsplit(".", 1)[1])
+        return spec.steps[position] if spec is not None and position < len(spec.steps) else None
+
+    def _steps(self, task_id: str, spec: TaskSpec, effects: bool) -> list[str]:
+        """The task's runner steps (`effects` False) or effect steps (True), in order."""
+        return [
+            step_id_for(task_id, i)
+            for i, s in enumerate(spec.steps)
+            if (s.kind in EFFECT_KINDS) is effects
+        ]
 
     # -- operator answers ---------------------------------------------------------------------
 
@@ -178,9 +208,11 @@ class Observer:
             self.violation(f"lease on committed step {step} (fence {lease.fence})")
         position = int(step.rsplit(".", 1)[1])
         for earlier in range(position):
-            if step_id_for(lease.task_id, earlier) not in self.applied:
+            if not self.done(step_id_for(lease.task_id, earlier)):
                 self.violation(f"order: {step} leased before step {earlier} committed")
                 break
+        if (planned := self.step_of(step)) is not None and planned.kind in EFFECT_KINDS:
+            self.violation(f"effect-step-leased: {step} ({planned.kind}) granted to {runner}")
         if lease.task_id in self.first_terminal:
             self.violation(f"lease {step} on ended task ({self.first_terminal[lease.task_id]})")
         expected = self.expected_end.get(lease.task_id)
@@ -360,12 +392,105 @@ class Observer:
             self.spent[spec.tenant] = self.spent.get(spec.tenant, 0) + tokens_spent(rep.usage)
         if spec is not None and spec.repository and evidence is not None:
             self.head_moved(spec.tenant, spec.repository, evidence.head_sha)
-        if (
-            spec is not None
-            and task_id not in self.expected_end
-            and all(step_id_for(task_id, i) in self.applied for i in range(len(spec.steps)))
-        ):
-            self.expected_end[task_id] = self._verdict(task_id, spec)
+        if spec is not None:
+            self._maybe_complete(task_id, spec)
+
+    def _maybe_complete(self, task_id: str, spec: TaskSpec) -> None:
+        """Once every runner step is committed, what verification must decide: at once when
+        every effect step is delivered too, or when it fails (the first effect never becomes
+        due: `outbox.make_due` verifies first); else once the effects are delivered."""
+        if task_id in self.expected_end or task_id in self.first_terminal:
+            return
+        if not all(s in self.applied for s in self._steps(task_id, spec, effects=False)):
+            return
+        verdict = self.pending.get(task_id) or self._verdict(task_id, spec)
+        effects_done = all(s in self.delivered for s in self._steps(task_id, spec, effects=True))
+        if effects_done or verdict.state is not TaskState.SUCCEEDED:
+            self.expected_end[task_id] = verdict
+            self.pending.pop(task_id, None)
+        else:
+            self.pending[task_id] = verdict
+
+    # -- effects ------------------------------------------------------------------------------
+
+    def effect_delivered(self, step_id: str) -> None:
+        """The ledger accepted a delivery (an answer, or an operator's yes) for `step_id`."""
+        if step_id in self.delivered:
+            self.violation(f"one-delivery: effect {step_id} recorded delivered twice")
+        self.delivered.add(step_id)
+        task_id = step_id.rsplit(".", 1)[0]
+        spec = self.specs.get(task_id)
+        if spec is not None:
+            self._maybe_complete(task_id, spec)
+
+    def gate_opened(self, step_id: str, digest: str, request_digest: str) -> None:
+        if digest != request_digest:
+            self.violation(
+                f"gate-digest: {step_id}'s gate opened for {digest[:8]}; its request's digest"
+                f" is {request_digest[:8]}"
+            )
+        self.openings[step_id] = self.openings.get(step_id, 0) + 1
+
+    def resolved(self, step_id: str, happened: bool, *, truth: bool) -> None:
+        """An operator's word on an uncertain effect was accepted; `truth`: whether its
+        receiver had applied it. A wrong word is the operator's, not the ledger's: the
+        receiver checks leave that effect out."""
+        if happened != truth:
+            self.misled.add(step_id)
+        if happened:
+            self.effect_delivered(step_id)
+        else:
+            self.said_no.add(step_id)
+
+    def effect_sent(self, out: Outgoing, *, reached: bool) -> None:
+        """A dispatcher sent `out` (`reached`: it may have arrived). An unkeyed effect is
+        sent at most once per gate opening an operator made."""
+        if out.keyed or not reached:
+            return
+        sends = self.sends[out.effect_id] = self.sends.get(out.effect_id, 0) + 1
+        openings = self.openings.get(out.effect_id, 0)
+        if sends > openings:
+            self.violation(
+                f"unkeyed-needs-word: unkeyed effect {out.effect_id} sent {sends} times after"
+                f" {openings} gate openings"
+            )
+
+    def effects_now(self, receivers: Receivers) -> None:
+        """A keyed receiver applies each effect key at most once, and an effect arrives under
+        one key; every keyed effect of a SUCCEEDED task was applied exactly once."""
+        for key, count in receivers.applications.items():
+            if count > 1:
+                self.violation(f"keyed-applied-once: key {key[:8]} applied {count} times")
+        for effect_id, keys in receivers.keys.items():
+            if len(keys) > 1:
+                self.violation(
+                    f"keyed-applied-once: effect {effect_id} arrived under {len(keys)} keys"
+                )
+        for task_id, state in self.first_terminal.items():
+            spec = self.specs.get(task_id)
+            if state != TaskState.SUCCEEDED or spec is None:
+                continue
+            for step_id in self._steps(task_id, spec, effects=True):
+                planned = self.step_of(step_id)
+                assert planned is not None
+                keyed = _keyed(planned)
+                if not keyed or step_id in self.misled:
+                    continue
+                applied = receivers.applied(planned.kind, keyed, step_id)
+                if applied != 1:
+                    self.violation(
+                        f"keyed-exactly-once: {task_id} SUCCEEDED; its keyed effect {step_id}"
+                        f" ({planned.kind}) was applied {applied} times"
+                    )
+
+    def withdrawn(self, step_id: str, receivers: Receivers) -> None:
+        """A withdrawn effect never reached its receiver, unless an operator said it had not."""
+        planned = self.step_of(step_id)
+        if planned is None or step_id in self.misled:
+            return
+        applied = receivers.applied(planned.kind, _keyed(planned), step_id)
+        if applied:
+            self.violation(f"withdrawn-unsent: effect {step_id} withdrawn; applied {applied} times")
 
     def _verdict(self, task_id: str, spec: TaskSpec) -> Expectation:
         """What verification must decide once every step is committed (docs/design.md,
@@ -373,7 +498,7 @@ class Observer:
         if not spec.repository:
             return Expectation(state=TaskState.SUCCEEDED, why="all steps committed")
         base = self.approved.get(task_id)
-        steps = [step_id_for(task_id, i) for i in range(len(spec.steps))]
+        steps = self._steps(task_id, spec, effects=False)
         reports = [self.applied[s] for s in steps]
         final = [s for s, r in zip(steps, reports, strict=True) if r.candidate_sha]
         if not final:
@@ -453,6 +578,11 @@ class Observer:
                         f" {', '.join(sorted(expected.codes))} ({expected.why})"
                     )
         return changes
+
+
+def _keyed(step: StepSpec) -> bool:
+    """Whether an effect step is keyed: unless it says `"keyed": false`."""
+    return not (isinstance(step.payload, dict) and step.payload.get("keyed") is False)
 
 
 def _failed(why: str, codes: Iterable[Finding]) -> Expectation:

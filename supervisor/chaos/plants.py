@@ -15,7 +15,16 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from supervisor.ledger import Report, checkpoints, effects, fencing, identity, states, verification
+from supervisor.ledger import (
+    Report,
+    checkpoints,
+    effects,
+    fencing,
+    identity,
+    outbox,
+    states,
+    verification,
+)
 from supervisor.ledger.identity import Created, TaskSpec
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import Tx
@@ -67,6 +76,30 @@ def checkpoints_skip_the_fence(tx: Tx, step: sqlite3.Row, fence: int) -> None:
     out, as long as the step is leased to someone."""
 
 
+def sends_never_recorded(attempts: list[sqlite3.Row]) -> bool:
+    """double-send: the dispatcher ignores the recorded send. An attempt begun and never
+    answered no longer counts as maybe sent, so an unkeyed effect whose dispatcher died
+    mid-send goes back to `open` (not `uncertain`) and is sent again under the same gate
+    opening. (`outbox._maybe_sent` is the one check between a recorded send and a second
+    one: a lapsed hold alone changes nothing for a keyed receiver, which dedups by key.)"""
+    return False
+
+
+_make_due = outbox.make_due
+
+
+def gates_open_themselves(tx: Tx, step: sqlite3.Row) -> None:
+    """ungated: an unkeyed effect skips its gate: it becomes due already opened, for its
+    own digest, as if an operator had opened it (so the ledger's own rows look consistent;
+    only the operator's absence shows)."""
+    _make_due(tx, step)
+    tx.run(
+        "UPDATE outbox SET state = 'open', openings = openings + 1, gate_digest = digest,"
+        " deadline_at = ? + deadline_s, not_before = ? WHERE step_id = ? AND state = 'gated'",
+        (tx.now, tx.now, step["id"]),
+    )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Plant:
     """`replacement` stands in for `module.name`; `drop_index` is dropped from the ledger file
@@ -104,6 +137,8 @@ PLANTS: dict[str, Plant] = {
     "stale-checkpoint": Plant(
         module=checkpoints, name="require_current", replacement=checkpoints_skip_the_fence
     ),
+    "double-send": Plant(module=outbox, name="_maybe_sent", replacement=sends_never_recorded),
+    "ungated": Plant(module=outbox, name="make_due", replacement=gates_open_themselves),
 }
 
 

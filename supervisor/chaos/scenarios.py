@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from random import Random
 
-from supervisor.chaos import hazards
-from supervisor.chaos.actors import Order, RunnerActor
+from supervisor.chaos import dispatch, hazards
+from supervisor.chaos.actors import Order, RunnerActor, effect_step
 from supervisor.chaos.harness import Harness, Workspace, scratch_root
 from supervisor.chaos.plants import planted
 from supervisor.chaos.repos import BASE, FORGERIES
@@ -50,14 +50,35 @@ def order(steps: int = 2) -> Order:
     return Order(spec=spec, conflicting=other)
 
 
+def effect_order(index: int, *kinds: str, repository: bool = False) -> Order:
+    """A task whose first step is a chat step s0, followed by effect steps of `kinds`
+    ("deploy" keyed http, "notify" unkeyed http, "push" git.push)."""
+    rng = Random(index)
+    base = order(1) if repository else None
+    s0 = StepSpec(name="s0", kind="chat", payload={"n": 0, "repo": repository, "last": True,
+                  "checks": ["lint"] if repository else []})  # fmt: skip
+    effects = tuple(effect_step(rng, index, kind, after_s0=True) for kind in kinds)
+    spec = TaskSpec(
+        tenant="acme", idempotency_key=f"effects{index}", steps=(s0, *effects),
+        repository="repo0" if repository else None, base_sha=BASE if repository else None,
+        allowed_paths=("src/",) if repository else (),
+        expected_checks=("lint",) if repository else (),
+    )  # fmt: skip
+    conflicting = base.conflicting if base else dataclasses.replace(spec, owner="someone-else")
+    return Order(spec=spec, conflicting=conflicting)
+
+
 @contextlib.contextmanager
-def scenario_world(seed: int = 0, *, steps: int = 2, plant: str | None = None) -> Iterator[World]:
+def scenario_world(
+    seed: int = 0, *, steps: int = 2, plant: str | None = None, orders: list[Order] | None = None
+) -> Iterator[World]:
     with scratch_root() as root, Workspace(root) as workspace, planted(plant) as active:
         harness = Harness(workspace, config=CONFIG, plant=active)
         try:
             yield World(
-                harness, Random(seed), orders=[order(steps)], runners=2, habits=Habits(release=0)
-            )
+                harness, Random(seed), orders=orders or [order(steps)], runners=2,
+                habits=Habits(release=0),
+            )  # fmt: skip
         finally:
             harness.close()
 
@@ -191,6 +212,77 @@ def forged(code: Finding) -> Callable[[World], None]:
     return play
 
 
+# -- effects ----------------------------------------------------------------------------------
+
+
+def submit_all(world: World) -> list[str]:
+    """Create and approve every order of the world; return the task ids."""
+    ids = []
+    for index in range(len(world.operator.orders)):
+        world.deliver([world.create(index)])
+        task_id = world.operator.orders[index].task_id
+        assert task_id is not None
+        world.deliver([world.approve(index)])  # type: ignore[list-item]
+        ids.append(task_id)
+    return ids
+
+
+def first_steps(world: World) -> None:
+    """Runner a commits every task's first step (its chat step s0)."""
+    a = world.runners[0]
+    for _ in world.operator.orders:
+        finish(world, a, work(world, a))
+
+
+def open_gates(world: World) -> None:
+    for row in world.effects_in("gated"):
+        world.deliver([world.open_gate(row)])
+
+
+def crash_around_send(when: str) -> Callable[[World], None]:
+    """s0 commits, its effect becomes due (and its gate is opened), the dispatcher takes it;
+    the supervisor dies before the send, or after it before the answer is recorded."""
+
+    def play(world: World) -> None:
+        submit_all(world)
+        first_steps(world)
+        open_gates(world)
+        assert hazards.crash_around_send(world, when=when)
+
+    return play
+
+
+def crash_mid_batch(world: World) -> None:
+    """Two tasks' deploys are due at once; the dispatcher holds both: the first is
+    recorded, the second sent, when the supervisor dies."""
+    submit_all(world)
+    first_steps(world)
+    assert hazards.crash_mid_batch(world)
+
+
+def cancel_vs_delivery(sent: bool) -> Callable[[World], None]:
+    def play(world: World) -> None:
+        submit_all(world)
+        first_steps(world)
+        assert hazards.cancel_vs_delivery(world, sent=sent)
+
+    return play
+
+
+def push_answer_lost(world: World) -> None:
+    """A repository task's push moves the branch; its answer is lost, and the retry finds
+    the branch at the candidate already (`replayed`)."""
+    submit_all(world)
+    first_steps(world)
+    world.habits = dataclasses.replace(world.habits, lost=1.0)
+    d = world.dispatchers[0]
+    dispatch.take(world, d, dispatch.CAPACITY)
+    [hand] = d.hand.values()
+    for _ in range(3):  # begin, send (lost), record (unanswered, held for a retry)
+        dispatch.step(world, d, hand)
+    world.habits = dataclasses.replace(world.habits, lost=0.0)
+
+
 SCENARIOS: dict[str, Callable[[World], None]] = {
     "cancel-vs-commit/cancel-first": cancel_vs_commit("cancel-first"),
     "cancel-vs-commit/report-first": cancel_vs_commit("report-first"),
@@ -206,13 +298,34 @@ SCENARIOS: dict[str, Callable[[World], None]] = {
     "late-push/taken": late_push(taken=True),
     "stale-checkpoint": stale_checkpoint,
     **{f"forged/{code}": forged(code) for code in FORGERIES},
+    "effects/crash-before-send/keyed": crash_around_send("before"),
+    "effects/crash-after-send/keyed": crash_around_send("after"),
+    "effects/crash-before-send/unkeyed": crash_around_send("before"),
+    "effects/crash-after-send/unkeyed": crash_around_send("after"),
+    "effects/crash-mid-batch": crash_mid_batch,
+    "effects/cancel-before-send": cancel_vs_delivery(sent=False),
+    "effects/cancel-after-send": cancel_vs_delivery(sent=True),
+    "effects/push-answer-lost": push_answer_lost,
+}
+
+# The orders of the effect scenarios (every other scenario plays `order()`).
+EFFECT_ORDERS: dict[str, Callable[[], list[Order]]] = {
+    "effects/crash-before-send/keyed": lambda: [effect_order(0, "deploy")],
+    "effects/crash-after-send/keyed": lambda: [effect_order(0, "deploy")],
+    "effects/crash-before-send/unkeyed": lambda: [effect_order(0, "notify")],
+    "effects/crash-after-send/unkeyed": lambda: [effect_order(0, "notify")],
+    "effects/crash-mid-batch": lambda: [effect_order(0, "deploy"), effect_order(1, "deploy")],
+    "effects/cancel-before-send": lambda: [effect_order(0, "deploy")],
+    "effects/cancel-after-send": lambda: [effect_order(0, "deploy")],
+    "effects/push-answer-lost": lambda: [effect_order(0, "push", repository=True)],
 }
 
 
 @contextlib.contextmanager
 def played(name: str, *, seed: int = 0, plant: str | None = None) -> Iterator[World]:
     """The world after scenario `name` and quiescence; the ledger file is still open."""
-    with scenario_world(seed, plant=plant) as world:
+    orders = EFFECT_ORDERS[name]() if name in EFFECT_ORDERS else None
+    with scenario_world(seed, plant=plant, orders=orders) as world:
         SCENARIOS[name](world)
         if not world.violations:
             quiesce(world, QUIESCENCE_TTLS)

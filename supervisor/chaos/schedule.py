@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 from random import Random
 
+from supervisor.chaos import dispatch
 from supervisor.chaos.actors import OPERATOR, RunnerActor, make_orders
 from supervisor.chaos.harness import Harness, Workspace
 from supervisor.chaos.hazards import HAZARDS, pause
@@ -20,22 +21,26 @@ from supervisor.chaos.snapshot import ledger_snapshot
 from supervisor.chaos.world import Habits, World
 from supervisor.ledger.tx import LedgerConfig
 
-CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=5)
+# A dispatcher's hold lasts 20 s here (60 s by default), so holds lapse within a schedule.
+CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=5, effect_hold_s=20.0)
 QUIESCENCE_TTLS = 4.0
 # chance per event that an armed hazard tries to play (it plays only if its situation exists)
 HAZARD_EAGERNESS = {
     "cancel-vs-commit": 0.5, "fenced-renew": 0.03, "consumer-replay": 0.05,
     "crash-around-key": 0.03, "base-moves": 0.05, "late-push": 0.1, "stale-checkpoint": 0.05,
+    "crash-before-send": 0.15, "crash-after-send": 0.15, "crash-mid-batch": 0.5,
+    "cancel-vs-delivery": 0.15,
 }  # fmt: skip
 
 # event -> weight when on; faults are switched on per schedule by the plan
 NORMAL = {
     "operator": 5.0, "create": 0.5, "cancel": 0.5, "head": 0.7, "budget": 0.3, "runner": 10.0,
     "deliver": 14.0, "batch": 3.0, "tick": 2.5, "reap": 1.0, "poll": 1.0,
+    "dispatch": 6.0, "gate": 0.8, "resolve": 0.6,
 }  # fmt: skip
 FAULTS = {
     "duplicate": 1.5, "lose": 0.8, "crash-runner": 0.5, "restart": 0.4, "crash-in-batch": 0.4,
-    "pause": 0.4, "replay-old": 0.6,
+    "pause": 0.4, "replay-old": 0.6, "shutdown": 0.3,
 }  # fmt: skip
 
 
@@ -44,6 +49,7 @@ class FaultPlan:
     events: int
     tasks: int
     runners: int
+    dispatchers: int
     weights: dict[str, float]
     lose_answer: float
     hazards: tuple[str, ...]
@@ -57,6 +63,8 @@ class FaultPlan:
             if rng.random() < 0.55:
                 weights[fault] = weight * rng.uniform(0.5, 2.0)
         hazards = tuple(h for h in HAZARDS if rng.random() < 0.4)
+        if rng.random() < 0.1:  # some plans arm none: the plain faults alone
+            hazards = ()
         habits = Habits(
             drift=0.08 if rng.random() < 0.25 else 0.0,
             sloppy=0.1 if rng.random() < 0.4 else 0.0,
@@ -64,11 +72,19 @@ class FaultPlan:
             release=0.06 if rng.random() < 0.5 else 0.0,
             stale_approval=0.25 if rng.random() < 0.3 else 0.0,
             wrong_plan=0.2 if rng.random() < 0.2 else 0.0,
+            unreachable=0.15 if rng.random() < 0.4 else 0.0,
+            busy=0.15 if rng.random() < 0.3 else 0.0,
+            lost=0.25 if rng.random() < 0.5 else 0.0,
+            refuse=0.05 if rng.random() < 0.2 else 0.0,
+            duplicate_answer=0.3 if rng.random() < 0.3 else 0.0,
+            wrong_digest=0.2 if rng.random() < 0.2 else 0.0,
+            guess=0.3 if rng.random() < 0.15 else 0.0,
         )
         return cls(
             events=rng.randint(50, 120),
             tasks=rng.randint(1, 3),
             runners=rng.randint(1, 3),
+            dispatchers=rng.choice([1, 1, 2]),
             weights=weights,
             lose_answer=rng.uniform(0.05, 0.3) if rng.random() < 0.5 else 0.0,
             hazards=hazards,
@@ -81,7 +97,8 @@ class FaultPlan:
         values = dataclasses.asdict(self.habits)
         habits = [f"{name} {value:g}" for name, value in values.items() if value]
         return (
-            f"plan: {self.tasks} tasks, {self.runners} runners, {self.events} events,"
+            f"plan: {self.tasks} tasks, {self.runners} runners, {self.dispatchers} dispatchers,"
+            f" {self.events} events,"
             f" max_attempts {self.max_attempts};"
             f" faults: {', '.join(faults) or 'none'}; lost answers {self.lose_answer:.2f};"
             f" hazards: {', '.join(self.hazards) or 'none'}; habits: {', '.join(habits) or 'none'}"
@@ -113,8 +130,9 @@ def _run_schedule(seed: int, workspace: Workspace, plant: Plant | None) -> Sched
         workspace, config=dataclasses.replace(CONFIG, max_attempts=plan.max_attempts), plant=plant
     )
     world = World(
-        harness, rng, orders=make_orders(rng, plan.tasks), runners=plan.runners, habits=plan.habits
-    )
+        harness, rng, orders=make_orders(rng, plan.tasks), runners=plan.runners,
+        habits=plan.habits, dispatchers=plan.dispatchers,
+    )  # fmt: skip
     try:
         world.log(plan.describe())
         _play(world, plan)
@@ -223,6 +241,18 @@ def step(world: World, plan: FaultPlan, event: str) -> None:  # noqa: PLR0915
         pause(world, runner, world.h.config.lease_ttl_s + rng.randint(1, 15))
     elif event == "reap":
         world.reap()
+    elif event == "dispatch":  # a dispatcher's next step: take, begin, send or record
+        dispatch.next_move(world, rng.choice(world.dispatchers))
+    elif event == "gate":  # the operator opens a gated effect's gate
+        gated = world.effects_in("gated")
+        if gated:
+            world.open_gate(rng.choice(gated))
+    elif event == "resolve":  # the operator says whether an uncertain effect happened
+        uncertain = world.effects_in("uncertain")
+        if uncertain:
+            world.resolve(rng.choice(uncertain))
+    elif event == "shutdown":
+        dispatch.shutdown(world)
     elif event in ("poll", "replay-old"):
         tasks = sorted(world.observer.states)
         if tasks:
@@ -264,6 +294,13 @@ def quiesce(world: World, ttls: float) -> None:
                 for step_id in sorted(runner.held):
                     world.act(runner, step_id, finish=True)
             world.flush()
+        dispatch.drain(world)  # deliver what is due and open
+        for row in world.effects_in("gated"):
+            world.open_gate(row)
+        for row in world.effects_in("uncertain"):
+            world.resolve(row)
+        world.flush()
+        dispatch.drain(world)
         if not world.queue and all(
             state in TERMINAL_NAMES for state in world.observer.states.values()
         ):

@@ -1,5 +1,6 @@
-"""The ledger as a violation report shows it: the fence counter, repository heads, and every
-task with its steps, attempts (fence, runner, how each ended) and effects."""
+"""The ledger as a violation report shows it: the fence counter, repository heads, every
+task with its steps, attempts (fence, runner, how each ended) and effects, and every outbox row
+with its delivery attempts (gate opening, holder, answer)."""
 
 from __future__ import annotations
 
@@ -37,4 +38,16 @@ def ledger_snapshot(db: sqlite3.Connection) -> list[str]:
                 f" {step['candidate_sha'] or '-'} attempts [{attempts}] effects under fences"
                 f" {effects}"
             )
+    for row in q("SELECT * FROM outbox ORDER BY created_at, step_id"):
+        attempts = " ".join(
+            f"a{d['attempt']}:o{d['opening']}:{d['holder']}:{d['answer'] or 'open'}"
+            for d in q(
+                "SELECT * FROM deliveries WHERE step_id = ? ORDER BY attempt", (row["step_id"],)
+            )
+        )
+        lines.append(
+            f"effect {row['step_id']} {row['kind']} {'keyed' if row['keyed'] else 'unkeyed'}"
+            f" {row['state']} holder {row['holder'] or '-'} openings {row['openings']}"
+            f" digest {row['digest'][:8]} attempts [{attempts}]"
+        )
     return lines

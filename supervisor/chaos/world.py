@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sqlite3
 from collections.abc import Callable, Sequence
 from random import Random
 from typing import Any
@@ -29,13 +30,16 @@ from supervisor.chaos.actors import (
     describe,
     plan_hash,
 )
+from supervisor.chaos.dispatch import DispatcherActor
 from supervisor.chaos.harness import START, Harness
 from supervisor.chaos.observer import Consumer, Observer
+from supervisor.chaos.receivers import Fault, Receivers, describe_answer
 from supervisor.chaos.repos import BASE, FORGERIES, Repos, candidate_ref
 from supervisor.ledger import reaper, repositories, views
 from supervisor.ledger.batch import RuleCrashed
 from supervisor.ledger.errors import LedgerError, Refused
 from supervisor.ledger.invariants import find_violations
+from supervisor.ledger.outbox import Answer, Outgoing
 from supervisor.ledger.tx import Tx
 from supervisor.ledger.verification import Evidence, Finding
 from tether.messages import Checkpoint, Lease, Report
@@ -52,6 +56,14 @@ class Habits:
     release: float = 0.05  # a runner hands a lease back instead of finishing it
     stale_approval: float = 0.0  # the operator approves an out-of-date base
     wrong_plan: float = 0.0  # the operator approves with another plan hash
+    # effects: how the network and the receivers treat a send, and the operator's slips
+    unreachable: float = 0.0  # the request never arrives (connection refused)
+    busy: float = 0.0  # the receiver answers 503 before applying
+    lost: float = 0.0  # the receiver applies it; its answer is lost
+    refuse: float = 0.0  # an http receiver refuses it for good
+    duplicate_answer: float = 0.0  # an answer reaches the dispatcher twice
+    wrong_digest: float = 0.0  # the operator opens a gate for another request's digest
+    guess: float = 0.0  # the operator says whether an uncertain effect happened at random
 
 
 QUICK_STEPS = 0.3
@@ -78,6 +90,7 @@ class World:
         orders: list[Order],
         runners: int,
         habits: Habits,
+        dispatchers: int = 1,
     ) -> None:
         self.h = harness
         self.rng = rng
@@ -98,6 +111,9 @@ class World:
         self.repos = Repos()
         self.forgery: Finding | None = None  # a scenario's: every result forged this way
         self.grants: list[tuple[str, Lease]] = []  # every lease granted, with its runner
+        self.dispatchers = [DispatcherActor(f"d{i}") for i in range(dispatchers)]
+        self.receivers = Receivers(self.repos)
+        self.hazarded: set[str] = set()  # effects a hazard played on (once each)
         self._add_repositories()
 
     def _add_repositories(self) -> None:
@@ -132,8 +148,16 @@ class World:
         for found in find_violations(self.h.db):
             self.observer.violation(found)
         self.observer.charged_now(self.h.db.execute("SELECT name, tokens_used FROM tenants"))
+        self.observer.effects_now(self.receivers)
+        for row in self.h.db.execute("SELECT step_id FROM outbox WHERE state = 'withdrawn'"):
+            self.observer.withdrawn(row[0], self.receivers)
         for found in self.violations[before:]:
             self.log(f"VIOLATION {found}")
+
+    def flag(self, violation: str) -> None:
+        before = len(self.violations)
+        self.observer.violation(violation)
+        self._flag_new(before)
 
     def check_refs(self) -> None:
         """The ref a committed attempt's clean candidate was imported under still names that
@@ -274,6 +298,13 @@ class World:
         elif msg.kind is k.REPORT:
             assert msg.report is not None
             obs.reported(msg.report, msg.sender, Outcome(value), None, self.h.now, msg.evidence)
+        elif msg.kind is k.GATE:
+            [row] = self.h.query("SELECT digest FROM outbox WHERE step_id = ?", (msg.step_id,))
+            obs.gate_opened(msg.step_id, msg.digest, row[0])
+        elif msg.kind is k.RESOLVE:
+            [row] = self.h.query("SELECT kind, keyed FROM outbox WHERE step_id = ?", (msg.step_id,))
+            truth = self.receivers.applied(row[0], bool(row[1]), msg.step_id) > 0
+            obs.resolved(msg.step_id, msg.happened, truth=truth)
 
     def _answer(self, msg: Message, value: Any, error: BaseException | None) -> None:
         if msg.sender == OPERATOR:
@@ -294,6 +325,8 @@ class World:
         for msg in msgs:
             self._gone(msg)
         msgs = [self._gathered(m) for m in msgs]  # the adapters ran before the batch
+        for d in self.dispatchers:
+            d.crash()
         refreshed = self.h.crash_before_commit([m.rule() for m in msgs])
         labels = "; ".join(m.label() for m in msgs)
         self.log(f"supervisor crash before commit of [{labels}]; restart refreshed {refreshed}")
@@ -301,6 +334,8 @@ class World:
         self.check()
 
     def restart(self) -> None:
+        for d in self.dispatchers:
+            d.crash()
         refreshed = self.h.restart()
         self.log(f"supervisor crash and restart; refreshed {refreshed} leases")
         self.observer.restarted(self.h.now)
@@ -326,6 +361,73 @@ class World:
         self._flag_new(before)
         if self.h.db.total_changes != changes_before:
             self.check()
+
+    # -- the dispatcher ------------------------------------------------------------------------
+
+    def call(
+        self,
+        label: str,
+        rule: Callable[[Tx], Any],
+        *,
+        seen: Callable[[Any], None] | None = None,
+        describe: Callable[[Any], str] | None = None,
+    ) -> tuple[Any, LedgerError | None]:
+        """One of the supervisor's own rules (the dispatcher's), as its own transaction;
+        `seen` tells the observer of an accepted answer before the task states are read."""
+        before, changes_before = len(self.violations), self.h.db.total_changes
+        [outcome] = self.h.run([_observed(rule)])
+        value: Any = None
+        error = outcome.error
+        moved = ""
+        if error is None:
+            value, states = outcome.value
+            if seen is not None:
+                seen(value)
+            changes = self.observer.saw_states(states)
+            moved = f"; {', '.join(changes)}" if changes else ""
+            answer = describe(value) if describe is not None else "ok"
+        else:
+            answer = f"refused {error.code.value}" if isinstance(error, Refused) else "FAILED"
+            if isinstance(error, RuleCrashed) or not isinstance(error, Refused):
+                self.observer.violation(f"rule crashed: {label}: {error}")
+        self.log(f"{label} -> {answer}{moved}")
+        self._flag_new(before)
+        if self.h.db.total_changes != changes_before:
+            self.check()
+        return value, error if isinstance(error, LedgerError) else None
+
+    def outbox_ready(self, count: int = 1) -> bool:
+        """Whether `outbox.take` would find at least `count` effects now: ready ones of live
+        tasks, or held ones whose hold lapsed (read without a transaction)."""
+        [row] = self.h.query(
+            "SELECT COUNT(*) FROM outbox o JOIN tasks t ON t.id = o.task_id WHERE"
+            " (o.state IN ('due', 'open') AND o.not_before <= ? AND t.state NOT IN"
+            " ('SUCCEEDED', 'FAILED', 'CANCELLED')) OR (o.state = 'sending' AND o.held_until < ?)",
+            (self.h.now, self.h.now),
+        )
+        return int(row[0]) >= count
+
+    def delivery_fault(self, out: Outgoing) -> Fault:
+        """What the network and the receiver make of one send (none, once faults stop)."""
+        habits = self.habits
+        for fault, chance in (
+            (Fault.UNREACHABLE, habits.unreachable), (Fault.BUSY, habits.busy),
+            (Fault.LOST, habits.lost), (Fault.REFUSE, habits.refuse),
+        ):  # fmt: skip
+            if self._misbehaves(chance):
+                return fault
+        return Fault.NONE
+
+    def duplicate_answer(self) -> bool:
+        return self._misbehaves(self.habits.duplicate_answer)
+
+    def sent(self, label: str, out: Outgoing, fault: Fault, answer: Answer) -> None:
+        """A dispatcher sent `out`; the receiver's model already applied what it got."""
+        before = len(self.violations)
+        self.observer.effect_sent(out, reached=fault is not Fault.UNREACHABLE)
+        self.observer.effects_now(self.receivers)
+        self.log(f"{label} to its receiver ({fault}) -> {describe_answer(answer)}")
+        self._flag_new(before)
 
     # -- the operator -------------------------------------------------------------------------
 
@@ -377,6 +479,39 @@ class World:
 
     def set_budget(self, tenant: str, tokens: int | None) -> Message:
         return self.send(OPERATOR, 0, Kind.BUDGET, tenant=tenant, tokens=tokens)
+
+    def effects_in(self, state: str) -> list[sqlite3.Row]:
+        """The effects in outbox `state` ("gated", "uncertain") as `task gate` shows them to
+        the operator: step, name, kind and the rendered request's digest."""
+        return self.h.query(
+            "SELECT o.step_id, o.task_id, o.kind, o.keyed, o.digest, o.said_no, s.name,"
+            " t.tenant FROM outbox o JOIN steps s ON s.id = o.step_id JOIN tasks t"
+            " ON t.id = o.task_id WHERE o.state = ? ORDER BY o.created_at",
+            (state,),
+        )
+
+    def open_gate(self, row: sqlite3.Row) -> Message:
+        """Open a gated effect's gate for the digest shown (a slip: another digest)."""
+        digest = row["digest"]
+        if self._misbehaves(self.habits.wrong_digest):
+            digest = content_hash({"another request": digest})
+        return self.send(
+            OPERATOR, 0, Kind.GATE, tenant=row["tenant"], task_id=row["task_id"],
+            step_id=row["step_id"], step_name=row["name"], digest=digest,
+        )  # fmt: skip
+
+    def resolve(self, row: sqlite3.Row) -> Message:
+        """Say whether an uncertain effect happened, as its receiver's owner tells (a slip:
+        at random). An honest `no` is said once; the second time the operator cancels."""
+        happened = self.receivers.applied(row["kind"], bool(row["keyed"]), row["step_id"]) > 0
+        if self._misbehaves(self.habits.guess):
+            happened = self.rng.random() < 0.5
+        elif not happened and row["said_no"]:
+            return self.send(OPERATOR, 0, Kind.CANCEL, tenant=row["tenant"], task_id=row["task_id"])
+        return self.send(
+            OPERATOR, 0, Kind.RESOLVE, tenant=row["tenant"], task_id=row["task_id"],
+            step_id=row["step_id"], step_name=row["name"], happened=happened,
+        )  # fmt: skip
 
     # -- runners ------------------------------------------------------------------------------
 
