@@ -86,6 +86,13 @@ def test_a_push_moves_the_branch_only_from_the_value_it_expects() -> None:
     assert isinstance(moved, Refused)
     assert moved.code == "branch_moved"
     assert receivers.pushes == {"T1.1": 1}
+    # An operator reverts the branch to the expected value: a retry moves it again, which
+    # the lease cannot tell from a first push (kept apart from the supervisor's own repeats).
+    repos.push("acme", "repo0", BASE)
+    again = receivers.receive(push, Fault.NONE)
+    assert isinstance(again, Delivered)
+    assert (receivers.pushes, receivers.repushed) == ({"T1.1": 1}, {"T1.1": 1})
+    assert repos.head("acme", "repo0") == "c1"
 
 
 # -- the new invariants fail when they should ---------------------------------------------------

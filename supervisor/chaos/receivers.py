@@ -41,6 +41,9 @@ class Receivers:
     keys: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     unkeyed: dict[str, int] = dataclasses.field(default_factory=dict)  # effect -> applied
     pushes: dict[str, int] = dataclasses.field(default_factory=dict)  # effect -> branch moves
+    # effect -> pushes again after someone else moved the branch back to the expected value
+    # in between (compare-and-swap cannot tell that from "never pushed": see `_push`)
+    repushed: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def applied(self, out_kind: str, keyed: bool, effect_id: str) -> int:
         """How many times the receiver applied this effect (a keyed one: per key it came
@@ -94,7 +97,13 @@ class Receivers:
                 status=None, detail=f"{name} is at {head}, not {expected}", code="branch_moved"
             )
         self.repos.push(out.tenant, name, candidate)
-        self.pushes[out.effect_id] = self.pushes.get(out.effect_id, 0) + 1
+        if self.pushes.get(out.effect_id):
+            # Pushed before, and the branch was moved back to `expected` since (an operator's
+            # revert): the lease cannot see it, so the retry moves it again. Kept apart, so
+            # `applied` counts the supervisor's own repeats only.
+            self.repushed[out.effect_id] = self.repushed.get(out.effect_id, 0) + 1
+            return Delivered(status=None, detail=f"{name} {expected} -> {candidate} again")
+        self.pushes[out.effect_id] = 1
         return Delivered(status=None, detail=f"{name} {expected} -> {candidate}")
 
 
