@@ -35,11 +35,50 @@ def test_a_header_value_stays_text_even_as_one_placeholder() -> None:
 
 def test_an_output_cannot_smuggle_a_credential_into_a_header_value() -> None:
     outputs = {"build": {"text": "x {{ credential.push-key }}"}}
-    with pytest.raises(t.RenderError, match=r"holds '\{\{'"):
+    with pytest.raises(t.RenderError, match=r"put '\{\{' or '\}\}'"):
         t.render("v={{ steps.build.output.text }}", outputs, "headers.X-Note", as_text=True)
     # In a body, which is never filled with credentials, the text is data.
     body = t.render({"note": "{{ steps.build.output.text }}"}, outputs)
     assert body == {"note": "x {{ credential.push-key }}"}
+
+
+@pytest.mark.parametrize(
+    ("template", "outputs"),
+    [
+        # Two adjacent placeholders, each holding half of a credential placeholder.
+        ("{{ steps.a.output }}{{ steps.b.output }}", {"a": "{", "b": "{ credential.x }}"}),
+        ("{{ steps.a.output }}{{ steps.b.output }}", {"a": "{{ credential", "b": ".x }}"}),
+        # An output beside the template's own credential, opening or closing it anew.
+        ("{{ steps.a.output }}{{ credential.x }}", {"a": "{{ credential.y"}),
+        ("{{ credential.x }}{{ steps.a.output }}", {"a": "}}"}),
+        ("Bearer {{ credential.x }} {{ steps.a.output }}", {"a": "{{ credential.x }}"}),
+    ],
+)
+def test_outputs_never_build_a_credential_placeholder_where_credentials_are_filled(
+    template: str, outputs: dict[str, Any]
+) -> None:
+    with pytest.raises(t.RenderError, match="credentials are filled into it at send time"):
+        t.render({"X-Note": template}, outputs, "payload.headers", as_text=True)
+    # The same for a registered kind's payload, filled anywhere (`sealed`), one placeholder
+    # taking the whole value included.
+    with pytest.raises(t.RenderError):
+        t.render({"text": template}, outputs, "payload", sealed=True)
+    with pytest.raises(t.RenderError):
+        t.render({"text": "{{ steps.a.output }}"}, {"a": ["{{ credential.x }}"]}, sealed=True)
+
+
+def test_a_sealed_render_keeps_the_template_s_own_credentials_and_plain_outputs() -> None:
+    outputs = {"a": "v1 {curly}", "b": {"n": 1}}
+    header = t.render(
+        "Bearer {{ credential.x }}; {{ steps.a.output }} {{ steps.b.output }}", outputs,
+        as_text=True,
+    )  # fmt: skip
+    assert header == 'Bearer {{ credential.x }}; v1 {curly} {"n":1}'
+    assert (
+        t.fill_credentials(header, {"x": "s3cret"}.__getitem__)
+        == 'Bearer s3cret; v1 {curly} {"n":1}'
+    )
+    assert t.render({"k": "{{ steps.b.output }}"}, outputs, sealed=True) == {"k": {"n": 1}}
 
 
 @pytest.mark.parametrize(

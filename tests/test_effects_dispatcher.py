@@ -443,10 +443,10 @@ async def test_a_cancel_during_the_send_ends_cancelled_with_the_effect_delivered
     assert count(ledger_path, "effects", "step_id IN (SELECT step_id FROM outbox)") == 1
 
 
-async def test_a_keyed_effect_unanswered_past_its_deadline_fails_the_task(
+async def test_a_keyed_effect_never_connected_past_its_deadline_fails_the_task(
     ledger: SqliteLedger, ledger_path: Path, clock: FakeClock
 ) -> None:
-    script = Scripted([BUSY])
+    script = Scripted([DOWN])
     task_id = await due_deploy(ledger)
     d = Dispatcher(
         ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05,
@@ -459,6 +459,29 @@ async def test_a_keyed_effect_unanswered_past_its_deadline_fails_the_task(
     assert outbox_state(ledger_path) == "failed"
     view = await ledger.task(task_id)
     assert "delivery_deadline" in json.dumps(view)
+
+
+async def test_a_keyed_effect_that_may_have_reached_its_receiver_by_the_deadline_is_uncertain(
+    ledger: SqliteLedger, ledger_path: Path, clock: FakeClock
+) -> None:
+    # A 503 (or a read timeout) may come after the receiver applied it: not `failed`.
+    script = Scripted([BUSY])
+    task_id = await due_deploy(ledger)
+    d = Dispatcher(
+        ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05,
+        retry_base_s=0.01,
+    )  # fmt: skip
+    async with running(d):
+        await until(lambda: len(script.calls) >= 2)
+        clock.advance(301)
+        await until(lambda: outbox_state(ledger_path) == "uncertain")
+    view = await ledger.task(task_id)
+    assert view["state"] == "RUNNING"
+    assert view["waiting_for"]["reason"] == "uncertain"
+    await ledger.resolve_effect("acme", task_id, "deploy", False, "alice")
+    view = await ledger.task(task_id)
+    assert view["state"] == "FAILED"
+    assert view["reason"] == "delivery_deadline: an operator (alice) said it did not happen"
 
 
 def start_receiver(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:

@@ -306,6 +306,15 @@ def held_effect_of_a_cancelled_task_never_begun(db: sqlite3.Connection, w: World
     outbox_row(db, f"{w.queued}.0", "sending")
 
 
+def withdrawn_after_an_attempt_that_may_have_sent(db: sqlite3.Connection, w: World) -> None:
+    outbox_row(db, f"{w.queued}.0", "withdrawn")
+    db.execute(
+        "INSERT INTO deliveries (step_id, attempt, opening, holder, started_at)"
+        " VALUES (?, 1, 0, 'd1', 0)",
+        (f"{w.queued}.0",),
+    )
+
+
 def effect_step_leased_to_a_runner(db: sqlite3.Connection, w: World) -> None:
     outbox_row(db, f"{w.running}.1", "sending")
 
@@ -339,6 +348,7 @@ PLANTS: dict[str, tuple[Plant, set[str]]] = {
     "delivered-effect-has-one-effect": (delivered_without_an_effect, set()),
     "unkeyed-sent-once-per-opening": (unkeyed_sent_twice_under_one_opening, set()),
     "no-idle-sending-of-ended-task": (held_effect_of_a_cancelled_task_never_begun, set()),
+    "withdrawn-effect-sent-nothing": (withdrawn_after_an_attempt_that_may_have_sent, set()),
     "effect-step-never-leased": (effect_step_leased_to_a_runner, set()),
 }
 
@@ -353,6 +363,18 @@ def test_a_planted_violation_is_named(sim: Sim, world: World, name: str) -> None
     plant(sim.db, world)
     assert names(sim.db) == {name} | collateral
     assert all(v.split(": ", 1)[1] for v in find_violations(sim.db))  # each has a description
+
+
+def test_an_operator_s_no_excuses_the_attempts_before_it(sim: Sim, world: World) -> None:
+    withdrawn_after_an_attempt_that_may_have_sent(sim.db, world)
+    sim.db.execute("UPDATE outbox SET settled_attempts = 1")
+    assert names(sim.db) == set()
+
+
+def test_a_head_at_the_task_s_own_pushed_candidate_is_no_moved_base(sim: Sim, world: World) -> None:
+    success_after_the_base_moved(sim.db, world)
+    sim.db.execute("UPDATE tasks SET pushed_sha = 'b2' WHERE id = ?", (world.repo,))
+    assert names(sim.db) == set()
 
 
 @pytest.mark.parametrize(

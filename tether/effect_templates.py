@@ -12,6 +12,11 @@ Two placeholders exist, written `{{ ... }}` with optional spaces inside the brac
   the payload's kind says (an `http` step's header values). It is never filled in here: the
   rendered request keeps it by name, and the dispatcher substitutes it at send time.
 
+Where credentials are filled at send time (and in an `http` URL), the rendered text may hold
+no `{{` or `}}` but the template's own credential placeholders, in their order: outputs (a
+model's words) could otherwise build one, even from two adjacent placeholders each holding
+half of it, and have a secret sent where the plan put none.
+
 At create only a placeholder's form and its step's name can be checked: whether the path
 exists in that step's output is known once the step has committed, and a path missing then
 fails the effect step (`effect_render_failed`) before anything is sent.
@@ -158,41 +163,72 @@ def _text(value: Any) -> str:
 
 
 def render(
-    value: Any, outputs: Mapping[str, Any], where: str = "payload", *, as_text: bool = False
+    value: Any,
+    outputs: Mapping[str, Any],
+    where: str = "payload",
+    *,
+    as_text: bool = False,
+    sealed: bool = False,
 ) -> Any:
     """`value` with every step placeholder filled from `outputs` (committed outputs by step
     name); credential placeholders are left as written. `RenderError` for a missing value.
-    With `as_text` (header values) even a string that is one placeholder stays a string."""
+    With `as_text` (header values, a URL) even a string that is one placeholder stays a
+    string. With `sealed` or `as_text` (credentials may be filled into the result at send
+    time), `RenderError` too when a rendered string holds any `{{` or `}}` but the template's
+    own credential placeholders (`_seal`)."""
     if isinstance(value, str):
-        return _render_string(value, outputs, where, as_text)
+        return _render_string(value, outputs, where, as_text, sealed or as_text)
     if isinstance(value, Mapping):
-        return {k: render(v, outputs, f"{where}.{k}", as_text=as_text) for k, v in value.items()}
+        return {
+            k: render(v, outputs, f"{where}.{k}", as_text=as_text, sealed=sealed)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [render(v, outputs, f"{where}[{i}]", as_text=as_text) for i, v in enumerate(value)]
+        return [
+            render(v, outputs, f"{where}[{i}]", as_text=as_text, sealed=sealed)
+            for i, v in enumerate(value)
+        ]
     return value
 
 
-def _render_string(text: str, outputs: Mapping[str, Any], where: str, as_text: bool) -> Any:
+def _render_string(
+    text: str, outputs: Mapping[str, Any], where: str, as_text: bool, sealed: bool
+) -> Any:
     whole = _BRACES.fullmatch(text) if not as_text else None
     if whole is not None and len(_BRACES.findall(text)) == 1:
         ref = parse(whole.group(1), where)
-        if isinstance(ref, StepRef):
-            return _lookup(outputs, ref, where)
-        return text
+        if not isinstance(ref, StepRef):
+            return text
+        value = _lookup(outputs, ref, where)
+        if sealed:
+            _seal(_text(value), [], where)
+        return value
+    own: list[str] = []
 
     def fill(match: re.Match[str]) -> str:
         ref = parse(match.group(1), where)
         if isinstance(ref, CredentialRef):
+            own.append(match.group(0))
             return match.group(0)
-        filled = _text(_lookup(outputs, ref, where))
-        if as_text and "{{" in filled:
-            # A header value is filled with credentials at send time: an output (a model's
-            # words) holding `{{ credential.x }}` would have a secret sent where the plan put
-            # none. Refused, nothing is sent.
-            raise RenderError(f"{where}: the output of step {ref.step!r} holds '{{{{'")
-        return filled
+        return _text(_lookup(outputs, ref, where))
 
-    return _BRACES.sub(fill, text)
+    rendered = _BRACES.sub(fill, text)
+    if sealed:
+        _seal(rendered, own, where)
+    return rendered
+
+
+def _seal(rendered: str, own: list[str], where: str) -> None:
+    """`RenderError` unless the only `{{`...`}}` in `rendered` are `own`, the template's own
+    credential placeholders as written, in order, and no `{{` or `}}` is left beside them:
+    the text credentials are filled into at send time holds none that outputs built."""
+    found = [m.group(0) for m in _BRACES.finditer(rendered)]
+    rest = _BRACES.sub("", rendered)
+    if found != own or "{{" in rest or "}}" in rest:
+        raise RenderError(
+            f"{where}: earlier steps' outputs put '{{{{' or '}}}}' into it; refused, since"
+            " credentials are filled into it at send time"
+        )
 
 
 def fill_credentials(text: str, read: Callable[[str], str]) -> str:

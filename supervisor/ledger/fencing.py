@@ -398,12 +398,16 @@ def fail_task(tx: Tx, task: sqlite3.Row, reason: str) -> None:
     """Fail `task` (a row of `tasks`, not ended) with `reason`, ending its live attempts as
     cancel does: a runner holding one learns at its next renew or result that the step is no
     longer its own (`StaleFence`). Its unfinished steps are cancelled, a leased one failed."""
+    from supervisor.ledger.outbox import NOT_IN_DELIVERY  # the outbox builds on this module
+
     task_id = task["id"]
     tx.run(
         "UPDATE attempts SET state = ?, reason = ?, ended_at = ?"
         " WHERE state = ? AND step_id IN (SELECT id FROM steps WHERE task_id = ?)",
         (AttemptState.FAILED.value, reason[:500], tx.now, AttemptState.LEASED.value, task_id),
     )
+    transition(tx, task_id, TaskState.FAILED, reason=reason)
+    withdraw_effects(tx, task_id)
     tx.run(
         "UPDATE steps SET state = CASE WHEN state = ? THEN ? ELSE ? END, fence = NULL,"
         " lease_deadline = NULL, accept_deadline = NULL WHERE task_id = ? AND state NOT IN (?, ?)"
@@ -413,41 +417,16 @@ def fail_task(tx: Tx, task: sqlite3.Row, reason: str) -> None:
             StepState.COMMITTED.value, StepState.FAILED.value,
         ),
     )  # fmt: skip
-    transition(tx, task_id, TaskState.FAILED, reason=reason)
-    withdraw_effects(tx, task_id, TaskState.FAILED)
     tx.note(
         Decision.FAILED, task_id=task_id, tenant=task["tenant"], pool=task["pool"], reason=reason
     )
 
 
-# Effect steps whose outbox row is being delivered or awaits an operator's word keep their
-# state when their task ends: the dispatcher or the operator records what happened.
-NOT_IN_DELIVERY = "id NOT IN (SELECT step_id FROM outbox WHERE state IN ('sending', 'uncertain'))"
+def withdraw_effects(tx: Tx, task_id: str) -> None:
+    """Settle the effects of a task that has just ended (`outbox.end_with_task`): withdrawn
+    when nothing of them can have been sent, else `uncertain` for an operator. Call it after
+    the task's state moved and before its other steps are cancelled (`outbox.NOT_IN_DELIVERY`
+    then keeps an uncertain effect's step as it is)."""
+    from supervisor.ledger import outbox  # the outbox builds on this module
 
-
-def withdraw_effects(tx: Tx, task_id: str, task_state: str, only: str | None = None) -> None:
-    """Withdraw the task's effects that nothing was sent for (outbox rows `due`, `gated`,
-    `open`, and `sending` with no delivery attempt begun; with `only`, that step's row
-    whatever it holds): their steps are cancelled. The task is ending or has ended. A
-    dispatcher holding a withdrawn row is refused its attempt (`EffectNotHeld`). (The outbox's
-    states are spelled out here because `supervisor.ledger.outbox` builds on this module.)"""
-    if only is not None:
-        rows = [only]
-    else:
-        rows = [
-            r["step_id"]
-            for r in tx.all(
-                "SELECT step_id FROM outbox o WHERE task_id = ? AND (state IN ('due', 'gated',"
-                " 'open') OR (state = 'sending' AND NOT EXISTS (SELECT 1 FROM deliveries d"
-                " WHERE d.step_id = o.step_id))) ORDER BY created_at",
-                (task_id,),
-            )
-        ]
-    for step_id in rows:
-        tx.run(
-            "UPDATE outbox SET state = 'withdrawn', holder = NULL, held_until = NULL,"
-            " ended_at = ? WHERE step_id = ?",
-            (tx.now, step_id),
-        )
-        tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.CANCELLED.value, step_id))
-        append_event(tx, task_id, "effect_withdrawn", task_state, {"step_id": step_id})
+    outbox.end_with_task(tx, task_id)

@@ -183,12 +183,23 @@ def check_kinds(tx: Tx, spec: TaskSpec) -> None:
 
 
 def check_effects(spec: TaskSpec, effect_kinds: Collection[str]) -> None:
-    """`InvalidRequest` for an effect step whose placeholders are malformed or name a step
-    that is not an earlier step of the plan (or one whose name two earlier steps share), and
-    for a `git.push` in a task without a repository (docs/design.md, Effects). Whether a path
-    exists in the named step's output is known only once that step has committed."""
+    """`InvalidRequest` (docs/design.md, Effects) for an effect step whose placeholders are
+    malformed or name a step that is not an earlier step of the plan (or one whose name two
+    earlier steps share); an effect step whose name another step also has (the gate and the
+    operator's word find an effect by its name); a step placeholder in an `http` URL's scheme
+    or authority; a `git.push` in a task without a repository; and a runner step after a
+    `git.push` (the push ends the repository work). Whether a path exists in the named
+    step's output is known only once that step has committed."""
+    pushed: tuple[int, str] | None = None
     for i, step in enumerate(spec.steps):
         if step.kind not in effect_kinds:
+            if pushed is not None:
+                raise InvalidRequest(
+                    f"'plan.steps[{i}]': step {step.name!r} is a {step.kind} step after the"
+                    f" git.push step {pushed[1]!r} (plan.steps[{pushed[0]}]): a push ends the"
+                    " task's repository work, so only effect steps may follow it; move the"
+                    " push after it"
+                )
             continue
         where = f"plan.steps[{i}].payload"
         if step.kind == "git.push" and not spec.repository:
@@ -196,6 +207,17 @@ def check_effects(spec: TaskSpec, effect_kinds: Collection[str]) -> None:
                 f"'{where}': step {step.name!r} is a git.push: only a task bound to a"
                 " repository can push"
             )
+        if step.kind == "git.push" and pushed is None:
+            pushed = (i, step.name)
+        twin = next((j for j, s in enumerate(spec.steps) if s.name == step.name and j != i), None)
+        if twin is not None:
+            raise InvalidRequest(
+                f"'plan.steps[{i}].name': effect step {step.name!r} (plan.steps[{i}]) has the"
+                f" name of plan.steps[{twin}]: an operator opens a gate and answers for an"
+                " effect by its step's name, so give each effect step a name of its own"
+            )
+        if step.kind == "http" and isinstance(step.payload, dict):
+            check_url_authority(step.payload.get("url"), f"{where}.url")
         before = [s.name for s in spec.steps[:i]]
         payload = step.payload if isinstance(step.payload, dict) else {}
         try:
@@ -210,6 +232,26 @@ def check_effects(spec: TaskSpec, effect_kinds: Collection[str]) -> None:
                     )
         except templates.TemplateError as exc:
             raise InvalidRequest(f"'{str(exc).partition(': ')[0]}': {exc}") from None
+
+
+def check_url_authority(url: Any, where: str) -> None:
+    """`InvalidRequest` for a step placeholder in the scheme or authority of an `http`
+    effect's URL (everything before the first `/` after `://`): an earlier step's output (a
+    model's words) would choose the host that the request, its credentials and its body go
+    to. Placeholders belong in the path, the query or the body."""
+    if not isinstance(url, str):
+        return
+    scheme_end = url.find("://")
+    start = 0 if scheme_end < 0 else scheme_end + 3
+    slash = url.find("/", start)
+    authority = url if slash < 0 else url[:slash]
+    if "{{" in authority:
+        raise InvalidRequest(
+            f"'{where}': a placeholder in the URL's scheme or host ({authority[:80]!r}) would"
+            " let an earlier step's output choose where the request (and its credentials) is"
+            " sent: write the scheme and host literally; placeholders may fill the path,"
+            " query or body"
+        )
 
 
 def _effect_placeholders(

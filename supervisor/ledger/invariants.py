@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from supervisor.ledger.outbox import OutboxState
 from supervisor.ledger.states import TERMINAL
 from tether.wire import effect_key
 
@@ -104,12 +105,14 @@ _QUERIES: dict[str, tuple[str, Callable[[sqlite3.Row], str]]] = {
         " (SELECT 1 FROM attempts a WHERE a.step_id = k.step_id AND a.fence = k.fence)",
         lambda r: f"step {r['step_id']}'s checkpoint names fence {r['fence']}, not an attempt",
     ),
-    # (A head that moved before the approval does not count: the approval read the head.)
+    # (A head that moved before the approval does not count: the approval read the head; nor
+    # does a head at the candidate the task's own git.push sent, `tasks.pushed_sha`.)
     "success-on-approved-base": (
         "SELECT t.id FROM tasks t JOIN events v ON v.task_id = t.id AND v.kind = 'state'"
         " AND v.state = 'SUCCEEDED' WHERE t.repository IS NOT NULL AND EXISTS ("
         "  SELECT 1 FROM events b WHERE b.task_id = t.id AND b.kind = 'base_changed'"
         "  AND b.seq < v.seq AND json_extract(b.data_json, '$.head_sha') != t.approved_base_sha"
+        "  AND json_extract(b.data_json, '$.head_sha') IS NOT t.pushed_sha"
         "  AND b.seq > (SELECT MAX(a.seq) FROM events a WHERE a.task_id = t.id"
         "   AND a.kind = 'state' AND a.state = 'APPROVED')"
         "  AND NOT EXISTS (SELECT 1 FROM events b2 WHERE b2.task_id = t.id"
@@ -149,6 +152,16 @@ _QUERIES: dict[str, tuple[str, Callable[[sqlite3.Row], str]]] = {
         f" WHERE o.state = 'sending' AND t.state IN ({_TERMINAL_SQL})"
         " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.step_id = o.step_id)",
         lambda r: f"effect {r['step_id']} of an ended task is held with no delivery begun",
+    ),
+    # An operator's word settles the attempts before it (`settled_attempts`).
+    "withdrawn-effect-sent-nothing": (
+        "SELECT o.step_id, d.attempt FROM outbox o JOIN deliveries d ON d.step_id = o.step_id"
+        f" WHERE o.state = '{OutboxState.WITHDRAWN.value}' AND d.attempt > o.settled_attempts"
+        " AND (d.sent IS NULL OR d.sent = 1)",
+        lambda r: (
+            f"effect {r['step_id']} is withdrawn, yet its attempt {r['attempt']} may have"
+            " reached the receiver"
+        ),
     ),
     "effect-step-never-leased": (
         "SELECT DISTINCT a.step_id FROM attempts a JOIN outbox o ON o.step_id = a.step_id",

@@ -15,7 +15,7 @@ from supervisor.ledger.errors import (
     PlanMismatch,
     StaleBase,
 )
-from supervisor.ledger.fencing import NOT_IN_DELIVERY, fail_task, withdraw_effects
+from supervisor.ledger.fencing import fail_task, withdraw_effects
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from supervisor.ledger.tx import ALL_POOLS, Tx, dumps, loads
@@ -82,9 +82,10 @@ def approve(
 
 def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
     """Cancel a task that has not ended. A step in flight learns of it at its next renew. Its
-    effects nothing was sent for are withdrawn at once; one being delivered is left to its
-    dispatcher, which records what it learns (the task stays CANCELLED; docs/design.md,
-    Effects)."""
+    effects nothing was sent for are withdrawn at once, and one whose attempt may have reached
+    its receiver becomes uncertain (an operator says whether it happened); one being delivered
+    is left to its dispatcher, which records what it learns (the task stays CANCELLED;
+    docs/design.md, Effects)."""
     tx.request = "cancel"
     task = owned_task(tx, tenant, task_id)
     transition(tx, task_id, TaskState.CANCELLED, reason=reason or "cancelled")
@@ -93,12 +94,12 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
         " WHERE state = ? AND step_id IN (SELECT id FROM steps WHERE task_id = ?)",
         (AttemptState.CANCELLED.value, tx.now, AttemptState.LEASED.value, task_id),
     )
+    withdraw_effects(tx, task_id)
     tx.run(
         "UPDATE steps SET state = ?, lease_deadline = NULL, accept_deadline = NULL"
-        f" WHERE task_id = ? AND state NOT IN (?, ?) AND {NOT_IN_DELIVERY}",
+        f" WHERE task_id = ? AND state NOT IN (?, ?) AND {outbox.NOT_IN_DELIVERY}",
         (StepState.CANCELLED.value, task_id, StepState.COMMITTED.value, StepState.FAILED.value),
     )
-    withdraw_effects(tx, task_id, TaskState.CANCELLED)
     tx.note(
         Decision.CANCELLED, task_id=task_id, tenant=tenant, pool=task["pool"],
         from_state=task["state"],
@@ -119,7 +120,8 @@ def observe_head(
     """Record `sha` as the head of `tenant`'s `repository`. Every task of it that has not
     ended (but the one `approving`, whose base it is) gets a `base_changed` event when the
     head changes; every approved one whose base is not `sha` fails at once with `stale_base`
-    (docs/design.md, Verification), so no later step is granted on a moved base."""
+    (docs/design.md, Verification), so no later step is granted on a moved base -- except the
+    task whose own `git.push` put `sha` there (`pushed_sha`): only effects follow a push."""
     held = tx.one(
         "SELECT head_sha FROM repositories WHERE tenant = ? AND name = ?", (tenant, repository)
     )
@@ -137,7 +139,10 @@ def observe_head(
     ):
         if row["id"] != approving and (held is None or held["head_sha"] != sha):
             append_event(tx, row["id"], "base_changed", row["state"], {"head_sha": sha})
-        if row["approved_at"] is not None and row["approved_base_sha"] != sha:
+        if row["approved_at"] is not None and sha not in (
+            row["approved_base_sha"],
+            row["pushed_sha"],
+        ):
             fail_task(tx, row, stale_base(row["approved_base_sha"], sha, repository).reason)
 
 

@@ -24,7 +24,7 @@ from supervisor.ledger.errors import (
     NotFound,
     TerminalState,
 )
-from supervisor.ledger.fencing import fail_step, fail_task, find_step, withdraw_effects
+from supervisor.ledger.fencing import fail_step, fail_task, find_step
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import TERMINAL, StepState, TaskState, transition
 from supervisor.ledger.tx import EFFECTS, Tx, dumps, loads
@@ -53,7 +53,7 @@ class OutboxState(enum.StrEnum):
     UNCERTAIN = "uncertain"  # an unkeyed send may have happened; only an operator resolves it
     DELIVERED = "delivered"
     FAILED = "failed"
-    WITHDRAWN = "withdrawn"  # cancelled before any send
+    WITHDRAWN = "withdrawn"  # its task ended before anything of it was sent
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -102,8 +102,14 @@ Answer = Delivered | Refused | Unanswered
 
 
 HOLDING = (OutboxState.SENDING,)
-# Rows a cancel withdraws at once: nothing of them was sent.
-WITHDRAWABLE = (OutboxState.DUE, OutboxState.GATED, OutboxState.OPEN)
+# Effect steps whose outbox row is being delivered or awaits an operator's word keep their
+# state when their task ends: the dispatcher or the operator records what happened.
+NOT_IN_DELIVERY = (
+    "id NOT IN (SELECT step_id FROM outbox WHERE state IN"
+    f" ('{OutboxState.SENDING.value}', '{OutboxState.UNCERTAIN.value}'))"
+)
+# Rows an ending task settles at once (`end_with_task`): no dispatcher holds them.
+UNHELD = (OutboxState.DUE, OutboxState.GATED, OutboxState.OPEN)
 
 
 # -- making a step ready ----------------------------------------------------------------------
@@ -219,8 +225,9 @@ def render_request(
             ),
             "body": templates.render(payload.get("body"), outputs, "payload.body"),
         }
+    # A registered kind's deliverer may fill credentials anywhere in its request: sealed.
     fields = {k: v for k, v in payload.items() if k not in ("keyed", "deadline_s")}
-    rendered: dict[str, Any] = templates.render(fields, outputs, "payload")
+    rendered: dict[str, Any] = templates.render(fields, outputs, "payload", sealed=True)
     return rendered
 
 
@@ -270,8 +277,10 @@ ENDS = frozenset({OutboxState.DELIVERED, OutboxState.FAILED, OutboxState.WITHDRA
 
 
 def _attempts(tx: Tx, row: sqlite3.Row, opening_only: bool) -> list[sqlite3.Row]:
-    sql = "SELECT * FROM deliveries WHERE step_id = ?"
-    params: tuple[Any, ...] = (row["step_id"],)
+    """The effect's attempts an operator's word has not settled (`settled_attempts`); with
+    `opening_only`, those of its current gate opening."""
+    sql = "SELECT * FROM deliveries WHERE step_id = ? AND attempt > ?"
+    params: tuple[Any, ...] = (row["step_id"], row["settled_attempts"])
     if opening_only:
         sql += " AND opening = ?"
         params += (row["openings"],)
@@ -348,16 +357,40 @@ def _uncertain(tx: Tx, row: sqlite3.Row, why: str) -> None:
 
 
 def _settle_ended(tx: Tx, row: sqlite3.Row, why: str) -> None:
-    """A held row whose task ended: withdrawn if nothing of it can have been sent, else
-    `uncertain` for an operator (its task stays ended either way)."""
-    if _maybe_sent(_attempts(tx, row, opening_only=False)):
+    """A row whose task ended: withdrawn if nothing of it can have been sent, else
+    `uncertain` for an operator, keyed or not: after the task ended nothing sends it again,
+    so only an operator can say whether the receiver applied it (the task stays ended either
+    way). An unkeyed effect counts the attempts of its current gate opening."""
+    if _maybe_sent(_attempts(tx, row, opening_only=not row["keyed"])):
         _uncertain(tx, row, f"{why}; its task ended")
     else:
-        _withdraw(tx, row["step_id"], row["task_id"], row["task_state"])
+        _withdraw(tx, row, "nothing of it was sent before its task ended")
 
 
-def _withdraw(tx: Tx, step_id: str, task_id: str, task_state: str) -> None:
-    withdraw_effects(tx, task_id, task_state, only=step_id)
+def _withdraw(tx: Tx, row: sqlite3.Row, why: str, **data: Any) -> None:
+    """The effect will never be sent: its row `withdrawn`, its step cancelled."""
+    _set(tx, row["step_id"], OutboxState.WITHDRAWN)
+    tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.CANCELLED.value, row["step_id"]))
+    append_event(
+        tx, row["task_id"], "effect_withdrawn", row["task_state"],
+        {"step_id": row["step_id"], "why": why, **data},
+    )  # fmt: skip
+
+
+def end_with_task(tx: Tx, task_id: str) -> None:
+    """The task has just ended (cancelled, or failed): settle its effects that no dispatcher
+    is delivering (`_settle_ended`): `due`, `gated` and `open` rows, and `sending` rows with
+    no attempt begun. A `sending` row with an attempt begun is left to its dispatcher, whose
+    answer is recorded and whose next attempt is refused (docs/design.md, Effects). Called by
+    `fencing.withdraw_effects` after the task's state moved."""
+    for row in tx.all(
+        "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o JOIN tasks t"
+        f" ON t.id = o.task_id WHERE o.task_id = ? AND (o.state IN ({', '.join('?' * len(UNHELD))})"
+        " OR (o.state = ? AND NOT EXISTS (SELECT 1 FROM deliveries d"
+        " WHERE d.step_id = o.step_id))) ORDER BY o.created_at",
+        (task_id, *(s.value for s in UNHELD), OutboxState.SENDING.value),
+    ):
+        _settle_ended(tx, row, "an attempt of it may have been sent")
 
 
 def begin_attempt(tx: Tx, effect_id: str, holder: str, digest: str) -> int:
@@ -398,6 +431,11 @@ def begin_attempt(tx: Tx, effect_id: str, holder: str, digest: str) -> int:
         " VALUES (?, ?, ?, ?, ?)",
         (effect_id, attempt, opening, holder, tx.now),
     )
+    if row["kind"] == "git.push":
+        # Before the push leaves: a head read that reports this candidate is the task's own
+        # push (`operator.observe_head`), however soon the forge's webhook arrives.
+        candidate = loads(row["request_json"]).get("candidate")
+        tx.run("UPDATE tasks SET pushed_sha = ? WHERE id = ?", (candidate, row["task_id"]))
     tx.run(
         "UPDATE outbox SET held_until = ? WHERE step_id = ?",
         (tx.now + tx.config.effect_hold_s, effect_id),
@@ -410,13 +448,19 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     (step committed, task advances; a task cancelled meanwhile stays CANCELLED with its
     effect delivered), refused (step and task fail with the answer's code), or unanswered
     (keyed, or unkeyed and certainly not sent: still held, to be retried; unkeyed and maybe
-    sent: `uncertain`)."""
+    sent: `uncertain`).
+
+    An answer that arrives after the effect became `uncertain` (its hold lapsed, or its task
+    ended, while this holder was still sending) is taken as if in time when the attempt is
+    this holder's and still unanswered: delivered or refused settles the effect; unanswered
+    leaves it uncertain for an operator."""
     tx.request = "record_attempt"
-    row = _held(tx, effect_id, holder)
+    late = _row(tx, effect_id)
+    row = late if _answers_uncertain(tx, late, attempt, holder) else _held(tx, effect_id, holder)
     delivery = tx.one(
         "SELECT * FROM deliveries WHERE step_id = ? AND attempt = ?", (effect_id, attempt)
     )
-    if delivery is None or delivery["answer"] is not None:
+    if delivery is None or delivery["answer"] is not None or delivery["holder"] != holder:
         raise EffectNotHeld(
             f"effect {effect_id} has no attempt {attempt} waiting for its answer"
         ).about(task_id=row["task_id"], step_id=effect_id)
@@ -438,6 +482,8 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     elif isinstance(answer, Refused):
         _set(tx, effect_id, OutboxState.FAILED)
         _fail(tx, row, f"{answer.code}: {answer.detail[:DETAIL_MAX]}")
+    elif row["state"] == OutboxState.UNCERTAIN:
+        return  # still only an operator can say
     elif row["keyed"] or not answer.sent:
         tx.run(
             "UPDATE outbox SET held_until = ? WHERE step_id = ?",
@@ -445,6 +491,18 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
         )
     else:
         _uncertain(tx, row, "an unkeyed send went unanswered")
+
+
+def _answers_uncertain(tx: Tx, row: sqlite3.Row, attempt: int, holder: str) -> bool:
+    """Whether `holder`'s answer to `attempt` may settle `row`, which became uncertain while
+    that attempt was in flight: the attempt is the holder's and still unanswered."""
+    if row["state"] != OutboxState.UNCERTAIN:
+        return False
+    delivery = tx.one(
+        "SELECT holder, answer FROM deliveries WHERE step_id = ? AND attempt = ? AND attempt > ?",
+        (row["step_id"], attempt, row["settled_attempts"]),
+    )
+    return delivery is not None and delivery["holder"] == holder and delivery["answer"] is None
 
 
 DETAIL_MAX = 2048
@@ -506,12 +564,14 @@ def _fail(tx: Tx, row: sqlite3.Row, reason: str) -> None:
 
 
 def give_up(tx: Tx, effect_id: str, holder: str, reason: str) -> None:
-    """The delivery deadline passed with only unanswered attempts: a keyed effect fails
-    (`delivery_deadline`); an unkeyed one becomes `uncertain` if an attempt may have sent,
-    else fails."""
+    """The delivery deadline passed with only unanswered attempts. The effect becomes
+    `uncertain` when one of them may have reached the receiver (keyed too: a receiver that
+    timed out or answered 503 may still have applied it; an unkeyed one counts its current
+    gate opening), for an operator to say whether it happened; it fails
+    (`delivery_deadline`) only when none can have."""
     tx.request = "give_up"
     row = _held(tx, effect_id, holder)
-    if not row["keyed"] and _maybe_sent(_attempts(tx, row, opening_only=True)):
+    if _maybe_sent(_attempts(tx, row, opening_only=not row["keyed"])):
         _uncertain(tx, row, f"delivery deadline passed: {reason}")
         return
     _set(tx, effect_id, OutboxState.FAILED)
@@ -606,10 +666,12 @@ def open_gate(tx: Tx, tenant: str, task_id: str, step_name: str, digest: str, by
 
 
 def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, by: str) -> None:
-    """An operator's word on an `uncertain` effect. `happened`: it is recorded as delivered
-    (step committed, the task advances unless it ended). Not: the effect goes back behind its
-    gate, once; a second `no` for the same effect is refused (say yes, or cancel the task).
-    For a task that ended, `no` withdraws the effect."""
+    """An operator's word on an `uncertain` effect; it settles every attempt made so far.
+    `happened`: it is recorded as delivered (step committed, the task advances unless it
+    ended). Not: for a task that ended, the effect is withdrawn; a keyed effect (uncertain
+    only once its deadline passed) fails `delivery_deadline`; an unkeyed one goes back behind
+    its gate, once; a second `no` for the same effect is refused (say yes, or cancel the
+    task)."""
     tx.request = "happened"
     row = _effect_of(tx, tenant, task_id, step_name)
     about = {"task_id": task_id, "step_id": row["step_id"]}
@@ -617,6 +679,11 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
         raise EffectNotGated(
             f"step {step_name!r} is {row['state']}: only an uncertain effect is resolved"
         ).about(**about)
+    tx.run(
+        "UPDATE outbox SET settled_attempts = (SELECT COALESCE(MAX(attempt), 0)"
+        " FROM deliveries WHERE step_id = ?) WHERE step_id = ?",
+        (row["step_id"], row["step_id"]),
+    )
     if happened:
         _decided(tx, row, "happened", by, row["digest"])
         _deliver(
@@ -631,9 +698,15 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
             " happened, or cancel the task"
         ).about(**about)
     _decided(tx, row, "not_happened", by, row["digest"])
+    said = f"an operator ({by}) said it did not happen"
     if _ended(row):
         tx.run("UPDATE outbox SET said_no = 1 WHERE step_id = ?", (row["step_id"],))
-        _withdraw(tx, row["step_id"], task_id, row["task_state"])
+        _withdraw(tx, row, said, by=by)
+        return
+    if row["keyed"]:
+        tx.run("UPDATE outbox SET said_no = 1 WHERE step_id = ?", (row["step_id"],))
+        _set(tx, row["step_id"], OutboxState.FAILED)
+        _fail(tx, row, f"delivery_deadline: {said}")
         return
     _set(tx, row["step_id"], OutboxState.GATED, said_no=1, gate_digest=None)
     append_event(
