@@ -4,6 +4,7 @@ at shutdown, ledger refusals and the concurrency bound."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import subprocess
@@ -21,11 +22,12 @@ import pytest
 from examples.processes import child_environment, free_port
 from examples.receiver import ReceiverState, create_app
 from supervisor.effects.credentials import Credentials
-from supervisor.effects.dispatcher import Dispatcher
+from supervisor.effects.dispatcher import RECORD_TRIES, Dispatcher
 from supervisor.effects.http import HttpDeliverer
 from supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
 from supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
-from supervisor.ledger.outbox import Delivered, Refused, Unanswered
+from supervisor.ledger.errors import StorageError
+from supervisor.ledger.outbox import Answer, Delivered, Refused, Unanswered
 from supervisor.service import running_ledger
 from supervisor.settings import SupervisorSettings
 
@@ -164,6 +166,47 @@ async def test_an_unkeyed_effect_that_never_connected_is_tried_again(outbox: Fak
     async with running(dispatcher(outbox, script)):
         await until(lambda: outbox.rows["e1"].state == "delivered")
     assert outbox.rows["e1"].attempts == [DOWN, OK]
+
+
+@dataclasses.dataclass
+class BusyLedger(FakeOutbox):
+    """A ledger file that is locked for the first `busy` writes of an answer."""
+
+    busy: int = 0
+    tries: int = 0
+
+    async def record_attempt(
+        self, effect_id: str, attempt: int, holder: str, answer: Answer
+    ) -> None:
+        self.tries += 1
+        if self.tries <= self.busy:
+            raise StorageError("database is locked")
+        await super().record_attempt(effect_id, attempt, holder, answer)
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+async def test_an_answer_the_ledger_fails_to_take_is_written_again_never_sent_again(
+    keyed: bool,
+) -> None:
+    ledger = BusyLedger(clock=time.time, busy=3)
+    script = Scripted([OK])
+    ledger.add(outgoing(deadline_at=soon(), keyed=keyed))
+    async with running(dispatcher(ledger, script, record_backoff_s=0.01)):
+        await until(lambda: ledger.rows["e1"].state == "delivered")
+    assert script.calls == ["e1"]
+    assert ledger.tries == 4
+    assert ledger.rows["e1"].attempts == [OK]
+
+
+async def test_an_answer_the_ledger_never_takes_is_given_up_after_a_few_writes() -> None:
+    ledger = BusyLedger(clock=time.time, busy=100)
+    script = Scripted([OK])
+    ledger.add(outgoing(deadline_at=soon(), keyed=False))
+    async with running(dispatcher(ledger, script, record_backoff_s=0.01)):
+        await until(lambda: ledger.tries == RECORD_TRIES)
+        await anyio.sleep(0.1)
+    assert script.calls == ["e1"]  # sent once, however often the write failed
+    assert ledger.tries == RECORD_TRIES
 
 
 async def test_a_deliverer_that_raises_counts_as_unanswered_and_sent(outbox: FakeOutbox) -> None:

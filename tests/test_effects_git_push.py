@@ -9,6 +9,7 @@ import dataclasses
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,11 +202,12 @@ def existing(paths: set[str]) -> list[str]:
     return [p for p in paths if Path(p).exists()]
 
 
-def test_a_token_is_answered_by_the_askpass_script_from_the_environment() -> None:
-    with credential_environment("tok-123") as env:
+def test_a_token_is_answered_by_the_askpass_script_from_the_environment(tmp_path: Path) -> None:
+    with credential_environment("tok-123", tmp_path) as env:
         assert "tok-123" not in env["GIT_ASKPASS"]
         script = Path(env["GIT_ASKPASS"])
         assert stat.S_IMODE(script.parent.stat().st_mode) == 0o700
+        assert script.parent.parent == tmp_path
         full = {**os.environ, **env}
         ask = [str(script)]
         password = subprocess.run(
@@ -222,6 +224,55 @@ def test_a_token_is_answered_by_the_askpass_script_from_the_environment() -> Non
     assert not script.exists()
 
 
-def test_no_credential_adds_nothing() -> None:
-    with credential_environment(None) as env:
+def test_no_credential_adds_nothing(tmp_path: Path) -> None:
+    with credential_environment(None, tmp_path) as env:
         assert env == {}
+    assert list(tmp_path.iterdir()) == []
+
+
+LEFTOVER = """
+import sys
+from pathlib import Path
+from supervisor.effects.git_push import credential_environment
+with credential_environment(sys.argv[2], Path(sys.argv[1])) as env:
+    print(env.get("GIT_ASKPASS") or env["GIT_SSH_COMMAND"], flush=True)
+    sys.stdin.read()  # a push in flight, until killed
+"""
+
+
+def test_a_push_killed_mid_attempt_leaves_its_key_only_until_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """The credential folder lives in the supervisor's private folder beside the mirrors, not
+    the shared temporary folder; SIGKILL leaves it behind, and the next start removes it --
+    but never one that a live process is using."""
+    mirrors = Mirrors(tmp_path / "state" / "mirrors")
+    scratch = GitPushDeliverer(mirrors).scratch
+    assert scratch == tmp_path / "state" / "mirrors.push"
+    assert stat.S_IMODE(scratch.stat().st_mode) == 0o700
+
+    def hold(value: str) -> subprocess.Popen[str]:
+        child = subprocess.Popen(
+            [sys.executable, "-c", LEFTOVER, str(scratch), value],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert child.stdout is not None
+        child.stdout.readline()  # the folder is there
+        return child
+
+    def end(child: subprocess.Popen[str]) -> None:
+        child.kill()
+        child.communicate()
+
+    killed, live = hold(KEY), hold("tok-123")
+    try:
+        end(killed)
+        assert len(list(scratch.glob("tether-push-*"))) == 2
+        GitPushDeliverer(mirrors)  # the next start
+        [left] = scratch.glob("tether-push-*")
+        assert (left / "askpass").exists()  # the live process's folder
+        assert not any(scratch.glob("tether-push-*/key"))  # the killed one's key is gone
+    finally:
+        end(live)
+    GitPushDeliverer(mirrors)
+    assert list(scratch.glob("tether-push-*")) == []

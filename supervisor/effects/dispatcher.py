@@ -29,6 +29,12 @@ refreshes it, so an attempt plus the wait before the next must stay well inside 
                              it: a hold that lapsed (a dispatcher that died) is noticed within
                              the hold plus a second
     RELEASE_BOUND_S = 5.0    how long shutdown waits to hand back each effect in hand
+    RECORD_TRIES = 5         writes of one answer when the ledger fails to take it (locked or
+    RECORD_BACKOFF_S = 0.25  busy file), 0.25 s doubling between them: 3.75 s in all, well
+                             inside the hold. The answer is kept meanwhile and nothing is sent
+                             again; after the last the hold lapses and the ledger's rules
+                             decide (a keyed effect is sent again under its key, an unkeyed
+                             one becomes uncertain -- and the late answer still settles it)
 
 Measured (30 keyed effects one after another, synchronous=FULL, the local receiver in process,
 a 2-core machine): from the report that makes the effect due to its task SUCCEEDED -- take,
@@ -49,6 +55,7 @@ from supervisor import tracing
 from supervisor.effects.credentials import Credentials
 from supervisor.effects.registry import Deliverer, EffectKinds, RetryLater
 from supervisor.ledger.errors import LedgerError, StorageError
+from supervisor.ledger.errors import Refused as LedgerRefusal
 from supervisor.ledger.outbox import (
     Answer,
     Delivered,
@@ -66,6 +73,8 @@ RETRY_BASE_S: Final = 0.5
 RETRY_CAP_S: Final = 30.0
 POLL_S: Final = 1.0
 RELEASE_BOUND_S: Final = 5.0
+RECORD_TRIES: Final = 5
+RECORD_BACKOFF_S: Final = 0.25
 
 
 class EffectsPort(Protocol):
@@ -97,6 +106,7 @@ class Dispatcher:
         retry_base_s: float = RETRY_BASE_S,
         retry_cap_s: float = RETRY_CAP_S,
         poll_s: float = POLL_S,
+        record_backoff_s: float = RECORD_BACKOFF_S,
     ) -> None:
         self.ledger = ledger
         self.kinds = kinds
@@ -108,6 +118,7 @@ class Dispatcher:
         self.retry_cap_s = min(retry_cap_s, hold_s / 4)
         self.attempt_bound_s = hold_s / 2
         self.poll_s = poll_s
+        self.record_backoff_s = record_backoff_s
         self.in_flight: set[str] = set()
         self._freed = anyio.Event()
 
@@ -220,7 +231,7 @@ class Dispatcher:
                 except Exception as exc:  # a deliverer's bug: nobody can say whether it sent
                     detail = f"the deliverer failed: {type(exc).__name__}"
                     answer = Unanswered(detail=detail, sent=True)
-            await self.ledger.record_attempt(out.effect_id, attempt, self.holder, _plain(answer))
+            await self._record(out, attempt, _plain(answer))
             tracing.effect_answered(span, attempt, answer)
         log.info(
             "effect attempt",
@@ -232,6 +243,25 @@ class Dispatcher:
             **_facts(answer),
         )
         return answer
+
+    async def _record(self, out: Outgoing, attempt: int, answer: Answer) -> None:
+        """Record the answer, writing it again (`RECORD_TRIES`, backing off) while the ledger
+        fails to take it; a refusal by the ledger's rules is final at once."""
+        for tried in range(1, RECORD_TRIES + 1):
+            try:
+                await self.ledger.record_attempt(out.effect_id, attempt, self.holder, answer)
+            except LedgerRefusal:
+                raise
+            except LedgerError as exc:
+                if tried == RECORD_TRIES:
+                    raise
+                log.warning(
+                    "the ledger did not take an effect's answer; writing it again",
+                    effect_id=out.effect_id, kind=out.kind, attempt=attempt, error=exc.code,
+                )  # fmt: skip
+                await anyio.sleep(self.record_backoff_s * 2 ** (tried - 1))
+            else:
+                return
 
     async def _give_up(self, out: Outgoing, why: str) -> None:
         """The ledger names the failure `delivery_deadline`; `why` is its detail."""

@@ -17,17 +17,23 @@ first reads the branch (`git ls-remote`):
 A remote that cannot be reached is Unanswered (retried until the deadline); a refusal by the
 remote for another reason (a hook, a protected branch) is Refused `push_rejected`.
 
-A credential for the push reaches git only through its environment, from a private temporary
-folder removed after the attempt: a value holding `PRIVATE KEY` is an SSH key (written 0600,
+A credential for the push reaches git only through its environment, from a private folder
+removed after the attempt: a value holding `PRIVATE KEY` is an SSH key (written 0600,
 named by `GIT_SSH_COMMAND ... -i <file> -o IdentitiesOnly=yes`), anything else is an HTTPS
 token given as the password by a `GIT_ASKPASS` script that reads it from the environment, with
 configured credential helpers switched off so that none stores it. The username asked for is
 the one in the URL if any (git then does not ask), else `x-access-token`.
+
+That folder is made under the supervisor's own 0700 scratch folder beside the mirrors
+(`<mirrors>.push`, never the shared temporary folder), and locked (`flock`) while in use. A
+supervisor killed mid-push (SIGKILL runs no cleanup) leaves one behind, its lock released by
+the kernel; the next start removes every folder there that no process holds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import shutil
@@ -58,6 +64,8 @@ class GitPushDeliverer:
 
     def __init__(self, mirrors: Mirrors) -> None:
         self.mirrors = mirrors
+        self.scratch = scratch_folder(mirrors)
+        remove_leftovers(self.scratch)
 
     async def deliver(self, out: Outgoing, secrets: Credentials) -> Answer:
         request = out.request
@@ -68,7 +76,7 @@ class GitPushDeliverer:
             value = None if credential is None else secrets.read(str(credential))
         except CredentialMissing as exc:
             return Refused(status=None, detail=str(exc), code="credential_missing")
-        with credential_environment(value) as env:
+        with credential_environment(value, self.scratch) as env:
             try:
                 at = await self.mirrors.branch_head(url, branch, env=env)
             except MirrorError as exc:
@@ -123,14 +131,48 @@ def _replayed(branch: str, candidate: str) -> Delivered:
     return Delivered(status=None, detail=f"branch {branch} already at {candidate}", replayed=True)
 
 
+PREFIX: Final = "tether-push-"
+LOCK: Final = ".lock"
+
+
+def scratch_folder(mirrors: Mirrors) -> Path:
+    """The supervisor's private folder for credentials handed to git, beside the mirrors;
+    made 0700 if missing (and made 0700 again if it was not)."""
+    folder = mirrors.root.parent / f"{mirrors.root.name}.push"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    return folder
+
+
+def remove_leftovers(scratch: Path) -> None:
+    """Remove the credential folders under `scratch` that no process holds (a supervisor
+    killed mid-push); one in use (its lock held, by this process or another) is left."""
+    for folder in scratch.glob(f"{PREFIX}*"):
+        try:
+            fd = os.open(folder / LOCK, os.O_RDWR)
+        except FileNotFoundError:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
 @contextlib.contextmanager
-def credential_environment(value: str | None) -> Iterator[dict[str, str]]:
+def credential_environment(value: str | None, scratch: Path) -> Iterator[dict[str, str]]:
     """The variables that hand git the credential `value` (none for None), valid inside the
-    block; the private folder they point into is removed on leaving it."""
+    block; the private folder under `scratch` they point into is removed on leaving it."""
     if value is None:
         yield {}
         return
-    folder = Path(tempfile.mkdtemp(prefix="tether-push-"))  # 0700, this process's user only
+    folder = Path(tempfile.mkdtemp(prefix=PREFIX, dir=scratch))  # 0700, this user only
+    lock = os.open(folder / LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # in use: `remove_leftovers` leaves it
     try:
         if "PRIVATE KEY" in value:
             key = folder / "key"
@@ -153,3 +195,4 @@ def credential_environment(value: str | None) -> Iterator[dict[str, str]]:
             }
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock)

@@ -82,8 +82,9 @@ def waiting_for(db: sqlite3.Connection, task: sqlite3.Row, now: float) -> dict[s
     - `budget`: the tenant has spent its token budget (`spent` >= `budget`), so the claim rule
       (`fencing.claim`) grants none of its steps;
     - `gate`: an unkeyed effect (`step`) waits for an operator to open its gate for the
-      request's `digest`; `uncertain`: an unkeyed effect may have been sent and only an
-      operator can say whether it happened (docs/design.md, Effects);
+      request's `digest`; `uncertain`: an effect may have reached its receiver (an unkeyed
+      one whose send went unanswered, or a keyed one still unanswered at its deadline) and
+      only an operator can say whether it happened (docs/design.md, Effects);
     - `runner`: a step is queued for a runner of `pool` serving `kind`. `last_seen_s` is how
       long ago such a runner last claimed (null: never); `pool_last_seen_s` the same for any
       runner of the pool, so a pool whose runners serve other kinds can be told from an empty
