@@ -50,7 +50,7 @@ class OutboxState(enum.StrEnum):
     GATED = "gated"  # unkeyed, waiting for an operator to open the gate
     OPEN = "open"  # gate opened for one digest; ready to be taken
     SENDING = "sending"  # a dispatcher holds it; a delivery attempt may be in flight
-    UNCERTAIN = "uncertain"  # an unkeyed send may have happened; only an operator resolves it
+    UNCERTAIN = "uncertain"  # a send may have reached the receiver; only an operator resolves it
     DELIVERED = "delivered"
     FAILED = "failed"
     WITHDRAWN = "withdrawn"  # its task ended before anything of it was sent
