@@ -90,8 +90,10 @@ def begin(world: World, d: DispatcherActor, hand: InHand) -> None:
     )
     if error is not None:
         del d.hand[out.effect_id]
-    else:
-        hand.attempt = value
+        return
+    hand.attempt = value
+    if out.kind == "git.push":
+        world.observer.push_begun(out)
 
 
 def send(world: World, d: DispatcherActor, hand: InHand) -> None:

@@ -87,6 +87,7 @@ class Observer:
         self.sends: dict[str, int] = {}
         self.said_no: set[str] = set()
         self.misled: set[str] = set()  # an operator's word on it was not the receiver's
+        self.pushing: dict[str, str] = {}  # task -> the candidate its git.push began to push
         self.pending: dict[str, Expectation] = {}
 
     def violation(self, text: str) -> None:
@@ -166,6 +167,11 @@ class Observer:
                 continue
             base = self.approved[task_id]
             if base == sha or self.expected_end.get(task_id) is not None:
+                continue
+            if self.pushing.get(task_id) == sha:
+                # The task's own push, read back (a webhook, another report's head read): the
+                # ledger may take it as its own and not a moved base (`tasks.pushed_sha`), or
+                # fail the task stale_base; either is an end the observer accepts.
                 continue
             self.expected_end[task_id] = Expectation(
                 state=TaskState.FAILED, why=f"stale base {base}, head {sha}",
@@ -422,6 +428,10 @@ class Observer:
         spec = self.specs.get(task_id)
         if spec is not None:
             self._maybe_complete(task_id, spec)
+
+    def push_begun(self, out: Outgoing) -> None:
+        """A `git.push` attempt was recorded as about to be sent."""
+        self.pushing[out.task_id] = str(out.request.get("candidate"))
 
     def gate_opened(self, step_id: str, digest: str, request_digest: str) -> None:
         if digest != request_digest:
