@@ -335,9 +335,9 @@ def _task(args: argparse.Namespace) -> int:
         elif args.task_command == "show":
             shown = client.show(args.task_id)
             _print_json(shown)
-            waiting = oc.view_of(shown).waiting_for
-            if waiting is not None:
-                print(oc.waiting_line(waiting), file=sys.stderr)
+            view = oc.view_of(shown)
+            if view.waiting_for is not None:
+                print(oc.waiting_line(view.waiting_for, view.id), file=sys.stderr)
         elif args.task_command == "list":
             for summary in client.tasks(args.state):
                 print(oc.task_line(summary))

@@ -280,8 +280,8 @@ def view_of(raw: Any) -> TaskView:
         raise ClientError(f"not a tether supervisor's task view: {exc}") from None
 
 
-def waiting_line(waiting: WaitingFor) -> str:
-    """What a task waits for, in one line."""
+def waiting_line(waiting: WaitingFor, task_id: str = "TASK_ID") -> str:
+    """What a task waits for, in one line; the command it names is for `task_id`."""
     if waiting.reason == "approval":
         return "waiting for approval (tether-supervisor task approve)"
     if waiting.reason == "budget":
@@ -292,12 +292,12 @@ def waiting_line(waiting: WaitingFor) -> str:
     if waiting.reason == "gate":
         return (
             f"waiting for an operator to open the gate of effect {waiting.step!r}"
-            f" (tether-supervisor task gate TASK_ID {waiting.step})"
+            f" (tether-supervisor task gate {task_id} {waiting.step})"
         )
     if waiting.reason == "uncertain":
         return (
             f"waiting for an operator: effect {waiting.step!r} may have been sent; say whether"
-            f" it happened (tether-supervisor task gate TASK_ID {waiting.step} --happened yes|no)"
+            f" it happened (tether-supervisor task gate {task_id} {waiting.step} --happened yes|no)"
         )
     if waiting.reason == "runner":
         pool = f"waiting for a runner in pool {waiting.pool!r}"
@@ -424,7 +424,7 @@ class _Story:
         self.shown = key
         if task.waiting_for is None:
             return None
-        return f"{'':>6} {'':8} {task.state:<9} {waiting_line(task.waiting_for)}"
+        return f"{'':>6} {'':8} {task.state:<9} {waiting_line(task.waiting_for, task.id)}"
 
 
 def watch(

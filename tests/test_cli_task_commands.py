@@ -279,6 +279,13 @@ def test_each_wait_reads_as_one_line(waiting: dict[str, Any], line: str) -> None
     assert "\n" not in text
 
 
+def test_a_gate_wait_names_the_command_for_this_task() -> None:
+    gate = oc.view_of(task_json("RUNNING", 2, waiting_for={"reason": "gate", "step": "deploy"}))
+    assert gate.waiting_for is not None
+    text = oc.waiting_line(gate.waiting_for, gate.id)
+    assert text.endswith(f"(tether-supervisor task gate {gate.id} deploy)"), text
+
+
 def test_watch_says_at_once_what_a_task_waits_for_and_again_when_it_changes() -> None:
     waits_approval = task_json("PLANNED", 1, waiting_for={"reason": "approval"})
     waits_runner = task_json("QUEUED", 3, waiting_for=RUNNER_WAIT)
