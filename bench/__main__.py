@@ -7,7 +7,9 @@ half of the peak, renewals, steps under renewals; then the peers. Runner RSS inc
 reading with 10 `agent` steps in flight (issue 12); after it come the rest of the agent path
 (issue 17): lease -> first model call with a warm mirror, a turn's checkpoint with a 1 MB diff,
 a check's 10 MB artifact upload. `--smoke` windows are too short to mean anything: they only
-prove the suite still runs (the test suite does this).
+prove the suite still runs (the test suite does this). After the steps/s: the supervisor's CPU
+per committed step at 64 (issue 17), and at the end, before the peers, where that CPU goes
+(`bench.cpu`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from bench import (
     agent_rss,
     agent_upload,
     claimcost,
+    cpu,
     disk,
     groupcommit,
     idle,
@@ -35,6 +38,7 @@ from bench import (
     modelbound,
     overhead,
     peers_run,
+    profile_groups,
     renewals,
     report,
     runner_rss,
@@ -65,19 +69,23 @@ class Plan:
     checkpoint_files: int  # files in the repository of the checkpoint reading
     checkpoint_rounds: int
     upload_rounds: int  # 10 MB uploads timed
+    cpu_s: float  # window of each supervisor CPU per step reading
+    cpu_runs: int  # readings (the median is the figure)
+    profile_s: float  # window of the profiled run
 
 
 FULL = Plan(disk_s=5, gc_tasks=2000, idle_window_s=25, steps_s=15, bare_s=10, overhead_s=20,
             renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000), agent_hold_s=2.0,
             lease_files=10_000, lease_runs=5, checkpoint_files=10_000, checkpoint_rounds=10,
-            upload_rounds=5)  # fmt: skip
+            upload_rounds=5, cpu_s=8, cpu_runs=3, profile_s=5)  # fmt: skip
 QUICK = Plan(disk_s=1.5, gc_tasks=600, idle_window_s=4, steps_s=3, bare_s=3, overhead_s=4,
              renew_s=3, peers_s=None, claim_depths=(100, 1000), agent_hold_s=1.0,
              lease_files=2_000, lease_runs=3, checkpoint_files=1_000, checkpoint_rounds=5,
-             upload_rounds=3)  # fmt: skip
+             upload_rounds=3, cpu_s=3, cpu_runs=3, profile_s=3)  # fmt: skip
 SMOKE = Plan(disk_s=0.2, gc_tasks=100, idle_window_s=1, steps_s=0.5, bare_s=0.5, overhead_s=1,
              renew_s=0.5, peers_s=None, claim_depths=(100,), agent_hold_s=0.5, lease_files=200,
-             lease_runs=2, checkpoint_files=100, checkpoint_rounds=2, upload_rounds=1)  # fmt: skip
+             lease_runs=2, checkpoint_files=100, checkpoint_rounds=2, upload_rounds=1, cpu_s=0.5,
+             cpu_runs=1, profile_s=1)  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -163,9 +171,16 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
             r["steps_detail"][str(c)] = dataclasses.asdict(at)
             best = max(best, at.steps_per_s)
             sup_rss = max(sup_rss, at.supervisor_rss_max_mb)
-            cpu = at.supervisor_cpu_pct
+            sup_pct = at.supervisor_cpu_pct
             say(f"steps at {c}: {at.steps_per_s:.0f}/s ({at.steps} steps, "
-                f"{at.processes} runners, supervisor {cpu:.0f}% cpu)")  # fmt: skip
+                f"{at.processes} runners, supervisor {sup_pct:.0f}% cpu)")  # fmt: skip
+        cpu_runs = []
+        for reading in range(plan.cpu_runs):
+            taken = cpu.per_step(stack, seconds=plan.cpu_s, label=f"-cpu{reading}",
+                                 tasks=cpu.tasks_for(plan.cpu_s, best))  # fmt: skip
+            cpu_runs.append(taken)
+            say(cpu.describe(taken))
+        cpu.record(r, cpu_runs)
         # At least 20 steps/s: a run too short or too starved to commit anything still takes
         # the overhead readings, at a rate the load processes can pace.
         peak = max(40.0, *r["steps_per_s"].values())
@@ -218,6 +233,12 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
             f"{under.renewals['renews_per_s']:.0f}/s, {under.renewals['late']} late")  # fmt: skip
         r["supervisor_rss_mb"] = sup_rss
 
+        r["supervisor_profile"] = cpu.profile(
+            stack, seconds=plan.profile_s, tasks=cpu.tasks_for(plan.profile_s, best),
+            ms_per_step=r["supervisor_cpu_per_step_ms"],
+        )  # fmt: skip
+        say(f"supervisor profiled ({r['supervisor_profile']['profiler']})")
+
         stack.stop_supervisor()
         if peers and plan.peers_s is not None:
             if peers_run.available():
@@ -267,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"disk bound at the start {results['disk_commits_per_s']:,.0f} commits/s, at the end"
           f" {results['disk_commits_per_s_end']:,.0f} (ratios use the start)\n")  # fmt: skip
     print(report.table(results))
+    if "supervisor_profile" in results:
+        print()
+        print("\n".join(profile_groups.lines(results["supervisor_profile"])))
     print("\nmethod:")
     print(report.notes())
     out = os.environ.get("BENCH_JSON")

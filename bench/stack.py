@@ -37,16 +37,22 @@ class Stack:
     supervisor_log_level: str = "warning"
     lease_ttl_s: float = 30.0
 
-    def start_supervisor(self) -> None:
+    def start_supervisor(self, profile: Path | None = None) -> None:
+        """`tether-supervisor serve` on the ledger file; with `profile`, under cProfile
+        (`bench.profiled`: each SIGUSR1 writes its figures to `profile.1`, `profile.2`, ...)."""
         port = free_port()
         self.supervisor_url = f"http://127.0.0.1:{port}"
+        program = [tool("tether-supervisor")]
+        env = {"TETHER_SYNCHRONOUS": "FULL", "TETHER_LOG_LEVEL": self.supervisor_log_level,
+               "TETHER_LEASE_TTL_S": str(self.lease_ttl_s)}  # fmt: skip
+        if profile is not None:
+            program = [sys.executable, "-m", "bench.profiled"]
+            env["BENCH_PROFILE"] = str(profile)
         self.supervisor = self.kids.start(
             "supervisor",
-            [tool("tether-supervisor"), "serve", "--db", str(self.db), "--port", str(port),
-             "--host", "127.0.0.1"],
-            env={"TETHER_SYNCHRONOUS": "FULL", "TETHER_LOG_LEVEL": self.supervisor_log_level,
-                 "TETHER_LEASE_TTL_S": str(self.lease_ttl_s)},
-        )  # fmt: skip
+            [*program, "serve", "--db", str(self.db), "--port", str(port), "--host", "127.0.0.1"],
+            env=env,
+        )
         wait_ready(f"{self.supervisor_url}/readyz", self.supervisor)
 
     def stop_supervisor(self) -> None:

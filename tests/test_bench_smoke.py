@@ -29,6 +29,7 @@ ISSUE_KEYS = (
     "agent_lease_first_call_max_s",
     "agent_checkpoint_1mb_ms",
     "agent_upload_10mb_s",
+    "supervisor_cpu_per_step_ms",
 )
 # Issue 17's agent figures, each printed with its target.
 AGENT_ROWS = (
@@ -84,6 +85,13 @@ def test_the_benchmark_suite_runs_and_writes_every_figure(tmp_path: Path) -> Non
         # no span below the fsync added to each: with the model's hold subtracted, a negative
         # span would mean a wrong hold
         assert taken["fsync_ms"] <= taken["p50_ms"] <= taken["p99_ms"] <= taken["max_ms"]
+    # the supervisor's CPU per committed step, with its target, and where it went by group
+    assert "| supervisor CPU per committed step, concurrency 64" in done.stdout
+    assert "| <= 0.5 ms | PASS |" in done.stdout or "| <= 0.5 ms | MISS |" in done.stdout
+    profile = figures["supervisor_profile"]
+    assert profile["steps"] > 0
+    assert sum(g["share"] for g in profile["groups"]) == pytest.approx(1.0)
+    assert "by group (own time):" in done.stdout
     assert figures["peer_steps_per_s"] == {}  # --smoke skips the peers
     assert figures["ratio_to_peer"] == {}
     assert not list((tmp_path / "work").iterdir())  # the work directory was cleaned up
