@@ -20,6 +20,7 @@ from runner.errors import LeaseLost, LostBecause
 from runner.kinds import StepContext, StepOutput
 from tests.agent_repos import make_origin, sh
 from tests.agent_services import USAGE, FakeServices, ScriptedChat, call, lease_repository
+from tests.test_agent_overlap import HangingChat
 from tether.messages import LeaseRepository, ResumePoint
 
 ASK = [{"role": "user", "content": "Make the test pass."}]
@@ -150,13 +151,14 @@ async def test_a_stale_checkpoint_ends_the_attempt(tmp_path: Path) -> None:
     repo = lease_repository(str(origin), base)
     services = FakeServices()
     services.stale = True
-    chat = ScriptedChat(
-        [call("write_file", path="src/a.py", content="A = 1\n")], [call("list_files")], "done"
-    )
+    services.checkpoint_delay_s = 0.2  # refused while the next model call is on its way
+    chat = HangingChat([call("write_file", path="src/a.py", content="A = 1\n")])
     agent = AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox())
-    with pytest.raises(LeaseLost):
+    with anyio.fail_after(10), pytest.raises(LeaseLost):
         await agent(context(chat, services, repo, fence=1))
-    assert len(chat.requests) == 1
+    # The second call was made beside turn 1's checkpoint and cancelled by its refusal.
+    assert len(chat.requests) == 2
+    assert chat.cancelled == 1
     assert services.checkpoints == []
     assert leftovers(tmp_path / "cache") == []
 

@@ -115,6 +115,27 @@ async def test_list_read_search_write_and_patch_do_their_work(workspace: Workspa
     assert box.log.calls["read_file"] == 2
 
 
+async def test_the_box_tells_which_paths_its_tools_wrote(workspace: Workspace) -> None:
+    box = toolbox(workspace, "true")
+    assert box.take_written() == frozenset()
+    await call(box, "read_file", path="src/app.py")
+    await call(box, "write_file", path="src/./pkg/new.py", content="n = 1\n")
+    await call(box, "write_file", path="README.md", content="refused\n")  # not under src/
+    assert box.take_written() == frozenset({"src/pkg/new.py"})
+    assert box.take_written() == frozenset()  # the record starts again
+    patch = (
+        "diff --git a/src/app.py b/src/app.py\n--- a/src/app.py\n+++ b/src/app.py\n"
+        "@@ -1,2 +1,2 @@\n def answer():\n-    return 41\n+    return 42\n"
+    )
+    patched, body = await call(box, "apply_patch", patch=patch)
+    assert patched.ok, body
+    assert box.take_written() == frozenset({"src/app.py"})
+    ran, body = await call(box, "run", command="true")
+    assert ran.ok, body
+    assert box.take_written() is None  # a command may have written anything
+    assert box.take_written() == frozenset()
+
+
 async def test_a_long_tool_result_is_cut_with_a_note(workspace: Workspace) -> None:
     (workspace.tree / "src/long.py").write_text("x" * 5_000)
     box = toolbox(workspace, result_max_chars=1_000)

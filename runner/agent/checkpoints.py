@@ -6,18 +6,31 @@ changes under the allowed paths, a bundle `start_sha..wip` of a wip commit of th
 records the checkpoint under the attempt's fence. `resume_start` turns a lease's `ResumePoint`
 back into those messages and that worktree; a resume point that cannot be read or applied is
 logged and the attempt starts afresh, since checkpoints are a cache and never fail a step.
+
+Only the snapshot of the worktree is on the turn's path: the changed files (those the tools
+wrote this turn; every allowed path after a command ran, after a resume and after a failed
+snapshot) are added to the private index and its tree kept. The commit, the bundle, the
+uploads and the record run beside the next model call, one checkpoint after the other in turn
+order, so a turn's checkpoint is accepted before the next one is sent. The step's result or
+release waits for the last one (`Checkpointer.running`), and each checkpoint, both parts, is
+finished or given up `CHECKPOINT_TIMEOUT_S` after its turn ended, even when the step is
+cancelled meanwhile (SIGTERM). A checkpoint that fails is logged and the step goes on; one
+refused as stale (`LeaseLost`) stops the step at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
 import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from runner import tracing
 from runner.agent.workspace import Snapshot, Workspace
@@ -29,11 +42,15 @@ from tether.wire import canonical_json
 log = structlog.get_logger(__name__)
 
 # A checkpoint is finished even when the step is cancelled meanwhile (SIGTERM, a lost lease,
-# a spent budget), but not waited for longer than this; the previous one then stands. On
-# SIGTERM an agent step stops at once, then this (20 s at most) plus the shutdown release
-# (runner.step.SHUTDOWN_RELEASE_S, 5 s) is 25 s, inside the unit's TimeoutStopSec=30
+# a spent budget), but not later than this after its turn ended; the previous one then
+# stands. The checkpoints still on their way when the step stops all ended their turns before
+# it, so on SIGTERM an agent step stops at once, then this (20 s at most) plus the shutdown
+# release (runner.step.SHUTDOWN_RELEASE_S, 5 s) is 25 s, inside the unit's TimeoutStopSec=30
 # (systemd/tether-runner.service) with 5 s left for the exit.
 CHECKPOINT_TIMEOUT_S = 20.0
+
+# The paths written since the last call, None when unknown (a command ran): `ToolBox.take_written`.
+Written = Callable[[], Collection[str] | None]
 
 
 class Scratch(Protocol):
@@ -67,8 +84,20 @@ class Start:
     wip: Wip | None = None
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Turn:
+    """A completed turn's checkpoint on its way: what the turn's path took of it."""
+
+    turn: int
+    messages: list[dict[str, Any]]
+    usage: dict[str, int]
+    tree: str | None  # the private index's tree: the worktree's changes; None: no repository
+    deadline: float  # anyio.current_time() by which it is recorded or given up
+
+
 class Checkpointer:
-    """Checkpoints one attempt's completed turns (see the module docstring)."""
+    """Checkpoints one attempt's completed turns (see the module docstring): call it after
+    each turn, inside `running()`."""
 
     def __init__(
         self,
@@ -79,42 +108,148 @@ class Checkpointer:
         workspace: Workspace | Scratch,
         paths: Sequence[str] | None,
         start: Start,
+        written: Written | None = None,
     ) -> None:
         self._services = services
         self._fence = fence
         self._step_id = step_id
         self._workspace = workspace
         self._paths = paths  # None: no repository, or nothing may be written
+        self._written = written  # None: every turn adds all of `paths`
         self._before = start.usage
-        self._wip = start.wip
+        self._wip = start.wip  # as last recorded, in the sender
+        self._tree: str | None = None  # the private index's tree after the last turn
+        # The next snapshot adds all of `paths`: the private index does not hold the resumed
+        # changes yet, or a failed snapshot left out some of a turn's.
+        self._everything = start.wip is not None
+        self._queue: MemoryObjectSendStream[_Turn] | None = None
+        self._body: anyio.CancelScope | None = None
+        self._fatal: Exception | None = None  # ends the step: a refusal as stale, a bug
+        self._in_flight = 0
+        self._settled = anyio.Event()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Checkpointer]:
+        """Send the checkpoints of the turns the block completes; on the way out (whatever
+        ends the block) wait for those still on their way. A checkpoint refused as stale
+        cancels the block and raises its `LeaseLost` here."""
+        send, receive = anyio.create_memory_object_stream[_Turn](math.inf)
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._sender, receive)
+            self._queue = send
+            try:
+                with anyio.CancelScope() as self._body:
+                    try:
+                        yield self
+                    except Exception as exc:  # raised below: a task group would wrap it
+                        failure = exc
+            finally:
+                self._queue = None
+                send.close()  # the sender ends after the checkpoints already queued
+        if self._fatal is not None:
+            raise self._fatal
+        if failure is not None:
+            raise failure
 
     async def __call__(
         self, turn: int, messages: list[dict[str, Any]], usage: dict[str, int]
     ) -> None:
-        """Checkpoint `turn` (`usage`: this attempt's running total); see the module docstring.
-        `LeaseLost` when the supervisor refuses it as stale."""
-        with tracing.span("tether.checkpoint", turn=turn, fence=self._fence) as span:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CHECKPOINT_TIMEOUT_S) as scope:
+        """Checkpoint `turn` (`usage`: this attempt's running total): snapshot the worktree,
+        then leave the rest to the sender. `LeaseLost` when an earlier one was refused as
+        stale."""
+        if self._fatal is not None:
+            raise self._fatal
+        if self._queue is None:
+            raise RuntimeError("a checkpoint outside Checkpointer.running()")
+        deadline = anyio.current_time() + CHECKPOINT_TIMEOUT_S
+        with anyio.CancelScope(shield=True), anyio.move_on_at(deadline) as scope:
+            try:
+                tree = await self._stage()
+            except (RunnerError, OSError) as exc:
+                log.warning("checkpoint failed", turn=turn, error=str(exc))
+                self._everything = True
+                return
+        if scope.cancelled_caught:
+            log.warning("checkpoint timed out", turn=turn, timeout_s=CHECKPOINT_TIMEOUT_S)
+            self._everything = True
+            return
+        self._in_flight += 1
+        if self._settled.is_set():
+            self._settled = anyio.Event()
+        # Not awaited: queued before a cancellation of the step can reach this task.
+        self._queue.send_nowait(
+            _Turn(turn=turn, messages=list(messages), usage=dict(usage), tree=tree,
+                  deadline=deadline)
+        )  # fmt: skip
+
+    async def settled(self) -> None:
+        """Wait until every checkpoint queued so far was recorded or given up."""
+        if self._in_flight:
+            await self._settled.wait()
+
+    async def _stage(self) -> str | None:
+        """The turn's part: the private index's tree with this turn's changes."""
+        space = self._workspace
+        if self._paths is None or not isinstance(space, Workspace):
+            return None
+        written = None if self._written is None else self._written()
+        if written is None or self._everything:
+            self._tree = await space.stage(self._paths)
+            self._everything = False
+        elif written:
+            self._tree = await space.stage(sorted(written))
+        return self._tree  # None: nothing was ever written, the start point's tree
+
+    async def _sender(self, receive: MemoryObjectReceiveStream[_Turn]) -> None:
+        """Send the queued checkpoints in order until the queue is closed and empty; shielded,
+        each bounded by its deadline, so a cancelled step still sends those of its turns."""
+        with anyio.CancelScope(shield=True):
+            async with receive:
+                async for item in receive:
+                    try:
+                        if self._fatal is None:
+                            await self._send(item)
+                    finally:
+                        self._in_flight -= 1
+                        if not self._in_flight:
+                            self._settled.set()
+
+    async def _send(self, item: _Turn) -> None:
+        with tracing.span("tether.checkpoint", turn=item.turn, fence=self._fence) as span:
+            with anyio.move_on_at(item.deadline) as scope:
                 try:
-                    await self._save(turn, messages, usage)
+                    await self._save(item)
                     span.set(outcome="saved")
-                except LeaseLost:
-                    raise
                 except (RunnerError, OSError) as exc:
-                    log.warning("checkpoint failed", turn=turn, error=str(exc))
+                    if isinstance(exc, LeaseLost):
+                        self._stop(exc)
+                        span.set(outcome="lost")
+                        return
+                    log.warning("checkpoint failed", turn=item.turn, error=str(exc))
+                    span.set(outcome="failed", error=type(exc).__name__)
+                except Exception as exc:  # a bug: the step fails, as it would on its path
+                    self._stop(exc)
                     span.set(outcome="failed", error=type(exc).__name__)
             if scope.cancelled_caught:
-                log.warning("checkpoint timed out", turn=turn, timeout_s=CHECKPOINT_TIMEOUT_S)
+                log.warning("checkpoint timed out", turn=item.turn, timeout_s=CHECKPOINT_TIMEOUT_S)
                 span.set(outcome="timed_out")
 
-    async def _save(self, turn: int, messages: list[dict[str, Any]], usage: dict[str, int]) -> None:
-        transcript = await self._services.upload(canonical_json(messages))
-        wip = await self._store_wip(turn)
+    def _stop(self, exc: Exception) -> None:
+        """End the step with `exc`: no later checkpoint is sent, the block is cancelled."""
+        self._fatal = exc
+        if self._body is not None:
+            self._body.cancel()
+
+    async def _save(self, item: _Turn) -> None:
+        transcript = await self._services.upload(canonical_json(item.messages))
+        wip = await self._store_wip(item)
+        usage = item.usage
         step_usage = {k: self._before.get(k, 0) + usage.get(k, 0) for k in {*self._before, *usage}}
         await self._services.checkpoint(
             Checkpoint(
                 fence=self._fence,
-                turn=turn,
+                turn=item.turn,
                 transcript=transcript,
                 bundle=None if wip is None else wip.bundle,
                 sha=None if wip is None else wip.snapshot.sha,
@@ -122,22 +257,22 @@ class Checkpointer:
                 step_usage=step_usage,
             )
         )
-        log.info("checkpoint", turn=turn, transcript=transcript, wip=wip and wip.snapshot.sha)
+        log.info("checkpoint", turn=item.turn, transcript=transcript, wip=wip and wip.snapshot.sha)
 
-    async def _store_wip(self, turn: int) -> Wip | None:
+    async def _store_wip(self, item: _Turn) -> Wip | None:
         space = self._workspace
-        if self._paths is None or not isinstance(space, Workspace):
+        if item.tree is None or not isinstance(space, Workspace):
             return None
         previous = None if self._wip is None else self._wip.snapshot
-        snap = await space.snapshot(
-            step_id=self._step_id, paths=self._paths, message=f"tether wip {self._step_id}",
+        snap = await space.commit_tree(
+            item.tree, step_id=self._step_id, message=f"tether wip {self._step_id}",
             previous=previous,
         )  # fmt: skip
         if snap is None:
             return None
         if self._wip is not None and snap is previous:
             return self._wip  # nothing changed since the last checkpoint: its bundle stands
-        path = space.io / f"wip-{turn}.bundle"
+        path = space.io / f"wip-{item.turn}.bundle"
         await space.write_bundle(path, snap.sha, fast=True)
         try:
             self._wip = Wip(snapshot=snap, bundle=await self._services.upload(path))
@@ -162,6 +297,8 @@ async def resume_start(
     except LeaseLost:
         raise
     except Exception as exc:  # a cache problem never fails the step
+        if isinstance(workspace, Workspace):
+            await workspace.ready()  # a failed checkout fails the step, as without a resume
         why = str(exc) or type(exc).__name__
         log.warning("resume point not used", turn=resume.turn, fence=resume.fence, why=why)
         if isinstance(workspace, Workspace):

@@ -3,8 +3,11 @@ model ...) in a fresh workspace, each completed turn checkpointed, ending in a c
 its bundle and checks, and the workspace's removal (docs/design.md, The agent kind).
 
 The workspace is a worktree at the lease's `repository.start_sha`, or, for a step without a
-repository, an empty scratch folder. A lease with a `resume` point continues the loop after the
-turns that point covers.
+repository, an empty scratch folder. The worktree is checked out beside the first model call,
+which needs only the messages and the tool list; the first tool call, a resume that applies a
+checkpoint's changes, and the candidate's commit wait for it, and a failed checkout fails the
+step as before. A lease with a `resume` point continues the loop after the turns that point
+covers.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import secrets
 import shutil
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -159,28 +162,32 @@ class AgentKind:
                 box = ToolBox(
                     space.tree, home=space.home, allowed_paths=prefixes,
                     allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
+                    ready=space.ready,
                 )  # fmt: skip
             except ValueError as exc:
                 raise StepRejected(f"agent payload: {exc}") from None
-            on_turn = None
+            checkpoints: AbstractAsyncContextManager[Checkpointer | None] = nullcontext()
             if ctx.services is not None:
-                on_turn = Checkpointer(
+                checkpoints = Checkpointer(
                     services=ctx.services, fence=ctx.fence, step_id=ctx.step_id,
-                    workspace=space, paths=commit_paths, start=start,
-                )  # fmt: skip
+                    workspace=space, paths=commit_paths, start=start, written=box.take_written,
+                ).running()  # fmt: skip
             model = ctx.default_model if payload.model is msgspec.UNSET else payload.model
             budget = payload.max_tokens_total
-            result = await run_loop(
-                ctx.chat,
-                model=model,
-                messages=start.messages,
-                box=box,
-                max_turns=payload.max_turns,
-                budget=None if budget is msgspec.UNSET else budget,
-                done_turns=start.turn,
-                spent=start.usage,
-                on_turn=on_turn,
-            )
+            # The last checkpoint on its way is recorded before the candidate is made (they
+            # share the worktree's bundle ref) and before the step's result or release.
+            async with checkpoints as on_turn:
+                result = await run_loop(
+                    ctx.chat,
+                    model=model,
+                    messages=start.messages,
+                    box=box,
+                    max_turns=payload.max_turns,
+                    budget=None if budget is msgspec.UNSET else budget,
+                    done_turns=start.turn,
+                    spent=start.usage,
+                    on_turn=on_turn,
+                )
             if isinstance(space, Workspace) and commit_paths is not None:
                 candidate = await space.commit(step_id=ctx.step_id, paths=commit_paths)
             if candidate is not None and repo is not None and isinstance(space, Workspace):
@@ -238,7 +245,7 @@ class AgentKind:
 
         async with self.cache.attempt(
             url=repo.url, base_sha=repo.base_sha, start_sha=repo.start_sha, label=label,
-            start_bundle=fetch_start,
+            start_bundle=fetch_start, checkout_beside=True,
         ) as workspace:  # fmt: skip
             yield workspace
 
@@ -321,6 +328,7 @@ class Space(Protocol):
     @property
     def cleanup(self) -> CleanupRecord | None: ...
 
+    async def ready(self) -> None: ...
     async def commit(self, *, step_id: str, paths: Sequence[str] = ()) -> str | None: ...
 
 
@@ -336,6 +344,9 @@ class ScratchSpace:
     home: Path
     io: Path
     cleanup: CleanupRecord | None = None
+
+    async def ready(self) -> None:
+        return None
 
     async def commit(self, *, step_id: str, paths: Sequence[str] = ()) -> str | None:
         return None

@@ -27,7 +27,7 @@ from runner.agent import schemas
 from runner.agent.command import run_command
 from runner.agent.errors import ToolError, ToolFailed, ToolRefused
 from runner.agent.patch import patch_paths
-from runner.agent.paths import Confinement
+from runner.agent.paths import Confinement, normalize_prefix
 from runner.agent.sandbox import NoSandbox, Sandbox
 from tether.git import GitError, git, git_env
 
@@ -83,7 +83,10 @@ class ToolBox:
         allowed_commands: Iterable[str],
         sandbox: Sandbox | None = None,
         limits: ToolLimits | None = None,
+        ready: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`ready`: waits until the tree exists (its checkout may still be running when the
+        first model call is made); every call waits for it, and its error is the step's."""
         self.confinement = Confinement(tree, allowed_paths)
         self.tree = self.confinement.root
         self.home = home
@@ -94,6 +97,8 @@ class ToolBox:
         self.sandbox: Sandbox = sandbox or NoSandbox()
         self.limits = limits or ToolLimits()
         self.log = ToolLog()
+        self._ready = ready
+        self._written: set[str] | None = set()  # None: a command ran, it may have written any
         self._tools: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             "list_files": self._list_files,
             "read_file": self._read_file,
@@ -107,10 +112,22 @@ class ToolBox:
         """The `tools` list to give the model."""
         return schemas.tool_schemas(list(self.allowed_commands))
 
+    def take_written(self) -> frozenset[str] | None:
+        """The paths (relative to the tree) the tools may have changed since the last call,
+        None when a command ran (it may have changed any file); the record starts again."""
+        written, self._written = self._written, set()
+        return None if written is None else frozenset(written)
+
+    def _wrote(self, *paths: str) -> None:
+        if self._written is not None:
+            self._written.update(paths)
+
     async def call(self, name: str, arguments_json: str | bytes) -> ToolResult:
         """Decode the arguments, run the tool, and return its result; a model's mistake or
         a broken rule is an error result, counted in `self.log`. Its span names the tool only
         when it is one of ours: a name the model made up is the model's text."""
+        if self._ready is not None:
+            await self._ready()
         with tracing.span(
             "tether.tool.call", tool=name if name in self._tools else "unknown"
         ) as span:
@@ -224,6 +241,7 @@ class ToolBox:
             raise ToolFailed(
                 "too_large", f"{len(data)} bytes; the limit is {self.limits.write_max_bytes}"
             )
+        self._wrote(self.confinement.relative(real))
         created = await anyio.to_thread.run_sync(_write, real, data)
         return {"path": self.confinement.relative(real), "bytes": len(data), "created": created}
 
@@ -246,13 +264,16 @@ class ToolBox:
         paths = (patch_paths(args.patch) | named) - {""}
         if not paths:
             raise ToolFailed("patch_empty", "the patch changes no file")
+        changed = []
         for path in sorted(paths):
             try:
-                self.confinement.resolve(path, write=True)
+                real = self.confinement.resolve(path, write=True)
             except ToolRefused as exc:
                 raise ToolRefused(
                     "patch_path_not_allowed", f"the patch was not applied: {exc.detail}"
                 ) from exc
+            changed += [normalize_prefix(path), self.confinement.relative(real)]
+        self._wrote(*changed)
         try:
             await git("apply", *options, "-", cwd=self.tree, stdin=data)
         except GitError as exc:
@@ -266,6 +287,7 @@ class ToolBox:
                 f"{args.command!r} is not one of the "
                 f"allowed commands {list(self.allowed_commands)}",
             )
+        self._written = None
         try:
             outcome = await run_command(
                 shlex.split(args.command), tree=self.tree, home=self.home,

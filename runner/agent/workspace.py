@@ -5,7 +5,9 @@ loses nothing (docs/design.md, Borrowed servers):
 
     mirrors/<sha256(url)[:24]>.git    bare mirror, fetched when it lacks the base; commits
                                       that came in bundles are kept under refs/tether/fetched/
-    attempts/<name>/tree              the attempt's worktree (`git worktree add --detach`)
+    attempts/<name>/tree              the attempt's worktree (`git worktree add --detach`),
+                                      made beside the step's first model call when the caller
+                                      asks (`attempt(checkout_beside=True)`; `ready()` waits)
     attempts/<name>/home              HOME for the attempt's commands
     attempts/<name>/io                downloaded and written bundles, logs
 """
@@ -114,16 +116,47 @@ class RepoCache:
         label: str,
         start_sha: str | None = None,
         start_bundle: BundleSource | None = None,
+        checkout_beside: bool = False,
     ) -> AsyncIterator[Workspace]:
-        """A fresh workspace (see `open`), removed on the way out (even when cancelled)."""
-        workspace = await self.open(
+        """A fresh workspace (see `open`), removed on the way out (even when cancelled).
+
+        `checkout_beside`: the mirror and the start point are made ready first, as by `open`,
+        but the worktree is checked out while the block already runs (an agent step's first
+        model call needs no files); every method that needs the tree waits for it, and so
+        must anything else that touches `tree` (`ready()`). A failed checkout cancels the
+        block and raises its `WorkspaceFailed` here, as `open` would have."""
+        if not checkout_beside:
+            workspace = await self.open(
+                url=url, base_sha=base_sha, label=label, start_sha=start_sha,
+                start_bundle=start_bundle,
+            )  # fmt: skip
+            try:
+                yield workspace
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await workspace.remove()
+            return
+        workspace = await self._prepare(
             url=url, base_sha=base_sha, label=label, start_sha=start_sha, start_bundle=start_bundle
         )
+        failure: Exception | None = None
         try:
-            yield workspace
+            async with anyio.create_task_group() as tg:
+                with anyio.CancelScope() as body:
+                    workspace._checked_out = done = anyio.Event()
+                    tg.start_soon(workspace._check_out_beside, body, done)
+                    try:
+                        yield workspace
+                    except Exception as exc:  # raised below: a task group would wrap it
+                        failure = exc
+                tg.cancel_scope.cancel()  # a checkout the block ended without waiting for
         finally:
             with anyio.CancelScope(shield=True):
                 await workspace.remove()
+        if failure is not None:
+            raise failure
+        if body.cancelled_caught:
+            await workspace.ready()  # raises the checkout's failure, which cancelled the block
 
     async def open(
         self,
@@ -140,6 +173,27 @@ class RepoCache:
 
         `label` (e.g. the step id and attempt number) goes into the folder's name, after
         which a random suffix keeps every attempt's folder its own."""
+        workspace = await self._prepare(
+            url=url, base_sha=base_sha, label=label, start_sha=start_sha, start_bundle=start_bundle
+        )
+        try:
+            await workspace._check_out()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_rmtree, workspace.folder)
+            raise
+        return workspace
+
+    async def _prepare(
+        self,
+        *,
+        url: str,
+        base_sha: str,
+        label: str,
+        start_sha: str | None,
+        start_bundle: BundleSource | None,
+    ) -> Workspace:
+        """The attempt's folder (less its tree) and a mirror that holds the start point."""
         start = start_sha or base_sha
         for what, sha in (("base", base_sha), ("start point", start)):
             if not _SHA.fullmatch(sha):
@@ -156,14 +210,6 @@ class RepoCache:
                     await self._fetch(mirror, url, base_sha)
             if not await _has_commit(mirror, start):
                 await self._fetch_start(mirror, start, start_bundle, folder / "io")
-            async with self._lock(mirror):
-                try:
-                    await git(
-                        "worktree", "add", "--detach", "--quiet", str(folder / "tree"), start,
-                        cwd=mirror,
-                    )  # fmt: skip
-                except GitError as exc:
-                    raise WorkspaceFailed(f"cannot create the worktree: {exc}") from exc
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(_rmtree, folder)
@@ -249,6 +295,38 @@ class Workspace:
         self.start_sha = start_sha
         self.cleanup: CleanupRecord | None = None
         self._start_tree: str | None = None  # set once the private index exists
+        self._index_tree: str | None = None  # the private index's tree, as last written
+        self._checked_out: anyio.Event | None = None  # set when a checkout beside ends
+        self._checkout_failed: WorkspaceFailed | None = None
+
+    async def _check_out(self) -> None:
+        """Make the worktree at the start point (`git worktree add`)."""
+        async with self._cache._lock(self.mirror):
+            try:
+                await git(
+                    "worktree", "add", "--detach", "--quiet", str(self.tree), self.start_sha,
+                    cwd=self.mirror,
+                )  # fmt: skip
+            except GitError as exc:
+                raise WorkspaceFailed(f"cannot create the worktree: {exc}") from exc
+
+    async def _check_out_beside(self, body: anyio.CancelScope, done: anyio.Event) -> None:
+        """`_check_out` as a task beside `body`, which it cancels when it fails; `done` is
+        set when it ends."""
+        try:
+            await self._check_out()
+        except WorkspaceFailed as exc:
+            self._checkout_failed = exc
+            body.cancel()
+        finally:
+            done.set()
+
+    async def ready(self) -> None:
+        """Wait until the worktree exists; `WorkspaceFailed` when its checkout failed."""
+        if self._checked_out is not None and not self._checked_out.is_set():
+            await self._checked_out.wait()
+        if self._checkout_failed is not None:
+            raise self._checkout_failed
 
     async def commit(self, *, step_id: str, paths: Sequence[str] = ()) -> str | None:
         """The candidate: a snapshot of what changed since the start point (under `paths`
@@ -273,19 +351,40 @@ class Workspace:
         the paths to it, so git hashes only the files that changed since the last one, and
         whatever happened outside the paths (or in the real index) never gets in. When the
         tree is `previous`'s, `previous` is returned as it is."""
+        tree = await self.stage(paths)
+        return await self.commit_tree(tree, step_id=step_id, message=message, previous=previous)
+
+    async def stage(self, paths: Sequence[str] = ()) -> str:
+        """Add what changed under `paths` (all of the tree when empty; a file's own path is a
+        path too) to the private index (see `snapshot`) and return the index's tree.
+
+        Only the changes under `paths` get in: a caller that knows which files changed since
+        the last call names only those, and git then reads no other file of the tree."""
+        await self.ready()
         env = {"GIT_INDEX_FILE": str(self.io / "snapshot.index")}
         try:
             if self._start_tree is None:
                 await self._start_index(env)
             pathspecs = await self._pathspecs(paths, env) if paths else ["."]
-            if not pathspecs:
-                return None
-            await git(*_FAST_OBJECTS, "add", "--all", "--", *pathspecs, cwd=self.tree, env=env)
-            tree = (await git("write-tree", cwd=self.tree, env=env)).text.strip()
-            if tree == self._start_tree:
-                return None
-            if previous is not None and previous.tree == tree:
-                return previous
+            if pathspecs:
+                await git(*_FAST_OBJECTS, "add", "--all", "--", *pathspecs, cwd=self.tree, env=env)
+                written = await git("write-tree", cwd=self.tree, env=env)
+                self._index_tree = written.text.strip()
+        except GitError as exc:
+            raise WorkspaceFailed(f"cannot commit the changes: {exc}") from exc
+        assert self._index_tree is not None  # set by _start_index
+        return self._index_tree
+
+    async def commit_tree(
+        self, tree: str, *, step_id: str, message: str, previous: Snapshot | None = None
+    ) -> Snapshot | None:
+        """A commit of `tree` on the start point (see `snapshot`): None when `tree` is the
+        start point's, `previous` when it is `previous`'s."""
+        if tree == self._start_tree:
+            return None
+        if previous is not None and previous.tree == tree:
+            return previous
+        try:
             date = commit_date(step_id)
             identity = {
                 "GIT_AUTHOR_NAME": AUTHOR_NAME, "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
@@ -308,7 +407,7 @@ class Workspace:
         merged = await git("read-tree", "-m", self.start_sha, cwd=self.tree, env=env, check=False)
         if merged.returncode != 0:  # e.g. an index with conflicts: start from the tree alone
             await git("read-tree", self.start_sha, cwd=self.tree, env=env)
-        self._start_tree = await self.tree_of(self.start_sha)
+        self._start_tree = self._index_tree = await self.tree_of(self.start_sha)
 
     async def _pathspecs(self, paths: Sequence[str], env: dict[str, str]) -> list[str]:
         """The prefixes as literal pathspecs, less those that match nothing (git add refuses
@@ -328,6 +427,7 @@ class Workspace:
         its one head is a ref of this worktree's own. `fast`: no delta search and light
         compression (a checkpoint's bundle, made every turn and read at most once)."""
         options = _FAST_PACK if fast else ()
+        await self.ready()
         try:
             await git("update-ref", _SNAPSHOT_REF, sha, cwd=self.tree)
             await git(
@@ -345,6 +445,7 @@ class Workspace:
     async def apply(self, sha: str) -> None:
         """Make the worktree hold `sha`'s tree as uncommitted changes on the start point
         (deletions included); HEAD and the index stay at the start point."""
+        await self.ready()
         try:
             await git("read-tree", "-m", "-u", "HEAD", sha, cwd=self.tree)
             await git("reset", "--quiet", cwd=self.tree)
@@ -352,6 +453,7 @@ class Workspace:
             raise WorkspaceFailed(f"cannot apply {sha} to the worktree: {exc}") from exc
 
     async def tree_of(self, sha: str) -> str:
+        await self.ready()
         try:
             return (await git("rev-parse", f"{sha}^{{tree}}", cwd=self.tree)).text.strip()
         except GitError as exc:
@@ -360,6 +462,7 @@ class Workspace:
     async def clean_checkout(self, sha: str) -> None:
         """Put the worktree at `sha` exactly: tracked files as committed, every untracked or
         ignored file removed."""
+        await self.ready()
         try:
             await git("checkout", "--force", "--quiet", "--detach", sha, cwd=self.tree)
             await git("clean", "-ffdxq", cwd=self.tree)
