@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any, Final
 
+from supervisor.shown import reveal, reveal_all
 from tether.effect_templates import TemplateError, credential_names
 from tether.git import redact
 
@@ -63,7 +64,7 @@ def shown_header(name: str, value: Any) -> dict[str, Any]:
 def _body(body: Any) -> str | None:
     if body is None:
         return None
-    return json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False)
+    return reveal(json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False))
 
 
 def shown_request(kind: str, request: Any) -> dict[str, Any]:
@@ -71,17 +72,19 @@ def shown_request(kind: str, request: Any) -> dict[str, Any]:
     `body` as indented JSON, and `other` for the fields of any other shape (a git.push's
     branch and commits, or a registered kind's payload)."""
     if not isinstance(request, dict):
-        return {"other": request}
+        return {"other": reveal_all(request)}
     fields = dict(request)
     url = fields.pop("url", None)
     headers = fields.pop("headers", None) if kind == "http" else None
     shown: dict[str, Any] = {
-        "method": fields.pop("method", None) if kind == "http" else None,
-        "url": redact(url) if isinstance(url, str) else url,
-        "headers": [shown_header(str(k), v) for k, v in sorted((headers or {}).items())],
+        "method": reveal_all(fields.pop("method", None)) if kind == "http" else None,
+        "url": reveal(redact(url)) if isinstance(url, str) else reveal_all(url),
+        "headers": [
+            shown_header(reveal(str(k)), reveal_all(v)) for k, v in sorted((headers or {}).items())
+        ],
         "has_body": kind == "http" and "body" in fields,
         "body": _body(fields.pop("body", None)) if kind == "http" else None,
-        "other": fields,
+        "other": reveal_all(fields),
     }
     return shown
 
