@@ -7,9 +7,11 @@ origin, read by path). The first lease fetches the mirror (the cold figure); eve
 finds it warm. The model is `bench.stamped_model`, in this process, answering at once without a
 tool call, so each step makes exactly one model call. A step's figure is the model's arrival
 time of its request minus the attempt's `granted_at` in the ledger (both `time.time()` on this
-machine): it includes the claim's answer on the wire, the sandbox probe on the first step only,
-and the worktree of `files` files that the step gets before its loop starts. Each task then
-fails verification (`no_candidate`: nothing was changed), which is not what is measured.
+machine): it includes the claim's answer on the wire and the sandbox probe on the first step
+only. The worktree of `files` files is checked out beside that first call (its first tool call
+would wait for it), so the figure no longer holds it; the step's end still waits for it, as
+the candidate's commit needs the tree. Each task then fails verification (`no_candidate`:
+nothing was changed), which is not what is measured.
 """
 
 from __future__ import annotations

@@ -233,6 +233,46 @@ async def test_the_next_model_call_does_not_wait_for_the_checkpoint_but_the_step
     assert done.candidate_sha is not None
 
 
+async def test_the_next_turns_tools_wait_for_the_last_turns_snapshot(
+    tmp_path: Path, origin: LeaseRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    model_asked = anyio.Event()
+    real = workspace_module.git  # type: ignore[attr-defined]
+
+    async def git(*args: str, **kwargs: Any) -> GitOutput:
+        if "add" in args and "worktree" not in args:  # held until the next model call
+            await model_asked.wait()
+            done = await real(*args, **kwargs)
+            events.append("staged")
+            return done
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(workspace_module, "git", git)
+
+    class Noting(ScriptedChat):
+        async def __call__(self, body: dict[str, Any]) -> Completion:
+            events.append(f"model call {len(self.requests) + 1}")
+            if len(self.requests) == 1:
+                model_asked.set()
+            return await super().__call__(body)
+
+    services = FakeServices()
+    chat = Noting(
+        [call("write_file", path="src/a.py", content="A = 1\n")],
+        [call("write_file", path="src/a.py", content="A = 2\n")],
+        "done",
+    )
+    with anyio.fail_after(20):
+        await agent_kind(tmp_path)(context(chat, services, origin))
+    assert events[:3] == ["model call 1", "model call 2", "staged"]
+    mirror = AgentKind(cache_dir=tmp_path / "cache").cache.mirror_path(origin.url)
+    one, two = services.checkpoints
+    # Turn 2's write waited: turn 1's checkpoint holds the file as turn 1 left it.
+    assert sh("git", "show", f"{one.sha}:src/a.py", cwd=mirror) == "A = 1\n"
+    assert sh("git", "show", f"{two.sha}:src/a.py", cwd=mirror) == "A = 2\n"
+
+
 async def test_checkpoints_are_recorded_one_after_the_other_in_turn_order(
     tmp_path: Path, origin: LeaseRepository
 ) -> None:

@@ -7,15 +7,17 @@ records the checkpoint under the attempt's fence. `resume_start` turns a lease's
 back into those messages and that worktree; a resume point that cannot be read or applied is
 logged and the attempt starts afresh, since checkpoints are a cache and never fail a step.
 
-Only the snapshot of the worktree is on the turn's path: the changed files (those the tools
-wrote this turn; every allowed path after a command ran, after a resume and after a failed
-snapshot) are added to the private index and its tree kept. The commit, the bundle, the
-uploads and the record run beside the next model call, one checkpoint after the other in turn
-order, so a turn's checkpoint is accepted before the next one is sent. The step's result or
-release waits for the last one (`Checkpointer.running`), and each checkpoint, both parts, is
-finished or given up `CHECKPOINT_TIMEOUT_S` after its turn ended, even when the step is
-cancelled meanwhile (SIGTERM). A checkpoint that fails is logged and the step goes on; one
-refused as stale (`LeaseLost`) stops the step at once.
+Nothing of it is on the turn's path: the loop asks the model again at once, and a checkpoint
+goes through two lanes beside that call, each in turn order. The stage adds the changed files
+(those the tools wrote that turn; every allowed path after a command ran, after a resume and
+after a failed stage) to the attempt's private index and keeps its tree; the tools of the next
+turn wait for it (`staged`), so it snapshots the worktree as the turn left it. The send then
+makes the wip commit and its bundle, uploads them and the transcript and records the
+checkpoint, so a turn's checkpoint is accepted before the next one is sent. The step's result
+or release waits for the last one (`Checkpointer.running`), and each checkpoint is finished or
+given up `CHECKPOINT_TIMEOUT_S` after its turn ended, even when the step is cancelled meanwhile
+(SIGTERM). A checkpoint that fails is logged and the step goes on; one refused as stale
+(`LeaseLost`) stops the step at once.
 """
 
 from __future__ import annotations
@@ -84,20 +86,22 @@ class Start:
     wip: Wip | None = None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(kw_only=True)
 class _Turn:
-    """A completed turn's checkpoint on its way: what the turn's path took of it."""
+    """A completed turn's checkpoint on its way through the lanes."""
 
     turn: int
     messages: list[dict[str, Any]]
     usage: dict[str, int]
-    tree: str | None  # the private index's tree: the worktree's changes; None: no repository
+    written: Collection[str] | None  # the paths the tools wrote; None: any (a command ran)
     deadline: float  # anyio.current_time() by which it is recorded or given up
+    staged: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    tree: str | None = None  # the private index's tree once staged; None: no repository
 
 
 class Checkpointer:
     """Checkpoints one attempt's completed turns (see the module docstring): call it after
-    each turn, inside `running()`."""
+    each turn, inside `running()`, and make each tool call wait for `staged()`."""
 
     def __init__(
         self,
@@ -118,11 +122,12 @@ class Checkpointer:
         self._written = written  # None: every turn adds all of `paths`
         self._before = start.usage
         self._wip = start.wip  # as last recorded, in the sender
-        self._tree: str | None = None  # the private index's tree after the last turn
-        # The next snapshot adds all of `paths`: the private index does not hold the resumed
-        # changes yet, or a failed snapshot left out some of a turn's.
+        self._tree: str | None = None  # the private index's tree as last staged
+        # The next stage adds all of `paths`: the private index does not hold the resumed
+        # changes yet, or a failed stage left out some of a turn's.
         self._everything = start.wip is not None
         self._queue: MemoryObjectSendStream[_Turn] | None = None
+        self._last: _Turn | None = None  # the last turn queued
         self._body: anyio.CancelScope | None = None
         self._fatal: Exception | None = None  # ends the step: a refusal as stale, a bug
         self._in_flight = 0
@@ -130,14 +135,16 @@ class Checkpointer:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Checkpointer]:
-        """Send the checkpoints of the turns the block completes; on the way out (whatever
-        ends the block) wait for those still on their way. A checkpoint refused as stale
-        cancels the block and raises its `LeaseLost` here."""
-        send, receive = anyio.create_memory_object_stream[_Turn](math.inf)
+        """Stage and send the checkpoints of the turns the block completes; on the way out
+        (whatever ends the block) wait for those still on their way. A checkpoint refused as
+        stale cancels the block and raises its `LeaseLost` here."""
+        to_stage, staging = anyio.create_memory_object_stream[_Turn](math.inf)
+        to_send, sending = anyio.create_memory_object_stream[_Turn](math.inf)
         failure: Exception | None = None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._sender, receive)
-            self._queue = send
+            tg.start_soon(self._stager, staging, to_send)
+            tg.start_soon(self._sender, sending)
+            self._queue = to_stage
             try:
                 with anyio.CancelScope() as self._body:
                     try:
@@ -146,7 +153,7 @@ class Checkpointer:
                         failure = exc
             finally:
                 self._queue = None
-                send.close()  # the sender ends after the checkpoints already queued
+                to_stage.close()  # the lanes end after the checkpoints already queued
         if self._fatal is not None:
             raise self._fatal
         if failure is not None:
@@ -155,46 +162,76 @@ class Checkpointer:
     async def __call__(
         self, turn: int, messages: list[dict[str, Any]], usage: dict[str, int]
     ) -> None:
-        """Checkpoint `turn` (`usage`: this attempt's running total): snapshot the worktree,
-        then leave the rest to the sender. `LeaseLost` when an earlier one was refused as
-        stale."""
+        """Queue the checkpoint of `turn` (`usage`: this attempt's running total) with the
+        paths its tools wrote. `LeaseLost` when an earlier one was refused as stale."""
         if self._fatal is not None:
             raise self._fatal
         if self._queue is None:
             raise RuntimeError("a checkpoint outside Checkpointer.running()")
-        deadline = anyio.current_time() + CHECKPOINT_TIMEOUT_S
-        with anyio.CancelScope(shield=True), anyio.move_on_at(deadline) as scope:
-            try:
-                tree = await self._stage()
-            except (RunnerError, OSError) as exc:
-                log.warning("checkpoint failed", turn=turn, error=str(exc))
-                self._everything = True
-                return
-        if scope.cancelled_caught:
-            log.warning("checkpoint timed out", turn=turn, timeout_s=CHECKPOINT_TIMEOUT_S)
-            self._everything = True
-            return
+        item = _Turn(
+            turn=turn, messages=list(messages), usage=dict(usage),
+            written=None if self._written is None else self._written(),
+            deadline=anyio.current_time() + CHECKPOINT_TIMEOUT_S,
+        )  # fmt: skip
         self._in_flight += 1
         if self._settled.is_set():
             self._settled = anyio.Event()
-        # Not awaited: queued before a cancellation of the step can reach this task.
-        self._queue.send_nowait(
-            _Turn(turn=turn, messages=list(messages), usage=dict(usage), tree=tree,
-                  deadline=deadline)
-        )  # fmt: skip
+        self._last = item
+        self._queue.send_nowait(item)  # not awaited: nothing can cancel it half done
+
+    async def staged(self) -> None:
+        """Wait until the last queued turn's changes are staged (given up, or failed): the
+        worktree may change again."""
+        if self._last is not None:
+            await self._last.staged.wait()
 
     async def settled(self) -> None:
         """Wait until every checkpoint queued so far was recorded or given up."""
         if self._in_flight:
             await self._settled.wait()
 
-    async def _stage(self) -> str | None:
-        """The turn's part: the private index's tree with this turn's changes."""
+    async def _stager(
+        self, receive: MemoryObjectReceiveStream[_Turn], send: MemoryObjectSendStream[_Turn]
+    ) -> None:
+        """Stage the queued turns in order and pass them on to the sender; shielded, each
+        bounded by its deadline, so a cancelled step still checkpoints its turns."""
+        with anyio.CancelScope(shield=True):
+            async with receive, send:
+                async for item in receive:
+                    staged = False
+                    try:
+                        if self._fatal is None:
+                            staged = await self._stage_turn(item)
+                    finally:
+                        item.staged.set()
+                        if staged:
+                            send.send_nowait(item)
+                        else:
+                            self._sent_one()
+
+    async def _stage_turn(self, item: _Turn) -> bool:
+        """Stage `item`'s changes; False when that failed or timed out (logged)."""
+        with anyio.move_on_at(item.deadline) as scope:
+            try:
+                item.tree = await self._stage(item.written)
+            except (RunnerError, OSError) as exc:
+                log.warning("checkpoint failed", turn=item.turn, error=str(exc))
+            except Exception as exc:  # a bug: the step fails, as it would on its path
+                self._stop(exc)
+            else:
+                return True
+        if scope.cancelled_caught:
+            log.warning("checkpoint timed out", turn=item.turn, timeout_s=CHECKPOINT_TIMEOUT_S)
+        self._everything = True
+        return False
+
+    async def _stage(self, written: Collection[str] | None) -> str | None:
+        """The private index's tree with a turn's changes (see the module docstring)."""
         space = self._workspace
         if self._paths is None or not isinstance(space, Workspace):
             return None
-        written = None if self._written is None else self._written()
         if written is None or self._everything:
+            self._everything = True  # until this stage is done
             self._tree = await space.stage(self._paths)
             self._everything = False
         elif written:
@@ -202,8 +239,8 @@ class Checkpointer:
         return self._tree  # None: nothing was ever written, the start point's tree
 
     async def _sender(self, receive: MemoryObjectReceiveStream[_Turn]) -> None:
-        """Send the queued checkpoints in order until the queue is closed and empty; shielded,
-        each bounded by its deadline, so a cancelled step still sends those of its turns."""
+        """Send the staged checkpoints in order until the stager is done; shielded, each
+        bounded by its deadline."""
         with anyio.CancelScope(shield=True):
             async with receive:
                 async for item in receive:
@@ -211,9 +248,12 @@ class Checkpointer:
                         if self._fatal is None:
                             await self._send(item)
                     finally:
-                        self._in_flight -= 1
-                        if not self._in_flight:
-                            self._settled.set()
+                        self._sent_one()
+
+    def _sent_one(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._settled.set()
 
     async def _send(self, item: _Turn) -> None:
         with tracing.span("tether.checkpoint", turn=item.turn, fence=self._fence) as span:

@@ -6,8 +6,9 @@ The workspace is a worktree at the lease's `repository.start_sha`, or, for a ste
 repository, an empty scratch folder. The worktree is checked out beside the first model call,
 which needs only the messages and the tool list; the first tool call, a resume that applies a
 checkpoint's changes, and the candidate's commit wait for it, and a failed checkout fails the
-step as before. A lease with a `resume` point continues the loop after the turns that point
-covers.
+step as before. Likewise a turn's checkpoint is made beside the next model call, and the next
+turn's tools wait for its snapshot of the worktree (`runner/agent/checkpoints.py`). A lease
+with a `resume` point continues the loop after the turns that point covers.
 """
 
 from __future__ import annotations
@@ -158,20 +159,29 @@ class AgentKind:
                 start = await resume_start(
                     ctx.resume, services=ctx.services, workspace=space, fresh=fresh
                 )
+            # What a tool call waits for: the worktree's checkout, the last turn's stage.
+            gates: list[Callable[[], Awaitable[None]]] = [space.ready]
+
+            async def ready() -> None:
+                for gate in gates:
+                    await gate()
+
             try:
                 box = ToolBox(
                     space.tree, home=space.home, allowed_paths=prefixes,
                     allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
-                    ready=space.ready,
+                    ready=ready,
                 )  # fmt: skip
             except ValueError as exc:
                 raise StepRejected(f"agent payload: {exc}") from None
             checkpoints: AbstractAsyncContextManager[Checkpointer | None] = nullcontext()
             if ctx.services is not None:
-                checkpoints = Checkpointer(
+                checkpointer = Checkpointer(
                     services=ctx.services, fence=ctx.fence, step_id=ctx.step_id,
                     workspace=space, paths=commit_paths, start=start, written=box.take_written,
-                ).running()  # fmt: skip
+                )  # fmt: skip
+                gates.append(checkpointer.staged)
+                checkpoints = checkpointer.running()
             model = ctx.default_model if payload.model is msgspec.UNSET else payload.model
             budget = payload.max_tokens_total
             # The last checkpoint on its way is recorded before the candidate is made (they
