@@ -174,7 +174,12 @@ def test_ci_explores_ten_thousand_schedules_without_a_violation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     seed = os.environ.get("TETHER_CHAOS_SEED", str(CI_SEED))
-    proc = run("explore", "--schedules", str(CI_SCHEDULES), "--seed", seed, timeout=580)
+    # Every core: the suite runs one test at a time, and with effects one process takes
+    # 250-370 s of the run (the output and digest are the same whatever the number of jobs).
+    jobs = str(os.cpu_count() or 1)
+    proc = run(
+        "explore", "--schedules", str(CI_SCHEDULES), "--seed", seed, "--jobs", jobs, timeout=580
+    )
     with capsys.disabled():
         print(f"\n{proc.stdout.strip()}\n{proc.stderr.strip()}".rstrip())
     assert proc.returncode == 0, proc.stdout + proc.stderr
