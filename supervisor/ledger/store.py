@@ -1,24 +1,21 @@
 """`SqliteLedger`: the ledger's rules behind one writer thread with group commit.
 
 Rules queue up while a batch is being committed; the writer takes every waiting rule into the
-next batch (one transaction, one fsync) and returns to each caller once that batch is durable.
+next batch (one transaction, one fsync) and returns to each caller once that batch is durable
+(`writer.Writer`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
-import anyio.lowlevel
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from supervisor.ledger import (
     artifacts,
@@ -34,7 +31,7 @@ from supervisor.ledger import (
     tokens,
     views,
 )
-from supervisor.ledger.batch import Rule, RuleOutcome, Transactions, random_id
+from supervisor.ledger.batch import BatchResult, RuleOutcome, Transactions, random_id
 from supervisor.ledger.counts import LedgerCounts
 from supervisor.ledger.decisions import log_decisions
 from supervisor.ledger.errors import Refused
@@ -42,6 +39,10 @@ from supervisor.ledger.outbox import Answer, Outgoing
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Tx
 from supervisor.ledger.verification import Evidence
+from supervisor.ledger.writer import (
+    Writer,
+    _Pending,  # noqa: F401 - bench/groupcommit.py imports it
+)
 from tether.broadcast import Broadcast
 from tether.clocks import WallClock
 from tether.messages import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
@@ -53,15 +54,10 @@ T = TypeVar("T")
 MAX_BATCH = 512
 
 
-@dataclasses.dataclass
-class _Pending:
-    rule: Rule
-    done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
-    outcome: RuleOutcome | None = None
-
-
 class SqliteLedger:
     """The ledger over one SQLite file. Use `async with SqliteLedger.open(path) as ledger`."""
+
+    max_batch: ClassVar[int] = MAX_BATCH  # rules per transaction at most
 
     def __init__(
         self,
@@ -82,111 +78,77 @@ class SqliteLedger:
         self._work: defaultdict[str, Broadcast] = defaultdict(Broadcast)
         self._events = Broadcast()
         self._effects = Broadcast()  # fired when an effect may be ready to take
-        self._write_limiter = anyio.CapacityLimiter(1)
         self._read_limiter = anyio.CapacityLimiter(1)
-        self._writer: sqlite3.Connection | None = None
-        self._transactions: Transactions | None = None
+        self._write_db: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
-        self._send: MemoryObjectSendStream[_Pending] | None = None
+        self._writer: Writer | None = None
 
     @classmethod
     @contextlib.asynccontextmanager
     async def open(cls, path: Path | str, **kwargs: Any) -> AsyncIterator[SqliteLedger]:
         """Check integrity, migrate, refresh open leases, and start the writer."""
         ledger = cls(path, **kwargs)
-        ledger._writer = await anyio.to_thread.run_sync(
+        write_db = await anyio.to_thread.run_sync(
             lambda: open_ledger_file(ledger.path, synchronous=ledger.synchronous)
         )
-        ledger._transactions = Transactions(
-            db=ledger._writer, config=ledger.config, clock=ledger.clock, new_id=ledger.new_id
+        ledger._write_db = write_db
+        transactions = Transactions(
+            db=write_db, config=ledger.config, clock=ledger.clock, new_id=ledger.new_id
         )
-        ledger._reader = await anyio.to_thread.run_sync(
-            lambda: connect(ledger.path, synchronous=ledger.synchronous, readonly=True)
-        )
-        send, receive = anyio.create_memory_object_stream[_Pending](math.inf)
-        ledger._send = send
         try:
+            ledger._reader = await anyio.to_thread.run_sync(
+                lambda: connect(ledger.path, synchronous=ledger.synchronous, readonly=True)
+            )
+            writer = Writer(transactions.run, ledger._committed, max_batch=ledger.max_batch)
+            ledger._writer = writer
             async with anyio.create_task_group() as tg:
-                tg.start_soon(ledger._write_loop, receive)
-                await ledger.write(reaper.refresh_after_restart)
+                # If the writer dies, its error cancels this block and is raised from it.
+                tg.start_soon(writer.run)
                 try:
+                    await ledger.write(reaper.refresh_after_restart)
                     yield ledger
                 finally:
-                    send.close()
+                    writer.close()  # the task group waits for the queued rules to commit
         finally:
-            writer, reader = ledger._writer, ledger._reader
-            ledger._writer = ledger._reader = None
-            await anyio.to_thread.run_sync(writer.close)
-            await anyio.to_thread.run_sync(reader.close)
+            reader, ledger._reader, ledger._write_db = ledger._reader, None, None
+            await anyio.to_thread.run_sync(write_db.close)
+            if reader is not None:
+                await anyio.to_thread.run_sync(reader.close)
 
     @property
     def is_open(self) -> bool:
         """True from `open` until the ledger closes (on purpose, or because its writer died)."""
-        return self._send is not None and self._writer is not None
+        writer = self._writer
+        return self._write_db is not None and writer is not None and writer.accepting
 
     # -- the writer -------------------------------------------------------------------------
 
-    async def _write_loop(self, receive: MemoryObjectReceiveStream[_Pending]) -> None:
-        """Commit the waiting rules batch after batch, each batch as one function on one thread
-        hop, so a transaction never waits on the event loop between statements.
-
-        aiosqlite hops per statement and has no public way to run a function on its thread;
-        `anyio.to_thread` with a limiter of one is the other path our style guide allows.
-        """
-        async with receive:
-            async for first in receive:
-                batch = await self._gather(first, receive)
-                assert self._transactions is not None
-                result = await anyio.to_thread.run_sync(
-                    self._transactions.run, [p.rule for p in batch], limiter=self._write_limiter
-                )
-                self.counters.batches += 1
-                self.counters.batched_rules += len(batch)
-                for pending, outcome in zip(batch, result.outcomes, strict=True):
-                    pending.outcome = outcome
-                    if isinstance(outcome.error, Refused):
-                        self.counters.rejections[outcome.error.code] += 1
-                    pending.done.set()
-                woken = result.woken_pools
-                if EFFECTS in woken:
-                    self._effects.fire()
-                for pool in list(self._work) if ALL_POOLS in woken else woken - {EFFECTS}:
-                    self._work[pool].fire()
-                if result.touched_tasks:
-                    self._events.fire()
-                # Here, not in the rules: only a committed decision is logged.
-                log_decisions(result.notes)
-
-    @staticmethod
-    async def _gather(
-        first: _Pending, receive: MemoryObjectReceiveStream[_Pending]
-    ) -> list[_Pending]:
-        """Collect every rule that is ready to be queued. Callers woken by the previous batch
-        enqueue their next rule only once they run, so yield to them until none arrives."""
-        batch = [first]
-        while len(batch) < MAX_BATCH:
-            await anyio.lowlevel.checkpoint()
-            before = len(batch)
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-            if len(batch) == before:
-                break
-        return batch
+    def _committed(self, outcomes: Sequence[RuleOutcome], result: BatchResult) -> None:
+        """After a batch's callers are answered (on the event loop): count it, wake the
+        long-polls it may concern, and log its decisions."""
+        self.counters.batches += 1
+        self.counters.batched_rules += len(outcomes)
+        for outcome in outcomes:
+            if isinstance(outcome.error, Refused):
+                self.counters.rejections[outcome.error.code] += 1
+        woken = result.woken_pools
+        if EFFECTS in woken:
+            self._effects.fire()
+        for pool in list(self._work) if ALL_POOLS in woken else woken - {EFFECTS}:
+            self._work[pool].fire()
+        if result.touched_tasks:
+            self._events.fire()
+        # Here, not in the rules: only a committed decision is logged.
+        log_decisions(result.notes)
 
     async def write(self, rule: Callable[[Tx], T]) -> T:
         """Run one rule in the next group-commit batch; return once it is durable."""
-        if self._send is None:
+        if self._writer is None:
             raise RuntimeError("the ledger is not open")
-        pending = _Pending(rule)
-        await self._send.send(pending)
-        await pending.done.wait()
-        assert pending.outcome is not None
-        if pending.outcome.error is not None:
-            raise pending.outcome.error
-        value: T = pending.outcome.value
+        outcome = await self._writer.submit(rule)
+        if outcome.error is not None:
+            raise outcome.error
+        value: T = outcome.value
         return value
 
     async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
