@@ -1,7 +1,9 @@
 """The runner daemon: the claim loop, the step slots, pauses, and a graceful shutdown.
 
 Claims long-poll the supervisor for as many leases as there are free slots (`concurrency`);
-each lease runs as a `StepRun` in one task group (docs/design.md, The runner).
+each lease runs as a `StepRun` in one task group (docs/design.md, The runner). A request
+carrying results also asks for the next leases (eager dispatch) for the slots it frees and any
+free slot no claim is asking for, and starts what it gets at once, as a claim's leases.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from runner.step import StepRun
 from runner.supervisor_client import SupervisorClient
 from tether.broadcast import Broadcast
 from tether.clocks import LoopClock, MonotonicClock
+from tether.messages import MAX_CAPACITY, WantLeases
 from tether.sdnotify import Notifier
 
 log = structlog.get_logger("runner")
@@ -73,6 +76,8 @@ class Runner:
         self._settings = settings
         self._supervisor = supervisor
         self._results = ResultSender(supervisor)
+        self._results.wanting = self._eager_want
+        self._results.on_leases = self._start_eager
         self._model = model
         self._model_key = model_key
         self._token = token
@@ -85,6 +90,9 @@ class Runner:
         self._claim_scope = anyio.CancelScope()
         self._root_scope: anyio.CancelScope | None = None
         self._in_flight: dict[tuple[str, int], StepRun] = {}
+        self._steps: anyio.abc.TaskGroup | None = None
+        self._claiming = 0  # slots the claim on its way asks for
+        self.eager_leases = 0  # leases that came with results, not claims
         self._changed = Broadcast()
         self._link = Link.UNKNOWN
         self._link_down_at = 0.0
@@ -120,6 +128,7 @@ class Runner:
             self._root_scope = root.cancel_scope
             root.start_soon(self._watchdog_loop)
             async with anyio.create_task_group() as steps:
+                self._steps = steps
                 with self._claim_scope:
                     await self._claim_loop(steps)
                 await self._drain()
@@ -219,8 +228,10 @@ class Runner:
                     continue
             # Quick replies at start and after a pause: READY=1, and `claiming resumed`.
             wait_s = 0.0 if self._resuming else self._settings.claim_wait_s
+            free = concurrency - len(self._in_flight)
             try:
-                leases = await self._claim(concurrency - len(self._in_flight), wait_s)
+                self._claiming = free
+                leases = await self._claim(free, wait_s)
             except TokenRejected as exc:
                 self.token_rejected(exc.detail)
                 continue
@@ -232,6 +243,8 @@ class Runner:
                 log.exception("claim failed unexpectedly; claiming again after a pause")
                 await self._clock.sleep(self._backoff_max_s)
                 continue
+            finally:
+                self._claiming = 0
             if self._resuming:
                 self._resuming = False
                 log.info("claiming resumed", after=self._pause_why, pool=self._pool)
@@ -284,6 +297,29 @@ class Runner:
                 )
         self._link_up()
         return leases
+
+    def _eager_want(self, results: int) -> WantLeases | None:
+        """What a request carrying `results` results asks for beside them: the slots they free
+        and the free slots no claim is asking for; None while the runner claims nothing
+        (stopping, paused, its token or pool not yet known)."""
+        if self.stopping or self.paused or self._token_stale or self._pool is None:
+            return None
+        free = self._settings.concurrency - len(self._in_flight) - self._claiming + results
+        if free < 1:
+            return None
+        return WantLeases(
+            runner_id=self._settings.runner_id,
+            leases=min(free, MAX_CAPACITY),
+            kinds=tuple(self._kinds.names()),
+        )
+
+    def _start_eager(self, leases: list[Lease]) -> None:
+        """Start the leases a result's answer carried, exactly as a claim's."""
+        if self._steps is None:  # not running: the leases lapse through the accept window
+            return
+        self.eager_leases += len(leases)
+        for lease in leases:
+            self._start(self._steps, lease)
 
     def _answered_once(self) -> None:
         if not self._answered:

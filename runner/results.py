@@ -4,20 +4,29 @@ The runner's half of group commit. There is no timer and no background task: res
 become ready while a request is out wait for it and go together in the next one (up to
 `RESULTS_PER_REQUEST_MAX`). Nothing waits for company, so batching adds no latency; under load
 one request carries many steps, and the supervisor commits them in one transaction.
+
+Eager dispatch: when the daemon says what it can take (`wanting`), the request also asks for
+the next leases, granted in the results' own batch, and hands them to `on_leases` before any
+of the request's steps hears its answer (docs/design.md, The runner).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import anyio
 
 from runner.errors import LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected
+from runner.lease import Lease
 from runner.supervisor_client import ResultReport, SupervisorClient, encode_result
 from tether.broadcast import Broadcast
+from tether.messages import WantLeases
 from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome
 
 Answer = Outcome | Exception
+# What the runner asks for beside `n` results (eager dispatch): None to ask for nothing.
+Wanting = Callable[[int], WantLeases | None]
 
 
 @dataclasses.dataclass(eq=False)
@@ -42,6 +51,8 @@ class ResultSender:
         self.batch_route = True  # False once the supervisor said it has no such route
         self.requests = 0
         self.results = 0
+        self.wanting: Wanting | None = None
+        self.on_leases: Callable[[list[Lease]], None] = lambda _leases: None
 
     async def report(self, step_id: str, report: ResultReport) -> Outcome:
         """Report one step's result; return or raise as `SupervisorClient.report` does.
@@ -111,20 +122,28 @@ class ResultSender:
         self.requests += 1
         self.results += len(batch)
         if self.batch_route:
+            items = [(p.step_id, p.encoded) for p in batch]
+            want = None if self.wanting is None else self.wanting(len(batch))
             try:
-                return await self._client.report_many([(p.step_id, p.encoded) for p in batch])
+                if want is None:
+                    return await self._client.report_many(items)
+                answers, leases = await self._client.report_many_with_leases(items, want)
             except SupervisorRefused as refused:
                 if refused.status in (404, 405):
                     self.batch_route = False
-        answers: list[Answer] = [SupervisorUnreachable("no answer") for _ in batch]
+            else:
+                if leases:  # started before any of these steps hears its answer
+                    self.on_leases(leases)
+                return answers
+        singles: list[Answer] = [SupervisorUnreachable("no answer") for _ in batch]
 
         async def one(n: int, pending: _Pending) -> None:
             try:
-                answers[n] = await self._client.report(pending.step_id, pending.report)
+                singles[n] = await self._client.report(pending.step_id, pending.report)
             except (LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected) as exc:
-                answers[n] = exc
+                singles[n] = exc
 
         async with anyio.create_task_group() as tg:
             for n, pending in enumerate(batch):
                 tg.start_soon(one, n, pending)
-        return answers
+        return singles

@@ -51,6 +51,7 @@ from tether.messages import (
     ResultAnswer,
     ResultsAnswer,
     RunnerIdentity,
+    WantLeases,
 )
 from tether.wire import API_PREFIX, ErrorCode, Outcome, ReleaseReason, RunnerAction, runner_action
 
@@ -478,18 +479,33 @@ class SupervisorClient:
         exception `report` would have raised for that step. A refusal of the whole request (a
         supervisor without this route, a body over its limit) raises `SupervisorRefused`; the
         caller then reports one by one."""
-        content = b'{"results":[' + b",".join(encoded for _, encoded in items) + b"]}"
+        answers, _leases = await self.report_many_with_leases(items, None)
+        return answers
+
+    async def report_many_with_leases(
+        self, items: list[tuple[str, bytes]], want: WantLeases | None
+    ) -> tuple[list[Outcome | Exception], list[Lease]]:
+        """`report_many`, asking with `want` for the next leases (eager dispatch): also return
+        the leases granted, held from when the answer arrived, as a claim's are. A supervisor
+        older than `want` grants none."""
+        content = b'{"results":[' + b",".join(encoded for _, encoded in items) + b"]"
+        if want is not None:
+            content += b',"want":' + encode(want)
+        content += b"}"
         response = await self._post("/steps/results", content)
+        answered_at = self._clock.now()
         if response.status_code != 200:
             raise self._refused(response)
         request = _request_of(response)
-        answers = _answer(response, ResultsAnswer, "results").results
+        answer = _answer(response, ResultsAnswer, "results")
+        answers = answer.results
         if len(answers) != len(items):
             raise SupervisorRefused(
                 200, "bad_answer", "results answer has the wrong length", request=request
             )
         pairs = zip(items, answers, strict=True)
-        return [_item_answer(step_id, answer, request) for (step_id, _), answer in pairs]
+        leases = [Lease.held(lease, answered_at=answered_at) for lease in answer.leases]
+        return [_item_answer(step_id, item, request) for (step_id, _), item in pairs], leases
 
     async def checkpoint(self, step_id: str, checkpoint: Checkpoint) -> Checkpointed:
         """`PUT /v1/steps/{step_id}/checkpoint`; `LeaseLost` when the step is not ours (its

@@ -154,6 +154,20 @@ class RenewRequest(Record, frozen=True, kw_only=True):
     fence: Fence
 
 
+class LeaseRef(Record, frozen=True, kw_only=True):
+    """One lease a runner holds: its step and the fence it was granted under."""
+
+    step_id: Name
+    fence: Fence
+
+
+class Renewals(Record, frozen=True, kw_only=True):
+    """`POST /v1/leases/renewals`: renew many leases of one runner in one request, each by the
+    same rule as `POST /v1/leases/{step_id}/renew`."""
+
+    leases: Annotated[tuple[LeaseRef, ...], msgspec.Meta(min_length=1, max_length=MAX_CAPACITY)]
+
+
 class Renewal(Record, frozen=True, kw_only=True):
     """The reply to a renew: the lease runs `ttl_s` more, unless the task was cancelled.
 
@@ -166,6 +180,26 @@ class Renewal(Record, frozen=True, kw_only=True):
     renew_every_s: Interval
     cancelled: bool
     budget_exhausted: bool = False
+
+
+class RenewalItem(Record, frozen=True, kw_only=True, omit_defaults=True):
+    """One lease's answer in `POST /v1/leases/renewals`: the `Renewal` fields, or the
+    `status`, `error` and `detail` the single renew would have sent."""
+
+    step_id: str
+    ttl_s: Seconds | None = None
+    renew_every_s: Interval | None = None
+    cancelled: bool | None = None
+    budget_exhausted: bool | None = None
+    status: int | None = None
+    error: str | None = None
+    detail: str | None = None
+
+
+class RenewalsAnswer(Record, frozen=True, kw_only=True):
+    """The reply to `POST /v1/leases/renewals`: one item per lease, in order."""
+
+    leases: tuple[RenewalItem, ...]
 
 
 class ReleaseRequest(Record, frozen=True, kw_only=True):
@@ -194,12 +228,28 @@ class CheckRun(Record, frozen=True, kw_only=True):
     duration_s: Seconds
 
 
+class WantLeases(Record, frozen=True, kw_only=True):
+    """With a result: the next leases the runner can start (eager dispatch, docs/design.md,
+    Runner API), granted in the result's own group-commit batch like a claim's (`kinds`, the
+    pool, the tenant's budget), and none when no result of the request was accepted.
+
+    `leases` is the runner's free capacity counting the slots its results free. An older
+    supervisor ignores the field and answers no leases, so the runner's claim finds them.
+    """
+
+    runner_id: Name
+    leases: Annotated[int, msgspec.Meta(ge=0, le=MAX_CAPACITY)]
+    kinds: Kinds = ("chat",)
+
+
 class Result(Record, frozen=True, kw_only=True, omit_defaults=True):
     """`POST /v1/steps/{step_id}/result`: one step's output, under the fence that made it.
 
     A step that produced a candidate names it (`candidate_sha`) with the digest of its bundle
     (`bundle`: `start_sha..candidate_sha`, uploaded first) and the checks it ran there
-    (`checks`, by name). `artifacts` names any other uploads.
+    (`checks`, by name). `artifacts` names any other uploads. `want` asks for the next leases
+    with the answer (`WantLeases`); an item of `POST /v1/steps/results` asks at the top level,
+    and an item's own `want` is ignored.
     """
 
     fence: Fence
@@ -210,6 +260,7 @@ class Result(Record, frozen=True, kw_only=True, omit_defaults=True):
     artifacts: dict[str, str] = {}
     bundle: Hash | None = None
     checks: dict[Name, CheckRun] = {}
+    want: WantLeases | None = None
 
     def for_step(self, step_id: str) -> Report:
         """This result naming its step, as the batch route and the ledger take it."""
@@ -233,18 +284,22 @@ class Report(Result, frozen=True, kw_only=True, omit_defaults=True):
     step_id: Name
 
 
-class Results(Record, frozen=True, kw_only=True):
-    """`POST /v1/steps/results`: the results ready at the same moment, each its own step's."""
+class Results(Record, frozen=True, kw_only=True, omit_defaults=True):
+    """`POST /v1/steps/results`: the results ready at the same moment, each its own step's;
+    `want` asks for the next leases with the answer (`WantLeases`)."""
 
     results: Annotated[
         tuple[Report, ...], msgspec.Meta(min_length=1, max_length=RESULTS_PER_REQUEST_MAX)
     ]
+    want: WantLeases | None = None
 
 
-class ResultAnswer(Record, frozen=True, kw_only=True):
-    """The reply to a result: `applied`, or `replayed` for a step already committed."""
+class ResultAnswer(Record, frozen=True, kw_only=True, omit_defaults=True):
+    """The reply to a result: `applied`, or `replayed` for a step already committed; `leases`
+    are those its `want` was granted (absent when none)."""
 
     outcome: Outcome
+    leases: tuple[Lease, ...] = ()
 
 
 class ItemAnswer(Record, frozen=True, kw_only=True, omit_defaults=True):
@@ -258,10 +313,12 @@ class ItemAnswer(Record, frozen=True, kw_only=True, omit_defaults=True):
     detail: str | None = None
 
 
-class ResultsAnswer(Record, frozen=True, kw_only=True):
-    """The reply to `POST /v1/steps/results`: one item per result, in order."""
+class ResultsAnswer(Record, frozen=True, kw_only=True, omit_defaults=True):
+    """The reply to `POST /v1/steps/results`: one item per result, in order, and the leases
+    the request's `want` was granted (absent when none)."""
 
     results: tuple[ItemAnswer, ...]
+    leases: tuple[Lease, ...] = ()
 
 
 class Checkpoint(Record, frozen=True, kw_only=True):

@@ -215,6 +215,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         body=m.RenewRequest, answers={200: m.Renewal}, errors=_LEASE_WRITE, params=(STEP_ID,),
     ),
     Operation(
+        method="POST", path="/v1/leases/renewals", name="renewals", tag="runner",
+        roles=RUNNER, summary="Extend many leases at once; each lease gets its own answer.",
+        body=m.Renewals, answers={200: m.RenewalsAnswer},
+    ),
+    Operation(
         method="POST", path="/v1/leases/{step_id}/release", name="release", tag="runner",
         roles=RUNNER, summary="Hand a lease back, with the tokens the attempt spent.",
         body=m.ReleaseRequest, answers={200: m.Released}, errors=_LEASE_WRITE,

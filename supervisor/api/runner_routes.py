@@ -1,5 +1,6 @@
-"""Runner routes: who am I, claim, renew, release, result, checkpoint. A runner token acts for
-its pool only; a step of another pool is `not_found`.
+"""Runner routes: who am I, claim, renew (one lease or many), release, result (with the next
+leases, when asked), checkpoint. A runner token acts for its pool only; a step of another pool
+is `not_found`.
 
 A report of a repository-bound task's step reaches the ledger with the evidence the
 supervisor gathered about it first (`supervisor.repos.evidence`): the ledger judges, the
@@ -10,6 +11,7 @@ step runs on a base that moved since the last report (`on_current_heads`).
 from __future__ import annotations
 
 import anyio
+import anyio.abc
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,16 +36,21 @@ from tether.messages import (
     ClaimAnswer,
     ClaimRequest,
     ItemAnswer,
+    LeaseRef,
     Released,
     ReleaseRequest,
+    RenewalItem,
+    Renewals,
+    RenewalsAnswer,
     RenewRequest,
     Result,
     ResultAnswer,
     Results,
     ResultsAnswer,
     RunnerIdentity,
+    WantLeases,
 )
-from tether.wire import ERRORS, ErrorCode
+from tether.wire import ERRORS, ErrorCode, Outcome
 
 # Reports of one batch whose evidence is gathered at the same time.
 EVIDENCE_AT_ONCE = 4
@@ -86,15 +93,56 @@ async def claim(request: Request) -> Response:
                     kinds=ask.kinds,
                 ),
             )
-    if not leases:
-        return Response(status_code=204)
-    unbound: UnboundSteps = request.app.state.unbound_steps
-    unbound.granted(leases)
-    with tracing.Grants(leases, runner_id=ask.runner_id, pool=who.scope) as grants:
-        leases = grants.sent(await on_current_heads(request, leases, who.scope))
+    leases = await hand_out(request, leases, ask.runner_id, who.scope)
     if not leases:
         return Response(status_code=204)
     return record_response(ClaimAnswer(leases=tuple(leases)))
+
+
+async def hand_out(request: Request, leases: list[Lease], runner_id: str, pool: str) -> list[Lease]:
+    """What every grant goes through before its answer, a claim's or an eager one's: the
+    unbound steps noted, the grant spans, and the leases whose base moved left out."""
+    if not leases:
+        return leases
+    unbound: UnboundSteps = request.app.state.unbound_steps
+    unbound.granted(leases)
+    with tracing.Grants(leases, runner_id=runner_id, pool=pool) as grants:
+        return grants.sent(await on_current_heads(request, leases, pool))
+
+
+class EagerGrant:
+    """The leases a result request's `want` asks for (eager dispatch, docs/design.md, Runner
+    API): `start` queues the claim rule right after the request's reports, so it runs in their
+    group-commit batch; `leases` are then what the runner gets. A supervisor draining for
+    shutdown grants none, as its claims do."""
+
+    def __init__(self, request: Request, want: WantLeases | None, pool: str, token_id: str):
+        polls: LongPolls = request.app.state.long_polls
+        self._request = request
+        self._want = None if want is None or want.leases < 1 or polls.draining else want
+        self._pool = pool
+        self._token_id = token_id
+        self.leases: list[Lease] = []
+
+    def start(self, tg: anyio.abc.TaskGroup, reported: list[tuple[str, int]]) -> None:
+        if self._want is not None and reported:
+            tg.start_soon(self._grant, self._want, reported)
+
+    async def _grant(self, want: WantLeases, reported: list[tuple[str, int]]) -> None:
+        try:
+            self.leases = await _ledger(self._request).claim_after(
+                reported, want.runner_id, self._pool, want.leases,
+                token_id=self._token_id, kinds=want.kinds,
+            )  # fmt: skip
+        except LedgerError as exc:  # the results stand; the runner's claim finds the work
+            log.warning("eager grant failed", code=exc.code.value, detail=exc.detail)
+
+    async def sent(self) -> tuple[Lease, ...]:
+        """The granted leases as the answer carries them (`hand_out`)."""
+        if self._want is None:
+            return ()
+        leases = await hand_out(self._request, self.leases, self._want.runner_id, self._pool)
+        return tuple(leases)
 
 
 async def on_current_heads(request: Request, leases: list[Lease], pool: str) -> list[Lease]:
@@ -156,6 +204,41 @@ async def renew(request: Request) -> Response:
     return record_response(renewal)
 
 
+async def renewals(request: Request) -> Response:
+    """`renew` for many leases of one runner at once: each is the same ledger rule, started
+    together so that they reach the writer together (one transaction), and each gets its own
+    answer, in order: the renewal, or the status, code and detail the single route would have
+    sent. A malformed request refuses them all before anything is renewed."""
+    who = await require(request, Role.RUNNER)
+    held = (await read(request, Renewals)).leases
+    if len({lease.step_id for lease in held}) != len(held):
+        raise ApiError(ErrorCode.INVALID_FIELD, "'leases' names a step more than once")
+    ledger = _ledger(request)
+    answers: list[RenewalItem | None] = [None] * len(held)
+
+    async def one(n: int, lease: LeaseRef) -> None:
+        try:
+            r = await ledger.renew(lease.step_id, lease.fence, who.scope)
+        except LedgerError as exc:
+            code = ledger_error_code(exc, request.url.path)
+            answers[n] = RenewalItem(
+                step_id=lease.step_id, status=ERRORS[code].status, error=code.value,
+                detail=exc.detail,
+            )  # fmt: skip
+        else:
+            answers[n] = RenewalItem(
+                step_id=lease.step_id, ttl_s=r.ttl_s, renew_every_s=r.renew_every_s,
+                cancelled=r.cancelled, budget_exhausted=r.budget_exhausted,
+            )  # fmt: skip
+
+    async with anyio.create_task_group() as tg:
+        for n, lease in enumerate(held):
+            tg.start_soon(one, n, lease)
+    done = tuple(a for a in answers if a is not None)
+    assert len(done) == len(held)
+    return record_response(RenewalsAnswer(leases=done))
+
+
 async def release(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
     ask = await read(request, ReleaseRequest)
@@ -197,13 +280,28 @@ async def evidence_for(request: Request, report: Report, pool: str) -> Evidence 
 
 async def result(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
-    report = (await read(request, Result)).for_step(request.path_params["step_id"])
+    ask = await read(request, Result)
+    report = ask.for_step(request.path_params["step_id"])
     evidence = await evidence_for(request, report, who.scope)
     header = request.headers.get("traceparent")
-    with tracing.commit(report.step_id, report.fence, header=header) as span:
-        outcome = await _ledger(request).report(report, who.scope, evidence)
-        span.set(outcome=str(outcome))
-    return record_response(ResultAnswer(outcome=outcome))
+    eager = EagerGrant(request, ask.want, who.scope, who.token_id)
+    outcomes: list[Outcome] = []
+    refused: list[LedgerError] = []
+
+    async def one() -> None:
+        try:
+            with tracing.commit(report.step_id, report.fence, header=header) as span:
+                outcomes.append(await _ledger(request).report(report, who.scope, evidence))
+                span.set(outcome=str(outcomes[0]))
+        except LedgerError as exc:
+            refused.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one)
+        eager.start(tg, [(report.step_id, report.fence)])
+    if refused:
+        raise refused[0]
+    return record_response(ResultAnswer(outcome=outcomes[0], leases=await eager.sent()))
 
 
 def _item_error(request: Request, step_id: str, exc: Exception) -> ItemAnswer:
@@ -222,7 +320,8 @@ async def results(request: Request) -> Response:
     route would have sent. A malformed item refuses the whole request before anything is
     applied."""
     who = await require(request, Role.RUNNER)
-    reports = (await read(request, Results)).results
+    ask = await read(request, Results)
+    reports = ask.results
     if len({r.step_id for r in reports}) != len(reports):
         raise ApiError(ErrorCode.INVALID_FIELD, "'results' names a step more than once")
     ledger = _ledger(request)
@@ -256,13 +355,17 @@ async def results(request: Request) -> Response:
     async with anyio.create_task_group() as tg:
         for n, report in enumerate(reports):
             tg.start_soon(observe, n, report)
+    # The eager grant is queued after them, into the same batch; a report refused before the
+    # ledger (its evidence) still counts as not accepted.
+    eager = EagerGrant(request, ask.want, who.scope, who.token_id)
     async with anyio.create_task_group() as tg:
         for n, report in enumerate(reports):
             if answers[n] is None:
                 tg.start_soon(one, n, report)
+        eager.start(tg, [(r.step_id, r.fence) for r in reports])
     done = tuple(a for a in answers if a is not None)
     assert len(done) == len(reports)
-    return record_response(ResultsAnswer(results=done))
+    return record_response(ResultsAnswer(results=done, leases=await eager.sent()))
 
 
 async def checkpoint(request: Request) -> Response:
@@ -286,6 +389,7 @@ async def checkpoint(request: Request) -> Response:
 ROUTES = [
     Route("/v1/runner", whoami, methods=["GET"]),
     Route("/v1/leases/claim", claim, methods=["POST"]),
+    Route("/v1/leases/renewals", renewals, methods=["POST"]),
     Route("/v1/leases/{step_id}/renew", renew, methods=["POST"]),
     Route("/v1/leases/{step_id}/release", release, methods=["POST"]),
     Route("/v1/steps/results", results, methods=["POST"]),

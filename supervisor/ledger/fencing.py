@@ -9,7 +9,7 @@ judged by the supervisor's clock alone: a runner is told durations (`ttl_s`,
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from supervisor.ledger import repositories, runners
 from supervisor.ledger.decisions import Decision
@@ -75,6 +75,46 @@ def claim(
         (pool, *kinds, capacity),
     )
     return [_grant(tx, row, runner_id, token_id) for row in rows]
+
+
+def claim_after_results(
+    tx: Tx,
+    reported: Sequence[tuple[str, int]],
+    runner_id: str,
+    pool: str,
+    want: int,
+    *,
+    token_id: str | None = None,
+    kinds: Collection[str] = ("chat",),
+) -> list[Lease]:
+    """Eager dispatch (docs/design.md, Runner API): the claim rule, run after the rules of the
+    results `reported` (`(step_id, fence)` each) in their batch. A result counts as accepted
+    when its step is committed under its fence in the runner's pool (`applied` or
+    `replayed`); none accepted grants nothing, and each one not accepted takes one lease off
+    `want`, since the runner counted its slot as freed. What is granted follows `claim`'s
+    rules (kinds, pool, the tenant's budget, one step per task).
+
+    The check reads the ledger rather than the results' answers, so it holds even if this
+    rule ran in a later batch than the results: only a durable commit grants.
+    """
+    tx.request = "claim"
+    if not 0 <= want <= MAX_CAPACITY:
+        raise InvalidRequest(f"want must be 0..{MAX_CAPACITY}")
+    accepted = sum(
+        1
+        for step_id, fence in reported
+        if tx.one(
+            "SELECT 1 FROM attempts a JOIN steps s ON s.id = a.step_id"
+            " JOIN tasks t ON t.id = s.task_id WHERE a.step_id = ? AND a.fence = ?"
+            " AND a.state = ? AND t.pool = ?",
+            (step_id, fence, AttemptState.COMMITTED.value, pool),
+        )
+        is not None
+    )
+    grant = want - (len(reported) - accepted)
+    if accepted == 0 or grant <= 0:
+        return []
+    return claim(tx, runner_id, pool, grant, token_id=token_id, kinds=kinds)
 
 
 def _grant(tx: Tx, step: sqlite3.Row, runner_id: str, token_id: str | None) -> Lease:

@@ -6,7 +6,7 @@ Protocol. Adapters type against `Ledger`, never against the SQLite class.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from supervisor.ledger.artifacts import ArtifactOwner
@@ -47,6 +47,16 @@ class Ledger(Protocol):
         pool: str,
         capacity: int,
         wait_s: float,
+        *,
+        token_id: str | None = None,
+        kinds: Collection[str] = ("chat",),
+    ) -> list[Lease]: ...
+    async def claim_after(
+        self,
+        reported: Sequence[tuple[str, int]],
+        runner_id: str,
+        pool: str,
+        want: int,
         *,
         token_id: str | None = None,
         kinds: Collection[str] = ("chat",),

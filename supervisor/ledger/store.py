@@ -229,6 +229,28 @@ class SqliteLedger:
                 return leases
             await self._work[pool].wait(armed, remaining)
 
+    async def claim_after(
+        self,
+        reported: Sequence[tuple[str, int]],
+        runner_id: str,
+        pool: str,
+        want: int,
+        *,
+        token_id: str | None = None,
+        kinds: Collection[str] = ("chat",),
+    ) -> list[Lease]:
+        """Eager dispatch: up to `want` leases granted after the results `reported` (step id,
+        fence), none unless one of them is committed (`fencing.claim_after_results`). Queue it
+        beside their reports so it runs in their batch. Never waits for work."""
+        with anyio.CancelScope(shield=True):  # as `claim`: a grant on its way is seen through
+            leases = await self.write(
+                lambda tx: fencing.claim_after_results(
+                    tx, reported, runner_id, pool, want, token_id=token_id, kinds=kinds
+                )
+            )
+        self.counters.leases_granted += len(leases)
+        return leases
+
     async def renew(self, step_id: str, fence: int, pool: str | None = None) -> Renewal:
         renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))
         self.counters.leases_renewed += 1
