@@ -170,7 +170,8 @@ async def test_a_kind_is_known_in_the_pools_whose_runners_announced_it_lately(
         await ledger.create_task(spec("deploy", key="elsewhere"))  # pool default
     assert (await ledger.create_task(spec("deploy", key="gpu", pool="gpu"))).created
     clock.advance(ledger.config.runner_seen_window_s + 1)
-    with pytest.raises(InvalidRequest, match=r"seen in the last 3600 s; known: agent, chat, git.push, http$"):
+    known = r"seen in the last 3600 s; known: agent, chat, git.push, http$"
+    with pytest.raises(InvalidRequest, match=known):
         await ledger.create_task(spec("deploy", key="stale", pool="gpu"))
     # The retry of a create that succeeded returns its task, whoever serves the kind now.
     assert not (await ledger.create_task(spec("deploy", key="gpu", pool="gpu"))).created
