@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sqlite3
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from supervisor.ledger.decisions import Decision, Note
 
@@ -82,8 +85,49 @@ class Tx:
         return self.db.execute(sql, params).rowcount
 
 
+_encode = msgspec.json.Encoder(order="sorted").encode
+
+
 def dumps(value: Any) -> str:
+    """`value` as the ledger stores JSON: sorted keys, compact, non-ASCII as is. The same text
+    as `json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)` but for
+    a float's exponent (`1e16`, not `1e+16`), read back alike by `loads`; about 5x cheaper.
+
+    Nothing compares stored JSON with a new encoding except a runner's `kinds_json` (a list of
+    strings), and hashes use `tether.wire.canonical_json`. What msgspec would encode otherwise
+    (a NaN or an infinity, as null) or not at all (a dict with non-string keys) goes through
+    `json.dumps`, as before.
+    """
+    try:
+        data = _encode(value)
+    except TypeError:
+        return _json_dumps(value)
+    if b"null" in data and _non_finite(value):
+        return _json_dumps(value)
+    return data.decode()
+
+
+def _json_dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+_SEQUENCES = (list, tuple)
+_WALKED = (float, dict, list, tuple)
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether `value` holds a NaN or an infinity. A plain loop and a tuple of types: `any`
+    over a generator, or `isinstance` with a union, costs as much as the encoding saves."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, _SEQUENCES):
+        return False
+    for item in value:  # noqa: SIM110 - see above
+        if isinstance(item, _WALKED) and _non_finite(item):
+            return True
+    return False
 
 
 def loads(text: str | None) -> Any:
