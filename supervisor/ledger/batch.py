@@ -83,11 +83,12 @@ def execute_batch(
     woken: set[str] = set()
     touched: set[str] = set()
     notes: list[Note] = []
+    savepoints = db.cursor()  # one cursor for the two statements every rule runs: cheaper
     try:
         db.execute("BEGIN IMMEDIATE")
         for rule, outcome in zip(rules, outcomes, strict=True):
             tx = make_tx()
-            db.execute("SAVEPOINT rule")
+            savepoints.execute("SAVEPOINT rule")
             try:
                 outcome.value = rule(tx)
             except Refused as exc:
@@ -106,7 +107,7 @@ def execute_batch(
                 woken |= tx.woken_pools
                 touched |= tx.touched_tasks
                 notes += tx.notes
-            db.execute("RELEASE rule")
+            savepoints.execute("RELEASE rule")
         db.execute("COMMIT" if commit else "ROLLBACK")
     except BaseException as exc:
         if db.in_transaction:

@@ -45,7 +45,7 @@ ALL_POOLS = "*"  # pools are names of runner tokens' scopes, which cannot be emp
 EFFECTS = ""
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass(kw_only=True, slots=True)
 class Tx:
     """One write transaction: the connection, the time it happens at, what it woke up, and the
     decisions it made (logged by the store once the transaction is durable)."""
