@@ -279,12 +279,19 @@ def agent_rows(results: dict[str, Any]) -> list[str]:
     cp = results.get("agent_checkpoint")
     if cp:
         name = (
-            f"a turn's checkpoint, 1 MB diff, {cp['files']:,}-file repository (median of"
-            f" {cp['rounds']}; max {cp['changed_max_ms']:.0f} ms; CPU"
-            f" {cp['changed_cpu_median_ms']:.0f} ms)"
+            f"a turn's checkpoint, 1 MB diff, {cp['files']:,}-file repository: what the turn"
+            f" waits for (median of {cp['rounds']}; max {cp['changed_max_ms']:.1f} ms)"
         )
         ms = cp["changed_median_ms"]
-        rows.append(_row(name, f"{ms:.0f} ms", "", "<= 50 ms", yes[ms <= 50]))
+        rows.append(_row(name, f"{ms:.1f} ms", "", "<= 50 ms", yes[ms <= 50]))
+        # The rest of the checkpoint's work runs beside the next model call; shown, so the
+        # figure above is never read as the checkpoint's whole cost.
+        rows.append(
+            _row(
+                "  the same checkpoint's work beside the next model call: stage / send",
+                f"{cp['stage_median_ms']:.0f} / {cp['background_median_ms']:.0f} ms",
+            )
+        )
     up = results.get("agent_upload")
     if up:
         name = (
