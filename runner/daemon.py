@@ -31,6 +31,7 @@ from runner.errors import (
     SupervisorUnreachable,
     TokenRejected,
 )
+from runner.keeper import RenewalBatcher
 from runner.kinds import KindRegistry
 from runner.lease import Lease
 from runner.model_client import ModelClient
@@ -85,6 +86,7 @@ class Runner:
             commands_without_sandbox=settings.commands_without_sandbox
         )
         self._clock = clock or LoopClock()
+        self._renewals = RenewalBatcher(supervisor, clock=self._clock)
         self._notifier = notifier or Notifier({})
         self._backoff_max_s = backoff_max_s
         self._claim_scope = anyio.CancelScope()
@@ -358,6 +360,7 @@ class Runner:
             default_model=self._settings.model,
             model_timeout_s=self._settings.model_timeout_s,
             results=self._results,
+            renewals=self._renewals,
         )
         key = (lease.step_id, lease.fence)
         self._in_flight[key] = step

@@ -9,10 +9,17 @@ With several supervisors (`runner.failover`) a renew waits at most one renew int
 answer, and one that gets none goes on to the next supervisor by the same fence: a supervisor
 that hangs without refusing costs one renew interval, not the whole request timeout, and the
 lease stays live through the others.
+
+With a `RenewalBatcher` (the daemon's), the renewals of all the runner's leases that fall due
+together go in one request (`POST /v1/leases/renewals`), and each keeper hears its own lease's
+answer exactly as from a single renew. Keepers line their renew times up on the batcher's
+(`RenewalBatcher.align`: a renew may go up to a quarter interval early), so a runner holding
+many leases sends about one request per renew interval.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +33,124 @@ from runner.errors import (
     TokenRejected,
 )
 from runner.lease import Lease
-from runner.supervisor_client import SupervisorClient
+from runner.supervisor_client import Renewal, SupervisorClient
+from tether.broadcast import Broadcast
 from tether.clocks import MonotonicClock
+from tether.messages import MAX_CAPACITY
+
+RenewAnswer = Renewal | Exception
+# How long the first renew of a tick waits for the others, at most and as a share of the renew
+# interval: keepers aligned on one tick wake microseconds apart (each timer is set from its own
+# reading of the clock).
+GATHER_S = 0.002
+GATHER_SHARE = 0.02
+
+
+@dataclasses.dataclass(eq=False)
+class _Due:
+    step_id: str
+    fence: int
+    timeout_s: float | None
+    gather_s: float
+    answer: RenewAnswer | None = None
+
+
+class RenewalBatcher:
+    """Renew the leases whose renewals are due at the same moment in one request.
+
+    The first keeper to ask waits `GATHER_S` for the keepers woken at the same tick to join
+    it, then sends; keepers asking while a request is out go in the next one. A supervisor
+    without the batch route (404, 405) gets single renews from then on.
+    """
+
+    def __init__(self, client: SupervisorClient, *, clock: MonotonicClock) -> None:
+        self._client = client
+        self._clock = clock
+        self._queue: list[_Due] = []
+        self._sending = False
+        self._sent = Broadcast()
+        self._ticks: set[float] = set()
+        self.batch_route = True
+        self.requests = 0
+
+    def align(self, due: float, slack: float) -> float:
+        """The renew time for a lease due at `due`: a time another lease already renews at,
+        in `[due - slack, due]`, else `due` itself, which others may then join."""
+        now = self._clock.now()
+        self._ticks = {t for t in self._ticks if t >= now}
+        near = [t for t in self._ticks if due - slack <= t <= due]
+        if near:
+            return max(near)
+        self._ticks.add(due)
+        return due
+
+    async def renew(
+        self, step_id: str, fence: int, *, timeout_s: float | None, every_s: float
+    ) -> Renewal:
+        """Renew one lease renewed every `every_s`; return or raise as
+        `SupervisorClient.renew` does."""
+        item = _Due(step_id, fence, timeout_s, min(GATHER_S, every_s * GATHER_SHARE))
+        self._queue.append(item)
+        try:
+            while item.answer is None:
+                if self._sending:
+                    await self._sent.armed().wait()
+                else:
+                    await self._send_next()
+        finally:
+            if item.answer is None and item in self._queue:  # cancelled before it was sent
+                self._queue.remove(item)
+        if isinstance(item.answer, Exception):
+            raise item.answer
+        return item.answer
+
+    async def _send_next(self) -> None:
+        self._sending = True
+        try:
+            # Keepers woken with this one join it.
+            await self._clock.sleep(min(d.gather_s for d in self._queue) if self._queue else 0)
+            batch = self._queue[:MAX_CAPACITY]
+            del self._queue[:MAX_CAPACITY]
+            try:
+                answers = await self._answers(batch)
+            except (SupervisorUnreachable, TokenRejected) as exc:
+                answers = [type(exc)(exc.detail) for _ in batch]
+            except Exception as exc:  # the request's fate is unknown: each keeper retries
+                why = f"renewing failed: {type(exc).__name__}: {exc}"
+                answers = [SupervisorUnreachable(why) for _ in batch]
+            for item, answer in zip(batch, answers, strict=True):
+                item.answer = answer
+        finally:
+            self._sending = False
+            self._sent.fire()
+
+    async def _answers(self, batch: list[_Due]) -> list[RenewAnswer]:
+        self.requests += 1
+        given = [d.timeout_s for d in batch if d.timeout_s is not None]
+        timeout_s = min(given) if given else None
+        if self.batch_route:
+            try:
+                return await self._client.renew_many(
+                    [(d.step_id, d.fence) for d in batch], timeout_s=timeout_s
+                )
+            except SupervisorRefused as refused:
+                if refused.status not in (404, 405):
+                    raise
+                self.batch_route = False
+        singles: list[RenewAnswer] = [SupervisorUnreachable("no answer") for _ in batch]
+
+        async def one(n: int, due: _Due) -> None:
+            try:
+                singles[n] = await self._client.renew(
+                    due.step_id, due.fence, timeout_s=due.timeout_s
+                )
+            except (LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected) as exc:
+                singles[n] = exc
+
+        async with anyio.create_task_group() as tg:
+            for n, due in enumerate(batch):
+                tg.start_soon(one, n, due)
+        return singles
 
 
 class LeaseKeeper:
@@ -43,9 +166,11 @@ class LeaseKeeper:
         on_lost: Callable[[LeaseLost], None],
         on_token_rejected: Callable[[str], None] = lambda _detail: None,
         on_budget_exhausted: Callable[[], None] = lambda: None,
+        renewals: RenewalBatcher | None = None,
     ) -> None:
         self._lease = lease
         self._client = client
+        self._renewals = renewals
         self._clock = clock
         self._log = log
         self._on_lost = on_lost
@@ -116,6 +241,8 @@ class LeaseKeeper:
         """
         next_at = self._lease.claim_answered_at + self.renew_every_s / 2
         while True:
+            if self._renewals is not None:
+                next_at = self._renewals.align(next_at, self.renew_every_s / 4)
             await self._clock.sleep(next_at - self._clock.now())
             sent_at = await self._renew_once()
             if sent_at is None:
@@ -130,9 +257,15 @@ class LeaseKeeper:
             # One supervisor: nowhere else to ask, so the whole request timeout is the better bet.
             timeout_s = self.renew_every_s if self._client.can_fail_over else None
             try:
-                renewal = await self._client.renew(
-                    self._lease.step_id, self._lease.fence, timeout_s=timeout_s
-                )
+                if self._renewals is not None:
+                    renewal = await self._renewals.renew(
+                        self._lease.step_id, self._lease.fence, timeout_s=timeout_s,
+                        every_s=self.renew_every_s,
+                    )  # fmt: skip
+                else:
+                    renewal = await self._client.renew(
+                        self._lease.step_id, self._lease.fence, timeout_s=timeout_s
+                    )
             except SupervisorUnreachable as exc:
                 if not unreachable:
                     self._log.warning("renew got no answer; retrying", error=exc.detail)

@@ -42,7 +42,7 @@ from runner.errors import (
     TokenRejected,
     TransientFailure,
 )
-from runner.keeper import LeaseKeeper
+from runner.keeper import LeaseKeeper, RenewalBatcher
 from runner.kinds import KindRegistry, StepContext, StepOutput
 from runner.lease import Lease
 from runner.model_client import Completion, ModelClient
@@ -94,6 +94,7 @@ class StepRun:
         default_model: str,
         model_timeout_s: float,
         results: ResultSender | None = None,
+        renewals: RenewalBatcher | None = None,
     ) -> None:
         self.lease = lease
         self._supervisor = supervisor
@@ -122,6 +123,7 @@ class StepRun:
             on_lost=self._on_lost,
             on_token_rejected=host.token_rejected,
             on_budget_exhausted=self._on_budget_exhausted,
+            renewals=renewals,
         )
         self.outcome: str | None = None
 

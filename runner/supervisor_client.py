@@ -43,9 +43,13 @@ from tether.messages import (
     ClaimRequest,
     ErrorBody,
     ItemAnswer,
+    LeaseRef,
     Record,
     ReleaseRequest,
     Renewal,
+    RenewalItem,
+    Renewals,
+    RenewalsAnswer,
     RenewRequest,
     Result,
     ResultAnswer,
@@ -154,6 +158,19 @@ def _item_answer(step_id: str, answer: ItemAnswer, request: str) -> Outcome | Ex
         )
     code, detail = answer.error or "unknown", (answer.detail or "")[:500]
     return _step_error(answer.status, code, detail, request)
+
+
+def _renewal_of(item: RenewalItem, request: str) -> Renewal | Exception:
+    """One lease's entry of a renewals answer, as `renew` would have returned or raised it."""
+    said = f"{request} (step {item.step_id})"
+    if item.status is not None:
+        return _step_error(item.status, item.error or "unknown", (item.detail or "")[:500], said)
+    if item.ttl_s is None or item.renew_every_s is None or item.cancelled is None:
+        return SupervisorRefused(200, "bad_answer", "renewal has no ttl_s", request=said)
+    return Renewal(
+        ttl_s=item.ttl_s, renew_every_s=item.renew_every_s, cancelled=item.cancelled,
+        budget_exhausted=bool(item.budget_exhausted),
+    )  # fmt: skip
 
 
 def _not_a_supervisor(base_url: str, response: httpx.Response) -> NotASupervisor:
@@ -447,6 +464,27 @@ class SupervisorClient:
         if response.status_code != 200:
             raise self._lease_error(response)
         return _answer(response, Renewal, "renew")
+
+    async def renew_many(
+        self, leases: Sequence[tuple[str, int]], *, timeout_s: float | None = None
+    ) -> list[Renewal | Exception]:
+        """Renew many leases (`(step_id, fence)` each) in one request: one entry per lease, in
+        order, the renewal or the exception `renew` would have raised for it. A refusal of the
+        whole request (a supervisor without the route answers 404) raises
+        `SupervisorRefused`; the caller then renews one by one."""
+        if timeout_s is not None:
+            timeout_s = min(timeout_s, self._timeout_s)
+        ask = Renewals(leases=tuple(LeaseRef(step_id=s, fence=f) for s, f in leases))
+        response = await self._post("/leases/renewals", encode(ask), timeout_s=timeout_s)
+        if response.status_code != 200:
+            raise self._refused(response)
+        request = _request_of(response)
+        items = _answer(response, RenewalsAnswer, "renewals").leases
+        if [item.step_id for item in items] != [step_id for step_id, _ in leases]:
+            raise SupervisorRefused(
+                200, "bad_answer", "renewals answer out of order", request=request
+            )
+        return [_renewal_of(item, request) for item in items]
 
     async def release(
         self,

@@ -147,6 +147,8 @@ class FakeSupervisor:
         self.batches: list[httpx.Request] = []  # requests to the batch results route
         self.batch_route_missing = False  # answer it 404, like a supervisor without it
         self.batch_gate: anyio.Event | None = None
+        self.renewal_batches: list[list[str]] = []  # the step ids of each renewals request
+        self.renewals_route_missing = False  # answer it 404, like a supervisor without it
         self.budget_exhausted = False  # renew replies say the tenant's budget is spent
         self.checkpoints: dict[str, list[dict[str, Any]]] = defaultdict(list)  # accepted
         self.artifacts: dict[str, bytes] = {}
@@ -186,6 +188,8 @@ class FakeSupervisor:
     async def _handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/steps/results":
             return await self._results(request)
+        if request.url.path == "/v1/leases/renewals":
+            return await self._renewals(request)
         parts = request.url.path.strip("/").split("/")
         if parts[1] == "artifacts":
             return await self._artifact(request, parts[2])
@@ -257,6 +261,33 @@ class FakeSupervisor:
                 err = answer.json()
                 answers.append({"step_id": step_id, "status": answer.status_code, **err})
         return json_response(200, {"results": answers})
+
+    async def _renewals(self, request: httpx.Request) -> httpx.Response:
+        """The batch renew route as the single route once per lease: each is recorded as a
+        `renew` call and answered by the same rules and scripts. A scripted exception for any
+        of them is the whole request's (no answer)."""
+        if self.renewals_route_missing:
+            return error(404, "not_found", "no such route")
+        held = json.loads(request.content)["leases"]
+        self.renewal_batches.append([x["step_id"] for x in held])
+        answers = []
+        for x in held:
+            single = httpx.Request(
+                "POST", f"http://supervisor.test/v1/leases/{x['step_id']}/renew",
+                headers=request.headers, json={"fence": x["fence"]},
+                extensions=request.extensions,  # its timeout, for a scripted hang
+            )  # fmt: skip
+            answer = await self._handle(single)
+            await answer.aread()
+            if answer.status_code not in (200, 404, 409) or "json" not in answer.headers.get(
+                "content-type", ""
+            ):
+                return answer  # the whole request's: a 401, a 5xx, a proxy's page
+            extra = answer.json()
+            if answer.status_code != 200:
+                extra["status"] = answer.status_code
+            answers.append({"step_id": x["step_id"], **extra})
+        return json_response(200, {"leases": answers})
 
     async def _answer(
         self, kind: str, request: httpx.Request, body: Any, step_id: str | None

@@ -213,6 +213,7 @@ async def test_the_runners_lines_about_a_404_name_the_call(tmp_path: Path) -> No
     """A renew answered 404 (here a proxy's page: the route is not there) drops the step;
     its line says which request met the 404, where."""
     rig = make_rig(tmp_path)
+    rig.supervisor.renewals_route_missing = True  # the single route, where the proxy answers
     rig.supervisor.script("renew", html(404))
     rig.model.script(hang)
     rig.supervisor.offer(make_lease("s1", renew_every_s=0.02))
