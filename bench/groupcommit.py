@@ -16,21 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from bench import seed
 from supervisor.ledger import Report, SqliteLedger
-from supervisor.ledger.store import _Pending
 
 
 class OneRulePerBatch(SqliteLedger):
     """The ledger without group commit: every rule is its own transaction and fsync."""
 
-    @staticmethod
-    async def _gather(
-        first: _Pending, receive: MemoryObjectReceiveStream[_Pending]
-    ) -> list[_Pending]:
-        return [first]
+    max_batch = 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

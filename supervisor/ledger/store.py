@@ -39,10 +39,7 @@ from supervisor.ledger.outbox import Answer, Outgoing
 from supervisor.ledger.schema import connect, open_ledger_file
 from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Tx
 from supervisor.ledger.verification import Evidence
-from supervisor.ledger.writer import (
-    Writer,
-    _Pending,  # noqa: F401 - bench/groupcommit.py imports it
-)
+from supervisor.ledger.writer import Writer
 from tether.broadcast import Broadcast
 from tether.clocks import WallClock
 from tether.messages import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
