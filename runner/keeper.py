@@ -33,8 +33,8 @@ from runner.errors import (
     TokenRejected,
 )
 from runner.lease import Lease
+from runner.shared_request import SharedRequests
 from runner.supervisor_client import Renewal, SupervisorClient
-from tether.broadcast import Broadcast
 from tether.clocks import MonotonicClock
 from tether.messages import MAX_CAPACITY
 
@@ -55,7 +55,7 @@ class _Due:
     answer: RenewAnswer | None = None
 
 
-class RenewalBatcher:
+class RenewalBatcher(SharedRequests[_Due, Renewal]):
     """Renew the leases whose renewals are due at the same moment in one request.
 
     The first keeper to ask waits `GATHER_S` for the keepers woken at the same tick to join
@@ -64,11 +64,9 @@ class RenewalBatcher:
     """
 
     def __init__(self, client: SupervisorClient, *, clock: MonotonicClock) -> None:
+        super().__init__()
         self._client = client
         self._clock = clock
-        self._queue: list[_Due] = []
-        self._sending = False
-        self._sent = Broadcast()
         self._ticks: set[float] = set()
         self.batch_route = True
         self.requests = 0
@@ -89,20 +87,9 @@ class RenewalBatcher:
     ) -> Renewal:
         """Renew one lease renewed every `every_s`; return or raise as
         `SupervisorClient.renew` does."""
-        item = _Due(step_id, fence, timeout_s, min(GATHER_S, every_s * GATHER_SHARE))
-        self._queue.append(item)
-        try:
-            while item.answer is None:
-                if self._sending:
-                    await self._sent.armed().wait()
-                else:
-                    await self._send_next()
-        finally:
-            if item.answer is None and item in self._queue:  # cancelled before it was sent
-                self._queue.remove(item)
-        if isinstance(item.answer, Exception):
-            raise item.answer
-        return item.answer
+        return await self._answer(
+            _Due(step_id, fence, timeout_s, min(GATHER_S, every_s * GATHER_SHARE))
+        )
 
     async def _send_next(self) -> None:
         self._sending = True

@@ -19,8 +19,8 @@ import anyio
 
 from runner.errors import LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected
 from runner.lease import Lease
+from runner.shared_request import SharedRequests
 from runner.supervisor_client import ResultReport, SupervisorClient, encode_result
-from tether.broadcast import Broadcast
 from tether.messages import WantLeases
 from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome
 
@@ -37,17 +37,15 @@ class _Pending:
     answer: Answer | None = None
 
 
-class ResultSender:
+class ResultSender(SharedRequests[_Pending, Outcome]):
     """Send each step's result, sharing a request with the results ready beside it."""
 
     def __init__(
         self, client: SupervisorClient, *, per_request: int = RESULTS_PER_REQUEST_MAX
     ) -> None:
+        super().__init__()
         self._client = client
         self._per_request = per_request
-        self._queue: list[_Pending] = []
-        self._sending = False
-        self._sent = Broadcast()
         self.batch_route = True  # False once the supervisor said it has no such route
         self.requests = 0
         self.results = 0
@@ -66,20 +64,7 @@ class ResultSender:
         except (ValueError, TypeError) as exc:
             detail = f"the result cannot be sent as JSON ({type(exc).__name__}: {exc})"
             raise SupervisorRefused(422, "invalid_field", detail) from None
-        item = _Pending(step_id, report, encoded)
-        self._queue.append(item)
-        try:
-            while item.answer is None:
-                if self._sending:
-                    await self._sent.armed().wait()
-                else:
-                    await self._send_next()
-        finally:
-            if item.answer is None and item in self._queue:  # cancelled before it was sent
-                self._queue.remove(item)
-        if isinstance(item.answer, Exception):
-            raise item.answer
-        return item.answer
+        return await self._answer(_Pending(step_id, report, encoded))
 
     async def _send_next(self) -> None:
         """Send the queued results in one request and hand each step its own outcome.
