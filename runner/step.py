@@ -12,9 +12,10 @@ When shutdown cancels: a step of a kind that checkpoints its turns (`agent`, or 
 has had a checkpoint accepted) is cancelled at once, because its last completed turn is
 recorded at the supervisor and the next attempt resumes from it: going on would only spend
 tokens on a turn that is lost anyway. Every other kind (`chat`, a deployment's own) keeps
-`shutdown_grace_s` to finish, since cancelling it loses all its work. A checkpoint already on
-its way is finished first (`runner.services`, shielded, at most `CHECKPOINT_FINISH_S`), so the
-release that follows never cuts one in half.
+`shutdown_grace_s` to finish, since cancelling it loses all its work. Checkpoints already on
+their way are finished first, each within `CHECKPOINT_TIMEOUT_S` of its turn's end
+(`runner.agent.checkpoints`; its record request itself at most `CHECKPOINT_FINISH_S`,
+`runner.services`), so the release that follows never cuts one in half.
 """
 
 from __future__ import annotations
