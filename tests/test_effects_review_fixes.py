@@ -40,6 +40,17 @@ def events(path: Path, kind: str) -> list[dict[str, Any]]:
         db.close()
 
 
+async def uncertain_deploy(ledger: SqliteLedger) -> tuple[str, str]:
+    """A task whose keyed `deploy` was sent, went unanswered, and was given up at its deadline:
+    its task id and effect id."""
+    task_id = await approved(ledger, spec_with(("deploy", "http", http())))
+    [out] = await ledger.take_effects("d1", 8)
+    n = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
+    await ledger.record_attempt(out.effect_id, n, "d1", Unanswered(detail="503", sent=True))
+    await ledger.give_up(out.effect_id, "d1", "300 s passed")
+    return task_id, out.effect_id
+
+
 # -- 1. an ending task never calls an effect that may have been sent `withdrawn` --------------
 
 
@@ -121,12 +132,8 @@ async def test_an_effect_an_operator_said_did_not_happen_is_withdrawn_by_a_cance
 async def test_a_keyed_effect_unanswered_after_a_send_at_its_deadline_is_uncertain(
     ledger: SqliteLedger, ledger_path: Path
 ) -> None:
-    task_id = await approved(ledger, spec_with(("deploy", "http", http())))
-    [out] = await ledger.take_effects("d1", 8)
-    n = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
-    await ledger.record_attempt(out.effect_id, n, "d1", Unanswered(detail="503", sent=True))
-    await ledger.give_up(out.effect_id, "d1", "300 s passed")
-    assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.UNCERTAIN
+    task_id, effect_id = await uncertain_deploy(ledger)
+    assert outbox(ledger_path, effect_id)["state"] == OutboxState.UNCERTAIN
     assert (await ledger.task(task_id))["waiting_for"]["reason"] == "uncertain"
     await ledger.resolve_effect("acme", task_id, "deploy", True, "alice")
     assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
@@ -339,17 +346,13 @@ async def test_a_placeholder_in_the_url_s_path_and_query_is_filled(
 async def test_a_second_no_is_refused_and_a_keyed_no_on_a_live_task_fails_it(
     ledger: SqliteLedger, ledger_path: Path
 ) -> None:
-    task_id = await approved(ledger, spec_with(("deploy", "http", http())))
-    [out] = await ledger.take_effects("d1", 8)
-    n = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
-    await ledger.record_attempt(out.effect_id, n, "d1", Unanswered(detail="503", sent=True))
-    await ledger.give_up(out.effect_id, "d1", "300 s passed")
+    task_id, effect_id = await uncertain_deploy(ledger)
     await ledger.resolve_effect("acme", task_id, "deploy", False, "bob")
     view = await ledger.task(task_id)
     assert (view["state"], view["reason"]) == (
         "FAILED", "delivery_deadline: an operator (bob) said it did not happen",
     )  # fmt: skip
-    assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.FAILED
+    assert outbox(ledger_path, effect_id)["state"] == OutboxState.FAILED
     with pytest.raises(EffectNotGated):
         await ledger.resolve_effect("acme", task_id, "deploy", False, "bob")
     assert await ledger.violations() == []
