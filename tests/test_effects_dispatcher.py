@@ -323,6 +323,16 @@ async def due_deploy(ledger: SqliteLedger) -> str:
     return task_id
 
 
+def ledger_dispatcher(
+    ledger: SqliteLedger, script: Scripted, clock: FakeClock, **extra: Any
+) -> Dispatcher:
+    """A dispatcher on the real ledger with the scripted deliverer, polling every 50 ms."""
+    return Dispatcher(
+        ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05,
+        **extra,
+    )  # fmt: skip
+
+
 def real_dispatcher(ledger: Any, receiver: Any, clock: FakeClock, **extra: Any) -> Dispatcher:
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=receiver))
     kinds = EffectKinds([HttpDeliverer(client, clock=clock)])
@@ -474,9 +484,7 @@ async def test_a_cancel_during_the_send_ends_cancelled_with_the_effect_delivered
     gate = anyio.Event()
     script = Scripted([OK], hang=gate)
     task_id = await due_deploy(ledger)
-    d = Dispatcher(
-        ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05
-    )
+    d = ledger_dispatcher(ledger, script, clock)
     async with running(d):
         await until(lambda: script.calls != [])
         await ledger.cancel("acme", task_id, "stop")
@@ -491,10 +499,7 @@ async def test_a_keyed_effect_never_connected_past_its_deadline_fails_the_task(
 ) -> None:
     script = Scripted([DOWN])
     task_id = await due_deploy(ledger)
-    d = Dispatcher(
-        ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05,
-        retry_base_s=0.01,
-    )  # fmt: skip
+    d = ledger_dispatcher(ledger, script, clock, retry_base_s=0.01)
     async with running(d):
         await until(lambda: len(script.calls) >= 2)
         clock.advance(301)  # past the step's deadline_s (300 by default)
@@ -510,10 +515,7 @@ async def test_a_keyed_effect_that_may_have_reached_its_receiver_by_the_deadline
     # A 503 (or a read timeout) may come after the receiver applied it: not `failed`.
     script = Scripted([BUSY])
     task_id = await due_deploy(ledger)
-    d = Dispatcher(
-        ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05,
-        retry_base_s=0.01,
-    )  # fmt: skip
+    d = ledger_dispatcher(ledger, script, clock, retry_base_s=0.01)
     async with running(d):
         await until(lambda: len(script.calls) >= 2)
         clock.advance(301)
