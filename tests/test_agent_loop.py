@@ -28,6 +28,7 @@ from tether.clocks import LoopClock
 from tether.messages import LeaseRepository
 from tether.payloads import BUILT_IN_KINDS
 
+from .api_tasks import submitted
 from .conftest import ApiHarness, assert_error, ledger_snapshot
 from .test_chat_tools import run_steps
 
@@ -390,14 +391,7 @@ async def test_a_runner_commits_an_agent_step_whose_output_tells_what_it_did(
     step's output (what `task show` prints) holds the transcript."""
     model_app = create_app(scenario=read_scenario(FIX_SCENARIO))
     payload = {"messages": ASK, "allowed_commands": [CHECK]}
-    created = await api.client.post("/v1/tasks", headers=api.operator, json=plan(payload))
-    assert created.status_code == 201, created.text
-    task = created.json()
-    approved = await api.client.post(
-        f"/v1/tasks/{task['id']}/approve", headers=api.operator,
-        json={"plan_hash": task["plan_hash"]},
-    )  # fmt: skip
-    assert approved.status_code == 200, approved.text
+    task = await submitted(api, plan(payload))
     kinds = KindRegistry([("agent", kind(tmp_path))])
     view = await run_steps(api, tmp_path, model_app, str(task["id"]), kinds=kinds)
 

@@ -32,6 +32,7 @@ from tether.clocks import LoopClock
 from tether.messages import LeaseRepository
 from tether.wire import ReleaseReason
 
+from .api_tasks import submitted
 from .conftest import FakeClock, open_api
 from .test_runner_fakes import settings
 
@@ -169,14 +170,7 @@ async def test_through_a_supervisor_the_task_waits_with_the_reason_in_its_attemp
     plan = {"idempotency_key": "k", "plan": {"steps": [
         {"name": "fix", "kind": "agent", "payload": payload}]}}  # fmt: skip
     async with open_api(tmp_path / "api.db", FakeClock(), max_attempts=1) as api:
-        created = await api.client.post("/v1/tasks", headers=api.operator, json=plan)
-        assert created.status_code == 201, created.text
-        task = created.json()
-        approved = await api.client.post(
-            f"/v1/tasks/{task['id']}/approve", headers=api.operator,
-            json={"plan_hash": task["plan_hash"]},
-        )  # fmt: skip
-        assert approved.status_code == 200, approved.text
+        task = await submitted(api, plan)
         token = tmp_path / "runner-token"
         token.write_text(api.secrets["runner"] + "\n")
         cfg = settings(token_file=token, claim_wait_s=0.05, pause_initial_s=0.05)

@@ -15,6 +15,7 @@ import pytest
 from supervisor import service
 from supervisor.ledger.outbox import Unanswered
 
+from .api_tasks import submitted
 from .conftest import ApiHarness, FakeClock, assert_error, ledger_snapshot, open_api
 
 
@@ -47,19 +48,6 @@ def effect_task(key: str = "k1", **http: Any) -> dict[str, Any]:
         "idempotency_key": key,
         "plan": {"steps": [{"name": "deploy", "kind": "http", "payload": payload}]},
     }
-
-
-async def submitted(api: ApiHarness, body: dict[str, Any]) -> dict[str, Any]:
-    created = await api.client.post("/v1/tasks", headers=api.operator, json=body)
-    assert created.status_code == 201, created.text
-    task = created.json()
-    approved = await api.client.post(
-        f"/v1/tasks/{task['id']}/approve", headers=api.operator,
-        json={"plan_hash": task["plan_hash"]},
-    )  # fmt: skip
-    assert approved.status_code == 200, approved.text
-    view: dict[str, Any] = approved.json()
-    return view
 
 
 def gate(task_id: str) -> str:

@@ -19,6 +19,7 @@ from runner.model_client import ModelClient
 from runner.supervisor_client import SupervisorClient
 from tether.clocks import LoopClock
 
+from .api_tasks import submitted
 from .conftest import ApiHarness, assert_error, ledger_snapshot
 from .test_runner_fakes import settings
 
@@ -127,16 +128,7 @@ async def run_steps(
 
 
 async def approved_task(api: ApiHarness, payload: dict[str, Any]) -> str:
-    created = await api.client.post("/v1/tasks", headers=api.operator, json=step(payload))
-    assert created.status_code == 201, created.text
-    task = created.json()
-    approved = await api.client.post(
-        f"/v1/tasks/{task['id']}/approve",
-        headers=api.operator,
-        json={"plan_hash": task["plan_hash"]},
-    )
-    assert approved.status_code == 200, approved.text
-    return str(task["id"])
+    return str((await submitted(api, step(payload)))["id"])
 
 
 async def test_a_step_answered_with_tool_calls_commits_an_output_holding_them(

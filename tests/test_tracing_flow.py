@@ -30,6 +30,7 @@ from tether import tracing
 from tether.clocks import LoopClock
 from tether.tracing import parse_traceparent, trace_id_of
 
+from .api_tasks import submitted
 from .conftest import ApiHarness
 from .effects_fakes import FakeOutbox, Scripted, outgoing
 from .test_runner_fakes import settings
@@ -112,13 +113,7 @@ async def test_an_agent_task_is_one_trace_joined_across_runner_and_supervisor(
     payload = {"messages": [{"role": "user", "content": SECRET_TEXT}], "allowed_commands": []}
     plan = {"idempotency_key": "k", "plan": {"steps": [
         {"name": "fix", "kind": "agent", "payload": payload}]}}  # fmt: skip
-    created = await api.client.post("/v1/tasks", headers=api.operator, json=plan)
-    task = created.json()
-    approved = await api.client.post(
-        f"/v1/tasks/{task['id']}/approve", headers=api.operator,
-        json={"plan_hash": task["plan_hash"]},
-    )  # fmt: skip
-    assert approved.status_code == 200, approved.text
+    task = await submitted(api, plan)
     model_app = create_app(scenario=read_scenario(SCENARIO))
     view = await run_task(api, tmp_path, model_app, task["id"])
     assert view["state"] == "SUCCEEDED", view

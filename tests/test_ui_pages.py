@@ -18,6 +18,7 @@ from supervisor import admin, service
 from supervisor.ledger.outbox import Delivered, Unanswered
 
 from .agent_repos import make_origin
+from .api_tasks import submitted
 from .conftest import ApiHarness, FakeClock, chat_payload, ledger_snapshot, open_api
 from .ui_pages import IdleDispatcher, csrf_of, sign_in, strict, strict_fragment
 
@@ -460,16 +461,7 @@ def effect_plan(key: str, keyed: bool = False) -> dict[str, Any]:
 
 async def approved_effect(web: ApiHarness, key: str, keyed: bool = False) -> dict[str, Any]:
     """A task of one http effect, approved through the API: its effect is due (or gated)."""
-    created = await web.client.post("/v1/tasks", headers=web.operator, json=effect_plan(key, keyed))
-    assert created.status_code == 201, created.text
-    task = created.json()
-    approved = await web.client.post(
-        f"/v1/tasks/{task['id']}/approve", headers=web.operator,
-        json={"plan_hash": task["plan_hash"]},
-    )  # fmt: skip
-    assert approved.status_code == 200, approved.text
-    view: dict[str, Any] = approved.json()
-    return view
+    return await submitted(web, effect_plan(key, keyed))
 
 
 async def effect_now(web: ApiHarness, task_id: str) -> dict[str, Any]:
