@@ -88,10 +88,14 @@ async def run_steps(
     model_app: Any,
     task_id: str,
     kinds: KindRegistry | None = None,
+    *,
+    model_key: str = "unused",
+    within_s: float = 10,
 ) -> Any:
-    """Serve one runner against `api` and `model_app` until the task ends; its view."""
+    """Serve one runner against `api` and `model_app` until the task ends (within `within_s`);
+    its view."""
     (tmp_path / "runner-token").write_text(api.secrets["runner"] + "\n")
-    (tmp_path / "model-key").write_text("unused\n")
+    (tmp_path / "model-key").write_text(model_key + "\n")
     cfg = settings(
         model_key_file=tmp_path / "model-key",
         token_file=tmp_path / "runner-token",
@@ -116,7 +120,7 @@ async def run_steps(
     view: Any = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(runner.run)
-        with anyio.fail_after(10):
+        with anyio.fail_after(within_s):
             while True:
                 response = await api.client.get(f"/v1/tasks/{task_id}", headers=api.operator)
                 view = response.json()

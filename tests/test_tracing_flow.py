@@ -12,28 +12,22 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 from examples.standin_model import create_app, read_scenario
 from runner.agent import AgentKind, NoSandbox
-from runner.credentials import SecretSource
-from runner.daemon import Runner
 from runner.kinds import KindRegistry
-from runner.model_client import ModelClient
-from runner.supervisor_client import SupervisorClient
 from supervisor.effects.credentials import Credentials
 from supervisor.effects.dispatcher import Dispatcher
 from supervisor.effects.registry import EffectKinds
 from supervisor.ledger.outbox import Delivered, Unanswered
 from tether import tracing
-from tether.clocks import LoopClock
 from tether.tracing import parse_traceparent, trace_id_of
 
 from .api_tasks import submitted
 from .conftest import ApiHarness
 from .effects_fakes import FakeOutbox, Scripted, outgoing
-from .test_runner_fakes import settings
+from .test_chat_tools import run_steps
 
 sdk_export = pytest.importorskip("opentelemetry.sdk.trace.export")
 in_memory = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
@@ -68,35 +62,11 @@ def parent_of(span: Any) -> int | None:
 
 async def run_task(api: ApiHarness, tmp_path: Path, model_app: Any, task_id: str) -> Any:
     """Serve one runner (agent steps, no sandbox needed) until the task ends; its view."""
-    (tmp_path / "model-key").write_text(MODEL_KEY + "\n")
-    (tmp_path / "runner-token").write_text(api.secrets["runner"] + "\n")
-    cfg = settings(token_file=tmp_path / "runner-token", claim_wait_s=0.05)
-    clock = LoopClock()
     agent = AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox(why="not needed"))
-    runner = Runner(
-        settings=cfg,
-        supervisor=SupervisorClient(
-            base_url=cfg.supervisor_url, token=api.secrets["runner"], clock=clock,
-            transport=httpx.ASGITransport(app=api.app),
-        ),
-        model=ModelClient(
-            base_url=cfg.model_url, clock=clock, transport=httpx.ASGITransport(app=model_app)
-        ),
-        model_key=SecretSource(
-            path=tmp_path / "model-key", credential="model-key", setting="model_key_file"
-        ),
-        kinds=KindRegistry([("agent", agent)]), clock=clock, backoff_max_s=0.05,
-    )  # fmt: skip
-    view: Any = None
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(runner.run)
-        with anyio.fail_after(20):
-            while view is None or view["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                await anyio.sleep(0.02)
-                response = await api.client.get(f"/v1/tasks/{task_id}", headers=api.operator)
-                view = response.json()
-        runner.request_shutdown()
-    return view
+    kinds = KindRegistry([("agent", agent)])
+    return await run_steps(
+        api, tmp_path, model_app, task_id, kinds, model_key=MODEL_KEY, within_s=20
+    )
 
 
 SCENARIO = {"turns": [
