@@ -51,6 +51,7 @@ from examples.processes import (
     free_port,
     ledger_check,
     program,
+    run_guarded,
     say,
     wait_until_up,
     write_secret,
@@ -147,6 +148,42 @@ def sandbox_environment(folder: Path) -> dict[str, str]:
     return {WITHOUT_SANDBOX: "true"}
 
 
+def add_repository(db: Path, repo: Repository) -> None:
+    """Register the demo's bare repository as `REPOSITORY` of `TENANT` (`tether-supervisor repo
+    add`)."""
+    added = admin("repo", "add", REPOSITORY, "--url", str(repo.bare), "--tenant", TENANT,
+                  "--db", str(db))  # fmt: skip
+    if added.returncode != 0:
+        raise DemoError(f"repo add failed: {added.stderr.strip()}")
+    say(f"repo add     {REPOSITORY} --url {repo.bare} --tenant {TENANT}")
+
+
+def start_runner(
+    children: Children,
+    folder: Path,
+    runner_id: str,
+    supervisor_url: str,
+    token_file: Path,
+    model_port: int,
+    runner_env: dict[str, str],
+) -> None:
+    """Start a runner of one slot on the stand-in model, its cache in the demo's folder."""
+    # The check `python -m pytest -q` runs this installation's interpreter, which has pytest.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    argv = [program("tether-runner"), "run", "--runner-id", runner_id]
+    argv += ["--supervisor", supervisor_url, "--token-file", str(token_file)]
+    argv += ["--concurrency", "1", "--model", "stand-in"]
+    argv += ["--model-url", f"http://127.0.0.1:{model_port}/v1"]
+    env = child_environment(
+        TETHER_CLAIM_WAIT_S=str(CLAIM_WAIT_S),
+        TETHER_LOG_FORMAT="json",
+        CACHE_DIRECTORY=str(folder / f"cache-{runner_id}"),
+        PATH=path,
+        **runner_env,
+    )
+    children.start(runner_id, argv, env)
+
+
 class Demo:
     """The running demo: its processes, folder, ledger and the two HTTP clients."""
 
@@ -164,11 +201,7 @@ class Demo:
         runner_token = write_secret(
             self.folder / "runner-token", create_token(self.db, POOL, "runner")
         )
-        added = admin("repo", "add", REPOSITORY, "--url", str(repo.bare), "--tenant", TENANT,
-                      "--db", str(self.db))  # fmt: skip
-        if added.returncode != 0:
-            raise DemoError(f"repo add failed: {added.stderr.strip()}")
-        say(f"repo add     {REPOSITORY} --url {repo.bare} --tenant {TENANT}")
+        add_repository(self.db, repo)
 
         sup_port, model_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{sup_port}"
@@ -198,21 +231,16 @@ class Demo:
         self.model = httpx.Client(
             base_url=f"http://127.0.0.1:{model_port}", trust_env=False, timeout=10.0
         )
-        # The check `python -m pytest -q` runs this installation's interpreter, which has pytest.
-        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         for runner_id in RUNNER_IDS:
-            argv = [program("tether-runner"), "run", "--runner-id", runner_id]
-            argv += ["--supervisor", self.url, "--token-file", str(runner_token)]
-            argv += ["--concurrency", "1", "--model", "stand-in"]
-            argv += ["--model-url", f"http://127.0.0.1:{model_port}/v1"]
-            env = child_environment(
-                TETHER_CLAIM_WAIT_S=str(CLAIM_WAIT_S),
-                TETHER_LOG_FORMAT="json",
-                CACHE_DIRECTORY=str(self.folder / f"cache-{runner_id}"),
-                PATH=path,
-                **runner_env,
+            start_runner(
+                self.children,
+                self.folder,
+                runner_id,
+                self.url,
+                runner_token,
+                model_port,
+                runner_env,
             )
-            self.children.start(runner_id, argv, env)
             say(f"runner       {runner_id}  (cache {self.folder.name}/cache-{runner_id})")
 
     def close(self) -> None:
@@ -450,8 +478,8 @@ def run(*, keep: bool) -> int:
     folder = Path(tempfile.mkdtemp(prefix="tether-demo-agent-"))
     children = Children(folder)
     demo = Demo(folder, children, deadline)
-    failure: str | None = None
-    try:
+
+    def body() -> None:
         say("== tether agent demo: a repository task, a runner SIGKILLed mid-loop, verified ==")
         runner_env = sandbox_environment(folder)
         repo = make_repository(folder / "git")
@@ -473,26 +501,16 @@ def run(*, keep: bool) -> int:
             "demo-agent ok: killed after its checkpoint, resumed without asking again for done"
             f" turns, candidate verified, stale base refused ({deadline.spent():.1f} s)"
         )
-    except DemoError as exc:
-        failure = " ".join(str(exc).split())  # one line
-        return 1
-    except KeyboardInterrupt:
-        failure = "interrupted"
-        return 130
-    except Exception as exc:  # a surprise is a failed demo too: one line, logs kept
-        failure = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-        return 1
-    else:
-        return 0
-    finally:
-        demo.close()
-        children.stop_all()
-        if failure is not None:
-            print(f"demo-agent: error: {failure} (logs kept in {folder})", file=sys.stderr)
-        elif keep:
-            say(f"logs, ledger and repositories kept in {folder}")
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
+
+    return run_guarded(
+        "demo-agent",
+        body,
+        folder=folder,
+        children=children,
+        close=demo.close,
+        keep=keep,
+        kept="logs, ledger and repositories",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

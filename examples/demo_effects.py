@@ -18,7 +18,6 @@ receiver's own count of deploys (1) and the branch (at the candidate) are printe
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -35,7 +34,9 @@ from examples.demo_agent import (
     POOL,
     REPOSITORY,
     TENANT,
+    add_repository,
     sandbox_environment,
+    start_runner,
 )
 from examples.demo_agent import PLAN as AGENT_PLAN
 from examples.demo_agent import scenario as agent_scenario
@@ -45,8 +46,6 @@ from examples.processes import (
     Child,
     Children,
     Deadline,
-    DemoError,
-    admin,
     call,
     child_environment,
     create_token,
@@ -54,6 +53,7 @@ from examples.processes import (
     free_port,
     ledger_check,
     program,
+    run_guarded,
     say,
     wait_until_up,
     write_secret,
@@ -64,7 +64,6 @@ from tether.wire import content_hash
 DEADLINE_S = 150.0  # the run itself (35-60 s here); stopping adds at most STOP_BUDGET_S
 LEASE_TTL_S = 4
 ACCEPT_WINDOW_S = 2
-CLAIM_WAIT_S = 2
 # The dispatcher's hold on an effect: a killed supervisor's effect is taken again once it lapses.
 # Half of it bounds one attempt, so it must stay well above ANSWER_HOLD_S.
 EFFECT_HOLD_S = 6.0
@@ -122,11 +121,7 @@ class EffectsDemo:
         runner_token = write_secret(
             self.folder / "runner-token", create_token(self.db, POOL, "runner")
         )
-        added = admin("repo", "add", REPOSITORY, "--url", str(repo.bare), "--tenant", TENANT,
-                      "--db", str(self.db))  # fmt: skip
-        if added.returncode != 0:
-            raise DemoError(f"repo add failed: {added.stderr.strip()}")
-        say(f"repo add     {REPOSITORY} --url {repo.bare} --tenant {TENANT}")
+        add_repository(self.db, repo)
         say(f"             its post-receive hook holds each push's answer {ANSWER_HOLD_S:g} s")
 
         receiver_port, model_port = free_port(), free_port()
@@ -159,20 +154,9 @@ class EffectsDemo:
         )
         with httpx.Client(base_url=f"http://127.0.0.1:{model_port}", trust_env=False) as m:
             call(m, "POST", "/_admin/scenario", json=agent_scenario("", 0.0))
-        # The check `python -m pytest -q` runs this installation's interpreter, which has pytest.
-        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        argv = [program("tether-runner"), "run", "--runner-id", RUNNER_ID]
-        argv += ["--supervisor", self.url, "--token-file", str(runner_token)]
-        argv += ["--concurrency", "1", "--model", "stand-in"]
-        argv += ["--model-url", f"http://127.0.0.1:{model_port}/v1"]
-        env = child_environment(
-            TETHER_CLAIM_WAIT_S=str(CLAIM_WAIT_S),
-            TETHER_LOG_FORMAT="json",
-            CACHE_DIRECTORY=str(self.folder / f"cache-{RUNNER_ID}"),
-            PATH=path,
-            **runner_env,
+        start_runner(
+            self.children, self.folder, RUNNER_ID, self.url, runner_token, model_port, runner_env
         )
-        self.children.start(RUNNER_ID, argv, env)
         say(f"runner       {RUNNER_ID}")
 
     def start_supervisor(self) -> None:
@@ -383,8 +367,8 @@ def run(*, keep: bool) -> int:
     folder = Path(tempfile.mkdtemp(prefix="tether-demo-effects-"))
     children = Children(folder)
     demo = EffectsDemo(folder, children, deadline)
-    failure: str | None = None
-    try:
+
+    def body() -> None:
         say("== tether effects demo: a push and a deploy, the supervisor SIGKILLed mid-delivery ==")
         runner_env = sandbox_environment(folder)
         repo = make_repository(folder / "git")
@@ -412,26 +396,16 @@ def run(*, keep: bool) -> int:
             "demo-effects ok: the supervisor was killed twice mid-delivery; the push and the"
             f" deploy each happened once ({deadline.spent():.1f} s)"
         )
-    except DemoError as exc:
-        failure = " ".join(str(exc).split())  # one line
-        return 1
-    except KeyboardInterrupt:
-        failure = "interrupted"
-        return 130
-    except Exception as exc:  # a surprise is a failed demo too: one line, logs kept
-        failure = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-        return 1
-    else:
-        return 0
-    finally:
-        demo.close()
-        children.stop_all()
-        if failure is not None:
-            print(f"demo-effects: error: {failure} (logs kept in {folder})", file=sys.stderr)
-        elif keep:
-            say(f"logs, ledger, receiver state and repositories kept in {folder}")
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
+
+    return run_guarded(
+        "demo-effects",
+        body,
+        folder=folder,
+        children=children,
+        close=demo.close,
+        keep=keep,
+        kept="logs, ledger, receiver state and repositories",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """The demos' process handling: tether's programs started as real processes on 127.0.0.1 with
 their output in log files, always stopped, and a deadline for every wait.
 
-Shared by `make demo` (examples/demo.py) and `make demo-agent` (examples/demo_agent.py).
+Shared by `make demo` (examples/demo.py), `make demo-agent` (examples/demo_agent.py) and `make
+demo-effects` (examples/demo_effects.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -217,3 +219,44 @@ def expect(holds: bool, problem: str) -> None:
     """A claim the demo is about to print: DemoError with `problem` unless it holds."""
     if not holds:
         raise DemoError(problem)
+
+
+def run_guarded(
+    name: str,
+    body: Callable[[], None],
+    *,
+    folder: Path,
+    children: Children,
+    close: Callable[[], None],
+    keep: bool,
+    kept: str,
+) -> int:
+    """Run a demo's `body`; return 0 when it returned, else print one line saying what was off
+    (and where the logs are kept) and return 1 (130 when interrupted).
+
+    `close`, then every child, is stopped before the return; `folder` is removed unless the
+    demo failed or `keep` is set (then it is printed, `kept` saying what it holds).
+    """
+    failure: str | None = None
+    try:
+        body()
+    except DemoError as exc:
+        failure = " ".join(str(exc).split())  # one line
+        return 1
+    except KeyboardInterrupt:
+        failure = "interrupted"
+        return 130
+    except Exception as exc:  # a surprise is a failed demo too: one line, logs kept
+        failure = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        return 1
+    else:
+        return 0
+    finally:
+        close()
+        children.stop_all()
+        if failure is not None:
+            print(f"{name}: error: {failure} (logs kept in {folder})", file=sys.stderr)
+        elif keep:
+            say(f"{kept} kept in {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
