@@ -3,15 +3,18 @@ failing when a ledger check is planted, and the pieces of the explorer that deci
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from supervisor.chaos import hazards
 from supervisor.chaos.harness import Workspace, scratch_root
-from supervisor.chaos.observer import Consumer
+from supervisor.chaos.observer import Consumer, Observer
 from supervisor.chaos.repos import FORGERIES
 from supervisor.chaos.scenarios import SCENARIOS, played
 from supervisor.chaos.schedule import FaultPlan, run_schedule
 from supervisor.chaos.seeds import parse_seed, schedule_seed
+from tether.messages import Report
 
 
 def rejections(world: object) -> list[tuple[str, int | None]]:
@@ -122,7 +125,8 @@ def test_a_planted_bug_turns_its_history_into_a_violation(
 
 def test_every_hazard_is_reachable_from_random_schedules() -> None:
     """The fault plan arms each adversarial history somewhere in the first few hundred
-    schedules, and each one plays there."""
+    schedules, and each one plays there (crash-mid-batch, the rarest, first at 623 since the
+    runners' eager grants and batched renewals joined the schedules)."""
     played_names = {
         "cancel": "cancel-vs-commit",
         "r": "fenced-renew",
@@ -136,7 +140,7 @@ def test_every_hazard_is_reachable_from_random_schedules() -> None:
     }
     seen: set[str] = set()
     with scratch_root() as root, Workspace(root) as workspace:
-        for index in range(400):
+        for index in range(700):
             result = run_schedule(schedule_seed(2024, index), workspace)
             assert result.violations == []
             for line in result.trace:
@@ -256,3 +260,48 @@ def test_a_stale_checkpoint_is_refused_and_the_next_attempt_resumes_from_the_las
         # every turn's tokens counted once: a's two accepted turns, b's one turn and result
         [used] = world.h.query("SELECT tokens_used FROM tenants WHERE name = 'acme'")
         assert used[0] >= 20 + 20
+
+
+def test_random_schedules_drive_eager_grants_and_batched_renewals() -> None:
+    """Issue 17: the runners' reports ask for the next leases and their renewals go together;
+    random schedules reach a grant that hands leases out, one that grants nothing, a results
+    request carrying two reports and a renewals request carrying two leases, all checked."""
+    seen: set[str] = set()
+    wanted = {"grant", "no grant", "two results", "two renewals"}
+    with scratch_root() as root, Workspace(root) as workspace:
+        for index in range(200):
+            result = run_schedule(schedule_seed(2024, index), workspace)
+            assert result.violations == []
+            for line in result.trace:
+                if " eager grant " in line and " (in results m" in line:
+                    seen.add("no grant" if line.endswith("-> nothing") else "grant")
+            text = "\n".join(result.trace)
+            for kind, name in (("results", "two results"), ("renewals", "two renewals")):
+                ids = re.findall(rf"\(in {kind} m(\d+)\)(?! \(duplicate\))", text)
+                if any(ids.count(i) >= 2 + (kind == "results") for i in set(ids)):
+                    seen.add(name)
+            if seen == wanted:
+                break
+    assert seen == wanted
+
+
+def test_the_observer_flags_an_eager_grant_no_result_allows() -> None:
+    from supervisor.chaos.schedule import CONFIG
+    from tether.messages import Lease
+
+    observer = Observer(CONFIG)
+    lease = Lease(
+        step_id="T1.1", task_id="T1", name="s1", kind="chat", attempt=1, fence=2, payload={},
+        payload_hash="h",
+        ttl_s=30.0, renew_every_s=10.0,
+    )  # fmt: skip
+    observer.eager_granted("r0", [("T1.0", 1)], 1, [lease])
+    assert any("none of which is committed" in v for v in observer.violations)
+    observer.violations.clear()
+    observer.applied["T1.0"] = Report(step_id="T1.0", fence=1, payload_hash="h", output={})
+    observer.eager_granted("r0", [("T1.0", 1), ("T1.2", 3)], 2, [lease, lease])
+    assert any("allows 1" in v for v in observer.violations), observer.violations
+    assert any("one step twice" in v for v in observer.violations), observer.violations
+    observer.violations.clear()
+    observer.eager_granted("r0", [("T1.0", 1)], 1, [lease])
+    assert observer.violations == []

@@ -1,9 +1,12 @@
 """The simulated parties: an operator, runners and the messages they put on the network.
 
 A message is one request as it travels to the supervisor; the network may lose, duplicate or
-reorder it, and lose its answer. Clients only learn what answers reach them: a runner that
-never hears its claim answer holds nothing, one that never hears its report answer reports
-again. A crashed runner forgets everything; answers meant for the process that died are lost.
+reorder it, and lose its answer. A request that carries many rules (results with `want`,
+batched renewals: docs/design.md, Runner API) is one message whose `parts` reach the
+supervisor's writer together, in one group-commit batch. Clients only learn what answers
+reach them: a runner that never hears its claim answer holds nothing, one that never hears its
+report answer reports again. A crashed runner forgets everything; answers meant for the
+process that died are lost.
 """
 
 from __future__ import annotations
@@ -53,9 +56,12 @@ class Kind(enum.StrEnum):
     HEAD = "head"
     BUDGET = "budget"
     CLAIM = "claim"
+    GRANT = "grant"  # the eager grant after a request's results (a part of RESULTS)
     RENEW = "renew"
+    RENEWALS = "renewals"  # many leases renewed in one request (parts: RENEW)
     RELEASE = "release"
     REPORT = "report"
+    RESULTS = "results"  # results asking for the next leases (parts: REPORT..., GRANT)
     CHECKPOINT = "checkpoint"
     GATE = "gate"  # the operator opens an unkeyed effect's gate for the digest shown
     RESOLVE = "resolve"  # the operator says whether an uncertain effect happened
@@ -90,6 +96,31 @@ class Message:
     step_name: str = ""  # an effect step's name, for the operator's gate and resolve
     digest: str = ""
     happened: bool = False
+    # RESULTS: the reports and how many leases they ask for next; RENEWALS and GRANT: the
+    # (step id, fence) of the leases renewed, or of the results reported
+    reports: tuple[Report, ...] = ()
+    want: int = 0
+    leases: tuple[tuple[str, int], ...] = ()
+
+    def parts(self) -> list[Message]:
+        """The rules this request puts in the writer's queue, in the store's order: each
+        result's report then the eager grant (`want` >= 1); each lease's renew."""
+        if self.kind is Kind.RESULTS:
+            reports = [
+                dataclasses.replace(self, kind=Kind.REPORT, report=r, reports=(), want=0)
+                for r in self.reports
+            ]
+            if self.want < 1:
+                return reports
+            reported = tuple((r.step_id, r.fence) for r in self.reports)
+            grant = dataclasses.replace(self, kind=Kind.GRANT, reports=(), leases=reported)
+            return [*reports, grant]
+        if self.kind is Kind.RENEWALS:
+            return [
+                dataclasses.replace(self, kind=Kind.RENEW, step_id=s, fence=f, leases=())
+                for s, f in self.leases
+            ]
+        return [self]
 
     def rule(self) -> Callable[[Tx], Any]:
         k = Kind
@@ -111,6 +142,11 @@ class Message:
             return lambda tx: operator.set_budget(tx, self.tenant, self.tokens)
         if self.kind is k.CLAIM:
             return lambda tx: fencing.claim(tx, self.sender, POOL, self.capacity, kinds=KINDS)
+        if self.kind is k.GRANT:
+            reported, want = list(self.leases), self.want
+            return lambda tx: fencing.claim_after_results(
+                tx, reported, self.sender, POOL, want, kinds=KINDS
+            )
         if self.kind is k.RENEW:
             return lambda tx: fencing.renew(tx, self.step_id, self.fence, POOL)
         if self.kind is k.RELEASE:
@@ -145,6 +181,13 @@ class Message:
             return (self.sender, f"key {self.spec.idempotency_key}")
         return (self.sender, self.step_id or self.task_id or self.repository)
 
+    @property
+    def subjects(self) -> tuple[tuple[str, str], ...]:
+        """`subject` of each part: a request of many leases holds each of them."""
+        if self.kind in (Kind.RESULTS, Kind.RENEWALS):
+            return tuple(p.subject for p in self.parts() if p.kind is not Kind.GRANT)
+        return (self.subject,)
+
     def label(self) -> str:
         k, who = Kind, f"m{self.id} {self.sender}"
         if self.kind is k.CREATE:
@@ -166,6 +209,11 @@ class Message:
             return f"{who} budget {self.tenant} = {self.tokens} tokens"
         if self.kind is k.CLAIM:
             return f"{who} claim x{self.capacity}"
+        if self.kind is k.GRANT:
+            reported = ", ".join(f"{s} f{f}" for s, f in self.leases)
+            return f"{who} eager grant x{self.want} after [{reported}]"
+        if self.kind in (k.RESULTS, k.RENEWALS):
+            return f"{who} {self.kind} [" + "; ".join(p.label() for p in self.parts()) + "]"
         if self.kind is k.RENEW:
             return f"{who} renew {self.step_id} fence {self.fence}"
         if self.kind is k.RELEASE:
@@ -200,7 +248,7 @@ def describe(kind: Kind, value: Any) -> str:
     """An answer, for the trace."""
     if isinstance(value, Created):
         return f"{value.task_id} {'new' if value.created else 'existing'}"
-    if kind is Kind.CLAIM:
+    if kind in (Kind.CLAIM, Kind.GRANT):
         leases: list[Lease] = value
         return (
             ", ".join(
@@ -382,7 +430,7 @@ class RunnerActor:
     def answer(self, msg: Message, value: Any, error: BaseException | None) -> None:
         if msg.incarnation != self.incarnation:
             return  # the process that asked is gone
-        if msg.kind is Kind.CLAIM:
+        if msg.kind in (Kind.CLAIM, Kind.GRANT):
             if error is None:
                 for lease in value:
                     self.held[lease.step_id] = Held(lease=lease)

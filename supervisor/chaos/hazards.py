@@ -110,20 +110,25 @@ def renew_after_fenced_out(world: World, *, sleeper: RunnerActor | None = None) 
 
 def pause(world: World, sleeper: RunnerActor, seconds: float) -> None:
     """`sleeper` stops (a GC pause, SIGSTOP) for `seconds` while every other runner keeps
-    renewing; the supervisor's reaper runs on its own clock meanwhile."""
+    renewing, all its leases in one request (their renewals fall due on the same tick); the
+    supervisor's reaper runs on its own clock meanwhile."""
     world.log(f"runner {sleeper.id} pauses for {seconds:g}s")
     half = seconds / 2
     for _ in range(2):
         world.advance(half)
-        renews = [
-            world.send(r.id, r.incarnation, Kind.RENEW, step_id=s, fence=h.lease.fence)
-            for r in world.runners
-            if r is not sleeper
-            for s, h in sorted(r.held.items())
-        ]
+        renews = [renew_all(world, r) for r in world.runners if r is not sleeper and r.held]
         if renews:
             world.deliver(renews)
     world.reap()
+
+
+def renew_all(world: World, runner: RunnerActor) -> Message:
+    """One request renewing every lease `runner` holds: a single renew for one lease."""
+    leases = tuple((s, h.lease.fence) for s, h in sorted(runner.held.items()))
+    if len(leases) == 1:
+        [(step_id, fence)] = leases
+        return world.send(runner.id, runner.incarnation, Kind.RENEW, step_id=step_id, fence=fence)
+    return world.send(runner.id, runner.incarnation, Kind.RENEWALS, leases=leases)
 
 
 def consumer_replay_after_success(world: World, *, task_id: str | None = None) -> bool:

@@ -242,6 +242,30 @@ class Observer:
             accept_deadline=now + self.config.accept_window_s,
         )
 
+    def eager_granted(
+        self, runner: str, reported: Sequence[tuple[str, int]], want: int, leases: list[Lease]
+    ) -> None:
+        """An eager grant (docs/design.md, Runner API) follows its request's results: none
+        unless one of them is committed under its fence, and at most `want` less one for each
+        that is not. Run before `granted` sees its leases (which checks each like a claim's)."""
+        accepted = sum(
+            1 for step, fence in reported if step in self.applied
+            and self.applied[step].fence == fence
+        )  # fmt: skip
+        if leases and accepted == 0:
+            self.violation(
+                f"eager-grant: {runner} granted {len(leases)} leases after results none of which"
+                " is committed"
+            )
+        allowed = want - (len(reported) - accepted)
+        if len(leases) > max(allowed, 0):
+            self.violation(
+                f"eager-grant: {runner} granted {len(leases)} leases; want {want} with"
+                f" {len(reported) - accepted} results not accepted allows {max(allowed, 0)}"
+            )
+        if len({lease.step_id for lease in leases}) != len(leases):
+            self.violation(f"eager-grant: {runner} granted one step twice in one answer")
+
     def _check_resume(self, lease: Lease) -> None:
         """A replayed attempt resumes from its step's last accepted checkpoint, one written
         under a fence that was current then; a first attempt, or a step never checkpointed,

@@ -32,6 +32,10 @@ HAZARD_EAGERNESS = {
     "cancel-vs-delivery": 0.15,
 }  # fmt: skip
 
+# chance that a runner's report asks for the next leases (eager dispatch), and that its renew
+# carries its other leases too (batched renewals)
+EAGER = 0.4
+TOGETHER = 0.5
 # event -> weight when on; faults are switched on per schedule by the plan
 NORMAL = {
     "operator": 5.0, "create": 0.5, "cancel": 0.5, "head": 0.7, "budget": 0.3, "runner": 10.0,
@@ -211,7 +215,9 @@ def step(world: World, plan: FaultPlan, event: str) -> None:  # noqa: PLR0915
         runner = rng.choice(world.runners)
         idle = [s for s in sorted(runner.held) if not world.busy(runner.id, s)]
         if idle and (rng.random() < 0.75 or world.busy(runner.id, "claim")):
-            world.act(runner, rng.choice(idle))
+            # a report may ask for the next leases, a renew carry the runner's other leases
+            want = rng.randint(1, 2) if rng.random() < EAGER else 0
+            world.act(runner, rng.choice(idle), want=want, together=rng.random() < TOGETHER)
         elif not world.busy(runner.id, "claim"):
             world.claim(runner, rng.randint(1, 2))
     elif event == "deliver":
@@ -291,8 +297,10 @@ def quiesce(world: World, ttls: float) -> None:
         world.flush()
         for _ in range(2):  # acknowledge new leases, then finish and report
             for runner in world.runners:
+                want = 1 if world.rng.random() < EAGER else 0
                 for step_id in sorted(runner.held):
-                    world.act(runner, step_id, finish=True)
+                    if not world.busy(runner.id, step_id):  # not in a results request
+                        world.act(runner, step_id, finish=True, want=want)
             world.flush()
         dispatch.drain(world)  # deliver what is due and open
         for row in world.effects_in("gated"):

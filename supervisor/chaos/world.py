@@ -68,6 +68,7 @@ class Habits:
 
 QUICK_STEPS = 0.3
 CHANGED_WORKTREE = 0.7  # a turn's checkpoint carries a bundle of the worktree's changes
+FINISHED_TOGETHER = 0.5  # another working lease's step finishes as a results request is sent
 DUPLICATE_CHECKPOINT = 0.1  # a runner sends a checkpoint twice (a retry after a timeout)
 
 
@@ -185,7 +186,7 @@ class World:
             id=self._messages, sender=sender, incarnation=incarnation, kind=kind, **fields
         )
         self.queue.append(msg)
-        self.in_flight.add(msg.subject)
+        self.in_flight.update(msg.subjects)
         return msg
 
     def _gathered(self, msg: Message) -> Message:
@@ -214,21 +215,25 @@ class World:
     def _gone(self, msg: Message) -> None:
         """`msg` left the network; its client stops waiting (an answer or a timeout)."""
         self.queue.remove(msg)
-        if not any(m.subject == msg.subject for m in self.queue):
-            self.in_flight.discard(msg.subject)
+        for subject in msg.subjects:
+            if not any(subject in m.subjects for m in self.queue):
+                self.in_flight.discard(subject)
 
     def deliver(
         self, msgs: Sequence[Message], *, lose_answers: bool = False, keep: bool = False
     ) -> None:
-        """Deliver `msgs` to the supervisor as one group-commit batch, in this order."""
+        """Deliver `msgs` to the supervisor as one group-commit batch, in this order (each
+        request's parts together, as its rules are queued)."""
         if not keep:
             for msg in msgs:
                 self._gone(msg)
-        msgs = [self._gathered(m) for m in msgs]
+        within = [f" (in {m.kind} m{m.id})" if len(m.parts()) > 1 else "" for m in msgs]
+        within = [w for m, w in zip(msgs, within, strict=True) for _ in m.parts()]
+        msgs = [self._gathered(p) for m in msgs for p in m.parts()]
         before, changes_before = len(self.violations), self.h.db.total_changes
         outcomes = self.h.run([_observed(m.rule()) for m in msgs])
         batch = f"batch of {len(msgs)}: " if len(msgs) > 1 else ""
-        for msg, outcome in zip(msgs, outcomes, strict=True):
+        for msg, outcome, part in zip(msgs, outcomes, within, strict=True):
             value: Any = None
             if outcome.error is None:
                 value, states = outcome.value
@@ -245,7 +250,7 @@ class World:
             lost = " (answer lost)" if lose_answers else ""
             dup = " (duplicate)" if keep else ""
             moved = f"; {', '.join(changes)}" if changes else ""
-            self.log(f"deliver {batch}{msg.label()}{dup} -> {answer}{lost}{moved}")
+            self.log(f"deliver {batch}{msg.label()}{part}{dup} -> {answer}{lost}{moved}")
             if not lose_answers:
                 self._answer(msg, value, outcome.error)
         self._flag_new(before)
@@ -284,7 +289,9 @@ class World:
             obs.head_moved(msg.tenant, msg.repository, msg.sha)
         elif msg.kind is k.BUDGET:
             obs.budgets[msg.tenant] = msg.tokens
-        elif msg.kind is k.CLAIM:
+        elif msg.kind in (k.CLAIM, k.GRANT):
+            if msg.kind is k.GRANT:
+                obs.eager_granted(msg.sender, msg.leases, msg.want, value)
             for lease in value:
                 self.grants.append((msg.sender, lease))
                 obs.granted(lease, msg.sender, self.h.now)
@@ -324,7 +331,8 @@ class World:
         """The supervisor dies inside the batch carrying `msgs`, before its commit."""
         for msg in msgs:
             self._gone(msg)
-        msgs = [self._gathered(m) for m in msgs]  # the adapters ran before the batch
+        # the adapters ran before the batch
+        msgs = [self._gathered(p) for m in msgs for p in m.parts()]
         for d in self.dispatchers:
             d.crash()
         refreshed = self.h.crash_before_commit([m.rule() for m in msgs])
@@ -518,8 +526,19 @@ class World:
     def claim(self, runner: RunnerActor, capacity: int = 1) -> Message:
         return self.send(runner.id, runner.incarnation, Kind.CLAIM, capacity=capacity)
 
-    def act(self, runner: RunnerActor, step_id: str, *, finish: bool | None = None) -> Message:
-        """The runner's next move on one held lease: acknowledge, renew, finish, or report."""
+    def act(
+        self,
+        runner: RunnerActor,
+        step_id: str,
+        *,
+        finish: bool | None = None,
+        want: int = 0,
+        together: bool = False,
+    ) -> Message:
+        """The runner's next move on one held lease: acknowledge, renew, finish, or report.
+        With `want`, a report carries every other result the runner has ready and asks for
+        `want` leases next; with `together`, a renew carries every other lease it is not
+        reporting (docs/design.md, Runner API)."""
         held = runner.held[step_id]
         lease = held.lease
         if held.phase is HeldPhase.NEW and finish is None and self.rng.random() < QUICK_STEPS:
@@ -535,10 +554,46 @@ class World:
                 return self.checkpoint(runner, held)
         if held.phase is HeldPhase.REPORTING:
             assert held.report is not None
+            if want >= 1:
+                return self.report_with_want(runner, held.report, want)
             return self.send(runner.id, runner.incarnation, Kind.REPORT, report=held.report)
+        if together:
+            return self.renew_together(runner, step_id)
         return self.send(
             runner.id, runner.incarnation, Kind.RENEW, step_id=step_id, fence=lease.fence
         )
+
+    def _idle(self, runner: RunnerActor, step_id: str, reporting: bool) -> list[Held]:
+        """The runner's other leases it is not waiting on, reporting ones or the others."""
+        return [
+            h for s, h in sorted(runner.held.items())
+            if s != step_id and not self.busy(runner.id, s)
+            and (h.phase is HeldPhase.REPORTING) == reporting
+        ]  # fmt: skip
+
+    def report_with_want(self, runner: RunnerActor, report: Report, want: int) -> Message:
+        """One results request: `report` and every other ready result (sometimes a step that
+        finished at the same moment too), then the eager grant of up to `want` leases in the
+        same batch."""
+        for held in self._idle(runner, report.step_id, False):
+            if held.phase is HeldPhase.WORKING and self.rng.random() < FINISHED_TOGETHER:
+                lease = held.lease
+                held.phase = HeldPhase.REPORTING
+                held.report = self._result(lease.step_id, lease.fence, lease.payload, held)
+        ready = [h.report for h in self._idle(runner, report.step_id, True) if h.report]
+        return self.send(
+            runner.id, runner.incarnation, Kind.RESULTS, reports=(report, *ready), want=want
+        )
+
+    def renew_together(self, runner: RunnerActor, step_id: str) -> Message:
+        """One renewals request: `step_id`'s lease and every other one not reporting."""
+        held = [runner.held[step_id], *self._idle(runner, step_id, False)]
+        leases = tuple((h.lease.step_id, h.lease.fence) for h in held)
+        if len(leases) == 1:
+            return self.send(
+                runner.id, runner.incarnation, Kind.RENEW, step_id=step_id, fence=leases[0][1]
+            )
+        return self.send(runner.id, runner.incarnation, Kind.RENEWALS, leases=leases)
 
     def checkpoint(self, runner: RunnerActor, held: Held) -> Message:
         """Another turn completed: checkpoint it under the lease's fence (sometimes twice)."""
