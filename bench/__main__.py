@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from bench import (
     steps,
 )
 from bench.procs import children
+from bench.report import say
 from bench.stack import Stack
 from tether.logs import configure_logging
 
@@ -86,10 +86,6 @@ SMOKE = Plan(disk_s=0.2, gc_tasks=100, idle_window_s=1, steps_s=0.5, bare_s=0.5,
              renew_s=0.5, peers_s=None, claim_depths=(100,), agent_hold_s=0.5, lease_files=200,
              lease_runs=2, checkpoint_files=100, checkpoint_rounds=2, upload_rounds=1, cpu_s=0.5,
              cpu_runs=1, profile_s=1)  # fmt: skip
-
-
-def say(text: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def tasks_for(rate: float, seconds: float) -> int:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import anyio
 
 from bench import agent_checkpoint, agent_lease, agent_rss, agent_upload, machine, report, seed
 from bench.procs import children
+from bench.report import say
 from bench.stack import Stack
 from tether.logs import configure_logging
 
@@ -58,10 +57,6 @@ def measure(
     r["agent_upload"] = dataclasses.asdict(upload)
     r["agent_upload_10mb_s"] = upload.median_s
     say(f"10 MB artifact upload: {upload.median_s:.2f} s, {upload.mb_per_s:.0f} MB/s")
-
-
-def say(text: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def _main() -> None:

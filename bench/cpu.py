@@ -19,7 +19,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import psutil
 
 from bench import machine, profile_groups, profiled, report, seed, spy, steps
 from bench.procs import children
+from bench.report import say
 from bench.stack import Stack
 from tether.logs import configure_logging
 
@@ -159,10 +159,6 @@ def record(r: dict[str, Any], runs: list[CpuPerStep]) -> None:
     r["supervisor_cpu_per_step_ms"] = statistics.median(ms)
     r["supervisor_cpu"] = {**middle.asdict(), "runs": [run.asdict() for run in runs],
                            "target_ms": TARGET_MS}  # fmt: skip
-
-
-def say(text: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def describe(run: CpuPerStep) -> str:

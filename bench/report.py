@@ -9,6 +9,8 @@ Benchmarks report; they never fail on a figure.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +310,8 @@ def notes() -> str:
 
 def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def say(text: str) -> None:
+    """A progress line on stderr, stamped with the time; the table goes to stdout."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
