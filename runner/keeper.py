@@ -63,8 +63,10 @@ class RenewalBatcher(SharedRequests[_Due, Renewal]):
     without the batch route (404, 405) gets single renews from then on.
     """
 
+    item_name = "renewal"
+
     def __init__(self, client: SupervisorClient, *, clock: MonotonicClock) -> None:
-        super().__init__()
+        super().__init__(MAX_CAPACITY)
         self._client = client
         self._clock = clock
         self._ticks: set[float] = set()
@@ -91,25 +93,9 @@ class RenewalBatcher(SharedRequests[_Due, Renewal]):
             _Due(step_id, fence, timeout_s, min(GATHER_S, every_s * GATHER_SHARE))
         )
 
-    async def _send_next(self) -> None:
-        self._sending = True
-        try:
-            # Keepers woken with this one join it.
-            await self._clock.sleep(min(d.gather_s for d in self._queue) if self._queue else 0)
-            batch = self._queue[:MAX_CAPACITY]
-            del self._queue[:MAX_CAPACITY]
-            try:
-                answers = await self._answers(batch)
-            except (SupervisorUnreachable, TokenRejected) as exc:
-                answers = [type(exc)(exc.detail) for _ in batch]
-            except Exception as exc:  # the request's fate is unknown: each keeper retries
-                why = f"renewing failed: {type(exc).__name__}: {exc}"
-                answers = [SupervisorUnreachable(why) for _ in batch]
-            for item, answer in zip(batch, answers, strict=True):
-                item.answer = answer
-        finally:
-            self._sending = False
-            self._sent.fire()
+    async def _gather(self) -> None:
+        # Keepers woken with this one join it.
+        await self._clock.sleep(min(d.gather_s for d in self._queue) if self._queue else 0)
 
     async def _answers(self, batch: list[_Due]) -> list[RenewAnswer]:
         self.requests += 1

@@ -40,12 +40,13 @@ class _Pending:
 class ResultSender(SharedRequests[_Pending, Outcome]):
     """Send each step's result, sharing a request with the results ready beside it."""
 
+    item_name = "result"
+
     def __init__(
         self, client: SupervisorClient, *, per_request: int = RESULTS_PER_REQUEST_MAX
     ) -> None:
-        super().__init__()
+        super().__init__(per_request)
         self._client = client
-        self._per_request = per_request
         self.batch_route = True  # False once the supervisor said it has no such route
         self.requests = 0
         self.results = 0
@@ -65,37 +66,6 @@ class ResultSender(SharedRequests[_Pending, Outcome]):
             detail = f"the result cannot be sent as JSON ({type(exc).__name__}: {exc})"
             raise SupervisorRefused(422, "invalid_field", detail) from None
         return await self._answer(_Pending(step_id, report, encoded))
-
-    async def _send_next(self) -> None:
-        """Send the queued results in one request and hand each step its own outcome.
-
-        A request with no reply, one that failed in a way nobody foresaw, or one cancelled with
-        the step that sent it fails every result in it with `SupervisorUnreachable`; each step
-        retries on its own, and gets `replayed` if the first one committed.
-        """
-        batch = self._queue[: self._per_request]
-        del self._queue[: self._per_request]
-        self._sending = True
-        try:
-            answers = await self._answers(batch)
-            for pending, answer in zip(batch, answers, strict=True):
-                pending.answer = answer
-        except (SupervisorUnreachable, TokenRejected) as exc:
-            for pending in batch:  # one exception object per step that raises it
-                pending.answer = type(exc)(exc.detail)
-        except Exception as exc:  # the request's fate is unknown: each step retries
-            for pending in batch:
-                pending.answer = SupervisorUnreachable(
-                    f"sending results failed: {type(exc).__name__}: {exc}"
-                )
-        finally:
-            for pending in batch:
-                if pending.answer is None:
-                    pending.answer = SupervisorUnreachable(
-                        "the request carrying this result was cancelled before its answer"
-                    )
-            self._sending = False
-            self._sent.fire()
 
     async def _answers(self, batch: list[_Pending]) -> list[Answer]:
         """Return one outcome per result, on the batch route or else one request each.

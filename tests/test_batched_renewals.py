@@ -5,11 +5,16 @@ drops only its own step."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import anyio
 
+from runner.errors import SupervisorUnreachable
+from runner.keeper import RenewalBatcher
+from runner.supervisor_client import SupervisorClient
 from tests.test_runner_fakes import hang, make_lease, make_rig
 from tests.test_runner_steps import step_outcomes, until
+from tether.clocks import LoopClock
 
 from .conftest import ApiHarness, assert_error, count
 
@@ -93,3 +98,50 @@ async def test_a_supervisor_without_the_route_gets_single_renews(tmp_path: Path)
         rig.runner.request_shutdown()
     assert sup.renewal_batches == []
     assert step_outcomes(rig) == ["released: shutdown", "released: shutdown"]
+
+
+class _HangingClient:
+    """A supervisor client whose batch renew never answers."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[str, int]]] = []
+        self.called = anyio.Event()
+
+    async def renew_many(self, pairs: list[tuple[str, int]], *, timeout_s: float | None) -> None:
+        self.calls.append(pairs)
+        self.called.set()
+        await anyio.sleep_forever()
+
+
+async def test_a_keeper_cancelled_while_its_request_is_out_leaves_no_lease_unanswered() -> None:
+    """The keeper whose renew carries others' leases is cancelled mid-request: the others get
+    `SupervisorUnreachable` (and retry on their own), never a loop of empty requests."""
+    client = _HangingClient()
+    batcher = RenewalBatcher(cast(SupervisorClient, client), clock=LoopClock())
+    answers: dict[str, object] = {}
+    answered = anyio.Event()
+
+    async def renew(step_id: str) -> None:
+        try:
+            answers[step_id] = await batcher.renew(step_id, 1, timeout_s=None, every_s=1.0)
+        except SupervisorUnreachable as exc:
+            answers[step_id] = exc
+        answered.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            sender = anyio.CancelScope()
+
+            async def first() -> None:
+                with sender:
+                    await renew("s1")
+
+            tg.start_soon(first)
+            tg.start_soon(renew, "s2")
+            await client.called.wait()
+            sender.cancel()
+            await answered.wait()
+            tg.cancel_scope.cancel()
+    assert client.calls == [[("s1", 1), ("s2", 1)]]
+    assert isinstance(answers["s2"], SupervisorUnreachable)
+    assert "s1" not in answers
