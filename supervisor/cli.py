@@ -357,8 +357,8 @@ def _gate(client: Any, args: argparse.Namespace) -> int:
     if args.digest and not args.open:
         fail(PROG, "--digest goes with --open", USAGE_EXIT)
     if args.happened is not None:
-        client.effect_happened(args.task_id, args.step, args.happened == "yes")
-        step, effect = oc.effect_of(client.view(args.task_id), args.step)
+        answered = client.effect_happened(args.task_id, args.step, args.happened == "yes")
+        step, effect = oc.effect_of(oc.view_of(answered), args.step)  # the route answers the view
         print(f"effect {step.name!r} of task {args.task_id} is {effect.state}")
         return 0
     step, effect = oc.effect_of(client.view(args.task_id), args.step)

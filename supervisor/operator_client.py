@@ -21,7 +21,7 @@ import msgspec
 import tenacity
 
 from supervisor.ledger.states import TERMINAL, TaskState
-from supervisor.shown import reveal
+from supervisor.shown import reveal_json
 from tether.codec import BadMessage, decode, encode
 from tether.messages import (
     Approval,
@@ -222,7 +222,7 @@ def gate_text(step: StepView, effect: EffectView) -> str:
     keyed = "keyed (sent with its Idempotency-Key)" if effect.keyed else "unkeyed (behind a gate)"
     lines = [
         f"step {step.name!r}: {effect.kind} effect, {keyed}, {effect.state}",
-        reveal(json.dumps(effect.request, indent=2, sort_keys=True, ensure_ascii=False)),
+        reveal_json(effect.request),
         f"digest {effect.digest}",
     ]
     for d in effect.deliveries:

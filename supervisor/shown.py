@@ -5,6 +5,7 @@ this only makes what they read match them."""
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from typing import Any, Final
 
@@ -30,3 +31,9 @@ def reveal_all(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [reveal_all(v) for v in value]
     return value
+
+
+def reveal_json(value: Any) -> str:
+    """`value` as indented JSON, each hiding character revealed: how a gate's request reads on
+    the CLI and on the status page alike."""
+    return reveal(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))

@@ -47,7 +47,6 @@ class Grants:
     def __init__(self, leases: Sequence[Lease], *, runner_id: str, pool: str) -> None:
         tracing = _tracing.get(SERVICE)
         self._spans: dict[str, OpenSpan] = {}
-        self._tasks = {lease.step_id: lease.task_id for lease in leases} if tracing.on else {}
         if not tracing.on:
             return
         for lease in leases:
@@ -89,7 +88,7 @@ class Grants:
             traceparent = self._spans[lease.step_id].traceparent
             context = parse_traceparent(traceparent)
             if context is not None:
-                _granted[lease.step_id] = _Granted(self._tasks[lease.step_id], context)
+                _granted[lease.step_id] = _Granted(lease.task_id, context)
             carried.append(msgspec.structs.replace(lease, traceparent=traceparent))
         return carried
 

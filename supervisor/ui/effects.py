@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any, Final
 
-from supervisor.shown import reveal, reveal_all
+from supervisor.shown import reveal, reveal_all, reveal_json
 from tether.effect_templates import TemplateError, credential_names
 from tether.git import redact
 
@@ -64,7 +64,7 @@ def shown_header(name: str, value: Any) -> dict[str, Any]:
 def _body(body: Any) -> str | None:
     if body is None:
         return None
-    return reveal(json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False))
+    return reveal_json(body)
 
 
 def shown_request(kind: str, request: Any) -> dict[str, Any]:
