@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tether import effect_templates as t
+from tether.payloads import check_payload
 
 OUTPUTS = {"build": {"version": "1.2", "sizes": [3, 5], "meta": {"ok": True}}}
 
@@ -126,3 +127,11 @@ def test_credentials_are_filled_only_by_fill_credentials() -> None:
     assert filled == "Bearer s3cret"
     with pytest.raises(t.TemplateError):
         t.fill_credentials("{{ steps.build.output }}", str)
+
+
+def test_a_push_credential_is_named_by_the_same_rule_as_a_placeholders() -> None:
+    check_payload("git.push", {"branch": "main", "credential": "push-key"})
+    for bad in ("..", ".", "a/b"):
+        assert not t.valid_credential_name(bad)
+        with pytest.raises(ValueError, match="credential"):
+            check_payload("git.push", {"branch": "main", "credential": bad})

@@ -38,6 +38,12 @@ _STEP: Final = re.compile(r"steps\.(?P<step>[^.\s{}]+)\.output(?:\.(?P<path>[^\s
 _CREDENTIAL: Final = re.compile(r"credential\.(?P<name>\S+)")
 
 
+def valid_credential_name(name: str) -> bool:
+    """A credential's name: 1 to 64 of `A-Z a-z 0-9 _ . -`, and not `.` or `..` (it names a
+    file of the credentials folder)."""
+    return CREDENTIAL_NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
 class TemplateError(ValueError):
     """A placeholder is malformed or names what it may not; the message says which and where."""
 
@@ -76,7 +82,7 @@ def parse(inner: str, where: str) -> Placeholder:
     credential = _CREDENTIAL.fullmatch(text)
     if credential is not None:
         name = credential["name"]
-        if CREDENTIAL_NAME.fullmatch(name) is None or name in (".", ".."):
+        if not valid_credential_name(name):
             raise TemplateError(
                 f"{where}: credential name {name!r} must be 1..64 of A-Z a-z 0-9 _ . -"
             )

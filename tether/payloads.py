@@ -266,7 +266,9 @@ def _inside_tree(prefix: str) -> bool:
 
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 DeadlineS = Annotated[float, msgspec.Meta(gt=0, le=7 * 86400)]
-CredentialName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+CredentialName = Annotated[str, msgspec.Meta(pattern=f"^{templates.CREDENTIAL_NAME.pattern}$")]
+# An effect's delivery deadline when its payload names none.
+DEFAULT_DEADLINE_S: Final = 300.0
 # A branch name git accepts as `refs/heads/<branch>`, by its text (no `..`, no leading `-`).
 _BRANCH = re.compile(r"(?!-)(?!.*\.\.)(?!.*//)(?!.*@\{)[A-Za-z0-9._/-]{1,200}(?<![./])")
 
@@ -293,7 +295,7 @@ class HttpPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     headers: dict[NonEmpty, str] = {}
     body: Any = None
     keyed: bool = True
-    deadline_s: DeadlineS = 300.0
+    deadline_s: DeadlineS = DEFAULT_DEADLINE_S
 
     def __post_init__(self) -> None:
         if not self.url.lower().startswith(("http://", "https://")):
@@ -315,11 +317,13 @@ class GitPushPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     branch: NonEmpty
     credential: CredentialName | None = None
     keyed: Literal[True] = True
-    deadline_s: DeadlineS = 300.0
+    deadline_s: DeadlineS = DEFAULT_DEADLINE_S
 
     def __post_init__(self) -> None:
         if _BRANCH.fullmatch(self.branch) is None or self.branch.endswith(".lock"):
             raise _at("branch", f"{self.branch!r} is not a branch name git accepts")
+        if self.credential is not None and not templates.valid_credential_name(self.credential):
+            raise _at("credential", f"{self.credential!r} cannot name a credential file")
 
 
 class _Anything:

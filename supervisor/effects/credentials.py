@@ -9,24 +9,18 @@ anything shown or logged.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
 from supervisor.ledger.errors import InvalidRequest
+from tether.effect_templates import valid_credential_name
 
-NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MASK: Final = "****"
 
 
 class CredentialMissing(InvalidRequest):
     """The credentials folder holds no credential of this name."""
-
-
-def valid_name(name: str) -> bool:
-    """A credential's name: 1 to 64 of `A-Z a-z 0-9 _ . -`, and not `.` or `..`."""
-    return NAME.fullmatch(name) is not None and name not in (".", "..")
 
 
 class Credentials:
@@ -37,7 +31,7 @@ class Credentials:
         self.folder = folder
 
     def _path(self, name: str) -> Path | None:
-        if self.folder is None or not valid_name(name):
+        if self.folder is None or not valid_credential_name(name):
             return None
         return self.folder / name
 

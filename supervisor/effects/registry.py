@@ -20,9 +20,9 @@ from typing import Protocol, runtime_checkable
 
 from supervisor.effects.credentials import Credentials
 from supervisor.ledger.outbox import Answer, Outgoing, Unanswered
+from tether.payloads import EFFECT_KINDS
 
 ENTRY_POINT_GROUP = "tether.effects"
-BUILT_IN_KINDS = frozenset({"http", "git.push"})
 
 
 @runtime_checkable
@@ -61,7 +61,7 @@ class EffectKinds:
         if not isinstance(kind, str) or not kind or not kind.isprintable() or " " in kind:
             raise EffectKindError(f"effect kind {kind!r}{origin} is not a usable name")
         if kind in self._by_kind:
-            clash = "a built-in kind" if kind in BUILT_IN_KINDS else "another effect kind"
+            clash = "a built-in kind" if kind in EFFECT_KINDS else "another effect kind"
             raise EffectKindError(f"effect kind {kind!r}{origin} clashes with {clash}")
         self._by_kind[kind] = deliverer
 
@@ -88,7 +88,7 @@ class EffectKinds:
         for ep in found:
             origin = f" (entry point {ep.name} = {ep.value})"
             if ep.name in kinds.names():
-                clash = "a built-in kind" if ep.name in BUILT_IN_KINDS else "another entry point"
+                clash = "a built-in kind" if ep.name in EFFECT_KINDS else "another entry point"
                 raise EffectKindError(f"effect kind {ep.name!r}{origin} clashes with {clash}")
             try:
                 loaded = ep.load()

@@ -31,6 +31,7 @@ from supervisor.ledger.tx import EFFECTS, Tx, dumps, loads
 from supervisor.ledger.verification import Finding, candidate_sha, findings
 from tether import effect_templates as templates
 from tether.effect_templates import RenderError
+from tether.payloads import DEFAULT_DEADLINE_S
 from tether.wire import content_hash, effect_key
 
 __all__ = [
@@ -178,9 +179,6 @@ def make_due(tx: Tx, step: sqlite3.Row) -> None:
     )  # fmt: skip
     if keyed:
         tx.wake(EFFECTS)
-
-
-DEFAULT_DEADLINE_S = 300.0
 
 
 class NoCandidate(ValueError):

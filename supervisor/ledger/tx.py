@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from supervisor.ledger.decisions import Decision, Note
+from tether.payloads import EFFECT_KINDS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,7 +31,7 @@ class LedgerConfig:
     # A task may name a kind announced by a runner of its pool seen within this (identity).
     runner_seen_window_s: float = 3600.0
     # Plan step kinds the supervisor delivers itself (docs/design.md, Effects): never leased.
-    effect_kinds: frozenset[str] = frozenset({"http", "git.push"})
+    effect_kinds: frozenset[str] = EFFECT_KINDS
     # How long a dispatcher's hold on an effect lasts without a refresh.
     effect_hold_s: float = 60.0
 
