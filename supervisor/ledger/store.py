@@ -37,7 +37,7 @@ from supervisor.ledger.decisions import log_decisions
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.outbox import Answer, Outgoing
 from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Tx
+from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, ReadSession, Statements, Tx
 from supervisor.ledger.verification import Evidence
 from supervisor.ledger.writer import Writer
 from tether.broadcast import Broadcast
@@ -148,13 +148,14 @@ class SqliteLedger:
         value: T = outcome.value
         return value
 
-    async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, query: Callable[[Statements], T]) -> T:
         """Run `query` on the read-only connection: WAL lets it run beside the writer and see
         only committed data."""
         reader = self._reader
         if reader is None:
             raise RuntimeError("the ledger is not open")
-        return await anyio.to_thread.run_sync(lambda: query(reader), limiter=self._read_limiter)
+        session = ReadSession(reader)
+        return await anyio.to_thread.run_sync(lambda: query(session), limiter=self._read_limiter)
 
     # -- operators ----------------------------------------------------------------------------
 
