@@ -1,7 +1,9 @@
 """Opening a ledger file: pragmas, the integrity check, numbered migrations.
 
-Migrations are the files `sql/NNNN_*.sql`, applied in order inside one transaction each; the
-number applied is kept in `PRAGMA user_version`. A file newer than this code is refused.
+Migrations are the files `sql/migrations/sqlite/NNNN_*.sql`, applied in order inside one
+transaction each; the number applied is kept in `PRAGMA user_version`. A file newer than this
+code is refused. `sql/migrations/postgresql/` holds the same numbered versions for PostgreSQL
+(applied by `pg_schema.py`): version N means the same tables on both backends.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from importlib import resources
 from pathlib import Path
 
 from supervisor.ledger.errors import IntegrityCheckFailed, SchemaTooNew, StorageError
+from supervisor.ledger.queries import Dialect
 
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 @functools.cache
-def migrations() -> tuple[tuple[int, str], ...]:
-    folder = resources.files("supervisor.ledger").joinpath("sql")
+def migrations(dialect: Dialect = "sqlite") -> tuple[tuple[int, str], ...]:
+    """(version, script) of each of `dialect`'s migrations, oldest first."""
+    folder = resources.files("supervisor.ledger").joinpath("sql", "migrations", dialect)
     files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
     return tuple((int(f.name.split("_", 1)[0]), f.read_text(encoding="utf-8")) for f in files)
 
