@@ -21,6 +21,7 @@ from supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, reposit
 from supervisor.ledger.batch import Transactions
 from supervisor.ledger.operator import budget_of, set_budget
 from supervisor.ledger.schema import connect, integrity_problems, open_ledger_file
+from supervisor.ledger.tx import ReadSession
 
 
 class AdminError(Exception):
@@ -86,7 +87,7 @@ def list_tokens(path: Path) -> list[str]:
     first fields as they always were, then `name=-` for a token without a name and
     `last_used=never` for one never used (names hold no spaces and no `=`)."""
     with ledger_file(path) as db:
-        records = tokens.list_tokens(db)
+        records = tokens.list_tokens(ReadSession(db))
     return [
         " ".join(
             [
@@ -117,7 +118,7 @@ def show_budget(path: Path, tenant: str) -> str:
     budget."""
     with ledger_file(path) as db:
         try:
-            found = budget_of(db, tenant)
+            found = budget_of(ReadSession(db), tenant)
         except LedgerError as exc:
             raise AdminError(str(exc)) from None
     unlimited = "unlimited"
@@ -157,7 +158,7 @@ def list_repositories(path: Path) -> list[str]:
     """`TENANT NAME URL ADDED`, one line per repository (URLs hold no password: `repo add`
     refuses one)."""
     with ledger_file(path) as db:
-        records = repositories.list_repositories(db)
+        records = repositories.list_repositories(ReadSession(db))
     return [f"{r.tenant} {r.name} {r.url} {_utc(r.added_at)}" for r in records]
 
 
@@ -180,7 +181,7 @@ def check(path: Path) -> list[str]:
     try:
         problems = [f"integrity: {p}" for p in integrity_problems(db)]
         if not problems:
-            problems += invariants.find_violations(db)
+            problems += invariants.find_violations(ReadSession(db))
     except sqlite3.DatabaseError as exc:
         problems = [f"integrity: {exc}"]
     finally:

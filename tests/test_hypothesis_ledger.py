@@ -25,7 +25,7 @@ from supervisor.ledger.effects import Report
 from supervisor.ledger.errors import LedgerError
 from supervisor.ledger.identity import StepSpec, TaskSpec
 from supervisor.ledger.invariants import find_violations
-from supervisor.ledger.tx import LedgerConfig
+from supervisor.ledger.tx import LedgerConfig, ReadSession
 from supervisor.ledger.verification import Evidence
 from tether.messages import CheckRun
 from tether.wire import Outcome, ReleaseReason, content_hash
@@ -495,7 +495,7 @@ class LedgerVersusModel(RuleBasedStateMachine):
                 assert steps[s.id] == (s.state, s.fence, s.attempt, s.burned), s
                 assert counts.get(s.id, 0) == s.effects <= 1
         assert q("SELECT value FROM counters WHERE name = 'fence'")[0][0] == self.model.fence
-        assert find_violations(self.h.db) == []
+        assert find_violations(ReadSession(self.h.db)) == []
 
 
 LedgerVersusModel.TestCase.settings = settings.get_profile(PROFILE)

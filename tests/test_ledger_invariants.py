@@ -20,6 +20,7 @@ from supervisor.ledger.invariants import INVARIANTS, find_violations
 from supervisor.ledger.operator import approve
 from supervisor.ledger.reaper import expire
 from supervisor.ledger.repositories import add_repository
+from supervisor.ledger.tx import ReadSession
 from supervisor.ledger.verification import Evidence, Finding, Problem
 from tether.messages import Checkpoint, CheckRun
 from tether.wire import effect_key
@@ -109,11 +110,11 @@ def world(sim: Sim) -> World:
 
 
 def names(db: sqlite3.Connection) -> set[str]:
-    return {v.split(":", 1)[0] for v in find_violations(db)}
+    return {v.split(":", 1)[0] for v in find_violations(ReadSession(db))}
 
 
 def test_a_clean_ledger_has_no_violation(sim: Sim, world: World) -> None:
-    assert find_violations(sim.db) == []
+    assert find_violations(ReadSession(sim.db)) == []
     assert sim.db.execute("SELECT COUNT(*) FROM effects").fetchone()[0] == 3
 
 
@@ -362,7 +363,8 @@ def test_a_planted_violation_is_named(sim: Sim, world: World, name: str) -> None
     plant, collateral = PLANTS[name]
     plant(sim.db, world)
     assert names(sim.db) == {name} | collateral
-    assert all(v.split(": ", 1)[1] for v in find_violations(sim.db))  # each has a description
+    # each has a description
+    assert all(v.split(": ", 1)[1] for v in find_violations(ReadSession(sim.db)))
 
 
 def test_an_operator_s_no_excuses_the_attempts_before_it(sim: Sim, world: World) -> None:

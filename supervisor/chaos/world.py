@@ -40,7 +40,7 @@ from supervisor.ledger.batch import RuleCrashed
 from supervisor.ledger.errors import LedgerError, Refused
 from supervisor.ledger.invariants import find_violations
 from supervisor.ledger.outbox import Answer, Outgoing
-from supervisor.ledger.tx import Tx
+from supervisor.ledger.tx import ReadSession, Tx
 from supervisor.ledger.verification import Evidence, Finding
 from tether.messages import Checkpoint, Lease, Report
 from tether.wire import Outcome, ReleaseReason, content_hash
@@ -146,7 +146,7 @@ class World:
 
     def check(self) -> None:
         before = len(self.violations)
-        for found in find_violations(self.h.db):
+        for found in find_violations(ReadSession(self.h.db)):
             self.observer.violation(found)
         self.observer.charged_now(self.h.db.execute("SELECT name, tokens_used FROM tenants"))
         self.observer.effects_now(self.receivers)
@@ -665,7 +665,7 @@ class World:
     def poll(self, task_id: str) -> None:
         consumer = self.consumer(task_id)
         after, before = consumer.last_seq, len(self.violations)
-        events = views.events_after(self.h.db, task_id, after)
+        events = views.events_after(ReadSession(self.h.db), task_id, after)
         for problem in consumer.apply(events):
             self.observer.violation(problem)
         self.log(f"consumer {task_id} polls after seq {after}: {len(events)} events,"
@@ -676,7 +676,7 @@ class World:
         """Redeliver events the consumer already applied, shuffled and duplicated."""
         consumer = self.consumer(task_id)
         start = self.rng.randrange(consumer.last_seq + 1) if after is None else after
-        events = views.events_after(self.h.db, task_id, start)
+        events = views.events_after(ReadSession(self.h.db), task_id, start)
         events = [e for e in events if e["seq"] <= consumer.last_seq]
         events = events + self.rng.sample(events, len(events) // 2)
         self.rng.shuffle(events)

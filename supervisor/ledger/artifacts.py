@@ -6,10 +6,9 @@ uploader, an operator's tenant or a runner's pool. The bytes themselves are file
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 
 from supervisor.ledger.tokens import Principal, Role
-from supervisor.ledger.tx import Tx
+from supervisor.ledger.tx import Statements, Tx
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,20 +26,15 @@ def record_upload(tx: Tx, digest: str, size: int, who: Principal) -> bool:
     """Record that `who` uploaded the bytes of `digest`; returns False when its role and scope
     had already uploaded them (the first upload's row is kept)."""
     changed = tx.run(
-        "INSERT INTO artifact_owners (digest, role, scope, size, token_id, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (digest, role, scope) DO NOTHING",
+        "record_artifact_owner",
         (digest, who.role.value, who.scope, size, who.token_id, tx.now),
     )
     return changed == 1
 
 
-def owners(db: sqlite3.Connection, digest: str) -> list[ArtifactOwner]:
+def owners(s: Statements, digest: str) -> list[ArtifactOwner]:
     """Every role and scope that uploaded `digest`, oldest first."""
-    rows = db.execute(
-        "SELECT digest, role, scope, size, created_at FROM artifact_owners WHERE digest = ?"
-        " ORDER BY created_at, role, scope",
-        (digest,),
-    ).fetchall()
+    rows = s.all("owners_of_artifact", (digest,))
     return [
         ArtifactOwner(
             digest=r["digest"], role=Role(r["role"]), scope=r["scope"], size=r["size"],

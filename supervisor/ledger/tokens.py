@@ -11,11 +11,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import secrets
-import sqlite3
 
 from supervisor.ledger import names
 from supervisor.ledger.errors import InvalidRequest, NotFound
-from supervisor.ledger.tx import Tx
+from supervisor.ledger.tx import Row, Statements, Tx
 from tether.wire import sha256_hex
 
 TOKEN_PREFIX = "tether_"  # noqa: S105 - a prefix, not a secret
@@ -71,7 +70,7 @@ def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewT
         names.check_pool_name(scope, tx)
     if name is not None:
         names.check_token_name(name)
-        held = tx.one("SELECT id FROM tokens WHERE name = ? AND revoked_at IS NULL", (name,))
+        held = tx.one("live_token_named", (name,))
         if held is not None:
             raise InvalidRequest(
                 f"token {held['id']} is already named {name!r}: revoke it or choose another name"
@@ -79,8 +78,7 @@ def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewT
     token_id = secrets.token_hex(6)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     tx.run(
-        "INSERT INTO tokens (id, scope, role, secret_hash, created_at, name)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
+        "insert_token",
         (token_id, scope, parsed.value, hash_secret(secret), tx.now, name),
     )
     return NewToken(id=token_id, name=name, secret=secret)
@@ -89,36 +87,27 @@ def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewT
 def revoke_token(tx: Tx, token: str) -> TokenRecord:
     """Revoke the token whose id is `token`, or else the live token named `token`, and return
     it. Revoking again changes nothing: by name, that finds the newest revoked token so named."""
-    row = tx.one("SELECT * FROM tokens WHERE id = ?", (token,)) or tx.one(
-        "SELECT * FROM tokens WHERE name = ? ORDER BY revoked_at IS NULL DESC, created_at DESC",
-        (token,),
-    )
+    row = tx.one("token_by_id", (token,)) or tx.one("token_by_name", (token,))
     if row is None:
         raise NotFound(f"no token with id or name {token!r}")
-    tx.run(
-        "UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?", (tx.now, row["id"])
-    )
+    tx.run("revoke_token", (tx.now, row["id"]))
     return _record(row)
 
 
-def _record(row: sqlite3.Row) -> TokenRecord:
+def _record(row: Row) -> TokenRecord:
     return TokenRecord(
         id=row["id"], scope=row["scope"], role=Role(row["role"]), created_at=row["created_at"],
         revoked=row["revoked_at"] is not None, name=row["name"], last_used_at=row["last_used_at"],
     )  # fmt: skip
 
 
-def list_tokens(db: sqlite3.Connection) -> list[TokenRecord]:
-    return [_record(r) for r in db.execute("SELECT * FROM tokens ORDER BY created_at, id")]
+def list_tokens(s: Statements) -> list[TokenRecord]:
+    return [_record(r) for r in s.all("list_tokens")]
 
 
-def authenticate(db: sqlite3.Connection, secret: str) -> Principal | None:
+def authenticate(s: Statements, secret: str) -> Principal | None:
     """The principal behind a live token, or None for an unknown or revoked one."""
-    row = db.execute(
-        "SELECT id, scope, role, last_used_at FROM tokens"
-        " WHERE secret_hash = ? AND revoked_at IS NULL",
-        (hash_secret(secret),),
-    ).fetchone()
+    row = s.one("live_token_by_secret_hash", (hash_secret(secret),))
     if row is None:
         return None
     return Principal(
@@ -136,7 +125,6 @@ def use_is_stale(principal: Principal, now: float) -> bool:
 def note_use(tx: Tx, token_id: str) -> None:
     """Record that the token authenticated now, unless another request just did."""
     tx.run(
-        "UPDATE tokens SET last_used_at = ?"
-        " WHERE id = ? AND (last_used_at IS NULL OR last_used_at <= ?)",
+        "note_token_use",
         (tx.now, token_id, tx.now - LAST_USE_EVERY_S),
     )
