@@ -4,8 +4,6 @@ set and read a tenant's token budget. Every rule here checks ownership: another 
 
 from __future__ import annotations
 
-import sqlite3
-
 from supervisor.ledger import identity, names, outbox
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import (
@@ -17,14 +15,15 @@ from supervisor.ledger.errors import (
 )
 from supervisor.ledger.fencing import fail_task, withdraw_effects
 from supervisor.ledger.journal import append_event
+from supervisor.ledger.outbox import OutboxState
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import ALL_POOLS, Tx, dumps, loads
+from supervisor.ledger.tx import ALL_POOLS, Row, Statements, Tx, dumps, loads
 from supervisor.ledger.verification import review_verdict, stale_base
 from tether.messages import Budget
 
 
-def owned_task(tx: Tx, tenant: str, task_id: str) -> sqlite3.Row:
-    row = tx.one("SELECT * FROM tasks WHERE id = ? AND tenant = ?", (task_id, tenant))
+def owned_task(tx: Tx, tenant: str, task_id: str) -> Row:
+    row = tx.one("owned_task", (task_id, tenant))
     if row is None:
         raise NotFound(f"no task {task_id}")
     return row
@@ -69,7 +68,7 @@ def approve(
                 f" {observed_head}: approve that head, or plan against it"
             )
     transition(tx, task_id, TaskState.APPROVED, data={"plan_hash": plan_hash, "base_sha": base_sha})
-    tx.run("UPDATE tasks SET approved_base_sha = ? WHERE id = ?", (base_sha, task_id))
+    tx.run("set_approved_base", (base_sha, task_id))
     if repository and observed_head:
         observe_head(tx, tenant, repository, observed_head, approving=task_id)
     transition(tx, task_id, TaskState.QUEUED)
@@ -90,16 +89,17 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
     task = owned_task(tx, tenant, task_id)
     transition(tx, task_id, TaskState.CANCELLED, reason=reason or "cancelled")
     tx.run(
-        "UPDATE attempts SET state = ?, reason = 'task cancelled', ended_at = ?"
-        " WHERE state = ? AND step_id IN (SELECT id FROM steps WHERE task_id = ?)",
+        "cancel_live_attempts_of_task",
         (AttemptState.CANCELLED.value, tx.now, AttemptState.LEASED.value, task_id),
     )
     withdraw_effects(tx, task_id)
     tx.run(
-        "UPDATE steps SET state = ?, lease_deadline = NULL, accept_deadline = NULL"
-        f" WHERE task_id = ? AND state NOT IN (?, ?) AND {outbox.NOT_IN_DELIVERY}",
-        (StepState.CANCELLED.value, task_id, StepState.COMMITTED.value, StepState.FAILED.value),
-    )
+        "cancel_steps_of_task",
+        (
+            StepState.CANCELLED.value, task_id, StepState.COMMITTED.value, StepState.FAILED.value,
+            OutboxState.SENDING.value, OutboxState.UNCERTAIN.value,
+        ),
+    )  # fmt: skip
     tx.note(
         Decision.CANCELLED, task_id=task_id, tenant=tenant, pool=task["pool"],
         from_state=task["state"],
@@ -122,21 +122,9 @@ def observe_head(
     head changes; every approved one whose base is not `sha` fails at once with `stale_base`
     (docs/design.md, Verification), so no later step is granted on a moved base -- except the
     task whose own `git.push` put `sha` there (`pushed_sha`): only effects follow a push."""
-    held = tx.one(
-        "SELECT head_sha FROM repositories WHERE tenant = ? AND name = ?", (tenant, repository)
-    )
-    tx.run(
-        "INSERT INTO repositories (tenant, name, head_sha, updated_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (tenant, name) DO UPDATE SET head_sha = excluded.head_sha,"
-        " updated_at = excluded.updated_at",
-        (tenant, repository, sha, tx.now),
-    )
-    ended = sorted(state.value for state in TERMINAL)
-    for row in tx.all(
-        "SELECT * FROM tasks WHERE tenant = ? AND repository = ?"
-        f" AND state NOT IN ({', '.join('?' for _ in ended)}) ORDER BY created_order",
-        (tenant, repository, *ended),
-    ):
+    held = tx.one("repository_head_sha", (tenant, repository))
+    tx.run("set_repository_head", (tenant, repository, sha, tx.now))
+    for row in tx.all("live_tasks_of_repository", (tenant, repository)):
         if row["id"] != approving and (held is None or held["head_sha"] != sha):
             append_event(tx, row["id"], "base_changed", row["state"], {"head_sha": sha})
         if row["approved_at"] is not None and sha not in (
@@ -151,11 +139,7 @@ def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
     names.check_tenant_name(tenant, tx)
     if tokens is not None and tokens < 0:
         raise InvalidRequest("a token budget cannot be negative")
-    tx.run(
-        "INSERT INTO tenants (name, token_budget) VALUES (?, ?)"
-        " ON CONFLICT (name) DO UPDATE SET token_budget = excluded.token_budget",
-        (tenant, tokens),
-    )
+    tx.run("set_tenant_budget", (tenant, tokens))
     if tokens is None or tokens > 0:
         tx.wake(ALL_POOLS)
 
@@ -166,27 +150,23 @@ def budget_record(tenant: str, spent: int, budget: int | None) -> Budget:
     return Budget(tenant=tenant, spent=spent, budget=budget, left=left)
 
 
-def budget_of(db: sqlite3.Connection, tenant: str) -> Budget:
+def budget_of(s: Statements, tenant: str) -> Budget:
     """The tenant's tokens spent (by every attempt, committed or not), budget and what is left.
     `NotFound` for a tenant the ledger has never heard of (no task, budget or operator
     token), so a mistyped name is not shown as a tenant with nothing spent."""
-    row = db.execute(
-        "SELECT token_budget, tokens_used FROM tenants WHERE name = ?", (tenant,)
-    ).fetchone()
+    row = s.one("tenant_spending", (tenant,))
     if row is not None:
         return budget_record(tenant, row["tokens_used"], row["token_budget"])
-    if db.execute(
-        "SELECT 1 FROM tokens WHERE scope = ? AND role = 'operator'", (tenant,)
-    ).fetchone():
+    if s.one("tenant_has_operator_token", (tenant,)):
         return budget_record(tenant, 0, None)
     raise NotFound(f"no tenant {tenant!r} in this ledger (no task, budget or operator token)")
 
 
-def all_budgets(db: sqlite3.Connection) -> list[Budget]:
+def all_budgets(s: Statements) -> list[Budget]:
     """Every tenant the ledger holds a row for, by name (the `tether_budget_tokens` gauge)."""
     return [
         budget_record(r["name"], r["tokens_used"], r["token_budget"])
-        for r in db.execute("SELECT name, token_budget, tokens_used FROM tenants ORDER BY name")
+        for r in s.all("all_tenant_spending")
     ]
 
 
@@ -213,9 +193,9 @@ def record_review(tx: Tx, tenant: str, task_id: str, decision: str, note: str) -
             task_id=task_id
         )
     if decision == "accept":
-        verdict = review_verdict(tx.db, task)
+        verdict = review_verdict(tx, task)
         if not verdict.acceptable:
             raise InvalidRequest("cannot accept: " + "; ".join(verdict.reasons))
     record = {"decision": decision, "note": note[:2000], "at": tx.now}
-    tx.run("UPDATE tasks SET reviewer_decision = ? WHERE id = ?", (dumps(record), task_id))
+    tx.run("set_reviewer_decision", (dumps(record), task_id))
     append_event(tx, task_id, "reviewed", task["state"], {"decision": decision})

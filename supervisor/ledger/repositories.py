@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sqlite3
 
 from supervisor.ledger import names
 from supervisor.ledger.errors import InvalidRequest, NotFound
-from supervisor.ledger.states import TERMINAL
-from supervisor.ledger.tx import Tx, loads
+from supervisor.ledger.tx import Row, Statements, Tx, loads
 
 MAX_URL = 2000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -95,7 +93,7 @@ def add_repository(tx: Tx, tenant: str, name: str, url: str) -> tuple[Repository
     names.check_tenant_name(tenant, tx)
     check_repository_name(name)
     check_url(url)
-    held = _find(tx.db, tenant, name)
+    held = _find(tx, tenant, name)
     if held is not None:
         if held.url != url:
             raise InvalidRequest(
@@ -103,86 +101,72 @@ def add_repository(tx: Tx, tenant: str, name: str, url: str) -> tuple[Repository
                 " remove it first to give it another URL"
             )
         return held, False
-    tx.run(
-        "INSERT INTO repository_remotes (tenant, name, url, added_at) VALUES (?, ?, ?, ?)",
-        (tenant, name, url, tx.now),
-    )
+    tx.run("insert_repository_remote", (tenant, name, url, tx.now))
     return Repository(tenant=tenant, name=name, url=url, added_at=tx.now), True
 
 
 def remove_repository(tx: Tx, tenant: str, name: str) -> Repository:
     """Forget `tenant`'s repository `name`; refused while a task that has not ended names it."""
-    held = _find(tx.db, tenant, name)
+    held = _find(tx, tenant, name)
     if held is None:
         raise NotFound(f"tenant {tenant!r} has no repository {name!r}")
-    ended = sorted(state.value for state in TERMINAL)
-    busy = tx.one(
-        "SELECT id FROM tasks WHERE tenant = ? AND repository = ?"
-        f" AND state NOT IN ({', '.join('?' for _ in ended)}) ORDER BY created_order LIMIT 1",
-        (tenant, name, *ended),
-    )
+    busy = tx.one("task_keeping_repository", (tenant, name))
     if busy is not None:
         raise InvalidRequest(
             f"repository {name!r} is named by task {busy['id']}, which has not ended:"
             " cancel it or let it end first"
         )
-    tx.run("DELETE FROM repository_remotes WHERE tenant = ? AND name = ?", (tenant, name))
+    tx.run("delete_repository_remote", (tenant, name))
     return held
 
 
-def find_repository(db: sqlite3.Connection, tenant: str, name: str) -> Repository | None:
+def find_repository(s: Statements, tenant: str, name: str) -> Repository | None:
     """`tenant`'s repository `name`, or None when the supervisor does not know it."""
-    return _find(db, tenant, name)
+    return _find(s, tenant, name)
 
 
-def list_repositories(db: sqlite3.Connection, tenant: str | None = None) -> list[Repository]:
+def list_repositories(s: Statements, tenant: str | None = None) -> list[Repository]:
     """The repositories known, by tenant and name (only `tenant`'s when given)."""
-    rows = db.execute(
-        "SELECT * FROM repository_remotes WHERE ? IS NULL OR tenant = ? ORDER BY tenant, name",
-        (tenant, tenant),
-    ).fetchall()
+    if tenant is None:
+        rows = s.all("all_repository_remotes")
+    else:
+        rows = s.all("repository_remotes_of_tenant", (tenant,))
     return [_record(r) for r in rows]
 
 
-def _find(db: sqlite3.Connection, tenant: str, name: str) -> Repository | None:
-    row = db.execute(
-        "SELECT * FROM repository_remotes WHERE tenant = ? AND name = ?", (tenant, name)
-    ).fetchone()
+def _find(s: Statements, tenant: str, name: str) -> Repository | None:
+    row = s.one("repository_remote", (tenant, name))
     return None if row is None else _record(row)
 
 
-def _record(row: sqlite3.Row) -> Repository:
+def _record(row: Row) -> Repository:
     return Repository(
         tenant=row["tenant"], name=row["name"], url=row["url"], added_at=row["added_at"]
     )
 
 
-def binding_of_task(db: sqlite3.Connection, tenant: str, task_id: str) -> Binding | None:
+def binding_of_task(s: Statements, tenant: str, task_id: str) -> Binding | None:
     """The binding of `tenant`'s task `task_id`; None when it names no repository. `NotFound`
     when the tenant has no such task."""
-    task = db.execute(
-        "SELECT * FROM tasks WHERE id = ? AND tenant = ?", (task_id, tenant)
-    ).fetchone()
+    task = s.one("owned_task", (task_id, tenant))
     if task is None:
         raise NotFound(f"no task {task_id}")
-    return _binding(db, task)
+    return _binding(s, task)
 
 
-def binding_of_step(db: sqlite3.Connection, step_id: str, pool: str | None) -> Binding | None:
+def binding_of_step(s: Statements, step_id: str, pool: str | None) -> Binding | None:
     """The binding of the task of step `step_id`; None when it names no repository. `NotFound`
     when there is no such step, or it is not of `pool` (a runner's, when given)."""
-    task = db.execute(
-        "SELECT t.* FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.id = ?", (step_id,)
-    ).fetchone()
+    task = s.one("task_row_of_step", (step_id,))
     if task is None or (pool is not None and task["pool"] != pool):
         raise NotFound(f"no step {step_id}")
-    return _binding(db, task)
+    return _binding(s, task)
 
 
-def _binding(db: sqlite3.Connection, task: sqlite3.Row) -> Binding | None:
+def _binding(s: Statements, task: Row) -> Binding | None:
     if not task["repository"]:
         return None
-    held = _find(db, task["tenant"], task["repository"])
+    held = _find(s, task["tenant"], task["repository"])
     if held is None:  # `repo remove` is refused while a task that has not ended names it
         raise NotFound(f"task {task['id']}'s repository {task['repository']!r} is no longer known")
     return Binding(

@@ -1,0 +1,29 @@
+-- name: insert_repository_remote
+-- Record the git URL a tenant's repository is read from.
+INSERT INTO repository_remotes (tenant, name, url, added_at) VALUES (?, ?, ?, ?);
+
+-- name: task_keeping_repository
+-- A task of the tenant's repository that has not ended, the oldest: it keeps the repository.
+SELECT id FROM tasks WHERE tenant = ? AND repository = ?
+AND state NOT IN ({TaskState.SUCCEEDED}, {TaskState.FAILED}, {TaskState.CANCELLED})
+ORDER BY created_order LIMIT 1;
+
+-- name: delete_repository_remote
+-- Forget a tenant's repository.
+DELETE FROM repository_remotes WHERE tenant = ? AND name = ?;
+
+-- name: repository_remote
+-- A tenant's repository by name.
+SELECT * FROM repository_remotes WHERE tenant = ? AND name = ?;
+
+-- name: all_repository_remotes
+-- Every repository known, by tenant and name.
+SELECT * FROM repository_remotes ORDER BY tenant, name;
+
+-- name: repository_remotes_of_tenant
+-- A tenant's repositories, by name.
+SELECT * FROM repository_remotes WHERE tenant = ? ORDER BY tenant, name;
+
+-- name: task_row_of_step
+-- The whole row of a step's task.
+SELECT t.* FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.id = ?;
