@@ -10,11 +10,12 @@ returns, i.e. once the batch is durable, and only then are the batch's decisions
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from supervisor.ledger import queries
+from supervisor.ledger.backends import SQLITE, Backend, Wakeup, WriteConnection
 from supervisor.ledger.decisions import Decision, Note
 from supervisor.ledger.errors import LedgerError, Refused, StorageError
 from supervisor.ledger.journal import record_rejection
@@ -47,22 +48,10 @@ class RuleCrashed(LedgerError):
     """A ledger rule failed unexpectedly; its writes were rolled back."""
 
 
-# SQLite's primary result codes that are about the storage, not about the statement: a full
-# disk, an I/O error, a lock held too long, a read-only or damaged file.
-_STORAGE_CODES = frozenset(
-    {
-        sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
-        sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_CANTOPEN,
-        sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_PROTOCOL,
-    }
-)  # fmt: skip
-
-
-def _failure_of(exc: Exception) -> LedgerError:
+def _failure_of(exc: Exception, backend: Backend) -> LedgerError:
     """A rule's unexpected error: the storage failing under it (503 `unavailable`, for the
     operator), or a bug in the rule, an SQL mistake included (500 `internal`)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in _STORAGE_CODES:
+    if backend.is_storage_failure(exc):
         failed: LedgerError = StorageError(f"the ledger could not write: {exc}")
     else:
         failed = RuleCrashed(f"{type(exc).__name__}: {exc}")
@@ -71,21 +60,24 @@ def _failure_of(exc: Exception) -> LedgerError:
 
 
 def execute_batch(
-    db: sqlite3.Connection,
+    db: WriteConnection,
     rules: Sequence[Rule],
     make_tx: Callable[[], Tx],
     *,
     commit: bool = True,
+    backend: Backend = SQLITE,
 ) -> BatchResult:
     """Run `rules` in one transaction and commit it. With `commit=False` the transaction is
-    rolled back instead, leaving what a crash just before `COMMIT` leaves: nothing."""
+    rolled back instead, leaving what a crash just before `COMMIT` leaves: nothing. A batch
+    that woke anything tells other processes inside its transaction (`Backend.announce`), so
+    that they hear of it only if it commits."""
     outcomes = [RuleOutcome() for _ in rules]
     woken: set[str] = set()
     touched: set[str] = set()
     notes: list[Note] = []
     savepoints = db.cursor()  # one cursor for the two statements every rule runs: cheaper
     try:
-        db.execute("BEGIN IMMEDIATE")
+        backend.begin(db)
         for rule, outcome in zip(rules, outcomes, strict=True):
             tx = make_tx()
             savepoints.execute("SAVEPOINT rule")
@@ -93,7 +85,7 @@ def execute_batch(
                 outcome.value = rule(tx)
             except Refused as exc:
                 db.execute("ROLLBACK TO rule")
-                outcome.error = _after_refusal(db, tx) or exc
+                outcome.error = _after_refusal(db, tx, backend) or exc
                 if outcome.error is exc and exc.recorded:
                     task_id = record_rejection(
                         tx, code=exc.code.value, detail=exc.detail,
@@ -102,21 +94,23 @@ def execute_batch(
                     notes.append(_refusal_note(tx, exc, task_id))
             except Exception as exc:  # a bug in one rule fails that rule alone, not its batch
                 db.execute("ROLLBACK TO rule")
-                outcome.error = _failure_of(exc)
+                outcome.error = _failure_of(exc, backend)
             else:
                 woken |= tx.woken_pools
                 touched |= tx.touched_tasks
                 notes += tx.notes
             savepoints.execute("RELEASE rule")
+        wakeup = Wakeup(frozenset(woken), bool(touched))
+        if commit and wakeup:
+            backend.announce(db, wakeup)
         db.execute("COMMIT" if commit else "ROLLBACK")
     except BaseException as exc:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
+        _roll_back(db, backend)
         failure = StorageError(f"the ledger could not commit: {exc}")
         failure.__cause__ = exc
         for outcome in outcomes:
             outcome.value, outcome.error = None, failure
-        if not isinstance(exc, sqlite3.Error):
+        if not backend.is_driver_error(exc):
             raise
         return BatchResult(outcomes, set(), set())
     if not commit:
@@ -124,7 +118,17 @@ def execute_batch(
     return BatchResult(outcomes, woken, touched, notes)
 
 
-def _after_refusal(db: sqlite3.Connection, tx: Tx) -> LedgerError | None:
+def _roll_back(db: WriteConnection, backend: Backend) -> None:
+    """Roll back a failed batch, if its connection still can: a lost one has nothing open."""
+    try:
+        if backend.in_transaction(db):
+            db.execute("ROLLBACK")
+    except Exception as exc:
+        if not backend.is_driver_error(exc):
+            raise
+
+
+def _after_refusal(db: WriteConnection, tx: Tx, backend: Backend) -> LedgerError | None:
     """Run the writes a refused rule keeps (`Tx.after_refusal`) after its rollback. One that
     fails is a bug: everything the rule wrote is rolled back and its failure returned."""
     try:
@@ -132,7 +136,7 @@ def _after_refusal(db: sqlite3.Connection, tx: Tx) -> LedgerError | None:
             write(tx)
     except Exception as exc:
         db.execute("ROLLBACK TO rule")
-        return _failure_of(exc)
+        return _failure_of(exc, backend)
     return None
 
 
@@ -144,13 +148,11 @@ def _refusal_note(tx: Tx, exc: Refused, task_id: str | None) -> Note:
         "task_id": task_id, "step_id": exc.step_id, "fence": exc.fence,
     }  # fmt: skip
     if task_id is not None:
-        task = tx.one("SELECT tenant, pool FROM tasks WHERE id = ?", (task_id,))
+        task = tx.one("refusal_task", (task_id,))
         if task is not None:
             fields.update(tenant=task["tenant"], pool=task["pool"])
     if exc.fence is not None:
-        row = tx.one(
-            "SELECT attempt, runner_id, token_id FROM attempts WHERE fence = ?", (exc.fence,)
-        )
+        row = tx.one("refusal_attempt", (exc.fence,))
         if row is not None:
             fields.update(
                 attempt=row["attempt"], runner_id=row["runner_id"], token_id=row["token_id"]
@@ -162,19 +164,37 @@ def _refusal_note(tx: Tx, exc: Refused, task_id: str | None) -> Note:
 class Transactions:
     """Runs ledger rules on one connection: each rule gets a `Tx` at the clock's current time,
     with the ledger's config and id source, and every batch goes through `execute_batch`. The
-    store, the admin commands and the schedule explorer all run rules through it."""
+    store, the admin commands and the schedule explorer all run rules through it, on SQLite
+    unless given another `backend`."""
 
-    db: sqlite3.Connection
+    db: WriteConnection
     config: LedgerConfig
     clock: Callable[[], float]
     new_id: Callable[[], str] = random_id
+    backend: Backend = SQLITE
 
     def tx(self) -> Tx:
-        return Tx(db=self.db, now=self.clock(), config=self.config, new_id=self.new_id)
+        return Tx(
+            db=self.db,
+            now=self.clock(),
+            config=self.config,
+            new_id=self.new_id,
+            sql=queries.texts(self.backend.dialect),
+        )
 
     def run(self, rules: Sequence[Rule], *, commit: bool = True) -> BatchResult:
-        """One batch; `commit=False` rolls it back instead (see `execute_batch`)."""
-        return execute_batch(self.db, rules, self.tx, commit=commit)
+        """One batch; `commit=False` rolls it back instead (see `execute_batch`). A connection
+        lost since the last batch is opened anew first (`Backend.live`); if that fails, every
+        rule gets a `StorageError` and the next batch tries again."""
+        try:
+            self.db = self.backend.live(self.db)
+        except Exception as exc:
+            if not (isinstance(exc, StorageError) or self.backend.is_driver_error(exc)):
+                raise
+            failure = StorageError(f"the ledger cannot reconnect: {' '.join(str(exc).split())}")
+            failure.__cause__ = exc
+            return BatchResult([RuleOutcome(error=failure) for _ in rules], set(), set())
+        return execute_batch(self.db, rules, self.tx, commit=commit, backend=self.backend)
 
     def one(self, rule: Rule) -> Any:
         """Run `rule` in a batch of its own and return its value, or raise its error."""

@@ -1,19 +1,34 @@
-"""`SqliteLedger`: the ledger's rules behind one writer thread with group commit.
+"""The ledger's store: the rules behind one writer thread with group commit, over SQLite or
+PostgreSQL (`backends`).
 
 Rules queue up while a batch is being committed; the writer takes every waiting rule into the
 next batch (one transaction, one fsync) and returns to each caller once that batch is durable
-(`writer.Writer`).
+(`writer.Writer`). One class serves both storages; what differs is the `Backend` it is given.
+
+PostgreSQL (`postgres.PostgresBackend`), several supervisors on one database: each runs its
+own writer; their batches are serialized by a transaction-scoped advisory lock taken right
+after BEGIN, in READ COMMITTED, so every rule keeps the one-writer reasoning it was written
+with (read, decide, write) and the event journal's `seq` becomes visible in commit order (a
+watcher reading `seq > after` never skips a lower seq committed later). A batch holds the
+lock for the milliseconds it runs. Fences come from the database sequence `fences`, so they
+never repeat whichever supervisor grants them. A batch that woke anything says so with
+`pg_notify` inside its transaction; every supervisor listens and wakes its own long-polls.
+
+Reads stay synchronous functions over `Statements` (the rules call the same helpers inside
+their transactions): one worker-thread hop per read function, on SQLite's read-only
+connection or a small psycopg pool, rather than aiosqlite or async psycopg with one await
+per query; bench/readpath.py measures the two ways.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import anyio
 
@@ -31,13 +46,13 @@ from supervisor.ledger import (
     tokens,
     views,
 )
+from supervisor.ledger.backends import Backend, Reads, SqliteBackend, Wakeup, open_backend
 from supervisor.ledger.batch import BatchResult, RuleOutcome, Transactions, random_id
 from supervisor.ledger.counts import LedgerCounts
 from supervisor.ledger.decisions import log_decisions
 from supervisor.ledger.errors import Refused
 from supervisor.ledger.outbox import Answer, Outgoing
-from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, ReadSession, Statements, Tx
+from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
 from supervisor.ledger.verification import Evidence
 from supervisor.ledger.writer import Writer
 from tether.broadcast import Broadcast
@@ -51,72 +66,66 @@ T = TypeVar("T")
 MAX_BATCH = 512
 
 
-class SqliteLedger:
-    """The ledger over one SQLite file. Use `async with SqliteLedger.open(path) as ledger`."""
+class LedgerStore:
+    """The ledger over one `Backend`. Use `async with open_ledger(db) as ledger` (or
+    `SqliteLedger.open(path)`)."""
 
     max_batch: ClassVar[int] = MAX_BATCH  # rules per transaction at most
 
     def __init__(
         self,
-        path: Path | str,
+        backend: Backend,
         *,
         config: LedgerConfig | None = None,
         clock: WallClock = time.time,
-        synchronous: str = "FULL",
         new_id: Callable[[], str] = random_id,
     ) -> None:
-        self.path = Path(path)
+        self.backend = backend
         self.config = config or LedgerConfig()
         self.clock = clock
-        self.synchronous = synchronous
         self.new_id = new_id
         self.counters = LedgerCounts()
         # One wake-up per pool: work queued for one pool never wakes the others' claims.
         self._work: defaultdict[str, Broadcast] = defaultdict(Broadcast)
         self._events = Broadcast()
         self._effects = Broadcast()  # fired when an effect may be ready to take
-        self._read_limiter = anyio.CapacityLimiter(1)
-        self._write_db: sqlite3.Connection | None = None
-        self._reader: sqlite3.Connection | None = None
+        self._reads: Reads | None = None
         self._writer: Writer | None = None
 
-    @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, path: Path | str, **kwargs: Any) -> AsyncIterator[SqliteLedger]:
-        """Check integrity, migrate, refresh open leases, and start the writer."""
-        ledger = cls(path, **kwargs)
-        write_db = await anyio.to_thread.run_sync(
-            lambda: open_ledger_file(ledger.path, synchronous=ledger.synchronous)
-        )
-        ledger._write_db = write_db
+    async def running(self) -> AsyncIterator[Self]:
+        """Open (check integrity, migrate), listen for other supervisors' commits, refresh
+        open leases, and start the writer; close all of it when the block ends."""
+        backend = self.backend
+        write_db = await anyio.to_thread.run_sync(backend.open_writer)
         transactions = Transactions(
-            db=write_db, config=ledger.config, clock=ledger.clock, new_id=ledger.new_id
+            db=write_db, config=self.config, clock=self.clock, new_id=self.new_id, backend=backend
         )
         try:
-            ledger._reader = await anyio.to_thread.run_sync(
-                lambda: connect(ledger.path, synchronous=ledger.synchronous, readonly=True)
-            )
-            writer = Writer(transactions.run, ledger._committed, max_batch=ledger.max_batch)
-            ledger._writer = writer
-            async with anyio.create_task_group() as tg:
-                # If the writer dies, its error cancels this block and is raised from it.
-                tg.start_soon(writer.run)
+            async with backend.reads() as reads, backend.listen(self._fire):
+                self._reads = reads
+                writer = Writer(transactions.run, self._committed, max_batch=self.max_batch)
+                self._writer = writer
                 try:
-                    await ledger.write(reaper.refresh_after_restart)
-                    yield ledger
+                    async with anyio.create_task_group() as tg:
+                        # If the writer dies, its error cancels this block and is raised here.
+                        tg.start_soon(writer.run)
+                        try:
+                            await self.write(reaper.refresh_after_restart)
+                            yield self
+                        finally:
+                            writer.close()  # the task group waits for queued rules to commit
                 finally:
-                    writer.close()  # the task group waits for the queued rules to commit
+                    self._reads = None
         finally:
-            reader, ledger._reader, ledger._write_db = ledger._reader, None, None
-            await anyio.to_thread.run_sync(write_db.close)
-            if reader is not None:
-                await anyio.to_thread.run_sync(reader.close)
+            # `transactions.db`: the writer may have replaced a lost connection.
+            await anyio.to_thread.run_sync(lambda: backend.close_writer(transactions.db))
 
     @property
     def is_open(self) -> bool:
         """True from `open` until the ledger closes (on purpose, or because its writer died)."""
         writer = self._writer
-        return self._write_db is not None and writer is not None and writer.accepting
+        return self._reads is not None and writer is not None and writer.accepting
 
     # -- the writer -------------------------------------------------------------------------
 
@@ -128,15 +137,21 @@ class SqliteLedger:
         for outcome in outcomes:
             if isinstance(outcome.error, Refused):
                 self.counters.rejections[outcome.error.code] += 1
-        woken = result.woken_pools
+        self._fire(Wakeup(frozenset(result.woken_pools), bool(result.touched_tasks)))
+        # Here, not in the rules: only a committed decision is logged.
+        log_decisions(result.notes)
+
+    def _fire(self, wakeup: Wakeup) -> None:
+        """Wake the claims, event watches and the dispatcher that `wakeup` concerns: after
+        this store's own commits, and another supervisor's (`Backend.listen`)."""
+        woken = wakeup.pools
         if EFFECTS in woken:
             self._effects.fire()
         for pool in list(self._work) if ALL_POOLS in woken else woken - {EFFECTS}:
-            self._work[pool].fire()
-        if result.touched_tasks:
+            if pool in self._work:  # a pool nobody waits on needs no Broadcast made for it
+                self._work[pool].fire()
+        if wakeup.events:
             self._events.fire()
-        # Here, not in the rules: only a committed decision is logged.
-        log_decisions(result.notes)
 
     async def write(self, rule: Callable[[Tx], T]) -> T:
         """Run one rule in the next group-commit batch; return once it is durable."""
@@ -149,13 +164,11 @@ class SqliteLedger:
         return value
 
     async def read(self, query: Callable[[Statements], T]) -> T:
-        """Run `query` on the read-only connection: WAL lets it run beside the writer and see
-        only committed data."""
-        reader = self._reader
-        if reader is None:
+        """Run `query` on committed data, beside the writer (`Backend.reads`)."""
+        reads = self._reads
+        if reads is None:
             raise RuntimeError("the ledger is not open")
-        session = ReadSession(reader)
-        return await anyio.to_thread.run_sync(lambda: query(session), limiter=self._read_limiter)
+        return await reads.run(query)
 
     # -- operators ----------------------------------------------------------------------------
 
@@ -399,3 +412,39 @@ class SqliteLedger:
 
     async def revoke_token(self, token_id: str) -> None:
         await self.write(lambda tx: tokens.revoke_token(tx, token_id))
+
+
+class SqliteLedger(LedgerStore):
+    """The ledger over one SQLite file. Use `async with SqliteLedger.open(path) as ledger`."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        config: LedgerConfig | None = None,
+        clock: WallClock = time.time,
+        synchronous: str = "FULL",
+        new_id: Callable[[], str] = random_id,
+    ) -> None:
+        self.path = Path(path)
+        self.synchronous = synchronous
+        super().__init__(
+            SqliteBackend(self.path, synchronous), config=config, clock=clock, new_id=new_id
+        )
+
+    @classmethod
+    def open(cls, path: Path | str, **kwargs: Any) -> AbstractAsyncContextManager[Self]:
+        """Check integrity, migrate, refresh open leases, and start the writer."""
+        return cls(path, **kwargs).running()
+
+
+def open_ledger(
+    db: str | Path, *, synchronous: str = "FULL", **kwargs: Any
+) -> AbstractAsyncContextManager[LedgerStore]:
+    """The ledger `--db` names, opened for an `async with`: a path or `sqlite:///path` is a
+    `SqliteLedger`, `postgresql://...` a store on PostgreSQL; anything else raises
+    `LedgerUrlError` with the line to print (`backends.open_backend`)."""
+    backend = open_backend(db, synchronous=synchronous)
+    if isinstance(backend, SqliteBackend):
+        return SqliteLedger(backend.path, synchronous=synchronous, **kwargs).running()
+    return LedgerStore(backend, **kwargs).running()
