@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import sqlite3
 from typing import Any
 
 from supervisor.ledger import repositories
@@ -26,8 +25,8 @@ from supervisor.ledger.errors import (
 )
 from supervisor.ledger.fencing import fail_step, fail_task, find_step
 from supervisor.ledger.journal import append_event
-from supervisor.ledger.states import TERMINAL, StepState, TaskState, transition
-from supervisor.ledger.tx import EFFECTS, Tx, dumps, loads
+from supervisor.ledger.states import TERMINAL, TaskState, transition
+from supervisor.ledger.tx import EFFECTS, Row, Statements, Tx, dumps, loads
 from supervisor.ledger.verification import Finding, candidate_sha, findings
 from tether import effect_templates as templates
 from tether.effect_templates import RenderError
@@ -123,11 +122,11 @@ def start(tx: Tx, step_id: str) -> None:
     if step["kind"] in tx.config.effect_kinds:
         make_due(tx, step)
         return
-    tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.QUEUED.value, step_id))
+    tx.run("queue_ready_step", (step_id,))
     tx.wake(step["pool"])
 
 
-def make_due(tx: Tx, step: sqlite3.Row) -> None:
+def make_due(tx: Tx, step: Row) -> None:
     """Write the effect step's outbox row with its rendered request, in the transaction that
     makes it due (`step`: a row of `find_step`).
 
@@ -136,13 +135,13 @@ def make_due(tx: Tx, step: sqlite3.Row) -> None:
     effect is never due. A request that cannot be rendered (a path missing from an earlier
     step's output, no candidate for a push) fails the step and the task; nothing is written.
     """
-    task = tx.one("SELECT * FROM tasks WHERE id = ?", (step["task_id"],))
+    task = tx.one("task_by_id", (step["task_id"],))
     assert task is not None
     if TaskState(task["state"]) is TaskState.QUEUED:
         transition(tx, task["id"], TaskState.RUNNING)
         step = find_step(tx, step["id"], None)
     if task["repository"]:
-        found = findings(tx.db, task)
+        found = findings(tx, task)
         if found:
             fail_task(tx, task, found[0].reason)
             return
@@ -158,16 +157,14 @@ def make_due(tx: Tx, step: sqlite3.Row) -> None:
     state = OutboxState.DUE if keyed else OutboxState.GATED
     digest = content_hash(request)
     tx.run(
-        "INSERT INTO outbox (step_id, task_id, kind, effect_key, keyed, request_json, digest,"
-        " state, deadline_s, deadline_at, not_before, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "insert_due_effect",
         (
             step["id"], step["task_id"], step["kind"],
             effect_key(step["id"], step["payload_hash"]), int(keyed), dumps(request), digest,
             state.value, deadline_s, tx.now + deadline_s if keyed else None, tx.now, tx.now,
         ),
     )  # fmt: skip
-    tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.DUE.value, step["id"]))
+    tx.run("mark_effect_step_due", (step["id"],))
     append_event(
         tx, step["task_id"], "effect_due", TaskState.RUNNING,
         {"step_id": step["id"], "kind": step["kind"], "keyed": keyed, "digest": digest,
@@ -189,16 +186,14 @@ def render_code(exc: Exception) -> str:
     return Finding.NO_CANDIDATE.value if isinstance(exc, NoCandidate) else "effect_render_failed"
 
 
-def render_request(
-    tx: Tx, step: sqlite3.Row, task: sqlite3.Row, payload: dict[str, Any]
-) -> dict[str, Any]:
+def render_request(tx: Tx, step: Row, task: Row, payload: dict[str, Any]) -> dict[str, Any]:
     """The request the dispatcher sends for `step`, from its payload and what the ledger
     holds now. Credentials stay as placeholders (by name)."""
     if step["kind"] == "git.push":
-        remote = repositories.find_repository(tx.db, task["tenant"], task["repository"] or "")
+        remote = repositories.find_repository(tx, task["tenant"], task["repository"] or "")
         if remote is None:
             raise ValueError(f"task {task['id']} has no repository to push to")
-        candidate = candidate_sha(tx.db, task["id"])
+        candidate = candidate_sha(tx, task["id"])
         if candidate is None:
             raise NoCandidate("no step of the task reported a candidate to push")
         return {
@@ -208,11 +203,7 @@ def render_request(
         }  # fmt: skip
     outputs = {
         r["name"]: loads(r["output_json"])
-        for r in tx.all(
-            "SELECT name, output_json FROM steps WHERE task_id = ? AND position < ?"
-            " AND state = ? ORDER BY position",
-            (task["id"], step["position"], StepState.COMMITTED.value),
-        )
+        for r in tx.all("committed_outputs_before", (task["id"], step["position"]))
     }
     if step["kind"] == "http":
         return {
@@ -232,22 +223,18 @@ def render_request(
 # -- the dispatcher's side --------------------------------------------------------------------
 
 
-def _row(tx: Tx, effect_id: str) -> sqlite3.Row:
-    row = tx.one(
-        "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o JOIN tasks t"
-        " ON t.id = o.task_id WHERE o.step_id = ?",
-        (effect_id,),
-    )
+def _row(s: Statements, effect_id: str) -> Row:
+    row = s.one("effect_row", (effect_id,))
     if row is None:
         raise NotFound(f"no effect {effect_id}")
     return row
 
 
-def _ended(row: sqlite3.Row) -> bool:
+def _ended(row: Row) -> bool:
     return TaskState(row["task_state"]) in TERMINAL
 
 
-def _held(tx: Tx, effect_id: str, holder: str) -> sqlite3.Row:
+def _held(tx: Tx, effect_id: str, holder: str) -> Row:
     """The row, if `holder` holds it; `EffectNotHeld` otherwise."""
     row = _row(tx, effect_id)
     if row["state"] != OutboxState.SENDING or row["holder"] != holder:
@@ -257,41 +244,39 @@ def _held(tx: Tx, effect_id: str, holder: str) -> sqlite3.Row:
     return row
 
 
-def _set(tx: Tx, effect_id: str, state: OutboxState, **columns: Any) -> None:
-    """Move the row to `state`; a row leaving `sending` drops its holder."""
-    if state is not OutboxState.SENDING:
-        columns.setdefault("holder", None)
-        columns.setdefault("held_until", None)
+def _set(tx: Tx, effect_id: str, state: OutboxState) -> None:
+    """Move the row to `state`, dropping its holder; an end state records when it ended.
+    (`take` hands rows to a dispatcher, `open_gate` and `resolve` move them with the columns
+    their gate changes.)"""
+    if state is OutboxState.SENDING:
+        raise ValueError("a row becomes `sending` only when a dispatcher takes it")
     if state in ENDS:
-        columns.setdefault("ended_at", tx.now)
-    sets = ", ".join(f"{name} = ?" for name in columns)
-    tx.run(
-        f"UPDATE outbox SET state = ?{', ' if sets else ''}{sets} WHERE step_id = ?",
-        (state.value, *columns.values(), effect_id),
-    )
+        tx.run("end_effect", (state.value, tx.now, effect_id))
+    else:
+        tx.run("move_effect", (state.value, effect_id))
 
 
 ENDS = frozenset({OutboxState.DELIVERED, OutboxState.FAILED, OutboxState.WITHDRAWN})
 
 
-def _attempts(tx: Tx, row: sqlite3.Row, opening_only: bool) -> list[sqlite3.Row]:
+def _attempts(s: Statements, row: Row, opening_only: bool) -> list[Row]:
     """The effect's attempts an operator's word has not settled (`settled_attempts`); with
     `opening_only`, those of its current gate opening."""
-    sql = "SELECT * FROM deliveries WHERE step_id = ? AND attempt > ?"
-    params: tuple[Any, ...] = (row["step_id"], row["settled_attempts"])
     if opening_only:
-        sql += " AND opening = ?"
-        params += (row["openings"],)
-    return tx.all(sql + " ORDER BY attempt", params)
+        return s.all(
+            "unsettled_deliveries_of_opening",
+            (row["step_id"], row["settled_attempts"], row["openings"]),
+        )
+    return s.all("unsettled_deliveries", (row["step_id"], row["settled_attempts"]))
 
 
-def _maybe_sent(attempts: list[sqlite3.Row]) -> bool:
+def _maybe_sent(attempts: list[Row]) -> bool:
     """Whether any of these attempts may have reached the receiver: one answered `sent`, or
     one begun and never answered."""
     return any(a["sent"] is None or a["sent"] for a in attempts)
 
 
-def _to_outgoing(row: sqlite3.Row) -> Outgoing:
+def _to_outgoing(row: Row) -> Outgoing:
     return Outgoing(
         effect_id=row["step_id"], task_id=row["task_id"], tenant=row["tenant"], kind=row["kind"],
         effect_key=row["effect_key"], keyed=bool(row["keyed"]),
@@ -310,13 +295,9 @@ def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
     (keyed) and `open` (unkeyed) rows of live tasks, oldest first.
     """
     tx.request = "take"
-    taken: list[sqlite3.Row] = []
+    taken: list[Row] = []
     hold = tx.now + tx.config.effect_hold_s
-    for row in tx.all(
-        "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o JOIN tasks t"
-        " ON t.id = o.task_id WHERE o.state = ? AND o.held_until < ? ORDER BY o.created_at",
-        (OutboxState.SENDING.value, tx.now),
-    ):
+    for row in tx.all("lapsed_effects", (OutboxState.SENDING.value, tx.now)):
         if _ended(row):
             _settle_ended(tx, row, "its dispatcher vanished")
         elif row["keyed"]:
@@ -329,20 +310,18 @@ def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
     room = max(0, limit - len(taken))
     if room:
         taken += tx.all(
-            "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o INDEXED BY outbox_ready"
-            " JOIN tasks t ON t.id = o.task_id WHERE o.state IN (?, ?) AND o.not_before <= ?"
-            " AND t.state NOT IN (?, ?, ?) ORDER BY o.created_at LIMIT ?",
+            "ready_effects",
             (
                 OutboxState.DUE.value, OutboxState.OPEN.value, tx.now,
                 *(s.value for s in TERMINAL), room,
             ),
         )  # fmt: skip
     for row in taken:
-        _set(tx, row["step_id"], OutboxState.SENDING, holder=holder, held_until=hold)
+        tx.run("hold_effect", (OutboxState.SENDING.value, holder, hold, row["step_id"]))
     return [_to_outgoing(row) for row in taken]
 
 
-def _uncertain(tx: Tx, row: sqlite3.Row, why: str) -> None:
+def _uncertain(tx: Tx, row: Row, why: str) -> None:
     _set(tx, row["step_id"], OutboxState.UNCERTAIN)
     append_event(
         tx, row["task_id"], "effect_uncertain", row["task_state"],
@@ -354,7 +333,7 @@ def _uncertain(tx: Tx, row: sqlite3.Row, why: str) -> None:
     )  # fmt: skip
 
 
-def _settle_ended(tx: Tx, row: sqlite3.Row, why: str) -> None:
+def _settle_ended(tx: Tx, row: Row, why: str) -> None:
     """A row whose task ended: withdrawn if nothing of it can have been sent, else
     `uncertain` for an operator, keyed or not: after the task ended nothing sends it again,
     so only an operator can say whether the receiver applied it (the task stays ended either
@@ -365,10 +344,10 @@ def _settle_ended(tx: Tx, row: sqlite3.Row, why: str) -> None:
         _withdraw(tx, row, "nothing of it was sent before its task ended")
 
 
-def _withdraw(tx: Tx, row: sqlite3.Row, why: str, **data: Any) -> None:
+def _withdraw(tx: Tx, row: Row, why: str, **data: Any) -> None:
     """The effect will never be sent: its row `withdrawn`, its step cancelled."""
     _set(tx, row["step_id"], OutboxState.WITHDRAWN)
-    tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.CANCELLED.value, row["step_id"]))
+    tx.run("cancel_effect_step", (row["step_id"],))
     append_event(
         tx, row["task_id"], "effect_withdrawn", row["task_state"],
         {"step_id": row["step_id"], "why": why, **data},
@@ -382,11 +361,7 @@ def end_with_task(tx: Tx, task_id: str) -> None:
     answer is recorded and whose next attempt is refused (docs/design.md, Effects). Called by
     `fencing.withdraw_effects` after the task's state moved."""
     for row in tx.all(
-        "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o JOIN tasks t"
-        f" ON t.id = o.task_id WHERE o.task_id = ? AND (o.state IN ({', '.join('?' * len(UNHELD))})"
-        " OR (o.state = ? AND NOT EXISTS (SELECT 1 FROM deliveries d"
-        " WHERE d.step_id = o.step_id))) ORDER BY o.created_at",
-        (task_id, *(s.value for s in UNHELD), OutboxState.SENDING.value),
+        "unheld_effects_of_task", (task_id, *(s.value for s in UNHELD), OutboxState.SENDING.value)
     ):
         _settle_ended(tx, row, "an attempt of it may have been sent")
 
@@ -422,22 +397,15 @@ def begin_attempt(tx: Tx, effect_id: str, holder: str, digest: str) -> int:
             ).about(**about)
     if row["deadline_at"] is not None and tx.now > row["deadline_at"]:
         raise EffectNotHeld(f"effect {effect_id}'s delivery deadline has passed").about(**about)
-    last = tx.one("SELECT MAX(attempt) AS n FROM deliveries WHERE step_id = ?", (effect_id,))
+    last = tx.one("last_delivery_attempt", (effect_id,))
     attempt = int((last["n"] if last else None) or 0) + 1
-    tx.run(
-        "INSERT INTO deliveries (step_id, attempt, opening, holder, started_at)"
-        " VALUES (?, ?, ?, ?, ?)",
-        (effect_id, attempt, opening, holder, tx.now),
-    )
+    tx.run("insert_delivery", (effect_id, attempt, opening, holder, tx.now))
     if row["kind"] == "git.push":
         # Before the push leaves: a head read that reports this candidate is the task's own
         # push (`operator.observe_head`), however soon the forge's webhook arrives.
         candidate = loads(row["request_json"]).get("candidate")
-        tx.run("UPDATE tasks SET pushed_sha = ? WHERE id = ?", (candidate, row["task_id"]))
-    tx.run(
-        "UPDATE outbox SET held_until = ? WHERE step_id = ?",
-        (tx.now + tx.config.effect_hold_s, effect_id),
-    )
+        tx.run("record_pushed_sha", (candidate, row["task_id"]))
+    tx.run("extend_effect_hold", (tx.now + tx.config.effect_hold_s, effect_id))
     return attempt
 
 
@@ -455,17 +423,14 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     tx.request = "record_attempt"
     late = _row(tx, effect_id)
     row = late if _answers_uncertain(tx, late, attempt, holder) else _held(tx, effect_id, holder)
-    delivery = tx.one(
-        "SELECT * FROM deliveries WHERE step_id = ? AND attempt = ?", (effect_id, attempt)
-    )
+    delivery = tx.one("delivery_attempt", (effect_id, attempt))
     if delivery is None or delivery["answer"] is not None or delivery["holder"] != holder:
         raise EffectNotHeld(
             f"effect {effect_id} has no attempt {attempt} waiting for its answer"
         ).about(task_id=row["task_id"], step_id=effect_id)
     kind, sent = _answer_columns(answer)
     tx.run(
-        "UPDATE deliveries SET ended_at = ?, answer = ?, sent = ?, status = ?, detail = ?,"
-        " error = ? WHERE step_id = ? AND attempt = ?",
+        "answer_delivery",
         (
             tx.now, kind, sent, answer.status, answer.detail[:DETAIL_MAX],
             answer.code if isinstance(answer, Refused) else None, effect_id, attempt,
@@ -483,22 +448,18 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     elif row["state"] == OutboxState.UNCERTAIN:
         return  # still only an operator can say
     elif row["keyed"] or not answer.sent:
-        tx.run(
-            "UPDATE outbox SET held_until = ? WHERE step_id = ?",
-            (tx.now + tx.config.effect_hold_s, effect_id),
-        )
+        tx.run("extend_effect_hold", (tx.now + tx.config.effect_hold_s, effect_id))
     else:
         _uncertain(tx, row, "an unkeyed send went unanswered")
 
 
-def _answers_uncertain(tx: Tx, row: sqlite3.Row, attempt: int, holder: str) -> bool:
+def _answers_uncertain(s: Statements, row: Row, attempt: int, holder: str) -> bool:
     """Whether `holder`'s answer to `attempt` may settle `row`, which became uncertain while
     that attempt was in flight: the attempt is the holder's and still unanswered."""
     if row["state"] != OutboxState.UNCERTAIN:
         return False
-    delivery = tx.one(
-        "SELECT holder, answer FROM deliveries WHERE step_id = ? AND attempt = ? AND attempt > ?",
-        (row["step_id"], attempt, row["settled_attempts"]),
+    delivery = s.one(
+        "unsettled_delivery_attempt", (row["step_id"], attempt, row["settled_attempts"])
     )
     return delivery is not None and delivery["holder"] == holder and delivery["answer"] is None
 
@@ -514,7 +475,7 @@ def _answer_columns(answer: Answer) -> tuple[str, int]:
     return "unanswered", int(answer.sent)
 
 
-def _deliver(tx: Tx, row: sqlite3.Row, observation: dict[str, Any]) -> None:
+def _deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
     """The effect happened: its one effect row, the step committed with the observation as its
     output, and the task advanced (unless it has ended: the delivery is still recorded)."""
     from supervisor.ledger import effects  # effects.advance starts steps through this module
@@ -523,17 +484,13 @@ def _deliver(tx: Tx, row: sqlite3.Row, observation: dict[str, Any]) -> None:
     _set(tx, effect_id, OutboxState.DELIVERED)
     step = find_step(tx, effect_id, None)
     tx.run(
-        "INSERT INTO effects (effect_key, step_id, task_id, fence, payload_hash, output_json,"
-        " usage_json, candidate_sha, created_at) VALUES (?, ?, ?, ?, ?, ?, '{}', NULL, ?)",
+        "insert_delivered_effect",
         (
             row["effect_key"], effect_id, row["task_id"], EFFECT_FENCE, step["payload_hash"],
-            dumps(observation), tx.now,
+            dumps(observation), NO_USAGE, tx.now,
         ),
     )  # fmt: skip
-    tx.run(
-        "UPDATE steps SET state = ?, output_json = ?, committed_at = ? WHERE id = ?",
-        (StepState.COMMITTED.value, dumps(observation), tx.now, effect_id),
-    )
+    tx.run("commit_delivered_step", (dumps(observation), tx.now, effect_id))
     append_event(
         tx, row["task_id"], "step_committed", step["task_state"],
         {"step_id": effect_id, "effect_key": row["effect_key"], "delivered": True,
@@ -548,15 +505,17 @@ def _deliver(tx: Tx, row: sqlite3.Row, observation: dict[str, Any]) -> None:
         effects.advance(tx, step)
 
 
-# An effect the supervisor delivered was committed under no lease: its effect row's fence.
+# An effect the supervisor delivered was committed under no lease: its effect row's fence;
+# and it used no model: its usage.
 EFFECT_FENCE = 0
+NO_USAGE = dumps({})
 
 
-def _fail(tx: Tx, row: sqlite3.Row, reason: str) -> None:
+def _fail(tx: Tx, row: Row, reason: str) -> None:
     """Fail the effect step, and its task unless the task has ended already."""
     step = find_step(tx, row["step_id"], None)
     if TaskState(step["task_state"]) in TERMINAL:
-        tx.run("UPDATE steps SET state = ? WHERE id = ?", (StepState.FAILED.value, row["step_id"]))
+        tx.run("fail_effect_step", (row["step_id"],))
         return
     fail_step(tx, step, reason)
 
@@ -582,11 +541,7 @@ def release(tx: Tx, effect_id: str, holder: str) -> None:
     back to `open`. A row whose task ended is settled (`_settle_ended`)."""
     tx.request = "release_effect"
     row = _held(tx, effect_id, holder)
-    tx.run(
-        "UPDATE deliveries SET ended_at = ?, detail = 'released without an answer'"
-        " WHERE step_id = ? AND answer IS NULL AND ended_at IS NULL",
-        (tx.now, effect_id),
-    )
+    tx.run("release_unanswered_deliveries", (tx.now, effect_id))
     if _ended(row):
         _settle_ended(tx, row, "released")
     elif row["keyed"]:
@@ -602,25 +557,18 @@ def release(tx: Tx, effect_id: str, holder: str) -> None:
 # -- the operator's side ----------------------------------------------------------------------
 
 
-def _effect_of(tx: Tx, tenant: str, task_id: str, step_name: str) -> sqlite3.Row:
+def _effect_of(tx: Tx, tenant: str, task_id: str, step_name: str) -> Row:
     """The outbox row of `tenant`'s task's step named `step_name`; `NotFound` for another
     tenant's task, an unknown step, and a step that is not (yet) an effect with a row."""
-    task = tx.one("SELECT id FROM tasks WHERE id = ? AND tenant = ?", (task_id, tenant))
+    task = tx.one("tenant_task_id", (task_id, tenant))
     if task is None:
         raise NotFound(f"no task {task_id}")
-    step = tx.one(
-        "SELECT id, kind FROM steps WHERE task_id = ? AND name = ? ORDER BY position LIMIT 1",
-        (task_id, step_name),
-    )
+    step = tx.one("first_step_named", (task_id, step_name))
     if step is None:
         raise NotFound(f"task {task_id} has no step {step_name!r}")
     if step["kind"] not in tx.config.effect_kinds:
         raise InvalidRequest(f"step {step_name!r} is a {step['kind']} step, not an effect")
-    row = tx.one(
-        "SELECT o.*, t.state AS task_state, t.tenant FROM outbox o JOIN tasks t"
-        " ON t.id = o.task_id WHERE o.step_id = ?",
-        (step["id"],),
-    )
+    row = tx.one("effect_row", (step["id"],))
     if row is None:
         raise EffectNotGated(f"step {step_name!r} of task {task_id} is not due yet").about(
             task_id=task_id, step_id=step["id"]
@@ -647,9 +595,12 @@ def open_gate(tx: Tx, tenant: str, task_id: str, step_name: str, digest: str, by
             f"digest {digest} is not the digest of step {step_name!r}'s request"
             f" ({row['digest']}); look at the request again"
         ).about(**about)
-    _set(
-        tx, row["step_id"], OutboxState.OPEN, openings=row["openings"] + 1, gate_digest=digest,
-        deadline_at=tx.now + row["deadline_s"], not_before=tx.now,
+    tx.run(
+        "open_effect_gate",
+        (
+            OutboxState.OPEN.value, row["openings"] + 1, digest, tx.now + row["deadline_s"],
+            tx.now, row["step_id"],
+        ),
     )  # fmt: skip
     _decided(tx, row, "open", by, digest)
     append_event(
@@ -677,11 +628,7 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
         raise EffectNotGated(
             f"step {step_name!r} is {row['state']}: only an uncertain effect is resolved"
         ).about(**about)
-    tx.run(
-        "UPDATE outbox SET settled_attempts = (SELECT COALESCE(MAX(attempt), 0)"
-        " FROM deliveries WHERE step_id = ?) WHERE step_id = ?",
-        (row["step_id"], row["step_id"]),
-    )
+    tx.run("settle_effect_attempts", (row["step_id"], row["step_id"]))
     if happened:
         _decided(tx, row, "happened", by, row["digest"])
         _deliver(
@@ -698,22 +645,19 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
     _decided(tx, row, "not_happened", by, row["digest"])
     said = f"an operator ({by}) said it did not happen"
     if _ended(row):
-        tx.run("UPDATE outbox SET said_no = 1 WHERE step_id = ?", (row["step_id"],))
+        tx.run("mark_effect_said_no", (row["step_id"],))
         _withdraw(tx, row, said, by=by)
         return
     if row["keyed"]:
-        tx.run("UPDATE outbox SET said_no = 1 WHERE step_id = ?", (row["step_id"],))
+        tx.run("mark_effect_said_no", (row["step_id"],))
         _set(tx, row["step_id"], OutboxState.FAILED)
         _fail(tx, row, f"delivery_deadline: {said}")
         return
-    _set(tx, row["step_id"], OutboxState.GATED, said_no=1, gate_digest=None)
+    tx.run("regate_effect", (OutboxState.GATED.value, row["step_id"]))
     append_event(
         tx, task_id, "effect_regated", row["task_state"], {"step_id": row["step_id"], "by": by}
     )
 
 
-def _decided(tx: Tx, row: sqlite3.Row, action: str, by: str, digest: str | None) -> None:
-    tx.run(
-        "INSERT INTO effect_decisions (step_id, action, digest, by, at) VALUES (?, ?, ?, ?, ?)",
-        (row["step_id"], action, digest, by, tx.now),
-    )
+def _decided(tx: Tx, row: Row, action: str, by: str, digest: str | None) -> None:
+    tx.run("insert_effect_decision", (row["step_id"], action, digest, by, tx.now))

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from supervisor.ledger.states import TERMINAL, TaskState
-from supervisor.ledger.tx import Tx, loads
+from supervisor.ledger.tx import Row, Statements, Tx, loads
 
 
 class Finding(enum.StrEnum):
@@ -73,22 +72,15 @@ def stale_base(approved: str | None, head: str, repository: str) -> Problem:
     )
 
 
-def repository_head(db: sqlite3.Connection, task: sqlite3.Row) -> str | None:
+def repository_head(s: Statements, task: Row) -> str | None:
     """The head SHA last known for the task's repository."""
-    row = db.execute(
-        "SELECT head_sha FROM repositories WHERE tenant = ? AND name = ?",
-        (task["tenant"], task["repository"]),
-    ).fetchone()
+    row = s.one("repository_head_sha", (task["tenant"], task["repository"]))
     return None if row is None else str(row["head_sha"])
 
 
-def candidate_sha(db: sqlite3.Connection, task_id: str) -> str | None:
+def candidate_sha(s: Statements, task_id: str) -> str | None:
     """The candidate SHA the task's result stands for: the last one a committed step reported."""
-    row = db.execute(
-        "SELECT candidate_sha FROM steps WHERE task_id = ? AND candidate_sha IS NOT NULL"
-        " ORDER BY position DESC LIMIT 1",
-        (task_id,),
-    ).fetchone()
+    row = s.one("task_candidate_sha", (task_id,))
     return None if row is None else str(row["candidate_sha"])
 
 
@@ -98,20 +90,16 @@ def verify(tx: Tx, task_id: str) -> str | None:
     Every step must be committed with exactly one effect. When the task names a repository,
     its findings (`findings`) must be empty; the reason is the first one's `<code>: <detail>`.
     """
-    task = tx.one("SELECT * FROM tasks WHERE id = ?", (task_id,))
+    task = tx.one("task_by_id", (task_id,))
     assert task is not None
-    uneven = tx.one(
-        "SELECT s.id, (SELECT COUNT(*) FROM effects e WHERE e.step_id = s.id) AS n"
-        " FROM steps s WHERE s.task_id = ? AND (s.state != 'committed' OR n != 1) LIMIT 1",
-        (task_id,),
-    )
+    uneven = tx.one("uneven_step_of_task", (task_id,))
     if uneven is not None:
         return f"unverified: step {uneven['id']} does not have exactly one effect"
-    found = findings(tx.db, task)
+    found = findings(tx, task)
     return found[0].reason if found else None
 
 
-def findings(db: sqlite3.Connection, task: sqlite3.Row) -> list[Problem]:
+def findings(s: Statements, task: Row) -> list[Problem]:
     """What stands between a repository-bound task (a row of `tasks`) and success, first
     first; none for a task without a repository.
 
@@ -123,11 +111,7 @@ def findings(db: sqlite3.Connection, task: sqlite3.Row) -> list[Problem]:
     """
     if not task["repository"]:
         return []
-    steps = db.execute(
-        "SELECT id, position, candidate_sha, evidence_json FROM steps WHERE task_id = ?"
-        " AND state = 'committed' ORDER BY position",
-        (task["id"],),
-    ).fetchall()
+    steps = s.all("committed_step_evidence", (task["id"],))
     found: list[Problem] = []
     for step in steps:
         evidence = loads(step["evidence_json"])
@@ -144,7 +128,7 @@ def findings(db: sqlite3.Connection, task: sqlite3.Row) -> list[Problem]:
         found.append(Problem(code=Finding.NO_CANDIDATE, detail="no step reported a candidate"))
         return found
     sha = final["candidate_sha"]
-    runs = check_runs_at(db, task["id"], sha)
+    runs = check_runs_at(s, task["id"], sha)
     reporting = {final["id"]} | {run["step_id"] for run in runs.values()}
     for step in steps:
         if step["id"] in reporting:
@@ -166,7 +150,7 @@ def findings(db: sqlite3.Connection, task: sqlite3.Row) -> list[Problem]:
     return _unique(found)
 
 
-def _stale_failure(task: sqlite3.Row) -> Problem | None:
+def _stale_failure(task: Row) -> Problem | None:
     """The `stale_base` finding of a task that failed with it, from its recorded reason."""
     prefix = f"{Finding.STALE_BASE.value}: "
     reason = task["reason"] or ""
@@ -175,13 +159,9 @@ def _stale_failure(task: sqlite3.Row) -> Problem | None:
     return Problem(code=Finding.STALE_BASE, detail=reason.removeprefix(prefix))
 
 
-def check_runs_at(db: sqlite3.Connection, task_id: str, sha: str | None) -> dict[str, sqlite3.Row]:
+def check_runs_at(s: Statements, task_id: str, sha: str | None) -> dict[str, Row]:
     """The task's check runs at candidate `sha` by name: the latest step's run of each."""
-    rows = db.execute(
-        "SELECT c.*, s.position FROM check_runs c JOIN steps s ON s.id = c.step_id"
-        " WHERE s.task_id = ? AND c.candidate_sha = ? ORDER BY s.position",
-        (task_id, sha),
-    ).fetchall()
+    rows = s.all("check_runs_at_candidate", (task_id, sha))
     return {r["name"]: r for r in rows}
 
 
@@ -208,18 +188,13 @@ class Verdict:
         return not self.reasons
 
 
-def review_verdict(db: sqlite3.Connection, task: sqlite3.Row) -> Verdict:
+def review_verdict(s: Statements, task: Row) -> Verdict:
     """The verdict on `task` (a row of `tasks`), from what the ledger holds now."""
     state = TaskState(task["state"])
-    head = repository_head(db, task)
-    candidate = candidate_sha(db, task["id"])
-    live_leases = int(
-        db.execute(
-            "SELECT COUNT(*) FROM attempts a JOIN steps s ON s.id = a.step_id"
-            " WHERE s.task_id = ? AND a.state = 'leased'",
-            (task["id"],),
-        ).fetchone()[0]
-    )
+    head = repository_head(s, task)
+    candidate = candidate_sha(s, task["id"])
+    leases = s.one("live_leases_of_task", (task["id"],))
+    live_leases = int(leases["n"]) if leases is not None else 0
     reasons: list[str] = []
     if state in TERMINAL and live_leases:
         reasons.append("a runner still holds a lease on an ended task: authority not revoked")

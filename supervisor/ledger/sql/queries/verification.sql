@@ -1,0 +1,42 @@
+-- Verification and the review verdict (supervisor/ledger/verification.py): what evidence the
+-- ledger holds for a task.
+
+-- name: task_by_id
+-- One task's row.
+SELECT * FROM tasks WHERE id = ?;
+
+-- name: repository_head_sha
+-- The head SHA last known for a tenant's repository.
+SELECT head_sha FROM repositories WHERE tenant = ? AND name = ?;
+
+-- name: task_candidate_sha
+-- The candidate SHA a task's result stands for: the last one any of its steps reported.
+SELECT candidate_sha FROM steps
+WHERE task_id = ? AND candidate_sha IS NOT NULL
+ORDER BY position DESC
+LIMIT 1;
+
+-- name: uneven_step_of_task
+-- A step of a task that is not committed with exactly one effect, if any: the task cannot succeed.
+SELECT s.id FROM steps s
+WHERE s.task_id = ?
+  AND (s.state != {StepState.COMMITTED}
+       OR (SELECT COUNT(*) FROM effects e WHERE e.step_id = s.id) != 1)
+LIMIT 1;
+
+-- name: committed_step_evidence
+-- A task's committed steps with the candidate and the evidence each reported, in order.
+SELECT id, position, candidate_sha, evidence_json FROM steps
+WHERE task_id = ? AND state = {StepState.COMMITTED}
+ORDER BY position;
+
+-- name: check_runs_at_candidate
+-- A task's check runs at one candidate, with their steps' positions, in step order.
+SELECT c.*, s.position FROM check_runs c JOIN steps s ON s.id = c.step_id
+WHERE s.task_id = ? AND c.candidate_sha = ?
+ORDER BY s.position;
+
+-- name: live_leases_of_task
+-- How many attempts of a task's steps still hold a lease.
+SELECT COUNT(*) AS n FROM attempts a JOIN steps s ON s.id = a.step_id
+WHERE s.task_id = ? AND a.state = {AttemptState.LEASED};
