@@ -15,7 +15,7 @@ from supervisor.ledger import names, repositories, runners
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
 from supervisor.ledger.journal import append_event
-from supervisor.ledger.states import StepState, TaskState
+from supervisor.ledger.states import TaskState
 from supervisor.ledger.tx import Tx, dumps
 from tether import effect_templates as templates
 from tether.messages import CheckSpec
@@ -140,7 +140,7 @@ def check_repository(tx: Tx, spec: TaskSpec) -> None:
     step of it carries `allowed_paths` of its own (the task's apply to every step)."""
     if spec.repository is None:
         return
-    if repositories.find_repository(tx.db, spec.tenant, spec.repository) is None:
+    if repositories.find_repository(tx, spec.tenant, spec.repository) is None:
         raise InvalidRequest(
             f"'repository': tenant {spec.tenant!r} has no repository {spec.repository!r}:"
             f" add it first with `tether-supervisor repo add {spec.repository} --url URL"
@@ -297,10 +297,7 @@ def credentials_named(spec: TaskSpec, effect_kinds: Collection[str]) -> set[str]
 def existing_task(tx: Tx, spec: TaskSpec) -> Created | None:
     """The task that `spec`'s idempotency key already names, if it has the same plan and
     declarations; `IdempotencyConflict` if it has others; None for a new key."""
-    row = tx.one(
-        "SELECT * FROM tasks WHERE tenant = ? AND idempotency_key = ?",
-        (spec.tenant, spec.idempotency_key),
-    )
+    row = tx.one("task_by_idempotency_key", (spec.tenant, spec.idempotency_key))
     if row is None:
         return None
     declared = spec.declared()
@@ -325,15 +322,12 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     plan_hash = spec.plan_hash
     declared = spec.declared()
     task_id = tx.new_id()
-    order = tx.one("SELECT COALESCE(MAX(created_order), 0) + 1 AS n FROM tasks")
+    order = tx.one("next_created_order")
     assert order is not None
     tx.run(
-        "INSERT INTO tasks (id, tenant, idempotency_key, state, plan_hash, plan_json,"
-        " repository, declared_base_sha, requirement_revision, allowed_paths_json,"
-        " expected_checks_json, checks_json, owner, pool, created_order, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "insert_task",
         (
-            task_id, spec.tenant, spec.idempotency_key, TaskState.PLANNED.value, plan_hash,
+            task_id, spec.tenant, spec.idempotency_key, plan_hash,
             dumps(spec.plan), declared["repository"], declared["declared_base_sha"],
             declared["requirement_revision"], declared["allowed_paths_json"],
             declared["expected_checks_json"], declared["checks_json"], declared["owner"],
@@ -341,18 +335,17 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
             order["n"], tx.now,
         ),
     )  # fmt: skip
-    tx.db.executemany(
-        "INSERT INTO steps (id, task_id, position, task_order, name, kind, payload_json,"
-        " payload_hash, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    tx.many(
+        "insert_planned_step",
         [
             (
                 step_id_for(task_id, i), task_id, i, order["n"], s.name, s.kind, dumps(s.payload),
-                content_hash(s.payload), StepState.WAITING.value,
+                content_hash(s.payload),
             )
             for i, s in enumerate(spec.steps)
         ],
     )  # fmt: skip
-    tx.run("INSERT OR IGNORE INTO tenants (name) VALUES (?)", (spec.tenant,))
+    tx.run("insert_tenant", (spec.tenant,))
     append_event(
         tx, task_id, "state", TaskState.PLANNED,
         {"plan_hash": plan_hash, "idempotency_key": spec.idempotency_key},
