@@ -1,0 +1,284 @@
+"""The ledger on PostgreSQL: the `Backend` for `postgresql://` URLs, several supervisors on one
+database.
+
+Writes: one psycopg 3 sync connection on the store's writer thread, the same group commit as
+on SQLite (a batch = one transaction, a savepoint per rule). Batches from every supervisor on
+the database are serialized by `pg_advisory_xact_lock(LEDGER_LOCK)` taken right after BEGIN,
+in READ COMMITTED: the rules were written for one writer (read, decide, write) and keep that
+reasoning here without a lock audit of each, and the event journal's `seq` becomes visible in
+order (commit order = seq order under the lock). The lock is held for one batch, a few
+milliseconds; the price is that supervisors' batches never overlap, which group commit
+amortizes (bench/readpath.py's note in the store has the figures).
+
+Reads: a `psycopg_pool.ConnectionPool` (sync) of a few read-only REPEATABLE READ connections,
+one worker-thread hop per read function, so that one view sees one snapshot. Not async psycopg:
+the read functions are synchronous functions over `Statements`, shared with the rules.
+
+Wakeups: a batch that woke anything runs `pg_notify(CHANNEL, ...)` inside its transaction
+(delivered only if it commits); each supervisor LISTENs on one dedicated async connection and
+wakes its own claims, event watches and dispatcher. A lost listener reconnects (tenacity) and
+then wakes everything once, since a notification may have been missed meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+import psycopg
+import structlog
+from anyio.abc import TaskStatus
+from psycopg import IsolationLevel
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolTimeout
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+
+from supervisor.ledger import pg_schema, queries
+from supervisor.ledger.backends import Fire, Reads, Wakeup, WriteConnection
+from supervisor.ledger.errors import StorageError
+from supervisor.ledger.pg_schema import PgRow
+from supervisor.ledger.queries import Dialect
+from supervisor.ledger.tx import ALL_POOLS, EFFECTS, ReadSession, Statements
+
+T = TypeVar("T")
+
+log = structlog.get_logger("tether.supervisor")
+
+# The advisory lock every write batch takes ("ledger" in ASCII); pg_schema's migrations take
+# another.
+LEDGER_LOCK = 0x6C6564676572
+CHANNEL = "tether_ledger"
+# pg_notify refuses a payload of 8000 bytes or more; a batch that woke more pools than fit
+# wakes them all.
+MAX_PAYLOAD = 7000
+READ_CONNECTIONS = 4
+READ_WAIT_S = 10.0  # how long a read waits for a pooled connection before it fails
+EVERYTHING = Wakeup(frozenset({ALL_POOLS, EFFECTS}), events=True)
+
+
+class PgConnection:
+    """psycopg's connection with the DB-API surface the ledger's rules use (`executemany`)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: psycopg.Connection[PgRow]) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[PgRow]:
+        return self.conn.execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
+        with self.conn.cursor() as cursor:
+            cursor.executemany(sql, list(parameters))
+
+    def cursor(self) -> psycopg.Cursor[PgRow]:
+        return self.conn.cursor()
+
+
+def _pg(db: WriteConnection) -> psycopg.Connection[PgRow]:
+    assert isinstance(db, PgConnection)
+    return db.conn
+
+
+def is_storage_failure(exc: BaseException) -> bool:
+    """The server or the connection failing (SQLSTATE classes 08, 40, 53, 55, 57, 58, and a
+    connection psycopg found closed), not a statement's mistake."""
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+
+
+@dataclasses.dataclass
+class PostgresBackend:
+    """A PostgreSQL database shared by any number of supervisors (see the module)."""
+
+    url: str
+    read_connections: int = READ_CONNECTIONS
+    dialect: Dialect = "postgresql"
+    # This process's name in its notifications: its own commits it has woken already.
+    origin: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def where(self) -> str:
+        return pg_schema.redact(self.url)
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def open_writer(self) -> WriteConnection:
+        conn = pg_schema.connect(self.url)
+        try:
+            pg_schema.migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return PgConnection(conn)
+
+    def live(self, db: WriteConnection) -> WriteConnection:
+        if not _pg(db).closed:
+            return db
+        log.warning("the ledger's write connection was lost; reconnecting", db=self.where)
+        return PgConnection(pg_schema.connect(self.url))
+
+    def close_writer(self, db: WriteConnection) -> None:
+        _pg(db).close()
+
+    def begin(self, db: WriteConnection) -> None:
+        # One round trip: a statement without parameters may hold two.
+        db.execute(f"BEGIN; SELECT pg_advisory_xact_lock({LEDGER_LOCK})")
+
+    def in_transaction(self, db: WriteConnection) -> bool:
+        status = _pg(db).info.transaction_status
+        return status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, psycopg.Error)
+
+    def is_storage_failure(self, exc: BaseException) -> bool:
+        return is_storage_failure(exc)
+
+    def announce(self, db: WriteConnection, wakeup: Wakeup) -> None:
+        db.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.encode(wakeup)))
+
+    def encode(self, wakeup: Wakeup) -> str:
+        payload = {"origin": self.origin, "pools": sorted(wakeup.pools), "events": wakeup.events}
+        text = json.dumps(payload, separators=(",", ":"))
+        if len(text.encode()) > MAX_PAYLOAD:
+            payload["pools"] = [ALL_POOLS, EFFECTS]
+            text = json.dumps(payload, separators=(",", ":"))
+        return text
+
+    def decode(self, text: str) -> Wakeup | None:
+        """The wakeup another process's notification carries; None for this process's own,
+        and everything for one that cannot be read."""
+        try:
+            payload = json.loads(text)
+            if payload["origin"] == self.origin:
+                return None
+            return Wakeup(frozenset(str(p) for p in payload["pools"]), bool(payload["events"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("unreadable ledger notification; waking everything", payload=text[:200])
+            return EVERYTHING
+
+    # -- reads --------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def reads(self) -> AsyncIterator[Reads]:
+        pool = ConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self.read_connections,
+            kwargs={"row_factory": pg_schema.pg_row},
+            configure=_read_only,
+            open=False,
+            name="tether-ledger-reads",
+        )
+        try:
+            await anyio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=READ_WAIT_S))
+        except PoolTimeout as exc:
+            await anyio.to_thread.run_sync(pool.close)
+            raise StorageError(f"cannot connect to {self.where} for reads: {exc}") from exc
+        try:
+            yield _PgReads(pool, self.where, self.read_connections)
+        finally:
+            await anyio.to_thread.run_sync(pool.close)
+
+    # -- wakeups ------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def listen(self, fire: Fire) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._listen_forever, fire)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _listen_forever(self, fire: Fire, *, task_status: TaskStatus[None]) -> None:
+        """Listen until cancelled. The first connection must succeed (the store does not open
+        without it); later ones are retried with backoff for as long as it takes, and each
+        wakes everything once it listens (something may have been missed)."""
+        try:
+            await self._listen_once(fire, on_listening=task_status.started)
+        except psycopg.OperationalError as exc:
+            one_line = " ".join(str(exc).split())
+            raise StorageError(f"cannot listen to {self.where}: {one_line}") from exc
+        while True:
+            retrying = AsyncRetrying(
+                wait=wait_exponential(multiplier=0.05, max=5.0),
+                retry=retry_if_exception_type(psycopg.OperationalError),
+                before_sleep=lambda state: log.warning(
+                    "cannot listen to the ledger's database; retrying",
+                    db=self.where,
+                    error=" ".join(str(state.outcome.exception() if state.outcome else "").split()),
+                ),
+                reraise=True,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    await self._listen_once(fire, on_listening=lambda: fire(EVERYTHING))
+
+    async def _listen_once(self, fire: Fire, *, on_listening: Callable[[], None]) -> None:
+        """Connect, LISTEN, call `on_listening`, and fire each notification until the
+        connection is lost (then return). Failing to connect raises."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, connect_timeout=pg_schema.CONNECT_TIMEOUT_S
+            )
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot listen to {self.where}: {exc}") from exc
+        async with conn:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            on_listening()
+            try:
+                async for note in conn.notifies():
+                    wakeup = self.decode(note.payload)
+                    if wakeup:
+                        fire(wakeup)
+            except psycopg.OperationalError as exc:
+                log.warning(
+                    "lost the ledger's notifications; reconnecting",
+                    db=self.where,
+                    error=" ".join(str(exc).split()),
+                )
+
+
+def _read_only(conn: psycopg.Connection[Any]) -> None:
+    """Each read function sees one snapshot and cannot write."""
+    conn.isolation_level = IsolationLevel.REPEATABLE_READ
+    conn.read_only = True
+
+
+class _PgReads:
+    """Read functions on pooled connections, each in a worker thread, in a transaction of its
+    own. A read whose connection was lost (a server restart) is run once more on a fresh one:
+    a read changes nothing, so running it again is safe."""
+
+    def __init__(self, pool: ConnectionPool[Any], where: str, size: int) -> None:
+        self._pool = pool
+        self._where = where
+        self._sql = queries.texts("postgresql")
+        self._limiter = anyio.CapacityLimiter(size)
+
+    async def run(self, query: Callable[[Statements], T]) -> T:
+        return await anyio.to_thread.run_sync(lambda: self._run(query), limiter=self._limiter)
+
+    def _run(self, query: Callable[[Statements], T]) -> T:
+        for tries_left in (1, 0):
+            try:
+                with self._pool.connection(timeout=READ_WAIT_S) as conn:
+                    return query(ReadSession(PgConnection(conn), self._sql))
+            except PoolTimeout as exc:
+                raise StorageError(f"no connection to {self._where} for a read: {exc}") from exc
+            except psycopg.Error as exc:
+                if not is_storage_failure(exc):
+                    raise
+                if tries_left:
+                    continue
+                one_line = " ".join(str(exc).split())
+                raise StorageError(f"the ledger could not read: {one_line}") from exc
+        raise AssertionError("unreachable")

@@ -1,0 +1,253 @@
+"""The ledger store on PostgreSQL, and several stores (supervisors) on one database: fences
+from one sequence, claims never granting a step twice, wakeups and event watches across
+stores, the reaper and the effect dispatcher never acting twice, token revocation seen by all,
+and a lost connection reported as the ledger's `StorageError`."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from supervisor.api.auth import TokenCache
+from supervisor.effects.credentials import Credentials
+from supervisor.effects.dispatcher import Dispatcher
+from supervisor.effects.registry import EffectKinds
+from supervisor.ledger import LedgerConfig, StepSpec, StorageError, TaskSpec
+from supervisor.ledger.backends import LedgerUrlError, open_backend
+from supervisor.ledger.pg_schema import connect
+from supervisor.ledger.store import LedgerStore, open_ledger
+
+from . import pgdb
+from .conftest import FakeClock, make_spec, queued_task, report_for
+
+pytestmark = pytest.mark.anyio
+
+pg_url = pgdb.pg_url
+
+CONFIG = LedgerConfig(lease_ttl_s=30, accept_window_s=10)
+
+
+@contextlib.asynccontextmanager
+async def stores(url: str, clock: FakeClock, n: int = 2) -> AsyncIterator[list[LedgerStore]]:
+    """`n` stores on one database, as `n` supervisors would open it."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(open_ledger(url, clock=clock, config=CONFIG))
+            for _ in range(n)
+        ]
+
+
+async def test_a_task_runs_end_to_end_on_postgresql(pg_url: str, clock: FakeClock) -> None:
+    async with open_ledger(pg_url, clock=clock, config=CONFIG) as ledger:
+        spec = make_spec("k1", steps=2)
+        created = await ledger.create_task(spec)
+        assert created.created
+        await ledger.approve(spec.tenant, created.task_id, spec.plan_hash, None)
+        for name in ("s0", "s1"):
+            [lease] = await ledger.claim("r1", "default", 4, 0)
+            assert lease.name == name
+            assert await ledger.report(report_for(lease)) == "applied"
+        view = await ledger.task(created.task_id)
+        assert view["state"] == "SUCCEEDED"
+        assert [s["state"] for s in view["steps"]] == ["committed", "committed"]
+        assert await ledger.violations() == []
+    # Reopened, the same ledger: the task is found by its idempotency key.
+    async with open_ledger(pg_url, clock=clock, config=CONFIG) as again:
+        assert (await again.create_task(spec)) == type(created)(created.task_id, created=False)
+
+
+async def test_fences_strictly_increase_whichever_store_grants_them(
+    pg_url: str, clock: FakeClock
+) -> None:
+    async with stores(pg_url, clock) as (a, b):
+        for i in range(6):
+            await queued_task(a if i % 2 else b, key=f"k{i}")
+        fences = []
+        for i in range(6):
+            [lease] = await (a if i % 2 == 0 else b).claim(f"r{i}", "default", 1, 0)
+            fences.append(lease.fence)
+        assert fences == sorted(set(fences)), fences
+
+
+async def test_two_stores_claiming_one_queue_never_grant_a_step_twice(
+    pg_url: str, clock: FakeClock
+) -> None:
+    async with stores(pg_url, clock) as (a, b):
+        for i in range(24):
+            await queued_task(a, key=f"k{i}")
+        granted: list[str] = []
+
+        async def claimer(store: LedgerStore, runner: str) -> None:
+            while leases := await store.claim(runner, "default", 3, 0):
+                granted.extend(lease.step_id for lease in leases)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(claimer, a, f"a{i}")
+                tg.start_soon(claimer, b, f"b{i}")
+        assert len(granted) == 24
+        assert len(set(granted)) == 24
+
+
+async def test_a_claim_waiting_on_one_store_wakes_when_another_queues_work(
+    pg_url: str, clock: FakeClock
+) -> None:
+    async with stores(pg_url, clock) as (a, b):
+        claimed: list[Any] = []
+        done = anyio.Event()
+
+        async def wait_on_a() -> None:
+            claimed.extend(await a.claim("r1", "default", 1, 20))
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_on_a)
+            await anyio.sleep(0.3)  # the claim found nothing and waits
+            started = time.monotonic()
+            task_id = await queued_task(b)
+            with anyio.fail_after(5):
+                await done.wait()
+        assert time.monotonic() - started < 2  # woken, not timed out at 20 s
+        assert claimed[0].task_id == task_id
+
+
+async def test_an_event_watch_on_one_store_sees_commits_made_through_another(
+    pg_url: str, clock: FakeClock
+) -> None:
+    async with stores(pg_url, clock) as (a, b):
+        task_id = await queued_task(a)
+        seen = await a.events(task_id, None, 0, 0)
+        after = seen[-1]["seq"]
+        found: list[dict[str, Any]] = []
+
+        async def watch_on_a() -> None:
+            found.extend(await a.events(task_id, None, after, 20))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch_on_a)
+                await anyio.sleep(0.3)
+                [lease] = await b.claim("r1", "default", 1, 0)
+                await b.report(report_for(lease))
+        assert found
+        assert all(event["seq"] > after for event in found)
+
+
+async def test_the_reapers_of_two_stores_expire_each_lease_once(
+    pg_url: str, clock: FakeClock
+) -> None:
+    async with stores(pg_url, clock) as (a, b):
+        for i in range(10):
+            await queued_task(a, key=f"k{i}")
+        leases = await a.claim("r1", "default", 10, 0)
+        assert len(leases) == 10
+        clock.advance(CONFIG.lease_ttl_s + 1)
+        reaped: list[int] = []
+
+        async def reap(store: LedgerStore) -> None:
+            reaped.append(await store.expire())
+
+        async with anyio.create_task_group() as tg:
+            for store in (a, b, a, b):
+                tg.start_soon(reap, store)
+        assert sum(reaped) == 10
+        again = await b.claim("r2", "default", 10, 0)
+        assert sorted(lease.step_id for lease in again) == sorted(lease.step_id for lease in leases)
+        assert all(lease.attempt == 2 for lease in again)
+
+
+def effect_task(key: str) -> TaskSpec:
+    deploy = {"url": "https://deploy.example/hook", "keyed": True, "deadline_s": 300}
+    return TaskSpec(
+        tenant="acme",
+        idempotency_key=key,
+        steps=(StepSpec(name="deploy", kind="http", payload=deploy),),
+    )
+
+
+async def test_the_dispatchers_of_two_stores_never_take_one_effect_twice(
+    pg_url: str, clock: FakeClock
+) -> None:
+    kinds = EffectKinds(())
+    holders = {
+        Dispatcher(a_ledger, kinds, Credentials(None), hold_s=60).holder
+        for a_ledger in (None, None)  # type: ignore[arg-type]
+    }
+    assert len(holders) == 2  # each process's dispatcher holds under its own id
+    async with stores(pg_url, clock) as (a, b):
+        for i in range(12):
+            spec = effect_task(f"e{i}")
+            task_id = (await a.create_task(spec)).task_id
+            await a.approve("acme", task_id, spec.plan_hash, None)
+        taken: dict[str, list[str]] = {"dA": [], "dB": []}
+
+        async def take(store: LedgerStore, holder: str) -> None:
+            while outs := await store.take_effects(holder, 2):
+                taken[holder].extend(out.effect_id for out in outs)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, a, "dA")
+            tg.start_soon(take, b, "dB")
+        both = taken["dA"] + taken["dB"]
+        assert len(both) == 12
+        assert len(set(both)) == 12
+
+
+async def test_a_token_revoked_through_one_store_is_refused_by_another_within_the_cache_ttl(
+    pg_url: str, clock: FakeClock
+) -> None:
+    timer = FakeClock(0.0)
+    async with stores(pg_url, clock) as (a, b):
+        new = await a.create_token("acme", "operator")
+        on_a = TokenCache(a, lifetime_s=1.0, timer=timer)
+        assert (await on_a.principal(new.secret)) is not None
+        await b.revoke_token(new.id)
+        assert (await on_a.principal(new.secret)) is not None  # cached, for at most 1 s
+        timer.advance(1.01)
+        assert (await on_a.principal(new.secret)) is None
+
+
+async def test_a_lost_connection_is_a_storage_error_and_the_next_write_reconnects(
+    pg_url: str, clock: FakeClock
+) -> None:
+    async with open_ledger(pg_url, clock=clock, config=CONFIG) as ledger:
+        task_id = await queued_task(ledger)
+        with connect(pg_url) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert killed is not None
+        assert killed[0] >= 3  # the writer, a reader, the listener
+        with pytest.raises(StorageError) as lost:
+            await ledger.cancel("acme", task_id, "no longer wanted")
+        assert isinstance(lost.value.__cause__, psycopg.OperationalError)
+        assert ledger.is_open  # a storage error fails the batch, not the writer
+        await ledger.cancel("acme", task_id, "no longer wanted")  # on a new connection
+        assert (await ledger.task(task_id))["state"] == "CANCELLED"  # reads reconnect too
+
+
+async def test_a_database_that_cannot_be_reached_is_one_storage_error(clock: FakeClock) -> None:
+    url = "postgresql://postgres@127.0.0.1:1/none?connect_timeout=2"
+    with pytest.raises(StorageError, match="cannot connect"):
+        async with open_ledger(url, clock=clock):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("db", "message"),
+    [
+        ("mysql://x/y", "scheme 'mysql' is not supported"),
+        ("sqlite:///", "names no file"),
+        ("", "empty"),
+    ],
+)
+def test_a_db_that_names_no_storage_is_one_clear_line(db: str, message: str) -> None:
+    with pytest.raises(LedgerUrlError, match=message):
+        open_backend(db)
