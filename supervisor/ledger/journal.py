@@ -13,13 +13,10 @@ from supervisor.ledger.tx import Tx, dumps
 
 
 def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str, Any]) -> int:
-    cursor = tx.db.execute(
-        "INSERT INTO events (task_id, kind, state, data_json, at) VALUES (?, ?, ?, ?, ?)",
-        (task_id, kind, str(state), dumps(dict(data)), tx.now),
-    )
-    seq = cursor.lastrowid
-    assert seq is not None
-    tx.run("UPDATE tasks SET last_seq = ? WHERE id = ?", (seq, task_id))
+    row = tx.one("append_event", (task_id, kind, str(state), dumps(dict(data)), tx.now))
+    assert row is not None
+    seq = int(row["seq"])
+    tx.run("set_task_last_seq", (seq, task_id))
     tx.touched_tasks.add(task_id)
     return seq
 
@@ -36,11 +33,7 @@ def record_rejection(
     """A refused write, kept for operators and the review record; it never changes a state.
     Returns the task it concerns, if known."""
     if task_id is None and step_id is not None:
-        row = tx.one("SELECT task_id FROM steps WHERE id = ?", (step_id,))
+        row = tx.one("task_of_step", (step_id,))
         task_id = row["task_id"] if row else None
-    tx.run(
-        "INSERT INTO rejections (task_id, step_id, fence, code, detail, at)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (task_id, step_id, fence, code, detail, tx.now),
-    )
+    tx.run("record_rejection", (task_id, step_id, fence, code, detail, tx.now))
     return task_id

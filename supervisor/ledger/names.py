@@ -21,12 +21,7 @@ _TOKEN_ID = re.compile(r"[0-9a-f]{12}")  # the form of `tokens.create_token`'s i
 _RULE = "letters, digits and . _ @ : + -, starting with a letter or digit"
 
 
-_HELD = {
-    "tenant": "SELECT 1 AS k FROM tokens WHERE scope = ? AND role = 'operator'"
-    " UNION ALL SELECT 1 FROM tenants WHERE name = ? LIMIT 1",
-    "pool": "SELECT 1 AS k FROM tokens WHERE scope = ? AND role = 'runner'"
-    " UNION ALL SELECT 1 FROM tasks WHERE pool = ? LIMIT 1",
-}
+_HELD = {"tenant": "tenant_name_held", "pool": "pool_name_held"}
 
 
 def _known(tx: Tx | None, kind: str, name: str) -> bool:

@@ -17,28 +17,16 @@ from supervisor.ledger.tx import Tx, dumps
 # costs one index lookup per claim, not a row written.
 SEEN_RESOLUTION_S: Final = 1.0
 
-_SEEN = (
-    "INSERT INTO runners (pool, runner_id, token_id, kinds_json, first_seen, last_seen)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (pool, runner_id) DO UPDATE SET token_id = excluded.token_id,"
-    " kinds_json = excluded.kinds_json, last_seen = excluded.last_seen"
-    " WHERE runners.token_id IS NOT excluded.token_id"
-    " OR runners.kinds_json IS NOT excluded.kinds_json"
-    f" OR runners.last_seen <= excluded.last_seen - {SEEN_RESOLUTION_S}"
-)
-
-_KINDS_SERVED = (
-    "SELECT DISTINCT k.value AS kind FROM runners r, json_each(r.kinds_json) k"
-    " WHERE r.pool = ? AND r.last_seen >= ?"
-)
-
 
 def seen(tx: Tx, pool: str, runner_id: str, token_id: str | None, kinds: Iterable[str]) -> None:
     """Record that `runner_id` claimed in `pool` now, serving `kinds`."""
     kinds_json = dumps(sorted(set(kinds)))
-    tx.run(_SEEN, (pool, runner_id, token_id, kinds_json, tx.now, tx.now))
+    tx.run(
+        "record_runner_seen",
+        (pool, runner_id, token_id, kinds_json, tx.now, tx.now, SEEN_RESOLUTION_S),
+    )
 
 
 def kinds_served(tx: Tx, pool: str, since: float) -> set[str]:
     """The kinds announced by the runners of `pool` seen at or after `since`."""
-    return {row["kind"] for row in tx.all(_KINDS_SERVED, (pool, since))}
+    return {row["kind"] for row in tx.all("kinds_served", (pool, since))}

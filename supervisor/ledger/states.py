@@ -57,13 +57,14 @@ ALLOWED: Mapping[TaskState, frozenset[TaskState]] = {
     TaskState.CANCELLED: frozenset(),
 }
 
-# Columns stamped when a task enters a state, for the review record.
-_STAMPS: Mapping[TaskState, str] = {
-    TaskState.APPROVED: "approved_at",
-    TaskState.RUNNING: "started_at",
-    TaskState.SUCCEEDED: "finished_at",
-    TaskState.FAILED: "finished_at",
-    TaskState.CANCELLED: "finished_at",
+# The query that moves a task into a state which stamps a column for the review record
+# (approved_at, started_at, finished_at); the time is its third parameter.
+_STAMPING: Mapping[TaskState, str] = {
+    TaskState.APPROVED: "move_task_approving",
+    TaskState.RUNNING: "move_task_starting",
+    TaskState.SUCCEEDED: "move_task_finishing",
+    TaskState.FAILED: "move_task_finishing",
+    TaskState.CANCELLED: "move_task_finishing",
 }
 
 
@@ -72,7 +73,7 @@ def is_allowed(current: TaskState, target: TaskState) -> bool:
 
 
 def task_state(tx: Tx, task_id: str) -> TaskState:
-    row = tx.one("SELECT state FROM tasks WHERE id = ?", (task_id,))
+    row = tx.one("task_state", (task_id,))
     if row is None:
         raise NotFound(f"no task {task_id}")
     return TaskState(row["state"])
@@ -102,15 +103,11 @@ def transition(
     """Move a task to `target` and append its event; return the event's sequence number."""
     current = task_state(tx, task_id)
     require_allowed(task_id, current, target)
-    stamp = _STAMPS.get(target)
-    stamp_sql = f", {stamp} = COALESCE({stamp}, ?)" if stamp else ""
-    params: tuple[Any, ...] = (target.value, reason)
-    if stamp:
-        params += (tx.now,)
-    tx.run(
-        f"UPDATE tasks SET state = ?, reason = COALESCE(?, reason){stamp_sql} WHERE id = ?",
-        (*params, task_id),
-    )
+    stamping = _STAMPING.get(target)
+    if stamping is None:
+        tx.run("move_task", (target.value, reason, task_id))
+    else:
+        tx.run(stamping, (target.value, reason, tx.now, task_id))
     payload = {"from": current.value, **(data or {})}
     if reason:
         payload["reason"] = reason

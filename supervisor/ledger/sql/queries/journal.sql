@@ -1,3 +1,15 @@
 -- name: append_event
 -- Append one event to the journal; its sequence number is the ledger-wide order.
 INSERT INTO events (task_id, kind, state, data_json, at) VALUES (?, ?, ?, ?, ?) RETURNING seq;
+
+-- name: set_task_last_seq
+-- Record on the task the sequence number of its latest event.
+UPDATE tasks SET last_seq = ? WHERE id = ?;
+
+-- name: task_of_step
+-- The task a step belongs to.
+SELECT task_id FROM steps WHERE id = ?;
+
+-- name: record_rejection
+-- Keep a refused write for operators and the review record.
+INSERT INTO rejections (task_id, step_id, fence, code, detail, at) VALUES (?, ?, ?, ?, ?, ?);
