@@ -34,7 +34,7 @@ def checkpoint(tx: Tx, step_id: str, cp: Checkpoint, pool: str | None = None) ->
         )
     if (cp.bundle is None) != (cp.sha is None):
         raise InvalidRequest("a checkpoint names its bundle and the commit `sha` in it together")
-    held = tx.one("SELECT fence, turn FROM checkpoints WHERE step_id = ?", (step_id,))
+    held = tx.one("checkpoint_held", (step_id,))
     if held is not None:
         if held["fence"] == cp.fence and held["turn"] == cp.turn:
             return Checkpointed(turn=cp.turn)
@@ -44,11 +44,7 @@ def checkpoint(tx: Tx, step_id: str, cp: Checkpoint, pool: str | None = None) ->
                 " would go back"
             )
     tx.run(
-        "INSERT INTO checkpoints (step_id, fence, turn, transcript, bundle, sha,"
-        " step_usage_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (step_id) DO UPDATE SET fence = excluded.fence, turn = excluded.turn,"
-        " transcript = excluded.transcript, bundle = excluded.bundle, sha = excluded.sha,"
-        " step_usage_json = excluded.step_usage_json, created_at = excluded.created_at",
+        "save_checkpoint",
         (
             step_id, cp.fence, cp.turn, cp.transcript, cp.bundle, cp.sha,
             dumps(dict(cp.step_usage)), tx.now,

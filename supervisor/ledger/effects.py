@@ -8,8 +8,6 @@ the step is committed and the event appended. A report for a step already commit
 
 from __future__ import annotations
 
-import sqlite3
-
 from supervisor.ledger import outbox
 from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
@@ -23,13 +21,13 @@ from supervisor.ledger.fencing import (
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.operator import observe_head
 from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import Tx, dumps
+from supervisor.ledger.tx import Row, Tx, dumps
 from supervisor.ledger.verification import Evidence, verify
 from tether.messages import Report
 from tether.wire import Outcome, effect_key
 
 
-def effect_identity(tx: Tx, step: sqlite3.Row, rep: Report) -> str | None:
+def effect_identity(tx: Tx, step: Row, rep: Report) -> str | None:
     """The key the report's effect is stored under: the step's identity, so a step has one
     effect whichever attempt commits it. None when the step is committed already: a replay."""
     if step["state"] == StepState.COMMITTED:
@@ -68,9 +66,7 @@ def report(
         raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
     require_current(tx, step, rep.fence)
     check_report(rep)
-    task = tx.one(
-        "SELECT repository, approved_base_sha FROM tasks WHERE id = ?", (step["task_id"],)
-    )
+    task = tx.one("task_repository_base", (step["task_id"],))
     assert task is not None
     if task["repository"] and evidence is None:
         raise InvalidRequest(
@@ -78,34 +74,29 @@ def report(
             " commits only with the supervisor's evidence"
         )
     tx.run(
-        "INSERT INTO effects (effect_key, step_id, task_id, fence, payload_hash, output_json,"
-        " usage_json, candidate_sha, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "insert_effect",
         (
             key, rep.step_id, step["task_id"], rep.fence, rep.payload_hash, dumps(rep.output),
             dumps(rep.usage), rep.candidate_sha, tx.now,
         ),
     )  # fmt: skip
     tx.run(
-        "UPDATE steps SET state = ?, output_json = ?, candidate_sha = ?, bundle = ?,"
-        " evidence_json = ?, committed_at = ?, lease_deadline = NULL, accept_deadline = NULL"
-        " WHERE id = ?",
+        "commit_step",
         (
             StepState.COMMITTED.value, dumps(rep.output), rep.candidate_sha, rep.bundle,
             None if evidence is None else dumps(evidence.as_dict()), tx.now, rep.step_id,
         ),
     )  # fmt: skip
     end_attempt(tx, rep.step_id, rep.fence, AttemptState.COMMITTED, "committed")
-    tx.db.executemany(
-        "INSERT OR REPLACE INTO artifacts (task_id, step_id, candidate_sha, name, digest)"
-        " VALUES (?, ?, ?, ?, ?)",
+    tx.many(
+        "record_step_artifact",
         [
             (step["task_id"], rep.step_id, rep.candidate_sha, name, digest)
             for name, digest in rep.artifacts.items()
         ],
     )
-    tx.db.executemany(
-        "INSERT INTO check_runs (step_id, name, candidate_sha, log_digest, exit_code,"
-        " duration_s) VALUES (?, ?, ?, ?, ?, ?)",
+    tx.many(
+        "record_check_run",
         [
             (rep.step_id, name, rep.candidate_sha, run.log, run.exit_code, run.duration_s)
             for name, run in rep.checks.items()
@@ -139,14 +130,10 @@ def check_report(rep: Report) -> None:
         )
 
 
-def _committed_attempt(tx: Tx, step: sqlite3.Row) -> dict[str, object]:
+def _committed_attempt(tx: Tx, step: Row) -> dict[str, object]:
     """`about_step` for a committed step, whose fence was cleared: the committing attempt's."""
     about = about_step(tx, step)
-    row = tx.one(
-        "SELECT attempt, fence, runner_id, token_id FROM attempts WHERE step_id = ?"
-        " AND state = 'committed'",
-        (step["id"],),
-    )
+    row = tx.one("committing_attempt", (step["id"],))
     if row is not None:
         about.update(
             attempt=row["attempt"], fence=row["fence"], runner_id=row["runner_id"],
@@ -155,16 +142,13 @@ def _committed_attempt(tx: Tx, step: sqlite3.Row) -> dict[str, object]:
     return about
 
 
-def advance(tx: Tx, step: sqlite3.Row) -> None:
+def advance(tx: Tx, step: Row) -> None:
     """Start the step after `step` (just committed; a row of `find_step`): queue it, or make
     an effect step due (`outbox.start`); when every step is committed, verify and end the
     task."""
     task_id, pool = step["task_id"], step["pool"]
     about = {"task_id": task_id, "tenant": step["tenant"], "pool": pool}
-    pending = tx.one(
-        "SELECT id, state FROM steps WHERE task_id = ? AND state != ? ORDER BY position LIMIT 1",
-        (task_id, StepState.COMMITTED.value),
-    )
+    pending = tx.one("first_uncommitted_step", (task_id, StepState.COMMITTED.value))
     if pending is not None:
         if pending["state"] == StepState.WAITING:
             outbox.start(tx, pending["id"])

@@ -8,7 +8,6 @@ judged by the supervisor's clock alone: a runner is told durations (`ttl_s`,
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 
 from supervisor.ledger import repositories, runners
@@ -16,7 +15,7 @@ from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from supervisor.ledger.journal import append_event
 from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import Tx, dumps, loads
+from supervisor.ledger.tx import Row, Tx, dumps, loads
 from tether.messages import (
     MAX_CAPACITY,
     MAX_KINDS,
@@ -37,7 +36,7 @@ TOKENS_CEILING = 2**62
 
 
 def next_fence(tx: Tx) -> int:
-    row = tx.one("UPDATE counters SET value = value + 1 WHERE name = 'fence' RETURNING value")
+    row = tx.one("next_fence")
     assert row is not None
     return int(row["value"])
 
@@ -63,17 +62,7 @@ def claim(
     if not 1 <= len(kinds) <= MAX_KINDS or not all(0 < len(k) <= 200 for k in kinds):
         raise InvalidRequest(f"kinds must name 1..{MAX_KINDS} step kinds of 1..200 characters")
     runners.seen(tx, pool, runner_id, token_id, kinds)
-    rows = tx.all(
-        # INDEXED BY: left to itself, SQLite 3.40 starts from tasks by state and sorts every
-        # queued step on each claim (9 ms at 10k queued); walking the queue index is flat.
-        "SELECT s.* FROM steps s INDEXED BY steps_queued JOIN tasks t ON t.id = s.task_id"
-        " LEFT JOIN tenants b ON b.name = t.tenant"
-        " WHERE s.state = 'queued' AND t.state IN ('QUEUED', 'RUNNING') AND t.pool = ?"
-        f" AND s.kind IN ({', '.join('?' * len(kinds))})"
-        " AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)"
-        " ORDER BY s.task_order, s.position LIMIT ?",
-        (pool, *kinds, capacity),
-    )
+    rows = tx.all("claim_queued_steps", (pool, dumps(list(kinds)), capacity))
     return [_grant(tx, row, runner_id, token_id) for row in rows]
 
 
@@ -103,12 +92,7 @@ def claim_after_results(
     accepted = sum(
         1
         for step_id, fence in reported
-        if tx.one(
-            "SELECT 1 FROM attempts a JOIN steps s ON s.id = a.step_id"
-            " JOIN tasks t ON t.id = s.task_id WHERE a.step_id = ? AND a.fence = ?"
-            " AND a.state = ? AND t.pool = ?",
-            (step_id, fence, AttemptState.COMMITTED.value, pool),
-        )
+        if tx.one("committed_attempt_in_pool", (step_id, fence, AttemptState.COMMITTED.value, pool))
         is not None
     )
     grant = want - (len(reported) - accepted)
@@ -117,29 +101,23 @@ def claim_after_results(
     return claim(tx, runner_id, pool, grant, token_id=token_id, kinds=kinds)
 
 
-def _grant(tx: Tx, step: sqlite3.Row, runner_id: str, token_id: str | None) -> Lease:
+def _grant(tx: Tx, step: Row, runner_id: str, token_id: str | None) -> Lease:
     fence = next_fence(tx)
     attempt = step["attempt"] + 1
     cfg = tx.config
     tx.run(
-        "UPDATE steps SET state = ?, attempt = ?, fence = ?, runner_id = ?,"
-        " lease_deadline = ?, accept_deadline = ? WHERE id = ?",
+        "lease_step",
         (
             StepState.LEASED.value, attempt, fence, runner_id,
             tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s, step["id"],
         ),
     )  # fmt: skip
     tx.run(
-        "INSERT INTO attempts (step_id, attempt, fence, runner_id, token_id, state, granted_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "insert_attempt",
         (step["id"], attempt, fence, runner_id, token_id, AttemptState.LEASED.value, tx.now),
     )
     task_id = step["task_id"]
-    task = tx.one(
-        "SELECT state, tenant, pool, repository, approved_base_sha, allowed_paths_json,"
-        " checks_json FROM tasks WHERE id = ?",
-        (task_id,),
-    )
+    task = tx.one("task_for_lease", (task_id,))
     assert task is not None
     state = TaskState(task["state"])
     if state is TaskState.QUEUED:
@@ -153,11 +131,7 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str, token_id: str | None) -> L
         Decision.GRANTED, task_id=task_id, step_id=step["id"], attempt=attempt, fence=fence,
         runner_id=runner_id, token_id=token_id, tenant=task["tenant"], pool=task["pool"],
     )  # fmt: skip
-    earlier = tx.all(
-        "SELECT id, name, output_json FROM steps WHERE task_id = ? AND position < ?"
-        " ORDER BY position",
-        (task_id, step["position"]),
-    )
+    earlier = tx.all("earlier_outputs", (task_id, step["position"]))
     return Lease(
         step_id=step["id"],
         task_id=task_id,
@@ -179,18 +153,14 @@ def _grant(tx: Tx, step: sqlite3.Row, runner_id: str, token_id: str | None) -> L
     )
 
 
-def lease_repository(tx: Tx, task: sqlite3.Row, step: sqlite3.Row) -> LeaseRepository:
+def lease_repository(tx: Tx, task: Row, step: Row) -> LeaseRepository:
     """What the approval of `task` (repository-bound) binds, for a lease of `step`: the
     worktree starts at the candidate of the latest earlier step that reported one, whose
     bundle the runner fetches from the artifact store, else at the approved base."""
-    held = repositories.find_repository(tx.db, task["tenant"], task["repository"])
+    held = repositories.find_repository(tx, task["tenant"], task["repository"])
     if held is None:  # `repo remove` is refused while a task that has not ended names it
         raise RuntimeError(f"task {step['task_id']}'s repository {task['repository']} is gone")
-    start = tx.one(
-        "SELECT candidate_sha, bundle FROM steps WHERE task_id = ? AND position < ?"
-        " AND candidate_sha IS NOT NULL ORDER BY position DESC LIMIT 1",
-        (step["task_id"], step["position"]),
-    )
+    start = tx.one("lease_start_point", (step["task_id"], step["position"]))
     return LeaseRepository(
         name=task["repository"],
         url=held.url,
@@ -206,7 +176,7 @@ def lease_repository(tx: Tx, task: sqlite3.Row, step: sqlite3.Row) -> LeaseRepos
 
 def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
     """The step's last accepted checkpoint as a lease carries it, if it has one."""
-    row = tx.one("SELECT * FROM checkpoints WHERE step_id = ?", (step_id,))
+    row = tx.one("step_checkpoint", (step_id,))
     if row is None:
         return None
     return ResumePoint(
@@ -215,19 +185,15 @@ def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
     )  # fmt: skip
 
 
-def find_step(tx: Tx, step_id: str, pool: str | None) -> sqlite3.Row:
+def find_step(tx: Tx, step_id: str, pool: str | None) -> Row:
     """The step with its task's state, tenant and pool; `NotFound` outside the runner's pool."""
-    step = tx.one(
-        "SELECT s.*, t.state AS task_state, t.tenant, t.pool FROM steps s"
-        " JOIN tasks t ON t.id = s.task_id WHERE s.id = ?",
-        (step_id,),
-    )
+    step = tx.one("step_with_task", (step_id,))
     if step is None or (pool is not None and step["pool"] != pool):
         raise NotFound(f"no step {step_id}")
     return step
 
 
-def current_step(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> sqlite3.Row:
+def current_step(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Row:
     """The step, if `fence` is its current token and its lease has not lapsed on the
     supervisor's clock; else `StaleFence`, to be recorded.
 
@@ -239,7 +205,7 @@ def current_step(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> s
     return step
 
 
-def require_current(tx: Tx, step: sqlite3.Row, fence: int) -> None:
+def require_current(tx: Tx, step: Row, fence: int) -> None:
     """`StaleFence` unless `fence` is the current token of `step` (a row already read)."""
     about = {"task_id": step["task_id"], "step_id": step["id"], "fence": fence}
     if step["fence"] != fence:
@@ -250,7 +216,7 @@ def require_current(tx: Tx, step: sqlite3.Row, fence: int) -> None:
         )
 
 
-def lapsed(step: sqlite3.Row, now: float) -> bool:
+def lapsed(step: Row, now: float) -> bool:
     """Past its deadline, or never acknowledged within the acceptance window.
 
     A runner acknowledges a lease by its first renew (half a renew interval after the claim
@@ -269,7 +235,7 @@ def tokens_spent(usage: Mapping[str, int]) -> int:
     return max(0, int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)))
 
 
-def charge(tx: Tx, step: sqlite3.Row, fence: int, usage: Mapping[str, int]) -> int:
+def charge(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
     """Charge the tenant for what the attempt under `fence` spent, as its running total
     `usage` tells, and return how many tokens were added: the increase over what was counted
     for that attempt before (0 for a repeat or a smaller total).
@@ -284,38 +250,26 @@ def charge(tx: Tx, step: sqlite3.Row, fence: int, usage: Mapping[str, int]) -> i
     return _count(tx, step, fence, usage)
 
 
-def _count(tx: Tx, step: sqlite3.Row, fence: int, usage: Mapping[str, int]) -> int:
+def _count(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
     """Raise the total counted for the attempt of `step` under `fence` to `usage`, and the
     tenant's spent total by the difference, when `usage` counts more than was counted."""
     if not usage:
         return 0
-    row = tx.one(
-        "SELECT usage_json FROM attempts WHERE fence = ? AND step_id = ?", (fence, step["id"])
-    )
+    row = tx.one("attempt_usage", (fence, step["id"]))
     if row is None:
         return 0
     before = tokens_spent(loads(row["usage_json"]) or {})
     spent = tokens_spent(usage) - before
     if spent <= 0:
         return 0
-    tx.run(
-        "UPDATE attempts SET usage_json = ? WHERE fence = ? AND step_id = ?",
-        (dumps(dict(usage)), fence, step["id"]),
-    )
-    tx.run(
-        "UPDATE tenants SET tokens_used = MIN(tokens_used + ?, ?) WHERE name = ?",
-        (spent, TOKENS_CEILING, step["tenant"]),
-    )
+    tx.run("set_attempt_usage", (dumps(dict(usage)), fence, step["id"]))
+    tx.run("charge_tenant_tokens", (spent, TOKENS_CEILING, step["tenant"]))
     return spent
 
 
 def budget_exhausted(tx: Tx, tenant: str) -> bool:
     """The tenant has a budget and has spent it: the claim rule grants none of its steps."""
-    row = tx.one(
-        "SELECT 1 FROM tenants WHERE name = ? AND token_budget IS NOT NULL"
-        " AND tokens_used >= token_budget",
-        (tenant,),
-    )
+    row = tx.one("tenant_budget_spent", (tenant,))
     return row is not None
 
 
@@ -331,10 +285,7 @@ def renew(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Renewal:
         raise StaleFence(f"step {step_id} is {step['state']}; the lease is over").about(
             task_id=step["task_id"], step_id=step_id, fence=fence
         )
-    tx.run(
-        "UPDATE steps SET lease_deadline = ?, accept_deadline = NULL WHERE id = ?",
-        (tx.now + cfg.lease_ttl_s, step_id),
-    )
+    tx.run("extend_lease", (tx.now + cfg.lease_ttl_s, step_id))
     return Renewal(
         ttl_s=cfg.lease_ttl_s,
         renew_every_s=cfg.renew_every_s,
@@ -378,11 +329,11 @@ def release(
     requeue(tx, step, counted=counted, why=f"released ({reason})")
 
 
-def about_step(tx: Tx, step: sqlite3.Row) -> dict[str, object]:
+def about_step(tx: Tx, step: Row) -> dict[str, object]:
     """The fields of a decision's log line about `step` (a row of `find_step` or the reaper):
     its task, tenant and pool, and the attempt it was last leased under with its token. (The
     token is looked up here, for decisions only, not joined into every renew's read.)"""
-    attempt = tx.one("SELECT token_id FROM attempts WHERE fence = ?", (step["fence"],))
+    attempt = tx.one("attempt_token", (step["fence"],))
     return {
         "task_id": step["task_id"], "step_id": step["id"], "attempt": step["attempt"],
         "fence": step["fence"], "runner_id": step["runner_id"],
@@ -393,28 +344,20 @@ def about_step(tx: Tx, step: sqlite3.Row) -> dict[str, object]:
 
 def end_attempt(tx: Tx, step_id: str, fence: int, state: AttemptState, reason: str) -> None:
     """Close a live attempt. An attempt that already ended keeps how it ended."""
-    tx.run(
-        "UPDATE attempts SET state = ?, reason = ?, ended_at = ?"
-        " WHERE step_id = ? AND fence = ? AND state = 'leased'",
-        (state.value, reason, tx.now, step_id, fence),
-    )
+    tx.run("end_live_attempt", (state.value, reason, tx.now, step_id, fence))
 
 
-def requeue(tx: Tx, step: sqlite3.Row, *, counted: bool, why: str) -> None:
+def requeue(tx: Tx, step: Row, *, counted: bool, why: str) -> None:
     """Put a step back in the queue with the same step id, or fail its task when it has used up
     its attempts. The old fence stops being current here."""
     burned = step["burned"] + (1 if counted else 0)
     if burned >= tx.config.max_attempts:
-        tx.run("UPDATE steps SET burned = ? WHERE id = ?", (burned, step["id"]))
+        tx.run("set_step_burned", (burned, step["id"]))
         fail_step(
             tx, step, f"step {step['name']} used {burned} of {tx.config.max_attempts} attempts"
         )
         return
-    tx.run(
-        "UPDATE steps SET state = ?, burned = ?, fence = NULL, runner_id = NULL,"
-        " lease_deadline = NULL, accept_deadline = NULL WHERE id = ?",
-        (StepState.QUEUED.value, burned, step["id"]),
-    )
+    tx.run("requeue_step", (StepState.QUEUED.value, burned, step["id"]))
     append_event(
         tx, step["task_id"], "step_requeued", step["task_state"],
         {"step_id": step["id"], "attempt": step["attempt"], "why": why, "counted": counted},
@@ -423,38 +366,34 @@ def requeue(tx: Tx, step: sqlite3.Row, *, counted: bool, why: str) -> None:
     tx.wake(step["pool"])
 
 
-def fail_step(tx: Tx, step: sqlite3.Row, reason: str) -> None:
+def fail_step(tx: Tx, step: Row, reason: str) -> None:
     """Fail the step and its task (`step` a row of `find_step` or the reaper)."""
-    tx.run(
-        "UPDATE steps SET state = ?, fence = NULL, lease_deadline = NULL, accept_deadline = NULL"
-        " WHERE id = ?",
-        (StepState.FAILED.value, step["id"]),
-    )
+    tx.run("fail_step", (StepState.FAILED.value, step["id"]))
     transition(tx, step["task_id"], TaskState.FAILED, reason=reason)
     tx.note(Decision.FAILED, **about_step(tx, step), reason=reason)
 
 
-def fail_task(tx: Tx, task: sqlite3.Row, reason: str) -> None:
+def fail_task(tx: Tx, task: Row, reason: str) -> None:
     """Fail `task` (a row of `tasks`, not ended) with `reason`, ending its live attempts as
     cancel does: a runner holding one learns at its next renew or result that the step is no
     longer its own (`StaleFence`). Its unfinished steps are cancelled, a leased one failed."""
-    from supervisor.ledger.outbox import NOT_IN_DELIVERY  # the outbox builds on this module
+    from supervisor.ledger.outbox import OutboxState  # the outbox builds on this module
 
     task_id = task["id"]
     tx.run(
-        "UPDATE attempts SET state = ?, reason = ?, ended_at = ?"
-        " WHERE state = ? AND step_id IN (SELECT id FROM steps WHERE task_id = ?)",
+        "fail_live_attempts_of_task",
         (AttemptState.FAILED.value, reason[:500], tx.now, AttemptState.LEASED.value, task_id),
     )
     transition(tx, task_id, TaskState.FAILED, reason=reason)
     withdraw_effects(tx, task_id)
+    # An effect step being sent or uncertain keeps its state: the dispatcher or an operator
+    # records what happened.
     tx.run(
-        "UPDATE steps SET state = CASE WHEN state = ? THEN ? ELSE ? END, fence = NULL,"
-        " lease_deadline = NULL, accept_deadline = NULL WHERE task_id = ? AND state NOT IN (?, ?)"
-        f" AND {NOT_IN_DELIVERY}",
+        "end_steps_of_failed_task",
         (
             StepState.LEASED.value, StepState.FAILED.value, StepState.CANCELLED.value, task_id,
             StepState.COMMITTED.value, StepState.FAILED.value,
+            OutboxState.SENDING.value, OutboxState.UNCERTAIN.value,
         ),
     )  # fmt: skip
     tx.note(

@@ -15,12 +15,7 @@ from supervisor.ledger.tx import Tx
 
 def expire(tx: Tx) -> int:
     """Reap every lease past its deadline or never acknowledged in time; return how many."""
-    rows = tx.all(
-        "SELECT s.*, t.state AS task_state, t.tenant, t.pool FROM steps s"
-        " JOIN tasks t ON t.id = s.task_id"
-        " WHERE s.state = 'leased' AND (s.lease_deadline <= ? OR s.accept_deadline <= ?)",
-        (tx.now, tx.now),
-    )
+    rows = tx.all("leases_to_reap", (tx.now, tx.now))
     for step in rows:
         unacknowledged = step["accept_deadline"] is not None and step["accept_deadline"] <= tx.now
         why = "not acknowledged" if unacknowledged else "lease expired"
@@ -31,10 +26,7 @@ def expire(tx: Tx) -> int:
 
 
 def next_deadline(tx: Tx) -> float | None:
-    row = tx.one(
-        "SELECT MIN(MIN(lease_deadline), COALESCE(MIN(accept_deadline), MIN(lease_deadline)))"
-        " AS d FROM steps WHERE state = 'leased'"
-    )
+    row = tx.one("next_lease_deadline")
     return None if row is None or row["d"] is None else float(row["d"])
 
 
@@ -54,15 +46,6 @@ def refresh_after_restart(tx: Tx) -> int:
     move the fence counter above every fence the file knows and to at least the clock's
     reading in microseconds (see `FENCE_FLOOR_PER_S`)."""
     cfg = tx.config
-    changed = tx.run(
-        "UPDATE steps SET lease_deadline = ?,"
-        " accept_deadline = CASE WHEN accept_deadline IS NULL THEN NULL ELSE ? END"
-        " WHERE state = 'leased'",
-        (tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s),
-    )
-    tx.run(
-        "UPDATE counters SET value = MAX(value, (SELECT COALESCE(MAX(fence), 0) FROM attempts), ?)"
-        " WHERE name = 'fence'",
-        (int(tx.now * FENCE_FLOOR_PER_S),),
-    )
+    changed = tx.run("refresh_leases", (tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s))
+    tx.run("raise_fence_floor", (int(tx.now * FENCE_FLOOR_PER_S),))
     return changed

@@ -1,0 +1,34 @@
+-- name: task_repository_base
+-- The repository a task is bound to, if any, and the base its approval named.
+SELECT repository, approved_base_sha FROM tasks WHERE id = ?;
+
+-- name: insert_effect
+-- Record a step's one effect under its effect key.
+INSERT INTO effects (effect_key, step_id, task_id, fence, payload_hash, output_json, usage_json,
+    candidate_sha, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: commit_step
+-- Mark a step committed with its output, candidate, bundle and evidence; its lease is over.
+UPDATE steps SET state = ?, output_json = ?, candidate_sha = ?, bundle = ?, evidence_json = ?,
+    committed_at = ?, lease_deadline = NULL, accept_deadline = NULL
+WHERE id = ?;
+
+-- name: record_step_artifact
+-- Record an artifact a step's result named for its candidate; a repeat takes the new digest.
+INSERT INTO artifacts (task_id, step_id, candidate_sha, name, digest) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (task_id, candidate_sha, name, step_id) DO UPDATE SET digest = excluded.digest;
+
+-- name: record_check_run
+-- Record a check a step's result ran on its candidate.
+INSERT INTO check_runs (step_id, name, candidate_sha, log_digest, exit_code, duration_s)
+VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: committing_attempt
+-- The attempt that committed a step.
+SELECT attempt, fence, runner_id, token_id FROM attempts
+WHERE step_id = ? AND state = {AttemptState.COMMITTED};
+
+-- name: first_uncommitted_step
+-- A task's first step not yet committed, by position.
+SELECT id, state FROM steps WHERE task_id = ? AND state != ? ORDER BY position LIMIT 1;

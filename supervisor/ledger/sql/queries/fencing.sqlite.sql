@@ -1,0 +1,18 @@
+-- name: next_fence
+-- Take the next fencing token from the counter that only grows.
+UPDATE counters SET value = value + 1 WHERE name = 'fence' RETURNING value;
+
+-- name: claim_queued_steps
+-- Queued steps of the kinds given (a JSON array) in a pool's live tasks whose tenant has budget left, oldest task first.
+-- INDEXED BY: left to itself, SQLite 3.40 starts from tasks by state and sorts every queued step
+-- on each claim (9 ms at 10k queued); walking the queue index is flat.
+SELECT s.* FROM steps s INDEXED BY steps_queued JOIN tasks t ON t.id = s.task_id
+LEFT JOIN tenants b ON b.name = t.tenant
+WHERE s.state = {StepState.QUEUED} AND t.state IN ({TaskState.QUEUED}, {TaskState.RUNNING})
+    AND t.pool = ? AND s.kind IN (SELECT value FROM json_each(?))
+    AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)
+ORDER BY s.task_order, s.position LIMIT ?;
+
+-- name: charge_tenant_tokens
+-- Add tokens to a tenant's spent total, saturating at the ceiling given.
+UPDATE tenants SET tokens_used = MIN(tokens_used + ?, ?) WHERE name = ?;

@@ -1,0 +1,17 @@
+-- name: leases_to_reap
+-- Leased steps past their lease deadline or acceptance window, with their task's state, tenant and pool.
+SELECT s.*, t.state AS task_state, t.tenant, t.pool FROM steps s
+JOIN tasks t ON t.id = s.task_id
+WHERE s.state = {StepState.LEASED} AND (s.lease_deadline <= ? OR s.accept_deadline <= ?);
+
+-- name: next_lease_deadline
+-- The earliest moment a lease lapses: its lease deadline or its acceptance window, as d.
+SELECT CASE WHEN MIN(accept_deadline) < MIN(lease_deadline) THEN MIN(accept_deadline)
+    ELSE MIN(lease_deadline) END AS d
+FROM steps WHERE state = {StepState.LEASED};
+
+-- name: refresh_leases
+-- Give every open lease a new lease deadline, and a new acceptance window if not yet acknowledged.
+UPDATE steps SET lease_deadline = ?,
+    accept_deadline = CASE WHEN accept_deadline IS NULL THEN NULL ELSE ? END
+WHERE state = {StepState.LEASED};
