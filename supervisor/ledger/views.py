@@ -6,7 +6,7 @@ nothing themselves; `now` is the supervisor's clock, passed in by the store."""
 from __future__ import annotations
 
 import datetime
-import sqlite3
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -14,7 +14,7 @@ from supervisor.ledger import operator
 from supervisor.ledger.errors import InvalidRequest, NotFound
 from supervisor.ledger.outbox import OutboxState
 from supervisor.ledger.states import TERMINAL, StepState, TaskState
-from supervisor.ledger.tx import loads
+from supervisor.ledger.tx import Row, Statements, loads
 from supervisor.ledger.verification import check_runs_at, findings, problems_of, review_verdict
 from tether.messages import PoolStatus, RunnerSeen
 
@@ -27,14 +27,18 @@ PAGE_MAX = 200
 RUNNER_RECENT_S: Final = 120.0
 
 SKIPPED: Final = "skipped"
-# A step's state as views show it: the steps a failed or cancelled task never ran are
-# `skipped`. The ledger leaves them `waiting` (failed) or marks them `cancelled` (cancelled);
-# either way they wait for nothing and must not count as waiting or queued work.
-_SHOWN_STATE = (
-    f"CASE WHEN t.state IN ('{TaskState.FAILED}', '{TaskState.CANCELLED}') AND s.attempt = 0"
-    f" AND s.state IN ('{StepState.WAITING}', '{StepState.QUEUED}', '{StepState.CANCELLED}')"
-    f" THEN '{SKIPPED}' ELSE s.state END"
-)
+_ENDED_UNDONE = frozenset({TaskState.FAILED, TaskState.CANCELLED})
+_UNRUN = frozenset({StepState.WAITING, StepState.QUEUED, StepState.CANCELLED})
+
+
+def shown_state(task_state: str, unrun: bool, state: str) -> str:
+    """A step's state as views show it: the steps a failed or cancelled task never ran
+    (`unrun`: no attempt) are `skipped`. The ledger leaves them `waiting` (failed) or marks
+    them `cancelled` (cancelled); either way they wait for nothing and must not count as
+    waiting or queued work."""
+    if unrun and task_state in _ENDED_UNDONE and state in _UNRUN:
+        return SKIPPED
+    return state
 
 
 def iso(at: float | None) -> str | None:
@@ -45,20 +49,17 @@ def iso(at: float | None) -> str | None:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _task_row(db: sqlite3.Connection, tenant: str | None, task_id: str) -> sqlite3.Row:
-    row: sqlite3.Row | None
+def _task_row(s: Statements, tenant: str | None, task_id: str) -> Row:
     if tenant is None:
-        row = db.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        row = s.one("task_by_id", (task_id,))
     else:
-        row = db.execute(
-            "SELECT * FROM tasks WHERE id = ? AND tenant = ?", (task_id, tenant)
-        ).fetchone()
+        row = s.one("owned_task", (task_id, tenant))
     if row is None:
         raise NotFound(f"no task {task_id}")
     return row
 
 
-def _summary(row: sqlite3.Row) -> dict[str, Any]:
+def _summary(row: Row) -> dict[str, Any]:
     return {
         "id": row["id"],
         "tenant": row["tenant"],
@@ -74,7 +75,7 @@ def _summary(row: sqlite3.Row) -> dict[str, Any]:
     }
 
 
-def waiting_for(db: sqlite3.Connection, task: sqlite3.Row, now: float) -> dict[str, Any] | None:
+def waiting_for(s: Statements, task: Row, now: float) -> dict[str, Any] | None:
     """What keeps the task's next step from running, or None when a step runs, the task is
     verifying, or it has ended. `reason` is one of:
 
@@ -98,24 +99,17 @@ def waiting_for(db: sqlite3.Connection, task: sqlite3.Row, now: float) -> dict[s
         return {"reason": "approval"}
     if state not in (TaskState.QUEUED, TaskState.RUNNING):
         return None
-    operator_word = db.execute(
-        "SELECT s.name, o.state, o.digest FROM outbox o JOIN steps s ON s.id = o.step_id"
-        " WHERE o.task_id = ? AND o.state IN (?, ?) ORDER BY s.position LIMIT 1",
+    operator_word = s.one(
+        "operator_word_awaited",
         (task["id"], OutboxState.GATED.value, OutboxState.UNCERTAIN.value),
-    ).fetchone()
+    )
     if operator_word is not None:
         reason = "gate" if operator_word["state"] == OutboxState.GATED else "uncertain"
         return {"reason": reason, "step": operator_word["name"], "digest": operator_word["digest"]}
-    step = db.execute(
-        "SELECT kind, state FROM steps WHERE task_id = ? AND state IN (?, ?)"
-        " ORDER BY position LIMIT 1",
-        (task["id"], StepState.QUEUED.value, StepState.LEASED.value),
-    ).fetchone()
+    step = s.one("next_step_in_line", (task["id"], StepState.QUEUED.value, StepState.LEASED.value))
     if step is None or step["state"] == StepState.LEASED:
         return None
-    spending = db.execute(
-        "SELECT token_budget, tokens_used FROM tenants WHERE name = ?", (task["tenant"],)
-    ).fetchone()
+    spending = s.one("tenant_spending", (task["tenant"],))
     if (
         spending is not None
         and spending["token_budget"] is not None
@@ -125,12 +119,8 @@ def waiting_for(db: sqlite3.Connection, task: sqlite3.Row, now: float) -> dict[s
             "reason": "budget", "tenant": task["tenant"], "spent": spending["tokens_used"],
             "budget": spending["token_budget"],
         }  # fmt: skip
-    seen = db.execute(
-        "SELECT MAX(last_seen) AS any_kind,"
-        " MAX(CASE WHEN EXISTS (SELECT 1 FROM json_each(kinds_json) WHERE value = ?)"
-        " THEN last_seen END) AS this_kind FROM runners WHERE pool = ?",
-        (step["kind"], task["pool"]),
-    ).fetchone()
+    seen = s.one("runners_last_seen", (step["kind"], task["pool"]))
+    assert seen is not None  # an aggregate without GROUP BY: always one row
     return {
         "reason": "runner", "pool": task["pool"], "kind": step["kind"],
         "last_seen_s": _ago(now, seen["this_kind"]),
@@ -138,11 +128,11 @@ def waiting_for(db: sqlite3.Connection, task: sqlite3.Row, now: float) -> dict[s
     }  # fmt: skip
 
 
-def tenant_budget(db: sqlite3.Connection, tenant: str) -> dict[str, Any] | None:
+def tenant_budget(s: Statements, tenant: str) -> dict[str, Any] | None:
     """The tenant's `Budget` (`operator.budget_of`) as a task view shows it; None for a
     tenant the ledger holds no row for."""
     try:
-        found = operator.budget_of(db, tenant)
+        found = operator.budget_of(s, tenant)
     except NotFound:
         return None
     return {"tenant": tenant, "spent": found.spent, "budget": found.budget, "left": found.left}
@@ -153,26 +143,17 @@ def _ago(now: float, at: float | None) -> float | None:
 
 
 def task_view(
-    db: sqlite3.Connection, task_id: str, tenant: str | None = None, *, now: float
+    s: Statements, task_id: str, tenant: str | None = None, *, now: float
 ) -> dict[str, Any]:
     """The task with its steps, attempts, fences, last sequence number and what it waits for.
     Attempts' times are ISO 8601 (UTC); a failed or cancelled task's unrun steps are
     `skipped`. Each step shows its candidate, bundle, check runs, the problems the
     supervisor's evidence found against its result and its last checkpoint (turn, fence);
     `findings` are what verification holds against the task (`verification.findings`)."""
-    row = _task_row(db, tenant, task_id)
-    steps = db.execute(
-        f"SELECT s.*, {_SHOWN_STATE} AS shown_state, e.effect_key FROM steps s"
-        " JOIN tasks t ON t.id = s.task_id LEFT JOIN effects e ON e.step_id = s.id"
-        " WHERE s.task_id = ? ORDER BY s.position",
-        (task_id,),
-    ).fetchall()
+    row = _task_row(s, tenant, task_id)
+    steps = s.all("steps_of_task_view", (task_id,))
     attempts: dict[str, list[dict[str, Any]]] = {}
-    for a in db.execute(
-        "SELECT a.* FROM attempts a JOIN steps s ON s.id = a.step_id WHERE s.task_id = ?"
-        " ORDER BY a.step_id, a.attempt",
-        (task_id,),
-    ):
+    for a in s.all("attempts_of_task", (task_id,)):
         attempts.setdefault(a["step_id"], []).append(
             {
                 "attempt": a["attempt"], "fence": a["fence"], "runner_id": a["runner_id"],
@@ -182,11 +163,7 @@ def task_view(
             }
         )  # fmt: skip
     checks: dict[str, list[dict[str, Any]]] = {}
-    for c in db.execute(
-        "SELECT c.* FROM check_runs c JOIN steps s ON s.id = c.step_id WHERE s.task_id = ?"
-        " ORDER BY c.step_id, c.name",
-        (task_id,),
-    ):
+    for c in s.all("check_runs_of_task", (task_id,)):
         checks.setdefault(c["step_id"], []).append(
             {
                 "name": c["name"], "log": c["log_digest"], "exit_code": c["exit_code"],
@@ -195,52 +172,43 @@ def task_view(
         )  # fmt: skip
     held = {
         r["step_id"]: {"turn": r["turn"], "fence": r["fence"]}
-        for r in db.execute(
-            "SELECT k.step_id, k.turn, k.fence FROM checkpoints k JOIN steps s"
-            " ON s.id = k.step_id WHERE s.task_id = ?",
-            (task_id,),
-        )
+        for r in s.all("checkpoints_of_task", (task_id,))
     }
-    effects = effect_views(db, task_id)
+    effects = effect_views(s, task_id)
     rejections = [
         {"step_id": r["step_id"], "fence": r["fence"], "code": r["code"], "detail": r["detail"]}
-        for r in db.execute(
-            "SELECT * FROM rejections WHERE task_id = ? ORDER BY id", (task_id,)
-        ).fetchall()
+        for r in s.all("rejections_of_task", (task_id,))
     ]
     return {
         **_summary(row),
-        "waiting_for": waiting_for(db, row, now),
-        "budget": tenant_budget(db, row["tenant"]),
+        "waiting_for": waiting_for(s, row, now),
+        "budget": tenant_budget(s, row["tenant"]),
         "steps": [
             {
-                "id": s["id"], "name": s["name"], "kind": s["kind"], "state": s["shown_state"],
-                "payload_hash": s["payload_hash"], "effect_key": s["effect_key"],
-                "fence": s["fence"], "output": loads(s["output_json"]),
-                "candidate_sha": s["candidate_sha"], "bundle": s["bundle"],
-                "checks": checks.get(s["id"], []),
-                "problems": [p.as_dict() for p in problems_of(s["evidence_json"])],
-                "checkpoint": held.get(s["id"]), "attempts": attempts.get(s["id"], []),
-                "effect": effects.get(s["id"]),
+                "id": step["id"], "name": step["name"], "kind": step["kind"],
+                "state": shown_state(step["task_state"], step["attempt"] == 0, step["state"]),
+                "payload_hash": step["payload_hash"], "effect_key": step["effect_key"],
+                "fence": step["fence"], "output": loads(step["output_json"]),
+                "candidate_sha": step["candidate_sha"], "bundle": step["bundle"],
+                "checks": checks.get(step["id"], []),
+                "problems": [p.as_dict() for p in problems_of(step["evidence_json"])],
+                "checkpoint": held.get(step["id"]), "attempts": attempts.get(step["id"], []),
+                "effect": effects.get(step["id"]),
             }
-            for s in steps
+            for step in steps
         ],
-        "findings": [p.as_dict() for p in findings(db, row)],
+        "findings": [p.as_dict() for p in findings(s, row)],
         "rejections": rejections,
     }  # fmt: skip
 
 
-def effect_views(db: sqlite3.Connection, task_id: str) -> dict[str, dict[str, Any]]:
+def effect_views(s: Statements, task_id: str) -> dict[str, dict[str, Any]]:
     """The task's effects by step id, as `tether.messages.EffectView`: the request as rendered
     (credentials appear only as their `{{ credential.<name> }}` placeholders, never their
     values), its digest and key, every delivery attempt, the last gate opening and the
     operator's word on an uncertain effect."""
     deliveries: dict[str, list[dict[str, Any]]] = {}
-    for d in db.execute(
-        "SELECT d.* FROM deliveries d JOIN outbox o ON o.step_id = d.step_id"
-        " WHERE o.task_id = ? ORDER BY d.step_id, d.attempt",
-        (task_id,),
-    ):
+    for d in s.all("deliveries_of_task", (task_id,)):
         deliveries.setdefault(d["step_id"], []).append(
             {
                 "attempt": d["attempt"], "started_at": iso(d["started_at"]),
@@ -251,11 +219,7 @@ def effect_views(db: sqlite3.Connection, task_id: str) -> dict[str, dict[str, An
         )  # fmt: skip
     gates: dict[str, dict[str, Any]] = {}
     resolved: dict[str, dict[str, Any]] = {}
-    for a in db.execute(
-        "SELECT a.* FROM effect_decisions a JOIN outbox o ON o.step_id = a.step_id"
-        " WHERE o.task_id = ? ORDER BY a.id",
-        (task_id,),
-    ):
+    for a in s.all("effect_decisions_of_task", (task_id,)):
         if a["action"] == "open":
             gates[a["step_id"]] = {
                 "opened_by": a["by"], "opened_at": iso(a["at"]), "digest": a["digest"],
@@ -272,12 +236,12 @@ def effect_views(db: sqlite3.Connection, task_id: str) -> dict[str, dict[str, An
             "deliveries": deliveries.get(o["step_id"], []),
             "gate": gates.get(o["step_id"]), "resolved": resolved.get(o["step_id"]),
         }
-        for o in db.execute("SELECT * FROM outbox WHERE task_id = ?", (task_id,))
+        for o in s.all("outbox_of_task", (task_id,))
     }  # fmt: skip
 
 
 def list_tasks(
-    db: sqlite3.Connection,
+    s: Statements,
     tenant: str,
     state: str | None,
     cursor: int | None,
@@ -291,28 +255,18 @@ def list_tasks(
         raise InvalidRequest(f"state must be one of {', '.join(TaskState.__members__)}")
     if not 1 <= limit <= PAGE_MAX:
         raise InvalidRequest(f"limit must be 1..{PAGE_MAX}")
-    sql = (
-        "SELECT t.*, (SELECT COUNT(*) FROM steps s WHERE s.task_id = t.id) AS steps_total,"
-        " (SELECT COUNT(*) FROM steps s WHERE s.task_id = t.id AND s.state = ?)"
-        " AS steps_committed FROM tasks t WHERE t.tenant = ?"
-    )
-    params: list[Any] = [StepState.COMMITTED.value, tenant]
-    if state is not None:
-        sql += " AND t.state = ?"
-        params.append(state)
-    if cursor is not None:
-        sql += " AND t.created_order < ?"
-        params.append(cursor)
-    sql += " ORDER BY t.created_order DESC LIMIT ?"
-    params.append(limit + 1)
-    rows = db.execute(sql, params).fetchall()
+    committed = StepState.COMMITTED.value
+    if state is None:
+        rows = s.all("tenant_tasks_page", (committed, tenant, cursor, limit + 1))
+    else:
+        rows = s.all("tenant_tasks_in_state_page", (committed, tenant, state, cursor, limit + 1))
     more = len(rows) > limit
     rows = rows[:limit]
     return {
         "tasks": [
             {
                 **_summary(r), "steps_committed": r["steps_committed"],
-                "steps_total": r["steps_total"], "waiting_for": waiting_for(db, r, now),
+                "steps_total": r["steps_total"], "waiting_for": waiting_for(s, r, now),
             }
             for r in rows
         ],
@@ -320,18 +274,13 @@ def list_tasks(
     }  # fmt: skip
 
 
-def events_after(
-    db: sqlite3.Connection, task_id: str, after: int, limit: int = 500
-) -> list[dict[str, Any]]:
+def events_after(s: Statements, task_id: str, after: int, limit: int = 500) -> list[dict[str, Any]]:
     return [
         {
             "seq": r["seq"], "task_id": r["task_id"], "kind": r["kind"], "state": r["state"],
             "data": loads(r["data_json"]), "at": r["at"],
         }
-        for r in db.execute(
-            "SELECT * FROM events WHERE task_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-            (task_id, after, limit),
-        ).fetchall()
+        for r in s.all("events_after", (task_id, after, limit))
     ]  # fmt: skip
 
 
@@ -339,14 +288,14 @@ def _field(value: Any, kind: str) -> dict[str, Any]:
     return {"value": value, "kind": kind}
 
 
-def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> dict[str, Any]:
+def review(s: Statements, task_id: str, tenant: str | None = None) -> dict[str, Any]:
     """The review record (docs/design.md, Review record). `expectation`: declared before the
     run; `observation`: recorded by the ledger or observed by the supervisor and its runners.
     `verdict` is `verification.review_verdict`."""
-    task = _task_row(db, tenant, task_id)
+    task = _task_row(s, tenant, task_id)
     state = TaskState(task["state"])
-    verdict = review_verdict(db, task)
-    runs = check_runs_at(db, task_id, verdict.candidate_sha)
+    verdict = review_verdict(s, task)
+    runs = check_runs_at(s, task_id, verdict.candidate_sha)
     expected = loads(task["expected_checks_json"])
     observed_checks = {
         name: None
@@ -354,21 +303,13 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
         else {"log": runs[name]["log_digest"], "exit_code": runs[name]["exit_code"]}
         for name in expected
     }
-    attempts = db.execute(
-        "SELECT a.state, COUNT(*) AS n FROM attempts a JOIN steps s ON s.id = a.step_id"
-        " WHERE s.task_id = ? GROUP BY a.state",
-        (task_id,),
-    ).fetchall()
-    rejected = db.execute(
-        "SELECT COUNT(*) FROM rejections WHERE task_id = ?", (task_id,)
-    ).fetchone()[0]
+    attempts = s.all("attempts_by_state_of_task", (task_id,))
+    counted = s.one("rejection_count_of_task", (task_id,))
+    rejected = 0 if counted is None else counted["n"]
 
-    effects = effect_views(db, task_id)
-    names = {
-        r["id"]: r["name"] for r in db.execute("SELECT id, name FROM steps WHERE task_id = ?",
-                                               (task_id,))
-    }  # fmt: skip
-    questions: list[str] = [p.reason for p in findings(db, task)]
+    effects = effect_views(s, task_id)
+    names = {r["id"]: r["name"] for r in s.all("step_names_of_task", (task_id,))}
+    questions: list[str] = [p.reason for p in findings(s, task)]
     questions += [
         f"effect {names[step_id]!r} is uncertain: an operator must say whether it happened"
         for step_id, effect in effects.items()
@@ -402,7 +343,7 @@ def review(db: sqlite3.Connection, task_id: str, tenant: str | None = None) -> d
             {
                 "live_leases": verdict.live_leases,
                 "attempts_by_state": {r["state"]: r["n"] for r in attempts},
-                "removed": removal_records(db, task_id),
+                "removed": removal_records(s, task_id),
             },
             "observation",
         ),
@@ -435,14 +376,11 @@ def _position(step_id: str) -> int:
 _REMOVAL_FIELDS = ("path", "bytes_removed", "files_removed", "gone")
 
 
-def removal_records(db: sqlite3.Connection, task_id: str) -> list[dict[str, Any]]:
+def removal_records(s: Statements, task_id: str) -> list[dict[str, Any]]:
     """The runners' records of removing their workspaces, from the committed outputs that hold
     one (an `agent` step's `cleanup`: path, bytes and files removed, gone), by step."""
     found: list[dict[str, Any]] = []
-    for row in db.execute(
-        "SELECT id, output_json FROM steps WHERE task_id = ? AND state = ? ORDER BY position",
-        (task_id, StepState.COMMITTED.value),
-    ):
+    for row in s.all("step_outputs_in_state", (task_id, StepState.COMMITTED.value)):
         output = loads(row["output_json"])
         cleanup = output.get("cleanup") if isinstance(output, dict) else None
         if isinstance(cleanup, dict):
@@ -450,37 +388,22 @@ def removal_records(db: sqlite3.Connection, task_id: str) -> list[dict[str, Any]
     return found
 
 
-def queue_depth(db: sqlite3.Connection) -> dict[str, int]:
-    """Steps by the state views show (a failed or cancelled task's unrun steps are `skipped`)."""
-    return {
-        r["state"]: r["n"]
-        for r in db.execute(
-            f"SELECT {_SHOWN_STATE} AS state, COUNT(*) AS n FROM steps s"
-            " JOIN tasks t ON t.id = s.task_id GROUP BY 1"
-        ).fetchall()
-    }
+def queue_depth(s: Statements) -> dict[str, int]:
+    """Steps by the state views show (`shown_state`), by state."""
+    depth: Counter[str] = Counter()
+    for r in s.all("step_counts_by_state"):
+        depth[shown_state(r["task_state"], bool(r["unrun"]), r["state"])] += r["n"]
+    return dict(sorted(depth.items()))
 
 
-# When a queued step was queued: after its last attempt ended, else when the step before it
-# committed, else when its task was approved (the ledger stamps no queue time of its own).
-_QUEUED_SINCE = (
-    "COALESCE((SELECT MAX(a.ended_at) FROM attempts a WHERE a.step_id = s.id),"
-    " (SELECT p.committed_at FROM steps p WHERE p.task_id = s.task_id"
-    " AND p.position = s.position - 1), t.approved_at, t.created_at)"
-)
-
-
-def pool_status(db: sqlite3.Connection, now: float, also: Iterable[str] = ()) -> list[PoolStatus]:
+def pool_status(s: Statements, now: float, also: Iterable[str] = ()) -> list[PoolStatus]:
     """Per pool, by name: steps queued and in flight in live tasks, how long the oldest queued
     step has waited, and the runners that claimed there within `RUNNER_RECENT_S`, most recent
     first. Every pool with work or a recent runner is listed, and each of `also`."""
     queues = {
         r["pool"]: r
-        for r in db.execute(
-            f"SELECT t.pool, SUM(s.state = ?) AS queued, SUM(s.state = ?) AS in_flight,"
-            f" MIN(CASE WHEN s.state = ? THEN {_QUEUED_SINCE} END) AS oldest"
-            " FROM steps s JOIN tasks t ON t.id = s.task_id"
-            " WHERE s.state IN (?, ?) AND t.state IN (?, ?) GROUP BY t.pool",
+        for r in s.all(
+            "pool_queues",
             (
                 StepState.QUEUED.value, StepState.LEASED.value, StepState.QUEUED.value,
                 StepState.QUEUED.value, StepState.LEASED.value,
@@ -489,11 +412,7 @@ def pool_status(db: sqlite3.Connection, now: float, also: Iterable[str] = ()) ->
         )
     }  # fmt: skip
     runners: dict[str, list[RunnerSeen]] = {}
-    for r in db.execute(
-        "SELECT pool, runner_id, kinds_json, last_seen FROM runners WHERE last_seen >= ?"
-        " ORDER BY pool, last_seen DESC, runner_id",
-        (now - RUNNER_RECENT_S,),
-    ):
+    for r in s.all("runners_seen_since", (now - RUNNER_RECENT_S,)):
         runners.setdefault(r["pool"], []).append(
             RunnerSeen(
                 runner_id=r["runner_id"], kinds=tuple(loads(r["kinds_json"])),
