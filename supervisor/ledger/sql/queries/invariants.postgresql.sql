@@ -1,0 +1,35 @@
+-- The invariants whose text differs by backend (invariants.sql says how they are named).
+
+-- name: fence_counter_ahead
+-- The last fence the sequence gave out, if it is below a fence already granted.
+SELECT x.counter, x.top FROM (
+    SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM fences)
+            AS counter,
+        (SELECT MAX(fence) FROM attempts) AS top
+) x
+WHERE x.counter < x.top;
+
+-- name: success_is_verified
+-- Succeeded repository tasks whose final candidate (the latest step's with one) lacks evidence, has problems, or lacks a passing run of an expected check.
+SELECT t.id FROM tasks t LEFT JOIN steps f ON f.id = (SELECT s.id FROM steps s
+    WHERE s.task_id = t.id AND s.candidate_sha IS NOT NULL ORDER BY s.position DESC LIMIT 1)
+WHERE t.state = {TaskState.SUCCEEDED} AND t.repository IS NOT NULL AND (
+    f.id IS NULL OR f.evidence_json IS NULL
+    OR jsonb_array_length(f.evidence_json::jsonb -> 'problems') > 0
+    OR EXISTS (SELECT 1 FROM jsonb_array_elements_text(t.expected_checks_json::jsonb) AS c (name)
+        WHERE NOT EXISTS (
+        SELECT 1 FROM check_runs r JOIN steps s ON s.id = r.step_id WHERE s.task_id = t.id
+        AND r.name = c.name AND r.candidate_sha = f.candidate_sha AND r.exit_code = 0)));
+
+-- name: success_on_approved_base
+-- Succeeded repository tasks whose repository's head last moved, after their approval and before their success, off their approved base (and not to the SHA their own git.push sent).
+SELECT t.id FROM tasks t JOIN events v ON v.task_id = t.id AND v.kind = 'state'
+    AND v.state = {TaskState.SUCCEEDED}
+WHERE t.repository IS NOT NULL AND EXISTS (
+    SELECT 1 FROM events b WHERE b.task_id = t.id AND b.kind = 'base_changed'
+    AND b.seq < v.seq AND (b.data_json::jsonb ->> 'head_sha') != t.approved_base_sha
+    AND (b.data_json::jsonb ->> 'head_sha') IS DISTINCT FROM t.pushed_sha
+    AND b.seq > (SELECT MAX(a.seq) FROM events a WHERE a.task_id = t.id
+        AND a.kind = 'state' AND a.state = {TaskState.APPROVED})
+    AND NOT EXISTS (SELECT 1 FROM events b2 WHERE b2.task_id = t.id
+        AND b2.kind = 'base_changed' AND b2.seq > b.seq AND b2.seq < v.seq));
