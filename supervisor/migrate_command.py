@@ -4,12 +4,11 @@ read, the copy made (supervisor/ledger/copy.py), one line answered."""
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from supervisor.admin import AdminError
 from supervisor.ledger.copy import copy_ledger
 from supervisor.ledger.errors import LedgerError
-from supervisor.ledger.pg_schema import SCHEMES, redact
+from supervisor.ledger.pg_schema import SCHEMES, redact, scheme
 
 SQLITE_PREFIX = "sqlite:///"
 
@@ -30,7 +29,7 @@ def run(source: str, target: str) -> str:
     """Copy the SQLite ledger `source` into the empty PostgreSQL ledger `target`; answer the
     summary line. Raises `AdminError` with the one line to print."""
     path = sqlite_path(source)
-    if urlsplit(target).scheme not in SCHEMES:
+    if scheme(target) not in SCHEMES:
         raise AdminError(f"--to must be a postgresql:// URL, not {redact(target)!r}")
     try:
         return copy_ledger(path, target).summary()

@@ -204,6 +204,22 @@ async def test_a_target_with_only_a_token_is_not_empty(
     assert one(pg_url, "SELECT count(*) FROM tasks") == 0
 
 
+async def test_a_row_postgresql_cannot_hold_fails_the_copy_and_leaves_the_target_empty(
+    source: Path, pg_url: str
+) -> None:
+    db = raw_db(source)
+    planted = db.execute("UPDATE tasks SET reason = ? WHERE state = 'CANCELLED'", ("a\x00b",))
+    assert planted.rowcount == 1
+    db.close()
+    with pytest.raises(StorageError) as caught:
+        copy_ledger(source, pg_url)
+    assert caught.value.detail.startswith(f"cannot copy into {pg_url}: ")
+    assert "\n" not in caught.value.detail
+    tables = list(sqlite_rows(source))
+    assert all(rows == [] for rows in pg_rows(pg_url, tables).values())
+    assert one(pg_url, "SELECT is_called FROM fences") is False
+
+
 async def test_a_source_at_another_schema_version_is_refused(source: Path, pg_url: str) -> None:
     db = raw_db(source)
     db.execute(f"PRAGMA user_version = {newest_version() - 1}")

@@ -4,6 +4,7 @@ newer database or an unreachable server is refused with one line and no password
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 import time
@@ -285,9 +286,13 @@ def test_a_refused_login_does_not_show_the_password_given_as_a_parameter() -> No
     assert "password=***" in detail
 
 
-def test_a_url_of_another_kind_is_refused() -> None:
-    with pytest.raises(StorageError, match=r"^not a PostgreSQL URL: mysql://u@h/db "):
-        connect("mysql://u:secret@h/db")
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [("mysql://u:secret@h/db", "'mysql://u@h/db'"), ("postgresql://[::1/db", "'<a database")],
+)
+def test_a_url_of_another_kind_is_refused(url: str, shown: str) -> None:
+    with pytest.raises(StorageError, match=rf"^not a PostgreSQL URL: {re.escape(shown)}"):
+        connect(url)
 
 
 def test_rows_read_like_sqlite_rows(pg_url: str) -> None:
@@ -296,6 +301,7 @@ def test_rows_read_like_sqlite_rows(pg_url: str) -> None:
     assert row is not None
     assert (row["one"], row["two"], row["TWO"], row[1], row[-1]) == (1, "two", "two", "two", 3)
     assert row.keys() == ["one", "two", "one"]
+    assert dict(row) == {"one": 1, "two": "two"}  # as dict(sqlite3.Row): the first of a name
     assert list(row) == [1, "two", 3]
     assert len(row) == 3
     with pytest.raises(IndexError, match="no such column: three"):

@@ -117,11 +117,19 @@ def one_line(exc: BaseException, url: str) -> str:
     return text.replace(secret, "***") if secret else text
 
 
+def scheme(url: str) -> str:
+    """The URL's scheme, lower case; empty for what is no URL."""
+    try:
+        return urlsplit(url).scheme.lower()
+    except ValueError:
+        return ""
+
+
 def connect(url: str) -> psycopg.Connection[PgRow]:
     """A connection to the ledger database at `url` (`postgresql://...`), in autocommit mode:
     transactions are begun explicitly (`with conn.transaction()`). Rows are `PgRow`s."""
-    if urlsplit(url).scheme not in SCHEMES:
-        raise StorageError(f"not a PostgreSQL URL: {redact(url)} (expected postgresql://...)")
+    if scheme(url) not in SCHEMES:
+        raise StorageError(f"not a PostgreSQL URL: {redact(url)!r} (expected postgresql://...)")
     try:
         return psycopg.connect(
             url, autocommit=True, row_factory=pg_row, connect_timeout=CONNECT_TIMEOUT_S
@@ -133,6 +141,8 @@ def connect(url: str) -> psycopg.Connection[PgRow]:
 def describe(conn: psycopg.Connection[Any]) -> str:
     """The URL of the database `conn` is connected to, without a password."""
     info = conn.info
+    if info.host.startswith("/"):  # a Unix socket's folder
+        return f"postgresql://{info.user}@/{info.dbname}?host={info.host}&port={info.port}"
     return f"postgresql://{info.user}@{info.host}:{info.port}/{info.dbname}"
 
 
