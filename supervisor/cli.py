@@ -28,7 +28,11 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
 
     serve = sub.add_parser("serve", help="serve the HTTP API v1 over the ledger")
     serve.add_argument("--config", help="TOML settings file (default: $TETHER_CONFIG)")
-    serve.add_argument("--db", help="ledger file (default: tether.db)")
+    serve.add_argument(
+        "--db",
+        help="ledger: a file, sqlite:///path, or postgresql://... shared by any number of"
+        " supervisors (default: tether.db)",
+    )
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default: 8080)")
 

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 
 from supervisor.api import create_app, drain
 from supervisor.ledger import LedgerError
-from supervisor.ledger.schema import open_ledger_file
+from supervisor.ledger.backends import Backend, LedgerUrlError, open_backend
 from supervisor.settings import SupervisorSettings
 from tether.logs import configure_logging
 from tether.sdnotify import Notifier
@@ -38,12 +38,21 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 TIMEOUT_KEEP_ALIVE_S = 30
 
 
+def ledger_backend(settings: SupervisorSettings) -> Backend:
+    return open_backend(settings.db, synchronous=settings.synchronous)
+
+
 def preflight(settings: SupervisorSettings) -> str | None:
-    """Open, integrity-check and migrate the ledger; return the one line to print on failure."""
+    """Open, integrity-check and migrate the ledger (a file, or a database that other
+    supervisors may share); return the one line to print on failure."""
     try:
-        open_ledger_file(settings.db, synchronous=settings.synchronous).close()
+        backend = ledger_backend(settings)
+    except LedgerUrlError as exc:
+        return str(exc)
+    try:
+        backend.close_writer(backend.open_writer())
     except (LedgerError, sqlite3.DatabaseError) as exc:
-        return f"ledger {settings.db} refused: {exc}"
+        return f"ledger {backend.where} refused: {exc}"
     return None
 
 
@@ -163,7 +172,8 @@ def serve(settings: SupervisorSettings) -> int:
     app = create_app(settings)
     server = _Server(server_config(app, settings))
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    log.info("supervisor starting", db=str(settings.db), host=settings.host, port=settings.port)
+    where = ledger_backend(settings).where  # without a database URL's password
+    log.info("supervisor starting", db=where, host=settings.host, port=settings.port)
     try:
         anyio.run(_serve, server, Notifier(), app, sock)
     finally:

@@ -23,7 +23,8 @@ from supervisor.effects.dispatcher import Dispatcher
 from supervisor.effects.git_push import GitPushDeliverer
 from supervisor.effects.http import HttpDeliverer
 from supervisor.effects.registry import EffectKindError, EffectKinds
-from supervisor.ledger import SqliteLedger, StorageError
+from supervisor.ledger import StorageError
+from supervisor.ledger.store import LedgerStore, open_ledger
 from supervisor.repos.mirror import Mirrors
 from supervisor.settings import SupervisorSettings
 from tether.clocks import WallClock
@@ -33,7 +34,7 @@ log = structlog.get_logger("tether.supervisor")
 REAP_EVERY_MAX_S = 1.0
 
 
-async def reap_forever(ledger: SqliteLedger) -> None:
+async def reap_forever(ledger: LedgerStore) -> None:
     """Expire leases past their deadline, waking at the next deadline or at least every second.
 
     A lease granted while the reaper sleeps has a deadline at least `accept_window_s` away, so
@@ -86,7 +87,7 @@ def effect_kinds(
 @contextlib.asynccontextmanager
 async def running_ledger(
     settings: SupervisorSettings, *, clock: WallClock = time.time, reaper: bool = True
-) -> AsyncIterator[SqliteLedger]:
+) -> AsyncIterator[LedgerStore]:
     """The ledger open with its reaper (unless `reaper` is off, for tests that expire leases
     by hand) and its effects dispatcher running; both stop when the block ends."""
     async with httpx.AsyncClient(follow_redirects=False) as client:
@@ -94,7 +95,7 @@ async def running_ledger(
         config = settings.ledger_config
         config = dataclasses.replace(config, effect_kinds=config.effect_kinds | kinds.names())
         async with (
-            SqliteLedger.open(
+            open_ledger(
                 settings.db,
                 config=config,
                 clock=clock,

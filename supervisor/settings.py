@@ -10,6 +10,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from supervisor.ledger.backends import LedgerUrlError, is_postgres, sqlite_path
 from supervisor.ledger.schema import SYNCHRONOUS_MODES
 from supervisor.ledger.tx import LedgerConfig
 from tether.settings import SettingsError, require_positive
@@ -17,7 +18,9 @@ from tether.settings import SettingsError, require_positive
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SupervisorSettings:
-    db: Path = Path("tether.db")
+    # The ledger: a file path or `sqlite:///path` (kept as the file's Path), or
+    # `postgresql://...` (kept as given); see `backends.open_backend`.
+    db: str | Path = "tether.db"
     host: str = "127.0.0.1"
     port: int = 8080
     lease_ttl_s: float = 30.0
@@ -61,6 +64,17 @@ class SupervisorSettings:
             )
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise SettingsError("setting 'log_level' must be debug, info, warning or error")
+        if not is_postgres(self.db):  # a file: kept as its Path, `sqlite:///` or not
+            try:
+                object.__setattr__(self, "db", sqlite_path(self.db))
+            except LedgerUrlError as exc:
+                raise SettingsError(f"setting 'db': {exc}") from None
+
+    @property
+    def ledger_folder(self) -> Path:
+        """Where the ledger's neighbours go by default: beside a ledger file; for a database,
+        the working directory (give `artifact_dir` and `mirror_dir` there)."""
+        return self.db.parent if isinstance(self.db, Path) else Path()
 
     @property
     def shared_pool_names(self) -> frozenset[str]:
@@ -70,12 +84,12 @@ class SupervisorSettings:
     @property
     def mirror_root(self) -> Path:
         """Where the supervisor's bare mirrors live (`mirror_dir`, else beside the ledger)."""
-        return self.mirror_dir or self.db.parent / "mirrors"
+        return self.mirror_dir or self.ledger_folder / "mirrors"
 
     @property
     def artifact_root(self) -> Path:
         """Where the artifact store keeps its files (`artifact_dir`, else beside the ledger)."""
-        return self.artifact_dir or self.db.parent / "artifacts"
+        return self.artifact_dir or self.ledger_folder / "artifacts"
 
     @property
     def credentials_folder(self) -> Path | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,10 +19,13 @@ from supervisor.api.auth import TokenCache
 from supervisor.effects.credentials import Credentials
 from supervisor.effects.dispatcher import Dispatcher
 from supervisor.effects.registry import EffectKinds
-from supervisor.ledger import LedgerConfig, StepSpec, StorageError, TaskSpec
+from supervisor.ledger import Created, LedgerConfig, StepSpec, StorageError, TaskSpec
 from supervisor.ledger.backends import LedgerUrlError, open_backend
 from supervisor.ledger.pg_schema import connect
 from supervisor.ledger.store import LedgerStore, open_ledger
+from supervisor.server import preflight
+from supervisor.settings import SupervisorSettings
+from tether.settings import SettingsError
 
 from . import pgdb
 from .conftest import FakeClock, make_spec, queued_task, report_for
@@ -59,7 +63,7 @@ async def test_a_task_runs_end_to_end_on_postgresql(pg_url: str, clock: FakeCloc
         assert await ledger.violations() == []
     # Reopened, the same ledger: the task is found by its idempotency key.
     async with open_ledger(pg_url, clock=clock, config=CONFIG) as again:
-        assert (await again.create_task(spec)) == type(created)(created.task_id, created=False)
+        assert (await again.create_task(spec)) == Created(task_id=created.task_id, created=False)
 
 
 async def test_fences_strictly_increase_whichever_store_grants_them(
@@ -251,3 +255,25 @@ async def test_a_database_that_cannot_be_reached_is_one_storage_error(clock: Fak
 def test_a_db_that_names_no_storage_is_one_clear_line(db: str, message: str) -> None:
     with pytest.raises(LedgerUrlError, match=message):
         open_backend(db)
+
+
+def test_settings_keep_a_database_url_and_read_a_sqlite_url_as_its_file() -> None:
+    url = "postgresql://tether:pw@db.internal:5432/ledger"
+    on_pg = SupervisorSettings(db=url)
+    assert on_pg.db == url  # a Path would fold its '//'
+    assert on_pg.artifact_root == Path("artifacts")
+    on_file = SupervisorSettings(db="sqlite:///var/tether/l.db")
+    assert on_file.db == Path("var/tether/l.db")
+    assert on_file.artifact_root == Path("var/tether/artifacts")
+    with pytest.raises(SettingsError, match="setting 'db': ledger URL scheme 'mysql'"):
+        SupervisorSettings(db="mysql://x/y")
+
+
+def test_serve_preflight_migrates_a_database_and_names_it_without_its_password(
+    pg_url: str,
+) -> None:
+    assert preflight(SupervisorSettings(db=pg_url)) is None
+    refused = preflight(SupervisorSettings(db="postgresql://postgres:s3cret@127.0.0.1:1/x"))
+    assert refused is not None
+    assert "refused" in refused
+    assert "s3cret" not in refused
