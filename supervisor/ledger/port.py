@@ -1,7 +1,8 @@
 """The ledger's port: what the HTTP API, the CLI and the benchmarks may ask of a ledger.
 
-`SqliteLedger` is the one implementation today; a PostgreSQL one would implement this same
-Protocol. Adapters type against `Ledger`, never against the SQLite class.
+`store.LedgerStore` implements it over either storage (`backends`: SQLite, PostgreSQL);
+`SqliteLedger` is that store over a file. Adapters type against `Ledger`, never against a
+store class.
 """
 
 from __future__ import annotations
