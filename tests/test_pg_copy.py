@@ -13,13 +13,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from supervisor.admin import AdminError
-from supervisor.ledger import SqliteLedger
+from supervisor.admin import AdminError, check
+from supervisor.ledger import SqliteLedger, invariants, queries
 from supervisor.ledger.copy import copy_ledger
 from supervisor.ledger.errors import SchemaTooNew, StaleFence, StorageError
 from supervisor.ledger.outbox import Delivered
 from supervisor.ledger.pg_schema import PgRow, connect, newest_version, schema_version
+from supervisor.ledger.postgres import PgConnection
 from supervisor.ledger.tokens import Principal, Role
+from supervisor.ledger.tx import ReadSession
 from supervisor.migrate_command import run
 
 from . import pgdb
@@ -144,6 +146,14 @@ async def test_every_table_arrives_row_for_row(source: Path, pg_url: str) -> Non
     assert report.fence == fence[0][1]
     assert report.version == newest_version()
     assert sqlite_rows(source) == before  # the source is only read
+    assert check(source) == []
+    with connect(pg_url) as conn:
+        on_pg = ReadSession(PgConnection(conn), queries.texts("postgresql"))
+        assert invariants.find_violations(on_pg) == []
+        conn.execute("SELECT setval('fences', 1)")  # the check is live: a fence behind is seen
+        assert [v.split(":")[0] for v in invariants.find_violations(on_pg)] == [
+            "fence-counter-ahead"
+        ]
     assert report.summary().startswith(
         f"copied {source} to {pg_url} (schema version {newest_version()}):"
         f" {sum(report.rows.values())} rows in {len(before)} tables ("
