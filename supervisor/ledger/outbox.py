@@ -101,13 +101,6 @@ class Unanswered:
 Answer = Delivered | Refused | Unanswered
 
 
-HOLDING = (OutboxState.SENDING,)
-# Effect steps whose outbox row is being delivered or awaits an operator's word keep their
-# state when their task ends: the dispatcher or the operator records what happened.
-NOT_IN_DELIVERY = (
-    "id NOT IN (SELECT step_id FROM outbox WHERE state IN"
-    f" ('{OutboxState.SENDING.value}', '{OutboxState.UNCERTAIN.value}'))"
-)
 # Rows an ending task settles at once (`end_with_task`): no dispatcher holds them.
 UNHELD = (OutboxState.DUE, OutboxState.GATED, OutboxState.OPEN)
 
