@@ -130,6 +130,8 @@ class Checkpointer:
         self._last: _Turn | None = None  # the last turn queued
         self._body: anyio.CancelScope | None = None
         self._fatal: Exception | None = None  # ends the step: a refusal as stale, a bug
+        self._in_flight = 0
+        self._settled = anyio.Event()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Checkpointer]:
@@ -171,6 +173,9 @@ class Checkpointer:
             written=None if self._written is None else self._written(),
             deadline=anyio.current_time() + CHECKPOINT_TIMEOUT_S,
         )  # fmt: skip
+        self._in_flight += 1
+        if self._settled.is_set():
+            self._settled = anyio.Event()
         self._last = item
         self._queue.send_nowait(item)  # not awaited: nothing can cancel it half done
 
@@ -179,6 +184,11 @@ class Checkpointer:
         worktree may change again."""
         if self._last is not None:
             await self._last.staged.wait()
+
+    async def settled(self) -> None:
+        """Wait until every checkpoint queued so far was recorded or given up."""
+        if self._in_flight:
+            await self._settled.wait()
 
     async def _stager(
         self, receive: MemoryObjectReceiveStream[_Turn], send: MemoryObjectSendStream[_Turn]
@@ -196,6 +206,8 @@ class Checkpointer:
                         item.staged.set()
                         if staged:
                             send.send_nowait(item)
+                        else:
+                            self._sent_one()
 
     async def _stage_turn(self, item: _Turn) -> bool:
         """Stage `item`'s changes; False when that failed or timed out (logged)."""
@@ -232,8 +244,16 @@ class Checkpointer:
         with anyio.CancelScope(shield=True):
             async with receive:
                 async for item in receive:
-                    if self._fatal is None:
-                        await self._send(item)
+                    try:
+                        if self._fatal is None:
+                            await self._send(item)
+                    finally:
+                        self._sent_one()
+
+    def _sent_one(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._settled.set()
 
     async def _send(self, item: _Turn) -> None:
         with tracing.span("tether.checkpoint", turn=item.turn, fence=self._fence) as span:
