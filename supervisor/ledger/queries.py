@@ -135,7 +135,7 @@ def load(dialect: Dialect) -> Mapping[str, Query]:
         if len(parts) == 2:
             home = shared
         elif len(parts) == 3 and parts[1] in DIALECTS:
-            home = per_dialect[parts[1]]  # type: ignore[index]
+            home = per_dialect[parts[1]]
         else:
             raise QueryFileError(f"{entry.name}: name a file <topic>.sql or <topic>.<dialect>.sql")
         for name, purpose, statement in parse(entry.read_text(encoding="utf-8"), entry.name):
