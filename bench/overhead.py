@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from bench import seed, steps
+from bench import steps
 from bench.load import pct
 from bench.procs import MachineBusy
 from bench.stack import Stack
@@ -54,7 +54,7 @@ def _summary(
 def _drain(stack: Stack, pool: str, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and any(
-        seed.steps_in_state(stack.db, pool, state) for state in ("queued", "leased")
+        stack.ledger.steps_in_state(pool, state) for state in ("queued", "leased")
     ):
         time.sleep(0.2)
 
@@ -70,9 +70,11 @@ def run(
     and a claim and a result request of its own, which the peak (a queue drained) does not pay.
     """
     count = int(rate * seconds) + 10
-    tasks = seed.create_tasks(stack.db, pool, count, approve=False)
+    tasks = stack.ledger.create_tasks(pool, count, approve=False)
     stack.token(pool)
-    runners = stack.start_runners(pool, pool, SLOTS, steps.processes_for(SLOTS))
+    runners = stack.start_runners(
+        pool, pool, SLOTS, steps.processes_for(SLOTS, len(stack.supervisors))
+    )
     busy = MachineBusy()
     try:
         time.sleep(steps.STARTUP_S)
@@ -82,8 +84,8 @@ def run(
         _drain(stack, pool)
     finally:
         stack.kids.stop_all(runners, grace_s=10)
-    rows = seed.step_rows(stack.db, pool)
-    seed.cancel_pool(stack.db, pool)
+    rows = stack.ledger.step_rows(pool)
+    stack.ledger.cancel_pool(pool)
     window = (max(c for _, c in rows) - min(g for g, _ in rows)) if rows else 0.0
     return _summary(
         [1000 * (c - g) for g, c in rows], rate=rate, fsync_ms=fsync_ms, busy=busy_pct,
@@ -112,12 +114,14 @@ def paced(
     longest = hold * (1 + SPREAD)
     warm = steps.STARTUP_S + 2 * longest
     tasks = int(rate * (warm + seconds + longest)) + SLOTS + 10
-    seed.create_tasks(stack.db, pool, tasks, approve=True)
+    stack.ledger.create_tasks(pool, tasks, approve=True)
     stack.token(pool)
     stack.set_model_latency(hold, spread=SPREAD)
     busy = MachineBusy()
     try:
-        runners = stack.start_runners(pool, pool, SLOTS, steps.processes_for(SLOTS))
+        runners = stack.start_runners(
+            pool, pool, SLOTS, steps.processes_for(SLOTS, len(stack.supervisors))
+        )
         try:
             time.sleep(warm)
             opened = time.time()  # the ledger stamps with the supervisor's clock, this one
@@ -130,8 +134,8 @@ def paced(
             stack.kids.stop_all(runners, grace_s=10)
     finally:
         stack.set_model_latency(0.0)
-    rows = seed.step_rows_with_messages(stack.db, pool)
-    seed.cancel_pool(stack.db, pool)
+    rows = stack.ledger.step_rows_with_messages(pool)
+    stack.ledger.cancel_pool(pool)
     counted = [(g, c, m) for g, c, m in rows if opened <= g < closed]
     committed = sum(1 for _, c, _ in rows if opened <= c < closed)
     return _summary(

@@ -1,5 +1,6 @@
 """The system under test, as real processes on 127.0.0.1: `tether-supervisor serve` on a ledger
-file (synchronous=FULL), the stand-in model, and `tether-runner run` processes.
+file (synchronous=FULL) or, with `url`, a PostgreSQL database (one supervisor, or several on
+the same database: `start_supervisors`), the stand-in model, and `tether-runner run` processes.
 
 Runners log at `warning` by default in the benchmarks: at info they write a line per step to
 a pipe, which is the runner's choice of verbosity, not tether's cost. (`--runner-log-level`
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 
 from bench import seed
+from bench.ledgers import BenchLedger, ledger_for
 from bench.procs import Children, JsonLines, free_port, tool
 
 READY_TIMEOUT_S = 30.0
@@ -29,36 +31,67 @@ class Stack:
     kids: Children
     workdir: Path
     db: Path
+    url: str = ""  # a PostgreSQL ledger the supervisors serve instead of `db`, when given
     supervisor: subprocess.Popen[bytes] | None = None
     supervisor_url: str = ""
+    # Supervisors beyond the first on the same ledger (`start_supervisors`), and their URLs.
+    others: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
+    other_urls: list[str] = dataclasses.field(default_factory=list)
     model: subprocess.Popen[bytes] | None = None
     model_url: str = ""
     runner_log_level: str = "warning"
     supervisor_log_level: str = "warning"
     lease_ttl_s: float = 30.0
 
+    @property
+    def ledger(self) -> BenchLedger:
+        """The ledger the supervisors serve, for seeding and reading figures."""
+        return ledger_for(self.url or self.db)
+
+    @property
+    def supervisors(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in (self.supervisor, *self.others) if p is not None]
+
+    @property
+    def supervisor_urls(self) -> list[str]:
+        return [self.supervisor_url, *self.other_urls] if self.supervisor_url else []
+
     def start_supervisor(self, profile: Path | None = None) -> None:
-        """`tether-supervisor serve` on the ledger file; with `profile`, under cProfile
+        """`tether-supervisor serve` on the ledger; with `profile`, under cProfile
         (`bench.profiled`: each SIGUSR1 writes its figures to `profile.1`, `profile.2`, ...)."""
+        self.supervisor, self.supervisor_url = self._serve("supervisor", profile)
+
+    def start_supervisors(self, count: int) -> None:
+        """`count` supervisors on the one ledger (a PostgreSQL database, for more than one)."""
+        self.start_supervisor()
+        for n in range(1, count):
+            proc, url = self._serve(f"supervisor-{n}", None)
+            self.others.append(proc)
+            self.other_urls.append(url)
+
+    def _serve(
+        self, name: str, profile: Path | None
+    ) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
         port = free_port()
-        self.supervisor_url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
         program = [tool("tether-supervisor")]
         env = {"TETHER_SYNCHRONOUS": "FULL", "TETHER_LOG_LEVEL": self.supervisor_log_level,
                "TETHER_LEASE_TTL_S": str(self.lease_ttl_s)}  # fmt: skip
         if profile is not None:
             program = [sys.executable, "-m", "bench.profiled"]
             env["BENCH_PROFILE"] = str(profile)
-        self.supervisor = self.kids.start(
-            "supervisor",
-            [*program, "serve", "--db", str(self.db), "--port", str(port), "--host", "127.0.0.1"],
+        db = self.url or str(self.db)
+        proc = self.kids.start(
+            name, [*program, "serve", "--db", db, "--port", str(port), "--host", "127.0.0.1"],
             env=env,
-        )
-        wait_ready(f"{self.supervisor_url}/readyz", self.supervisor)
+        )  # fmt: skip
+        wait_ready(f"{url}/readyz", proc)
+        return proc, url
 
     def stop_supervisor(self) -> None:
-        if self.supervisor is not None:
-            self.kids.stop(self.supervisor, grace_s=15)
-            self.supervisor = None
+        """Stop every supervisor (the first and any others)."""
+        self.kids.stop_all(self.supervisors, grace_s=15)
+        self.supervisor, self.others, self.other_urls = None, [], []
 
     def start_model(self, latency_s: float = 0.0, scenario: Path | None = None) -> None:
         """The stand-in model, holding each answer `latency_s`, scripted by a `scenario` file
@@ -83,7 +116,7 @@ class Stack:
     def token(self, pool: str, role: str = "runner") -> Path:
         dest = self.workdir / f"token-{role}-{pool}"
         if not dest.exists():
-            seed.create_token(self.db, pool, role, dest)
+            self.ledger.create_token(pool, role, dest)
         return dest
 
     def approve_at(
@@ -115,17 +148,22 @@ class Stack:
     ) -> list[subprocess.Popen[bytes]]:  # fmt: skip
         """`processes` runners sharing `concurrency` between them (as evenly as possible),
         with `env` added to their environment. The pool's token must exist (`token(pool)`)
-        before the supervisor starts."""
+        before the supervisor starts. With several supervisors each runner gets all of them,
+        its list rotated by one per runner, so runners spread over the supervisors (a runner
+        uses the first that answers)."""
         token = self.workdir / f"token-runner-{pool}"
         base, extra = divmod(concurrency, processes)
         shares = [base + (i < extra) for i in range(processes)]
+        urls = self.supervisor_urls
         procs = []
         for i, share in enumerate(s for s in shares if s > 0):
             runner_id = f"{name}-{i}"
+            turn = i % len(urls)
+            supervisors = ",".join(urls[turn:] + urls[:turn])
             procs.append(
                 self.kids.start(
                     runner_id,
-                    [tool("tether-runner"), "run", "--supervisor", self.supervisor_url,
+                    [tool("tether-runner"), "run", "--supervisor", supervisors,
                      "--token-file", str(token), "--model-url", self.model_url,
                      "--model", "standin", "--concurrency", str(share),
                      "--runner-id", runner_id, "--log-level", self.runner_log_level,

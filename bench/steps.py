@@ -10,7 +10,6 @@ import os
 import sys
 import time
 
-from bench import seed
 from bench.procs import CpuMeter, JsonLines, tree_rss_mb
 from bench.stack import Stack
 
@@ -24,8 +23,8 @@ class StepsRun:
     steps: int
     succeeded: int
     seconds: float
-    supervisor_rss_max_mb: float
-    supervisor_cpu_pct: float
+    supervisor_rss_max_mb: float  # the largest supervisor's, with several
+    supervisor_cpu_pct: float  # all supervisors together, with several
     runners_cpu_pct: float
 
     @property
@@ -33,18 +32,27 @@ class StepsRun:
         return self.steps / self.seconds if self.seconds > 0 else 0.0
 
 
-def processes_for(concurrency: int) -> int:
+def processes_for(concurrency: int, supervisors: int = 1) -> int:
     """Runner processes for a concurrency: one per 16 slots, at most one per core, as one would
     deploy runners on a box this size (more processes only share the same cores). Measured on
     this project's 2-core machine at 256 slots: two runners 689-703 steps/s, four 669, eight
-    673; at 64: two 618-625, four 574-628, one 525-568 (one process is bound by its core)."""
-    return max(1, min(os.cpu_count() or 1, math.ceil(concurrency / 16)))
+    673; at 64: two 618-625, four 574-628, one 525-568 (one process is bound by its core).
+    With several supervisors, at least one runner each (`Stack.start_runners` spreads them)."""
+    per_core = max(1, min(os.cpu_count() or 1, math.ceil(concurrency / 16)))
+    return max(per_core, min(supervisors, concurrency))
+
+
+def tasks_for(rate: float, seconds: float) -> int:
+    """About as many queued tasks as a run at `rate` can take. A claim costs more the deeper
+    the queue (see `bench.claimcost`), so the queue is kept near what the window needs; a pool
+    that drains early only shortens the window the rate is computed over."""
+    return min(20_000, int(200 + 1.2 * rate * seconds))
 
 
 def prepare(stack: Stack, *, concurrency: int, tasks: int, label: str = "") -> str:
     """Seed the run's pool and its runner token; answer the pool's name."""
     pool = f"steps-{concurrency}{label}"
-    seed.create_tasks(stack.db, pool, tasks, approve=True)
+    stack.ledger.create_tasks(pool, tasks, approve=True)
     stack.token(pool)
     return pool
 
@@ -56,18 +64,19 @@ def run(
     """Run real runners for `seconds` on a pool seeded with `tasks` (or on `prepared`).
 
     The pool holds more queued one-step tasks than the run can finish. The runners stop with
-    SIGTERM (in-flight steps finish or are released). The rate is read from the ledger file:
+    SIGTERM (in-flight steps finish or are released). The rate is read from the ledger:
     committed steps divided by the time from the pool's first lease grant to its last commit,
     the count checked against SUCCEEDED tasks. Leftover tasks are then cancelled so they never
     sit in the queue during a later measurement.
     """
     pool = prepared or prepare(stack, concurrency=concurrency, tasks=tasks, label=label)
-    procs = stack.start_runners(pool, pool, concurrency, processes_for(concurrency))
+    runners = processes_for(concurrency, len(stack.supervisors))
+    procs = stack.start_runners(pool, pool, concurrency, runners)
     rss = 0.0
-    assert stack.supervisor is not None
-    sup_cpu = CpuMeter(stack.supervisor.pid)
+    supervisors = stack.supervisors
+    sup_cpu = [CpuMeter(p.pid) for p in supervisors]
     runner_cpu = [CpuMeter(p.pid) for p in procs]
-    for meter in (sup_cpu, *runner_cpu):
+    for meter in (*sup_cpu, *runner_cpu):
         meter.start()
     sup_pct = runners_pct = 0.0
     try:
@@ -75,16 +84,16 @@ def run(
         deadline = time.monotonic() + STARTUP_S + seconds
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            rss = max(rss, tree_rss_mb(stack.supervisor.pid))
-            if seed.steps_in_state(stack.db, pool, "queued") == 0:
+            rss = max(rss, *(tree_rss_mb(p.pid) for p in supervisors))
+            if stack.ledger.steps_in_state(pool, "queued") == 0:
                 break
-        sup_pct = sup_cpu.stop()
+        sup_pct = sum(m.stop() for m in sup_cpu)
         runners_pct = sum(m.stop() for m in runner_cpu)
     finally:
         stack.kids.stop_all(procs, grace_s=10)
-    steps, window = seed.window(stack.db, pool)
-    done = seed.succeeded(stack.db, pool)
-    seed.cancel_pool(stack.db, pool)
+    steps, window = stack.ledger.window(pool)
+    done = stack.ledger.succeeded(pool)
+    stack.ledger.cancel_pool(pool)
     return StepsRun(
         concurrency=concurrency, processes=len(procs), steps=steps, succeeded=done,
         seconds=window, supervisor_rss_max_mb=rss, supervisor_cpu_pct=sup_pct,
@@ -113,6 +122,6 @@ def supervisor_only(
         lines.next(seconds + 30)
     finally:
         stack.kids.stop(proc)
-    steps, window = seed.window(stack.db, pool)
-    seed.cancel_pool(stack.db, pool)
+    steps, window = stack.ledger.window(pool)
+    stack.ledger.cancel_pool(pool)
     return steps / window if window > 0 else 0.0
