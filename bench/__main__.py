@@ -9,7 +9,9 @@ reading with 10 `agent` steps in flight (issue 12); after it come the rest of th
 a check's 10 MB artifact upload. `--smoke` windows are too short to mean anything: they only
 prove the suite still runs (the test suite does this). After the steps/s: the supervisor's CPU
 per committed step at 64 (issue 17), and at the end, before the peers, where that CPU goes
-(`bench.cpu`).
+(`bench.cpu`). Last, the PostgreSQL section (`bench.pg`, issue 14): tether with one and three
+supervisors on a PostgreSQL database, and procrastinate and DBOS on the same server; skipped
+with one line when no server answers (`BENCH_PG` names it) or with `--no-pg`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bench import (
     modelbound,
     overhead,
     peers_run,
+    pg,
     profile_groups,
     renewals,
     report,
@@ -72,30 +75,24 @@ class Plan:
     cpu_s: float  # window of each supervisor CPU per step reading
     cpu_runs: int  # readings (the median is the figure)
     profile_s: float  # window of the profiled run
+    pg: pg.Plan  # the PostgreSQL section
 
 
 FULL = Plan(disk_s=5, gc_tasks=2000, idle_window_s=25, steps_s=15, bare_s=10, overhead_s=20,
             renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000), agent_hold_s=2.0,
             lease_files=10_000, lease_runs=5, checkpoint_files=10_000, checkpoint_rounds=10,
-            upload_rounds=5, cpu_s=8, cpu_runs=3, profile_s=5)  # fmt: skip
+            upload_rounds=5, cpu_s=8, cpu_runs=3, profile_s=5, pg=pg.FULL)  # fmt: skip
 QUICK = Plan(disk_s=1.5, gc_tasks=600, idle_window_s=4, steps_s=3, bare_s=3, overhead_s=4,
              renew_s=3, peers_s=None, claim_depths=(100, 1000), agent_hold_s=1.0,
              lease_files=2_000, lease_runs=3, checkpoint_files=1_000, checkpoint_rounds=5,
-             upload_rounds=3, cpu_s=3, cpu_runs=3, profile_s=3)  # fmt: skip
+             upload_rounds=3, cpu_s=3, cpu_runs=3, profile_s=3, pg=pg.QUICK)  # fmt: skip
 SMOKE = Plan(disk_s=0.2, gc_tasks=100, idle_window_s=1, steps_s=0.5, bare_s=0.5, overhead_s=1,
              renew_s=0.5, peers_s=None, claim_depths=(100,), agent_hold_s=0.5, lease_files=200,
              lease_runs=2, checkpoint_files=100, checkpoint_rounds=2, upload_rounds=1, cpu_s=0.5,
-             cpu_runs=1, profile_s=1)  # fmt: skip
+             cpu_runs=1, profile_s=1, pg=pg.SMOKE)  # fmt: skip
 
 
-def tasks_for(rate: float, seconds: float) -> int:
-    """About as many queued tasks as the run can take. A claim costs more the deeper the queue
-    (see `bench.claimcost`), so the queue is kept near what the window needs; a pool that
-    drains early only shortens the window the rate is computed over."""
-    return min(20_000, int(200 + 1.2 * rate * seconds))
-
-
-def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
+def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> dict[str, Any]:
     mode = {id(QUICK): "quick", id(SMOKE): "smoke"}.get(id(plan), "full")
     r: dict[str, Any] = {"mode": mode, "peer_steps_per_s": {}}
     r["machine"] = machine.describe(workdir)
@@ -162,7 +159,7 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         sup_rss = 0.0
         for c in CONCURRENCIES:
             at = steps.run(stack, concurrency=c, seconds=plan.steps_s,
-                           tasks=tasks_for(best, plan.steps_s))  # fmt: skip
+                           tasks=steps.tasks_for(best, plan.steps_s))  # fmt: skip
             r["steps_per_s"][str(c)] = at.steps_per_s
             r["steps_detail"][str(c)] = dataclasses.asdict(at)
             best = max(best, at.steps_per_s)
@@ -184,11 +181,13 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         r["model_calls_only_per_s"] = modelbound.run(stack, concurrency=64, seconds=plan.bare_s)
         say(f"model calls alone: {r['model_calls_only_per_s']:.0f}/s")
 
-        bare = steps.supervisor_only(stack, seconds=plan.bare_s, tasks=tasks_for(300, plan.bare_s))
+        bare = steps.supervisor_only(
+            stack, seconds=plan.bare_s, tasks=steps.tasks_for(300, plan.bare_s)
+        )
         r["supervisor_only_steps_per_s"] = bare
         say(f"supervisor only: {bare:.0f} steps/s")
         shared = steps.supervisor_only(
-            stack, seconds=plan.bare_s, tasks=tasks_for(1500, plan.bare_s), concurrency=4,
+            stack, seconds=plan.bare_s, tasks=steps.tasks_for(1500, plan.bare_s), concurrency=4,
             mode="steps-shared",
         )  # fmt: skip
         r["supervisor_only_shared_steps_per_s"] = shared
@@ -220,7 +219,7 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
         say(f"renewals: {rm['renews_per_s']:.0f}/s")
 
         under = renewals.steps_while_renewing(
-            stack, seconds=plan.steps_s, tasks=tasks_for(best, plan.steps_s)
+            stack, seconds=plan.steps_s, tasks=steps.tasks_for(best, plan.steps_s)
         )
         r["steps_per_s_while_1000_renew"] = under.steps.steps_per_s
         r["renewals_paced"] = under.renewals
@@ -247,6 +246,12 @@ def measure(plan: Plan, workdir: Path, peers: bool) -> dict[str, Any]:
                 say(f"peers skipped: no {peers_run.PEERS_PYTHON} (make bench builds it)")
     r["disk_commits_per_s_end"] = disk.commits_per_s(workdir, plan.disk_s)
     say(f"disk bound again at the end: {r['disk_commits_per_s_end']:.0f} commits/s")
+    if postgres:
+        with children(workdir) as kids:
+            r["pg"] = pg.measure(plan.pg, workdir, kids, peers=peers, rate_hint=best)
+    else:
+        r["pg"] = {"skipped": "--no-pg"}
+        say("PostgreSQL section skipped (--no-pg)")
     report.ratios(r)
     return r
 
@@ -256,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     speed = p.add_mutually_exclusive_group()
     speed.add_argument("--quick", action="store_true", help="short windows, no peers (< 2 min)")
     speed.add_argument("--smoke", action="store_true", help="only prove the suite runs")
-    p.add_argument("--no-peers", action="store_true", help="skip Huey and DBOS")
+    p.add_argument("--no-peers", action="store_true", help="skip the peers (both sections)")
+    p.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL section")
     p.add_argument("--dir", type=Path, help="put the ledger here (default: a temp directory)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args(argv)
@@ -269,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="tether-bench-", dir=base))
     started = time.monotonic()
     try:
-        results = measure(plan, workdir, peers=not args.no_peers)
+        results = measure(plan, workdir, peers=not args.no_peers, postgres=not args.no_pg)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -287,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     if "supervisor_profile" in results:
         print()
         print("\n".join(profile_groups.lines(results["supervisor_profile"])))
+    print()
+    print(report.pg_table(results["pg"]))
     print("\nmethod:")
     print(report.notes())
     out = os.environ.get("BENCH_JSON")

@@ -75,6 +75,18 @@ NOTES = [
     " claim_ms_by_queue_depth).",
     "peers: own venv, same filesystem, same one-step no-op job, durable; best over client"
     " concurrency 1/16/64. ratio = tether steps/s at concurrency 64 / the peer's best.",
+    "PostgreSQL (bench.pg): the server of BENCH_PG (default the local one), a fresh database"
+    " per configuration; 1 and 3 `tether-supervisor serve --db postgresql://...` on it, each"
+    " runner given every supervisor (its list rotated one per runner); steps/s and the"
+    " overhead (approvals one at a time, 100 steps/s) as above, one single-row commit on the"
+    " server added to each span instead of an fsync. Kill: 3 supervisors, runners at 64, the"
+    " second supervisor SIGKILLed; lost = tasks not SUCCEEDED after every lease could expire;"
+    " pause = the longest gap between two commits after the kill.",
+    "PostgreSQL peers: procrastinate (PsycopgConnector, a worker process at concurrency C, N"
+    " jobs deferred by C coroutines, first deferred -> last succeeded from its event table)"
+    " and DBOS with a PostgreSQL system database (one @DBOS.step per workflow, C client"
+    " threads), each in a database of its own on the same server; best over C = 1/16/64."
+    " ratio = tether's figure on that row / the peer's best.",
 ]
 
 
@@ -236,6 +248,66 @@ def table(results: dict[str, Any]) -> str:
                 yes[ratio >= need] if need else "",
             )
         )
+    return "\n".join(lines)
+
+
+PG_TARGETS = {"dbos_pg": 2.0, "procrastinate": 1.0}  # issue 14: one supervisor, end to end
+
+
+def pg_table(pg: dict[str, Any]) -> str:
+    """The PostgreSQL section (`bench.pg`): tether with 1 and 3 supervisors, the peers on the
+    same server, and tether's ratio to each peer beside every rate."""
+    if "skipped" in pg:
+        return f"PostgreSQL: skipped: {pg['skipped']}"
+    yes = {True: "PASS", False: "MISS"}
+    peers = pg.get("peer_steps_per_s", {})
+
+    def ratio(count: str, c: str, name: str) -> str:
+        r = pg["ratio_to_peer"].get(count, {}).get(c, {}).get(name)
+        return f"{r:.2f}x" if r is not None else "-"
+
+    lines = [
+        f"PostgreSQL ({pg['server']}, synchronous_commit={pg['synchronous_commit']})",
+        "",
+        "| measurement | value | tether / DBOS-PG | tether / procrastinate | target | met |",
+        "|---|---|---|---|---|---|",
+        f"| single-row commits on the server | {pg['commits_per_s']:,.0f}/s |  |  |  |  |",
+    ]
+    for count, figures in pg["tether"].items():
+        who = "1 supervisor" if count == "1" else f"{count} supervisors"
+        for c, v in figures["steps_per_s"].items():
+            target = met = ""
+            if count == "1" and c == "64":
+                target = ">= 2x DBOS-PG, >= 1x procrastinate"
+                got = pg["ratio_to_peer"]["1"]["64"]
+                if all(got.get(n) is not None for n in PG_TARGETS):
+                    met = yes[all(got[n] >= need for n, need in PG_TARGETS.items())]
+            lines.append(
+                f"| tether on PostgreSQL, {who}: committed steps/s at {c} | {v:,.0f}/s"
+                f" | {ratio(count, c, 'dbos_pg')} | {ratio(count, c, 'procrastinate')}"
+                f" | {target} | {met} |"
+            )
+        ov = figures.get("overhead")
+        if ov:
+            lines.append(
+                f"| {who}: claim->commit overhead p50 / p99 (approvals one at a time,"
+                f" {ov['achieved_per_s']:,.0f} steps/s) | {ov['p50_ms']:.1f} / {ov['p99_ms']:.1f}"
+                " ms |  |  |  |  |"
+            )
+        kill = figures.get("kill")
+        if kill:
+            ok = kill["lost"] == 0 and kill["longest_pause_s"] <= kill["renew_every_s"]
+            lines.append(
+                f"| {who}, one killed (SIGKILL) under runners at 64: tasks lost; longest pause"
+                f" between commits after the kill | {kill['lost']} of {kill['tasks']:,};"
+                f" {kill['longest_pause_s']:.2f} s |  |  | none lost; pause <= one renew"
+                f" interval ({kill['renew_every_s']:g} s) | {yes[ok]} |"
+            )
+    for name, rate in peers.items():
+        by_c = pg["peers"][name]["by_concurrency"]
+        spread = ", ".join(f"{c}: {v:,.0f}" for c, v in by_c.items())
+        lines.append(f"| peer {name} on PostgreSQL: steps/s, best ({spread}) | {rate:,.0f}/s"
+                     " |  |  |  |  |")  # fmt: skip
     return "\n".join(lines)
 
 

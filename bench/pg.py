@@ -1,0 +1,216 @@
+"""The PostgreSQL section of `python -m bench` (issue 14, item 6): tether with its ledger on
+PostgreSQL, with one and with three supervisors on one database, and, on the same server, the
+peers a PostgreSQL user would pick instead (procrastinate, DBOS), ratios beside each figure.
+
+Each configuration gets a fresh database on the server (`bench.pgdb.scratch`, dropped
+afterwards) and its own stand-in model; the measurements are `bench.steps` and
+`bench.overhead`, unchanged, on a `Stack` whose supervisors serve the database:
+
+- committed steps/s at concurrency 64 and 256 (real runners, the stand-in at zero latency);
+- claim->commit overhead p50/p99 with approvals one at a time at 100 steps/s (the SQLite
+  section's lighter-load reading); the commit's own cost added to each span is one
+  single-row commit on this server (`pgdb.commits_per_s`), as the SQLite figures add one fsync;
+- with three supervisors, one is killed (SIGKILL) while runners at 64 work through a pool:
+  tasks lost (not SUCCEEDED once every lease the dead one granted expired) and the longest
+  pause between two commits after the kill, against one renew interval.
+
+`python -m bench.pg [--quick | --smoke] [--no-peers]` takes this section alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import overhead, peers_run, seed, steps
+from bench import pgdb as server
+from bench.procs import Children, children
+from bench.report import say
+from bench.stack import Stack
+from supervisor.ledger import LedgerConfig
+
+SUPERVISORS = (1, 3)
+OVERHEAD_RATE = 100.0
+SLOTS = 64  # the kill reading's runners
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    probe_s: float  # the server's single-row commit probe
+    concurrencies: tuple[int, ...]
+    steps_s: float
+    overhead_s: float
+    kill_s: float | None  # the kill reading's window before the kill and after it; None: skip
+    peers_s: float | None  # each peer's window per concurrency; None: skip
+
+
+FULL = Plan(probe_s=3, concurrencies=(64, 256), steps_s=15, overhead_s=10, kill_s=6, peers_s=5)
+QUICK = Plan(probe_s=1, concurrencies=(64, 256), steps_s=3, overhead_s=3, kill_s=3, peers_s=None)
+SMOKE = Plan(probe_s=0.2, concurrencies=(64,), steps_s=0.5, overhead_s=0.5, kill_s=None,
+             peers_s=None)  # fmt: skip
+
+
+def measure(
+    plan: Plan, workdir: Path, kids: Children, *, peers: bool, rate_hint: float = 300.0
+) -> dict[str, Any]:
+    """The section's figures; `{"skipped": reason}` when no server answers. `rate_hint`, a
+    steps/s figure taken before, sizes the first run's queue (`steps.tasks_for`)."""
+    url = server.server_url()
+    why = server.unreachable(url)
+    if why is not None:
+        say(f"PostgreSQL section skipped: {why} (set BENCH_PG)")
+        return {"skipped": why}
+    r: dict[str, Any] = {"server": server.shown(url), "tether": {}, "peers": {}}
+    r["synchronous_commit"] = server.synchronous_commit(url)
+    with server.scratch(url, "probe") as probe:
+        r["commits_per_s"] = server.commits_per_s(probe, plan.probe_s)
+    say(f"PostgreSQL: {r['commits_per_s']:.0f} single-row commits/s"
+        f" (synchronous_commit={r['synchronous_commit']})")  # fmt: skip
+    fsync_ms = 1000 / max(1.0, r["commits_per_s"])
+    for count in SUPERVISORS:
+        with server.scratch(url, f"tether{count}") as db:
+            folder = workdir / f"pg-{count}"
+            folder.mkdir()
+            stack = Stack(kids=kids, workdir=folder, db=folder / "unused.db", url=db)
+            r["tether"][str(count)] = tether(
+                plan, stack, count, fsync_ms=fsync_ms, rate_hint=rate_hint
+            )
+    if peers and plan.peers_s is not None:
+        if peers_run.available():
+            r["peers"] = peers_run.run_pg(kids, url, seconds=plan.peers_s)
+            for name, p in r["peers"].items():
+                say(f"peer {name}: {p['steps_per_s']:.0f}/s {p['by_concurrency']}")
+        else:
+            say(f"PostgreSQL peers skipped: no {peers_run.PEERS_PYTHON} (make bench builds it)")
+    ratios(r)
+    return r
+
+
+def tether(
+    plan: Plan, stack: Stack, count: int, *, fsync_ms: float, rate_hint: float
+) -> dict[str, Any]:
+    """One configuration: `count` supervisors on the stack's (fresh) database."""
+    out: dict[str, Any] = {"steps_per_s": {}, "steps_detail": {}}
+    who = "1 supervisor" if count == 1 else f"{count} supervisors"
+    stack.token(seed.TENANT, role="operator")  # creates and migrates the database
+    try:
+        stack.start_supervisors(count)
+        stack.start_model(latency_s=0.0)
+        best = rate_hint
+        for c in plan.concurrencies:
+            tasks = steps.tasks_for(best, plan.steps_s)
+            at = steps.run(
+                stack, concurrency=c, seconds=plan.steps_s, tasks=tasks, label=f"-pg{count}"
+            )
+            out["steps_per_s"][str(c)] = at.steps_per_s
+            out["steps_detail"][str(c)] = dataclasses.asdict(at)
+            best = max(best, at.steps_per_s)
+            say(f"PostgreSQL, {who}, steps at {c}: {at.steps_per_s:.0f}/s"
+                f" ({at.steps} steps, {at.processes} runners, supervisors"
+                f" {at.supervisor_cpu_pct:.0f}% cpu)")  # fmt: skip
+        rate = min(OVERHEAD_RATE, max(20.0, best / 4))
+        ov = overhead.run(stack, rate=rate, seconds=plan.overhead_s, fsync_ms=fsync_ms,
+                          pool=f"pg{count}-overhead")  # fmt: skip
+        out["overhead"] = dataclasses.asdict(ov)
+        say(f"PostgreSQL, {who}, overhead at {ov.achieved_per_s:.0f}/s:"
+            f" p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms")  # fmt: skip
+        if count > 1 and plan.kill_s is not None:
+            out["kill"] = kill_one(stack, seconds=plan.kill_s, rate=best)
+            k = out["kill"]
+            say(f"PostgreSQL, {who}, one killed: {k['lost']} of {k['tasks']} tasks"
+                f" lost, longest pause after the kill {k['longest_pause_s']:.2f} s"
+                f" (renew interval {k['renew_every_s']:.0f} s)")  # fmt: skip
+    finally:
+        stack.stop_supervisor()
+        if stack.model is not None:
+            stack.kids.stop(stack.model)
+            stack.model = None
+    return out
+
+
+def kill_one(stack: Stack, *, seconds: float, rate: float) -> dict[str, Any]:
+    """SIGKILL the second supervisor `seconds` into a run of runners at 64 slots over a pool
+    sized for about twice `seconds`, then let the runners finish the pool through the others.
+
+    Waits for every task to end, up to the lease TTL and 15 s more after the kill: a claim
+    the dead supervisor committed but never answered holds its step until that lease expires
+    (the reaper then queues it again). Lost: tasks not SUCCEEDED at the end.
+    """
+    pool = "pg-kill"
+    tasks = int(rate * 2 * seconds) + SLOTS
+    stack.ledger.create_tasks(pool, tasks, approve=True)
+    stack.token(pool)
+    runners = stack.start_runners(
+        pool, pool, SLOTS, steps.processes_for(SLOTS, len(stack.supervisors))
+    )
+    victim = stack.others[0]
+    try:
+        time.sleep(steps.STARTUP_S + seconds)
+        killed_at = time.time()
+        victim.kill()
+        victim.wait(5)
+        deadline = time.monotonic() + stack.lease_ttl_s + 15
+        while time.monotonic() < deadline and stack.ledger.succeeded(pool) < tasks:
+            time.sleep(0.25)
+        finished_at = time.time()
+    finally:
+        stack.kids.stop_all(runners, grace_s=10)
+    done = stack.ledger.succeeded(pool)
+    commits = sorted(c for _, c in stack.ledger.step_rows(pool))
+    after = [killed_at, *(c for c in commits if c >= killed_at)]
+    pauses = [b - a for a, b in itertools.pairwise(after)]
+    stack.ledger.cancel_pool(pool)
+    return {
+        "tasks": tasks,
+        "succeeded": done,
+        "lost": tasks - done,
+        "committed_after_kill": len(after) - 1,
+        "longest_pause_s": max(pauses, default=finished_at - killed_at),
+        "renew_every_s": LedgerConfig(lease_ttl_s=stack.lease_ttl_s).renew_every_s,
+        "seconds_to_finish": finished_at - killed_at,
+    }
+
+
+def ratios(r: dict[str, Any]) -> None:
+    """tether's steps/s (each supervisor count, each concurrency) over each peer's best."""
+    peers = {name: p["steps_per_s"] for name, p in r.get("peers", {}).items()}
+    r["peer_steps_per_s"] = peers
+    r["ratio_to_peer"] = {
+        count: {
+            c: {name: (v / rate if rate else None) for name, rate in peers.items()}
+            for c, v in figures["steps_per_s"].items()
+        }
+        for count, figures in r.get("tether", {}).items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.pg", description=__doc__.splitlines()[0])
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--quick", action="store_true")
+    speed.add_argument("--smoke", action="store_true")
+    p.add_argument("--no-peers", action="store_true", help="skip procrastinate and DBOS")
+    args = p.parse_args(argv)
+    from bench import report
+    from tether.logs import configure_logging
+
+    configure_logging(json_lines=True, level="warning")
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+    workdir = Path(tempfile.mkdtemp(prefix="tether-bench-pg-"))
+    try:
+        with children(workdir) as kids:
+            found = measure(plan, workdir, kids, peers=not args.no_peers)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(report.pg_table(found))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
