@@ -1,13 +1,17 @@
-"""Commands on the ledger file itself, for operators on the owned box: init, tokens, check,
-backup, budgets, repositories. They run the ledger's own rules through `Transactions`, beside a
-running supervisor if there is one (WAL and `BEGIN IMMEDIATE` serialise the writers).
+"""Commands on the ledger itself, for operators on the owned box: init, tokens, check, backup,
+budgets, repositories. They run the ledger's own rules through `Transactions`, beside running
+supervisors if there are any (on SQLite, WAL and `BEGIN IMMEDIATE` serialise the writers; on
+PostgreSQL, the advisory lock every batch takes). `--db` is a file, `sqlite:///path` or
+`postgresql://...` (`backends.open_backend`).
 
-Only `init_ledger` and `create_token(..., init=True)` create a ledger file: every other command
-refuses a path with no ledger, so a mistyped `--db` cannot leave an empty ledger behind."""
+Only `init_ledger` and `create_token(..., init=True)` create a ledger (a file, or the tables in
+an empty database): every other command refuses a place with no ledger, so a mistyped `--db`
+cannot leave an empty ledger behind."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -18,9 +22,17 @@ import anyio
 
 from supervisor import repos
 from supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, repositories, tokens
+from supervisor.ledger import queries as named_queries
+from supervisor.ledger.backends import (
+    Backend,
+    LedgerUrlError,
+    SqliteBackend,
+    WriteConnection,
+    open_backend,
+)
 from supervisor.ledger.batch import Transactions
 from supervisor.ledger.operator import budget_of, set_budget
-from supervisor.ledger.schema import connect, integrity_problems, open_ledger_file
+from supervisor.ledger.schema import connect, integrity_problems
 from supervisor.ledger.tx import ReadSession
 
 
@@ -28,43 +40,80 @@ class AdminError(Exception):
     """An admin command cannot proceed; the message is the one line to print."""
 
 
+def backend_of(db: Path | str) -> Backend:
+    """The storage `--db` names; a bad one is an `AdminError` with the line to print."""
+    try:
+        return open_backend(db)
+    except LedgerUrlError as exc:
+        raise AdminError(str(exc)) from None
+
+
+def ledger_exists(db: Path | str) -> bool:
+    backend = backend_of(db)
+    try:
+        return backend.exists()
+    except LedgerError as exc:
+        raise AdminError(f"cannot open ledger {backend.where}: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenLedger:
+    """A ledger opened for one admin command: its backend and the connection rules run on."""
+
+    backend: Backend
+    db: WriteConnection
+
+    def reads(self) -> ReadSession:
+        return ReadSession(self.db, named_queries.texts(self.backend.dialect))
+
+
 @contextlib.contextmanager
-def ledger_file(path: Path, *, must_exist: bool = True) -> Iterator[sqlite3.Connection]:
-    if must_exist and not path.exists():
-        raise AdminError(f"no ledger file at {path}")
+def ledger_file(db: Path | str, *, must_exist: bool = True) -> Iterator[OpenLedger]:
+    """The ledger `db` names, checked and migrated (a file, or a database)."""
+    backend = backend_of(db)
+    if must_exist and not ledger_exists(db):
+        raise AdminError(f"no ledger {'file ' if is_file(backend) else ''}at {backend.where}")
     try:
-        db = open_ledger_file(path)
+        conn = backend.open_writer()
     except (LedgerError, sqlite3.DatabaseError) as exc:
-        raise AdminError(f"cannot open ledger {path}: {exc}") from None
+        raise AdminError(f"cannot open ledger {backend.where}: {exc}") from None
     try:
-        yield db
+        yield OpenLedger(backend, conn)
     finally:
-        db.close()
+        backend.close_writer(conn)
 
 
-def run_rule(db: sqlite3.Connection, rule: Callable[[Tx], Any]) -> Any:
+def is_file(backend: Backend) -> bool:
+    return isinstance(backend, SqliteBackend)
+
+
+def run_rule(ledger: OpenLedger, rule: Callable[[Tx], Any]) -> Any:
     """Run one ledger rule on the wall clock and commit it; a refusal becomes an `AdminError`."""
+    transactions = Transactions(
+        db=ledger.db, config=LedgerConfig(), clock=time.time, backend=ledger.backend
+    )
     try:
-        return Transactions(db=db, config=LedgerConfig(), clock=time.time).one(rule)
+        return transactions.one(rule)
     except LedgerError as exc:
         raise AdminError(str(exc)) from None
 
 
-def init_ledger(path: Path) -> bool:
-    """Create the ledger file at `path` if there is none; return whether it was created. An
-    existing file is only opened (checked and migrated), so a script may run this twice."""
-    new_file = not path.exists()
+def init_ledger(path: Path | str) -> bool:
+    """Create the ledger at `path` if there is none; return whether it was created. An
+    existing one is only opened (checked and migrated), so a script may run this twice."""
+    new_ledger = not ledger_exists(path)
     with ledger_file(path, must_exist=False):
         pass
-    return new_file
+    return new_ledger
 
 
 def create_token(
-    path: Path, scope: str, role: str, *, name: str | None = None, init: bool = False
+    path: Path | str, scope: str, role: str, *, name: str | None = None, init: bool = False
 ) -> tokens.NewToken:
-    """With `init`, the first token may create the ledger file; a refused one leaves no new
-    file behind."""
-    new_file = not path.exists()
+    """With `init`, the first token may create the ledger; a refused one leaves no new file
+    behind (a database keeps its new, empty tables)."""
+    backend = backend_of(path)
+    new_file = is_file(backend) and not ledger_exists(path)
     try:
         with ledger_file(path, must_exist=not init) as db:
             created: tokens.NewToken = run_rule(
@@ -72,7 +121,8 @@ def create_token(
             )
     except AdminError:
         if new_file:
-            for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            file = Path(backend.where)
+            for leftover in (file, Path(f"{file}-wal"), Path(f"{file}-shm")):
                 leftover.unlink(missing_ok=True)
         raise
     return created
@@ -82,12 +132,12 @@ def _utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-def list_tokens(path: Path) -> list[str]:
+def list_tokens(path: Path | str) -> list[str]:
     """`ID TENANT ROLE CREATED [revoked] name=NAME last_used=TIME`, one line per token: the
     first fields as they always were, then `name=-` for a token without a name and
     `last_used=never` for one never used (names hold no spaces and no `=`)."""
     with ledger_file(path) as db:
-        records = tokens.list_tokens(ReadSession(db))
+        records = tokens.list_tokens(db.reads())
     return [
         " ".join(
             [
@@ -101,24 +151,24 @@ def list_tokens(path: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def revoke_token(path: Path, token: str) -> tokens.TokenRecord:
+def revoke_token(path: Path | str, token: str) -> tokens.TokenRecord:
     """Revoke a token by its id, or by its name while one live token holds it."""
     with ledger_file(path) as db:
         revoked: tokens.TokenRecord = run_rule(db, lambda tx: tokens.revoke_token(tx, token))
     return revoked
 
 
-def set_tenant_budget(path: Path, tenant: str, budget: int | None) -> None:
+def set_tenant_budget(path: Path | str, tenant: str, budget: int | None) -> None:
     with ledger_file(path) as db:  # a budget on a mistyped path would bind nobody
         run_rule(db, lambda tx: set_budget(tx, tenant, budget))
 
 
-def show_budget(path: Path, tenant: str) -> str:
+def show_budget(path: Path | str, tenant: str) -> str:
     """`tenant=T spent=N budget=B left=L`, with `unlimited` for B and L when there is no
     budget."""
     with ledger_file(path) as db:
         try:
-            found = budget_of(ReadSession(db), tenant)
+            found = budget_of(db.reads(), tenant)
         except LedgerError as exc:
             raise AdminError(str(exc)) from None
     unlimited = "unlimited"
@@ -130,7 +180,7 @@ def show_budget(path: Path, tenant: str) -> str:
 
 
 def add_repository(
-    path: Path, tenant: str, name: str, url: str
+    path: Path | str, tenant: str, name: str, url: str
 ) -> tuple[repositories.Repository, str | None, bool]:
     """Check that git can read `url` (`git ls-remote`), then record it as `tenant`'s
     repository `name`; return the record, the remote's HEAD (None for an empty repository)
@@ -154,15 +204,15 @@ def add_repository(
     return added[0], refs.get("HEAD"), added[1]
 
 
-def list_repositories(path: Path) -> list[str]:
+def list_repositories(path: Path | str) -> list[str]:
     """`TENANT NAME URL ADDED`, one line per repository (URLs hold no password: `repo add`
     refuses one)."""
     with ledger_file(path) as db:
-        records = repositories.list_repositories(ReadSession(db))
+        records = repositories.list_repositories(db.reads())
     return [f"{r.tenant} {r.name} {r.url} {_utc(r.added_at)}" for r in records]
 
 
-def remove_repository(path: Path, tenant: str, name: str) -> repositories.Repository:
+def remove_repository(path: Path | str, tenant: str, name: str) -> repositories.Repository:
     with ledger_file(path) as db:
         removed: repositories.Repository = run_rule(
             db, lambda tx: repositories.remove_repository(tx, tenant, name)
@@ -170,12 +220,18 @@ def remove_repository(path: Path, tenant: str, name: str) -> repositories.Reposi
     return removed
 
 
-def check(path: Path) -> list[str]:
-    """Integrity and every ledger invariant; an empty list means the file is sound."""
-    if not path.exists():
-        raise AdminError(f"no ledger file at {path}")
+def check(path: Path | str) -> list[str]:
+    """Integrity and every ledger invariant; an empty list means the ledger is sound. A file
+    is read without writing it; a database's integrity is its server's, and its schema must
+    be this tether's (a supervisor or `init` migrates it)."""
+    backend = backend_of(path)
+    if not ledger_exists(path):
+        raise AdminError(f"no ledger {'file ' if is_file(backend) else ''}at {backend.where}")
+    if not isinstance(backend, SqliteBackend):
+        with ledger_file(path) as opened:  # migrated to this tether's schema first
+            return invariants.find_violations(opened.reads())
     try:
-        db = connect(path, readonly=True)
+        db = connect(backend.path, readonly=True)
     except sqlite3.DatabaseError as exc:
         return [f"integrity: {exc}"]
     try:
@@ -189,8 +245,15 @@ def check(path: Path) -> list[str]:
     return problems
 
 
-def backup(path: Path, dest: Path) -> None:
+def backup(db: Path | str, dest: Path) -> None:
     """An online, consistent copy through SQLite's backup API, checked after it is written."""
+    backend = backend_of(db)
+    if not isinstance(backend, SqliteBackend):
+        raise AdminError(
+            f"backup copies a ledger file; back up {backend.where} with pg_dump"
+            f" (pg_dump --format=custom --file={dest} URL)"
+        )
+    path = backend.path
     if dest.exists():
         raise AdminError(f"{dest} exists; refusing to overwrite a backup")
     if not path.exists():

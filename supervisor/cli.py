@@ -20,6 +20,7 @@ from tether.cli_support import USAGE_EXIT, Parser, fail
 from tether.settings import SettingsError, config_file_from, load_settings, read_secret
 
 PROG = "tether-supervisor"
+LEDGER = "ledger: a file, sqlite:///path or postgresql://..."
 
 
 def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
@@ -36,13 +37,17 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default: 8080)")
 
-    init = sub.add_parser("init", help="create a new, empty ledger file (no other command does)")
-    init.add_argument("--db", required=True, help="ledger file to create")
+    init = sub.add_parser(
+        "init",
+        help="create a new, empty ledger: a file, or the tables in an empty database"
+        " (no other command does)",
+    )
+    init.add_argument("--db", required=True, help=f"{LEDGER} to create")
 
     token = sub.add_parser("token", help="create, list and revoke bearer tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True, parser_class=Parser)
     create = token_sub.add_parser("create", help="create a token; prints it alone on stdout")
-    create.add_argument("--db", required=True, help="ledger file")
+    create.add_argument("--db", required=True, help=LEDGER)
     create.add_argument("--tenant", required=True, help="tenant (operator) or pool (runner)")
     create.add_argument("--role", required=True, choices=["operator", "runner"])
     create.add_argument("--name", help="a name to tell the token apart by (e.g. box-17)")
@@ -50,22 +55,22 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
         "--init", action="store_true", help="create the ledger file if there is none"
     )
     listing = token_sub.add_parser("list", help="one line per token; never a secret")
-    listing.add_argument("--db", required=True, help="ledger file")
+    listing.add_argument("--db", required=True, help=LEDGER)
     revoke = token_sub.add_parser("revoke", help="revoke a token by its id or its name")
-    revoke.add_argument("--db", required=True, help="ledger file")
+    revoke.add_argument("--db", required=True, help=LEDGER)
     revoke.add_argument("token", metavar="TOKEN", help="the token's id, or its name")
 
     check = sub.add_parser("check", help="integrity and ledger invariants; exit 1 on violation")
-    check.add_argument("--db", required=True, help="ledger file")
+    check.add_argument("--db", required=True, help=LEDGER)
 
     backup = sub.add_parser("backup", help="online, consistent copy of the ledger")
-    backup.add_argument("--db", required=True, help="ledger file")
+    backup.add_argument("--db", required=True, help=LEDGER)
     backup.add_argument("dest", help="where to write the copy (must not exist)")
 
     budget = sub.add_parser(
         "budget", help="show or set a tenant's token budget (tasks wait past it)"
     )
-    budget.add_argument("--db", required=True, help="ledger file")
+    budget.add_argument("--db", required=True, help=LEDGER)
     budget.add_argument("--tenant", required=True)
     budget_action = budget.add_mutually_exclusive_group(required=True)
     budget_action.add_argument("--tokens", help="a whole number, or 'none' for unlimited")
@@ -79,13 +84,13 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     repo_add.add_argument("name", metavar="NAME", help="the name tasks give as `repository`")
     repo_add.add_argument("--url", required=True, help="a path, file://, ssh://, https://, ...")
     repo_add.add_argument("--tenant", required=True, help="the tenant whose tasks may name it")
-    repo_add.add_argument("--db", required=True, help="ledger file")
+    repo_add.add_argument("--db", required=True, help=LEDGER)
     repo_list = repo_sub.add_parser("list", help="one line per repository: TENANT NAME URL ADDED")
-    repo_list.add_argument("--db", required=True, help="ledger file")
+    repo_list.add_argument("--db", required=True, help=LEDGER)
     repo_remove = repo_sub.add_parser("remove", help="forget a repository no running task names")
     repo_remove.add_argument("name", metavar="NAME")
     repo_remove.add_argument("--tenant", required=True)
-    repo_remove.add_argument("--db", required=True, help="ledger file")
+    repo_remove.add_argument("--db", required=True, help=LEDGER)
 
     def operator_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--url", help="the supervisor's base URL (default: $TETHER_URL)")
@@ -189,13 +194,14 @@ def _serve(args: argparse.Namespace) -> int:
 def _admin(args: argparse.Namespace) -> int:
     from supervisor import admin
 
-    db = Path(args.db)
+    db = _ledger_arg(args.db)
     try:
+        shown = admin.backend_of(db).where  # a database without its password
         if args.command == "init":
             if admin.init_ledger(db):
-                print(f"created ledger {db}", file=sys.stderr)
+                print(f"created ledger {shown}", file=sys.stderr)
             else:
-                print(f"ledger {db} exists; left as it was", file=sys.stderr)
+                print(f"ledger {shown} exists; left as it was", file=sys.stderr)
         elif args.command == "token":
             if args.token_command == "create":  # noqa: S105
                 _create_token(db, args)
@@ -211,10 +217,10 @@ def _admin(args: argparse.Namespace) -> int:
                 print(problem)
             if problems:
                 return 1
-            print(f"ok: {db} passes integrity and every ledger invariant")
+            print(f"ok: {shown} passes integrity and every ledger invariant")
         elif args.command == "backup":
             admin.backup(db, Path(args.dest))
-            print(f"backed up {db} to {args.dest}", file=sys.stderr)
+            print(f"backed up {shown} to {args.dest}", file=sys.stderr)
         elif args.command == "repo":
             _repo(db, args)
         elif args.command == "budget" and args.show:
@@ -231,7 +237,13 @@ def _admin(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repo(db: Path, args: argparse.Namespace) -> None:
+def _ledger_arg(raw: str) -> Path | str:
+    """`--db` as the admin commands take it: a URL as given (`sqlite:///`, `postgresql://`,
+    or one they refuse in one line), a plain path as a Path."""
+    return raw if "://" in raw else Path(raw)
+
+
+def _repo(db: Path | str, args: argparse.Namespace) -> None:
     """`repo add` and `repo remove` say what they did on stderr; `repo list` prints lines."""
     from supervisor import admin
 
@@ -255,14 +267,14 @@ def _token_label(token_id: str, name: str | None) -> str:
     return f"token {token_id}" + (f" name={name}" if name else "")
 
 
-def _create_token(db: Path, args: argparse.Namespace) -> None:
+def _create_token(db: Path | str, args: argparse.Namespace) -> None:
     """The secret alone on stdout (scripts pipe it into a file); its id on stderr."""
     from supervisor import admin
 
-    new_ledger = not db.exists()
+    new_ledger = not admin.ledger_exists(db)
     created = admin.create_token(db, args.tenant, args.role, name=args.name, init=args.init)
     print(created.secret)
-    where = f" in a new ledger {db}" if new_ledger else ""
+    where = f" in a new ledger {admin.backend_of(db).where}" if new_ledger else ""
     print(f"created {_token_label(created.id, created.name)}{where}", file=sys.stderr)
 
 

@@ -77,6 +77,10 @@ class Backend(Protocol):
         """What to name in messages: the file, or the URL without its password."""
         ...
 
+    def exists(self) -> bool:
+        """Whether a ledger is there already (admin commands other than `init` refuse none)."""
+        ...
+
     def open_writer(self) -> WriteConnection:
         """Open, check and migrate; the connection every batch runs on."""
         ...
@@ -148,6 +152,9 @@ class SqliteBackend:
     @property
     def where(self) -> str:
         return str(self.path)
+
+    def exists(self) -> bool:
+        return self.path.exists()
 
     def open_writer(self) -> WriteConnection:
         return open_ledger_file(self.path, synchronous=self.synchronous)

@@ -109,6 +109,14 @@ class PostgresBackend:
 
     # -- the writer thread --------------------------------------------------------------------
 
+    def exists(self) -> bool:
+        with pg_schema.connect(self.url) as conn:
+            try:
+                return pg_schema.schema_version(conn) > 0
+            except psycopg.Error as exc:
+                one_line = pg_schema.one_line(exc, self.url)
+                raise StorageError(f"cannot read {self.where}: {one_line}") from exc
+
     def open_writer(self) -> WriteConnection:
         conn = pg_schema.connect(self.url)
         try:
