@@ -20,8 +20,9 @@ from supervisor.effects.credentials import Credentials
 from supervisor.effects.dispatcher import Dispatcher
 from supervisor.effects.registry import EffectKinds
 from supervisor.ledger import Created, LedgerConfig, StepSpec, StorageError, TaskSpec
-from supervisor.ledger.backends import LedgerUrlError, open_backend
+from supervisor.ledger.backends import LedgerUrlError, Wakeup, open_backend
 from supervisor.ledger.pg_schema import connect
+from supervisor.ledger.postgres import CHANNEL, EVERYTHING, PostgresBackend
 from supervisor.ledger.store import LedgerStore, open_ledger
 from supervisor.server import preflight
 from supervisor.settings import SupervisorSettings
@@ -235,6 +236,55 @@ async def test_a_lost_connection_is_a_storage_error_and_the_next_write_reconnect
         assert ledger.is_open  # a storage error fails the batch, not the writer
         await ledger.cancel("acme", task_id, "no longer wanted")  # on a new connection
         assert (await ledger.task(task_id))["state"] == "CANCELLED"  # reads reconnect too
+
+
+async def test_a_lost_listener_reconnects_and_wakes_its_waiting_claims(
+    pg_url: str, clock: FakeClock
+) -> None:
+    async with stores(pg_url, clock) as (a, b):
+        claimed: list[Any] = []
+        done = anyio.Event()
+
+        async def wait_on_a() -> None:
+            claimed.extend(await a.claim("r1", "default", 1, 20))
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_on_a)
+            await anyio.sleep(0.3)
+            with connect(pg_url) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+                )
+            # Queued while A hears nothing: A's claim finds it once its listener is back.
+            await queued_task(b)
+            with anyio.fail_after(5):
+                await done.wait()
+        assert len(claimed) == 1
+
+
+async def test_a_listener_back_from_a_lost_connection_wakes_everything_once(
+    pg_url: str,
+) -> None:
+    backend = PostgresBackend(pg_url)
+    heard, hearing = anyio.create_memory_object_stream[Wakeup](8)
+    async with backend.listen(heard.send_nowait):
+        with connect(pg_url) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND query LIKE 'LISTEN %%'"
+            )
+        with anyio.fail_after(5):
+            # A notification may have been missed while it was gone.
+            assert await hearing.receive() == EVERYTHING
+        payload = '{"origin":"x","pools":["p"],"events":false}'
+        with connect(pg_url) as other:  # another process's commit is heard again
+            other.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+        with anyio.fail_after(5):
+            assert await hearing.receive() == Wakeup(frozenset({"p"}), events=False)
+    heard.close()
+    hearing.close()
 
 
 async def test_a_database_that_cannot_be_reached_is_one_storage_error(clock: FakeClock) -> None:
