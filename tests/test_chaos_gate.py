@@ -285,7 +285,7 @@ async def test_chaos_gate(trial: str, ledger_path: Path, clock: FakeClock) -> No
         ledger = gate.ledger
         effects = dict(
             await ledger.read(
-                lambda db: db.execute(
+                lambda s: s.db.execute(
                     "SELECT s.id, COUNT(e.effect_key) FROM steps s"
                     " LEFT JOIN effects e ON e.step_id = s.id GROUP BY s.id"
                 ).fetchall()

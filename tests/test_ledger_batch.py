@@ -78,13 +78,13 @@ def test_a_storage_failure_inside_a_rule_is_a_storage_error_not_a_bug(sim: Sim) 
     is answered 503 `unavailable` (a condition for the operator), not 500 `internal` (a bug)."""
 
     def meet_a_full_disk(tx: Tx) -> None:
-        tx.run("UPDATE tasks SET owner = 'half-written'")
+        tx.db.execute("UPDATE tasks SET owner = 'half-written'")
         full = sqlite3.OperationalError("database or disk is full")
         full.sqlite_errorcode = sqlite3.SQLITE_FULL  # as SQLite itself reports it
         raise full
 
     def name_a_missing_column(tx: Tx) -> None:
-        tx.run("UPDATE tasks SET no_such_column = 1")
+        tx.db.execute("UPDATE tasks SET no_such_column = 1")
 
     sim.run(lambda tx: create_task(tx, make_spec("a")))
     full, mistake, after = sim.batch(
@@ -99,7 +99,7 @@ def test_a_storage_failure_inside_a_rule_is_a_storage_error_not_a_bug(sim: Sim) 
 
 
 def crash_after_writing(tx: Tx) -> None:
-    tx.run("UPDATE tasks SET owner = 'crashed'")
+    tx.db.execute("UPDATE tasks SET owner = 'crashed'")
     raise RuntimeError("a bug in a rule")
 
 

@@ -269,7 +269,7 @@ def test_a_batch_whose_commit_fails_has_no_notes(sim: Sim) -> None:
 
     def writing(tx: Tx) -> None:
         tx.note(Decision.GRANTED, task_id="t-lost")
-        tx.run("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
+        tx.db.execute("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
 
     try:
         result = sim.transactions.run([writing])

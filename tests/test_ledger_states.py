@@ -98,7 +98,7 @@ def test_a_refused_transition_rolls_back_the_rule_s_earlier_writes(sim: Sim) -> 
     task_id = task_in(sim, S.SUCCEEDED)
 
     def rule(tx: Tx) -> None:
-        tx.run("UPDATE tasks SET owner = 'mallory' WHERE id = ?", (task_id,))
+        tx.db.execute("UPDATE tasks SET owner = 'mallory' WHERE id = ?", (task_id,))
         transition(tx, task_id, S.RUNNING)
 
     with pytest.raises(TerminalState):

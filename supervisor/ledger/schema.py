@@ -44,6 +44,10 @@ def connect(
         db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         db.execute("PRAGMA foreign_keys = ON")
         db.execute("PRAGMA busy_timeout = 30000")
+        # A statement with RETURNING inside a savepoint (every event a rule appends) spills
+        # to a temporary file by default: a claim cost 0.18-0.21 ms CPU that way, 0.11 ms
+        # with temporary tables in memory (bench.claimcost at 10,000 queued).
+        db.execute("PRAGMA temp_store = MEMORY")
     except BaseException:
         db.close()
         raise

@@ -76,16 +76,12 @@ class ReadSession:
     sql: Mapping[str, str] = dataclasses.field(default_factory=lambda: queries.texts("sqlite"))
 
     def one(self, name: str, params: Sequence[Any] = ()) -> Row | None:
-        row: Row | None = self.db.execute(self.sql.get(name, name), params).fetchone()
+        row: Row | None = self.db.execute(self.sql[name], params).fetchone()
         return row
 
     def all(self, name: str, params: Sequence[Any] = ()) -> list[Row]:
-        rows: list[Row] = self.db.execute(self.sql.get(name, name), params).fetchall()
+        rows: list[Row] = self.db.execute(self.sql[name], params).fetchall()
         return rows
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        # TRANSITION (this session only, as `Tx._text`): reads not yet moved to named queries.
-        return self.db.execute(sql, params)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -118,29 +114,24 @@ class Tx:
         """Log `decision` with `fields` once this transaction is durable (`decisions`)."""
         self.notes.append((decision, fields))
 
-    def _text(self, name: str) -> str:
-        # TRANSITION (this session only): a statement not yet moved to sql/queries/ is run as
-        # written. Removed once every module names its queries.
-        return self.sql.get(name, name)
-
     def one(self, name: str, params: Sequence[Any] = ()) -> Row | None:
         """Run the query `name`; its first row, or None."""
-        row: Row | None = self.db.execute(self._text(name), params).fetchone()
+        row: Row | None = self.db.execute(self.sql[name], params).fetchone()
         return row
 
     def all(self, name: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run the query `name`; every row."""
-        rows: list[Row] = self.db.execute(self._text(name), params).fetchall()
+        rows: list[Row] = self.db.execute(self.sql[name], params).fetchall()
         return rows
 
     def run(self, name: str, params: Sequence[Any] = ()) -> int:
         """Run the write `name`; return the number of rows it changed."""
-        count: int = self.db.execute(self._text(name), params).rowcount
+        count: int = self.db.execute(self.sql[name], params).rowcount
         return count
 
     def many(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
         """Run the write `name` once per parameter row."""
-        self.db.executemany(self._text(name), rows)
+        self.db.executemany(self.sql[name], rows)
 
 
 _encode = msgspec.json.Encoder(order="sorted").encode

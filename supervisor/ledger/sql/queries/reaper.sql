@@ -13,5 +13,5 @@ FROM steps WHERE state = {StepState.LEASED};
 -- name: refresh_leases
 -- Give every open lease a new lease deadline, and a new acceptance window if not yet acknowledged.
 UPDATE steps SET lease_deadline = ?,
-    accept_deadline = CASE WHEN accept_deadline IS NULL THEN NULL ELSE ? END
+    accept_deadline = CASE WHEN accept_deadline IS NULL THEN NULL ELSE CAST(? AS double precision) END
 WHERE state = {StepState.LEASED};
