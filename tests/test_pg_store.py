@@ -19,7 +19,7 @@ from supervisor.api.auth import TokenCache
 from supervisor.effects.credentials import Credentials
 from supervisor.effects.dispatcher import Dispatcher
 from supervisor.effects.registry import EffectKinds
-from supervisor.ledger import Created, LedgerConfig, StepSpec, StorageError, TaskSpec
+from supervisor.ledger import Created, LedgerConfig, StepSpec, StorageError, TaskSpec, postgres
 from supervisor.ledger.backends import LedgerUrlError, Wakeup, open_backend
 from supervisor.ledger.pg_schema import connect
 from supervisor.ledger.postgres import CHANNEL, EVERYTHING, PostgresBackend
@@ -285,6 +285,19 @@ async def test_a_listener_back_from_a_lost_connection_wakes_everything_once(
             assert await hearing.receive() == Wakeup(frozenset({"p"}), events=False)
     heard.close()
     hearing.close()
+
+
+async def test_a_batch_waiting_too_long_for_the_lock_fails_alone(
+    pg_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A supervisor stuck holding the write lock never blocks the others for good."""
+    monkeypatch.setattr(postgres, "LOCK_TIMEOUT_S", 0.3)
+    async with open_ledger(pg_url, clock=clock, config=CONFIG) as ledger:
+        with connect(pg_url) as stuck:
+            stuck.execute("SELECT pg_advisory_lock(%s)", (postgres.LEDGER_LOCK,))
+            with pytest.raises(StorageError, match="lock timeout"):
+                await queued_task(ledger)
+        await queued_task(ledger)  # the lock is free again: so is the ledger
 
 
 async def test_a_database_that_cannot_be_reached_is_one_storage_error(clock: FakeClock) -> None:

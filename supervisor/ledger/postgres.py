@@ -58,6 +58,11 @@ CHANNEL = "tether_ledger"
 # pg_notify refuses a payload of 8000 bytes or more; a batch that woke more pools than fit
 # wakes them all.
 MAX_PAYLOAD = 7000
+# The writer's bounds: a batch waits at most this long for the lock (held by another
+# supervisor's batch), and a transaction left idle this long (its process stopped mid-batch)
+# is ended by the server, releasing the lock. Either fails that batch with a StorageError.
+LOCK_TIMEOUT_S = 30.0
+IDLE_IN_TRANSACTION_S = 60.0
 READ_CONNECTIONS = 4
 READ_WAIT_S = 10.0  # how long a read waits for a pooled connection before it fails
 EVERYTHING = Wakeup(frozenset({ALL_POOLS, EFFECTS}), events=True)
@@ -121,16 +126,33 @@ class PostgresBackend:
         conn = pg_schema.connect(self.url)
         try:
             pg_schema.migrate(conn)
+            return self._bounded(conn)
         except BaseException:
             conn.close()
             raise
-        return PgConnection(conn)
 
     def live(self, db: WriteConnection) -> WriteConnection:
         if not _pg(db).closed:
             return db
         log.warning("the ledger's write connection was lost; reconnecting", db=self.where)
-        return PgConnection(pg_schema.connect(self.url))
+        conn = pg_schema.connect(self.url)
+        try:
+            return self._bounded(conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _bounded(self, conn: psycopg.Connection[PgRow]) -> PgConnection:
+        """The writer's connection with its lock wait and idle transaction bounded."""
+        try:
+            conn.execute(
+                f"SET lock_timeout = {int(LOCK_TIMEOUT_S * 1000)};"
+                f" SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}"
+            )
+        except psycopg.Error as exc:
+            one_line = pg_schema.one_line(exc, self.url)
+            raise StorageError(f"cannot set up {self.where}: {one_line}") from exc
+        return PgConnection(conn)
 
     def close_writer(self, db: WriteConnection) -> None:
         _pg(db).close()
