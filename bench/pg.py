@@ -114,8 +114,7 @@ def tether(
             say(f"PostgreSQL, {who}, steps at {c}: {at.steps_per_s:.0f}/s"
                 f" ({at.steps} steps, {at.processes} runners, supervisors"
                 f" {at.supervisor_cpu_pct:.0f}% cpu)")  # fmt: skip
-        rate = min(OVERHEAD_RATE, max(20.0, best / 4))
-        ov = overhead.run(stack, rate=rate, seconds=plan.overhead_s, fsync_ms=fsync_ms,
+        ov = overhead.run(stack, rate=OVERHEAD_RATE, seconds=plan.overhead_s, fsync_ms=fsync_ms,
                           pool=f"pg{count}-overhead")  # fmt: skip
         out["overhead"] = dataclasses.asdict(ov)
         say(f"PostgreSQL, {who}, overhead at {ov.achieved_per_s:.0f}/s:"
