@@ -1,8 +1,10 @@
 """The printed table and the JSON document (`BENCH_JSON`), from one run's figures.
 
 Every rate is also given as a ratio to the disk's bound (single-row commits/s) and to the naive
-ceiling (the disk's bound / 2: two durable writes per step). Targets are issue 6's, and for
-the agent path issue 17's; the table says for each whether this run met it (PASS / MISS).
+ceiling (the disk's bound / 2: two durable writes per step), as context. Targets are issue 17's
+where it set them (the peers' ratios, CPU per step, claim->commit at 100 steps/s, the agent
+path) and issue 6's elsewhere (idle long-polls, RSS); the PostgreSQL section's are issue 14's.
+The table says for each whether this run met it (PASS / MISS).
 Benchmarks report; they never fail on a figure.
 """
 
@@ -142,13 +144,11 @@ def table(results: dict[str, Any]) -> str:
         _row("disk bound: single-row commits (WAL, FULL)", f"{disk:,.0f}/s", "1 / 2"),
         _row("naive ceiling (disk / 2)", f"{ceiling:,.0f} steps/s", "0.5 / 1"),
     ]
+    # Issue 17 replaced round 1's disk-relative throughput targets by ratios to the peers in
+    # the same run (the peer rows below); the disk ratios stay as context.
     for c, v in results["steps_per_s"].items():
         value, r = rate(v)
-        target, met = "", ""
-        if c == "64":
-            target = f">= 1.0x ceiling ({ceiling:,.0f}/s); stretch 2.0x"
-            met = yes[v >= ceiling]
-        lines.append(_row(f"committed steps/s, concurrency {c} (runners)", value, r, target, met))
+        lines.append(_row(f"committed steps/s, concurrency {c} (runners)", value, r))
     if "model_calls_only_per_s" in results:
         value, r = rate(results["model_calls_only_per_s"])
         share = results.get("steps_64_ratio_to_model_calls_only", 0.0)
@@ -170,16 +170,13 @@ def table(results: dict[str, Any]) -> str:
                 f"claim->commit overhead p50 / p99 (approvals one at a time, {load:,.0f}"
                 f" steps/s{busy_text})",
                 f"{results['p50_overhead_ms']:.1f} / {results['p99_overhead_ms']:.1f} ms",
-                "",
-                "p99 <= 25 ms",
-                yes[results["p99_overhead_ms"] <= 25],
             )
         )
     paced = results.get("overhead_paced")
     if paced:
         lines.append(
             _row(
-                f"same target, second reading: a queue drained at {paced['achieved_per_s']:,.0f}"
+                f"second reading: a queue drained at {paced['achieved_per_s']:,.0f}"
                 " steps/s by 64 slots,"
                 f" model holding each answer ~{64_000 / paced['offered_per_s']:,.0f} ms"
                 f" (subtracted), cores {paced['machine_busy_pct']:.0f} % busy",
@@ -190,9 +187,12 @@ def table(results: dict[str, Any]) -> str:
     if low:
         lines.append(
             _row(
-                f"approvals one at a time, at a lighter load ({low['achieved_per_s']:,.0f}"
-                " steps/s)",
+                f"claim->commit overhead p50 / p99, approvals one at a time at"
+                f" {low['achieved_per_s']:,.0f} steps/s (issue 17's reading)",
                 f"{low['p50_ms']:.1f} / {low['p99_ms']:.1f} ms",
+                "",
+                "p99 <= 25 ms",
+                yes[low["p99_ms"] <= 25],
             )
         )
     if "renews_per_s" in results:
@@ -235,7 +235,9 @@ def table(results: dict[str, Any]) -> str:
                     f"{g['steps_per_s'] / disk:.3f} / {g['ratio_to_naive_ceiling']:.3f}",
                 )
             )
-    targets = {"huey": 2.0, "dbos": 10.0, "dbos_wal": 10.0}
+    # Issue 17: >= 1.0x Huey (stretch 1.5x) and >= 3x DBOS (its default SQLite engine).
+    targets = {"huey": 1.0, "dbos": 3.0}
+    stretch = {"huey": 1.5}
     for name, peer in (results.get("peer_steps_per_s") or {}).items():
         ratio = results["ratio_to_peer"].get(name) or 0.0
         need = targets.get(name)
@@ -244,7 +246,9 @@ def table(results: dict[str, Any]) -> str:
                 f"peer {name}: steps/s (best); tether@64 / peer",
                 f"{peer:,.0f}/s; {ratio:.2f}x",
                 f"{peer / disk:.3f} / {peer / ceiling:.3f}",
-                f">= {need:g}x" if need else "",
+                (f">= {need:g}x" + (f"; stretch {stretch[name]:g}x" if name in stretch else ""))
+                if need
+                else "",
                 yes[ratio >= need] if need else "",
             )
         )
