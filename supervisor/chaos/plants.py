@@ -22,6 +22,7 @@ from supervisor.ledger import (
     fencing,
     identity,
     outbox,
+    queries,
     states,
     verification,
 )
@@ -93,11 +94,13 @@ def gates_open_themselves(tx: Tx, step: sqlite3.Row) -> None:
     own digest, as if an operator had opened it (so the ledger's own rows look consistent;
     only the operator's absence shows)."""
     _make_due(tx, step)
-    tx.run(
+    opened = (
         "UPDATE outbox SET state = 'open', openings = openings + 1, gate_digest = digest,"
-        " deadline_at = ? + deadline_s, not_before = ? WHERE step_id = ? AND state = 'gated'",
-        (tx.now, tx.now, step["id"]),
+        " deadline_at = ? + deadline_s, not_before = ? WHERE step_id = ? AND state = 'gated'"
     )
+    if tx.sql is queries.texts("postgresql"):  # a plant is no named query: raw SQL, by hand
+        opened = queries.to_pyformat(opened)
+    tx.db.execute(opened, (tx.now, tx.now, step["id"]))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
