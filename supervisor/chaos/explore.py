@@ -4,7 +4,13 @@ Schedules are split into fixed chunks and spread over `--jobs` processes; result
 schedule order, so the output and the trace digest are the same whatever the number of jobs.
 The run stops at the first schedule (in schedule order) that violates an invariant, prints its
 seed, its ordered events with their fences and SHAs, and the one command that replays exactly
-that schedule. Exit 0: no violation; 1: a violation; 2: bad usage.
+that schedule. Exit 0: no violation; 1: a violation; 2: bad usage, or no PostgreSQL server.
+
+The ledger is a scratch SQLite file per process, or with `--db postgresql://...` a scratch
+database per process on that server, created for the run and dropped after it (`pgscratch`;
+the database the URL names is only connected to). The rules are the same; PostgreSQL's
+fences and identities are not rolled back with a transaction, so its traces and digests are
+its own.
 """
 
 from __future__ import annotations
@@ -15,16 +21,19 @@ import dataclasses
 import hashlib
 import multiprocessing
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.chaos.harness import Workspace, scratch_root
+from supervisor.chaos.harness import Scratch, open_workspace, scratch_root
 from supervisor.chaos.plants import PLANTS
 from supervisor.chaos.schedule import run_schedule
 from supervisor.chaos.seeds import fresh_seed, parse_seed, schedule_seed
+from supervisor.ledger.backends import is_postgres
+from supervisor.ledger.errors import StorageError
 from tether.cli_support import USAGE_EXIT, Parser
 
 PROG = "tether-supervisor chaos"
@@ -57,6 +66,8 @@ class Job:
     stop: int
     plant: str | None
     keep_traces: bool
+    db: str | None = None  # a PostgreSQL server's URL; None: SQLite files under `root`
+    prefix: str = ""  # the run's database name prefix on that server
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,14 +79,15 @@ class Exploration:
     wall_s: float
 
 
-_workspaces: dict[Path, Workspace] = {}
+_workspaces: dict[tuple[Path, int], Scratch] = {}  # (run root, process id) -> its ledger
 
 
 def run_chunk(job: Job) -> Chunk:
     """Run schedules `start..stop` of a run; stop early at the first violation."""
-    workspace = _workspaces.get(job.root)
-    if workspace is None or workspace.dir.name != f"p{os.getpid()}":
-        workspace = _workspaces[job.root] = Workspace(job.root)
+    key = (job.root, os.getpid())
+    workspace = _workspaces.get(key)
+    if workspace is None:
+        workspace = _workspaces[key] = open_workspace(job.root, job.db, job.prefix)
     digests: list[str] = []
     traces: list[list[str]] = []
     for index in range(job.start, job.stop):
@@ -100,15 +112,17 @@ def explore(
     plant: str | None = None,
     jobs: int = 1,
     trace_out: TextIO | None = None,
+    db: str | None = None,
 ) -> Exploration:
+    """Run `schedules` schedules of run `seed`; on PostgreSQL when `db` is a server's URL."""
     started = time.perf_counter()
     run_digest = hashlib.sha256()
     count = 0
     found: Found | None = None
-    with scratch_root() as root:
+    with scratch_root() as root, _databases(db) as prefix:
         chunks = [
             Job(root=root, run_seed=seed, start=start, stop=min(start + CHUNK, schedules),
-                plant=plant, keep_traces=trace_out is not None)
+                plant=plant, keep_traces=trace_out is not None, db=db, prefix=prefix)
             for start in range(0, schedules, CHUNK)
         ]  # fmt: skip
         with _results(chunks, jobs) as results:
@@ -124,7 +138,7 @@ def explore(
                 if chunk.found is not None:
                     found = chunk.found
                     break
-        workspace = _workspaces.pop(root, None)  # this process ran schedules itself
+        workspace = _workspaces.pop((root, os.getpid()), None)  # this process ran schedules
         if workspace is not None:
             workspace.close()
     return Exploration(
@@ -134,6 +148,18 @@ def explore(
         found=found,
         wall_s=time.perf_counter() - started,
     )
+
+
+@contextlib.contextmanager
+def _databases(db: str | None) -> Iterator[str]:
+    """The run's database name prefix on server `db` (dropped after), or "" for SQLite."""
+    if db is None:
+        yield ""
+        return
+    from supervisor.chaos.pgscratch import scratch_server
+
+    with scratch_server(db) as prefix:
+        yield prefix
 
 
 @contextlib.contextmanager
@@ -148,9 +174,14 @@ def _results(chunks: list[Job], jobs: int) -> Iterator[Iterable[Chunk]]:
         yield pool.imap(run_chunk, chunks)
 
 
-def replay_command(seed: int, plant: str | None) -> str:
+def replay_command(seed: int, plant: str | None, db: str | None = None) -> str:
+    """The command that replays one schedule; a server's URL without its password."""
     command = f"tether-supervisor chaos explore --schedules 1 --seed {seed}"
-    return f"{command} --plant {plant}" if plant else command
+    if plant:
+        command += f" --plant {plant}"
+    if db:
+        command += f" --db {shlex.quote(_redact(db))}"
+    return command
 
 
 # -- the command line -------------------------------------------------------------------------
@@ -171,6 +202,21 @@ def _seed(text: str) -> int:
         return parse_seed(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _redact(url: str) -> str:
+    from supervisor.ledger.pg_schema import redact  # psycopg: only with --db
+
+    return redact(url)
+
+
+def _server(text: str) -> str:
+    if not is_postgres(text):
+        raise argparse.ArgumentTypeError(
+            f"expected a PostgreSQL URL (postgresql://...), not {text!r}; without --db the"
+            " explorer runs on scratch SQLite files"
+        )
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
         " --schedules 1 --seed SEED --trace",
     )  # fmt: skip
     ex.add_argument(
+        "--db", type=_server, default=None, metavar="URL",
+        help="run on PostgreSQL: a scratch database per worker on the server URL names,"
+        " dropped afterwards (default: scratch SQLite files)",
+    )  # fmt: skip
+    ex.add_argument(
         "--trace", action="store_true",
         help="print every schedule's ordered events, not only a violating one's",
     )  # fmt: skip
@@ -228,20 +279,27 @@ def main(argv: list[str]) -> int:
     schedules: int = DEFAULT_SCHEDULES if args.schedules is None else args.schedules
     seed: int = fresh_seed() if args.seed is None else args.seed
     plant: str | None = args.plant
+    db: str | None = args.db
+    on = f", on {_redact(db)}" if db else ""
     print(
         f"chaos explore: {schedules} schedules, seed {seed}, plant {plant or 'none'},"
-        f" jobs {args.jobs}",
+        f" jobs {args.jobs}{on}",
         flush=True,
     )
-    result = explore(
-        schedules=schedules,
-        seed=seed,
-        plant=plant,
-        jobs=args.jobs,
-        trace_out=sys.stdout if args.trace else None,
-    )
+    try:
+        result = explore(
+            schedules=schedules,
+            seed=seed,
+            plant=plant,
+            jobs=args.jobs,
+            trace_out=sys.stdout if args.trace else None,
+            db=db,
+        )
+    except StorageError as exc:  # the server: unreachable, or refusing a scratch database
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return USAGE_EXIT
     if result.found is not None:
-        _print_violation(result.found, seed, plant)
+        _print_violation(result.found, seed, plant, db)
     rate = result.count / result.wall_s if result.wall_s > 0 else 0.0
     violations = 0 if result.found is None else 1
     print(
@@ -253,7 +311,7 @@ def main(argv: list[str]) -> int:
     return 1 if result.found else 0
 
 
-def _print_violation(found: Found, run_seed: int, plant: str | None) -> None:
+def _print_violation(found: Found, run_seed: int, plant: str | None, db: str | None) -> None:
     out = sys.stdout
     print(f"VIOLATION in schedule {found.index} of run seed {run_seed}: schedule seed"
           f" {found.seed}, plant {plant or 'none'}", file=out)  # fmt: skip
@@ -265,4 +323,4 @@ def _print_violation(found: Found, run_seed: int, plant: str | None) -> None:
     print("ledger after the violating event (attempts as aN:fFENCE:RUNNER:STATE):", file=out)
     for line in found.snapshot:
         print(f"    {line}", file=out)
-    print(f"replay: {replay_command(found.seed, plant)}", file=out)
+    print(f"replay: {replay_command(found.seed, plant, db)}", file=out)

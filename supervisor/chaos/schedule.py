@@ -13,7 +13,7 @@ from random import Random
 
 from supervisor.chaos import dispatch
 from supervisor.chaos.actors import OPERATOR, RunnerActor, make_orders
-from supervisor.chaos.harness import Harness, Workspace
+from supervisor.chaos.harness import Harness, Scratch
 from supervisor.chaos.hazards import HAZARDS, pause
 from supervisor.chaos.observer import TERMINAL_NAMES
 from supervisor.chaos.plants import Plant, planted
@@ -121,13 +121,13 @@ class ScheduleResult:
         return hashlib.sha256("\n".join(self.trace).encode()).hexdigest()
 
 
-def run_schedule(seed: int, workspace: Workspace, plant: str | None = None) -> ScheduleResult:
+def run_schedule(seed: int, workspace: Scratch, plant: str | None = None) -> ScheduleResult:
     """Play the schedule of `seed`, with the bug called `plant` planted while it runs."""
     with planted(plant) as active:
         return _run_schedule(seed, workspace, active)
 
 
-def _run_schedule(seed: int, workspace: Workspace, plant: Plant | None) -> ScheduleResult:
+def _run_schedule(seed: int, workspace: Scratch, plant: Plant | None) -> ScheduleResult:
     rng = Random(seed)
     plan = FaultPlan.draw(rng)
     harness = Harness(
@@ -145,7 +145,7 @@ def _run_schedule(seed: int, workspace: Workspace, plant: Plant | None) -> Sched
         world.observer.violation(error)
         world.log(error)
     try:
-        snapshot = ledger_snapshot(harness.db) if world.violations else []
+        snapshot = ledger_snapshot(harness) if world.violations else []
     finally:
         harness.close()
     return ScheduleResult(

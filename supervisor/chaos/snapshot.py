@@ -4,15 +4,12 @@ with its delivery attempts (gate opening, holder, answer)."""
 
 from __future__ import annotations
 
-import sqlite3
+from supervisor.chaos.harness import Harness
 
 
-def ledger_snapshot(db: sqlite3.Connection) -> list[str]:
-    def q(sql: str, params: tuple[str, ...] = ()) -> list[sqlite3.Row]:
-        return db.execute(sql, params).fetchall()
-
-    [counter] = q("SELECT value FROM counters WHERE name = 'fence'")
-    lines = [f"fence counter {counter[0]}"]
+def ledger_snapshot(harness: Harness) -> list[str]:
+    q = harness.query
+    lines = [f"fence counter {harness.fence_counter()}"]
     lines += [
         f"repository {r['tenant']}/{r['name']} head {r['head_sha']}"
         for r in q("SELECT * FROM repositories ORDER BY tenant, name")

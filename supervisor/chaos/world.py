@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sqlite3
 from collections.abc import Callable, Sequence
 from random import Random
 from typing import Any
@@ -40,7 +39,7 @@ from supervisor.ledger.batch import RuleCrashed
 from supervisor.ledger.errors import LedgerError, Refused
 from supervisor.ledger.invariants import find_violations
 from supervisor.ledger.outbox import Answer, Outgoing
-from supervisor.ledger.tx import ReadSession, Tx
+from supervisor.ledger.tx import Row, Tx
 from supervisor.ledger.verification import Evidence, Finding
 from tether.messages import Checkpoint, Lease, Report
 from tether.wire import Outcome, ReleaseReason, content_hash
@@ -77,7 +76,8 @@ def _observed(rule: Callable[[Tx], Any]) -> Callable[[Tx], Any]:
 
     def run(tx: Tx) -> tuple[Any, list[tuple[str, str, str | None]]]:
         value = rule(tx)
-        return value, tx.db.execute("SELECT id, state, reason FROM tasks").fetchall()
+        rows = tx.db.execute("SELECT id, state, reason FROM tasks ORDER BY created_order")
+        return value, rows.fetchall()
 
     return run
 
@@ -146,11 +146,12 @@ class World:
 
     def check(self) -> None:
         before = len(self.violations)
-        for found in find_violations(ReadSession(self.h.db)):
+        for found in find_violations(self.h.reads):
             self.observer.violation(found)
-        self.observer.charged_now(self.h.db.execute("SELECT name, tokens_used FROM tenants"))
+        charged = self.h.query("SELECT name, tokens_used FROM tenants ORDER BY name")
+        self.observer.charged_now((row[0], row[1]) for row in charged)
         self.observer.effects_now(self.receivers)
-        for row in self.h.db.execute("SELECT step_id FROM outbox WHERE state = 'withdrawn'"):
+        for row in self.h.query("SELECT step_id FROM outbox WHERE state = 'withdrawn'"):
             self.observer.withdrawn(row[0], self.receivers)
         for found in self.violations[before:]:
             self.log(f"VIOLATION {found}")
@@ -195,10 +196,11 @@ class World:
         rep = msg.report
         if msg.kind is not Kind.REPORT or rep is None:
             return msg
-        task = self.h.db.execute(
+        tasks = self.h.query(
             "SELECT tenant, repository, approved_base_sha FROM tasks WHERE id = ?",
             (rep.step_id.rsplit(".", 1)[0],),
-        ).fetchone()
+        )
+        task = tasks[0] if tasks else None
         if task is None or task["repository"] is None:
             return msg
         evidence: Evidence = self.repos.gather(
@@ -230,7 +232,7 @@ class World:
         within = [f" (in {m.kind} m{m.id})" if len(m.parts()) > 1 else "" for m in msgs]
         within = [w for m, w in zip(msgs, within, strict=True) for _ in m.parts()]
         msgs = [self._gathered(p) for m in msgs for p in m.parts()]
-        before, changes_before = len(self.violations), self.h.db.total_changes
+        before, changes_before = len(self.violations), self.h.changes
         outcomes = self.h.run([_observed(m.rule()) for m in msgs])
         batch = f"batch of {len(msgs)}: " if len(msgs) > 1 else ""
         for msg, outcome, part in zip(msgs, outcomes, within, strict=True):
@@ -257,7 +259,7 @@ class World:
         # Skip the scan when nothing an invariant reads can have changed: a batch that wrote
         # nothing, renewals (lease deadlines only; the observer checks their fences) and
         # refusals (rolled back, leaving a rejection row).
-        wrote = self.h.db.total_changes != changes_before
+        wrote = self.h.changes != changes_before
         if wrote and any(
             m.kind is not Kind.RENEW and o.error is None
             for m, o in zip(msgs, outcomes, strict=True)
@@ -354,7 +356,7 @@ class World:
         self.log(f"clock +{seconds:g}s")
 
     def reap(self) -> None:
-        before, changes_before = len(self.violations), self.h.db.total_changes
+        before, changes_before = len(self.violations), self.h.changes
         [outcome] = self.h.run([_observed(reaper.expire)])
         if outcome.error is not None:
             self.observer.violation(f"rule crashed: reaper: {outcome.error}")
@@ -367,7 +369,7 @@ class World:
             moved = f"; {', '.join(changes)}" if changes else ""
             self.log(f"reaper expired {count}{moved}")
         self._flag_new(before)
-        if self.h.db.total_changes != changes_before:
+        if self.h.changes != changes_before:
             self.check()
 
     # -- the dispatcher ------------------------------------------------------------------------
@@ -382,7 +384,7 @@ class World:
     ) -> tuple[Any, LedgerError | None]:
         """One of the supervisor's own rules (the dispatcher's), as its own transaction;
         `seen` tells the observer of an accepted answer before the task states are read."""
-        before, changes_before = len(self.violations), self.h.db.total_changes
+        before, changes_before = len(self.violations), self.h.changes
         [outcome] = self.h.run([_observed(rule)])
         value: Any = None
         error = outcome.error
@@ -400,7 +402,7 @@ class World:
                 self.observer.violation(f"rule crashed: {label}: {error}")
         self.log(f"{label} -> {answer}{moved}")
         self._flag_new(before)
-        if self.h.db.total_changes != changes_before:
+        if self.h.changes != changes_before:
             self.check()
         return value, error if isinstance(error, LedgerError) else None
 
@@ -488,7 +490,7 @@ class World:
     def set_budget(self, tenant: str, tokens: int | None) -> Message:
         return self.send(OPERATOR, 0, Kind.BUDGET, tenant=tenant, tokens=tokens)
 
-    def effects_in(self, state: str) -> list[sqlite3.Row]:
+    def effects_in(self, state: str) -> list[Row]:
         """The effects in outbox `state` ("gated", "uncertain") as `task gate` shows them to
         the operator: step, name, kind and the rendered request's digest."""
         return self.h.query(
@@ -498,7 +500,7 @@ class World:
             (state,),
         )
 
-    def open_gate(self, row: sqlite3.Row) -> Message:
+    def open_gate(self, row: Row) -> Message:
         """Open a gated effect's gate for the digest shown (a slip: another digest)."""
         digest = row["digest"]
         if self._misbehaves(self.habits.wrong_digest):
@@ -508,7 +510,7 @@ class World:
             step_id=row["step_id"], step_name=row["name"], digest=digest,
         )  # fmt: skip
 
-    def resolve(self, row: sqlite3.Row) -> Message:
+    def resolve(self, row: Row) -> Message:
         """Say whether an uncertain effect happened, as its receiver's owner tells (a slip:
         at random). An honest `no` is said once; the second time the operator cancels."""
         happened = self.receivers.applied(row["kind"], bool(row["keyed"]), row["step_id"]) > 0
@@ -665,7 +667,7 @@ class World:
     def poll(self, task_id: str) -> None:
         consumer = self.consumer(task_id)
         after, before = consumer.last_seq, len(self.violations)
-        events = views.events_after(ReadSession(self.h.db), task_id, after)
+        events = views.events_after(self.h.reads, task_id, after)
         for problem in consumer.apply(events):
             self.observer.violation(problem)
         self.log(f"consumer {task_id} polls after seq {after}: {len(events)} events,"
@@ -676,7 +678,7 @@ class World:
         """Redeliver events the consumer already applied, shuffled and duplicated."""
         consumer = self.consumer(task_id)
         start = self.rng.randrange(consumer.last_seq + 1) if after is None else after
-        events = views.events_after(ReadSession(self.h.db), task_id, start)
+        events = views.events_after(self.h.reads, task_id, start)
         events = [e for e in events if e["seq"] <= consumer.last_seq]
         events = events + self.rng.sample(events, len(events) // 2)
         self.rng.shuffle(events)
