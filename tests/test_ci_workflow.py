@@ -57,3 +57,14 @@ def test_every_action_is_pinned_to_a_release(job: dict[str, Any]) -> None:
     used = [step["uses"] for step in job["steps"] if "uses" in step]
     assert used
     assert all(re.fullmatch(r"actions/[\w-]+@v\d+", uses) for uses in used), used
+
+
+def test_the_postgresql_tests_have_a_server(job: dict[str, Any]) -> None:
+    """Under CI the PostgreSQL tests fail rather than skip (tests/pgdb.py): the job must run a
+    server and point the tests at it."""
+    postgres = job["services"]["postgres"]
+    assert postgres["image"].startswith("postgres:15")
+    assert postgres["env"]["POSTGRES_HOST_AUTH_METHOD"] == "trust"
+    url = job["env"]["TETHER_TEST_PG"]
+    assert url.startswith("postgresql://postgres@postgres:5432/")
+    assert url.rsplit("/", 1)[1] == postgres["env"]["POSTGRES_DB"]
