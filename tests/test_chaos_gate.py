@@ -1,8 +1,8 @@
 """The chaos gate (docs/design.md, Proof obligations): the four trials of the first seed article
 and the six injections of
-the second, against the real ledger. Each trial ends the same way: every step that committed has
-exactly one effect, every other step none, each task is in the state the trial expects, and the
-ledger's own invariant check finds nothing."""
+the second, against the real ledger, on SQLite and on PostgreSQL. Each trial ends the same way:
+every step that committed has exactly one effect, every other step none, each task is in the
+state the trial expects, and the ledger's own invariant check finds nothing."""
 
 from __future__ import annotations
 
@@ -19,33 +19,46 @@ from supervisor.ledger import (
     IdempotencyConflict,
     LedgerConfig,
     Report,
-    SqliteLedger,
     StaleFence,
     TaskState,
     TerminalState,
 )
 from supervisor.ledger.fencing import Lease
 from supervisor.ledger.states import transition
+from supervisor.ledger.store import LedgerStore, open_ledger
 from supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, ReleaseReason
 
 from .conftest import FakeClock, make_spec, queued_task
+from .pgledger import BACKENDS, Backend, ledger_db_at, pg_ledger_database, rows  # noqa: F401
 from .test_ledger_verification import add_repo, check_specs, ran
 
 CONFIG = LedgerConfig(lease_ttl_s=30, accept_window_s=10)
 
 
-class Gate:
-    """One trial's ledger, which the trial may crash and restart on the same file."""
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    backend: Backend = request.param
+    return backend
 
-    def __init__(self, path: Path, clock: FakeClock) -> None:
-        self.path, self.clock = path, clock
+
+@pytest.fixture
+def ledger_db(backend: Backend, ledger_path: Path, request: pytest.FixtureRequest) -> Path | str:
+    return ledger_db_at(backend, ledger_path, request)
+
+
+class Gate:
+    """One trial's ledger, which the trial may crash and restart on the same file or
+    database."""
+
+    def __init__(self, db: Path | str, clock: FakeClock) -> None:
+        self.db, self.clock = db, clock
         self._stack = contextlib.AsyncExitStack()
-        self.ledger: SqliteLedger
+        self.ledger: LedgerStore
 
     async def start(self) -> None:
         self.ledger = await self._stack.enter_async_context(
-            SqliteLedger.open(self.path, clock=self.clock, config=CONFIG)
+            open_ledger(self.db, clock=self.clock, config=CONFIG)
         )
 
     async def restart(self) -> None:
@@ -70,7 +83,7 @@ def result(lease: Lease, **extra: Any) -> Report:
     )  # fmt: skip
 
 
-async def claim_one(ledger: SqliteLedger, runner: str) -> Lease:
+async def claim_one(ledger: LedgerStore, runner: str) -> Lease:
     [lease] = await ledger.claim(runner, "default", 1, 0)
     return lease
 
@@ -269,8 +282,8 @@ TRIALS: dict[str, Callable[[Gate], Awaitable[list[Expect]]]] = {
 
 
 @contextlib.asynccontextmanager
-async def gate_on(path: Path, clock: FakeClock) -> AsyncIterator[Gate]:
-    gate = Gate(path, clock)
+async def gate_on(db: Path | str, clock: FakeClock) -> AsyncIterator[Gate]:
+    gate = Gate(db, clock)
     await gate.start()
     try:
         yield gate
@@ -279,16 +292,15 @@ async def gate_on(path: Path, clock: FakeClock) -> AsyncIterator[Gate]:
 
 
 @pytest.mark.parametrize("trial", list(TRIALS))
-async def test_chaos_gate(trial: str, ledger_path: Path, clock: FakeClock) -> None:
-    async with gate_on(ledger_path, clock) as gate:
+async def test_chaos_gate(trial: str, ledger_db: Path | str, clock: FakeClock) -> None:
+    async with gate_on(ledger_db, clock) as gate:
         expects = await TRIALS[trial](gate)
         ledger = gate.ledger
         effects = dict(
-            await ledger.read(
-                lambda s: s.db.execute(
-                    "SELECT s.id, COUNT(e.effect_key) FROM steps s"
-                    " LEFT JOIN effects e ON e.step_id = s.id GROUP BY s.id"
-                ).fetchall()
+            rows(
+                gate.db,
+                "SELECT s.id, COUNT(e.effect_key) FROM steps s"
+                " LEFT JOIN effects e ON e.step_id = s.id GROUP BY s.id",
             )
         )
         assert expects

@@ -78,7 +78,7 @@ class CountingConnection(PgConnection):
         self.changed += len(rows)
 
 
-def _emptying(conn: psycopg.Connection[PgRow]) -> sql.Composed:
+def emptying(conn: psycopg.Connection[PgRow]) -> sql.Composed:
     """One transaction that empties the ledger on `conn`: DELETE from each table, a table
     before those its foreign keys point at, then every sequence restarted."""
     tables = [
@@ -134,7 +134,7 @@ class PgWorkspace:
         self.url = with_database(server, name)
         self.backend = PostgresBackend(self.url)
         self._spare: CountingConnection | None = self.open()
-        self._empty = _emptying(self._spare.conn)
+        self._empty = emptying(self._spare.conn)
         self._dropped: dict[str, str] = {}  # index name -> its definition, to make it again
 
     def open(self) -> CountingConnection:
