@@ -168,6 +168,18 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     )
     artifact_get.add_argument("digest", metavar="DIGEST", help="the artifact's sha256")
 
+    migrate = sub.add_parser(
+        "migrate", help="copy a SQLite ledger into an empty PostgreSQL database, fences included"
+    )
+    migrate.add_argument(
+        "--from", dest="source", required=True, metavar="LEDGER",
+        help="the SQLite ledger: a path or sqlite:///path (stop its supervisor first)",
+    )  # fmt: skip
+    migrate.add_argument(
+        "--to", dest="target", required=True, metavar="URL",
+        help="the PostgreSQL database (postgresql://...): migrated if empty, refused otherwise",
+    )  # fmt: skip
+
     chaos = sub.add_parser(
         "chaos", help="schedule exploration against the real ledger", add_help=False
     )
@@ -232,6 +244,17 @@ def _admin(args: argparse.Namespace) -> int:
                     PROG, "--tokens must be a whole number (up to 18 digits) or 'none'", USAGE_EXIT
                 )
             admin.set_tenant_budget(db, args.tenant, None if raw == "none" else int(raw))
+    except admin.AdminError as exc:
+        fail(PROG, str(exc))
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    """`migrate --from --to`: the copy's summary on stdout; one line and exit 1 otherwise."""
+    from supervisor import admin, migrate_command
+
+    try:
+        print(migrate_command.run(args.source, args.target))
     except admin.AdminError as exc:
         fail(PROG, str(exc))
     return 0
@@ -436,6 +459,8 @@ def _run(argv: list[str]) -> int:
         return _status(args)
     if args.command == "artifact":
         return _artifact(args)
+    if args.command == "migrate":
+        return _migrate(args)
     return _admin(args)
 
 

@@ -6,23 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from supervisor.admin import AdminError
+from supervisor.ledger import backends
 from supervisor.ledger.copy import copy_ledger
 from supervisor.ledger.errors import LedgerError
 from supervisor.ledger.pg_schema import SCHEMES, redact, scheme
 
-SQLITE_PREFIX = "sqlite:///"
-
 
 def sqlite_path(source: str) -> Path:
-    """A path, or `sqlite:///path` (`sqlite:////abs/path` for an absolute one, as SQLAlchemy
-    writes them), as the ledger file's path."""
-    if source.startswith(SQLITE_PREFIX) and len(source) > len(SQLITE_PREFIX):
-        return Path(source[len(SQLITE_PREFIX) :])
-    if "://" in source or not source:
+    """The SQLite ledger `--from` names: a path or `sqlite:///path`, read as `--db` reads it
+    (`backends.sqlite_path`); a PostgreSQL URL or another scheme is refused in one line."""
+    try:
+        return backends.sqlite_path(source)
+    except backends.LedgerUrlError as exc:
         raise AdminError(
             f"--from must be a SQLite ledger (a path or sqlite:///path), not {redact(source)!r}"
-        )
-    return Path(source)
+        ) from exc
 
 
 def run(source: str, target: str) -> str:

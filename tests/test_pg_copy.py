@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -289,3 +291,35 @@ def test_an_unreachable_target_is_one_line_without_the_password(tmp_path: Path) 
     assert str(caught.value).startswith("cannot connect to postgresql://u@127.0.0.1:1/db: ")
     assert "hunter2" not in str(caught.value)
     assert not isinstance(caught.value.__cause__, psycopg.Error)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+async def test_the_cli_copies_then_check_passes_on_the_copy(source: Path) -> None:
+    """The form scripts use: `tether-supervisor migrate --from ... --to ...`, then `check --db`
+    on the result (issue 14: "`check` passes on the result")."""
+    with pgdb.fresh_database() as url:
+        copied = _cli("migrate", "--from", f"sqlite:///{source}", "--to", url)
+        assert copied.returncode == 0, copied.stderr
+        assert copied.stdout.startswith(f"copied {source} to {url} ")
+        checked = _cli("check", "--db", url)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert checked.stdout.startswith("ok: ")
+        again = _cli("migrate", "--from", str(source), "--to", url)
+        assert again.returncode == 1
+        assert again.stdout == ""
+        assert len(again.stderr.strip().splitlines()) == 1
+        assert "is not an empty ledger" in again.stderr
+
+
+def test_the_cli_refuses_a_postgresql_source_in_one_line() -> None:
+    refused = _cli("migrate", "--from", "postgresql://u:hunter2@h/db", "--to", "postgresql://h/d")
+    assert refused.returncode == 1
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert "--from must be a SQLite ledger" in refused.stderr
+    assert "hunter2" not in refused.stderr
