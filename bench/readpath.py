@@ -8,7 +8,7 @@ await each, in one transaction (as the pooled PostgreSQL read runs). Each way ru
 views one after another, then `REPEATS` more `CONCURRENT` at a time; the figures are wall
 time and process CPU (user + system, both threads) per view.
 
-    python -m bench.readpath [--pg-url postgresql://...]   (needs aiosqlite installed)
+    python -m bench.readpath [--pg-url postgresql://...]   (aiosqlite: in the dev extra)
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ async def sqlite_replay(path: Path, sql: dict[str, str]) -> AsyncIterator[Any]:
     import importlib
     import sqlite3
 
-    # Not a dependency of the project: `pip install aiosqlite` to run this bench.
+    # In the dev extra only (pyproject.toml): the supervisor never imports it.
     aiosqlite: Any = importlib.import_module("aiosqlite")
 
     async with aiosqlite.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None) as db:
