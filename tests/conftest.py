@@ -1,24 +1,67 @@
-"""Shared fixtures: a fresh ledger file per test, driven by a clock the test controls."""
+"""Shared fixtures: a fresh ledger per test, driven by a clock the test controls.
+
+The ledger's rule tests run on SQLite and on PostgreSQL: a module marked
+`pytestmark = pytest.mark.backends` has each test that takes `backend` (through `ledger`,
+`ledger_db` or `sim`) run once per storage, with ids `sqlite` / `postgresql`; a test about
+the SQLite file itself is marked `sqlite_only("why")` and runs on SQLite alone. Elsewhere
+`backend` is SQLite. On PostgreSQL the ledger is the session's one database, emptied before
+each test (tests/pgledger.py).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from supervisor.ledger import LedgerConfig, Report, SqliteLedger, StepSpec, TaskSpec, Tx
+from supervisor.ledger.backends import SQLITE, Backend, WriteConnection
 from supervisor.ledger.batch import RuleOutcome, Transactions
+from supervisor.ledger.queries import to_pyformat
 from supervisor.ledger.schema import open_ledger_file
+from supervisor.ledger.store import LedgerStore
+from supervisor.ledger.store import open_ledger as open_ledger_at
+from supervisor.ledger.tx import ReadSession
+
+from .pgledger import BACKENDS, ledger_db_at, pg_ledger_database, rows  # noqa: F401 - fixture
+from .pgledger import Backend as BackendName
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "backends: run this module's ledger tests on SQLite and on PostgreSQL"
+    )
+    config.addinivalue_line(
+        "markers", "sqlite_only(why): a test about the SQLite file itself, in a `backends` module"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`backend` per storage in modules marked `backends`, but for `sqlite_only` tests."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("backends") is None:
+        return
+    if metafunc.definition.get_closest_marker("sqlite_only") is not None:
+        return
+    metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> BackendName:
+    """The storage this test's ledger is on (see the module)."""
+    name: BackendName = getattr(request, "param", "sqlite")
+    return name
 
 
 @pytest.fixture(autouse=True)
@@ -56,11 +99,22 @@ def ledger_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def ledger(ledger_path: Path, clock: FakeClock) -> AsyncIterator[SqliteLedger]:
-    async with SqliteLedger.open(
-        ledger_path, clock=clock, config=LedgerConfig(lease_ttl_s=30, accept_window_s=10)
+def ledger_db(
+    backend: BackendName, ledger_path: Path, request: pytest.FixtureRequest
+) -> Path | str:
+    """Where this test's ledger is: `ledger_path` on SQLite, an emptied database's URL on
+    PostgreSQL."""
+    return ledger_db_at(backend, ledger_path, request)
+
+
+@pytest.fixture
+async def ledger(ledger_db: Path | str, clock: FakeClock) -> AsyncIterator[SqliteLedger]:
+    """The store on `ledger_db`: a `SqliteLedger`, or on PostgreSQL a `LedgerStore` (typed as
+    the former for the tests' sake: the same methods, but `path`)."""
+    async with open_ledger_at(
+        ledger_db, clock=clock, config=LedgerConfig(lease_ttl_s=30, accept_window_s=10)
     ) as opened:
-        yield opened
+        yield opened  # type: ignore[misc]
 
 
 def make_spec(key: str = "k1", steps: int = 1, tenant: str = "acme", **extra: Any) -> TaskSpec:
@@ -75,7 +129,7 @@ def make_spec(key: str = "k1", steps: int = 1, tenant: str = "acme", **extra: An
     )
 
 
-async def queued_task(ledger: SqliteLedger, key: str = "k1", steps: int = 1, **extra: Any) -> str:
+async def queued_task(ledger: LedgerStore, key: str = "k1", steps: int = 1, **extra: Any) -> str:
     """Create and approve a task; answer its id."""
     spec = make_spec(key, steps, **extra)
     created = await ledger.create_task(spec)
@@ -89,10 +143,11 @@ async def queued_task(ledger: SqliteLedger, key: str = "k1", steps: int = 1, **e
 LEDGER_CONFIG = LedgerConfig(lease_ttl_s=30, accept_window_s=10)
 
 
-def open_ledger(path: Path, clock: FakeClock, **kwargs: Any) -> Any:
-    """`SqliteLedger.open` with the `ledger` fixture's settings, for tests that reopen a file."""
+def open_ledger(db: Path | str, clock: FakeClock, **kwargs: Any) -> Any:
+    """The store on `db` (a file or a URL) with the `ledger` fixture's settings, for tests that
+    reopen a ledger."""
     kwargs.setdefault("config", LEDGER_CONFIG)
-    return SqliteLedger.open(path, clock=clock, **kwargs)
+    return open_ledger_at(db, clock=clock, **kwargs)
 
 
 def report_for(lease: Any, output: Any = "done", **extra: Any) -> Report:
@@ -114,23 +169,23 @@ def raw_db(path: Path) -> sqlite3.Connection:
     return db
 
 
-def count(path: Path, table: str, where: str = "1", params: tuple[Any, ...] = ()) -> int:
-    db = raw_db(path)
-    try:
-        return int(db.execute(f"SELECT COUNT(*) FROM {table} WHERE {where}", params).fetchone()[0])
-    finally:
-        db.close()
+def count(db: Path | str, table: str, where: str = "1=1", params: tuple[Any, ...] = ()) -> int:
+    """Rows of `table` matching `where` in the ledger at `db`, a file or a URL (`ledger_db`)."""
+    [(n,)] = rows(db, f"SELECT COUNT(*) FROM {table} WHERE {where}", params)
+    return int(n)
 
 
 @dataclasses.dataclass
 class Sim:
     """Ledger rules run straight through `Transactions` on one connection, as the schedule
-    explorer runs them: no writer thread, a deterministic clock and ids."""
+    explorer runs them: no writer thread, a deterministic clock and ids. `db` is the ledger's
+    connection (sqlite3's, or psycopg's wrapped); a test's own SQL goes through `execute`."""
 
-    db: sqlite3.Connection
+    db: WriteConnection
     clock: FakeClock
     config: LedgerConfig = LEDGER_CONFIG
     ids: int = 0
+    backend: Backend = SQLITE
 
     def new_id(self) -> str:
         self.ids += 1
@@ -138,7 +193,21 @@ class Sim:
 
     @property
     def transactions(self) -> Transactions:
-        return Transactions(db=self.db, config=self.config, clock=self.clock, new_id=self.new_id)
+        return Transactions(
+            db=self.db, config=self.config, clock=self.clock, new_id=self.new_id,
+            backend=self.backend,
+        )  # fmt: skip
+
+    @property
+    def reads(self) -> ReadSession:
+        """The ledger's named read queries in this connection's dialect."""
+        return ReadSession(self.db, self.transactions.tx().sql)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """A test's own SQL (`?` placeholders) on the ledger's connection; its cursor."""
+        if self.backend.dialect == "postgresql":
+            sql = to_pyformat(sql)
+        return self.db.execute(sql, params)
 
     def batch(self, *rules: Callable[[Tx], Any]) -> list[RuleOutcome]:
         return self.transactions.run(rules).outcomes
@@ -149,12 +218,22 @@ class Sim:
 
 
 @pytest.fixture
-def sim(ledger_path: Path, clock: FakeClock) -> Iterator[Sim]:
-    db = open_ledger_file(ledger_path, synchronous="OFF")
+def sim(ledger_db: Path | str, clock: FakeClock) -> Iterator[Sim]:
+    if isinstance(ledger_db, Path):
+        db = open_ledger_file(ledger_db, synchronous="OFF")
+        try:
+            yield Sim(db=db, clock=clock)
+        finally:
+            db.close()
+        return
+    from supervisor.ledger.postgres import PostgresBackend
+
+    pg = PostgresBackend(ledger_db)
+    conn = pg.open_writer()
     try:
-        yield Sim(db=db, clock=clock)
+        yield Sim(db=conn, clock=clock, backend=pg)
     finally:
-        db.close()
+        pg.close_writer(conn)
 
 
 # -- the HTTP API in process (tests/test_api_*.py; any test that needs a real supervisor app) --

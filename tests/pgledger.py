@@ -10,19 +10,20 @@ A test module runs on both by taking the `backend` fixture (conftest), parametri
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import psycopg
 import pytest
-from psycopg import sql
 
-from supervisor.chaos.pgscratch import emptying
-from supervisor.ledger.pg_schema import PgRow, connect, migrate
 from supervisor.ledger.queries import to_pyformat
 
-from . import pgdb
+if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
+    import psycopg
+    from psycopg import sql
+
+    from supervisor.ledger.pg_schema import PgRow
 
 Backend = Literal["sqlite", "postgresql"]
 BACKENDS: tuple[Backend, ...] = ("sqlite", "postgresql")
@@ -47,6 +48,11 @@ class SharedDatabase:
 
 @pytest.fixture(scope="session")
 def pg_ledger_database() -> Iterator[SharedDatabase]:
+    from supervisor.chaos.pgscratch import emptying
+    from supervisor.ledger.pg_schema import connect, migrate
+
+    from . import pgdb
+
     with pgdb.fresh_database() as url, connect(url) as conn:
         migrate(conn)
         conn.execute(f"SET lock_timeout = {LOCK_WAIT_MS}")
@@ -66,13 +72,13 @@ def rows(db: Path | str, statement: str, params: Sequence[Any] = ()) -> list[tup
     """Run `statement` (with `?` placeholders) on the ledger at `db`, a file or a URL, and
     commit; its rows as tuples (none for a write)."""
     if isinstance(db, Path):
-        import sqlite3
-
         lite = sqlite3.connect(str(db), isolation_level=None)
         try:
             return [tuple(r) for r in lite.execute(statement, params).fetchall()]
         finally:
             lite.close()
+    from supervisor.ledger.pg_schema import connect
+
     with connect(db) as conn:
         cursor = conn.execute(to_pyformat(statement), params)
         return [tuple(r) for r in cursor.fetchall()] if cursor.description else []

@@ -23,28 +23,18 @@ from supervisor.ledger import (
     TaskState,
     TerminalState,
 )
-from supervisor.ledger.fencing import Lease
 from supervisor.ledger.states import transition
 from supervisor.ledger.store import LedgerStore, open_ledger
 from supervisor.ledger.verification import Evidence
+from tether.messages import Lease
 from tether.wire import Outcome, ReleaseReason
 
 from .conftest import FakeClock, make_spec, queued_task
-from .pgledger import BACKENDS, Backend, ledger_db_at, pg_ledger_database, rows  # noqa: F401
+from .pgledger import rows
 from .test_ledger_verification import add_repo, check_specs, ran
 
 CONFIG = LedgerConfig(lease_ttl_s=30, accept_window_s=10)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> Backend:
-    backend: Backend = request.param
-    return backend
-
-
-@pytest.fixture
-def ledger_db(backend: Backend, ledger_path: Path, request: pytest.FixtureRequest) -> Path | str:
-    return ledger_db_at(backend, ledger_path, request)
+pytestmark = pytest.mark.backends
 
 
 class Gate:

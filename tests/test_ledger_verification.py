@@ -23,6 +23,7 @@ from supervisor.ledger import (
     TerminalState,
 )
 from supervisor.ledger.repositories import add_repository
+from supervisor.ledger.store import LedgerStore
 from supervisor.ledger.verification import Evidence, Finding, Problem
 from tether.messages import CheckRun, CheckSpec
 from tether.wire import ErrorCode, Outcome
@@ -43,7 +44,7 @@ def check_specs(names: tuple[str, ...] = CHECKS) -> tuple[CheckSpec, ...]:
     return tuple(CheckSpec(name=n, command=f"make {n}") for n in names)
 
 
-async def add_repo(ledger: SqliteLedger, name: str = "repo", tenant: str = "acme") -> None:
+async def add_repo(ledger: LedgerStore, name: str = "repo", tenant: str = "acme") -> None:
     await ledger.write(lambda tx: add_repository(tx, tenant, name, URL))
 
 
