@@ -4,18 +4,18 @@ over them), the stand-in model and a receiver for `http` effects. A steady strea
 (1-3 chat steps; every third one a chat step, a keyed `http` effect and a chat step after it)
 keeps every runner busy, while a supervisor picked at random is SIGKILLed at least 20 times
 (`TETHER_PG_SUPERVISOR_KILLS` asks for more, `TETHER_PG_SUPERVISOR_KILL_SEED` replays one
-run's moments) and restarted on its port after a short pause; a supervisor is killed only
+run's choices) and restarted on its port after a short pause; a supervisor is killed only
 while another is up, so the runners always have one to fail over to.
 
 At the end: every task SUCCEEDED; one effect row per step and none twice; the receiver applied
 each effect's key exactly once (a key sent again after a kill is answered as a replay); every
 fence is one attempt's and one grant in the journal; every result a runner was told `applied`
 is the effect under its fence; `tether-supervisor check --db` passes. And the target, loosely
-(a wall-clock figure on a shared machine): no runner's progress stops for more than a few
-renew intervals across a kill, and no lease is lost to expiry while its runner lives -- the
-only leases that expire are grants a killed supervisor committed and never answered (their
-fence is in no runner's log), and none expires after it was acknowledged. The figures are
-printed (`pytest -s`).
+(a wall-clock figure on a shared machine): after every kill each runner commits again within a
+few renew intervals (measured: within one), and no lease is lost to expiry while its runner
+lives -- the only leases that expire are grants a killed supervisor committed and never
+answered (their fence is in no runner's log), and none expires after it was acknowledged.
+The figures are printed (`pytest -s`).
 """
 
 from __future__ import annotations
@@ -62,13 +62,13 @@ SEED = int(
 )
 SUPERVISORS = 3
 RUNNERS = 3
-OUTSTANDING = 14  # tasks kept not yet ended: more steps ready than the runners' 12 slots
+OUTSTANDING = 24  # tasks kept not yet ended: a backlog beyond the runners' 12 slots
 MODEL_LATENCY_S = 0.2  # steps stay in flight across kills
 HOLD_S = 2.0  # effect_hold_s: a killed supervisor's effects are taken again this long after
 RECEIVER_DELAY_S = 0.1  # the receiver applies, then answers: a kill may fall in between
 # The target is "within one renew interval"; the bound is a few, for a 2-core machine that is
 # also starting a supervisor (about a CPU-second) at each kill.
-GAP_BOUND_S = 5 * RENEW_EVERY_S
+RESUME_BOUND_S = 4 * RENEW_EVERY_S
 SWITCHED = "supervisor gave no answer; switching to the next"
 CHECKOUT = Path(__file__).resolve().parent.parent  # examples/ is not installed
 ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -329,14 +329,10 @@ class Restarts:
             raise self.errors[0]
 
 
-def gap_across(commits: list[float], at: float) -> float:
-    """The longest pause in `commits` (sorted times) around time `at`: from the last commit
-    before it to the first after it."""
-    before = [c for c in commits if c <= at]
-    after = [c for c in commits if c > at]
-    if not before or not after:
-        return 0.0  # the runner had not started, or the run ended: not a pause
-    return after[0] - before[-1]
+def resumed_after(commits: list[float], at: float) -> float:
+    """How long after time `at` the first of `commits` (sorted times) came; 0 when none
+    did (the run ended first: nothing was left to do)."""
+    return next((c - at for c in commits if c > at), 0.0)
 
 
 def test_three_supervisors_on_postgresql_sigkilled_under_load_lose_nothing(
@@ -351,7 +347,7 @@ def test_three_supervisors_on_postgresql_sigkilled_under_load_lose_nothing(
         for sup in cluster.supervisors:
             cluster.start_supervisor(sup)
         runners = [cluster.start_runner(n) for n in range(RUNNERS)]
-        stream = Stream(cluster, rng)
+        stream = Stream(cluster, random.Random(f"{SEED}-stream"))  # its own: a thread
         stream.start()
         restarts = Restarts(cluster)
         kills: list[float] = []  # wall-clock times, as the ledger stamps its commits
@@ -440,8 +436,8 @@ def test_three_supervisors_on_postgresql_sigkilled_under_load_lose_nothing(
         dropped = [(r.name, e) for r in runners for e in r.events("step dropped")]
         assert dropped == []
 
-        # Every runner went on through the others: it switched, and no kill stopped its
-        # progress for more than a few renew intervals.
+        # Every runner went on through the others: it switched, and after each kill it
+        # committed again within a few renew intervals.
         switched = {r.name: len(r.events(SWITCHED)) for r in runners}
         assert all(switched.values()), switched
         commits: dict[str, list[float]] = {
@@ -455,8 +451,9 @@ def test_three_supervisors_on_postgresql_sigkilled_under_load_lose_nothing(
             )
             for r in runners
         }
-        gaps = {name: max(gap_across(c, k) for k in kills) for name, c in commits.items()}
-        longest = max(gaps.values())
+        resumed = {name: max(resumed_after(c, k) for k in kills) for name, c in commits.items()}
+        longest = max(resumed.values())
+        by_runner = {name: round(seconds, 2) for name, seconds in resumed.items()}
         assert mid_step > 0
         cluster.check_ledger()
         print(
@@ -465,9 +462,9 @@ def test_three_supervisors_on_postgresql_sigkilled_under_load_lose_nothing(
             f" replays); {len(fences)} fences, each granted once; {len(kills)} kills"
             f" ({mid_step} with a step leased), {sum(s.lives for s in cluster.supervisors)}"
             f" supervisor starts; {len(expired)} leases expired, all granted and never answered;"
-            f" runner switches {switched}; longest pause across a kill"
-            f" {longest:.2f} s (renew interval {RENEW_EVERY_S:g} s) by runner"
-            f" { ({n: round(g, 2) for n, g in gaps.items()}) }; kill loop {killing:.1f} s,"
+            f" runner switches {switched}; a runner committed again at most"
+            f" {longest:.2f} s after a kill (renew interval {RENEW_EVERY_S:g} s), by runner"
+            f" {by_runner}; kill loop {killing:.1f} s,"
             f" settling {settling:.1f} s, total {time.monotonic() - started:.1f} s"
         )
-        assert longest < GAP_BOUND_S, gaps
+        assert longest < RESUME_BOUND_S, resumed
