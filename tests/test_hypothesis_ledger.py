@@ -5,6 +5,9 @@ current fences, attempts, effects per step and the fence counter; the ledger's o
 check must stay empty throughout.
 
 Profiles: a small, fast one by default; `CI=true` selects the `ci` profile of 1,000 examples.
+The same machine runs on PostgreSQL (`TestLedgerVersusModelOnPostgresql`, a scratch database
+emptied between examples as the explorer's), with fewer examples: each step there costs a few
+dozen round trips to the server.
 """
 
 from __future__ import annotations
@@ -12,22 +15,22 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from supervisor.chaos.harness import Harness, Workspace, scratch_root
+from supervisor.chaos.harness import Harness, Scratch, Workspace, scratch_root
 from supervisor.ledger import effects, fencing, identity, operator, reaper, repositories
-from supervisor.ledger.effects import Report
 from supervisor.ledger.errors import LedgerError
 from supervisor.ledger.identity import StepSpec, TaskSpec
 from supervisor.ledger.invariants import find_violations
-from supervisor.ledger.tx import LedgerConfig, ReadSession
+from supervisor.ledger.tx import LedgerConfig
 from supervisor.ledger.verification import Evidence
-from tether.messages import CheckRun
+from tether.messages import CheckRun, Report
 from tether.wire import Outcome, ReleaseReason, content_hash
 
 settings.register_profile(
@@ -41,7 +44,17 @@ settings.register_profile(
 # The CI profile's thousand examples take 60-110 s alone and more beside the rest of the suite
 # on two loaded cores: past the suite's 120 s per-test bound, which is for hangs, not this.
 pytestmark = pytest.mark.timeout(900)
-PROFILE = "ledger-ci" if os.environ.get("CI", "").lower() == "true" else "ledger-dev"
+settings.register_profile(
+    "ledger-pg-dev", max_examples=15, stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+settings.register_profile(
+    "ledger-pg-ci", max_examples=150, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+ON_CI = os.environ.get("CI", "").lower() == "true"
+PROFILE = "ledger-ci" if ON_CI else "ledger-dev"
+PG_PROFILE = "ledger-pg-ci" if ON_CI else "ledger-pg-dev"
 
 FEW = st.sampled_from([False, False, False, True])  # a fault now and then, not half the time
 CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=2)
@@ -293,9 +306,11 @@ class Model:
 
 
 class LedgerVersusModel(RuleBasedStateMachine):
+    scratch: ClassVar[list[Scratch]] = [_workspace]  # where examples run: SQLite, or a subclass's
+
     def __init__(self) -> None:
         super().__init__()
-        self.h = Harness(_workspace, config=CONFIG)
+        self.h = Harness(self.scratch[0], config=CONFIG)
         self.model = Model()
         self.model.now = self.h.now
         self.leases: list[tuple[str, int]] = []  # every (step, fence) ever granted
@@ -489,14 +504,44 @@ class LedgerVersusModel(RuleBasedStateMachine):
             r["id"]: (r["state"], r["fence"], r["attempt"], r["burned"])
             for r in q("SELECT id, state, fence, attempt, burned FROM steps")
         }
-        counts = dict(q("SELECT step_id, COUNT(*) FROM effects GROUP BY step_id"))
+        counts = {r[0]: r[1] for r in q("SELECT step_id, COUNT(*) FROM effects GROUP BY step_id")}
         for task in self.model.tasks.values():
             for s in task.steps:
                 assert steps[s.id] == (s.state, s.fence, s.attempt, s.burned), s
                 assert counts.get(s.id, 0) == s.effects <= 1
-        assert q("SELECT value FROM counters WHERE name = 'fence'")[0][0] == self.model.fence
-        assert find_violations(ReadSession(self.h.db)) == []
+        assert self.h.fence_counter() == self.model.fence
+        assert find_violations(self.h.reads) == []
 
 
 LedgerVersusModel.TestCase.settings = settings.get_profile(PROFILE)
 TestLedgerVersusModel = LedgerVersusModel.TestCase
+
+
+class LedgerVersusModelOnPostgresql(LedgerVersusModel):
+    scratch: ClassVar[list[Scratch]] = []  # set by `pg_scratch`
+
+
+@pytest.fixture(scope="module")
+def pg_scratch() -> Iterator[None]:
+    """A scratch database for the PostgreSQL examples, beside a fresh one on the test server
+    (which skips or fails these tests with one line when there is no server)."""
+    from supervisor.chaos.pgscratch import PgWorkspace, scratch_server
+
+    from . import pgdb
+
+    with (
+        pgdb.fresh_database() as server,
+        scratch_server(server) as prefix,
+        PgWorkspace(server, prefix) as workspace,
+    ):
+        LedgerVersusModelOnPostgresql.scratch[:] = [workspace]
+        try:
+            yield
+        finally:
+            LedgerVersusModelOnPostgresql.scratch.clear()
+
+
+LedgerVersusModelOnPostgresql.TestCase.settings = settings.get_profile(PG_PROFILE)
+TestLedgerVersusModelOnPostgresql = pytest.mark.usefixtures("pg_scratch")(
+    LedgerVersusModelOnPostgresql.TestCase
+)
