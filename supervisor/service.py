@@ -18,6 +18,7 @@ import anyio
 import httpx
 import structlog
 
+from supervisor.artifacts.port import Artifacts
 from supervisor.effects.credentials import Credentials
 from supervisor.effects.dispatcher import Dispatcher
 from supervisor.effects.git_push import GitPushDeliverer
@@ -25,6 +26,7 @@ from supervisor.effects.http import HttpDeliverer
 from supervisor.effects.registry import EffectKindError, EffectKinds
 from supervisor.ledger import StorageError
 from supervisor.ledger.store import LedgerStore, open_ledger
+from supervisor.repos.candidates import SharedCandidates
 from supervisor.repos.mirror import Mirrors
 from supervisor.settings import SupervisorSettings
 from tether.clocks import WallClock
@@ -69,13 +71,16 @@ async def reap_forever(ledger: LedgerStore) -> None:
 
 
 def effect_kinds(
-    settings: SupervisorSettings, client: httpx.AsyncClient, clock: WallClock
+    settings: SupervisorSettings,
+    client: httpx.AsyncClient,
+    clock: WallClock,
+    candidates: SharedCandidates | None = None,
 ) -> EffectKinds:
     """The built-in deliverers plus the entry points' (`tether.effects`); a clash or a broken
     entry point stops the start with one line naming it."""
     built_ins = (
         HttpDeliverer(client, clock=clock),
-        GitPushDeliverer(Mirrors(settings.mirror_root)),
+        GitPushDeliverer(Mirrors(settings.mirror_root), candidates),
     )
     try:
         return EffectKinds.with_entry_points(built_ins)
@@ -86,12 +91,18 @@ def effect_kinds(
 
 @contextlib.asynccontextmanager
 async def running_ledger(
-    settings: SupervisorSettings, *, clock: WallClock = time.time, reaper: bool = True
+    settings: SupervisorSettings,
+    *,
+    clock: WallClock = time.time,
+    reaper: bool = True,
+    artifacts: Artifacts | None = None,
 ) -> AsyncIterator[LedgerStore]:
     """The ledger open with its reaper (unless `reaper` is off, for tests that expire leases
-    by hand) and its effects dispatcher running; both stop when the block ends."""
+    by hand) and its effects dispatcher running; both stop when the block ends. With the
+    app's `artifacts`, a `git.push` imports a candidate its mirror lacks from its bundle."""
+    candidates = None if artifacts is None else SharedCandidates(artifacts)
     async with httpx.AsyncClient(follow_redirects=False) as client:
-        kinds = effect_kinds(settings, client, clock)
+        kinds = effect_kinds(settings, client, clock, candidates)
         config = settings.ledger_config
         config = dataclasses.replace(config, effect_kinds=config.effect_kinds | kinds.names())
         async with (
@@ -103,6 +114,8 @@ async def running_ledger(
             ) as ledger,
             anyio.create_task_group() as tg,
         ):
+            if candidates is not None:
+                candidates.ledger = ledger
             if reaper:
                 tg.start_soon(reap_forever, ledger)
             secrets = Credentials(settings.credentials_folder)

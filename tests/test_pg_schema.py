@@ -30,7 +30,7 @@ from . import pgdb
 
 pg_url = pgdb.pg_url
 
-SQLITE_TO_PG = {"INTEGER": "bigint", "REAL": "double precision", "TEXT": "text"}
+SQLITE_TO_PG = {"INTEGER": "bigint", "REAL": "double precision", "TEXT": "text", "BLOB": "bytea"}
 
 
 def value(conn: psycopg.Connection[PgRow], query: str) -> Any:
@@ -138,7 +138,7 @@ def named_indexes_pg(conn: psycopg.Connection[PgRow]) -> dict[str, str]:
 
 def test_both_backends_number_the_same_migrations() -> None:
     assert [v for v, _ in migrations("postgresql")] == [v for v, _ in migrations("sqlite")]
-    assert newest_version() == migrations()[-1][0] == 8
+    assert newest_version() == migrations()[-1][0] == 9
 
 
 def test_a_migrated_database_holds_sqlite_s_tables_columns_and_keys(

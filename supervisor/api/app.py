@@ -1,7 +1,9 @@
 """The supervisor's HTTP app (docs/design.md, Wire protocol v1): thin routes over the ledger port.
 
-The app's lifespan opens the ledger and starts the reaper; tests enter it explicitly when they
-talk to the app through `httpx.ASGITransport`, which does not run lifespans by itself.
+The app's lifespan opens the artifact store (files beside a SQLite ledger, the database of a
+PostgreSQL one: `artifacts.opening`) and the ledger, and starts the reaper; tests enter it
+explicitly when they talk to the app through `httpx.ASGITransport`, which does not run
+lifespans by itself.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
@@ -27,7 +28,7 @@ from supervisor.api.errors import (
     on_unexpected,
 )
 from supervisor.api.longpoll import LongPolls
-from supervisor.artifacts import ArtifactStore
+from supervisor.artifacts.opening import open_artifacts
 from supervisor.ledger import LedgerError
 from supervisor.repos import Mirrors
 from supervisor.repos.evidence import RepositoryUnavailable
@@ -44,12 +45,13 @@ def create_app(
 ) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with running_ledger(settings, clock=clock, reaper=reaper) as ledger:
+        async with (
+            open_artifacts(settings) as artifacts,
+            running_ledger(settings, clock=clock, reaper=reaper, artifacts=artifacts) as ledger,
+        ):
             app.state.ledger = ledger
             app.state.tokens = TokenCache(ledger)
             app.state.metrics = health.Metrics(ledger)
-            artifacts = ArtifactStore(settings.artifact_root, settings.artifact_max_bytes)
-            await anyio.to_thread.run_sync(artifacts.open)
             app.state.artifacts = artifacts
             yield
 

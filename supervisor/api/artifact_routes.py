@@ -4,19 +4,22 @@ A digest is visible to a tenant only if a token of that tenant, or a runner toke
 tenant may use, uploaded its bytes; to a runner token, only if a runner of its own pool did
 (the bundles and checkpoints its pool's runners resume from); to anyone else it is
 `not_found`, like another tenant's task. An upload always sends the bytes, even when the store
-holds them already: knowing a digest is not enough to be allowed to read it.
+holds them already: knowing a digest is not enough to be allowed to read it. The bytes are read
+and written through `artifacts.port.Artifacts`: files on this box, or the PostgreSQL ledger's
+database that every supervisor on it shares.
 """
 
 from __future__ import annotations
 
 import structlog
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from supervisor.api.auth import may_use_pool, require
 from supervisor.api.errors import ApiError, record_response
-from supervisor.artifacts import ArtifactStore, DigestMismatch, InvalidDigest, TooLarge
+from supervisor.artifacts import DigestMismatch, InvalidDigest, TooLarge, check_digest
+from supervisor.artifacts.port import Artifacts
 from supervisor.ledger import Ledger, Principal, Role
 from supervisor.ledger.artifacts import ArtifactOwner
 from tether.messages import ArtifactStored
@@ -27,9 +30,8 @@ log = structlog.get_logger("tether.api")
 
 def _digest(request: Request) -> str:
     digest: str = request.path_params["digest"]
-    store: ArtifactStore = request.app.state.artifacts
     try:
-        store.path_of(digest)
+        check_digest(digest)
     except InvalidDigest as exc:
         raise ApiError(ErrorCode.INVALID_FIELD, f"path: {exc}") from None
     return digest
@@ -44,7 +46,7 @@ def _too_large(limit: int) -> ApiError:
 async def put_artifact(request: Request) -> Response:
     who = await require(request, Role.RUNNER, Role.OPERATOR)
     digest = _digest(request)
-    store: ArtifactStore = request.app.state.artifacts
+    store: Artifacts = request.app.state.artifacts
     declared = request.headers.get("content-length")
     if declared is not None:
         if not (declared.isascii() and declared.isdigit()):
@@ -93,12 +95,16 @@ async def get_artifact(request: Request) -> Response:
     owners = await ledger.artifact_owners(digest)
     if not any(readable_by(who, owner, shared) for owner in owners):
         raise ApiError(ErrorCode.NOT_FOUND, f"no artifact {digest}")
-    store: ArtifactStore = request.app.state.artifacts
-    path = store.path_of(digest)
-    if not path.is_file():
-        log.error("artifact file missing", digest=digest, path=str(path))
+    store: Artifacts = request.app.state.artifacts
+    size = await store.size_of(digest)
+    if size is None:
+        log.error("artifact bytes missing", digest=digest)
         raise ApiError(ErrorCode.NOT_FOUND, f"artifact {digest}'s bytes are missing from the store")
-    return FileResponse(path, media_type="application/octet-stream")
+    return StreamingResponse(
+        store.chunks(digest),
+        media_type="application/octet-stream",
+        headers={"content-length": str(size)},
+    )
 
 
 ROUTES = [

@@ -183,6 +183,35 @@ class ArtifactStore:
             return Held.MISSING
         return Held.INTACT if hasher.hexdigest() == digest else Held.CHANGED
 
+    # -- the `port.Artifacts` side, for code that serves either store ---------------------------
+
+    async def held(self, digest: str) -> Held:
+        """`examine`, on a worker thread."""
+        return await anyio.to_thread.run_sync(self.examine, digest)
+
+    async def size_of(self, digest: str) -> int | None:
+        try:
+            return (await anyio.Path(self.path_of(digest)).stat()).st_size
+        except (InvalidDigest, FileNotFoundError):
+            return None
+
+    async def chunks(self, digest: str) -> AsyncIterator[bytes]:
+        try:
+            file = await anyio.open_file(self.path_of(digest), "rb")
+        except (InvalidDigest, FileNotFoundError):
+            return
+        async with file:
+            while chunk := await file.read(READ_BYTES):
+                yield chunk
+
+    @contextlib.asynccontextmanager
+    async def local_file(self, digest: str) -> AsyncIterator[Path]:
+        """The stored file itself."""
+        path = self.path_of(digest)
+        if not await anyio.Path(path).is_file():
+            raise FileNotFoundError(f"artifact {digest}'s bytes are not in the store")
+        yield path
+
 
 def _discard(fd: int, temp: Path) -> None:
     with contextlib.suppress(OSError):

@@ -14,6 +14,10 @@ first reads the branch (`git ls-remote`):
                                        finds stale is `branch_moved` (or replayed, if the branch
                                        is at the candidate by then)
 
+A mirror that lacks the candidate (another supervisor on the same PostgreSQL ledger verified the
+task and imported it into its own mirror) gets it from the reporting step's bundle in the shared
+artifact store (`SharedCandidates`) before the push is refused `unknown_candidate`.
+
 A remote that cannot be reached is Unanswered (retried until the deadline); a refusal by the
 remote for another reason (a hook, a protected branch) is Refused `push_rejected`.
 
@@ -44,7 +48,8 @@ from typing import Final
 
 from supervisor.effects.credentials import CredentialMissing, Credentials
 from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
-from supervisor.repos.mirror import MirrorError, Mirrors, PushRejected
+from supervisor.repos.candidates import SharedCandidates
+from supervisor.repos.mirror import BundleRefused, MirrorError, Mirrors, PushRejected
 
 DEFAULT_USERNAME: Final = "x-access-token"
 TOKEN_VARIABLE: Final = "TETHER_PUSH_TOKEN"  # noqa: S105 - the variable's name, not a value
@@ -58,12 +63,14 @@ esac
 
 
 class GitPushDeliverer:
-    """Delivers `git.push` effects from the mirrors under one folder."""
+    """Delivers `git.push` effects from the mirrors under one folder; `candidates`, when given,
+    brings in a candidate the mirror lacks."""
 
     kind = "git.push"
 
-    def __init__(self, mirrors: Mirrors) -> None:
+    def __init__(self, mirrors: Mirrors, candidates: SharedCandidates | None = None) -> None:
         self.mirrors = mirrors
+        self.candidates = candidates
         self.scratch = scratch_folder(mirrors)
         remove_leftovers(self.scratch)
 
@@ -91,10 +98,23 @@ class GitPushDeliverer:
                     code="branch_moved",
                 )
             descends = await self.mirrors.is_ancestor(url, expected, candidate)
+            why = ""
+            if descends is None and self.candidates is not None:
+                try:
+                    missing = await self.candidates.bring(self.mirrors, url, out.task_id, candidate)
+                except BundleRefused as exc:
+                    missing = str(exc)
+                except MirrorError as exc:  # the remote cannot be read for the bundle's base
+                    return Unanswered(detail=str(exc), sent=False)
+                if missing is None:
+                    descends = await self.mirrors.is_ancestor(url, expected, candidate)
+                why = "" if missing is None else f" ({missing})"
             if descends is None:
                 return Refused(
                     status=None,
-                    detail=f"the mirror lacks the candidate {candidate} or the base {expected}",
+                    detail=(
+                        f"the mirror lacks the candidate {candidate} or the base {expected}{why}"
+                    ),
                     code="unknown_candidate",
                 )
             if not descends:

@@ -5,12 +5,15 @@ must hold no row and the same schema version as the source. Every table is copie
 foreign-key order, in one transaction on the target that locks its tables, from one read
 transaction on the source. SQLite's counter row 'fence' becomes the sequence `fences`; the
 identities (events.seq and the other AUTOINCREMENT keys) are set past the copied values, so
-fences and event numbers continue above the source's.
+fences and event numbers continue above the source's. The artifact store's files (`artifacts/`
+beside the ledger file, or the folder given) become the rows of `artifact_chunks`, where a
+PostgreSQL ledger keeps artifacts, in the same transaction, a chunk at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +27,9 @@ from supervisor.ledger.errors import StorageError
 
 # Rows of these (table, key column, key) are not copied: they live elsewhere in PostgreSQL.
 NOT_COPIED = {("counters", "name", "fence")}  # the sequence `fences`
+# An artifact file's chunks, as supervisor/artifacts/pg.py writes them.
+ARTIFACT_CHUNK_BYTES = 1024 * 1024
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +39,8 @@ class CopyReport:
     version: int
     rows: Mapping[str, int]  # table -> rows copied, in the order copied
     fence: int  # the last fence the source issued: the target's next one is above it
+    artifacts: int = 0  # artifact files copied into `artifact_chunks`
+    artifact_bytes: int = 0
 
     def summary(self) -> str:
         """One line for the operator."""
@@ -40,13 +48,17 @@ class CopyReport:
         return (
             f"copied {self.source} to {self.target} (schema version {self.version}):"
             f" {sum(self.rows.values())} rows in {len(self.rows)} tables ({counts});"
-            f" fences continue above {self.fence}"
+            f" fences continue above {self.fence};"
+            f" {self.artifacts} artifacts ({self.artifact_bytes} bytes)"
         )
 
 
-def copy_ledger(source: Path, target_url: str) -> CopyReport:
-    """Copy the ledger file `source` into the empty PostgreSQL ledger at `target_url`."""
+def copy_ledger(source: Path, target_url: str, artifacts: Path | None = None) -> CopyReport:
+    """Copy the ledger file `source` into the empty PostgreSQL ledger at `target_url`, with the
+    artifact files under `artifacts` (by default `artifacts/` beside `source`, the setting
+    `artifact_dir`'s default; none when that folder does not exist)."""
     target = pg_schema.redact(target_url)
+    folder = source.parent / "artifacts" if artifacts is None else artifacts
     if not source.is_file():
         raise StorageError(f"no ledger file at {source}")
     try:
@@ -59,11 +71,13 @@ def copy_ledger(source: Path, target_url: str) -> CopyReport:
             version = pg_schema.migrate(pg)
             lite.execute("BEGIN")  # one snapshot of the source, whoever else writes it
             try:
-                return _copy(lite, pg, source, target, version)
+                return _copy(lite, pg, source, target, version, folder)
             finally:
                 lite.execute("ROLLBACK")
     except sqlite3.Error as exc:
         raise StorageError(f"cannot read ledger file {source}: {exc}") from exc
+    except OSError as exc:
+        raise StorageError(f"cannot read the artifact files under {folder}: {exc}") from exc
     except psycopg.Error as exc:
         raise StorageError(
             f"cannot copy into {target}: {pg_schema.one_line(exc, target_url)}"
@@ -78,6 +92,7 @@ def _copy(
     source: Path,
     target: str,
     version: int,
+    artifacts: Path,
 ) -> CopyReport:
     source_version = int(lite.execute("PRAGMA user_version").fetchone()[0])
     if source_version == 0:
@@ -109,7 +124,11 @@ def _copy(
             rows[table] = _copy_table(lite, pg, table, columns[table])
         _continue_identities(lite, pg)
         fence = _continue_fences(lite, pg)
-    return CopyReport(source=source, target=target, version=version, rows=rows, fence=fence)
+        files, size = _copy_artifacts(pg, artifacts)
+    return CopyReport(
+        source=source, target=target, version=version, rows=rows, fence=fence,
+        artifacts=files, artifact_bytes=size,
+    )  # fmt: skip
 
 
 def _columns_alike(
@@ -214,6 +233,30 @@ def _continue_fences(lite: sqlite3.Connection, pg: psycopg.Connection[pg_schema.
     if fence > 0:
         pg.execute("SELECT setval('fences', %s)", (fence,))
     return fence
+
+
+def _copy_artifacts(pg: psycopg.Connection[pg_schema.PgRow], folder: Path) -> tuple[int, int]:
+    """COPY each file `folder/sha256/<2 hex>/<digest>` into `artifact_chunks` as it is (one
+    whose bytes changed on disk stays changed: the evidence check finds it so either way);
+    answer how many files and bytes. Other files (an upload's temporary one) are left."""
+    files = size = 0
+    statement = "COPY artifact_chunks (digest, n, data) FROM STDIN (FORMAT BINARY)"
+    with pg.cursor() as cursor, cursor.copy(statement) as copy:
+        copy.set_types(["text", "int8", "bytea"])
+        for path in sorted((folder / "sha256").glob("*/*")):
+            digest = path.name
+            if not (_DIGEST.fullmatch(digest) and path.parent.name == digest[:2]):
+                continue
+            with path.open("rb") as fh:
+                n = 0
+                while (data := fh.read(ARTIFACT_CHUNK_BYTES)) or n == 0:
+                    copy.write_row((digest, n, data))
+                    size += len(data)
+                    n += 1
+                    if not data:  # an empty artifact: its one empty chunk
+                        break
+            files += 1
+    return files, size
 
 
 def _one(pg: psycopg.Connection[pg_schema.PgRow], query: str) -> Any:

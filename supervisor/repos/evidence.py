@@ -11,12 +11,12 @@ what the findings do to the task. Only a remote that cannot be read stops the re
 
 from __future__ import annotations
 
-import anyio
-
-from supervisor.artifacts import ArtifactStore, Held
+from supervisor.artifacts import Held
+from supervisor.artifacts.port import Artifacts
 from supervisor.ledger import Ledger, Role
 from supervisor.ledger.repositories import Binding
 from supervisor.ledger.verification import Evidence, Finding, Problem
+from supervisor.repos.candidates import import_candidate
 from supervisor.repos.mirror import BundleRefused, Mirrors, NoSuchHead, RemoteFailed
 from tether.messages import Result
 
@@ -42,7 +42,7 @@ class PoolArtifacts:
     """The artifact store as one pool's runners may name it in a report: a digest counts
     only when a runner of `pool` uploaded it and its bytes still hash to it."""
 
-    def __init__(self, store: ArtifactStore, ledger: Ledger, pool: str) -> None:
+    def __init__(self, store: Artifacts, ledger: Ledger, pool: str) -> None:
         self.store = store
         self.ledger = ledger
         self.pool = pool
@@ -55,7 +55,7 @@ class PoolArtifacts:
                 code=Finding.MISSING_ARTIFACT,
                 detail=f"{what} {digest} was not uploaded by a runner of pool {self.pool!r}",
             )
-        held = await anyio.to_thread.run_sync(self.store.examine, digest)
+        held = await self.store.held(digest)
         if held is Held.MISSING:
             return Problem(
                 code=Finding.MISSING_ARTIFACT,
@@ -71,7 +71,7 @@ class PoolArtifacts:
 
 async def gather(
     mirrors: Mirrors,
-    store: ArtifactStore,
+    store: Artifacts,
     ledger: Ledger,
     binding: Binding,
     rep: Result,
@@ -119,9 +119,12 @@ async def _candidate(
     missing = await artifacts.problem(bundle, "the candidate's bundle")
     if missing is not None:
         return [missing]
-    path = artifacts.store.path_of(bundle)
     try:
-        imported = await mirrors.import_bundle(binding.url, path, binding.task_id, step_id, fence)
+        imported = await import_candidate(
+            mirrors, artifacts.store, binding.url, bundle, binding.task_id, step_id, fence
+        )
+    except FileNotFoundError:  # removed since `problem` read it (by hand, from the folder)
+        return [Problem(code=Finding.MISSING_ARTIFACT, detail=f"bundle {bundle} is gone")]
     except RemoteFailed as exc:  # fetching the bundle's base: the remote is down, not the bundle
         raise RepositoryUnavailable(binding.repository, str(exc)) from exc
     except BundleRefused as exc:

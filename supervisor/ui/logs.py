@@ -8,44 +8,40 @@ from __future__ import annotations
 import codecs
 import html
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Final
 
-import anyio
 from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from supervisor.api.artifact_routes import visible_to
 from supervisor.api.errors import ApiError
-from supervisor.artifacts import ArtifactStore, InvalidDigest
+from supervisor.artifacts import InvalidDigest, check_digest
+from supervisor.artifacts.port import Artifacts
 from supervisor.ledger import Principal
 from supervisor.ui import pages, render, session
 from supervisor.ui.guard import signed
 from tether.wire import ErrorCode
 
-CHUNK: Final = 64 * 1024
 
-
-async def escaped(path: Path) -> AsyncIterator[str]:
-    """The file at `path` as escaped, printable text, a chunk at a time."""
+async def escaped(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The bytes of `chunks` as escaped, printable text, a chunk at a time."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    async with await anyio.open_file(path, "rb") as file:
-        while chunk := await file.read(CHUNK):
-            yield html.escape(render.printable(decoder.decode(chunk)), quote=False)
+    async for chunk in chunks:
+        yield html.escape(render.printable(decoder.decode(chunk)), quote=False)
     yield html.escape(render.printable(decoder.decode(b"", final=True)), quote=False)
 
 
 async def _log(request: Request, who: Principal) -> Response:
     digest: str = request.path_params["digest"]
-    store: ArtifactStore = request.app.state.artifacts
+    store: Artifacts = request.app.state.artifacts
     try:
-        path = store.path_of(digest)
+        check_digest(digest)
     except InvalidDigest as exc:
         raise ApiError(ErrorCode.INVALID_FIELD, f"path: {exc}") from None
     shared: frozenset[str] = request.app.state.settings.shared_pool_names
     owners = await pages.ledger_of(request).artifact_owners(digest)
-    if not any(visible_to(who.scope, owner, shared) for owner in owners) or not path.is_file():
+    readable = any(visible_to(who.scope, owner, shared) for owner in owners)
+    if not readable or await store.size_of(digest) is None:
         raise ApiError(ErrorCode.NOT_FOUND, f"no artifact {digest}")
     head, _, foot = (
         render.templates.get_template("log.html")
@@ -55,7 +51,7 @@ async def _log(request: Request, who: Principal) -> Response:
 
     async def body() -> AsyncIterator[str]:
         yield head
-        async for text in escaped(path):
+        async for text in escaped(store.chunks(digest)):
             yield text
         yield foot
 

@@ -1,0 +1,57 @@
+"""Bringing a candidate into this supervisor's mirror from its bundle in the artifact store:
+the one way a candidate gets there, whether for the evidence check of a report or for a
+`git.push` of a task another supervisor verified (several supervisors on one PostgreSQL
+ledger share the artifacts, not the mirrors)."""
+
+from __future__ import annotations
+
+from supervisor.artifacts.port import Artifacts
+from supervisor.ledger import Ledger
+from supervisor.repos.mirror import Mirrors
+
+
+async def import_candidate(
+    mirrors: Mirrors,
+    artifacts: Artifacts,
+    url: str,
+    bundle: str,
+    task_id: str,
+    step_id: str,
+    fence: int,
+) -> str:
+    """Import the bundle `bundle` as the attempt's candidate into the mirror of `url`; answer
+    the SHA it carries (`Mirrors.import_bundle`). `FileNotFoundError` when the store holds no
+    such bytes; `BundleRefused`, `RemoteFailed` as the mirror raises them."""
+    async with artifacts.local_file(bundle) as path:
+        return await mirrors.import_bundle(url, path, task_id, step_id, fence)
+
+
+class SharedCandidates:
+    """Candidates a task's steps reported, found through the ledger and imported from their
+    bundles: what a `git.push` taken by this supervisor's dispatcher needs when another
+    supervisor verified the task. `ledger` is given once it is open: the effect kinds (and
+    with them this) are assembled before the ledger, whose configuration names them."""
+
+    def __init__(self, artifacts: Artifacts) -> None:
+        self.artifacts = artifacts
+        self.ledger: Ledger | None = None
+
+    async def bring(self, mirrors: Mirrors, url: str, task_id: str, sha: str) -> str | None:
+        """Import candidate `sha` of task `task_id` into the mirror of `url` from the bundle of
+        the latest step that reported it; None when done, else why it could not be."""
+        if self.ledger is None:
+            return "the ledger is not open"
+        task = await self.ledger.task(task_id)
+        reported = [s for s in task["steps"] if s["candidate_sha"] == sha and s["bundle"]]
+        if not reported:
+            return f"no step of task {task_id} reported {sha} with a bundle"
+        step = reported[-1]
+        try:
+            imported = await import_candidate(
+                mirrors, self.artifacts, url, step["bundle"], task_id, step["id"], step["fence"]
+            )
+        except FileNotFoundError:
+            return f"the bundle {step['bundle']} is not in the artifact store"
+        if imported != sha:
+            return f"the bundle {step['bundle']} carries {imported}, not {sha}"
+        return None
