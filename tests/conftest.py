@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.ledger import LedgerConfig, Report, SqliteLedger, StepSpec, TaskSpec, Tx
+from supervisor.ledger import LedgerConfig, Report, SqliteLedger, StepSpec, TaskSpec, Tx, queries
 from supervisor.ledger.backends import SQLITE, Backend, WriteConnection
 from supervisor.ledger.batch import RuleOutcome, Transactions
 from supervisor.ledger.queries import to_pyformat
@@ -203,9 +203,13 @@ class Sim:
         """The ledger's named read queries in this connection's dialect."""
         return ReadSession(self.db, self.transactions.tx().sql)
 
+    @property
+    def on_postgresql(self) -> bool:
+        return self.backend.dialect == "postgresql"
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """A test's own SQL (`?` placeholders) on the ledger's connection; its cursor."""
-        if self.backend.dialect == "postgresql":
+        if self.on_postgresql:
             sql = to_pyformat(sql)
         return self.db.execute(sql, params)
 
@@ -215,6 +219,11 @@ class Sim:
     def run(self, rule: Callable[[Tx], Any]) -> Any:
         """One rule in its own batch: its value, or its error raised."""
         return self.transactions.one(rule)
+
+
+def own_sql(tx: Tx, sql: str) -> str:
+    """A test's own SQL (`?` placeholders) in `tx`'s dialect, for `tx.db.execute` in a rule."""
+    return to_pyformat(sql) if tx.sql is queries.texts("postgresql") else sql
 
 
 @pytest.fixture

@@ -4,9 +4,10 @@ on). Every invariant has a plant here, and each plant trips exactly the invarian
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -20,12 +21,13 @@ from supervisor.ledger.invariants import INVARIANTS, find_violations
 from supervisor.ledger.operator import approve
 from supervisor.ledger.reaper import expire
 from supervisor.ledger.repositories import add_repository
-from supervisor.ledger.tx import ReadSession
 from supervisor.ledger.verification import Evidence, Finding, Problem
 from tether.messages import Checkpoint, CheckRun
 from tether.wire import effect_key
 
 from .conftest import Sim, make_spec
+
+pytestmark = pytest.mark.backends
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,12 +90,12 @@ def world(sim: Sim) -> World:
     run = CheckRun(log="d" * 64, exit_code=0, duration_s=1.0)
     commit(sim, Evidence(head_sha="b1"), candidate_sha="c1", checks={"tests": run})
     queued = queue(sim, "queued")
-    states = dict(sim.db.execute("SELECT id, state FROM tasks").fetchall())
+    states = dict(sim.execute("SELECT id, state FROM tasks").fetchall())
     assert states == {
         done: "SUCCEEDED", running: "RUNNING", repo: "SUCCEEDED", queued: "QUEUED",
         retried: "RUNNING",
     }  # fmt: skip
-    attempts = sim.db.execute(
+    attempts = sim.execute(
         "SELECT s.task_id, a.fence, a.state FROM attempts a JOIN steps s ON s.id = a.step_id"
         " ORDER BY a.fence"
     ).fetchall()
@@ -109,19 +111,19 @@ def world(sim: Sim) -> World:
     )  # fmt: skip
 
 
-def names(db: sqlite3.Connection) -> set[str]:
-    return {v.split(":", 1)[0] for v in find_violations(ReadSession(db))}
+def names(db: Sim) -> set[str]:
+    return {v.split(":", 1)[0] for v in find_violations(db.reads)}
 
 
 def test_a_clean_ledger_has_no_violation(sim: Sim, world: World) -> None:
-    assert find_violations(ReadSession(sim.db)) == []
-    assert sim.db.execute("SELECT COUNT(*) FROM effects").fetchone()[0] == 3
+    assert find_violations(sim.reads) == []
+    assert sim.execute("SELECT COUNT(*) FROM effects").fetchone()[0] == 3
 
 
-Plant = Callable[[sqlite3.Connection, World], None]
+Plant = Callable[[Sim, World], None]
 
 
-def two_effects_for_one_step(db: sqlite3.Connection, w: World) -> None:
+def two_effects_for_one_step(db: Sim, w: World) -> None:
     db.execute(
         "INSERT INTO effects SELECT ?, step_id, task_id, fence, payload_hash, output_json,"
         " usage_json, candidate_sha, created_at FROM effects WHERE task_id = ?",
@@ -129,7 +131,7 @@ def two_effects_for_one_step(db: sqlite3.Connection, w: World) -> None:
     )
 
 
-def effect_for_an_uncommitted_step(db: sqlite3.Connection, w: World) -> None:
+def effect_for_an_uncommitted_step(db: Sim, w: World) -> None:
     step = db.execute("SELECT * FROM steps WHERE task_id = ?", (w.queued,)).fetchone()
     db.execute(
         "INSERT INTO effects VALUES (?, ?, ?, 0, ?, '\"x\"', '{}', NULL, 0)",
@@ -137,7 +139,7 @@ def effect_for_an_uncommitted_step(db: sqlite3.Connection, w: World) -> None:
     )
 
 
-def terminal_then_later_state(db: sqlite3.Connection, w: World) -> None:
+def terminal_then_later_state(db: Sim, w: World) -> None:
     db.execute(
         "INSERT INTO events (task_id, kind, state, data_json, at) VALUES (?, 'state', 'RUNNING',"
         " '{}', 0)",
@@ -146,36 +148,48 @@ def terminal_then_later_state(db: sqlite3.Connection, w: World) -> None:
     db.execute("UPDATE tasks SET state = 'RUNNING' WHERE id = ?", (w.done,))
 
 
-def duplicate_idempotency_key(db: sqlite3.Connection, w: World) -> None:
+def duplicate_idempotency_key(db: Sim, w: World) -> None:
     db.execute("DROP INDEX tasks_idempotency")
-    columns = [r["name"] for r in db.execute("PRAGMA table_info(tasks)")]
+    if db.on_postgresql:
+        columns = [
+            r[0]
+            for r in db.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'tasks'"
+                " AND table_schema = current_schema() ORDER BY ordinal_position"
+            )
+        ]
+    else:
+        columns = [r["name"] for r in db.execute("PRAGMA table_info(tasks)")]
     copied = ", ".join(
         {"id": "'dup'", "created_order": "created_order + 1000"}.get(c, c) for c in columns
     )
     db.execute(f"INSERT INTO tasks SELECT {copied} FROM tasks WHERE id = ?", (w.queued,))
 
 
-def stale_commit(db: sqlite3.Connection, w: World) -> None:
+def stale_commit(db: Sim, w: World) -> None:
     """The effect is credited to the older, fenced-out attempt."""
     db.execute("UPDATE effects SET fence = ? WHERE task_id = ?", (w.old_fence, w.done))
     db.execute("UPDATE attempts SET state = 'committed' WHERE fence = ?", (w.old_fence,))
     db.execute("UPDATE attempts SET state = 'expired' WHERE fence = ?", (w.new_fence,))
 
 
-def committed_without_effect(db: sqlite3.Connection, w: World) -> None:
+def committed_without_effect(db: Sim, w: World) -> None:
     db.execute("DELETE FROM effects WHERE task_id = ?", (w.done,))
 
 
-def effect_not_matching_intent(db: sqlite3.Connection, w: World) -> None:
+def effect_not_matching_intent(db: Sim, w: World) -> None:
     db.execute("UPDATE steps SET payload_hash = ? WHERE task_id = ?", ("f" * 64, w.done))
 
 
-def two_live_leases(db: sqlite3.Connection, w: World) -> None:
+def two_live_leases(db: Sim, w: World) -> None:
     step = db.execute(
         "SELECT * FROM steps WHERE task_id = ? AND state = 'leased'", (w.running,)
     ).fetchone()
-    db.execute("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
-    fence = db.execute("SELECT value FROM counters").fetchone()[0]
+    if db.on_postgresql:
+        fence = db.execute("SELECT nextval('fences')").fetchone()[0]
+    else:
+        db.execute("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
+        fence = db.execute("SELECT value FROM counters").fetchone()[0]
     db.execute(
         "INSERT INTO attempts (step_id, attempt, fence, runner_id, state, granted_at)"
         " VALUES (?, ?, ?, 'r9', 'leased', 0)",
@@ -183,14 +197,14 @@ def two_live_leases(db: sqlite3.Connection, w: World) -> None:
     )
 
 
-def a_lease_left_live_on_a_cancelled_step(db: sqlite3.Connection, w: World) -> None:
+def a_lease_left_live_on_a_cancelled_step(db: Sim, w: World) -> None:
     """What a cancel that forgot to end the attempt in flight would leave."""
     db.execute(
         "UPDATE steps SET state = 'cancelled' WHERE task_id = ? AND state = 'leased'", (w.running,)
     )
 
 
-def a_leased_step_without_its_lease(db: sqlite3.Connection, w: World) -> None:
+def a_leased_step_without_its_lease(db: Sim, w: World) -> None:
     db.execute(
         "UPDATE attempts SET state = 'expired' WHERE state = 'leased' AND step_id IN"
         " (SELECT id FROM steps WHERE task_id = ?)",
@@ -198,28 +212,31 @@ def a_leased_step_without_its_lease(db: sqlite3.Connection, w: World) -> None:
     )
 
 
-def fences_not_increasing(db: sqlite3.Connection, w: World) -> None:
+def fences_not_increasing(db: Sim, w: World) -> None:
     first, second = w.retried_fences
     db.execute("UPDATE attempts SET fence = -1 WHERE fence = ?", (first,))
     db.execute("UPDATE attempts SET fence = ? WHERE fence = ?", (first, second))
     db.execute("UPDATE attempts SET fence = ? WHERE fence = -1", (second,))
 
 
-def counter_behind(db: sqlite3.Connection, w: World) -> None:
-    db.execute("UPDATE counters SET value = 1 WHERE name = 'fence'")
+def counter_behind(db: Sim, w: World) -> None:
+    if db.on_postgresql:
+        db.execute("SELECT setval('fences', 1)")
+    else:
+        db.execute("UPDATE counters SET value = 1 WHERE name = 'fence'")
 
 
-def success_with_an_uncommitted_step(db: sqlite3.Connection, w: World) -> None:
+def success_with_an_uncommitted_step(db: Sim, w: World) -> None:
     db.execute("DELETE FROM effects WHERE task_id = ?", (w.done,))
     db.execute("UPDATE steps SET state = 'queued' WHERE task_id = ?", (w.done,))
 
 
-def success_without_evidence(db: sqlite3.Connection, w: World) -> None:
+def success_without_evidence(db: Sim, w: World) -> None:
     db.execute("DELETE FROM check_runs WHERE step_id IN (SELECT id FROM steps WHERE task_id = ?)",
                (w.repo,))  # fmt: skip
 
 
-def success_with_a_failed_check(db: sqlite3.Connection, w: World) -> None:
+def success_with_a_failed_check(db: Sim, w: World) -> None:
     db.execute(
         "UPDATE check_runs SET exit_code = 1 WHERE step_id IN (SELECT id FROM steps"
         " WHERE task_id = ?)",
@@ -227,7 +244,7 @@ def success_with_a_failed_check(db: sqlite3.Connection, w: World) -> None:
     )
 
 
-def success_with_a_problem_in_the_evidence(db: sqlite3.Connection, w: World) -> None:
+def success_with_a_problem_in_the_evidence(db: Sim, w: World) -> None:
     problem = Problem(code=Finding.PATH_NOT_ALLOWED, detail="README.md")
     found = Evidence(head_sha="b1", problems=(problem,))
     db.execute(
@@ -236,31 +253,38 @@ def success_with_a_problem_in_the_evidence(db: sqlite3.Connection, w: World) -> 
     )
 
 
-def success_without_a_candidate(db: sqlite3.Connection, w: World) -> None:
+def success_without_a_candidate(db: Sim, w: World) -> None:
     db.execute("UPDATE steps SET candidate_sha = NULL WHERE task_id = ?", (w.repo,))
 
 
-def a_checkpoint_of_no_attempt(db: sqlite3.Connection, w: World) -> None:
+def a_checkpoint_of_no_attempt(db: Sim, w: World) -> None:
     db.execute("UPDATE checkpoints SET fence = 0")
 
 
-def success_after_the_base_moved(db: sqlite3.Connection, w: World) -> None:
+def success_after_the_base_moved(db: Sim, w: World) -> None:
     top = db.execute("SELECT MAX(seq) FROM events").fetchone()[0]
+    # PostgreSQL's seq is an identity: an explicit one is inserted, never updated
+    given = " OVERRIDING SYSTEM VALUE" if db.on_postgresql else ""
     db.execute(
-        "UPDATE events SET seq = ? WHERE task_id = ? AND state = 'SUCCEEDED'", (top + 2, w.repo)
+        f"INSERT INTO events (seq, task_id, kind, state, data_json, at){given}"
+        " SELECT ?, task_id, kind, state, data_json, at FROM events"
+        " WHERE task_id = ? AND state = 'SUCCEEDED'",
+        (top + 2, w.repo),
     )
+    db.execute("DELETE FROM events WHERE task_id = ? AND state = 'SUCCEEDED' AND seq <= ?",
+               (w.repo, top))  # fmt: skip
     db.execute(
-        "INSERT INTO events (seq, task_id, kind, state, data_json, at)"
+        f"INSERT INTO events (seq, task_id, kind, state, data_json, at){given}"
         " VALUES (?, ?, 'base_changed', 'RUNNING', '{\"head_sha\": \"b2\"}', 0)",
         (top + 1, w.repo),
     )
 
 
-def state_not_the_journal_s(db: sqlite3.Connection, w: World) -> None:
+def state_not_the_journal_s(db: Sim, w: World) -> None:
     db.execute("UPDATE tasks SET state = 'CANCELLED' WHERE id = ?", (w.queued,))
 
 
-def a_task_without_steps_or_journal(db: sqlite3.Connection, w: World) -> None:
+def a_task_without_steps_or_journal(db: Sim, w: World) -> None:
     db.execute(
         "INSERT INTO tasks (id, tenant, idempotency_key, state, plan_hash, plan_json,"
         " created_order, created_at) VALUES ('forged', 'acme', 'forged', 'SUCCEEDED', 'h',"
@@ -268,7 +292,7 @@ def a_task_without_steps_or_journal(db: sqlite3.Connection, w: World) -> None:
     )
 
 
-def effect_key_not_identity(db: sqlite3.Connection, w: World) -> None:
+def effect_key_not_identity(db: Sim, w: World) -> None:
     db.execute("UPDATE effects SET effect_key = ? WHERE task_id = ?", ("0" * 64, w.done))
 
 
@@ -283,11 +307,11 @@ def outbox_row(db: sqlite3.Connection, step_id: str, state: str, keyed: int = 1)
     )
 
 
-def delivered_without_an_effect(db: sqlite3.Connection, w: World) -> None:
+def delivered_without_an_effect(db: Sim, w: World) -> None:
     outbox_row(db, f"{w.queued}.0", "delivered")
 
 
-def unkeyed_sent_twice_under_one_opening(db: sqlite3.Connection, w: World) -> None:
+def unkeyed_sent_twice_under_one_opening(db: Sim, w: World) -> None:
     outbox_row(db, f"{w.queued}.0", "uncertain", keyed=0)
     for attempt in (1, 2):
         db.execute(
@@ -297,7 +321,7 @@ def unkeyed_sent_twice_under_one_opening(db: sqlite3.Connection, w: World) -> No
         )
 
 
-def held_effect_of_a_cancelled_task_never_begun(db: sqlite3.Connection, w: World) -> None:
+def held_effect_of_a_cancelled_task_never_begun(db: Sim, w: World) -> None:
     db.execute("UPDATE tasks SET state = 'CANCELLED' WHERE id = ?", (w.queued,))
     db.execute(
         "INSERT INTO events (task_id, kind, state, data_json, at)"
@@ -307,7 +331,7 @@ def held_effect_of_a_cancelled_task_never_begun(db: sqlite3.Connection, w: World
     outbox_row(db, f"{w.queued}.0", "sending")
 
 
-def withdrawn_after_an_attempt_that_may_have_sent(db: sqlite3.Connection, w: World) -> None:
+def withdrawn_after_an_attempt_that_may_have_sent(db: Sim, w: World) -> None:
     outbox_row(db, f"{w.queued}.0", "withdrawn")
     db.execute(
         "INSERT INTO deliveries (step_id, attempt, opening, holder, started_at)"
@@ -316,7 +340,7 @@ def withdrawn_after_an_attempt_that_may_have_sent(db: sqlite3.Connection, w: Wor
     )
 
 
-def effect_step_leased_to_a_runner(db: sqlite3.Connection, w: World) -> None:
+def effect_step_leased_to_a_runner(db: Sim, w: World) -> None:
     outbox_row(db, f"{w.running}.1", "sending")
 
 
@@ -354,6 +378,20 @@ PLANTS: dict[str, tuple[Plant, set[str]]] = {
 }
 
 
+@contextlib.contextmanager
+def undone(sim: Sim) -> Iterator[None]:
+    """On PostgreSQL, a plant's writes (a dropped index too) in a transaction rolled back
+    after: the session shares the database."""
+    if not sim.on_postgresql:
+        yield
+        return
+    sim.execute("BEGIN")
+    try:
+        yield
+    finally:
+        sim.execute("ROLLBACK")
+
+
 def test_every_invariant_has_a_plant() -> None:
     assert set(PLANTS) == set(INVARIANTS)
 
@@ -361,22 +399,23 @@ def test_every_invariant_has_a_plant() -> None:
 @pytest.mark.parametrize("name", list(PLANTS))
 def test_a_planted_violation_is_named(sim: Sim, world: World, name: str) -> None:
     plant, collateral = PLANTS[name]
-    plant(sim.db, world)
-    assert names(sim.db) == {name} | collateral
-    # each has a description
-    assert all(v.split(": ", 1)[1] for v in find_violations(ReadSession(sim.db)))
+    with undone(sim):
+        plant(sim, world)
+        assert names(sim) == {name} | collateral
+        # each has a description
+        assert all(v.split(": ", 1)[1] for v in find_violations(sim.reads))
 
 
 def test_an_operator_s_no_excuses_the_attempts_before_it(sim: Sim, world: World) -> None:
-    withdrawn_after_an_attempt_that_may_have_sent(sim.db, world)
-    sim.db.execute("UPDATE outbox SET settled_attempts = 1")
-    assert names(sim.db) == set()
+    withdrawn_after_an_attempt_that_may_have_sent(sim, world)
+    sim.execute("UPDATE outbox SET settled_attempts = 1")
+    assert names(sim) == set()
 
 
 def test_a_head_at_the_task_s_own_pushed_candidate_is_no_moved_base(sim: Sim, world: World) -> None:
-    success_after_the_base_moved(sim.db, world)
-    sim.db.execute("UPDATE tasks SET pushed_sha = 'b2' WHERE id = ?", (world.repo,))
-    assert names(sim.db) == set()
+    success_after_the_base_moved(sim, world)
+    sim.execute("UPDATE tasks SET pushed_sha = 'b2' WHERE id = ?", (world.repo,))
+    assert names(sim) == set()
 
 
 @pytest.mark.parametrize(
@@ -385,5 +424,5 @@ def test_a_head_at_the_task_s_own_pushed_candidate_is_no_moved_base(sim: Sim, wo
      success_without_a_candidate],
 )  # fmt: skip
 def test_each_hole_in_a_success_s_evidence_is_named(sim: Sim, world: World, plant: Plant) -> None:
-    plant(sim.db, world)
-    assert names(sim.db) == {"success-is-verified"}
+    plant(sim, world)
+    assert names(sim) == {"success-is-verified"}

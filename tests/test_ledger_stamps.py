@@ -3,6 +3,8 @@ when a task first enters the state that stamps each, and a later move never over
 
 from __future__ import annotations
 
+import pytest
+
 from supervisor.ledger import TaskState
 from supervisor.ledger.identity import create_task
 from supervisor.ledger.states import transition
@@ -10,11 +12,13 @@ from supervisor.ledger.tx import Tx
 
 from .conftest import FakeClock, Sim, make_spec
 
+pytestmark = pytest.mark.backends
+
 S = TaskState
 
 
 def stamps(sim: Sim, task_id: str) -> tuple[object, ...]:
-    row = sim.db.execute(
+    row = sim.execute(
         "SELECT state, reason, approved_at, started_at, finished_at FROM tasks WHERE id = ?",
         (task_id,),
     ).fetchone()
@@ -44,7 +48,7 @@ def test_a_stamp_already_held_is_kept(sim: Sim, clock: FakeClock) -> None:
     task_id: str = sim.run(lambda tx: create_task(tx, make_spec())).task_id
     sim.run(lambda tx: transition(tx, task_id, S.APPROVED))
     first = clock.now
-    sim.db.execute("UPDATE tasks SET state = 'PLANNED' WHERE id = ?", (task_id,))
+    sim.execute("UPDATE tasks SET state = 'PLANNED' WHERE id = ?", (task_id,))
     clock.advance(60.0)
     sim.run(lambda tx: transition(tx, task_id, S.APPROVED, reason="again"))
     assert stamps(sim, task_id) == ("APPROVED", "again", first, None, None)
@@ -53,6 +57,6 @@ def test_a_stamp_already_held_is_kept(sim: Sim, clock: FakeClock) -> None:
 def test_a_move_without_a_reason_keeps_the_one_held(sim: Sim) -> None:
     task_id: str = sim.run(lambda tx: create_task(tx, make_spec())).task_id
     sim.run(lambda tx: transition(tx, task_id, S.CANCELLED, reason="operator said so"))
-    sim.db.execute("UPDATE tasks SET state = 'QUEUED' WHERE id = ?", (task_id,))
+    sim.execute("UPDATE tasks SET state = 'QUEUED' WHERE id = ?", (task_id,))
     sim.run(lambda tx: transition(tx, task_id, S.RUNNING))
     assert stamps(sim, task_id)[:2] == ("RUNNING", "operator said so")

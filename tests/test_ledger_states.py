@@ -19,7 +19,9 @@ from supervisor.ledger.identity import create_task
 from supervisor.ledger.states import transition
 from supervisor.ledger.tx import Tx
 
-from .conftest import Sim, make_spec
+from .conftest import Sim, make_spec, own_sql
+
+pytestmark = pytest.mark.backends
 
 S = TaskState
 # The project's contract, transcribed literally: "Allowed: PLANNED→{APPROVED, CANCELLED};
@@ -52,13 +54,13 @@ def test_the_table_is_the_spec_s() -> None:
 def task_in(sim: Sim, state: TaskState) -> str:
     """A task put into `state` by hand, so each pair is tested on its own."""
     task_id: str = sim.run(lambda tx: create_task(tx, make_spec())).task_id
-    sim.db.execute("UPDATE tasks SET state = ? WHERE id = ?", (state.value, task_id))
+    sim.execute("UPDATE tasks SET state = ? WHERE id = ?", (state.value, task_id))
     return task_id
 
 
 def snapshot(sim: Sim, task_id: str) -> tuple[object, ...]:
-    task = sim.db.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
-    events = sim.db.execute("SELECT * FROM events ORDER BY seq").fetchall()
+    task = sim.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    events = sim.execute("SELECT * FROM events ORDER BY seq").fetchall()
     return tuple(task), tuple(tuple(e) for e in events)
 
 
@@ -67,15 +69,15 @@ def test_allowed_transition_moves_and_appends_a_later_event(
     sim: Sim, current: TaskState, target: TaskState
 ) -> None:
     task_id = task_in(sim, current)
-    before = sim.db.execute("SELECT MAX(seq) FROM events").fetchone()[0]
+    before = sim.execute("SELECT MAX(seq) FROM events").fetchone()[0]
     seq = sim.run(lambda tx: transition(tx, task_id, target, reason="why"))
     assert seq > before
-    row = sim.db.execute("SELECT state, last_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    row = sim.execute("SELECT state, last_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
     assert (row["state"], row["last_seq"]) == (target.value, seq)
-    event = sim.db.execute("SELECT * FROM events WHERE seq = ?", (seq,)).fetchone()
+    event = sim.execute("SELECT * FROM events WHERE seq = ?", (seq,)).fetchone()
     assert (event["task_id"], event["kind"], event["state"]) == (task_id, "state", target.value)
     assert f'"from":"{current.value}"' in event["data_json"]
-    assert sim.db.execute("SELECT COUNT(*) FROM rejections").fetchone()[0] == 0
+    assert sim.execute("SELECT COUNT(*) FROM rejections").fetchone()[0] == 0
 
 
 @pytest.mark.parametrize(("current", "target"), FORBIDDEN_PAIRS, ids=str)
@@ -88,7 +90,7 @@ def test_forbidden_transition_is_refused_recorded_and_changes_nothing(
     expected = TerminalState if current in SPEC_TERMINAL else InvalidTransition
     assert type(outcome.error) is expected
     assert snapshot(sim, task_id) == before
-    [rejection] = sim.db.execute("SELECT * FROM rejections").fetchall()
+    [rejection] = sim.execute("SELECT * FROM rejections").fetchall()
     assert rejection["task_id"] == task_id
     assert rejection["code"] == expected.code.value
 
@@ -98,12 +100,12 @@ def test_a_refused_transition_rolls_back_the_rule_s_earlier_writes(sim: Sim) -> 
     task_id = task_in(sim, S.SUCCEEDED)
 
     def rule(tx: Tx) -> None:
-        tx.db.execute("UPDATE tasks SET owner = 'mallory' WHERE id = ?", (task_id,))
+        tx.db.execute(own_sql(tx, "UPDATE tasks SET owner = 'mallory' WHERE id = ?"), (task_id,))
         transition(tx, task_id, S.RUNNING)
 
     with pytest.raises(TerminalState):
         sim.run(rule)
-    assert sim.db.execute("SELECT owner FROM tasks").fetchone()[0] is None
+    assert sim.execute("SELECT owner FROM tasks").fetchone()[0] is None
 
 
 def test_the_terminal_overwrite_plant_really_switches_the_check_off(sim: Sim) -> None:
@@ -111,4 +113,4 @@ def test_the_terminal_overwrite_plant_really_switches_the_check_off(sim: Sim) ->
     task_id = task_in(sim, S.SUCCEEDED)
     with planted("terminal-overwrite"):
         sim.run(lambda tx: transition(tx, task_id, S.RUNNING))
-    assert sim.db.execute("SELECT state FROM tasks").fetchone()[0] == "RUNNING"
+    assert sim.execute("SELECT state FROM tasks").fetchone()[0] == "RUNNING"
