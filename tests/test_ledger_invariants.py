@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -296,7 +295,7 @@ def effect_key_not_identity(db: Sim, w: World) -> None:
     db.execute("UPDATE effects SET effect_key = ? WHERE task_id = ?", ("0" * 64, w.done))
 
 
-def outbox_row(db: sqlite3.Connection, step_id: str, state: str, keyed: int = 1) -> None:
+def outbox_row(db: Sim, step_id: str, state: str, keyed: int = 1) -> None:
     """An effect's outbox row planted by hand (docs/design.md, Effects)."""
     task_id = step_id.rsplit(".", 1)[0]
     db.execute(
