@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from supervisor.ledger import LedgerConfig, Report, SqliteLedger, StepSpec, TaskSpec, Tx, queries
-from supervisor.ledger.backends import SQLITE, Backend, WriteConnection
+from supervisor.ledger.backends import SQLITE, Backend, SqliteBackend, WriteConnection
 from supervisor.ledger.batch import RuleOutcome, Transactions
 from supervisor.ledger.queries import to_pyformat
 from supervisor.ledger.schema import open_ledger_file
@@ -169,10 +169,31 @@ def raw_db(path: Path) -> sqlite3.Connection:
     return db
 
 
-def count(db: Path | str, table: str, where: str = "1=1", params: tuple[Any, ...] = ()) -> int:
-    """Rows of `table` matching `where` in the ledger at `db`, a file or a URL (`ledger_db`)."""
-    [(n,)] = rows(db, f"SELECT COUNT(*) FROM {table} WHERE {where}", params)
+def count(
+    db: Path | str | LedgerStore, table: str, where: str = "1=1", params: tuple[Any, ...] = ()
+) -> int:
+    """Rows of `table` matching `where` in a ledger: a file, a URL (`ledger_db`) or an open
+    store's."""
+    [(n,)] = rows(where_is(db), f"SELECT COUNT(*) FROM {table} WHERE {where}", params)
     return int(n)
+
+
+def ledger_rows(
+    db: Path | str | LedgerStore, statement: str, params: Sequence[Any] = ()
+) -> list[tuple[Any, ...]]:
+    """Run a test's own SQL (`?` placeholders) on a ledger, whichever storage: its rows."""
+    return rows(where_is(db), statement, params)
+
+
+def where_is(db: Path | str | LedgerStore) -> Path | str:
+    """The file or URL of a ledger, given an open store or either of those."""
+    if not isinstance(db, LedgerStore):
+        return db
+    backend = db.backend
+    if isinstance(backend, SqliteBackend):
+        return backend.path
+    url: str = getattr(backend, "url")  # noqa: B009 - PostgresBackend, imported only for it
+    return url
 
 
 @dataclasses.dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Awaitable, Callable
 from functools import partial
-from pathlib import Path
 
 import anyio
 import pytest
@@ -28,8 +27,10 @@ from supervisor.ledger.states import transition
 
 from .conftest import Sim, count, make_spec
 
+pytestmark = pytest.mark.backends
 
-async def test_concurrent_writes_share_batches(ledger: SqliteLedger, ledger_path: Path) -> None:
+
+async def test_concurrent_writes_share_batches(ledger: SqliteLedger) -> None:
     batches, rules = ledger.counters.batches, ledger.counters.batched_rules
     created: list[Created] = []
 
@@ -40,7 +41,7 @@ async def test_concurrent_writes_share_batches(ledger: SqliteLedger, ledger_path
         for i in range(100):
             tg.start_soon(create, i)
     assert len({c.task_id for c in created}) == 100
-    assert count(ledger_path, "tasks") == 100
+    assert count(ledger, "tasks") == 100
     assert ledger.counters.batched_rules - rules == 100
     assert ledger.counters.batches - batches < 100
     assert ledger.counters.batches < ledger.counters.batched_rules
@@ -51,7 +52,7 @@ def test_a_refused_rule_does_not_roll_back_its_neighbours(sim: Sim) -> None:
         transition(tx, "no-such-task", TaskState.CANCELLED)
 
     done = sim.run(lambda tx: create_task(tx, make_spec("done"))).task_id
-    sim.db.execute("UPDATE tasks SET state = 'SUCCEEDED' WHERE id = ?", (done,))
+    sim.execute("UPDATE tasks SET state = 'SUCCEEDED' WHERE id = ?", (done,))
     first, refused, missing, crashed, last = sim.batch(
         lambda tx: create_task(tx, make_spec("a")),
         lambda tx: transition(tx, done, TaskState.RUNNING),
@@ -64,24 +65,34 @@ def test_a_refused_rule_does_not_roll_back_its_neighbours(sim: Sim) -> None:
     assert isinstance(refused.error, TerminalState)
     assert isinstance(missing.error, NotFound)
     assert isinstance(crashed.error, RuleCrashed)
-    keys = [r[0] for r in sim.db.execute("SELECT idempotency_key FROM tasks ORDER BY rowid")]
+    keys = [r[0] for r in sim.execute("SELECT idempotency_key FROM tasks ORDER BY created_order")]
     assert keys == ["done", "a", "b"]
-    assert sim.db.execute("SELECT state FROM tasks WHERE id = ?", (done,)).fetchone()[0] == (
+    assert sim.execute("SELECT state FROM tasks WHERE id = ?", (done,)).fetchone()[0] == (
         "SUCCEEDED"
     )
-    assert [r[0] for r in sim.db.execute("SELECT code FROM rejections")] == ["terminal"]
-    assert sim.db.execute("SELECT owner FROM tasks WHERE owner = 'crashed'").fetchone() is None
+    assert [r[0] for r in sim.execute("SELECT code FROM rejections")] == ["terminal"]
+    assert sim.execute("SELECT owner FROM tasks WHERE owner = 'crashed'").fetchone() is None
+
+
+def full_disk(sim: Sim) -> Exception:
+    """The error a full disk raises on the statement that meets it, as each driver reports it."""
+    if sim.on_postgresql:
+        import psycopg
+
+        return psycopg.errors.DiskFull("database or disk is full")  # SQLSTATE 53100
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode = sqlite3.SQLITE_FULL  # as SQLite itself reports it
+    return full
 
 
 def test_a_storage_failure_inside_a_rule_is_a_storage_error_not_a_bug(sim: Sim) -> None:
-    """SQLite reports a full disk or an I/O error on the statement that meets it; that rule
-    is answered 503 `unavailable` (a condition for the operator), not 500 `internal` (a bug)."""
+    """The storage reports a full disk or an I/O error on the statement that meets it; that
+    rule is answered 503 `unavailable` (a condition for the operator), not 500 `internal` (a
+    bug)."""
 
     def meet_a_full_disk(tx: Tx) -> None:
         tx.db.execute("UPDATE tasks SET owner = 'half-written'")
-        full = sqlite3.OperationalError("database or disk is full")
-        full.sqlite_errorcode = sqlite3.SQLITE_FULL  # as SQLite itself reports it
-        raise full
+        raise full_disk(sim)
 
     def name_a_missing_column(tx: Tx) -> None:
         tx.db.execute("UPDATE tasks SET no_such_column = 1")
@@ -95,7 +106,7 @@ def test_a_storage_failure_inside_a_rule_is_a_storage_error_not_a_bug(sim: Sim) 
     assert "database or disk is full" in full.error.detail
     assert isinstance(mistake.error, RuleCrashed)  # an SQL mistake is a bug, not the storage
     assert after.error is None
-    assert sim.db.execute("SELECT owner FROM tasks WHERE owner = 'half-written'").fetchone() is None
+    assert sim.execute("SELECT owner FROM tasks WHERE owner = 'half-written'").fetchone() is None
 
 
 def crash_after_writing(tx: Tx) -> None:
@@ -104,7 +115,7 @@ def crash_after_writing(tx: Tx) -> None:
 
 
 async def test_a_refused_write_through_the_store_leaves_concurrent_ones_intact(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     spec = make_spec("target")
     target = (await ledger.create_task(spec)).task_id
@@ -124,8 +135,8 @@ async def test_a_refused_write_through_the_store_leaves_concurrent_ones_intact(
     assert isinstance(outcomes.pop("mismatch"), PlanMismatch)
     assert isinstance(outcomes.pop("crash"), RuleCrashed)
     assert all(isinstance(v, Created) for v in outcomes.values())
-    assert count(ledger_path, "tasks") == 11
-    assert count(ledger_path, "tasks", "owner = 'crashed'") == 0
+    assert count(ledger, "tasks") == 11
+    assert count(ledger, "tasks", "owner = 'crashed'") == 0
     # The writer survived the crash: the ledger still answers.
     assert (await ledger.create_task(make_spec("after"))).created is True
     with pytest.raises(PlanMismatch):

@@ -20,9 +20,11 @@ from supervisor.ledger.decisions import Decision
 from supervisor.ledger.errors import PayloadDrift
 from supervisor.ledger.tx import Tx
 from supervisor.ledger.verification import Evidence
-from tests.conftest import FakeClock, Sim, make_spec, queued_task, raw_db, report_for
+from tests.conftest import FakeClock, Sim, ledger_rows, make_spec, queued_task, report_for
 from tests.test_ledger_verification import add_repo
 from tether.wire import ReleaseReason
+
+pytestmark = pytest.mark.backends
 
 TOKEN = "tok-a1"
 STEP_FIELDS = {"task_id", "step_id", "attempt", "fence", "runner_id", "token_id", "tenant", "pool"}
@@ -104,12 +106,8 @@ async def test_the_token_that_claimed_is_recorded_on_the_attempt_and_shown_in_th
 ) -> None:
     task_id = await queued_task(ledger)
     [lease] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
-    db = raw_db(ledger.path)
-    try:
-        row = db.execute("SELECT token_id FROM attempts WHERE fence = ?", (lease.fence,)).fetchone()
-    finally:
-        db.close()
-    assert row["token_id"] == TOKEN
+    [row] = ledger_rows(ledger, "SELECT token_id FROM attempts WHERE fence = ?", (lease.fence,))
+    assert row[0] == TOKEN
     [step] = (await ledger.task(task_id))["steps"]
     assert [a["token_id"] for a in step["attempts"]] == [TOKEN]
 
@@ -259,11 +257,16 @@ def test_a_refused_rule_keeps_no_note_of_its_own_only_its_refusal(sim: Sim) -> N
 
 def test_a_batch_that_does_not_commit_has_no_notes(sim: Sim) -> None:
     result = execute_batch(
-        sim.db, [granting, granting_then_refusing], sim.transactions.tx, commit=False
+        sim.db,
+        [granting, granting_then_refusing],
+        sim.transactions.tx,
+        commit=False,
+        backend=sim.backend,
     )
     assert result.notes == []
 
 
+@pytest.mark.sqlite_only("PRAGMA query_only makes SQLite's first write fail as the storage")
 def test_a_batch_whose_commit_fails_has_no_notes(sim: Sim) -> None:
     sim.db.execute("PRAGMA query_only = ON")  # the first write fails; the batch cannot commit
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,6 +22,8 @@ from tether.wire import Outcome, effect_key
 from .conftest import FakeClock, count, queued_task, report_for
 from .test_ledger_fencing import asleep
 
+pytestmark = pytest.mark.backends
+
 CHECKS = ("tests", "lint")
 
 
@@ -32,17 +33,17 @@ async def claim_one(ledger: SqliteLedger) -> Lease:
 
 
 async def test_a_replayed_report_answers_replayed_and_adds_no_effect(
-    ledger: SqliteLedger, ledger_path: Path, clock: FakeClock
+    ledger: SqliteLedger, clock: FakeClock
 ) -> None:
     task_id = await queued_task(ledger, steps=2)
     lease = await claim_one(ledger)
     assert await ledger.report(report_for(lease, output="first")) is Outcome.APPLIED
-    events = count(ledger_path, "events")
+    events = count(ledger, "events")
     clock.advance(5)
     for output in ("first", "a different output", "first"):
         assert await ledger.report(report_for(lease, output=output)) is Outcome.REPLAYED
-    assert count(ledger_path, "effects") == 1
-    assert count(ledger_path, "events") == events
+    assert count(ledger, "effects") == 1
+    assert count(ledger, "events") == events
     view = await ledger.task(task_id)
     assert view["steps"][0]["output"] == "first"
     assert view["state"] == "RUNNING"
@@ -63,19 +64,17 @@ async def test_the_effect_key_is_sha256_of_step_id_and_payload_hash(
     assert step["id"] == lease.step_id
 
 
-async def test_tokens_spent_are_added_to_the_tenant_s_usage(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_tokens_spent_are_added_to_the_tenant_s_usage(ledger: SqliteLedger) -> None:
     await queued_task(ledger, steps=2)
     await ledger.report(report_for(await claim_one(ledger), usage={"total_tokens": 7}))
     await ledger.report(
         report_for(await claim_one(ledger), usage={"prompt_tokens": 2, "completion_tokens": 3})
     )
-    assert count(ledger_path, "tenants", "name = 'acme' AND tokens_used = 12") == 1
+    assert count(ledger, "tenants", "name = 'acme' AND tokens_used = 12") == 1
 
 
 async def test_cancel_then_success_one_terminal_outcome_the_report_is_the_rejection(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     task_id = await queued_task(ledger)
     lease = await claim_one(ledger)
@@ -84,13 +83,13 @@ async def test_cancel_then_success_one_terminal_outcome_the_report_is_the_reject
         await ledger.report(report_for(lease))
     view = await ledger.task(task_id)
     assert view["state"] == "CANCELLED"
-    assert count(ledger_path, "effects") == 0
+    assert count(ledger, "effects") == 0
     assert [(r["code"], r["step_id"]) for r in view["rejections"]] == [("terminal", lease.step_id)]
     assert await terminal_events(ledger, task_id) == ["CANCELLED"]
 
 
 async def test_success_then_cancel_one_terminal_outcome_the_cancel_is_the_rejection(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     task_id = await queued_task(ledger)
     lease = await claim_one(ledger)
@@ -99,7 +98,7 @@ async def test_success_then_cancel_one_terminal_outcome_the_cancel_is_the_reject
         await ledger.cancel("acme", task_id, "race")
     view = await ledger.task(task_id)
     assert view["state"] == "SUCCEEDED"
-    assert count(ledger_path, "effects") == 1
+    assert count(ledger, "effects") == 1
     assert [r["code"] for r in view["rejections"]] == ["terminal"]
     assert await terminal_events(ledger, task_id) == ["SUCCEEDED"]
 

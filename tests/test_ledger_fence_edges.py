@@ -11,6 +11,8 @@ from tether.wire import Outcome
 
 from .conftest import FakeClock, count, queued_task, report_for
 
+pytestmark = pytest.mark.backends
+
 
 async def test_only_the_committing_fence_hears_replayed(
     ledger: SqliteLedger, clock: FakeClock
@@ -29,8 +31,8 @@ async def test_only_the_committing_fence_hears_replayed(
         await ledger.report(never_issued)
     assert await ledger.report(report_for(current)) is Outcome.REPLAYED  # its ack was lost
 
-    assert count(ledger.path, "effects") == 1
-    assert count(ledger.path, "rejections", "code = 'stale_fence'") == 2
+    assert count(ledger, "effects") == 1
+    assert count(ledger, "rejections", "code = 'stale_fence'") == 2
 
 
 async def test_a_lapsed_lease_is_over_before_the_reaper_runs(
@@ -45,8 +47,8 @@ async def test_a_lapsed_lease_is_over_before_the_reaper_runs(
         await ledger.renew(lease.step_id, lease.fence)
     with pytest.raises(StaleFence):
         await ledger.report(report_for(lease))
-    assert count(ledger.path, "effects") == 0
-    assert count(ledger.path, "rejections", "code = 'stale_fence'") == 2
+    assert count(ledger, "effects") == 0
+    assert count(ledger, "rejections", "code = 'stale_fence'") == 2
 
     assert await ledger.expire() == 1  # the reaper requeues it: same step, new fence
     [again] = await ledger.claim("runner-b", "default", 1, 0)

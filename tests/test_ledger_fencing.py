@@ -25,6 +25,8 @@ from tether.wire import Outcome, ReleaseReason
 
 from .conftest import FakeClock, count, make_spec, open_ledger, queued_task, report_for
 
+pytestmark = pytest.mark.backends
+
 
 async def claim_one(ledger: SqliteLedger, runner: str = "r1") -> Lease:
     [lease] = await ledger.claim(runner, "default", 1, 0)
@@ -193,7 +195,7 @@ async def test_claim_long_poll_gives_up_empty_after_wait_s(ledger: SqliteLedger)
 
 
 async def test_stale_fences_are_refused_recorded_and_change_nothing(
-    ledger: SqliteLedger, clock: FakeClock, ledger_path: Path
+    ledger: SqliteLedger, clock: FakeClock
 ) -> None:
     task_id = await queued_task(ledger)
     old = await claim_one(ledger)
@@ -202,7 +204,7 @@ async def test_stale_fences_are_refused_recorded_and_change_nothing(
     new = await claim_one(ledger)
     assert new.fence > old.fence
     before = await ledger.task(task_id)
-    events_before = count(ledger_path, "events")
+    events_before = count(ledger, "events")
     with pytest.raises(StaleFence):
         await ledger.renew(old.step_id, old.fence)
     with pytest.raises(StaleFence):
@@ -221,7 +223,7 @@ async def test_stale_fences_are_refused_recorded_and_change_nothing(
     assert {k: v for k, v in after.items() if k != "rejections"} == {
         k: v for k, v in before.items() if k != "rejections"
     }
-    assert count(ledger_path, "events") == events_before
+    assert count(ledger, "events") == events_before
     assert [(r["code"], r["fence"], r["step_id"]) for r in after["rejections"]] == [
         ("stale_fence", old.fence, old.step_id),
         ("stale_fence", old.fence, old.step_id),
@@ -233,9 +235,7 @@ async def test_stale_fences_are_refused_recorded_and_change_nothing(
     assert await ledger.report(report_for(new)) is Outcome.APPLIED
 
 
-async def test_payload_drift_is_refused_recorded_and_changes_nothing(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_payload_drift_is_refused_recorded_and_changes_nothing(ledger: SqliteLedger) -> None:
     task_id = await queued_task(ledger)
     lease = await claim_one(ledger)
     before = await ledger.task(task_id)
@@ -251,7 +251,7 @@ async def test_payload_drift_is_refused_recorded_and_changes_nothing(
     assert [(r["code"], r["fence"]) for r in after["rejections"]] == [
         ("payload_drift", lease.fence)
     ]
-    assert count(ledger_path, "effects") == 0
+    assert count(ledger, "effects") == 0
 
 
 @pytest.mark.parametrize("reason", [ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN])

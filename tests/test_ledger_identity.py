@@ -4,7 +4,6 @@ logical execution."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import anyio
 import pytest
@@ -16,14 +15,17 @@ from supervisor.ledger import (
     SqliteLedger,
     StepSpec,
 )
+from supervisor.ledger.store import LedgerStore
 
 from .conftest import count, make_spec
+
+pytestmark = pytest.mark.backends
 
 TABLES = ("tasks", "steps", "events", "rejections", "tenants")
 
 
-def sizes(path: Path) -> dict[str, int]:
-    return {table: count(path, table) for table in TABLES}
+def sizes(ledger: LedgerStore) -> dict[str, int]:
+    return {table: count(ledger, table) for table in TABLES}
 
 
 async def test_same_plan_answers_the_same_task(ledger: SqliteLedger) -> None:
@@ -36,13 +38,11 @@ async def test_same_plan_answers_the_same_task(ledger: SqliteLedger) -> None:
     assert [s["id"] for s in view["steps"]] == [f"{first.task_id}.0", f"{first.task_id}.1"]
 
 
-async def test_same_plan_writes_nothing_the_second_time(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_same_plan_writes_nothing_the_second_time(ledger: SqliteLedger) -> None:
     await ledger.create_task(make_spec())
-    before = sizes(ledger_path)
+    before = sizes(ledger)
     await ledger.create_task(make_spec())
-    assert sizes(ledger_path) == before
+    assert sizes(ledger) == before
 
 
 @pytest.mark.parametrize(
@@ -58,20 +58,18 @@ async def test_same_plan_writes_nothing_the_second_time(
     ids=["more-steps", "other-payload", "other-owner", "other-repository"],
 )
 async def test_another_plan_under_the_key_is_a_conflict_and_writes_nothing(
-    ledger: SqliteLedger, ledger_path: Path, other: object
+    ledger: SqliteLedger, other: object
 ) -> None:
     first = await ledger.create_task(make_spec())
-    before = sizes(ledger_path)
+    before = sizes(ledger)
     with pytest.raises(IdempotencyConflict) as caught:
         await ledger.create_task(other)  # type: ignore[arg-type]
     assert first.task_id in caught.value.detail
-    assert sizes(ledger_path) == before
+    assert sizes(ledger) == before
     assert (await ledger.task(first.task_id))["plan_hash"] == make_spec().plan_hash
 
 
-async def test_fifty_concurrent_duplicate_creates_make_one_task(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_fifty_concurrent_duplicate_creates_make_one_task(ledger: SqliteLedger) -> None:
     answers: list[Created] = []
 
     async def create() -> None:
@@ -83,9 +81,9 @@ async def test_fifty_concurrent_duplicate_creates_make_one_task(
     assert len(answers) == 50
     assert len({a.task_id for a in answers}) == 1
     assert sum(a.created for a in answers) == 1
-    assert count(ledger_path, "tasks") == 1
-    assert count(ledger_path, "steps") == 3
-    assert count(ledger_path, "events") == 1
+    assert count(ledger, "tasks") == 1
+    assert count(ledger, "steps") == 3
+    assert count(ledger, "events") == 1
 
 
 async def test_another_tenant_with_the_same_key_gets_its_own_task(ledger: SqliteLedger) -> None:
@@ -109,10 +107,8 @@ async def test_another_tenant_with_the_same_key_gets_its_own_task(ledger: Sqlite
     ],
     ids=["empty-key", "empty-tenant", "no-steps", "unnamed-step", "checks-no-repo", "sha-no-repo"],
 )
-async def test_bad_specs_are_refused_and_write_nothing(
-    ledger: SqliteLedger, ledger_path: Path, spec: object
-) -> None:
-    before = sizes(ledger_path)
+async def test_bad_specs_are_refused_and_write_nothing(ledger: SqliteLedger, spec: object) -> None:
+    before = sizes(ledger)
     with pytest.raises(InvalidRequest):
         await ledger.create_task(spec)  # type: ignore[arg-type]
-    assert sizes(ledger_path) == before
+    assert sizes(ledger) == before

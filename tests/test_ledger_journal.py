@@ -4,18 +4,20 @@ long-poll that wakes on a new event."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from supervisor.ledger import NotFound, SqliteLedger
 
 from .conftest import FakeClock, make_spec, queued_task, report_for
 
+pytestmark = pytest.mark.backends
+
 
 async def test_seq_strictly_increases_across_the_whole_ledger(
-    ledger: SqliteLedger, clock: FakeClock, ledger_path: Path
+    ledger: SqliteLedger, clock: FakeClock
 ) -> None:
     first = await queued_task(ledger, "a", steps=2)
     second = await queued_task(ledger, "b")

@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from supervisor.ledger import InvalidRequest, SqliteLedger
 
-from .conftest import count, make_spec, raw_db
+from .conftest import count, ledger_rows, make_spec
+
+pytestmark = pytest.mark.backends
 
 
 async def test_a_task_cannot_claim_the_wake_all_pool(ledger: SqliteLedger) -> None:
     with pytest.raises(InvalidRequest, match="pool"):
         await ledger.create_task(make_spec("k", pool="*"))
-    assert count(ledger.path, "tasks") == 0
+    assert count(ledger, "tasks") == 0
 
 
 async def test_a_runner_token_cannot_be_scoped_to_the_wake_all_pool(ledger: SqliteLedger) -> None:
     with pytest.raises(InvalidRequest, match="pool"):
         await ledger.create_token("*", "runner")
-    assert count(ledger.path, "tokens") == 0
+    assert count(ledger, "tokens") == 0
 
 
 @pytest.mark.parametrize("name", [" ", "\t"])
@@ -29,7 +29,7 @@ async def test_blank_repository_names_are_refused(ledger: SqliteLedger, name: st
         await ledger.set_repository_head("acme", name, "abc")
     with pytest.raises(InvalidRequest):
         await ledger.create_task(make_spec("k", repository=name, base_sha="abc"))
-    assert count(ledger.path, "repositories") + count(ledger.path, "tasks") == 0
+    assert count(ledger, "repositories") + count(ledger, "tasks") == 0
 
 
 @pytest.mark.parametrize(
@@ -47,8 +47,8 @@ async def test_names_that_would_break_a_listing_are_refused(
         await ledger.create_task(make_spec("k", pool=name))
     with pytest.raises(InvalidRequest, match="tenant name"):
         await ledger.set_budget(name, 10)
-    assert count(ledger.path, "tokens") + count(ledger.path, "tasks") == 0
-    assert count(ledger.path, "tenants") == 0
+    assert count(ledger, "tokens") + count(ledger, "tasks") == 0
+    assert count(ledger, "tenants") == 0
 
 
 async def test_names_as_deployments_write_them_are_accepted(ledger: SqliteLedger) -> None:
@@ -60,27 +60,26 @@ async def test_names_as_deployments_write_them_are_accepted(ledger: SqliteLedger
         await ledger.create_token("acme//gpu", "runner")
     with pytest.raises(InvalidRequest, match="tenant name"):
         await ledger.set_budget("acme/gpu", 10)  # a pool, not a tenant
-    assert count(ledger.path, "tokens") == 8
+    assert count(ledger, "tokens") == 8
 
 
 async def test_names_from_before_the_rules_can_still_be_managed(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     """A ledger written before the naming rules may hold 'acme corp' and 'acme/team'. Their
     tokens can be rotated and their budgets set; new names are still checked."""
-    db = raw_db(ledger_path)
-    db.execute(
+    ledger_rows(
+        ledger,
         "INSERT INTO tokens (id, scope, role, secret_hash, created_at) VALUES"
         " ('old1', 'acme corp', 'operator', 'h1', 0), ('old2', 'acme/team', 'operator', 'h2', 0),"
-        " ('old3', 'slow pool', 'runner', 'h3', 0)"
+        " ('old3', 'slow pool', 'runner', 'h3', 0)",
     )
-    db.close()
     await ledger.create_token("acme corp", "operator")
     await ledger.create_token("acme/team", "operator")
     await ledger.create_token("slow pool", "runner")
     await ledger.set_budget("acme corp", None)
     await ledger.create_task(make_spec("k", pool="slow pool"))
-    assert count(ledger.path, "tokens") == 6
+    assert count(ledger, "tokens") == 6
     with pytest.raises(InvalidRequest, match="not allowed"):
         await ledger.create_token("acme corp2 x", "operator")
     with pytest.raises(InvalidRequest, match="no '/'"):

@@ -4,7 +4,6 @@ cancel ends any task that has not ended, and a terminal task refuses, on the rec
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +23,8 @@ from tether.wire import ReleaseReason
 from .conftest import FakeClock, count, make_spec, queued_task, report_for
 from .test_ledger_verification import add_repo
 
+pytestmark = pytest.mark.backends
+
 
 async def state_events(ledger: SqliteLedger, task_id: str) -> list[str]:
     return [e["state"] for e in await ledger.events(task_id, None, 0, 0) if e["kind"] == "state"]
@@ -34,9 +35,7 @@ async def rejections(ledger: SqliteLedger, task_id: str) -> list[dict[str, Any]]
     return rows
 
 
-async def test_plan_mismatch_is_refused_and_changes_nothing(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_plan_mismatch_is_refused_and_changes_nothing(ledger: SqliteLedger) -> None:
     spec = make_spec()
     task_id = (await ledger.create_task(spec)).task_id
     before = await ledger.task(task_id)
@@ -45,7 +44,7 @@ async def test_plan_mismatch_is_refused_and_changes_nothing(
     after = await ledger.task(task_id)
     assert after == before
     assert after["state"] == "PLANNED"
-    assert count(ledger_path, "events") == 1
+    assert count(ledger, "events") == 1
 
 
 async def test_approve_binds_the_base_and_queues_with_two_events(ledger: SqliteLedger) -> None:
