@@ -28,7 +28,13 @@ from supervisor.ledger.store import LedgerStore
 from supervisor.ledger.store import open_ledger as open_ledger_at
 from supervisor.ledger.tx import ReadSession
 
-from .pgledger import BACKENDS, ledger_db_at, pg_ledger_database, rows  # noqa: F401 - fixture
+from .pgledger import (  # noqa: F401 - pg_ledger_database is a fixture
+    BACKENDS,
+    ledger_db_at,
+    pg_ledger_database,
+    records,
+    rows,
+)
 from .pgledger import Backend as BackendName
 
 
@@ -183,6 +189,13 @@ def ledger_rows(
 ) -> list[tuple[Any, ...]]:
     """Run a test's own SQL (`?` placeholders) on a ledger, whichever storage: its rows."""
     return rows(where_is(db), statement, params)
+
+
+def ledger_records(
+    db: Path | str | LedgerStore, statement: str, params: Sequence[Any] = ()
+) -> list[dict[str, Any]]:
+    """`ledger_rows`, each a dict by column name."""
+    return records(where_is(db), statement, params)
 
 
 def where_is(db: Path | str | LedgerStore) -> Path | str:

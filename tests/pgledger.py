@@ -71,14 +71,25 @@ def ledger_db_at(backend: Backend, path: Path, request: pytest.FixtureRequest) -
 def rows(db: Path | str, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     """Run `statement` (with `?` placeholders) on the ledger at `db`, a file or a URL, and
     commit; its rows as tuples (none for a write)."""
+    return [tuple(r) for r in _run(db, statement, params)]
+
+
+def records(db: Path | str, statement: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """`rows`, each a dict by column name."""
+    return [dict(zip(r.keys(), r, strict=True)) for r in _run(db, statement, params)]
+
+
+def _run(db: Path | str, statement: str, params: Sequence[Any]) -> list[Any]:
+    """The rows (`sqlite3.Row` or `PgRow`) of `statement`, committed."""
     if isinstance(db, Path):
         lite = sqlite3.connect(str(db), isolation_level=None)
+        lite.row_factory = sqlite3.Row
         try:
-            return [tuple(r) for r in lite.execute(statement, params).fetchall()]
+            return lite.execute(statement, params).fetchall()
         finally:
             lite.close()
     from supervisor.ledger.pg_schema import connect
 
     with connect(db) as conn:
         cursor = conn.execute(to_pyformat(statement), params)
-        return [tuple(r) for r in cursor.fetchall()] if cursor.description else []
+        return cursor.fetchall() if cursor.description else []

@@ -5,7 +5,6 @@ and uncertain effects, cancel, and the invariants `tether-supervisor check` adds
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +13,14 @@ from supervisor.ledger import InvalidRequest, SqliteLedger, StepSpec, TaskSpec
 from supervisor.ledger.errors import EffectNotGated, EffectNotHeld, GateMismatch
 from supervisor.ledger.outbox import Delivered, OutboxState, Refused, Unanswered
 from supervisor.ledger.repositories import add_repository
+from supervisor.ledger.store import LedgerStore
 from supervisor.ledger.verification import Evidence
 from tether.wire import content_hash, effect_key
 
-from .conftest import FakeClock, count, raw_db, report_for
+from .conftest import FakeClock, count, ledger_records, report_for
 from .test_ledger_verification import BASE, URL, check_specs, ran
+
+pytestmark = pytest.mark.backends
 
 HOOK = "https://deploy.example/hook"
 
@@ -51,13 +53,9 @@ def fields_evidence(fields: dict[str, Any]) -> dict[str, Any]:
     return {"evidence": Evidence(head_sha=BASE)} if "candidate_sha" in fields else {}
 
 
-def outbox(path: Path, step_id: str) -> dict[str, Any]:
-    db = raw_db(path)
-    try:
-        row = db.execute("SELECT * FROM outbox WHERE step_id = ?", (step_id,)).fetchone()
-        return dict(row) if row else {}
-    finally:
-        db.close()
+def outbox(ledger: LedgerStore, step_id: str) -> dict[str, Any]:
+    found = ledger_records(ledger, "SELECT * FROM outbox WHERE step_id = ?", (step_id,))
+    return found[0] if found else {}
 
 
 async def step_of(ledger: SqliteLedger, task_id: str, name: str) -> dict[str, Any]:
@@ -70,7 +68,7 @@ async def step_of(ledger: SqliteLedger, task_id: str, name: str) -> dict[str, An
 
 
 async def test_an_effect_becomes_due_with_its_rendered_request_in_the_same_write(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     body = {"version": "{{ steps.build.output.version }}", "note": "v{{ steps.build.output.n }}"}
     spec = spec_with(
@@ -78,9 +76,9 @@ async def test_an_effect_becomes_due_with_its_rendered_request_in_the_same_write
         ("deploy", "http", http(body=body, headers={"X-Ver": "{{ steps.build.output.n }}"})),
     )
     task_id = await approved(ledger, spec)
-    assert outbox(ledger_path, f"{task_id}.1") == {}
+    assert outbox(ledger, f"{task_id}.1") == {}
     await run_chat(ledger, {"version": {"tag": "1.2"}, "n": 7})
-    row = outbox(ledger_path, f"{task_id}.1")
+    row = outbox(ledger, f"{task_id}.1")
     request = {
         "method": "POST", "url": HOOK, "headers": {"X-Ver": "7"},
         "body": {"version": {"tag": "1.2"}, "note": "v7"},
@@ -96,14 +94,12 @@ async def test_an_effect_becomes_due_with_its_rendered_request_in_the_same_write
     assert (out.keyed, out.kind, out.tenant) == (True, "http", "acme")
 
 
-async def test_an_effect_step_is_never_granted_to_a_runner(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_an_effect_step_is_never_granted_to_a_runner(ledger: SqliteLedger) -> None:
     task_id = await approved(ledger, spec_with(("deploy", "http", http())))
     assert await ledger.claim("r1", "default", 4, 0, kinds=("http", "git.push", "chat")) == []
-    assert count(ledger_path, "attempts") == 0
+    assert count(ledger, "attempts") == 0
     assert (await ledger.task(task_id))["state"] == "RUNNING"
-    assert outbox(ledger_path, f"{task_id}.0")["state"] == OutboxState.DUE
+    assert outbox(ledger, f"{task_id}.0")["state"] == OutboxState.DUE
 
 
 @pytest.mark.parametrize(
@@ -117,18 +113,18 @@ async def test_an_effect_step_is_never_granted_to_a_runner(
     ],
 )
 async def test_a_plan_with_a_bad_placeholder_is_refused_at_create(
-    ledger: SqliteLedger, ledger_path: Path, payload: dict[str, Any], words: str
+    ledger: SqliteLedger, payload: dict[str, Any], words: str
 ) -> None:
     spec = spec_with(
         ("first", "chat", {}), ("effect", "http", payload), ("later", "chat", {}),
     )  # fmt: skip
     with pytest.raises(InvalidRequest, match=words):
         await ledger.create_task(spec)
-    assert count(ledger_path, "tasks") == 0
+    assert count(ledger, "tasks") == 0
 
 
 async def test_a_path_missing_at_due_time_fails_the_step_and_sends_nothing(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     spec = spec_with(
         ("build", "chat", {}), ("deploy", "http", http(body="{{ steps.build.output.missing }}"))
@@ -139,7 +135,7 @@ async def test_a_path_missing_at_due_time_fails_the_step_and_sends_nothing(
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("effect_render_failed: ")
     assert "'missing'" in view["reason"]
-    assert count(ledger_path, "outbox") == 0
+    assert count(ledger, "outbox") == 0
     assert await ledger.take_effects("d1", 8) == []
 
 
@@ -159,9 +155,7 @@ async def bound(ledger: SqliteLedger, *steps: tuple[str, str, Any]) -> str:
     return await approved(ledger, spec, BASE)
 
 
-async def test_a_push_renders_the_candidate_and_the_approved_base(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_a_push_renders_the_candidate_and_the_approved_base(ledger: SqliteLedger) -> None:
     task_id = await bound(
         ledger, ("code", "chat", {}), ("push", "git.push", {"branch": "main", "credential": "k"})
     )
@@ -181,14 +175,14 @@ async def test_a_push_renders_the_candidate_and_the_approved_base(
 
 
 async def test_evidence_that_fails_verification_never_makes_the_effect_due(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     task_id = await bound(ledger, ("code", "chat", {}), ("push", "git.push", {"branch": "main"}))
     await run_chat(ledger, "patched", **ran("cand1", exit_code=1))
     view = await ledger.task(task_id)
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("check_failed: ")
-    assert count(ledger_path, "outbox") == 0
+    assert count(ledger, "outbox") == 0
 
 
 async def test_a_push_with_no_candidate_fails_no_candidate(ledger: SqliteLedger) -> None:
@@ -204,7 +198,7 @@ async def test_a_push_with_no_candidate_fails_no_candidate(ledger: SqliteLedger)
 
 
 async def test_a_keyed_effect_delivered_commits_its_step_and_the_task_advances(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     task_id = await approved(ledger, spec_with(("deploy", "http", http()), ("after", "chat", {})))
     [out] = await ledger.take_effects("d1", 8)
@@ -218,7 +212,7 @@ async def test_a_keyed_effect_delivered_commits_its_step_and_the_task_advances(
     assert step["state"] == "committed"
     assert step["effect"]["state"] == "delivered"
     assert [d["attempt"] for d in step["effect"]["deliveries"]] == [1, 2]
-    assert count(ledger_path, "effects", "step_id = ?", (out.effect_id,)) == 1
+    assert count(ledger, "effects", "step_id = ?", (out.effect_id,)) == 1
     assert (await step_of(ledger, task_id, "after"))["state"] == "queued"
     assert await ledger.violations() == []
 
@@ -253,7 +247,7 @@ async def test_a_keyed_hold_that_lapses_is_taken_again_with_the_same_key(
 
 
 async def test_an_answer_from_a_holder_that_lost_the_effect_is_refused_and_changes_nothing(
-    ledger: SqliteLedger, ledger_path: Path, clock: FakeClock
+    ledger: SqliteLedger, clock: FakeClock
 ) -> None:
     task_id = await approved(ledger, spec_with(("deploy", "http", http())))
     [out] = await ledger.take_effects("d1", 8)
@@ -263,7 +257,7 @@ async def test_an_answer_from_a_holder_that_lost_the_effect_is_refused_and_chang
     with pytest.raises(EffectNotHeld):
         await ledger.record_attempt(out.effect_id, attempt, "d1", Delivered(status=200, detail=""))
     assert (await step_of(ledger, task_id, "deploy"))["state"] == "due"
-    assert count(ledger_path, "effects") == 0
+    assert count(ledger, "effects") == 0
 
 
 async def test_a_digest_other_than_the_request_s_is_refused(ledger: SqliteLedger) -> None:
@@ -285,13 +279,11 @@ async def test_a_keyed_effect_past_its_deadline_fails_delivery_deadline(
     assert (view["state"], view["reason"]) == ("FAILED", "delivery_deadline: 300 s passed")
 
 
-async def test_release_puts_a_keyed_effect_back_to_due(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_release_puts_a_keyed_effect_back_to_due(ledger: SqliteLedger) -> None:
     await approved(ledger, spec_with(("deploy", "http", http())))
     [out] = await ledger.take_effects("d1", 8)
     await ledger.release_effect(out.effect_id, "d1")
-    assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.DUE
+    assert outbox(ledger, out.effect_id)["state"] == OutboxState.DUE
     assert [o.effect_id for o in await ledger.take_effects("d2", 8)] == [out.effect_id]
 
 
@@ -305,16 +297,16 @@ async def gated_effect(ledger: SqliteLedger) -> tuple[str, str]:
 
 
 async def test_an_unkeyed_effect_waits_for_its_gate_and_the_gate_binds_the_digest(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     task_id, digest = await gated_effect(ledger)
     view = await ledger.task(task_id)
     assert view["waiting_for"] == {"reason": "gate", "step": "deploy", "digest": digest}
     assert await ledger.take_effects("d1", 8) == []
-    before = outbox(ledger_path, f"{task_id}.0")
+    before = outbox(ledger, f"{task_id}.0")
     with pytest.raises(GateMismatch):
         await ledger.open_gate("acme", task_id, "deploy", "f" * 64, "alice")
-    assert outbox(ledger_path, f"{task_id}.0") == before
+    assert outbox(ledger, f"{task_id}.0") == before
     await ledger.open_gate("acme", task_id, "deploy", digest, "alice")
     with pytest.raises(EffectNotGated):
         await ledger.open_gate("acme", task_id, "deploy", digest, "alice")
@@ -355,7 +347,7 @@ async def test_an_unkeyed_holder_that_vanishes_after_beginning_leaves_it_uncerta
 
 
 async def test_happened_no_reopens_the_gate_once_and_yes_records_it_done(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     task_id, digest = await gated_effect(ledger)
     for _ in range(2):
@@ -365,7 +357,7 @@ async def test_happened_no_reopens_the_gate_once_and_yes_records_it_done(
         await ledger.record_attempt(out.effect_id, attempt, "d1", Unanswered(detail="", sent=True))
         if _ == 0:
             await ledger.resolve_effect("acme", task_id, "deploy", False, "bob")
-            assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.GATED
+            assert outbox(ledger, out.effect_id)["state"] == OutboxState.GATED
     with pytest.raises(EffectNotGated, match="already re-opened once"):
         await ledger.resolve_effect("acme", task_id, "deploy", False, "bob")
     await ledger.resolve_effect("acme", task_id, "deploy", True, "bob")
@@ -373,7 +365,7 @@ async def test_happened_no_reopens_the_gate_once_and_yes_records_it_done(
     assert view["state"] == "SUCCEEDED"
     effect = view["steps"][0]["effect"]
     assert (effect["resolved"]["by"], effect["resolved"]["happened"]) == ("bob", True)
-    assert count(ledger_path, "effects") == 1
+    assert count(ledger, "effects") == 1
     record = await ledger.review(task_id)
     [marked] = record["effects"]["value"]
     assert (marked["keyed"], marked["resolved"]["by"]) == (False, "bob")
@@ -383,18 +375,16 @@ async def test_happened_no_reopens_the_gate_once_and_yes_records_it_done(
 # -- cancel -----------------------------------------------------------------------------------
 
 
-async def test_cancel_before_the_send_withdraws_the_effect(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_cancel_before_the_send_withdraws_the_effect(ledger: SqliteLedger) -> None:
     task_id = await approved(ledger, spec_with(("deploy", "http", http())))
     await ledger.cancel("acme", task_id, "changed my mind")
-    assert outbox(ledger_path, f"{task_id}.0")["state"] == OutboxState.WITHDRAWN
+    assert outbox(ledger, f"{task_id}.0")["state"] == OutboxState.WITHDRAWN
     assert await ledger.take_effects("d1", 8) == []
     assert (await step_of(ledger, task_id, "deploy"))["state"] in ("cancelled", "skipped")
 
 
 async def test_cancel_while_sending_ends_the_task_and_the_delivery_is_still_recorded(
-    ledger: SqliteLedger, ledger_path: Path
+    ledger: SqliteLedger,
 ) -> None:
     task_id = await approved(ledger, spec_with(("deploy", "http", http()), ("b", "chat", {})))
     [out] = await ledger.take_effects("d1", 8)
@@ -409,9 +399,7 @@ async def test_cancel_while_sending_ends_the_task_and_the_delivery_is_still_reco
     assert await ledger.violations() == []
 
 
-async def test_a_cancelled_task_s_held_effect_is_not_attempted_again(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_a_cancelled_task_s_held_effect_is_not_attempted_again(ledger: SqliteLedger) -> None:
     task_id = await approved(ledger, spec_with(("deploy", "http", http())))
     [out] = await ledger.take_effects("d1", 8)
     attempt = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
@@ -420,18 +408,16 @@ async def test_a_cancelled_task_s_held_effect_is_not_attempted_again(
     with pytest.raises(EffectNotHeld):
         await ledger.begin_attempt(out.effect_id, "d1", out.digest)
     # It may have been sent: the operator is asked, the task stays CANCELLED.
-    assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.UNCERTAIN
+    assert outbox(ledger, out.effect_id)["state"] == OutboxState.UNCERTAIN
     assert await ledger.violations() == []
 
 
-async def test_cancel_after_take_but_before_any_attempt_withdraws_it(
-    ledger: SqliteLedger, ledger_path: Path
-) -> None:
+async def test_cancel_after_take_but_before_any_attempt_withdraws_it(ledger: SqliteLedger) -> None:
     task_id = await approved(ledger, spec_with(("deploy", "http", http())))
     [out] = await ledger.take_effects("d1", 8)
     await ledger.cancel("acme", task_id, "stop")
     with pytest.raises(EffectNotHeld):
         await ledger.begin_attempt(out.effect_id, "d1", out.digest)
-    assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.WITHDRAWN
-    assert count(ledger_path, "deliveries") == 0
+    assert outbox(ledger, out.effect_id)["state"] == OutboxState.WITHDRAWN
+    assert count(ledger, "deliveries") == 0
     assert await ledger.violations() == []
