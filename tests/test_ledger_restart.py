@@ -19,11 +19,13 @@ from supervisor.ledger import (
 from supervisor.ledger.schema import migrations, open_ledger_file
 from tether.wire import Outcome
 
-from .conftest import FakeClock, open_ledger, queued_task, raw_db, report_for
+from .conftest import FakeClock, ledger_rows, open_ledger, queued_task, raw_db, report_for
+
+pytestmark = pytest.mark.backends
 
 
-async def test_a_reopened_ledger_has_lost_nothing(ledger_path: Path, clock: FakeClock) -> None:
-    async with open_ledger(ledger_path, clock) as ledger:
+async def test_a_reopened_ledger_has_lost_nothing(ledger_db: Path | str, clock: FakeClock) -> None:
+    async with open_ledger(ledger_db, clock) as ledger:
         done = await queued_task(ledger, "done", steps=2)
         for _ in range(2):
             [lease] = await ledger.claim("r1", "default", 1, 0)
@@ -33,7 +35,7 @@ async def test_a_reopened_ledger_has_lost_nothing(ledger_path: Path, clock: Fake
         await ledger.report(report_for(lease))
         before = {t: await ledger.task(t) for t in (done, midway)}
         events = {t: await ledger.events(t, None, 0, 0) for t in (done, midway)}
-    async with open_ledger(ledger_path, clock) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         assert {t: await ledger.task(t) for t in (done, midway)} == before
         assert {t: await ledger.events(t, None, 0, 0) for t in (done, midway)} == events
         assert before[done]["state"] == "SUCCEEDED"
@@ -47,20 +49,20 @@ async def test_a_reopened_ledger_has_lost_nothing(ledger_path: Path, clock: Fake
 
 @pytest.mark.parametrize("counter", [0, 1, None], ids=["reset", "behind", "normal"])
 async def test_the_fence_counter_continues_above_every_fence_ever_issued(
-    ledger_path: Path, clock: FakeClock, counter: int | None
+    ledger_db: Path | str, clock: FakeClock, counter: int | None
 ) -> None:
-    async with open_ledger(ledger_path, clock) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         for i in range(3):
             await queued_task(ledger, f"k{i}")
         leases = await ledger.claim("r1", "default", 3, 0)
         await ledger.report(report_for(leases[0]))
     issued = max(lease.fence for lease in leases)
-    if counter is not None:
-        db = raw_db(ledger_path)
-        db.execute("UPDATE counters SET value = ? WHERE name = 'fence'", (counter,))
-        db.close()
+    if counter is not None and isinstance(ledger_db, Path):
+        ledger_rows(ledger_db, "UPDATE counters SET value = ? WHERE name = 'fence'", (counter,))
+    elif counter is not None:  # the sequence's next value is what the counter's would be
+        ledger_rows(ledger_db, "SELECT setval('fences', ?, false)", (counter + 1,))
     clock.advance(3600)
-    async with open_ledger(ledger_path, clock) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         await queued_task(ledger, "after")
         [fresh] = await ledger.claim("r1", "default", 1, 0)
         assert fresh.fence > issued
@@ -94,14 +96,14 @@ async def test_a_ledger_restored_from_a_backup_never_hands_out_a_fence_again(
 
 
 async def test_open_leases_get_a_fresh_ttl_from_the_new_clock(
-    ledger_path: Path, clock: FakeClock
+    ledger_db: Path | str, clock: FakeClock
 ) -> None:
-    async with open_ledger(ledger_path, clock) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         task_id = await queued_task(ledger)
         [lease] = await ledger.claim("r1", "default", 1, 0)
         await ledger.renew(lease.step_id, lease.fence)
     clock.advance(10_000)  # the supervisor was down far longer than any TTL
-    async with open_ledger(ledger_path, clock) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         assert await ledger.expire() == 0
         assert await ledger.next_deadline() == clock.now + 30
         clock.advance(29)
@@ -112,13 +114,13 @@ async def test_open_leases_get_a_fresh_ttl_from_the_new_clock(
 
 
 async def test_an_unacknowledged_lease_gets_a_fresh_acceptance_window(
-    ledger_path: Path, clock: FakeClock
+    ledger_db: Path | str, clock: FakeClock
 ) -> None:
-    async with open_ledger(ledger_path, clock) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         await queued_task(ledger)
         await ledger.claim("r1", "default", 1, 0)
     clock.advance(10_000)
-    async with open_ledger(ledger_path, clock) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         assert await ledger.expire() == 0
         clock.advance(10)
         assert await ledger.expire() == 1
@@ -181,6 +183,7 @@ async def test_a_schema_newer_than_the_code_is_refused(ledger_path: Path, clock:
     db.close()
 
 
+@pytest.mark.sqlite_only("the file's user_version and WAL journal (pg_schema's tests: PostgreSQL)")
 async def test_a_fresh_file_is_migrated_to_the_newest_schema(
     ledger: SqliteLedger, ledger_path: Path
 ) -> None:
