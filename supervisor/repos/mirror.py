@@ -260,8 +260,10 @@ class Mirrors:
 
     async def is_ancestor(self, url: str, ancestor: str, descendant: str) -> bool | None:
         """Whether `ancestor` is an ancestor of (or is) `descendant` in the mirror of `url`;
-        None when either is not a commit there."""
+        None when either is not a commit there (or there is no mirror of `url` yet)."""
         mirror = self.path(url)
+        if not await anyio.Path(mirror / "HEAD").exists():
+            return None
         for sha in (ancestor, descendant):
             if not (SHA.fullmatch(sha) and await _is_commit(mirror, sha)):
                 return None
