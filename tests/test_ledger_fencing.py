@@ -391,10 +391,8 @@ async def test_the_reaper_requeues_the_same_step_as_a_new_attempt_under_a_new_fe
     assert again.outputs == lease.outputs
 
 
-async def test_max_attempts_comes_from_the_config(tmp_path: Path, clock: FakeClock) -> None:
-    async with open_ledger(
-        tmp_path / "one.db", clock, config=LedgerConfig(max_attempts=1)
-    ) as ledger:
+async def test_max_attempts_comes_from_the_config(ledger_db: Path | str, clock: FakeClock) -> None:
+    async with open_ledger(ledger_db, clock, config=LedgerConfig(max_attempts=1)) as ledger:
         task_id = await queued_task(ledger)
         lease = await claim_one(ledger)
         await ledger.release(lease.step_id, lease.fence, ReleaseReason.TRANSIENT, True, "503")
