@@ -5,7 +5,6 @@ The kill drills (tests/test_chaos_supervisor_kill.py) show the same of a real pr
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,12 +14,15 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from supervisor.ledger import NotFound, SqliteLedger, StorageError, Tx
+from supervisor.ledger import NotFound, StorageError, Tx
 from supervisor.ledger.batch import BatchResult, Rule, RuleOutcome, Transactions
 from supervisor.ledger.identity import create_task
+from supervisor.ledger.store import LedgerStore
 from supervisor.ledger.writer import Writer
 
-from .conftest import count, make_spec
+from .conftest import FakeClock, count, ledger_rows, make_spec, open_ledger
+
+pytestmark = pytest.mark.backends
 
 
 class Thread:
@@ -148,9 +150,11 @@ async def test_a_writer_that_dies_answers_every_caller_and_raises(thread: Thread
 # -- through the store ---------------------------------------------------------------------
 
 
-async def test_a_write_returns_once_its_row_is_committed(ledger_path: Path) -> None:
+async def test_a_write_returns_once_its_row_is_committed(
+    ledger_db: Path | str, clock: FakeClock
+) -> None:
     """When `write` returns, another connection sees the rule's row: its batch committed."""
-    async with SqliteLedger.open(ledger_path) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         inside = threading.Event()
         go_on = threading.Event()
 
@@ -170,50 +174,50 @@ async def test_a_write_returns_once_its_row_is_committed(ledger_path: Path) -> N
             await wait_for(inside)
             await anyio.sleep(0.05)
             assert done == []
-            assert count(ledger_path, "tasks") == 0  # not committed yet, not answered yet
+            assert count(ledger_db, "tasks") == 0  # not committed yet, not answered yet
             go_on.set()
-        other = sqlite3.connect(ledger_path)
-        try:
-            [(task_id,)] = other.execute("SELECT id FROM tasks").fetchall()
-        finally:
-            other.close()
+        [(task_id,)] = ledger_rows(ledger_db, "SELECT id FROM tasks")  # another connection
         assert done == [task_id]
 
 
-async def test_a_rules_own_error_is_raised_in_its_caller(ledger_path: Path) -> None:
+async def test_a_rules_own_error_is_raised_in_its_caller(
+    ledger_db: Path | str, clock: FakeClock
+) -> None:
     refusal = NotFound("no such thing")
 
     def refuse(tx: Tx) -> None:
         raise refusal
 
-    async with SqliteLedger.open(ledger_path) as ledger:
+    async with open_ledger(ledger_db, clock) as ledger:
         with pytest.raises(NotFound) as raised:
             await ledger.write(refuse)
         assert raised.value is refusal
         assert (await ledger.create_task(make_spec("after"))).created
 
 
-async def test_closing_the_ledger_commits_the_writes_already_queued(ledger_path: Path) -> None:
+async def test_closing_the_ledger_commits_the_writes_already_queued(
+    ledger_db: Path | str, clock: FakeClock
+) -> None:
     answers: list[object] = []
 
-    async def create(ledger: SqliteLedger, n: int) -> None:
+    async def create(ledger: LedgerStore, n: int) -> None:
         answers.append(await ledger.create_task(make_spec(f"k{n}")))
 
     async with anyio.create_task_group() as tg:
-        async with SqliteLedger.open(ledger_path) as ledger:
+        async with open_ledger(ledger_db, clock) as ledger:
             for n in range(20):
                 tg.start_soon(create, ledger, n)
             await anyio.lowlevel.checkpoint()  # each has queued its rule; none answered yet
             assert answers == []
         assert not ledger.is_open
     assert len(answers) == 20
-    assert count(ledger_path, "tasks") == 20
+    assert count(ledger_db, "tasks") == 20
     with pytest.raises(RuntimeError, match="not open"):
         await ledger.create_task(make_spec("late"))
 
 
 async def test_a_writer_that_dies_closes_the_ledger(
-    ledger_path: Path, monkeypatch: pytest.MonkeyPatch
+    ledger_db: Path | str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_run = Transactions.run
 
@@ -229,7 +233,7 @@ async def test_a_writer_that_dies_closes_the_ledger(
     monkeypatch.setattr(Transactions, "run", run)
     seen: list[bool] = []
     with pytest.raises(BaseExceptionGroup) as raised:  # noqa: PT012 - raised as the block ends
-        async with SqliteLedger.open(ledger_path) as ledger:
+        async with open_ledger(ledger_db, clock) as ledger:
             with pytest.raises(StorageError):
                 await ledger.write(breaking)
             seen.append(ledger.is_open)
