@@ -69,6 +69,7 @@ async def test_the_fence_counter_continues_above_every_fence_ever_issued(
         assert await ledger.violations() == []
 
 
+@pytest.mark.sqlite_only("a backup copied as a file (PostgreSQL's is pg_dump, the operator's)")
 async def test_a_ledger_restored_from_a_backup_never_hands_out_a_fence_again(
     ledger_path: Path, tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -140,6 +141,7 @@ def overwrite(path: Path, offset: int, length: int) -> None:
         f.write(bytes((i * 37 + 11) % 256 for i in range(length)))
 
 
+@pytest.mark.sqlite_only("bytes of the file overwritten")
 @pytest.mark.parametrize(
     ("offset", "length"),
     [(0, 100), (4096, 8192), (4096 * 5, 4096 * 3)],
@@ -158,6 +160,7 @@ async def test_a_corrupted_file_is_refused_with_a_storage_error(
     assert "\n" not in caught.value.detail
 
 
+@pytest.mark.sqlite_only("bytes of the file overwritten")
 async def test_open_ledger_file_itself_refuses_a_damaged_file(
     ledger_path: Path, clock: FakeClock
 ) -> None:
@@ -167,6 +170,7 @@ async def test_open_ledger_file_itself_refuses_a_damaged_file(
         open_ledger_file(ledger_path)
 
 
+@pytest.mark.sqlite_only("the file's user_version (PostgreSQL's: tests/test_pg_schema.py)")
 async def test_a_schema_newer_than_the_code_is_refused(ledger_path: Path, clock: FakeClock) -> None:
     async with open_ledger(ledger_path, clock):
         pass
@@ -193,6 +197,7 @@ async def test_a_fresh_file_is_migrated_to_the_newest_schema(
     db.close()
 
 
+@pytest.mark.sqlite_only("SQLite's writable_schema and integrity check")
 @pytest.mark.parametrize(
     "sql",
     ["CREATE garbage", "CAST(X'435245415445d3d3' AS TEXT)"],
@@ -213,12 +218,14 @@ async def test_a_damaged_schema_is_refused_with_integrity_check_failed(
     assert "damaged" in caught.value.detail
 
 
+@pytest.mark.sqlite_only("a file path")
 async def test_a_file_that_cannot_be_opened_is_a_storage_error(tmp_path: Path) -> None:
     with pytest.raises(StorageError) as caught:
         open_ledger_file(tmp_path)  # a directory
     assert str(tmp_path) in caught.value.detail
 
 
+@pytest.mark.sqlite_only("SQLite's integrity check")
 def test_integrity_problems_are_reported_on_one_line(
     ledger_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
