@@ -16,6 +16,8 @@ from tether.wire import ReleaseReason
 
 from .conftest import FakeClock, queued_task, report_for
 
+pytestmark = pytest.mark.backends
+
 
 def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()

@@ -30,6 +30,8 @@ from tether.wire import ErrorCode, Outcome
 
 from .conftest import make_spec, queued_task, report_for
 
+pytestmark = pytest.mark.backends
+
 CHECKS = ("tests", "lint")
 URL = "/srv/git/repo.git"
 BASE = "base1"

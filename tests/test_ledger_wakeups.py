@@ -4,10 +4,13 @@ in another (with a thousand idle runners, a broadcast would cost a claim each pe
 from __future__ import annotations
 
 import anyio
+import pytest
 
 from supervisor.ledger import SqliteLedger
 
 from .conftest import make_spec
+
+pytestmark = pytest.mark.backends
 
 
 async def test_work_in_one_pool_wakes_only_that_pools_claims(ledger: SqliteLedger) -> None:
