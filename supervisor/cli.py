@@ -179,6 +179,10 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
         "--to", dest="target", required=True, metavar="URL",
         help="the PostgreSQL database (postgresql://...): migrated if empty, refused otherwise",
     )  # fmt: skip
+    migrate.add_argument(
+        "--artifact-dir", dest="artifact_dir", metavar="DIR", default=None,
+        help="the SQLite ledger's artifact files (default: artifacts/ beside the ledger file)",
+    )  # fmt: skip
 
     chaos = sub.add_parser(
         "chaos", help="schedule exploration against the real ledger", add_help=False
@@ -254,7 +258,8 @@ def _migrate(args: argparse.Namespace) -> int:
     from supervisor import admin, migrate_command
 
     try:
-        print(migrate_command.run(args.source, args.target))
+        folder = None if args.artifact_dir is None else Path(args.artifact_dir)
+        print(migrate_command.run(args.source, args.target, folder))
     except admin.AdminError as exc:
         fail(PROG, str(exc))
     return 0

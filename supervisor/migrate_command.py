@@ -23,13 +23,13 @@ def sqlite_path(source: str) -> Path:
         ) from exc
 
 
-def run(source: str, target: str) -> str:
+def run(source: str, target: str, artifacts: Path | None = None) -> str:
     """Copy the SQLite ledger `source` into the empty PostgreSQL ledger `target`; answer the
     summary line. Raises `AdminError` with the one line to print."""
     path = sqlite_path(source)
     if scheme(target) not in SCHEMES:
         raise AdminError(f"--to must be a postgresql:// URL, not {redact(target)!r}")
     try:
-        return copy_ledger(path, target).summary()
+        return copy_ledger(path, target, artifacts).summary()
     except LedgerError as exc:
         raise AdminError(exc.detail) from exc

@@ -323,3 +323,21 @@ def test_the_cli_refuses_a_postgresql_source_in_one_line() -> None:
     assert len(refused.stderr.strip().splitlines()) == 1
     assert "--from must be a SQLite ledger" in refused.stderr
     assert "hunter2" not in refused.stderr
+
+
+async def test_the_cli_reads_the_artifacts_from_the_folder_given(
+    source: Path, tmp_path: Path
+) -> None:
+    """`--artifact-dir` for a supervisor that kept its artifacts elsewhere: the summary counts
+    the files of that folder, and a folder that is not there copies none."""
+    data = b"an artifact kept elsewhere"
+    digest = hashlib.sha256(data).hexdigest()
+    folder = tmp_path / "elsewhere"
+    (folder / "sha256" / digest[:2]).mkdir(parents=True)
+    (folder / "sha256" / digest[:2] / digest).write_bytes(data)
+    with pgdb.fresh_database() as url:
+        copied = _cli("migrate", "--from", str(source), "--to", url, "--artifact-dir", str(folder))
+        assert copied.returncode == 0, copied.stderr
+        assert copied.stdout.rstrip().endswith(f"; 1 artifacts ({len(data)} bytes)")
+        # (the digest is 64 hex digits: safe to write into the statement)
+        assert one(url, f"SELECT data FROM artifact_chunks WHERE digest = '{digest}'") == data
