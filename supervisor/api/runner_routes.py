@@ -23,7 +23,7 @@ from supervisor.api.bindings import UnboundSteps
 from supervisor.api.errors import ApiError, ledger_error_code, record_response
 from supervisor.api.longpoll import LongPolls, unless_disconnected
 from supervisor.api.requests import read
-from supervisor.artifacts import ArtifactStore
+from supervisor.artifacts.port import Artifacts
 from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role
 from supervisor.ledger.repositories import Binding
 from supervisor.ledger.verification import Evidence
@@ -271,7 +271,7 @@ async def evidence_for(request: Request, report: Report, pool: str) -> Evidence 
     if binding is None:
         return None
     mirrors: Mirrors = request.app.state.mirrors
-    store: ArtifactStore = request.app.state.artifacts
+    store: Artifacts = request.app.state.artifacts
     return await gather(
         mirrors, store, ledger, binding, report,
         step_id=report.step_id, fence=report.fence, pool=binding.pool,
@@ -374,7 +374,7 @@ async def checkpoint(request: Request) -> Response:
     `invalid_field` naming which); the ledger decides whether the fence may write it."""
     who = await require(request, Role.RUNNER)
     ask = await read(request, Checkpoint)
-    store: ArtifactStore = request.app.state.artifacts
+    store: Artifacts = request.app.state.artifacts
     artifacts = PoolArtifacts(store, _ledger(request), who.scope)
     for field, digest in (("transcript", ask.transcript), ("bundle", ask.bundle)):
         if digest is None:
