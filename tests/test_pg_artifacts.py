@@ -20,7 +20,7 @@ import pytest
 
 from supervisor import admin
 from supervisor.artifacts import Held
-from supervisor.artifacts.pg import CHUNK_BYTES, PgArtifactStore
+from supervisor.artifacts.pg import CHUNK_BYTES, CONNECTIONS, WAIT_S, PgArtifactStore
 from supervisor.ledger.copy import copy_ledger
 from supervisor.ledger.pg_schema import connect
 from supervisor.repos import candidate_ref
@@ -287,3 +287,53 @@ async def test_download_streams_through_a_slow_reader_without_holding_a_connecti
         assert got.content == data
         for reader in readers:
             assert b"".join([firsts[0], *[c async for c in reader]]) == data
+
+
+async def test_stalled_uploads_hold_no_connection_and_no_transaction(
+    pg_url: str, tmp_path: Path, clock: FakeClock
+) -> None:
+    """Uploads whose clients sent part of the body and stopped (more of them than the store
+    has connections) leave every connection free: another artifact is read at once, and no
+    session of the database sits idle in a transaction. Once the clients go on, each upload
+    is stored."""
+    stalled = 2 * CONNECTIONS
+    part, rest = b"p" * (CHUNK_BYTES + 7), b"r" * 100
+    digest = hashlib.sha256(part + rest).hexdigest()
+    go_on = anyio.Event()
+    received = 0
+    answers: list[httpx.Response] = []
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        nonlocal received
+        yield part
+        received += 1  # asked for more: the supervisor took the part
+        await go_on.wait()
+        yield rest
+
+    async with supervisor(pg_url, tmp_path / "a", clock) as a:
+        other = await upload(a, b"another artifact")
+
+        async def put() -> None:
+            answers.append(
+                await a.client.put(f"/v1/artifacts/{digest}", headers=a.runner, content=slow_body())
+            )
+
+        async with anyio.create_task_group() as group:
+            for _ in range(stalled):
+                group.start_soon(put)
+            with anyio.fail_after(10):
+                while received < stalled:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            assert rows(
+                pg_url,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state LIKE 'idle in transaction%'",
+            ) == [(0,)]
+            with anyio.fail_after(WAIT_S / 2):
+                got = await a.client.get(f"/v1/artifacts/{other}", headers=a.runner)
+            assert (got.status_code, got.content) == (200, b"another artifact")
+            go_on.set()
+        assert sorted(r.json()["created"] for r in answers) == [False] * (stalled - 1) + [True]
+        assert rows(pg_url, f"SELECT n FROM artifact_chunks WHERE digest = '{digest}'") == [
+            (0,), (1,),
+        ]  # fmt: skip

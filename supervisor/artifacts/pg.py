@@ -3,11 +3,12 @@
 a report's bundle and logs uploaded to A are evidence on B, and a runner that failed over
 fetches its checkpoint's bundle from B.
 
-An upload is written as it arrives, in chunks of `CHUNK_BYTES`, inside one transaction and
-under a placeholder name (`upload:<random>`); only when its bytes hash to the digest are the
-chunks renamed to it and committed, so a refused or cut-short upload leaves nothing and a
-large one is never held whole in memory. Reads take a pooled connection per chunk: a slow
-client holds no connection between chunks, and committed chunks never change.
+An upload is received into a temporary file on this box, hashed as it arrives, exactly as the
+file store receives one (`store.Spool`): a slow or stalled client holds no connection and no
+transaction, only a file. Once its bytes hash to the digest the file is copied into chunks of
+`CHUNK_BYTES` in one short transaction, so a refused or cut-short upload leaves nothing in the
+database and a large one is never held whole in memory. Reads take a pooled connection per
+chunk: a slow reader holds none between chunks, and committed chunks never change.
 
 The statements are named queries in `sql/artifacts.postgresql.sql`, parsed by the ledger's
 loader functions but kept out of its folder: a SQLite ledger never runs them.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -30,19 +30,18 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from supervisor.artifacts.store import (
-    DigestMismatch,
     Held,
     InvalidDigest,
-    TooLarge,
+    Spool,
     check_digest,
+    temporary_file,
 )
 from supervisor.ledger import pg_schema, queries
 from supervisor.ledger.errors import StorageError
 
 CHUNK_BYTES: Final = 1024 * 1024
-CONNECTIONS: Final = 4  # uploads and reads in flight at once; more wait up to WAIT_S
+CONNECTIONS: Final = 4  # reads and uploads' copies at once; more wait up to WAIT_S
 WAIT_S: Final = 10.0
-PLACEHOLDER: Final = "upload:"
 
 
 def _load() -> Mapping[str, str]:
@@ -54,55 +53,23 @@ def _load() -> Mapping[str, str]:
 Q: Final = _load()
 
 
-class PgUpload:
-    """Bytes being written into the database; see `PgArtifactStore.receiving`."""
+class PgUpload(Spool):
+    """An upload on its way to the database; see `PgArtifactStore.receiving`."""
 
-    def __init__(self, store: PgArtifactStore, conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, store: PgArtifactStore, fd: int, temp: Path) -> None:
+        super().__init__(store.max_bytes, fd, temp)
         self._store = store
-        self._conn = conn
-        self._name = PLACEHOLDER + secrets.token_hex(16)
-        self._hash = hashlib.sha256()
-        self._buffer = bytearray()
-        self._chunks = 0
-        self.size = 0
-        self.kept = False  # whether `commit` named the chunks: the transaction then commits
-
-    async def write(self, chunk: bytes) -> None:
-        """Take the next bytes; raises `TooLarge` once they pass the store's limit."""
-        self.size += len(chunk)
-        if self.size > self._store.max_bytes:
-            raise TooLarge(f"the artifact exceeds {self._store.max_bytes} bytes")
-        self._buffer += chunk
-        while len(self._buffer) >= CHUNK_BYTES:
-            piece = bytes(self._buffer[:CHUNK_BYTES])
-            del self._buffer[:CHUNK_BYTES]
-            await self._put(piece)
-
-    async def _put(self, piece: bytes) -> None:
-        await anyio.to_thread.run_sync(self._hash.update, piece)
-        await _storage(
-            self._conn.execute(Q["put_artifact_chunk"], (self._name, self._chunks, piece))
-        )
-        self._chunks += 1
 
     async def commit(self, digest: str) -> bool:
         """Keep the bytes as `digest`; returns False when the store already held them.
 
         Raises `DigestMismatch` (and keeps nothing) when the bytes are not `digest`'s."""
-        if self._buffer or self._chunks == 0:  # the tail, or an empty artifact's one chunk
-            await self._put(bytes(self._buffer))
-            self._buffer.clear()
-        found = self._hash.hexdigest()
-        if found != digest:
-            raise DigestMismatch(f"the bytes' sha256 is {found}, not {digest}")
-        if await self._store._stored(self._conn, digest):
-            return False
-        try:
-            await _storage(self._conn.execute(Q["name_artifact_chunks"], (digest, self._name)))
-        except psycopg.errors.UniqueViolation:  # another upload of these bytes committed first
-            return False
-        self.kept = True
-        return True
+        await self.verify(digest)
+        return await self._store._copy_in(self, digest)
+
+    def chunk(self, n: int) -> bytes:
+        """The `n`th chunk of the received bytes (blocking: a file read)."""
+        return self.read_at(n * CHUNK_BYTES, CHUNK_BYTES)
 
 
 class PgArtifactStore:
@@ -149,14 +116,25 @@ class PgArtifactStore:
 
     @contextlib.asynccontextmanager
     async def receiving(self) -> AsyncIterator[PgUpload]:
-        """An upload in one transaction: committed when `commit` kept the bytes, else rolled
-        back (a refusal, a client gone, a cancellation)."""
-        async with self._connection() as conn:
-            upload = PgUpload(self, conn)
-            async with conn.transaction():
-                yield upload
-                if not upload.kept:  # refused, or the bytes were stored already
-                    raise psycopg.Rollback
+        """An upload into a temporary file, copied into the database by `commit`; the file is
+        removed when the block ends."""
+        async with temporary_file(self._temp_dir) as (fd, temp):
+            yield PgUpload(self, fd, temp)
+
+    async def _copy_in(self, upload: PgUpload, digest: str) -> bool:
+        """Write `upload`'s checked bytes as `digest`'s chunks in one transaction; False when
+        the store held them already (or another upload of them committed first)."""
+        count = max(1, -(-upload.size // CHUNK_BYTES))  # an empty artifact is one empty chunk
+        try:
+            async with self._connection() as conn, conn.transaction():
+                if await self._stored(conn, digest):
+                    return False
+                for n in range(count):
+                    piece = await anyio.to_thread.run_sync(upload.chunk, n)
+                    await _storage(conn.execute(Q["put_artifact_chunk"], (digest, n, piece)))
+        except psycopg.errors.UniqueViolation:  # waited for a concurrent upload's commit
+            return False
+        return True
 
     async def _stored(self, conn: psycopg.AsyncConnection[Any], digest: str) -> bool:
         cursor = await _storage(conn.execute(Q["artifact_stored"], (digest,)))

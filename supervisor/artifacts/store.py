@@ -65,11 +65,12 @@ def check_digest(digest: str) -> str:
     return digest
 
 
-class Upload:
-    """Bytes being received into a temporary file; see `ArtifactStore.receiving`."""
+class Spool:
+    """Bytes being received into a temporary file on this box, hashed as they arrive and
+    refused past `max_bytes`: what an upload to either store is until its digest is checked."""
 
-    def __init__(self, store: ArtifactStore, fd: int, temp: Path) -> None:
-        self._store = store
+    def __init__(self, max_bytes: int, fd: int, temp: Path) -> None:
+        self._max_bytes = max_bytes
         self._fd = fd
         self.temp = temp
         self._hash = hashlib.sha256()
@@ -80,8 +81,8 @@ class Upload:
     async def write(self, chunk: bytes) -> None:
         """Take the next bytes; raises `TooLarge` once they pass the store's limit."""
         self.size += len(chunk)
-        if self.size > self._store.max_bytes:
-            raise TooLarge(f"the artifact exceeds {self._store.max_bytes} bytes")
+        if self.size > self._max_bytes:
+            raise TooLarge(f"the artifact exceeds {self._max_bytes} bytes")
         self._pending.append(chunk)
         self._pending_size += len(chunk)
         if self._pending_size >= FLUSH_BYTES:
@@ -98,16 +99,47 @@ class Upload:
         while view:
             view = view[os.write(self._fd, view) :]
 
+    async def verify(self, digest: str) -> None:
+        """Write out what is pending; raises `DigestMismatch` unless the bytes are `digest`'s."""
+        await self._flush()
+        found = self._hash.hexdigest()
+        if found != digest:
+            raise DigestMismatch(f"the bytes' sha256 is {found}, not {digest}")
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to `size` of the received bytes from `offset` (after `verify`); blocking."""
+        return os.pread(self._fd, size, offset)
+
+
+class Upload(Spool):
+    """An upload to the file store; see `ArtifactStore.receiving`."""
+
+    def __init__(self, store: ArtifactStore, fd: int, temp: Path) -> None:
+        super().__init__(store.max_bytes, fd, temp)
+        self._store = store
+
     async def commit(self, digest: str) -> bool:
         """Keep the bytes as `digest`; returns False when the store already held them.
 
         Raises `DigestMismatch` (and keeps nothing) when the bytes are not `digest`'s.
         """
-        await self._flush()
-        found = self._hash.hexdigest()
-        if found != digest:
-            raise DigestMismatch(f"the bytes' sha256 is {found}, not {digest}")
+        await self.verify(digest)
         return await anyio.to_thread.run_sync(self._store._keep, self._fd, self.temp, digest)
+
+
+@contextlib.asynccontextmanager
+async def temporary_file(folder: Path) -> AsyncIterator[tuple[int, Path]]:
+    """A new file in `folder`, open for writing and reading: its descriptor and path, both
+    gone when the block ends (a hard link made to it meanwhile stays)."""
+    fd, name = await anyio.to_thread.run_sync(
+        lambda: tempfile.mkstemp(dir=folder, prefix="upload-")
+    )
+    temp = Path(name)
+    try:
+        yield fd, temp
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_discard, fd, temp)
 
 
 class ArtifactStore:
@@ -134,15 +166,8 @@ class ArtifactStore:
     @contextlib.asynccontextmanager
     async def receiving(self) -> AsyncIterator[Upload]:
         """An upload into a temporary file, removed on leaving unless `commit` kept it."""
-        fd, name = await anyio.to_thread.run_sync(
-            lambda: tempfile.mkstemp(dir=self._temp_dir, prefix="upload-")
-        )
-        temp = Path(name)
-        try:
+        async with temporary_file(self._temp_dir) as (fd, temp):
             yield Upload(self, fd, temp)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_discard, fd, temp)
 
     def _keep(self, fd: int, temp: Path, digest: str) -> bool:
         os.fsync(fd)

@@ -2,16 +2,12 @@
 -- sql/queries/: a SQLite ledger keeps its artifacts in files and never runs them.
 
 -- name: put_artifact_chunk
--- Write one chunk of an upload in progress, under the upload's own placeholder name.
+-- Write one chunk of a checked upload, in the transaction that writes all of its chunks.
 INSERT INTO artifact_chunks (digest, n, data) VALUES (?, ?, ?);
 
 -- name: artifact_stored
 -- Whether a digest's bytes are stored (every stored digest has a chunk 0).
 SELECT EXISTS (SELECT 1 FROM artifact_chunks WHERE digest = ? AND n = 0);
-
--- name: name_artifact_chunks
--- Give an upload's chunks the digest their bytes hash to, inside its transaction.
-UPDATE artifact_chunks SET digest = ? WHERE digest = ?;
 
 -- name: artifact_chunk
 -- One chunk of a stored digest; none past its last.
