@@ -77,6 +77,12 @@ class Backend(Protocol):
         """What to name in messages: the file, or the URL without its password."""
         ...
 
+    @property
+    def joins_statements(self) -> bool:
+        """Whether one execute without parameters may carry several statements (one round
+        trip to a server for them all)."""
+        ...
+
     def exists(self) -> bool:
         """Whether a ledger is there already (admin commands other than `init` refuse none)."""
         ...
@@ -152,6 +158,10 @@ class SqliteBackend:
     @property
     def where(self) -> str:
         return str(self.path)
+
+    @property
+    def joins_statements(self) -> bool:
+        return False  # sqlite3 runs one statement per execute
 
     def exists(self) -> bool:
         return self.path.exists()

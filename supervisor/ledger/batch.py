@@ -18,7 +18,7 @@ from supervisor.ledger import queries
 from supervisor.ledger.backends import SQLITE, Backend, Wakeup, WriteConnection
 from supervisor.ledger.decisions import Decision, Note
 from supervisor.ledger.errors import LedgerError, Refused, StorageError
-from supervisor.ledger.journal import record_rejection
+from supervisor.ledger.journal import record_rejection, settle
 from supervisor.ledger.tx import LedgerConfig, Tx
 
 Rule = Callable[[Tx], Any]
@@ -75,16 +75,24 @@ def execute_batch(
     woken: set[str] = set()
     touched: set[str] = set()
     notes: list[Note] = []
-    savepoints = db.cursor()  # one cursor for the two statements every rule runs: cheaper
+    savepoints = db.cursor()  # one cursor for the statements every rule runs: cheaper
+    # Where one execute may carry several statements, one rule's savepoint is released and
+    # the next one's taken in one round trip; COMMIT releases the last one.
+    joined = backend.joins_statements
     try:
         backend.begin(db)
-        for rule, outcome in zip(rules, outcomes, strict=True):
-            tx = make_tx()
+        if rules:
             savepoints.execute("SAVEPOINT rule")
+        for index, (rule, outcome) in enumerate(zip(rules, outcomes, strict=True)):
+            tx = make_tx()
+            if index and not joined:
+                savepoints.execute("SAVEPOINT rule")
             try:
                 outcome.value = rule(tx)
+                settle(tx)
             except Refused as exc:
                 db.execute("ROLLBACK TO rule")
+                tx.last_seqs.clear()  # the events were rolled back with the rule
                 outcome.error = _after_refusal(db, tx, backend) or exc
                 if outcome.error is exc and exc.recorded:
                     task_id = record_rejection(
@@ -99,7 +107,8 @@ def execute_batch(
                 woken |= tx.woken_pools
                 touched |= tx.touched_tasks
                 notes += tx.notes
-            savepoints.execute("RELEASE rule")
+            if index + 1 < len(rules):
+                savepoints.execute("RELEASE rule; SAVEPOINT rule" if joined else "RELEASE rule")
         wakeup = Wakeup(frozenset(woken), bool(touched))
         if commit and wakeup:
             backend.announce(db, wakeup)
@@ -134,6 +143,7 @@ def _after_refusal(db: WriteConnection, tx: Tx, backend: Backend) -> LedgerError
     try:
         for write in tx.after_refusal:
             write(tx)
+        settle(tx)
     except Exception as exc:
         db.execute("ROLLBACK TO rule")
         return _failure_of(exc, backend)

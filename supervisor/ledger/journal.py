@@ -16,9 +16,18 @@ def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str,
     row = tx.one("append_event", (task_id, kind, str(state), dumps(dict(data)), tx.now))
     assert row is not None
     seq = int(row["seq"])
-    tx.run("set_task_last_seq", (seq, task_id))
+    tx.last_seqs[task_id] = seq
     tx.touched_tasks.add(task_id)
     return seq
+
+
+def settle(tx: Tx) -> None:
+    """Record on each task the sequence number of the latest event the rule gave it: one
+    write per task and rule (a grant appends two events, a last result three). The batch calls
+    it as the rule ends, inside the rule's savepoint; nothing reads `last_seq` in a rule."""
+    for task_id, seq in tx.last_seqs.items():
+        tx.run("set_task_last_seq", (seq, task_id))
+    tx.last_seqs.clear()
 
 
 def record_rejection(

@@ -112,6 +112,10 @@ class PostgresBackend:
     def where(self) -> str:
         return pg_schema.redact(self.url)
 
+    @property
+    def joins_statements(self) -> bool:
+        return True  # psycopg sends a query without parameters as one simple query
+
     # -- the writer thread --------------------------------------------------------------------
 
     def exists(self) -> bool:
@@ -143,11 +147,17 @@ class PostgresBackend:
             raise
 
     def _bounded(self, conn: psycopg.Connection[PgRow]) -> PgConnection:
-        """The writer's connection with its lock wait and idle transaction bounded."""
+        """The writer's connection with its lock wait and idle transaction bounded, and its
+        prepared statements (psycopg prepares a query run 5 times) on their generic plans.
+        Left to choose, the server kept a custom plan for the claim query (its `LIMIT ?`) and
+        planned it anew at every claim: 0.29-0.32 ms of server time in its bind, against
+        0.02-0.04 ms on the generic plan, the same index walk. The rules' other statements
+        are key lookups, planned alike either way."""
         try:
             conn.execute(
                 f"SET lock_timeout = {int(LOCK_TIMEOUT_S * 1000)};"
-                f" SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)}"
+                f" SET idle_in_transaction_session_timeout = {int(IDLE_IN_TRANSACTION_S * 1000)};"
+                " SET plan_cache_mode = force_generic_plan"
             )
         except psycopg.Error as exc:
             one_line = pg_schema.one_line(exc, self.url)

@@ -105,6 +105,9 @@ class Tx:
     # Writes that stand even if the rule is refused: the batch runs them after rolling the
     # rule back, beside its rejection (the tokens a fenced-out attempt spent; `fencing.charge`).
     after_refusal: list[Callable[[Tx], object]] = dataclasses.field(default_factory=list)
+    # The latest event each task was given in this rule, written to `tasks.last_seq` once
+    # when the rule ends (`journal.settle`) rather than once per event.
+    last_seqs: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def wake(self, pool: str) -> None:
         """Claims waiting in `pool` may find work once this transaction is durable."""
