@@ -66,11 +66,10 @@ def report(
         raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
     require_current(tx, step, rep.fence)
     check_report(rep)
-    task = tx.one("task_repository_base", (step["task_id"],))
-    assert task is not None
-    if task["repository"] and evidence is None:
+    repository = step["repository"]  # the task's, read with the step
+    if repository and evidence is None:
         raise InvalidRequest(
-            f"step {rep.step_id} is bound to repository {task['repository']}: its result"
+            f"step {rep.step_id} is bound to repository {repository}: its result"
             " commits only with the supervisor's evidence"
         )
     tx.run(
@@ -108,13 +107,15 @@ def report(
          "candidate_sha": rep.candidate_sha},
     )  # fmt: skip
     tx.note(Decision.COMMITTED, **about_step(tx, step), effect_key=key, tokens=spent)
-    if evidence is not None and task["repository"]:
+    if evidence is not None and repository:
         # The head the adapter read is an observation like a webhook's: on a moved base this
         # task (and any other approved on the old one) fails `stale_base` here.
-        observe_head(tx, step["tenant"], task["repository"], evidence.head_sha)
-        if evidence.head_sha != task["approved_base_sha"]:
+        observe_head(tx, step["tenant"], repository, evidence.head_sha)
+        if evidence.head_sha != step["approved_base_sha"]:
             return Outcome.APPLIED
-    advance(tx, step)
+        advance(tx, step)  # the head observed may have moved other tasks: read the state
+    else:
+        advance(tx, step, TaskState(step["task_state"]))
     return Outcome.APPLIED
 
 
@@ -142,10 +143,10 @@ def _committed_attempt(tx: Tx, step: Row) -> dict[str, object]:
     return about
 
 
-def advance(tx: Tx, step: Row) -> None:
+def advance(tx: Tx, step: Row, task_state: TaskState | None = None) -> None:
     """Start the step after `step` (just committed; a row of `find_step`): queue it, or make
     an effect step due (`outbox.start`); when every step is committed, verify and end the
-    task."""
+    task. `task_state`: the task's state if the rule knows it is still the one it read."""
     task_id, pool = step["task_id"], step["pool"]
     about = {"task_id": task_id, "tenant": step["tenant"], "pool": pool}
     pending = tx.one("first_uncommitted_step", (task_id, StepState.COMMITTED.value))
@@ -153,11 +154,12 @@ def advance(tx: Tx, step: Row) -> None:
         if pending["state"] == StepState.WAITING:
             outbox.start(tx, pending["id"])
         return
-    transition(tx, task_id, TaskState.VERIFYING)
-    failure = verify(tx, task_id)
+    transition(tx, task_id, TaskState.VERIFYING, current=task_state)
+    failure = verify(tx, task_id)  # reads only
+    verifying = TaskState.VERIFYING
     if failure is None:
-        transition(tx, task_id, TaskState.SUCCEEDED)
+        transition(tx, task_id, TaskState.SUCCEEDED, current=verifying)
         tx.note(Decision.VERIFIED, **about, state=TaskState.SUCCEEDED.value)
     else:
-        transition(tx, task_id, TaskState.FAILED, reason=failure)
+        transition(tx, task_id, TaskState.FAILED, reason=failure, current=verifying)
         tx.note(Decision.FAILED, **about, reason=failure)

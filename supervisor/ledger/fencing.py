@@ -121,7 +121,7 @@ def _grant(tx: Tx, step: Row, runner_id: str, token_id: str | None) -> Lease:
     assert task is not None
     state = TaskState(task["state"])
     if state is TaskState.QUEUED:
-        transition(tx, task_id, TaskState.RUNNING)
+        transition(tx, task_id, TaskState.RUNNING, current=state)
         state = TaskState.RUNNING
     append_event(
         tx, task_id, "step_leased", state,
@@ -131,7 +131,8 @@ def _grant(tx: Tx, step: Row, runner_id: str, token_id: str | None) -> Lease:
         Decision.GRANTED, task_id=task_id, step_id=step["id"], attempt=attempt, fence=fence,
         runner_id=runner_id, token_id=token_id, tenant=task["tenant"], pool=task["pool"],
     )  # fmt: skip
-    earlier = tx.all("earlier_outputs", (task_id, step["position"]))
+    # A task's first step has no earlier outputs: the read is skipped.
+    earlier = tx.all("earlier_outputs", (task_id, step["position"])) if step["position"] else []
     return Lease(
         step_id=step["id"],
         task_id=task_id,

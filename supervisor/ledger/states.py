@@ -99,9 +99,13 @@ def transition(
     *,
     reason: str | None = None,
     data: Mapping[str, Any] | None = None,
+    current: TaskState | None = None,
 ) -> int:
-    """Move a task to `target` and append its event; return the event's sequence number."""
-    current = task_state(tx, task_id)
+    """Move a task to `target` and append its event; return the event's sequence number.
+    `current`: the state the rule read in this transaction and has not changed since, saving
+    the read."""
+    if current is None:
+        current = task_state(tx, task_id)
     require_allowed(task_id, current, target)
     stamping = _STAMPING.get(target)
     if stamping is None:

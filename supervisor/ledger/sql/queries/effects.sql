@@ -1,7 +1,3 @@
--- name: task_repository_base
--- The repository a task is bound to, if any, and the base its approval named.
-SELECT repository, approved_base_sha FROM tasks WHERE id = ?;
-
 -- name: insert_effect
 -- Record a step's one effect under its effect key.
 INSERT INTO effects (effect_key, step_id, task_id, fence, payload_hash, output_json, usage_json,
