@@ -332,13 +332,16 @@ def release(
 
 def about_step(tx: Tx, step: Row) -> dict[str, object]:
     """The fields of a decision's log line about `step` (a row of `find_step` or the reaper):
-    its task, tenant and pool, and the attempt it was last leased under with its token. (The
-    token is looked up here, for decisions only, not joined into every renew's read.)"""
-    attempt = tx.one("attempt_token", (step["fence"],))
+    its task, tenant and pool, and the attempt it was last leased under with its token (read
+    with `find_step`'s row; looked up for the reaper's)."""
+    if "lease_token_id" in step.keys():  # noqa: SIM118 - `in` a row looks at its values
+        token_id = step["lease_token_id"]
+    else:
+        attempt = tx.one("attempt_token", (step["fence"],))
+        token_id = None if attempt is None else attempt["token_id"]
     return {
         "task_id": step["task_id"], "step_id": step["id"], "attempt": step["attempt"],
-        "fence": step["fence"], "runner_id": step["runner_id"],
-        "token_id": None if attempt is None else attempt["token_id"],
+        "fence": step["fence"], "runner_id": step["runner_id"], "token_id": token_id,
         "tenant": step["tenant"], "pool": step["pool"],
     }  # fmt: skip
 

@@ -90,11 +90,10 @@ def verify(tx: Tx, task_id: str) -> str | None:
     Every step must be committed with exactly one effect. When the task names a repository,
     its findings (`findings`) must be empty; the reason is the first one's `<code>: <detail>`.
     """
-    task = tx.one("task_by_id", (task_id,))
+    task = tx.one("task_to_verify", (task_id,))
     assert task is not None
-    uneven = tx.one("uneven_step_of_task", (task_id,))
-    if uneven is not None:
-        return f"unverified: step {uneven['id']} does not have exactly one effect"
+    if task["uneven_step"] is not None:
+        return f"unverified: step {task['uneven_step']} does not have exactly one effect"
     found = findings(tx, task)
     return found[0].reason if found else None
 

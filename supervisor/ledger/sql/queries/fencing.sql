@@ -34,9 +34,11 @@ ORDER BY position DESC LIMIT 1;
 SELECT * FROM checkpoints WHERE step_id = ?;
 
 -- name: step_with_task
--- A step with its task's state, tenant, pool, repository and approved base.
-SELECT s.*, t.state AS task_state, t.tenant, t.pool, t.repository, t.approved_base_sha
-FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.id = ?;
+-- A step with its task's state, tenant, pool, repository and approved base, and the runner token of its current attempt, if any.
+SELECT s.*, t.state AS task_state, t.tenant, t.pool, t.repository, t.approved_base_sha,
+    a.token_id AS lease_token_id
+FROM steps s JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence
+WHERE s.id = ?;
 
 -- name: attempt_usage
 -- The usage counted so far for a step's attempt under a fence.

@@ -16,13 +16,16 @@ WHERE task_id = ? AND candidate_sha IS NOT NULL
 ORDER BY position DESC
 LIMIT 1;
 
--- name: uneven_step_of_task
--- A step of a task that is not committed with exactly one effect, if any: the task cannot succeed.
-SELECT s.id FROM steps s
-WHERE s.task_id = ?
-  AND (s.state != {StepState.COMMITTED}
-       OR (SELECT COUNT(*) FROM effects e WHERE e.step_id = s.id) != 1)
-LIMIT 1;
+-- name: task_to_verify
+-- One task's row, and as uneven_step a step of it that is not committed with exactly one effect, if any: the task cannot succeed.
+SELECT t.*, (
+    SELECT s.id FROM steps s
+    WHERE s.task_id = t.id
+      AND (s.state != {StepState.COMMITTED}
+           OR (SELECT COUNT(*) FROM effects e WHERE e.step_id = s.id) != 1)
+    LIMIT 1
+) AS uneven_step
+FROM tasks t WHERE t.id = ?;
 
 -- name: committed_step_evidence
 -- A task's committed steps with the candidate and the evidence each reported, in order.
