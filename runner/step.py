@@ -281,10 +281,12 @@ class StepRun:
         self.phase = Phase.DONE
 
     def _detail(self, failure: StepFailure) -> str:
+        """The release's detail: the key hidden, cut to 500 characters, and any NUL (a model's
+        or a tool's text may hold one; the supervisor refuses it) shown as U+FFFD."""
         detail = failure.detail
         if self._key_in_use:
             detail = detail.replace(self._key_in_use, "***")
-        return detail[:500]
+        return detail[:500].replace("\x00", "\ufffd")
 
     async def _until_answered(self, call: Callable[[], Awaitable[T]]) -> T:
         """Retry `call`, with backoff, while the supervisor gives no reply; expiry bounds it."""

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from tether.messages import Record
+from tether.nul import ESCAPED_NUL, nul_field
 from tether.payloads import with_hint
 from tether.wire import ErrorCode, canonical_json
 
@@ -59,6 +60,13 @@ def decode(raw: bytes, into: type[R]) -> R:
         raise BadMessage(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise BadMessage(ErrorCode.MALFORMED_JSON, "the body is nested too deeply") from None
+    # JSON spells NUL only as `\u0000`. Most bodies have no backslash at all: a one-byte
+    # search (memchr) is ~50x faster than the six-byte one, and `find` skips the int lookup
+    # of `in`. Only a body that spells one is walked.
+    if raw.find(b"\\") != -1 and raw.find(ESCAPED_NUL) != -1:
+        where = nul_field(record, into)
+        if where is not None:
+            raise BadMessage(ErrorCode.INVALID_FIELD, f"{where}: must not contain NUL (\\u0000)")
     return record
 
 

@@ -26,10 +26,17 @@ MAX_KINDS: Final = 64
 # Free text (a release's detail, a cancel's reason, a review's note) is cut to this length.
 MAX_TEXT: Final = 10_000
 
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-Hash = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-Sha = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+# A string the ledger keeps as it is (an id, a name, a key, a reason, a detail) may not hold
+# NUL, which PostgreSQL's text cannot store: `tether.codec` refuses a body with one in a string
+# of a type marked `NO_NUL`. A JSON value the ledger stores as JSON text (an output, a payload:
+# `Any` here) may hold one; it is escaped as \u0000 there.
+NO_NUL: Final = {"nul": False}
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200, extra=NO_NUL)]
+Hash = Annotated[str, msgspec.Meta(min_length=1, max_length=64, extra=NO_NUL)]
+Sha = Annotated[str, msgspec.Meta(min_length=1, max_length=128, extra=NO_NUL)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1, extra=NO_NUL)]
+Text = Annotated[str, msgspec.Meta(extra=NO_NUL)]  # free text, and other unbounded strings
 Fence = Annotated[int, msgspec.Meta(ge=0, le=MAX_FENCE)]
 Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_USAGE)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
@@ -208,7 +215,7 @@ class ReleaseRequest(Record, frozen=True, kw_only=True):
     fence: Fence
     reason: ReleaseReason
     retryable: bool
-    detail: str = ""
+    detail: Text = ""
     # The tokens the attempt spent before it let go, counted once per attempt like a result's.
     usage: dict[str, Tokens] = {}
 
@@ -257,7 +264,7 @@ class Result(Record, frozen=True, kw_only=True, omit_defaults=True):
     output: Any
     usage: dict[str, Tokens] = {}
     candidate_sha: Sha | None = None
-    artifacts: dict[str, str] = {}
+    artifacts: dict[Text, Text] = {}
     bundle: Hash | None = None
     checks: dict[Name, CheckRun] = {}
     want: WantLeases | None = None
@@ -415,7 +422,7 @@ class Approval(Record, frozen=True, kw_only=True):
 class Cancel(Record, frozen=True, kw_only=True):
     """`POST /v1/tasks/{task_id}/cancel`."""
 
-    reason: str = ""
+    reason: Text = ""
 
 
 class GateOpen(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -436,7 +443,7 @@ class ReviewDecision(Record, frozen=True, kw_only=True):
     """`POST /v1/tasks/{task_id}/review`: `accept` or `reject`, with a note."""
 
     decision: Name
-    note: str = ""
+    note: Text = ""
 
 
 class RepositoryHead(Record, frozen=True, kw_only=True):
