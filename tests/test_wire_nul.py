@@ -130,3 +130,28 @@ def test_a_batch_item_is_named_and_an_escaped_backslash_is_no_nul() -> None:
     assert decode(raw.replace(b'"s\\u0000"', b'"s2"'), Results).results[0].output == "x" + NUL
     text = decode(b'{"reason": "C:\\\\u0000"}', Cancel)  # a backslash, then the text u0000
     assert text.reason == "C:\\u0000"
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "where"),
+    [
+        ("POST", "/v1/leases/a%00b/renew", "path"),
+        ("GET", "/v1/tasks/a%00b", "path"),
+        ("POST", "/v1/tasks/a%00b/cancel", "path"),
+        ("GET", "/v1/tasks?state=a%00b", "query string"),
+    ],
+)
+async def test_a_nul_in_the_path_or_query_is_the_same_422_on_both(
+    api: ApiHarness, ledger_db: Path | str, method: str, url: str, where: str
+) -> None:
+    """Ids in the path reach the ledger as text as they are (supervisor/api/nul.py)."""
+    lease = await leased(api)
+    before = tables(ledger_db)
+    body = {"fence": lease["fence"]} if "renew" in url else {"reason": "x"}
+    headers = api.runner if "leases" in url else api.operator
+    response = await api.client.request(
+        method, url, headers=headers, json=body if method == "POST" else None
+    )
+    detail = assert_error(response, 422, "invalid_field")["detail"]
+    assert detail == f"the request's {where} must not contain NUL (%00)"
+    assert tables(ledger_db) == before

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 
 from supervisor import ui
 from supervisor.api import artifact_routes, health, openapi, operator_routes, runner_routes
@@ -28,6 +29,7 @@ from supervisor.api.errors import (
     on_unexpected,
 )
 from supervisor.api.longpoll import LongPolls
+from supervisor.api.nul import RefuseNul
 from supervisor.artifacts.opening import open_artifacts
 from supervisor.ledger import LedgerError
 from supervisor.repos import Mirrors
@@ -71,6 +73,7 @@ def create_app(
             HTTPException: on_http_exception,
             Exception: on_unexpected,
         },
+        middleware=[Middleware(RefuseNul)],
         lifespan=lifespan,
     )
     app.state.settings = settings
