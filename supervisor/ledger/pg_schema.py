@@ -72,12 +72,25 @@ class PgRow(Sequence[Any]):
         return list(self._names)
 
 
+# Column names and their index by the raw names of a result: as many as the ledger has
+# distinct SELECT lists, a few hundred at most.
+_COLUMNS: dict[tuple[bytes | None, ...], tuple[tuple[str, ...], dict[str, int]]] = {}
+
+
 def pg_row(cursor: psycopg.Cursor[Any]) -> RowMaker[PgRow]:
-    """psycopg's row factory for `PgRow`: the column names are read once per result."""
-    names = tuple(c.name for c in cursor.description or ())
-    index: dict[str, int] = {}
-    for i, name in enumerate(names):
-        index.setdefault(name.lower(), i)
+    """psycopg's row factory for `PgRow`. The names come from the raw result, looked up once
+    per distinct column list: `cursor.description` builds a Column object per column on each
+    result, 6-16 us a statement against 0.7 us, and the writer runs ~28 statements a step."""
+    result = cursor.pgresult
+    raw = () if result is None else tuple(result.fname(i) for i in range(result.nfields))
+    known = _COLUMNS.get(raw)
+    if known is None:
+        names = tuple((name or b"").decode() for name in raw)
+        index: dict[str, int] = {}
+        for i, name in enumerate(names):
+            index.setdefault(name.lower(), i)
+        known = _COLUMNS[raw] = (names, index)
+    names, index = known
 
     def make(values: Sequence[Any]) -> PgRow:
         return PgRow(names, index, values)
