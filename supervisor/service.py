@@ -25,6 +25,7 @@ from supervisor.effects.git_push import GitPushDeliverer
 from supervisor.effects.http import HttpDeliverer
 from supervisor.effects.registry import EffectKindError, EffectKinds
 from supervisor.ledger import StorageError
+from supervisor.ledger.reaper import TURN_MAX_S
 from supervisor.ledger.store import LedgerStore, open_ledger
 from supervisor.repos.candidates import SharedCandidates
 from supervisor.repos.mirror import Mirrors
@@ -33,7 +34,7 @@ from tether.clocks import WallClock
 
 log = structlog.get_logger("tether.supervisor")
 
-REAP_EVERY_MAX_S = 1.0
+REAP_EVERY_MAX_S = TURN_MAX_S  # each turn stamps 'alive' (reaper.refresh_after_restart)
 
 
 async def reap_forever(ledger: LedgerStore) -> None:

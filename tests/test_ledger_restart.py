@@ -1,5 +1,6 @@
 """Restart and storage (issue 2): nothing committed is lost, the fence counter stays above every
-fence ever issued, open leases get a fresh TTL, and a damaged or too-new file is refused."""
+fence ever issued, open leases keep the time they had left when no supervisor served, and a
+damaged or too-new file is refused."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from supervisor.ledger import (
     StorageError,
     schema,
 )
+from supervisor.ledger.reaper import ALIVE_GRACE_S
 from supervisor.ledger.schema import migrations, open_ledger_file
 from tether.wire import Outcome
 
@@ -96,25 +98,28 @@ async def test_a_ledger_restored_from_a_backup_never_hands_out_a_fence_again(
         assert await ledger.report(report_for(again)) is Outcome.APPLIED
 
 
-async def test_open_leases_get_a_fresh_ttl_from_the_new_clock(
+async def test_open_leases_are_moved_later_by_the_time_no_supervisor_served(
     ledger_db: Path | str, clock: FakeClock
 ) -> None:
-    async with open_ledger(ledger_db, clock) as ledger:
+    """The supervisor was down far longer than any TTL: each lease keeps the time it had left
+    when the last stamp of 'alive' was made (less the grace), from the new clock."""
+    async with open_ledger(ledger_db, clock) as ledger:  # its start stamps 'alive'
         task_id = await queued_task(ledger)
         [lease] = await ledger.claim("r1", "default", 1, 0)
         await ledger.renew(lease.step_id, lease.fence)
-    clock.advance(10_000)  # the supervisor was down far longer than any TTL
+        left = await ledger.next_deadline() - clock.now
+    clock.advance(10_000)
     async with open_ledger(ledger_db, clock) as ledger:
         assert await ledger.expire() == 0
-        assert await ledger.next_deadline() == clock.now + 30
-        clock.advance(29)
+        assert await ledger.next_deadline() == pytest.approx(clock.now + left - ALIVE_GRACE_S)
+        clock.advance(left - ALIVE_GRACE_S - 1)
         assert await ledger.expire() == 0
         assert (await ledger.renew(lease.step_id, lease.fence)).cancelled is False
         assert await ledger.report(report_for(lease)) is Outcome.APPLIED
         assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
 
 
-async def test_an_unacknowledged_lease_gets_a_fresh_acceptance_window(
+async def test_an_unacknowledged_lease_keeps_its_acceptance_window_across_an_outage(
     ledger_db: Path | str, clock: FakeClock
 ) -> None:
     async with open_ledger(ledger_db, clock) as ledger:
@@ -123,8 +128,50 @@ async def test_an_unacknowledged_lease_gets_a_fresh_acceptance_window(
     clock.advance(10_000)
     async with open_ledger(ledger_db, clock) as ledger:
         assert await ledger.expire() == 0
-        clock.advance(10)
+        clock.advance(10 - ALIVE_GRACE_S)
         assert await ledger.expire() == 1
+
+
+async def test_a_crash_looping_supervisor_never_keeps_a_lost_runners_lease_alive(
+    ledger_db: Path | str, clock: FakeClock
+) -> None:
+    """Review finding 1: a restart once gave every open lease a fresh TTL, so a supervisor
+    restarting more often than once a TTL kept a dead runner's step leased for ever. Its
+    reaper stamped 'alive' each second up to the crash: a restart 1 s later moves nothing."""
+    async with open_ledger(ledger_db, clock) as ledger:
+        await queued_task(ledger)
+        [lease] = await ledger.claim("r1", "default", 1, 0)
+        await ledger.renew(lease.step_id, lease.fence)  # then the runner dies
+    deadline = clock.now + 30
+    reaped = 0
+    while reaped == 0 and clock.now < deadline + 60:
+        clock.advance(1)  # down for a second, then up for 20 s of reaper turns
+        async with open_ledger(ledger_db, clock) as ledger:
+            for _ in range(20):
+                reaped += await ledger.expire()
+                if reaped:
+                    break
+                clock.advance(1)
+    assert reaped == 1
+    assert clock.now <= deadline + 10  # each restart moved it by at most a second
+
+
+async def test_a_ledger_never_stamped_alive_gives_open_leases_a_fresh_ttl(
+    ledger_db: Path | str, clock: FakeClock
+) -> None:
+    """A ledger from before the stamp cannot tell how long it was unattended: as then, each
+    open lease gets a fresh TTL."""
+    async with open_ledger(ledger_db, clock) as ledger:
+        await queued_task(ledger)
+        [lease] = await ledger.claim("r1", "default", 1, 0)
+        await ledger.renew(lease.step_id, lease.fence)
+    ledger_rows(ledger_db, "DELETE FROM counters WHERE name = 'alive'")
+    clock.advance(10_000)
+    async with open_ledger(ledger_db, clock) as ledger:
+        assert await ledger.next_deadline() == clock.now + 30
+    assert ledger_rows(ledger_db, "SELECT value FROM counters WHERE name = 'alive'") == [
+        (int(clock.now * 1_000_000),)
+    ]
 
 
 async def closed_ledger_with_data(path: Path, clock: FakeClock) -> None:

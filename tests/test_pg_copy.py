@@ -216,6 +216,21 @@ async def test_a_target_with_only_a_token_is_not_empty(
     assert one(pg_url, "SELECT count(*) FROM tasks") == 0
 
 
+async def test_a_target_a_supervisor_has_run_on_is_empty_and_takes_the_sources_stamp(
+    source: Path, pg_url: str, clock: FakeClock
+) -> None:
+    """A supervisor started on the new database stamps 'alive' (reaper.refresh_after_restart):
+    not data. The copy carries the source's stamp, so the first start on PostgreSQL moves open
+    leases by the time no supervisor served either ledger."""
+    stamped = source_value(source, "SELECT value FROM counters WHERE name = 'alive'")
+    clock.advance(60)
+    async with open_ledger(pg_url, clock):
+        pass
+    assert one(pg_url, "SELECT value FROM counters WHERE name = 'alive'") > stamped
+    copy_ledger(source, pg_url)
+    assert one(pg_url, "SELECT value FROM counters WHERE name = 'alive'") == stamped
+
+
 async def test_a_row_postgresql_cannot_hold_fails_the_copy_and_leaves_the_target_empty(
     source: Path, pg_url: str
 ) -> None:

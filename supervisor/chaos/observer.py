@@ -17,6 +17,7 @@ from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDr
 from supervisor.ledger.fencing import UNCOUNTED_RELEASES, tokens_spent
 from supervisor.ledger.identity import Created, StepSpec, TaskSpec, step_id_for
 from supervisor.ledger.outbox import Outgoing
+from supervisor.ledger.reaper import ALIVE_GRACE_S, ALIVE_PER_S
 from supervisor.ledger.states import TERMINAL, TaskState
 from supervisor.ledger.tx import LedgerConfig
 from supervisor.ledger.verification import Evidence, Finding
@@ -62,6 +63,7 @@ class Observer:
         self.violations: list[str] = []
         self.leases: dict[str, ShadowLease] = {}
         self.top_fence = 0
+        self.alive: int | None = None  # the ledger's stamp 'alive' (reaper), once it starts
         self.attempts: dict[str, int] = {}
         self.applied: dict[str, Report] = {}
         self.specs: dict[str, TaskSpec] = {}  # task id -> what was asked for
@@ -567,15 +569,25 @@ class Observer:
         ended = sorted(step for step, lease in self.leases.items() if _lapsed(lease, now))
         if count != len(ended):
             self.violation(f"reaper ended {count} leases; the shadow says {len(ended)} {ended}")
+        self.alive = int(now * ALIVE_PER_S)
         for step in ended:
             del self.leases[step]
             self.burned[step] = self.burned.get(step, 0) + 1  # an expiry always counts
 
     def restarted(self, now: float) -> None:
+        """The supervisor (re)started at `now`: open leases move later by the time since the
+        last stamp of 'alive' less the grace (`reaper.refresh_after_restart`)."""
+        unattended = None if self.alive is None else now - self.alive / ALIVE_PER_S - ALIVE_GRACE_S
         for lease in self.leases.values():
-            lease.deadline = now + self.config.lease_ttl_s
-            if lease.accept_deadline is not None:
-                lease.accept_deadline = now + self.config.accept_window_s
+            if unattended is None:
+                lease.deadline = now + self.config.lease_ttl_s
+                if lease.accept_deadline is not None:
+                    lease.accept_deadline = now + self.config.accept_window_s
+            elif unattended > 0:
+                lease.deadline += unattended
+                if lease.accept_deadline is not None:
+                    lease.accept_deadline += unattended
+        self.alive = int(now * ALIVE_PER_S)
 
     def saw_states(self, rows: Iterable[tuple[str, str, str | None]]) -> list[str]:
         """Terminal monotonicity and verification, from the task states (and reasons) after

@@ -27,6 +27,9 @@ from supervisor.ledger.errors import StorageError
 
 # Rows of these (table, key column, key) are not copied: they live elsewhere in PostgreSQL.
 NOT_COPIED = {("counters", "name", "fence")}  # the sequence `fences`
+# Rows a supervisor writes by merely running on the target (the reaper's stamp 'alive'): not
+# data, so they leave it empty; the source's take their place.
+RUNNING_STAMPS = sql.SQL("DELETE FROM counters WHERE name = 'alive'")
 # An artifact file's chunks, as supervisor/artifacts/pg.py writes them.
 ARTIFACT_CHUNK_BYTES = 1024 * 1024
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -114,6 +117,7 @@ def _copy(
                 sql.SQL(", ").join(sql.Identifier(t) for t in order)
             )
         )
+        pg.execute(RUNNING_STAMPS)
         holding = [t for t in order if _has_rows(pg, t)]
         if holding:
             raise StorageError(

@@ -1,8 +1,10 @@
 """The substrate domain: a borrowed server vanished mid-step.
 
 Its lease expires on the supervisor's clock; the reaper fences it out and re-queues the step
-with the same step id, for a new attempt under a new fence. After a supervisor restart every
-open lease gets a fresh TTL, because no runner could renew while the supervisor was down.
+with the same step id, for a new attempt under a new fence. Time during which no supervisor
+served the ledger does not count against a lease: no runner could renew then. Each reaper turn
+stamps the counter 'alive'; a starting supervisor moves every open deadline later by the time
+since that stamp, less `ALIVE_GRACE_S` (`refresh_after_restart`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,17 @@ from supervisor.ledger.fencing import about_step, end_attempt, requeue
 from supervisor.ledger.states import AttemptState
 from supervisor.ledger.tx import Tx
 
+# The reaper's longest pause between turns (supervisor/service.py); each turn stamps 'alive'.
+TURN_MAX_S = 1.0
+# How long since the last stamp a supervisor that still serves may show: two turns.
+ALIVE_GRACE_S = 2 * TURN_MAX_S
+ALIVE_PER_S = 1_000_000  # 'alive' is kept in microseconds: counters hold integers
+
 
 def expire(tx: Tx) -> int:
-    """Reap every lease past its deadline or never acknowledged in time; return how many."""
+    """Stamp 'alive', then reap every lease past its deadline or never acknowledged in time;
+    return how many were reaped."""
+    tx.run("stamp_alive", (int(tx.now * ALIVE_PER_S),))
     rows = tx.all("leases_to_reap", (tx.now, tx.now))
     for step in rows:
         unacknowledged = step["accept_deadline"] is not None and step["accept_deadline"] <= tx.now
@@ -42,10 +52,24 @@ FENCE_FLOOR_PER_S = 1_000_000
 
 
 def refresh_after_restart(tx: Tx) -> int:
-    """Give every open lease a fresh TTL (and acceptance window, if not yet acknowledged), and
-    move the fence counter above every fence the file knows and to at least the clock's
-    reading in microseconds (see `FENCE_FLOOR_PER_S`)."""
+    """Move every open lease's deadline (and acceptance window, if not yet acknowledged) later by
+    the time no supervisor served the ledger, stamp 'alive', and move the fence counter above
+    every fence the file knows and to at least the clock's reading in microseconds (see
+    `FENCE_FLOOR_PER_S`). Return how many leases were moved.
+
+    The unattended time is `now - alive - ALIVE_GRACE_S`, at least 0: with another supervisor
+    serving (PostgreSQL) or after a quick restart, nothing moves, so restarts, however many,
+    never keep a lost runner's lease alive. A ledger never stamped (written before the stamp
+    existed) gives every open lease a fresh TTL, as it did then.
+    """
     cfg = tx.config
-    changed = tx.run("refresh_leases", (tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s))
+    row = tx.one("last_alive")
+    if row is None:
+        fresh = (tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s)
+        changed = tx.run("refresh_leases", fresh)
+    else:
+        unattended = tx.now - row["value"] / ALIVE_PER_S - ALIVE_GRACE_S
+        changed = tx.run("extend_leases", (unattended, unattended)) if unattended > 0 else 0
+    tx.run("stamp_alive", (int(tx.now * ALIVE_PER_S),))
     tx.run("raise_fence_floor", (int(tx.now * FENCE_FLOOR_PER_S),))
     return changed

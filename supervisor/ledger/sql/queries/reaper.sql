@@ -15,3 +15,18 @@ FROM steps WHERE state = {StepState.LEASED};
 UPDATE steps SET lease_deadline = ?,
     accept_deadline = CASE WHEN accept_deadline IS NULL THEN NULL ELSE CAST(? AS double precision) END
 WHERE state = {StepState.LEASED};
+
+-- name: extend_leases
+-- Move every open lease's deadline, and its acceptance window if not yet acknowledged, later by the seconds given.
+UPDATE steps SET lease_deadline = lease_deadline + CAST(? AS double precision),
+    accept_deadline = accept_deadline + CAST(? AS double precision)
+WHERE state = {StepState.LEASED};
+
+-- name: stamp_alive
+-- Record that a supervisor serves this ledger at the moment given (microseconds): the counter 'alive'.
+INSERT INTO counters (name, value) VALUES ('alive', ?)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+
+-- name: last_alive
+-- The last moment a supervisor was known to serve this ledger (microseconds), if any ever stamped it.
+SELECT value FROM counters WHERE name = 'alive';
