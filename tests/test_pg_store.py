@@ -218,24 +218,59 @@ async def test_a_token_revoked_through_one_store_is_refused_by_another_within_th
         assert (await on_a.principal(new.secret)) is None
 
 
-async def test_a_lost_connection_is_a_storage_error_and_the_next_write_reconnects(
+async def test_after_every_session_is_lost_reads_and_the_next_write_reconnect_unseen(
     pg_url: str, clock: FakeClock
 ) -> None:
+    """Review finding 2: a server restart or failover ends every session. The read pool,
+    grown by concurrent reads, hands out no dead connection, and the next write batch, whose
+    BEGIN meets the lost connection before any rule ran, runs again on a new one."""
     async with open_ledger(pg_url, clock=clock, config=CONFIG) as ledger:
         task_id = await queued_task(ledger)
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):  # the pool grows to its largest
+                tg.start_soon(ledger.queue_depth)
         with connect(pg_url) as admin:
             killed = admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             ).fetchone()
         assert killed is not None
-        assert killed[0] >= 3  # the writer, a reader, the listener
+        assert killed[0] >= 4  # the writer, the listener, two readers at least
+        for _ in range(postgres.READ_CONNECTIONS + 1):
+            assert (await ledger.task(task_id))["state"] == "QUEUED"
+        await ledger.cancel("acme", task_id, "no longer wanted")
+        assert (await ledger.task(task_id))["state"] == "CANCELLED"
+        assert ledger.is_open
+
+
+async def test_a_write_that_cannot_reconnect_is_a_storage_error_and_the_next_one_reconnects(
+    pg_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_ledger(pg_url, clock=clock, config=CONFIG) as ledger:
+        task_id = await queued_task(ledger)
+        backend = ledger.backend
+        assert isinstance(backend, PostgresBackend)
+        reconnect = backend.live
+        refused = psycopg.OperationalError("the server is still starting")
+
+        def not_yet(db: Any) -> Any:
+            if db.conn.closed:
+                raise refused
+            return db
+
+        monkeypatch.setattr(backend, "live", not_yet)
+        with connect(pg_url) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
         with pytest.raises(StorageError) as lost:
             await ledger.cancel("acme", task_id, "no longer wanted")
-        assert isinstance(lost.value.__cause__, psycopg.OperationalError)
+        assert lost.value.__cause__ is refused
         assert ledger.is_open  # a storage error fails the batch, not the writer
+        monkeypatch.setattr(backend, "live", reconnect)
         await ledger.cancel("acme", task_id, "no longer wanted")  # on a new connection
-        assert (await ledger.task(task_id))["state"] == "CANCELLED"  # reads reconnect too
+        assert (await ledger.task(task_id))["state"] == "CANCELLED"
 
 
 async def test_a_lost_listener_reconnects_and_wakes_its_waiting_claims(

@@ -42,6 +42,7 @@ class BatchResult:
     woken_pools: set[str]
     touched_tasks: set[str]
     notes: list[Note] = dataclasses.field(default_factory=list)  # empty unless committed
+    begun: bool = True  # False: the batch failed at BEGIN, before any of its rules ran
 
 
 class RuleCrashed(LedgerError):
@@ -79,8 +80,10 @@ def execute_batch(
     # Where one execute may carry several statements, one rule's savepoint is released and
     # the next one's taken in one round trip; COMMIT releases the last one.
     joined = backend.joins_statements
+    begun = False
     try:
         backend.begin(db)
+        begun = True
         if rules:
             savepoints.execute("SAVEPOINT rule")
         for index, (rule, outcome) in enumerate(zip(rules, outcomes, strict=True)):
@@ -121,7 +124,7 @@ def execute_batch(
             outcome.value, outcome.error = None, failure
         if not backend.is_driver_error(exc):
             raise
-        return BatchResult(outcomes, set(), set())
+        return BatchResult(outcomes, set(), set(), begun=begun)
     if not commit:
         return BatchResult(outcomes, set(), set())
     return BatchResult(outcomes, woken, touched, notes)
@@ -195,7 +198,26 @@ class Transactions:
     def run(self, rules: Sequence[Rule], *, commit: bool = True) -> BatchResult:
         """One batch; `commit=False` rolls it back instead (see `execute_batch`). A connection
         lost since the last batch is opened anew first (`Backend.live`); if that fails, every
-        rule gets a `StorageError` and the next batch tries again."""
+        rule gets a `StorageError` and the next batch tries again. A connection found lost by
+        the batch's BEGIN (the server restarted while it sat idle) is opened anew and the
+        batch run once more: none of it ran."""
+        failed = self._reconnected(rules)
+        if failed is not None:
+            return failed
+        result = execute_batch(self.db, rules, self.tx, commit=commit, backend=self.backend)
+        if result.begun:
+            return result
+        lost = self.db
+        failed = self._reconnected(rules)
+        if failed is not None:
+            return failed
+        if self.db is lost:  # the connection is fine: a lock wait timed out, say
+            return result
+        return execute_batch(self.db, rules, self.tx, commit=commit, backend=self.backend)
+
+    def _reconnected(self, rules: Sequence[Rule]) -> BatchResult | None:
+        """Replace a lost connection (`Backend.live`); if that fails, the batch's result: a
+        `StorageError` for every rule."""
         try:
             self.db = self.backend.live(self.db)
         except Exception as exc:
@@ -204,7 +226,7 @@ class Transactions:
             failure = StorageError(f"the ledger cannot reconnect: {' '.join(str(exc).split())}")
             failure.__cause__ = exc
             return BatchResult([RuleOutcome(error=failure) for _ in rules], set(), set())
-        return execute_batch(self.db, rules, self.tx, commit=commit, backend=self.backend)
+        return None
 
     def one(self, rule: Rule) -> Any:
         """Run `rule` in a batch of its own and return its value, or raise its error."""

@@ -214,6 +214,9 @@ class PostgresBackend:
             max_size=self.read_connections,
             kwargs={"row_factory": pg_schema.pg_row},
             configure=_read_only,
+            # Each connection is checked as it is handed out: after a server restart or a
+            # failover every idle one is dead, and each would fail a read.
+            check=ConnectionPool.check_connection,
             open=False,
             name="tether-ledger-reads",
         )
