@@ -54,7 +54,7 @@ from supervisor.ledger.backends import Backend, Reads, SqliteBackend, Wakeup, op
 from supervisor.ledger.batch import BatchResult, RuleOutcome, Transactions, random_id
 from supervisor.ledger.counts import LedgerCounts
 from supervisor.ledger.decisions import log_decisions
-from supervisor.ledger.errors import Refused
+from supervisor.ledger.errors import Refused, StorageError
 from supervisor.ledger.outbox import Answer, Outgoing
 from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
 from supervisor.ledger.verification import Evidence
@@ -138,10 +138,18 @@ class LedgerStore:
         long-polls it may concern, and log its decisions."""
         self.counters.batches += 1
         self.counters.batched_rules += len(outcomes)
+        lost = False
         for outcome in outcomes:
             if isinstance(outcome.error, Refused):
                 self.counters.rejections[outcome.error.code] += 1
-        self._fire(Wakeup(frozenset(result.woken_pools), bool(result.touched_tasks)))
+            lost = lost or isinstance(outcome.error, StorageError)
+        if lost:
+            # The batch may have committed with its answer lost (the connection dropped after
+            # COMMIT): it tells nothing of what it woke, and this process's listener drops
+            # its own notification. A spurious wake-up costs a look; a missed one, a wait.
+            self._fire(Wakeup(frozenset({ALL_POOLS, EFFECTS}), events=True))
+        else:
+            self._fire(Wakeup(frozenset(result.woken_pools), bool(result.touched_tasks)))
         # Here, not in the rules: only a committed decision is logged.
         log_decisions(result.notes)
 
