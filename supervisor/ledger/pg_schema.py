@@ -17,6 +17,7 @@ from typing import Any, overload
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import RowMaker
 
 from supervisor.ledger.errors import SchemaTooNew, StorageError
@@ -24,6 +25,17 @@ from supervisor.ledger.schema import migrations
 
 SCHEMES = ("postgresql", "postgres")
 CONNECT_TIMEOUT_S = 10
+# TCP liveness on every ledger connection (the writer, the reads, the listener): a server gone
+# silent (a failover that black-holes its old address) is noticed in about 30 s, where the
+# operating system's defaults take 2 h of idle or 15 min of retransmits. libpq's parameters;
+# the URL's own of these names win.
+LIVENESS: Mapping[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,  # seconds idle before the first probe
+    "keepalives_interval": 5,  # seconds between probes
+    "keepalives_count": 3,  # probes unanswered before the connection is dead
+    "tcp_user_timeout": 30_000,  # milliseconds sent data may stay unacknowledged
+}
 # The advisory lock migrations take: any constant both sides agree on ("tether" in ASCII).
 MIGRATION_LOCK = 0x746574686572
 
@@ -138,6 +150,15 @@ def scheme(url: str) -> str:
         return ""
 
 
+def liveness(url: str) -> dict[str, Any]:
+    """The `LIVENESS` parameters `url` does not set itself, to pass with it to psycopg."""
+    try:
+        given = conninfo_to_dict(url)
+    except (psycopg.Error, ValueError):  # connecting will say what is wrong with it
+        given = {}
+    return {name: value for name, value in LIVENESS.items() if name not in given}
+
+
 def connect(url: str) -> psycopg.Connection[PgRow]:
     """A connection to the ledger database at `url` (`postgresql://...`), in autocommit mode:
     transactions are begun explicitly (`with conn.transaction()`). Rows are `PgRow`s."""
@@ -145,7 +166,11 @@ def connect(url: str) -> psycopg.Connection[PgRow]:
         raise StorageError(f"not a PostgreSQL URL: {redact(url)!r} (expected postgresql://...)")
     try:
         return psycopg.connect(
-            url, autocommit=True, row_factory=pg_row, connect_timeout=CONNECT_TIMEOUT_S
+            url,
+            autocommit=True,
+            row_factory=pg_row,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            **liveness(url),
         )
     except (psycopg.Error, ValueError) as exc:  # ValueError: psycopg could not parse the URL
         raise StorageError(f"cannot connect to {redact(url)}: {one_line(exc, url)}") from exc

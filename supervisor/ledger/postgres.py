@@ -212,7 +212,7 @@ class PostgresBackend:
             self.url,
             min_size=1,
             max_size=self.read_connections,
-            kwargs={"row_factory": pg_schema.pg_row},
+            kwargs={"row_factory": pg_schema.pg_row, **pg_schema.liveness(self.url)},
             configure=_read_only,
             # Each connection is checked as it is handed out: after a server restart or a
             # failover every idle one is dead, and each would fail a read.
@@ -270,7 +270,10 @@ class PostgresBackend:
         connection is lost (then return). Failing to connect raises."""
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.url, autocommit=True, connect_timeout=pg_schema.CONNECT_TIMEOUT_S
+                self.url,
+                autocommit=True,
+                connect_timeout=pg_schema.CONNECT_TIMEOUT_S,
+                **pg_schema.liveness(self.url),
             )
         except psycopg.OperationalError:
             raise
