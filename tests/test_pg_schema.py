@@ -138,7 +138,22 @@ def named_indexes_pg(conn: psycopg.Connection[PgRow]) -> dict[str, str]:
 
 def test_both_backends_number_the_same_migrations() -> None:
     assert [v for v, _ in migrations("postgresql")] == [v for v, _ in migrations("sqlite")]
-    assert newest_version() == migrations()[-1][0] == 9
+    assert newest_version() == migrations()[-1][0] == 10
+
+
+def test_the_queues_are_analyzed_after_a_fixed_number_of_changed_rows(pg_url: str) -> None:
+    """Migration 0010: a burst of queued steps gets the claim fresh statistics whatever the
+    table's size (autovacuum's default waits for 10% of its rows to change)."""
+    with connect(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT relname, reloptions FROM pg_class"
+            " WHERE relname IN ('steps', 'outbox') AND relkind = 'r'"
+        ).fetchall()
+    expected = ["autovacuum_analyze_scale_factor=0", "autovacuum_analyze_threshold=500"]
+    assert {r["relname"]: sorted(r["reloptions"] or []) for r in rows} == {
+        "steps": expected,
+        "outbox": expected,
+    }
 
 
 def test_a_migrated_database_holds_sqlite_s_tables_columns_and_keys(

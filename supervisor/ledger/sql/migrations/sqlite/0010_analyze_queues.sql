@@ -1,0 +1,4 @@
+-- Issue 14: PostgreSQL's 0010 tells its autovacuum to analyze `steps` and `outbox` after a
+-- fixed number of changed rows, so the claim's plan follows a burst of queued steps. SQLite
+-- has no autovacuum nor per-table storage parameters: nothing to do. The file exists so that
+-- version 10 means the same schema on both backends (supervisor/ledger/copy.py compares them).
