@@ -122,6 +122,7 @@ class Model:
     def __init__(self) -> None:
         self.now = 0.0
         self.fence = 0
+        self.alive: int | None = None  # the reaper's stamp, microseconds (none before a start)
         self.tasks: dict[str, MTask] = {}
         self.keys: dict[str, str] = {}
         self.heads: dict[str, str] = {}  # recorded by the ledger
@@ -282,6 +283,7 @@ class Model:
         return all(task.runs.get((candidates[-1], c)) == 0 for c in task.spec.expected_checks)
 
     def expire(self) -> int:
+        self.alive = int(self.now * reaper.ALIVE_PER_S)
         reaped = 0
         for task in self.tasks.values():
             for s in task.steps:
@@ -293,11 +295,23 @@ class Model:
         return reaped
 
     def restart(self) -> None:
+        """Open leases move later by the time no supervisor served (since the reaper's last
+        stamp, less the grace); never stamped, each gets a fresh TTL."""
+        if self.alive is None:
+            gap = None
+        else:
+            gap = self.now - self.alive / reaper.ALIVE_PER_S - reaper.ALIVE_GRACE_S
         for task in self.tasks.values():
             for s in task.steps:
-                if s.state == "leased":
+                if s.state != "leased":
+                    continue
+                if gap is None:
                     s.deadline = self.now + CONFIG.lease_ttl_s
                     s.accept = None if s.accept is None else self.now + 10.0
+                elif gap > 0 and s.deadline is not None:
+                    s.deadline += gap
+                    s.accept = None if s.accept is None else s.accept + gap
+        self.alive = int(self.now * reaper.ALIVE_PER_S)
         # never a fence again, even from a restored backup: at least the clock in microseconds
         self.fence = max(self.fence, int(self.now * reaper.FENCE_FLOOR_PER_S))
 
