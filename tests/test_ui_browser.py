@@ -196,11 +196,17 @@ def notice(driver: Any) -> str:
 
 
 def sign_in(driver: Any, supervisor: Supervisor, secret: str) -> None:
+    """Submit the login form and wait for the page it leads to (the status page, or the login
+    page again with its refusal): `click` returns before that navigation ends."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(f"{supervisor.url}/ui/login")
     driver.find_element(By.ID, "token").send_keys(secret)
-    driver.find_element(By.CSS_SELECTOR, "form.card button[type=submit]").click()
+    submit = driver.find_element(By.CSS_SELECTOR, "form.card button[type=submit]")
+    submit.click()
+    WebDriverWait(driver, WAIT_S).until(expected_conditions.staleness_of(submit), "no new page")
 
 
 def test_without_an_operator_token_the_page_stays_shut(
