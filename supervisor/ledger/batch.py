@@ -108,7 +108,7 @@ def execute_batch(
                 outcome.error = _failure_of(exc, backend)
             else:
                 woken |= tx.woken_pools
-                touched |= tx.touched_tasks
+                touched |= tx.last_seqs.keys()
                 notes += tx.notes
             if index + 1 < len(rules):
                 savepoints.execute("RELEASE rule; SAVEPOINT rule" if joined else "RELEASE rule")

@@ -17,7 +17,6 @@ def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str,
     assert row is not None
     seq = int(row["seq"])
     tx.last_seqs[task_id] = seq
-    tx.touched_tasks.add(task_id)
     return seq
 
 
@@ -27,7 +26,6 @@ def settle(tx: Tx) -> None:
     it as the rule ends, inside the rule's savepoint; nothing reads `last_seq` in a rule."""
     for task_id, seq in tx.last_seqs.items():
         tx.run("set_task_last_seq", (seq, task_id))
-    tx.last_seqs.clear()
 
 
 def record_rejection(

@@ -96,9 +96,9 @@ class Tx:
     # The named queries in this connection's dialect (`queries.texts`).
     sql: Mapping[str, str] = dataclasses.field(default_factory=lambda: queries.texts("sqlite"))
     # Set by rules so the store can wake long-pollers after the commit is durable: the pools
-    # whose claims may now find work (ALL_POOLS for every pool), and the tasks given events.
+    # whose claims may now find work (ALL_POOLS for every pool). The tasks given events are
+    # the keys of `last_seqs`.
     woken_pools: set[str] = dataclasses.field(default_factory=set)
-    touched_tasks: set[str] = dataclasses.field(default_factory=set)
     notes: list[Note] = dataclasses.field(default_factory=list)
     # What the rule does ("renew", "result", ...), named in the log line of its refusal.
     request: str = "request"
@@ -106,7 +106,8 @@ class Tx:
     # rule back, beside its rejection (the tokens a fenced-out attempt spent; `fencing.charge`).
     after_refusal: list[Callable[[Tx], object]] = dataclasses.field(default_factory=list)
     # The latest event each task was given in this rule, written to `tasks.last_seq` once
-    # when the rule ends (`journal.settle`) rather than once per event.
+    # when the rule ends (`journal.settle`) rather than once per event; emptied when the rule
+    # is rolled back.
     last_seqs: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def wake(self, pool: str) -> None:
