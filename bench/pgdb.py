@@ -8,14 +8,16 @@ test suite's `TETHER_TEST_PG`, else the local one, `postgresql://postgres@127.0.
 from __future__ import annotations
 
 import os
-import secrets
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psycopg
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+# One copy of the scratch database: the peers' scripts run it in their own venv, as a plain
+# module beside them, and the tether side imports it from there.
+from bench.peers.scratch_db import scratch
+
+__all__ = ["scratch"]
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -39,36 +41,6 @@ def unreachable(url: str) -> str | None:
     except psycopg.Error as exc:
         return f"no PostgreSQL at {shown(url)} ({' '.join(str(exc).split())[:160]})"
     return None
-
-
-def database_url(url: str, database: str) -> str:
-    """`url` naming `database` instead of its own (a libpq connection string: tether's
-    `--db` takes `postgresql://` URLs, so the host, port and user are kept as a URL)."""
-    params = conninfo_to_dict(url)
-    user = params.pop("user", "")
-    password = params.pop("password", None)
-    host = params.pop("host", "127.0.0.1")
-    port = params.pop("port", "5432")
-    params.pop("dbname", None)
-    auth = f"{user}:{password}@" if password else f"{user}@" if user else ""
-    query = "&".join(f"{k}={v}" for k, v in params.items())
-    return f"postgresql://{auth}{host}:{port}/{database}" + (f"?{query}" if query else "")
-
-
-@contextmanager
-def scratch(url: str, name: str) -> Iterator[str]:
-    """Create `tether_bench_<name>_<random>` on the server of `url`, yield its URL, and drop it
-    (`WITH (FORCE)`: a process left connected does not keep it) however the block ends."""
-    database = f"tether_bench_{name}_{secrets.token_hex(4)}"
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-    try:
-        yield database_url(url, database)
-    finally:
-        with psycopg.connect(url, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
-            )
 
 
 def commits_per_s(url: str, seconds: float) -> float:
