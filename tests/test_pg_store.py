@@ -20,9 +20,9 @@ from supervisor.effects.credentials import Credentials
 from supervisor.effects.dispatcher import Dispatcher
 from supervisor.effects.registry import EffectKinds
 from supervisor.ledger import Created, LedgerConfig, StepSpec, StorageError, TaskSpec, postgres
-from supervisor.ledger.backends import LedgerUrlError, Wakeup, open_backend
+from supervisor.ledger.backends import EVERYTHING, LedgerUrlError, Wakeup, open_backend
 from supervisor.ledger.pg_schema import connect
-from supervisor.ledger.postgres import CHANNEL, EVERYTHING, PostgresBackend
+from supervisor.ledger.postgres import CHANNEL, PostgresBackend
 from supervisor.ledger.store import LedgerStore, open_ledger
 from supervisor.server import preflight
 from supervisor.settings import SupervisorSettings

@@ -22,10 +22,9 @@ from typing import Any, Protocol, TypeVar
 import anyio
 
 from supervisor.ledger import queries
-from supervisor.ledger.errors import StorageError
 from supervisor.ledger.queries import Dialect
 from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.tx import Connection, ReadSession, Statements
+from supervisor.ledger.tx import ALL_POOLS, EFFECTS, Connection, ReadSession, Statements
 
 T = TypeVar("T")
 
@@ -41,6 +40,10 @@ class Wakeup:
     def __bool__(self) -> bool:
         return bool(self.pools) or self.events
 
+
+# Every claim, the dispatcher and every event watch: what to wake when what a batch made
+# ready is not known (a lost notification, a commit whose answer was lost).
+EVERYTHING = Wakeup(frozenset({ALL_POOLS, EFFECTS}), events=True)
 
 Fire = Callable[[Wakeup], None]
 
@@ -263,11 +266,3 @@ def open_backend(db: str | Path, *, synchronous: str = "FULL") -> Backend:
         assert isinstance(db, str)
         return PostgresBackend(db)
     return SqliteBackend(sqlite_path(db), synchronous=synchronous)
-
-
-def storage_failed(backend: Backend, exc: Exception, doing: str) -> StorageError:
-    """The ledger's error for a driver error met while `doing` something."""
-    one_line = " ".join(str(exc).split())
-    failure = StorageError(f"the ledger could not {doing}: {one_line}")
-    failure.__cause__ = exc
-    return failure

@@ -223,7 +223,10 @@ class Transactions:
         except Exception as exc:
             if not (isinstance(exc, StorageError) or self.backend.is_driver_error(exc)):
                 raise
-            failure = StorageError(f"the ledger cannot reconnect: {' '.join(str(exc).split())}")
+            # A StorageError already says which database, without its password (PostgreSQL's
+            # `live`); SQLite's driver errors name a file at most.
+            why = exc.detail if isinstance(exc, StorageError) else " ".join(str(exc).split())
+            failure = StorageError(f"the ledger cannot reconnect: {why}")
             failure.__cause__ = exc
             return BatchResult([RuleOutcome(error=failure) for _ in rules], set(), set())
         return None

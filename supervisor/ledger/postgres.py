@@ -41,7 +41,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from supervisor.ledger import pg_schema, queries
-from supervisor.ledger.backends import Fire, Reads, Wakeup, WriteConnection
+from supervisor.ledger.backends import EVERYTHING, Fire, Reads, Wakeup, WriteConnection
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.pg_schema import PgRow
 from supervisor.ledger.queries import Dialect
@@ -68,7 +68,6 @@ READ_CONNECTIONS = 4
 PREPARE_THRESHOLD = 1
 PREPARED_MAX = 200
 READ_WAIT_S = 10.0  # how long a read waits for a pooled connection before it fails
-EVERYTHING = Wakeup(frozenset({ALL_POOLS, EFFECTS}), events=True)
 
 
 class PgConnection:
@@ -145,6 +144,10 @@ class PostgresBackend:
         conn = pg_schema.connect(self.url)
         try:
             return self._bounded(conn)
+        except psycopg.Error as exc:
+            conn.close()
+            one_line = pg_schema.one_line(exc, self.url)
+            raise StorageError(f"cannot reconnect to {self.where}: {one_line}") from exc
         except BaseException:
             conn.close()
             raise
@@ -240,7 +243,7 @@ class PostgresBackend:
             await anyio.to_thread.run_sync(pool.close)
             raise StorageError(f"cannot connect to {self.where} for reads: {exc}") from exc
         try:
-            yield _PgReads(pool, self.where, self.read_connections)
+            yield _PgReads(pool, self.url, self.where, self.read_connections)
         finally:
             await anyio.to_thread.run_sync(pool.close)
 
@@ -262,7 +265,7 @@ class PostgresBackend:
         try:
             await self._listen_once(fire, on_listening=task_status.started)
         except psycopg.OperationalError as exc:
-            one_line = " ".join(str(exc).split())
+            one_line = pg_schema.one_line(exc, self.url)
             raise StorageError(f"cannot listen to {self.where}: {one_line}") from exc
         while True:
             retrying = AsyncRetrying(
@@ -305,7 +308,7 @@ class PostgresBackend:
                 log.warning(
                     "lost the ledger's notifications; reconnecting",
                     db=self.where,
-                    error=" ".join(str(exc).split()),
+                    error=pg_schema.one_line(exc, self.url),
                 )
 
 
@@ -320,8 +323,9 @@ class _PgReads:
     own. A read whose connection was lost (a server restart) is run once more on a fresh one:
     a read changes nothing, so running it again is safe."""
 
-    def __init__(self, pool: ConnectionPool[Any], where: str, size: int) -> None:
+    def __init__(self, pool: ConnectionPool[Any], url: str, where: str, size: int) -> None:
         self._pool = pool
+        self._url = url
         self._where = where
         self._sql = queries.texts("postgresql")
         self._limiter = anyio.CapacityLimiter(size)
@@ -341,6 +345,6 @@ class _PgReads:
                     raise
                 if tries_left:
                     continue
-                one_line = " ".join(str(exc).split())
+                one_line = pg_schema.one_line(exc, self._url)
                 raise StorageError(f"the ledger could not read: {one_line}") from exc
         raise AssertionError("unreachable")

@@ -50,7 +50,14 @@ from supervisor.ledger import (
     tokens,
     views,
 )
-from supervisor.ledger.backends import Backend, Reads, SqliteBackend, Wakeup, open_backend
+from supervisor.ledger.backends import (
+    EVERYTHING,
+    Backend,
+    Reads,
+    SqliteBackend,
+    Wakeup,
+    open_backend,
+)
 from supervisor.ledger.batch import BatchResult, RuleOutcome, Transactions, random_id
 from supervisor.ledger.counts import LedgerCounts
 from supervisor.ledger.decisions import log_decisions
@@ -147,7 +154,7 @@ class LedgerStore:
             # The batch may have committed with its answer lost (the connection dropped after
             # COMMIT): it tells nothing of what it woke, and this process's listener drops
             # its own notification. A spurious wake-up costs a look; a missed one, a wait.
-            self._fire(Wakeup(frozenset({ALL_POOLS, EFFECTS}), events=True))
+            self._fire(EVERYTHING)
         else:
             self._fire(Wakeup(frozenset(result.woken_pools), bool(result.touched_tasks)))
         # Here, not in the rules: only a committed decision is logged.
