@@ -19,17 +19,12 @@ from typing import Any, Protocol
 
 from bench import seed
 from supervisor.ledger import LedgerConfig, Tx, identity, operator, tokens
-from supervisor.ledger.backends import open_backend
+from supervisor.ledger.backends import is_postgres, open_backend
 from supervisor.ledger.batch import Transactions
 
 
 class BenchLedger(Protocol):
     """What a measurement does to the ledger outside the processes it times."""
-
-    @property
-    def db_arg(self) -> str:
-        """What `tether-supervisor serve --db` is given."""
-        ...
 
     def create_tasks(self, pool: str, count: int, *, approve: bool) -> list[tuple[str, str]]: ...
     def create_token(self, scope: str, role: str, dest: Path) -> Path: ...
@@ -46,10 +41,6 @@ class FileLedger:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-
-    @property
-    def db_arg(self) -> str:
-        return str(self.path)
 
     def create_tasks(self, pool: str, count: int, *, approve: bool) -> list[tuple[str, str]]:
         return seed.create_tasks(self.path, pool, count, approve=approve)
@@ -89,10 +80,6 @@ class PgLedger:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    @property
-    def db_arg(self) -> str:
-        return self.url
-
     @contextmanager
     def _transactions(self) -> Iterator[Transactions]:
         backend = open_backend(self.url)
@@ -111,11 +98,6 @@ class PgLedger:
 
         with pg_schema.connect(self.url) as conn:
             return list(conn.execute(query, tuple(params)).fetchall())
-
-    def migrate(self) -> None:
-        """Create the schema now, before anything is timed."""
-        with self._transactions():
-            pass
 
     def create_tasks(self, pool: str, count: int, *, approve: bool) -> list[tuple[str, str]]:
         ids: list[tuple[str, str]] = []
@@ -169,8 +151,7 @@ class PgLedger:
 
     def cancel_pool(self, pool: str) -> int:
         rows = self._rows(
-            "SELECT id FROM tasks WHERE pool = %s"
-            " AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED')",
+            f"SELECT id FROM tasks WHERE pool = %s AND {seed.NOT_ENDED}",
             (pool,),
         )
         open_ids = [str(r[0]) for r in rows]
@@ -203,6 +184,6 @@ def _canceller(task_id: str) -> Callable[[Tx], Any]:
 
 def ledger_for(db: Path | str) -> BenchLedger:
     """The ledger `--db` names: a `postgresql://` URL, or a SQLite file."""
-    if isinstance(db, str) and db.startswith(("postgresql://", "postgres://")):
-        return PgLedger(db)
+    if is_postgres(db):
+        return PgLedger(str(db))
     return FileLedger(Path(db))

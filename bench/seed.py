@@ -29,9 +29,12 @@ from supervisor.ledger import (
 )
 from supervisor.ledger.batch import Transactions
 from supervisor.ledger.schema import connect, open_ledger_file
+from supervisor.ledger.states import TERMINAL
 
 TENANT = "bench"
 CHUNK = 500
+# A task not yet ended, from the state machine's own set of end states.
+NOT_ENDED = "state NOT IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(TERMINAL)))
 
 
 def spec(key: str, pool: str) -> TaskSpec:
@@ -235,8 +238,7 @@ def cancel_pool(path: Path, pool: str) -> int:
         open_ids = [
             r[0]
             for r in db.execute(
-                "SELECT id FROM tasks WHERE pool = ?"
-                " AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED')",
+                f"SELECT id FROM tasks WHERE pool = ? AND {NOT_ENDED}",
                 (pool,),
             ).fetchall()
         ]

@@ -12,11 +12,11 @@ import os
 import secrets
 from collections.abc import Iterator
 from typing import NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from psycopg import sql
 
+from supervisor.chaos.pgscratch import with_database
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.pg_schema import connect, migrate, one_line, redact
 
@@ -28,12 +28,6 @@ _unreachable: dict[str, str] = {}  # server URL -> why; asked once per run, not 
 def pg_server_url() -> str:
     """The server the tests use: a URL whose database the test user can connect to."""
     return os.environ.get("TETHER_TEST_PG") or DEFAULT_SERVER
-
-
-def with_database(url: str, name: str) -> str:
-    """`url` naming database `name` instead."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
 def _unavailable(server: str, why: str) -> NoReturn:

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from supervisor.artifacts.pg import CHUNK_BYTES  # an artifact's chunks, as its store writes them
 from supervisor.ledger import pg_schema, schema
 from supervisor.ledger.errors import StorageError
 
@@ -30,8 +31,6 @@ NOT_COPIED = {("counters", "name", "fence")}  # the sequence `fences`
 # Rows a supervisor writes by merely running on the target (the reaper's stamp 'alive'): not
 # data, so they leave it empty; the source's take their place.
 RUNNING_STAMPS = sql.SQL("DELETE FROM counters WHERE name = 'alive'")
-# An artifact file's chunks, as supervisor/artifacts/pg.py writes them.
-ARTIFACT_CHUNK_BYTES = 1024 * 1024
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -253,7 +252,7 @@ def _copy_artifacts(pg: psycopg.Connection[pg_schema.PgRow], folder: Path) -> tu
                 continue
             with path.open("rb") as fh:
                 n = 0
-                while (data := fh.read(ARTIFACT_CHUNK_BYTES)) or n == 0:
+                while (data := fh.read(CHUNK_BYTES)) or n == 0:
                     copy.write_row((digest, n, data))
                     size += len(data)
                     n += 1
