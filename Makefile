@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[supervisor,postgresql,fast,dev,otel]'
+	# supervisord's wheel, which tests/test_wheel_install.py installs beside tether's (offline).
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: -d $(VENV)/wheels 'supervisor>=4.2'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -41,13 +41,13 @@ from typing import Any
 import anyio
 
 from bench.agent_workspace import make_origin
-from runner.agent import RepoCache
-from runner.agent import workspace as workspace_module
-from runner.agent.checkpoints import Checkpointer, Start
 from tether.git import GitOutput
 from tether.git import git as tether_git
 from tether.logs import configure_logging
-from tether.messages import Checkpoint
+from tether.runner.agent import RepoCache
+from tether.runner.agent import workspace as workspace_module
+from tether.runner.agent.checkpoints import Checkpointer, Start
+from tether.wire.records import Checkpoint
 
 FILE_BYTES = 100_000
 TARGET_MS = 50.0

@@ -31,7 +31,7 @@ from bench.agent_workspace import make_origin
 from bench.procs import children
 from bench.stack import Stack
 from bench.stamped_model import StampedModel
-from supervisor.ledger import StepSpec, TaskSpec
+from tether.supervisor.ledger import StepSpec, TaskSpec
 
 TARGET_S = 0.5
 POOL = "agent-lease"  # the runner's cache in the work folder (on the ledger's disk)

@@ -31,7 +31,7 @@ import psutil
 from bench import seed
 from bench.procs import children, rss_mb, tree_rss_mb
 from bench.stack import Stack, wait_succeeded
-from supervisor.ledger import StepSpec, TaskSpec
+from tether.supervisor.ledger import StepSpec, TaskSpec
 
 IN_FLIGHT = 10
 TARGET_MB = 64.0

@@ -1,7 +1,7 @@
 """A check's artifact upload of 10 MB to a real supervisor over HTTP on 127.0.0.1 (issue 17;
 no target: the figure is printed).
 
-The upload goes the way a check's log does (`runner.agent.checks` -> the step's services):
+The upload goes the way a check's log does (`tether.runner.agent.checks` -> the step's services):
 `SupervisorServices.upload(path)` hashes the file in a thread, then streams it in 64 KiB chunks
 with `PUT /v1/artifacts/{digest}` to `tether-supervisor serve`, which hashes it again and
 stores it. Each round uploads a file of fresh random bytes (a digest the store has not seen);
@@ -25,11 +25,11 @@ import anyio
 from bench import seed
 from bench.procs import children
 from bench.stack import Stack
-from runner.lease import Lease
-from runner.services import SupervisorServices
-from runner.supervisor_client import SupervisorClient
-from tether import messages
 from tether.clocks import LoopClock
+from tether.runner.lease import Lease
+from tether.runner.services import SupervisorServices
+from tether.runner.supervisor_client import SupervisorClient
+from tether.wire import records as messages
 
 POOL = "agent-upload"
 MB = 1_000_000

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 
-from runner.agent import RepoCache
+from tether.runner.agent import RepoCache
 
 
 def make_origin(root: Path, files: int) -> str:

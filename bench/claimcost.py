@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from bench import seed
-from supervisor.ledger import LedgerConfig, Tx, fencing
-from supervisor.ledger.batch import Transactions
-from supervisor.ledger.schema import connect
+from tether.supervisor.ledger import LedgerConfig, Tx, fencing
+from tether.supervisor.ledger.batch import Transactions
+from tether.supervisor.ledger.schema import connect
 
 REPEATS = 50
 

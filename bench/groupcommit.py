@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from bench import seed
-from supervisor.ledger import Report, SqliteLedger
+from tether.supervisor.ledger import Report, SqliteLedger
 
 
 class OneRulePerBatch(SqliteLedger):

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bench import seed
-from supervisor.ledger import LedgerConfig, Tx, identity, operator, tokens
-from supervisor.ledger.backends import is_postgres, open_backend
-from supervisor.ledger.batch import Transactions
+from tether.supervisor.ledger import LedgerConfig, Tx, identity, operator, tokens
+from tether.supervisor.ledger.backends import is_postgres, open_backend
+from tether.supervisor.ledger.batch import Transactions
 
 
 class BenchLedger(Protocol):
@@ -94,7 +94,7 @@ class PgLedger:
             return _values(transactions, rules)
 
     def _rows(self, query: str, params: Sequence[Any]) -> list[Any]:
-        from supervisor.ledger import pg_schema
+        from tether.supervisor.ledger import pg_schema
 
         with pg_schema.connect(self.url) as conn:
             return list(conn.execute(query, tuple(params)).fetchall())

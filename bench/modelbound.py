@@ -16,10 +16,10 @@ import anyio
 from bench.procs import JsonLines
 from bench.stack import Stack
 from bench.steps import processes_for
-from runner.cli import event_loop_options
-from runner.http import pooled_transport
-from runner.model_client import ModelClient
 from tether.clocks import LoopClock
+from tether.runner.cli import event_loop_options
+from tether.runner.http import pooled_transport
+from tether.runner.model_client import ModelClient
 
 BODY = {"model": "standin", "messages": [{"role": "user", "content": "one no-op step"}]}
 

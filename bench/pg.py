@@ -33,8 +33,8 @@ from bench import pgdb as server
 from bench.procs import Children, children
 from bench.report import say
 from bench.stack import Stack
-from supervisor.ledger import LedgerConfig
-from supervisor.ledger.pg_schema import connect
+from tether.supervisor.ledger import LedgerConfig
+from tether.supervisor.ledger.pg_schema import connect
 
 SUPERVISORS = (1, 3)
 OVERHEAD_RATE = 100.0

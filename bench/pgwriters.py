@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import anyio
 
-from supervisor.ledger import LedgerConfig, Report, StepSpec, TaskSpec
-from supervisor.ledger.pg_schema import connect
-from supervisor.ledger.store import open_ledger
+from tether.supervisor.ledger import LedgerConfig, Report, StepSpec, TaskSpec
+from tether.supervisor.ledger.pg_schema import connect
+from tether.supervisor.ledger.store import open_ledger
 
 TASKS = 20_000
 SECONDS = 5.0

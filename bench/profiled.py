@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from supervisor.cli import main as supervisor_main
+from tether.supervisor.cli import main as supervisor_main
 
 ENV = "BENCH_PROFILE"
 

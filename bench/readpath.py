@@ -24,9 +24,9 @@ from typing import Any
 
 import anyio
 
-from supervisor.ledger import LedgerConfig, Report, StepSpec, TaskSpec, queries, views
-from supervisor.ledger.store import LedgerStore, open_ledger
-from supervisor.ledger.tx import Row, Statements
+from tether.supervisor.ledger import LedgerConfig, Report, StepSpec, TaskSpec, queries, views
+from tether.supervisor.ledger.store import LedgerStore, open_ledger
+from tether.supervisor.ledger.tx import Row, Statements
 
 STEPS = 8
 REPEATS = 400
@@ -123,8 +123,8 @@ async def pg_replay(url: str, sql: dict[str, str]) -> AsyncIterator[Any]:
     import psycopg
     from psycopg_pool import AsyncConnectionPool
 
-    from supervisor.ledger.pg_schema import pg_row
-    from supervisor.ledger.postgres import READ_CONNECTIONS
+    from tether.supervisor.ledger.pg_schema import pg_row
+    from tether.supervisor.ledger.postgres import READ_CONNECTIONS
 
     async def read_only(db: psycopg.AsyncConnection[Any]) -> None:
         await db.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)

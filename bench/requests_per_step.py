@@ -2,7 +2,7 @@
 step it commits, with eager dispatch and batched renewals (issue 17, item 1) and without.
 
 A real supervisor app on a temporary ledger, reached in-process (`httpx.ASGITransport`), and a
-real `runner.daemon.Runner` whose one step kind returns at once (or after `--work-s`). The
+real `tether.runner.daemon.Runner` whose one step kind returns at once (or after `--work-s`). The
 requests are counted by route at the transport. Run: `python -m bench.requests_per_step`.
 """
 
@@ -18,13 +18,13 @@ from typing import Any
 import anyio
 import httpx
 
-from runner.credentials import SecretSource
-from runner.daemon import Runner
-from runner.kinds import KindRegistry, StepContext, StepOutput
-from runner.model_client import ModelClient
-from runner.settings import RunnerSettings
-from runner.supervisor_client import SupervisorClient
 from tether.clocks import LoopClock
+from tether.runner.credentials import SecretSource
+from tether.runner.daemon import Runner
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.model_client import ModelClient
+from tether.runner.settings import RunnerSettings
+from tether.runner.supervisor_client import SupervisorClient
 
 
 class Counted(httpx.AsyncBaseTransport):
@@ -45,9 +45,9 @@ def chat(k: int) -> dict[str, Any]:
 
 async def measure(steps: int, concurrency: int, work_s: float, *, eager: bool) -> Counter[str]:
     """The requests one runner sent to commit `steps` one-step tasks."""
-    from supervisor import admin
-    from supervisor.api import create_app
-    from supervisor.settings import SupervisorSettings
+    from tether.supervisor import admin
+    from tether.supervisor.api import create_app
+    from tether.supervisor.settings import SupervisorSettings
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "ledger.db"

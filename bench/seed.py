@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     LedgerConfig,
     StepSpec,
     TaskSpec,
@@ -27,9 +27,9 @@ from supervisor.ledger import (
     repositories,
     tokens,
 )
-from supervisor.ledger.batch import Transactions
-from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.states import TERMINAL
+from tether.supervisor.ledger.batch import Transactions
+from tether.supervisor.ledger.schema import connect, open_ledger_file
+from tether.supervisor.ledger.states import TERMINAL
 
 TENANT = "bench"
 CHUNK = 500

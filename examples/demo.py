@@ -37,7 +37,7 @@ from examples.processes import (
     wait_until_up,
     write_secret,
 )
-from tether.cli_support import Parser
+from tether.cli import Parser
 from tether.wire import content_hash, effect_key
 
 DEADLINE_S = 45.0  # the run itself; stopping adds at most processes.STOP_BUDGET_S

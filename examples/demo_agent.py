@@ -56,8 +56,8 @@ from examples.processes import (
     wait_until_up,
     write_secret,
 )
-from runner.agent.sandbox import Bubblewrap
-from tether.cli_support import Parser
+from tether.cli import Parser
+from tether.runner.agent.sandbox import Bubblewrap
 from tether.wire import content_hash
 
 DEADLINE_S = 120.0  # the run itself (30-45 s here, unloaded); stopping adds at most STOP_BUDGET_S

@@ -58,7 +58,7 @@ from examples.processes import (
     wait_until_up,
     write_secret,
 )
-from tether.cli_support import Parser
+from tether.cli import Parser
 from tether.wire import content_hash
 
 DEADLINE_S = 150.0  # the run itself (35-60 s here); stopping adds at most STOP_BUDGET_S

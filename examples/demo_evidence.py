@@ -18,7 +18,7 @@ import httpx
 
 from examples.demo_repo import FIXED, Repository, inspect_candidate, tests_at
 from examples.processes import admin, call, expect, say
-from supervisor.repos import Mirrors, candidate_ref
+from tether.supervisor.repos import Mirrors, candidate_ref
 
 # The review record's twelve fields (docs/design.md, Review record), then the three
 # observations issue 12 adds; the first six of the twelve are declared before the run.

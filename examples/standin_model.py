@@ -26,9 +26,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tether.cli_support import Parser
-from tether.payloads import with_hint
+from tether.cli import Parser
 from tether.wire import canonical_json, sha256_hex
+from tether.wire.payloads import with_hint
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _KNOB_TYPES: dict[str, tuple[type, ...]] = {

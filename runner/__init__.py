@@ -7,8 +7,8 @@ elsewhere with the same step id. Run-time dependencies: anyio, httpx, structlog,
 and sniffio, which httpcore looks for on every request (see pyproject.toml).
 """
 
-from runner.daemon import Runner
-from runner.kinds import KindRegistry, StepContext, StepKind, StepOutput
-from runner.settings import RunnerSettings
+from tether.runner.daemon import Runner
+from tether.runner.kinds import KindRegistry, StepContext, StepKind, StepOutput
+from tether.runner.settings import RunnerSettings
 
 __all__ = ["KindRegistry", "Runner", "RunnerSettings", "StepContext", "StepKind", "StepOutput"]

@@ -1,7 +1,7 @@
-"""`python -m runner` is `tether-runner`."""
+"""`python -m tether.runner` is `tether-runner`."""
 
 import sys
 
-from runner.cli import main
+from tether.runner.cli import main
 
 sys.exit(main())

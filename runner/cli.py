@@ -4,9 +4,9 @@ Exit codes: 0 after a graceful shutdown; 2 for bad usage or configuration (one l
 stderr naming what is wrong), or for a `supervisor_url` that replies but not as a tether
 supervisor (one error line in the log naming the URL; `READY=1` is never sent); 128+N when a
 second signal N cut the shutdown short. With several supervisor URLs the runner starts once one
-of them answers as a supervisor (`runner.supervisor_client`, `whoami`).
+of them answers as a supervisor (`tether.runner.supervisor_client`, `whoami`).
 A missing runner token stops the runner at start; a missing model key does not (see
-`runner.settings`).
+`tether.runner.settings`).
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ import anyio
 import httpx
 import structlog
 
-from runner.credentials import SecretMissing, SecretSource
-from runner.daemon import Runner
-from runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, pooled_transport
-from runner.kinds import KindRegistry
-from runner.model_client import ModelClient
-from runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
-from runner.supervisor_client import SupervisorClient
-from tether.cli_support import USAGE_EXIT, Parser
+from tether.cli import USAGE_EXIT, Parser
 from tether.clocks import LoopClock
 from tether.logs import configure_logging
+from tether.runner.credentials import SecretMissing, SecretSource
+from tether.runner.daemon import Runner
+from tether.runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, pooled_transport
+from tether.runner.kinds import KindRegistry
+from tether.runner.model_client import ModelClient
+from tether.runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
+from tether.runner.supervisor_client import SupervisorClient
 from tether.sdnotify import Notifier
 from tether.settings import SettingsError, config_file_from, load_settings
 

@@ -23,32 +23,32 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from runner.credentials import SecretMissing, SecretSource
-from runner.errors import (
+from tether.broadcast import Broadcast
+from tether.clocks import LoopClock, MonotonicClock
+from tether.runner.credentials import SecretMissing, SecretSource
+from tether.runner.errors import (
     NotASupervisor,
     OperatorProblem,
     SupervisorRefused,
     SupervisorUnreachable,
     TokenRejected,
 )
-from runner.keeper import RenewalBatcher
-from runner.kinds import KindRegistry
-from runner.lease import Lease
-from runner.model_client import ModelClient
-from runner.results import ResultSender
-from runner.settings import RunnerSettings
-from runner.step import StepRun
-from runner.supervisor_client import SupervisorClient
-from tether.broadcast import Broadcast
-from tether.clocks import LoopClock, MonotonicClock
-from tether.messages import MAX_CAPACITY, WantLeases
+from tether.runner.keeper import RenewalBatcher
+from tether.runner.kinds import KindRegistry
+from tether.runner.lease import Lease
+from tether.runner.model_client import ModelClient
+from tether.runner.results import ResultSender
+from tether.runner.settings import RunnerSettings
+from tether.runner.step import StepRun
+from tether.runner.supervisor_client import SupervisorClient
 from tether.sdnotify import Notifier
+from tether.wire.records import MAX_CAPACITY, WantLeases
 
 log = structlog.get_logger("runner")
 
 RECENT_STEPS = 256
 # The exit code when `supervisor_url` is not a supervisor's: a configuration error, as in
-# `runner.cli`.
+# `tether.runner.cli`.
 NOT_A_SUPERVISOR_EXIT = 2
 
 
@@ -140,7 +140,7 @@ class Runner:
 
     def request_shutdown(self) -> None:
         """Stop claiming; in-flight steps get `shutdown_grace_s`, then are released; a step
-        that checkpoints its turns is released at once (`runner.step`, `stops_at_once`).
+        that checkpoints its turns is released at once (`tether.runner.step`, `stops_at_once`).
 
         A claim reply cut off mid-flight is not lost: its leases go back to the queue through
         the supervisor's accept window.

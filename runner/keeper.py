@@ -5,7 +5,7 @@ Any loss (`stale_fence`, a cancelled task, an unknown step, a rejected token, ex
 token budget is spent goes to `on_budget_exhausted`; the lease is kept meanwhile. The keeper
 never reads or sends a wall-clock time, only the fence (docs/design.md, The runner).
 
-With several supervisors (`runner.failover`) a renew waits at most one renew interval for an
+With several supervisors (`tether.runner.failover`) a renew waits at most one renew interval for an
 answer, and one that gets none goes on to the next supervisor by the same fence: a supervisor
 that hangs without refusing costs one renew interval, not the whole request timeout, and the
 lease stays live through the others.
@@ -25,18 +25,18 @@ from typing import Any
 
 import anyio
 
-from runner.errors import (
+from tether.clocks import MonotonicClock
+from tether.runner.errors import (
     LeaseLost,
     LostBecause,
     SupervisorRefused,
     SupervisorUnreachable,
     TokenRejected,
 )
-from runner.lease import Lease
-from runner.shared_request import SharedRequests
-from runner.supervisor_client import Renewal, SupervisorClient
-from tether.clocks import MonotonicClock
-from tether.messages import MAX_CAPACITY
+from tether.runner.lease import Lease
+from tether.runner.shared_request import SharedRequests
+from tether.runner.supervisor_client import Renewal, SupervisorClient
+from tether.wire.records import MAX_CAPACITY
 
 RenewAnswer = Renewal | Exception
 # How long the first renew of a tick waits for the others, at most and as a share of the renew

@@ -5,7 +5,7 @@ A kind is an async function `(StepContext) -> StepOutput`. A deployment adds its
 `KindRegistry.register`, or, without touching the runner's code, through the entry-point
 group `tether.runner.kinds` (`name = "package.module:function"`), loaded at start.
 
-The `chat` payload is `tether.payloads.ChatPayload`, the record the supervisor also checks
+The `chat` payload is `tether.wire.payloads.ChatPayload`, the record the supervisor also checks
 plans with at submit; a payload that is not one (a typo in a key, a bad role, a wrong type) is
 refused here too, before any model call. Besides `messages`, `model`, `temperature`, `top_p`,
 `max_tokens`, `seed`, `stop` and `use_outputs` it takes OpenAI's function calling:
@@ -43,12 +43,12 @@ from typing import Any, Protocol
 
 import msgspec
 
-from runner.errors import StepRejected, StepUnsupported
-from runner.lease import EarlierOutput
-from runner.model_client import Completion
-from tether.messages import Checkpoint, CheckRun, LeaseRepository, ResumePoint
-from tether.payloads import ChatPayload, plain, read_payload
+from tether.runner.errors import StepRejected, StepUnsupported
+from tether.runner.lease import EarlierOutput
+from tether.runner.model_client import Completion
 from tether.wire import canonical_json
+from tether.wire.payloads import ChatPayload, plain, read_payload
+from tether.wire.records import Checkpoint, CheckRun, LeaseRepository, ResumePoint
 
 ENTRY_POINT_GROUP = "tether.runner.kinds"
 
@@ -136,7 +136,7 @@ class KindRegistry:
     ) -> KindRegistry:
         """`commands_without_sandbox` is the runner's setting of that name, for the agent kind."""
         # Imported here: runner.agent.loop builds on this module's StepContext and StepOutput.
-        from runner.agent.loop import AgentKind
+        from tether.runner.agent.loop import AgentKind
 
         agent = AgentKind(commands_without_sandbox=commands_without_sandbox)
         registry = cls([("chat", run_chat), ("agent", agent)])

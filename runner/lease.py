@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
-from tether import messages
-from tether.messages import EarlierOutput
+from tether.wire import records as messages
+from tether.wire.records import EarlierOutput
 
 __all__ = ["EarlierOutput", "Lease"]
 

@@ -21,13 +21,13 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
-from runner import tracing
-from runner.errors import OperatorProblem, StepRejected, TransientFailure
-from runner.http import make_client
-from runner.retry_after import HasRetryAfter, parse_retry_after, stop_before_deadline
-from runner.retry_after import wait_retry_after as wait_retry_after_header
 from tether.clocks import MonotonicClock
-from tether.payloads import ToolCall
+from tether.runner import tracing
+from tether.runner.errors import OperatorProblem, StepRejected, TransientFailure
+from tether.runner.http import make_client
+from tether.runner.retry_after import HasRetryAfter, parse_retry_after, stop_before_deadline
+from tether.runner.retry_after import wait_retry_after as wait_retry_after_header
+from tether.wire.payloads import ToolCall
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
 

@@ -17,12 +17,12 @@ from collections.abc import Callable
 
 import anyio
 
-from runner.errors import LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected
-from runner.lease import Lease
-from runner.shared_request import SharedRequests
-from runner.supervisor_client import ResultReport, SupervisorClient, encode_result
-from tether.messages import WantLeases
+from tether.runner.errors import LeaseLost, SupervisorRefused, SupervisorUnreachable, TokenRejected
+from tether.runner.lease import Lease
+from tether.runner.shared_request import SharedRequests
+from tether.runner.supervisor_client import ResultReport, SupervisorClient, encode_result
 from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome
+from tether.wire.records import WantLeases
 
 Answer = Outcome | Exception
 # What the runner asks for beside `n` results (eager dispatch): None to ask for nothing.

@@ -1,4 +1,4 @@
-"""What the supervisor does for one step beyond its lease (`runner.kinds.StepServices`): the
+"""What the supervisor does for one step beyond its lease (`tether.runner.kinds.StepServices`): the
 artifact store and the step's checkpoints, over the runner's one `SupervisorClient` and bound
 to the lease's step and fence (docs/design.md, Artifacts; issue 12, item 7).
 
@@ -19,17 +19,17 @@ from typing import TypeVar
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
-from runner.errors import (
+from tether.clocks import MonotonicClock
+from tether.runner.errors import (
     ArtifactCorrupt,
     ArtifactRefused,
     SupervisorRefused,
     SupervisorUnreachable,
     TransientFailure,
 )
-from runner.lease import Lease
-from runner.supervisor_client import SupervisorClient
-from tether.clocks import MonotonicClock
-from tether.messages import Checkpoint, Checkpointed
+from tether.runner.lease import Lease
+from tether.runner.supervisor_client import SupervisorClient
+from tether.wire.records import Checkpoint, Checkpointed
 
 T = TypeVar("T")
 

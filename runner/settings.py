@@ -8,7 +8,7 @@ a file; with no file and no credential the runner sends no key, for a local mode
 
 `supervisor_url` may list several supervisors of one ledger, comma-separated (in the file, the
 environment or `--supervisor`); the runner fails over between them in that order
-(`runner.failover`). A single URL means what it always did.
+(`tether.runner.failover`). A single URL means what it always did.
 """
 
 from __future__ import annotations

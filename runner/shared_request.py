@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from runner.errors import SupervisorUnreachable, TokenRejected
 from tether.broadcast import Broadcast
+from tether.runner.errors import SupervisorUnreachable, TokenRejected
 
 AnswerT = TypeVar("AnswerT")
 

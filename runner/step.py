@@ -14,8 +14,8 @@ recorded at the supervisor and the next attempt resumes from it: going on would 
 tokens on a turn that is lost anyway. Every other kind (`chat`, a deployment's own) keeps
 `shutdown_grace_s` to finish, since cancelling it loses all its work. Checkpoints already on
 their way are finished first, each within `CHECKPOINT_TIMEOUT_S` of its turn's end
-(`runner.agent.checkpoints`; its record request itself at most `CHECKPOINT_FINISH_S`,
-`runner.services`), so the release that follows never cuts one in half.
+(`tether.runner.agent.checkpoints`; its record request itself at most `CHECKPOINT_FINISH_S`,
+`tether.runner.services`), so the release that follows never cuts one in half.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import anyio
 import structlog
 from tenacity import stop_never
 
-from runner import tracing
-from runner.credentials import SecretMissing, SecretSource
-from runner.errors import (
+from tether.clocks import MonotonicClock
+from tether.runner import tracing
+from tether.runner.credentials import SecretMissing, SecretSource
+from tether.runner.errors import (
     BudgetExhausted,
     LeaseLost,
     LostBecause,
@@ -43,14 +44,13 @@ from runner.errors import (
     TokenRejected,
     TransientFailure,
 )
-from runner.keeper import LeaseKeeper, RenewalBatcher
-from runner.kinds import KindRegistry, StepContext, StepOutput
-from runner.lease import Lease
-from runner.model_client import Completion, ModelClient
-from runner.results import ResultSender
-from runner.services import SupervisorServices, while_unreachable
-from runner.supervisor_client import ResultReport, SupervisorClient
-from tether.clocks import MonotonicClock
+from tether.runner.keeper import LeaseKeeper, RenewalBatcher
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.lease import Lease
+from tether.runner.model_client import Completion, ModelClient
+from tether.runner.results import ResultSender
+from tether.runner.services import SupervisorServices, while_unreachable
+from tether.runner.supervisor_client import ResultReport, SupervisorClient
 from tether.wire import ReleaseReason, content_hash
 
 T = TypeVar("T")

@@ -3,7 +3,7 @@ into the contract's records.
 
 Each call makes one HTTP request to the current supervisor. With several supervisors on one
 ledger (`supervisor_url` lists them), a request the current one gives no answer to is sent
-again, at once, to the next (`runner.failover`), each supervisor at most once per call; a
+again, at once, to the next (`tether.runner.failover`), each supervisor at most once per call; a
 streamed body is never sent twice, so such a call only moves the next one. Retrying once
 every supervisor failed is the caller's decision, because what a retry means differs (a claim
 backs off, a renew races the lease's expiry). Every error's detail starts with the request's
@@ -20,8 +20,9 @@ import anyio
 import httpx
 import structlog
 
-from runner import tracing
-from runner.errors import (
+from tether.clocks import MonotonicClock
+from tether.runner import tracing
+from tether.runner.errors import (
     LeaseLost,
     LostBecause,
     NotASupervisor,
@@ -30,12 +31,12 @@ from runner.errors import (
     SupervisorUnreachable,
     TokenRejected,
 )
-from runner.failover import Endpoint, Endpoints
-from runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, make_client
-from runner.lease import Lease
-from tether.clocks import MonotonicClock
-from tether.codec import BadMessage, decode, encode, encode_strict
-from tether.messages import (
+from tether.runner.failover import Endpoint, Endpoints
+from tether.runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, make_client
+from tether.runner.lease import Lease
+from tether.wire import API_PREFIX, ErrorCode, Outcome, ReleaseReason, RunnerAction, runner_action
+from tether.wire.codec import BadMessage, decode, encode, encode_strict
+from tether.wire.records import (
     ArtifactStored,
     Checkpoint,
     Checkpointed,
@@ -57,7 +58,6 @@ from tether.messages import (
     RunnerIdentity,
     WantLeases,
 )
-from tether.wire import API_PREFIX, ErrorCode, Outcome, ReleaseReason, RunnerAction, runner_action
 
 __all__ = ["CLAIM_GRACE_S", "Renewal", "ResultReport", "SupervisorClient", "encode_result"]
 
@@ -298,7 +298,7 @@ class SupervisorClient:
         (`content` an async iterable) is sent with `size` as its Content-Length.
 
         While a supervisor gives no answer (no reply, or one the runner would retry), the
-        next becomes current (`runner.failover`) and the request goes there, unless its body
+        next becomes current (`tether.runner.failover`) and the request goes there, unless its body
         is a stream, which cannot be sent twice; the last supervisor's answer (or silence)
         is the call's."""
         headers = self._headers(content_type if content is not None else None)

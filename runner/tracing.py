@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 
 from tether import tracing as _tracing
-from tether.messages import Lease
 from tether.tracing import Attribute, Span, parse_traceparent
+from tether.wire.records import Lease
 
 __all__ = ["SERVICE", "annotate", "span", "step", "traceparent"]
 

@@ -20,20 +20,20 @@ from typing import Any
 
 import anyio
 
-from supervisor import repos
-from supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, repositories, tokens
-from supervisor.ledger import queries as named_queries
-from supervisor.ledger.backends import (
+from tether.supervisor import repos
+from tether.supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, repositories, tokens
+from tether.supervisor.ledger import queries as named_queries
+from tether.supervisor.ledger.backends import (
     Backend,
     LedgerUrlError,
     SqliteBackend,
     WriteConnection,
     open_backend,
 )
-from supervisor.ledger.batch import Transactions
-from supervisor.ledger.operator import budget_of, set_budget
-from supervisor.ledger.schema import connect, integrity_problems
-from supervisor.ledger.tx import ReadSession
+from tether.supervisor.ledger.batch import Transactions
+from tether.supervisor.ledger.operator import budget_of, set_budget
+from tether.supervisor.ledger.schema import connect, integrity_problems
+from tether.supervisor.ledger.tx import ReadSession
 
 
 class AdminError(Exception):

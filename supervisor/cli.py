@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from supervisor.ledger.states import TaskState
-from tether.cli_support import USAGE_EXIT, Parser, fail
+from tether.cli import USAGE_EXIT, Parser, fail
 from tether.settings import SettingsError, config_file_from, load_settings, read_secret
+from tether.supervisor.ledger.states import TaskState
 
 PROG = "tether-supervisor"
 LEDGER = "ledger: a file, sqlite:///path or postgresql://..."
@@ -192,10 +192,10 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from supervisor.server import serve
+    from tether.supervisor.server import serve
 
     try:
-        from supervisor.settings import SupervisorSettings
+        from tether.supervisor.settings import SupervisorSettings
 
         settings = load_settings(
             SupervisorSettings,
@@ -208,7 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _admin(args: argparse.Namespace) -> int:
-    from supervisor import admin
+    from tether.supervisor import admin
 
     db = _ledger_arg(args.db)
     try:
@@ -255,7 +255,7 @@ def _admin(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     """`migrate --from --to`: the copy's summary on stdout; one line and exit 1 otherwise."""
-    from supervisor import admin, migrate_command
+    from tether.supervisor import admin, migrate_command
 
     try:
         folder = None if args.artifact_dir is None else Path(args.artifact_dir)
@@ -273,7 +273,7 @@ def _ledger_arg(raw: str) -> Path | str:
 
 def _repo(db: Path | str, args: argparse.Namespace) -> None:
     """`repo add` and `repo remove` say what they did on stderr; `repo list` prints lines."""
-    from supervisor import admin
+    from tether.supervisor import admin
 
     if args.repo_command == "add":
         added, head, created = admin.add_repository(db, args.tenant, args.name, args.url)
@@ -297,7 +297,7 @@ def _token_label(token_id: str, name: str | None) -> str:
 
 def _create_token(db: Path | str, args: argparse.Namespace) -> None:
     """The secret alone on stdout (scripts pipe it into a file); its id on stderr."""
-    from supervisor import admin
+    from tether.supervisor import admin
 
     new_ledger = not admin.ledger_exists(db)
     created = admin.create_token(db, args.tenant, args.role, name=args.name, init=args.init)
@@ -314,7 +314,7 @@ def _print_json(value: Any) -> None:
 def _operator_session(args: argparse.Namespace) -> Iterator[Any]:
     """An operator client for one command: closed at the end, and a `ClientError` raised
     inside becomes the command's one line on stderr and exit 1."""
-    from supervisor import operator_client as oc
+    from tether.supervisor import operator_client as oc
 
     client = _operator_client(args)
     try:
@@ -328,7 +328,7 @@ def _operator_session(args: argparse.Namespace) -> Iterator[Any]:
 def _operator_client(args: argparse.Namespace) -> Any:
     """The client `task`, `status` and `artifact` talk through: flags first, then `TETHER_URL`
     and `TETHER_TOKEN_FILE`, then systemd's `$CREDENTIALS_DIRECTORY/operator-token`."""
-    from supervisor import operator_client as oc
+    from tether.supervisor import operator_client as oc
 
     url = args.url or os.environ.get("TETHER_URL")
     if not url:
@@ -346,7 +346,7 @@ def _operator_client(args: argparse.Namespace) -> Any:
 
 def _watch(client: Any, task_id: str, after: int = 0) -> int:
     """Watch `task_id` to its end; its exit status: 0 SUCCEEDED, 3 FAILED, 4 CANCELLED."""
-    from supervisor import operator_client as oc
+    from tether.supervisor import operator_client as oc
 
     final = oc.watch(client, task_id, after=after)
     print(f"task {task_id} ended {final}", file=sys.stderr)
@@ -354,7 +354,7 @@ def _watch(client: Any, task_id: str, after: int = 0) -> int:
 
 
 def _task(args: argparse.Namespace) -> int:
-    from supervisor import operator_client as oc
+    from tether.supervisor import operator_client as oc
 
     with _operator_session(args) as client:
         if args.task_command == "submit":
@@ -396,7 +396,7 @@ def _gate(client: Any, args: argparse.Namespace) -> int:
     """`task gate TASK_ID STEP`: print the effect's request and digest; with `--open --digest
     D` open its gate for that digest (without `--digest`: the request, then a one-line hint
     and exit 1); with `--happened yes|no` resolve an uncertain effect."""
-    from supervisor import operator_client as oc
+    from tether.supervisor import operator_client as oc
 
     if args.digest and not args.open:
         fail(PROG, "--digest goes with --open", USAGE_EXIT)
@@ -421,7 +421,7 @@ def _gate(client: Any, args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from supervisor import operator_client as oc
+    from tether.supervisor import operator_client as oc
 
     with _operator_session(args) as client:
         for line in oc.status_lines(client.pools()):
@@ -444,11 +444,11 @@ def _chaos(argv: list[str]) -> int:
     import importlib
 
     try:
-        explore = importlib.import_module("supervisor.chaos.explore")
+        explore = importlib.import_module("tether.sim.explore")
     except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("supervisor.chaos"):
+        if not (exc.name or "").startswith("tether.sim"):
             raise
-        fail(PROG, "the schedule explorer (supervisor.chaos.explore) is not installed")
+        fail(PROG, "the schedule explorer (tether.sim.explore) is not installed")
     return int(explore.main(argv))
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.admin import AdminError
-from supervisor.ledger import backends
-from supervisor.ledger.copy import copy_ledger
-from supervisor.ledger.errors import LedgerError
-from supervisor.ledger.pg_schema import SCHEMES, redact, scheme
+from tether.supervisor.admin import AdminError
+from tether.supervisor.ledger import backends
+from tether.supervisor.ledger.copy import copy_ledger
+from tether.supervisor.ledger.errors import LedgerError
+from tether.supervisor.ledger.pg_schema import SCHEMES, redact, scheme
 
 
 def sqlite_path(source: str) -> Path:

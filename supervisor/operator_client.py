@@ -20,10 +20,11 @@ import httpx
 import msgspec
 import tenacity
 
-from supervisor.ledger.states import TERMINAL, TaskState
-from supervisor.shown import reveal_json
-from tether.codec import BadMessage, decode, encode
-from tether.messages import (
+from tether.supervisor.ledger.states import TERMINAL, TaskState
+from tether.supervisor.shown import reveal_json
+from tether.wire import plan_hash, sha256_hex
+from tether.wire.codec import BadMessage, decode, encode
+from tether.wire.records import (
     Approval,
     Cancel,
     EffectHappened,
@@ -38,7 +39,6 @@ from tether.messages import (
     TaskView,
     WaitingFor,
 )
-from tether.wire import plan_hash, sha256_hex
 
 R = TypeVar("R", bound=Record)
 

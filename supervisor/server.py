@@ -15,12 +15,12 @@ import structlog
 import uvicorn
 from starlette.applications import Starlette
 
-from supervisor.api import create_app, drain
-from supervisor.ledger import LedgerError
-from supervisor.ledger.backends import Backend, LedgerUrlError, open_backend
-from supervisor.settings import SupervisorSettings
 from tether.logs import configure_logging
 from tether.sdnotify import Notifier
+from tether.supervisor.api import create_app, drain
+from tether.supervisor.ledger import LedgerError
+from tether.supervisor.ledger.backends import Backend, LedgerUrlError, open_backend
+from tether.supervisor.settings import SupervisorSettings
 
 log = structlog.get_logger("tether.supervisor")
 

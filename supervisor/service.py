@@ -18,19 +18,19 @@ import anyio
 import httpx
 import structlog
 
-from supervisor.artifacts.port import Artifacts
-from supervisor.effects.credentials import Credentials
-from supervisor.effects.dispatcher import Dispatcher
-from supervisor.effects.git_push import GitPushDeliverer
-from supervisor.effects.http import HttpDeliverer
-from supervisor.effects.registry import EffectKindError, EffectKinds
-from supervisor.ledger import StorageError
-from supervisor.ledger.reaper import TURN_MAX_S
-from supervisor.ledger.store import LedgerStore, open_ledger
-from supervisor.repos.candidates import SharedCandidates
-from supervisor.repos.mirror import Mirrors
-from supervisor.settings import SupervisorSettings
 from tether.clocks import WallClock
+from tether.supervisor.artifacts.port import Artifacts
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.dispatcher import Dispatcher
+from tether.supervisor.effects.git_push import GitPushDeliverer
+from tether.supervisor.effects.http import HttpDeliverer
+from tether.supervisor.effects.registry import EffectKindError, EffectKinds
+from tether.supervisor.ledger import StorageError
+from tether.supervisor.ledger.reaper import TURN_MAX_S
+from tether.supervisor.ledger.store import LedgerStore, open_ledger
+from tether.supervisor.repos.candidates import SharedCandidates
+from tether.supervisor.repos.mirror import Mirrors
+from tether.supervisor.settings import SupervisorSettings
 
 log = structlog.get_logger("tether.supervisor")
 

@@ -10,10 +10,10 @@ import dataclasses
 import os
 from pathlib import Path
 
-from supervisor.ledger.backends import LedgerUrlError, is_postgres, sqlite_path
-from supervisor.ledger.schema import SYNCHRONOUS_MODES
-from supervisor.ledger.tx import LedgerConfig
 from tether.settings import SettingsError, require_positive
+from tether.supervisor.ledger.backends import LedgerUrlError, is_postgres, sqlite_path
+from tether.supervisor.ledger.schema import SYNCHRONOUS_MODES
+from tether.supervisor.ledger.tx import LedgerConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

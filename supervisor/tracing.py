@@ -19,10 +19,10 @@ from types import TracebackType
 import msgspec
 from cachetools import LRUCache
 
-from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused
 from tether import tracing as _tracing
-from tether.messages import Lease
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused
 from tether.tracing import NO_SPAN, OpenSpan, Span, TraceParent, parse_traceparent
+from tether.wire.records import Lease
 
 __all__ = ["SERVICE", "Grants", "commit", "effect_answered", "effect_attempt"]
 

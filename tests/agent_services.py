@@ -13,10 +13,10 @@ from typing import Any
 
 import anyio
 
-from runner.errors import LeaseLost, LostBecause
-from runner.model_client import Completion
-from tether.messages import Checkpoint, CheckSpec, LeaseRepository, ResumePoint
-from tether.payloads import CalledFunction, ToolCall
+from tether.runner.errors import LeaseLost, LostBecause
+from tether.runner.model_client import Completion
+from tether.wire.payloads import CalledFunction, ToolCall
+from tether.wire.records import Checkpoint, CheckSpec, LeaseRepository, ResumePoint
 
 
 class FakeServices:

@@ -19,14 +19,22 @@ from typing import Any
 
 import pytest
 
-from supervisor.ledger import LedgerConfig, Report, SqliteLedger, StepSpec, TaskSpec, Tx, queries
-from supervisor.ledger.backends import SQLITE, Backend, SqliteBackend, WriteConnection
-from supervisor.ledger.batch import RuleOutcome, Transactions
-from supervisor.ledger.queries import to_pyformat
-from supervisor.ledger.schema import open_ledger_file
-from supervisor.ledger.store import LedgerStore
-from supervisor.ledger.store import open_ledger as open_ledger_at
-from supervisor.ledger.tx import ReadSession
+from tether.supervisor.ledger import (
+    LedgerConfig,
+    Report,
+    SqliteLedger,
+    StepSpec,
+    TaskSpec,
+    Tx,
+    queries,
+)
+from tether.supervisor.ledger.backends import SQLITE, Backend, SqliteBackend, WriteConnection
+from tether.supervisor.ledger.batch import RuleOutcome, Transactions
+from tether.supervisor.ledger.queries import to_pyformat
+from tether.supervisor.ledger.schema import open_ledger_file
+from tether.supervisor.ledger.store import LedgerStore
+from tether.supervisor.ledger.store import open_ledger as open_ledger_at
+from tether.supervisor.ledger.tx import ReadSession
 
 from .pgledger import (  # noqa: F401 - pg_ledger_database is a fixture
     BACKENDS,
@@ -269,7 +277,7 @@ def sim(ledger_db: Path | str, clock: FakeClock) -> Iterator[Sim]:
         finally:
             db.close()
         return
-    from supervisor.ledger.postgres import PostgresBackend
+    from tether.supervisor.ledger.postgres import PostgresBackend
 
     pg = PostgresBackend(ledger_db)
     conn = pg.open_writer()
@@ -379,9 +387,9 @@ async def open_api(path: Path, clock: FakeClock, **settings: Any) -> AsyncIterat
     """`ApiHarness` on `path`; `settings` override `SupervisorSettings` fields."""
     import httpx
 
-    from supervisor import admin
-    from supervisor.api import create_app
-    from supervisor.settings import SupervisorSettings
+    from tether.supervisor import admin
+    from tether.supervisor.api import create_app
+    from tether.supervisor.settings import SupervisorSettings
 
     secrets = {
         name: admin.create_token(path, scope, role, init=True).secret

@@ -9,8 +9,8 @@ from typing import Any
 
 import anyio
 
-from supervisor.effects.credentials import Credentials
-from supervisor.ledger.outbox import (
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.ledger.outbox import (
     Answer,
     Delivered,
     EffectNotHeld,

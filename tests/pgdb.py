@@ -16,9 +16,9 @@ from typing import NoReturn
 import pytest
 from psycopg import sql
 
-from supervisor.chaos.pgscratch import with_database
-from supervisor.ledger.errors import StorageError
-from supervisor.ledger.pg_schema import connect, migrate, one_line, redact
+from tether.sim.pgscratch import with_database
+from tether.supervisor.ledger.errors import StorageError
+from tether.supervisor.ledger.pg_schema import connect, migrate, one_line, redact
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 

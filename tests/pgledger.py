@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
-from supervisor.ledger.queries import to_pyformat
+from tether.supervisor.ledger.queries import to_pyformat
 
 if TYPE_CHECKING:  # psycopg is imported only where PostgreSQL is used
     import psycopg
     from psycopg import sql
 
-    from supervisor.ledger.pg_schema import PgRow
+    from tether.supervisor.ledger.pg_schema import PgRow
 
 Backend = Literal["sqlite", "postgresql"]
 BACKENDS: tuple[Backend, ...] = ("sqlite", "postgresql")
@@ -48,8 +48,8 @@ class SharedDatabase:
 
 @pytest.fixture(scope="session")
 def pg_ledger_database() -> Iterator[SharedDatabase]:
-    from supervisor.chaos.pgscratch import emptying
-    from supervisor.ledger.pg_schema import connect, migrate
+    from tether.sim.pgscratch import emptying
+    from tether.supervisor.ledger.pg_schema import connect, migrate
 
     from . import pgdb
 
@@ -88,7 +88,7 @@ def _run(db: Path | str, statement: str, params: Sequence[Any]) -> list[Any]:
             return lite.execute(statement, params).fetchall()
         finally:
             lite.close()
-    from supervisor.ledger.pg_schema import connect
+    from tether.supervisor.ledger.pg_schema import connect
 
     with connect(db) as conn:
         cursor = conn.execute(to_pyformat(statement), params)

@@ -11,13 +11,13 @@ from typing import Any
 import anyio
 import httpx
 
-from runner.credentials import SecretSource
-from runner.daemon import Runner
-from runner.kinds import KindRegistry
-from runner.model_client import ModelClient
-from runner.supervisor_client import SupervisorClient
 from tests.test_runner_fakes import MODEL_KEY, FakeModel, FakeSupervisor, Rig, settings
 from tether.clocks import LoopClock
+from tether.runner.credentials import SecretSource
+from tether.runner.daemon import Runner
+from tether.runner.kinds import KindRegistry
+from tether.runner.model_client import ModelClient
+from tether.runner.supervisor_client import SupervisorClient
 
 
 def on_one_ledger(count: int = 2) -> list[FakeSupervisor]:

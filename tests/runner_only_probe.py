@@ -7,8 +7,11 @@ standard library only. Prints one JSON object on its last line: `failures`, a li
 [module, error] pairs; `imported`, the modules walked; `helped`, the argv lists whose
 `--help` exited 0.
 
-    python tests/runner_only_probe.py --forbid starlette,supervisor --walk tether runner
+    python tests/runner_only_probe.py --forbid starlette,tether.supervisor --walk tether
         [--runner-help]
+
+A forbidden name may be a package inside another (`tether.supervisor`): it and everything under
+it are refused, and the walk passes over it.
 """
 
 from __future__ import annotations
@@ -26,8 +29,14 @@ import types
 from collections.abc import Sequence
 
 
+def is_forbidden(fullname: str, forbidden: frozenset[str]) -> bool:
+    """True when `fullname` or a package it is in is named in `forbidden`."""
+    parts = fullname.split(".")
+    return any(".".join(parts[:n]) in forbidden for n in range(1, len(parts) + 1))
+
+
 class Refuse(importlib.abc.MetaPathFinder):
-    """Refuses any module whose top-level name is forbidden, before any other finder looks."""
+    """Refuses any forbidden module, before any other finder looks."""
 
     def __init__(self, forbidden: frozenset[str]) -> None:
         self.forbidden = forbidden
@@ -38,19 +47,19 @@ class Refuse(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: types.ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        top = fullname.partition(".")[0]
-        if top in self.forbidden:
+        if is_forbidden(fullname, self.forbidden):
             message = f"No module named {fullname!r} (not installed on a runner-only server)"
             raise ModuleNotFoundError(message, name=fullname)
         return None
 
 
-def walk(package: str, failures: list[list[str]]) -> list[str]:
-    """Import `package` and every module under it; `__main__` modules are left out, since
-    importing one runs its program."""
+def walk(package: str, failures: list[list[str]], forbidden: frozenset[str]) -> list[str]:
+    """Import `package` and every module under it but the forbidden ones; `__main__` modules
+    are left out, since importing one runs its program."""
 
     def on_error(name: str) -> None:
-        failures.append([name, repr(sys.exc_info()[1])])
+        if not is_forbidden(name, forbidden):  # a forbidden package is passed over, not a fault
+            failures.append([name, repr(sys.exc_info()[1])])
 
     try:
         root = importlib.import_module(package)
@@ -60,7 +69,7 @@ def walk(package: str, failures: list[list[str]]) -> list[str]:
     names = [package]
     prefix = f"{package}."
     for info in pkgutil.walk_packages(root.__path__, prefix, onerror=on_error):
-        if info.name.rpartition(".")[2] == "__main__":
+        if info.name.rpartition(".")[2] == "__main__" or is_forbidden(info.name, forbidden):
             continue
         names.append(info.name)
         try:
@@ -74,7 +83,7 @@ def runner_help(argv: list[str], failures: list[list[str]]) -> bool:
     """Run `tether-runner <argv>` in this process; True when it printed help and exited 0."""
     out = io.StringIO()
     try:
-        from runner.cli import main
+        from tether.runner.cli import main
 
         with contextlib.redirect_stdout(out):
             main(argv)
@@ -91,7 +100,7 @@ def runner_help(argv: list[str], failures: list[list[str]]) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--forbid", default="", help="comma-separated top-level module names")
+    parser.add_argument("--forbid", default="", help="comma-separated module names")
     parser.add_argument("--walk", nargs="*", default=[])
     parser.add_argument("--runner-help", action="store_true")
     args = parser.parse_args()
@@ -100,9 +109,9 @@ def main() -> None:
 
     failures: list[list[str]] = []
     for name in sorted(sys.modules):
-        if name.partition(".")[0] in forbidden:  # imported at start-up, past the finder
+        if is_forbidden(name, forbidden):  # imported at start-up, past the finder
             failures.append([name, "imported before the probe began"])
-    imported = [name for package in args.walk for name in walk(package, failures)]
+    imported = [name for package in args.walk for name in walk(package, failures, forbidden)]
     helped = []
     if args.runner_help:
         for argv in (["--help"], ["run", "--help"]):

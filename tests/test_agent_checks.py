@@ -8,12 +8,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from runner.agent import AgentKind, NoSandbox
-from runner.agent.checks import TIMED_OUT_EXIT_CODE, CheckLimits
-from runner.kinds import StepContext
 from tests.agent_repos import make_origin, sh
 from tests.agent_services import FakeServices, ScriptedChat, call, lease_repository
-from tether.messages import LeaseRepository
+from tether.runner.agent import AgentKind, NoSandbox
+from tether.runner.agent.checks import TIMED_OUT_EXIT_CODE, CheckLimits
+from tether.runner.kinds import StepContext
+from tether.wire.records import LeaseRepository
 
 ASK = [{"role": "user", "content": "Make the test pass."}]
 FIXED = "def answer():\n    return 42\n"

@@ -17,16 +17,16 @@ import psutil
 import pytest
 
 from examples.standin_model import create_app, read_scenario
-from runner.agent import AgentKind, NoSandbox
-from runner.agent.loop import TRANSCRIPT_ENTRIES_MAX, TRANSCRIPT_TEXT_MAX
-from runner.errors import StepRejected
-from runner.kinds import KindRegistry, StepContext, StepOutput
-from runner.model_client import Completion, ModelClient
 from tests.agent_repos import make_origin, sh
 from tests.agent_services import lease_repository
 from tether.clocks import LoopClock
-from tether.messages import LeaseRepository
-from tether.payloads import BUILT_IN_KINDS
+from tether.runner.agent import AgentKind, NoSandbox
+from tether.runner.agent.loop import TRANSCRIPT_ENTRIES_MAX, TRANSCRIPT_TEXT_MAX
+from tether.runner.errors import StepRejected
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.model_client import Completion, ModelClient
+from tether.wire.payloads import BUILT_IN_KINDS
+from tether.wire.records import LeaseRepository
 
 from .api_tasks import submitted
 from .conftest import ApiHarness, assert_error, ledger_snapshot

@@ -16,16 +16,16 @@ from typing import Any
 import anyio
 import pytest
 
-from runner.agent import AgentKind, NoSandbox, WorkspaceFailed
-from runner.agent import checkpoints as checkpoints_module
-from runner.agent import workspace as workspace_module
-from runner.errors import SupervisorUnreachable
-from runner.kinds import StepContext, StepOutput
-from runner.model_client import Completion
 from tests.agent_repos import make_origin, sh
 from tests.agent_services import USAGE, FakeServices, ScriptedChat, call, lease_repository
 from tether.git import GitError, GitOutput
-from tether.messages import Checkpoint, LeaseRepository, ResumePoint
+from tether.runner.agent import AgentKind, NoSandbox, WorkspaceFailed
+from tether.runner.agent import checkpoints as checkpoints_module
+from tether.runner.agent import workspace as workspace_module
+from tether.runner.errors import SupervisorUnreachable
+from tether.runner.kinds import StepContext, StepOutput
+from tether.runner.model_client import Completion
+from tether.wire.records import Checkpoint, LeaseRepository, ResumePoint
 
 ASK = [{"role": "user", "content": "Make the test pass."}]
 

@@ -15,13 +15,13 @@ from typing import Any
 import anyio
 import pytest
 
-from runner.agent import AgentKind, NoSandbox
-from runner.errors import LeaseLost, LostBecause
-from runner.kinds import StepContext, StepOutput
 from tests.agent_repos import make_origin, sh
 from tests.agent_services import USAGE, FakeServices, ScriptedChat, call, lease_repository
 from tests.test_agent_overlap import HangingChat
-from tether.messages import LeaseRepository, ResumePoint
+from tether.runner.agent import AgentKind, NoSandbox
+from tether.runner.errors import LeaseLost, LostBecause
+from tether.runner.kinds import StepContext, StepOutput
+from tether.wire.records import LeaseRepository, ResumePoint
 
 ASK = [{"role": "user", "content": "Make the test pass."}]
 

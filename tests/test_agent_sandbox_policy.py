@@ -18,19 +18,19 @@ import pytest
 from structlog.testing import capture_logs
 
 from examples.standin_model import create_app, read_scenario
-from runner.agent import AgentKind, NoSandbox
-from runner.agent.sandbox_policy import refusal
-from runner.credentials import SecretSource
-from runner.daemon import Runner
-from runner.errors import OperatorProblem
-from runner.kinds import KindRegistry, StepContext
-from runner.model_client import ModelClient
-from runner.supervisor_client import SupervisorClient
 from tests.agent_repos import make_origin
 from tests.agent_services import FakeServices, ScriptedChat, call, lease_repository
 from tether.clocks import LoopClock
-from tether.messages import LeaseRepository
+from tether.runner.agent import AgentKind, NoSandbox
+from tether.runner.agent.sandbox_policy import refusal
+from tether.runner.credentials import SecretSource
+from tether.runner.daemon import Runner
+from tether.runner.errors import OperatorProblem
+from tether.runner.kinds import KindRegistry, StepContext
+from tether.runner.model_client import ModelClient
+from tether.runner.supervisor_client import SupervisorClient
 from tether.wire import ReleaseReason
+from tether.wire.records import LeaseRepository
 
 from .api_tasks import submitted
 from .conftest import FakeClock, open_api

@@ -20,7 +20,8 @@ import msgspec
 import psutil
 import pytest
 
-from runner.agent import (
+from tests.agent_repos import make_origin, status
+from tether.runner.agent import (
     Bubblewrap,
     NoSandbox,
     RepoCache,
@@ -31,8 +32,7 @@ from runner.agent import (
     Workspace,
     detect_sandbox,
 )
-from runner.agent.schemas import ARGUMENTS
-from tests.agent_repos import make_origin, status
+from tether.runner.agent.schemas import ARGUMENTS
 
 # The interpreter and its installation, readable inside bubblewrap (they live outside /usr).
 PYTHON_TREES = (Path(sys.prefix), Path(sys.base_prefix))
@@ -427,14 +427,14 @@ async def test_a_bwrap_that_cannot_make_namespaces_falls_back_to_no_sandbox(
 
 
 def test_the_agent_package_exports_its_surface() -> None:
-    import runner.agent
+    import tether.runner.agent
 
-    assert sorted(runner.agent.__all__) == sorted(
+    assert sorted(tether.runner.agent.__all__) == sorted(
         ["AgentKind", "BaseNotFound", "Bubblewrap", "CheckLimits", "Checkpointer",
          "CleanupRecord", "Confinement", "FetchFailed", "Finish", "LoopResult", "NoSandbox",
          "RepoCache", "Sandbox", "Snapshot", "Start", "ToolBox", "ToolError", "ToolFailed",
          "ToolLimits", "ToolLog", "ToolRefused", "ToolResult", "Workspace", "WorkspaceFailed",
          "commit_date", "detect_sandbox", "resume_start", "run_checks", "run_loop"]
     )  # fmt: skip
-    for name in runner.agent.__all__:
-        assert getattr(runner.agent, name) is not None
+    for name in tether.runner.agent.__all__:
+        assert getattr(tether.runner.agent, name) is not None

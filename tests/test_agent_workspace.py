@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.agent import BaseNotFound, CleanupRecord, FetchFailed, RepoCache, commit_date
 from tests.agent_repos import add_commit, make_origin, sh, status
+from tether.runner.agent import BaseNotFound, CleanupRecord, FetchFailed, RepoCache, commit_date
 
 
 @pytest.fixture

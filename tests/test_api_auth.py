@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import admin
-from supervisor.api import auth
-from supervisor.ledger.tokens import hash_secret
+from tether.supervisor import admin
+from tether.supervisor.api import auth
+from tether.supervisor.ledger.tokens import hash_secret
 
 from .conftest import ApiHarness, assert_error, count, ledger_snapshot
 

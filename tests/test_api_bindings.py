@@ -1,4 +1,4 @@
-"""The result route's shortcut for chat steps (`supervisor.api.bindings`): a step the claim
+"""The result route's shortcut for chat steps (`tether.supervisor.api.bindings`): a step the claim
 granted without a repository reports with no binding read; every other step's binding is
 read, so a forgotten one only costs that read, never its evidence."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.api.bindings import UnboundSteps
-from tether.messages import Lease, LeaseRepository
+from tether.supervisor.api.bindings import UnboundSteps
+from tether.wire.records import Lease, LeaseRepository
 
 from .conftest import ApiHarness
 

@@ -95,7 +95,7 @@ async def test_a_ledger_error_in_a_long_poll_keeps_its_wire_code(
 ) -> None:
     """Claims and event polls run beside a hang-up watcher; a ledger error inside them still
     reaches the client as its own code (503 for storage), not as a 500 for an exception group."""
-    from supervisor.ledger import StorageError
+    from tether.supervisor.ledger import StorageError
 
     from .conftest import assert_error
 

@@ -12,8 +12,8 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import service
-from supervisor.ledger.outbox import Unanswered
+from tether.supervisor import service
+from tether.supervisor.ledger.outbox import Unanswered
 
 from .api_tasks import submitted
 from .conftest import ApiHarness, FakeClock, assert_error, ledger_snapshot, open_api

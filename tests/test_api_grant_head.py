@@ -13,7 +13,7 @@ import anyio
 import pytest
 import structlog
 
-from supervisor.repos import Mirrors
+from tether.supervisor.repos import Mirrors
 
 from .conftest import ApiHarness, FakeClock, open_api
 from .test_api_repository_tasks import add_app, make_remote, queued, view, work

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import admin
-from supervisor.settings import SupervisorSettings
 from tether.settings import SettingsError
+from tether.supervisor import admin
+from tether.supervisor.settings import SupervisorSettings
 
 from .conftest import ApiHarness, FakeClock, assert_error, ledger_snapshot, open_api, task_body
 

@@ -15,8 +15,8 @@ import anyio
 import httpx
 import pytest
 
-from supervisor import admin
-from supervisor.repos import candidate_ref
+from tether.supervisor import admin
+from tether.supervisor.repos import candidate_ref
 
 from .agent_repos import add_commit, make_origin, sh
 from .conftest import (

@@ -126,7 +126,7 @@ async def test_a_storage_failure_is_503_unavailable_on_both_routes(
     api: ApiHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both routes turn a ledger error into its wire code in one place (`ledger_error_code`)."""
-    from supervisor.ledger import StorageError
+    from tether.supervisor.ledger import StorageError
 
     [lease] = await leases(api, 1)
 

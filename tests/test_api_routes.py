@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor.api import drain
+from tether.supervisor.api import drain
 
 from .conftest import (
     ApiHarness,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import supervisor.api as api_pkg
+import tether.supervisor.api as api_pkg
 
 
 def test_the_api_package_exports_exactly_its_surface() -> None:

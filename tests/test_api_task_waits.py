@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from tether.messages import PoolsAnswer, TaskPage, TaskView
+from tether.wire.records import PoolsAnswer, TaskPage, TaskView
 
 from .conftest import ApiHarness, raw_db
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor import cli
-from supervisor import operator_client as oc
-from supervisor.artifacts import ArtifactStore, Held
+from tether.supervisor import cli
+from tether.supervisor import operator_client as oc
+from tether.supervisor.artifacts import ArtifactStore, Held
 
 from .conftest import ApiHarness, FakeClock, assert_error, ledger_snapshot, open_api, raw_db
 

@@ -9,12 +9,12 @@ from typing import cast
 
 import anyio
 
-from runner.errors import SupervisorUnreachable
-from runner.keeper import RenewalBatcher
-from runner.supervisor_client import SupervisorClient
 from tests.test_runner_fakes import hang, make_lease, make_rig
 from tests.test_runner_steps import step_outcomes, until
 from tether.clocks import LoopClock
+from tether.runner.errors import SupervisorUnreachable
+from tether.runner.keeper import RenewalBatcher
+from tether.runner.supervisor_client import SupervisorClient
 
 from .conftest import ApiHarness, assert_error, count
 

@@ -12,15 +12,15 @@ import anyio
 import httpx
 import pytest
 
-from runner.credentials import SecretSource
-from runner.daemon import Runner
-from runner.errors import TransientFailure
-from runner.kinds import KindRegistry, StepContext, StepOutput
-from runner.model_client import ModelClient
-from runner.supervisor_client import SupervisorClient
-from supervisor import admin
-from supervisor.ledger import Lease, SqliteLedger, StaleFence
 from tether.clocks import LoopClock
+from tether.runner.credentials import SecretSource
+from tether.runner.daemon import Runner
+from tether.runner.errors import TransientFailure
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.model_client import ModelClient
+from tether.runner.supervisor_client import SupervisorClient
+from tether.supervisor import admin
+from tether.supervisor.ledger import Lease, SqliteLedger, StaleFence
 from tether.wire import Outcome, ReleaseReason
 
 from .conftest import (

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     IdempotencyConflict,
     LedgerConfig,
     Report,
@@ -23,11 +23,11 @@ from supervisor.ledger import (
     TaskState,
     TerminalState,
 )
-from supervisor.ledger.states import transition
-from supervisor.ledger.store import LedgerStore, open_ledger
-from supervisor.ledger.verification import Evidence
-from tether.messages import Lease
+from tether.supervisor.ledger.states import transition
+from tether.supervisor.ledger.store import LedgerStore, open_ledger
+from tether.supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, ReleaseReason
+from tether.wire.records import Lease
 
 from .conftest import FakeClock, make_spec, queued_task
 from .pgledger import rows

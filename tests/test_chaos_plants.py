@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import supervisor.ledger
-from supervisor.chaos.plants import PLANTS, planted
+import tether.supervisor.ledger
+from tether.sim.plants import PLANTS, planted
 
-LEDGER = Path(supervisor.ledger.__file__).parent
+LEDGER = Path(tether.supervisor.ledger.__file__).parent
 
 
 @pytest.mark.parametrize("name", sorted(PLANTS))
@@ -47,5 +47,5 @@ def test_no_ledger_module_knows_the_plants() -> None:
             if isinstance(node, ast.ImportFrom) and node.module:
                 named.add(node.module)
     # (`checks` is a word of the wire now, a task's checks; the plants are named below.)
-    chaos = {"PLANTS", "Plant", "supervisor.chaos", "supervisor.chaos.plants", "planted"}
+    chaos = {"PLANTS", "Plant", "tether.sim", "tether.sim.plants", "planted"}
     assert chaos & named == set()

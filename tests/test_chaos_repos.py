@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.chaos.repos import BASE, FORGERIES, Repos, candidate_ref
-from supervisor.ledger.verification import Evidence, Finding
-from tether.messages import LeaseRepository
+from tether.sim.repos import BASE, FORGERIES, Repos, candidate_ref
+from tether.supervisor.ledger.verification import Evidence, Finding
+from tether.wire.records import LeaseRepository
 
 
 def bound(start: str = BASE) -> LeaseRepository:

@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from examples.standin_model import create_app, read_scenario
-from runner.credentials import SecretSource
-from runner.daemon import Runner
-from runner.kinds import KindRegistry
-from runner.model_client import ModelClient
-from runner.supervisor_client import SupervisorClient
 from tether.clocks import LoopClock
+from tether.runner.credentials import SecretSource
+from tether.runner.daemon import Runner
+from tether.runner.kinds import KindRegistry
+from tether.runner.model_client import ModelClient
+from tether.runner.supervisor_client import SupervisorClient
 
 from .api_tasks import submitted
 from .conftest import ApiHarness, assert_error, ledger_snapshot

@@ -13,10 +13,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import admin
-from supervisor.cli import main
-from supervisor.ledger import effects, fencing, identity, operator
-from supervisor.ledger.tokens import hash_secret
+from tether.supervisor import admin
+from tether.supervisor.cli import main
+from tether.supervisor.ledger import effects, fencing, identity, operator
+from tether.supervisor.ledger.tokens import hash_secret
 
 from .conftest import ApiHarness, Sim, make_spec, raw_db, report_for
 
@@ -511,7 +511,7 @@ def test_a_reader_that_leaves_the_pipe_gets_no_traceback(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`tether-supervisor task show ID | head`: head leaves, the next write fails."""
-    from supervisor import cli
+    from tether.supervisor import cli
 
     def cut_short(_args: object) -> int:
         raise BrokenPipeError(32, "Broken pipe")

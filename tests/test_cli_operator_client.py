@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor import operator_client as oc
-from supervisor.ledger import StepSpec, TaskSpec
+from tether.supervisor import operator_client as oc
+from tether.supervisor.ledger import StepSpec, TaskSpec
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

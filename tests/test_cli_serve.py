@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor import admin
-from supervisor.cli import main
+from tether.supervisor import admin
+from tether.supervisor.cli import main
 
 from .agent_repos import make_origin
 
@@ -33,7 +33,7 @@ STOP_TIMEOUT_S = 15.0
 
 def program() -> list[str]:
     script = Path(sys.executable).with_name("tether-supervisor")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "supervisor.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tether.supervisor.cli"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from supervisor import cli
-from supervisor import operator_client as oc
+from tether.supervisor import cli
+from tether.supervisor import operator_client as oc
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from runner.settings import RunnerSettings
-from supervisor.settings import SupervisorSettings
+from tether.runner.settings import RunnerSettings
 from tether.settings import load_settings
+from tether.supervisor.settings import SupervisorSettings
 
 CONFIG = Path(__file__).resolve().parents[1] / "config"
 _COMMENTED = re.compile(r"^#\s?([a-z_]+\s*=\s*.+)$")

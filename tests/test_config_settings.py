@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import structlog
 
-import supervisor.server
-from supervisor.cli import main as supervisor_main
-from supervisor.settings import SupervisorSettings
+import tether.supervisor.server
 from tether.settings import SettingsError, config_file_from, load_settings, read_secret
+from tether.supervisor.cli import main as supervisor_main
+from tether.supervisor.settings import SupervisorSettings
 
 SECRET = "tt_0123456789abcdef_do_not_print"
 
@@ -90,7 +90,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[SupervisorSettings]:
         seen.append(settings)
         return 0
 
-    monkeypatch.setattr(supervisor.server, "serve", fake_serve)
+    monkeypatch.setattr(tether.supervisor.server, "serve", fake_serve)
     return seen
 
 
@@ -275,7 +275,7 @@ def test_operator_token_from_credentials_is_not_echoed_when_the_call_fails(
 @pytest.fixture
 def runner_served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, str]]]:
     """(settings, token) that `tether-runner run` would have served with, instead of serving."""
-    import runner.cli
+    import tether.runner.cli
 
     seen: list[tuple[Any, str]] = []
 
@@ -283,7 +283,7 @@ def runner_served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, s
         seen.append((settings, token_value))
         return 0
 
-    monkeypatch.setattr(runner.cli, "serve", fake_serve)
+    monkeypatch.setattr(tether.runner.cli, "serve", fake_serve)
     yield seen
     structlog.reset_defaults()
 
@@ -300,7 +300,7 @@ shutdown_grace_s = 5
 def test_runner_applies_file_env_and_flags_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runner_served: list[tuple[Any, str]]
 ) -> None:
-    from runner.cli import main as runner_main
+    from tether.runner.cli import main as runner_main
 
     config = _toml(tmp_path, RUNNER_TOML, "runner.toml")
     (tmp_path / "runner-token").write_text(SECRET, encoding="utf-8")
@@ -328,7 +328,7 @@ def test_runner_refuses_to_start_naming_the_key(
     extra: str,
     key: str,
 ) -> None:
-    from runner.cli import main as runner_main
+    from tether.runner.cli import main as runner_main
 
     config = _toml(tmp_path, RUNNER_TOML.replace("concurrency = 2\n", "") + extra, "runner.toml")
     token = tmp_path / "token"
@@ -344,7 +344,7 @@ def test_runner_refuses_to_start_naming_the_key(
 def test_runner_without_a_token_says_where_to_put_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], runner_served: list[tuple[Any, str]]
 ) -> None:
-    from runner.cli import main as runner_main
+    from tether.runner.cli import main as runner_main
 
     config = _toml(tmp_path, RUNNER_TOML, "runner.toml")
     assert runner_main(["run", "--config", str(config)]) != 0

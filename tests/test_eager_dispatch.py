@@ -10,13 +10,13 @@ import anyio
 import httpx
 import msgspec
 
-from runner.credentials import SecretSource
-from runner.daemon import Runner
-from runner.kinds import KindRegistry, StepContext, StepOutput
-from runner.model_client import ModelClient
-from runner.supervisor_client import SupervisorClient
-from supervisor.ledger import SqliteLedger, StaleFence
 from tether.clocks import LoopClock
+from tether.runner.credentials import SecretSource
+from tether.runner.daemon import Runner
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.model_client import ModelClient
+from tether.runner.supervisor_client import SupervisorClient
+from tether.supervisor.ledger import SqliteLedger, StaleFence
 
 from .conftest import ApiHarness, FakeClock, count, open_api, queued_task, report_for
 from .test_runner_fakes import FakeModel, settings

@@ -1,4 +1,4 @@
-"""The placeholder grammar of effect payloads (`tether.effect_templates`): checked at create,
+"""The placeholder grammar of effect payloads (`tether.wire.templates`): checked at create,
 filled at due time, credentials filled only at send time."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tether import effect_templates as t
-from tether.payloads import check_payload
+from tether.wire import templates as t
+from tether.wire.payloads import check_payload
 
 OUTPUTS = {"build": {"version": "1.2", "sizes": [3, 5], "meta": {"ok": True}}}
 

@@ -21,15 +21,15 @@ import pytest
 
 from examples.processes import child_environment, free_port
 from examples.receiver import ReceiverState, create_app
-from supervisor.effects.credentials import Credentials
-from supervisor.effects.dispatcher import RECORD_TRIES, Dispatcher
-from supervisor.effects.http import HttpDeliverer
-from supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
-from supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
-from supervisor.ledger.errors import StorageError
-from supervisor.ledger.outbox import Answer, Delivered, Refused, Unanswered
-from supervisor.service import running_ledger
-from supervisor.settings import SupervisorSettings
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.dispatcher import RECORD_TRIES, Dispatcher
+from tether.supervisor.effects.http import HttpDeliverer
+from tether.supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
+from tether.supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
+from tether.supervisor.ledger.errors import StorageError
+from tether.supervisor.ledger.outbox import Answer, Delivered, Refused, Unanswered
+from tether.supervisor.service import running_ledger
+from tether.supervisor.settings import SupervisorSettings
 
 from .conftest import LEDGER_CONFIG, FakeClock, count, raw_db, report_for
 from .effects_fakes import FakeOutbox, Scripted, SlackDeliverer, outgoing

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.effects.credentials import Credentials
-from supervisor.effects.git_push import GitPushDeliverer, credential_environment
-from supervisor.ledger.outbox import Delivered, Refused
-from supervisor.repos.mirror import Mirrors
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.git_push import GitPushDeliverer, credential_environment
+from tether.supervisor.ledger.outbox import Delivered, Refused
+from tether.supervisor.repos.mirror import Mirrors
 
 from .agent_repos import add_commit, make_origin, sh
 from .effects_fakes import outgoing
@@ -233,7 +233,7 @@ def test_no_credential_adds_nothing(tmp_path: Path) -> None:
 LEFTOVER = """
 import sys
 from pathlib import Path
-from supervisor.effects.git_push import credential_environment
+from tether.supervisor.effects.git_push import credential_environment
 with credential_environment(sys.argv[2], Path(sys.argv[1])) as env:
     print(env.get("GIT_ASKPASS") or env["GIT_SSH_COMMAND"], flush=True)
     sys.stdin.read()  # a push in flight, until killed

@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from examples.receiver import create_app
-from supervisor.effects.credentials import Credentials
-from supervisor.effects.http import HttpDeliverer, retry_after
-from supervisor.effects.registry import RetryLater
-from supervisor.ledger.outbox import Delivered, Refused, Unanswered
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.http import HttpDeliverer, retry_after
+from tether.supervisor.effects.registry import RetryLater
+from tether.supervisor.ledger.outbox import Delivered, Refused, Unanswered
 
 from .effects_fakes import outgoing
 

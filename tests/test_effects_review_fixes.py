@@ -12,16 +12,16 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor.effects.credentials import Credentials
-from supervisor.effects.dispatcher import Dispatcher
-from supervisor.effects.git_push import GitPushDeliverer
-from supervisor.effects.registry import EffectKinds
-from supervisor.ledger import InvalidRequest, SqliteLedger
-from supervisor.ledger.errors import EffectNotGated, EffectNotHeld
-from supervisor.ledger.outbox import Delivered, OutboxState, Unanswered
-from supervisor.ledger.repositories import add_repository
-from supervisor.ledger.verification import Evidence
-from supervisor.repos.mirror import Mirrors
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.dispatcher import Dispatcher
+from tether.supervisor.effects.git_push import GitPushDeliverer
+from tether.supervisor.effects.registry import EffectKinds
+from tether.supervisor.ledger import InvalidRequest, SqliteLedger
+from tether.supervisor.ledger.errors import EffectNotGated, EffectNotHeld
+from tether.supervisor.ledger.outbox import Delivered, OutboxState, Unanswered
+from tether.supervisor.ledger.repositories import add_repository
+from tether.supervisor.ledger.verification import Evidence
+from tether.supervisor.repos.mirror import Mirrors
 
 from .agent_repos import add_commit, make_origin, sh
 from .conftest import FakeClock, count, raw_db, report_for

@@ -1,7 +1,7 @@
 """What the supervisor observes about a repository-bound step's report (docs/design.md,
-Repositories and candidates): `supervisor.repos.evidence.gather` against real git repositories,
-a real artifact store and the ledger's upload records. Each forged report yields its named
-finding; a remote that cannot be read stops the report instead."""
+Repositories and candidates): `tether.supervisor.repos.evidence.gather` against real git
+repositories, a real artifact store and the ledger's upload records. Each forged report yields
+its named finding; a remote that cannot be read stops the report instead."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from supervisor.artifacts import ArtifactStore
-from supervisor.ledger.repositories import Binding
-from supervisor.ledger.verification import Evidence, Finding
-from supervisor.repos import Mirrors, candidate_ref
-from supervisor.repos.evidence import RepositoryUnavailable, gather
-from tether.messages import CheckRun, Result
+from tether.supervisor.artifacts import ArtifactStore
+from tether.supervisor.ledger.repositories import Binding
+from tether.supervisor.ledger.verification import Evidence, Finding
+from tether.supervisor.repos import Mirrors, candidate_ref
+from tether.supervisor.repos.evidence import RepositoryUnavailable, gather
+from tether.wire.records import CheckRun, Result
 
 from .agent_repos import make_origin, sh
 from .conftest import ApiHarness, FakeClock, open_api

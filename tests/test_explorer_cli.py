@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.chaos.explore import explore, main
-from supervisor.chaos.plants import PLANTS
+from tether.sim.explore import explore, main
+from tether.sim.plants import PLANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI_SCRIPT = Path(sys.executable).parent / "tether-supervisor"
@@ -36,7 +36,7 @@ CI_SEED = 20_260_601
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "supervisor.chaos", *args],
+        [sys.executable, "-m", "tether.sim", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
 
@@ -47,7 +47,7 @@ def run_replay(command: str) -> subprocess.CompletedProcess[str]:
     words = shlex.split(command)
     assert words[:2] == ["tether-supervisor", "chaos"], command
     argv = [str(CLI_SCRIPT), *words[1:]] if CLI_SCRIPT.exists() else [
-        sys.executable, "-m", "supervisor.chaos", *words[2:]
+        sys.executable, "-m", "tether.sim", *words[2:]
     ]  # fmt: skip
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
 

@@ -9,14 +9,14 @@ from random import Random
 
 import pytest
 
-from supervisor.chaos.actors import make_orders
-from supervisor.chaos.observer import Observer
-from supervisor.chaos.receivers import Fault, Receivers
-from supervisor.chaos.repos import BASE, Repos
-from supervisor.chaos.scenarios import SCENARIOS, effect_order, played
-from supervisor.chaos.schedule import CONFIG
-from supervisor.chaos.world import World
-from supervisor.ledger.outbox import Delivered, Outgoing, Refused, Unanswered
+from tether.sim.actors import make_orders
+from tether.sim.observer import Observer
+from tether.sim.receivers import Fault, Receivers
+from tether.sim.repos import BASE, Repos
+from tether.sim.scenarios import SCENARIOS, effect_order, played
+from tether.sim.schedule import CONFIG
+from tether.sim.world import World
+from tether.supervisor.ledger.outbox import Delivered, Outgoing, Refused, Unanswered
 
 EFFECT_SCENARIOS = [name for name in SCENARIOS if name.startswith("effects/")]
 

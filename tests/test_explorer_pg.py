@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from supervisor.chaos import explore as explore_module
-from supervisor.chaos.explore import explore, main
-from supervisor.chaos.pgscratch import PgWorkspace, scratch_server
-from supervisor.ledger.pg_schema import connect
+from tether.sim import explore as explore_module
+from tether.sim.explore import explore, main
+from tether.sim.pgscratch import PgWorkspace, scratch_server
+from tether.supervisor.ledger.pg_schema import connect
 
 from . import pgdb
 from .test_explorer_cli import CI_SEED, report_body, violation_lines

@@ -7,14 +7,14 @@ import re
 
 import pytest
 
-from supervisor.chaos import hazards
-from supervisor.chaos.harness import Workspace, scratch_root
-from supervisor.chaos.observer import Consumer, Observer
-from supervisor.chaos.repos import FORGERIES
-from supervisor.chaos.scenarios import SCENARIOS, played
-from supervisor.chaos.schedule import FaultPlan, run_schedule
-from supervisor.chaos.seeds import parse_seed, schedule_seed
-from tether.messages import Report
+from tether.sim import hazards
+from tether.sim.harness import Workspace, scratch_root
+from tether.sim.observer import Consumer, Observer
+from tether.sim.repos import FORGERIES
+from tether.sim.scenarios import SCENARIOS, played
+from tether.sim.schedule import FaultPlan, run_schedule
+from tether.sim.seeds import parse_seed, schedule_seed
+from tether.wire.records import Report
 
 
 def rejections(world: object) -> list[tuple[str, int | None]]:
@@ -184,7 +184,7 @@ def test_fault_plans_vary() -> None:
 
 
 def test_an_explorer_error_is_reported_like_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
-    from supervisor.chaos import schedule
+    from tether.sim import schedule
 
     def broken(*_: object) -> None:
         raise RuntimeError("boom")
@@ -286,8 +286,8 @@ def test_random_schedules_drive_eager_grants_and_batched_renewals() -> None:
 
 
 def test_the_observer_flags_an_eager_grant_no_result_allows() -> None:
-    from supervisor.chaos.schedule import CONFIG
-    from tether.messages import Lease
+    from tether.sim.schedule import CONFIG
+    from tether.wire.records import Lease
 
     observer = Observer(CONFIG)
     lease = Lease(

@@ -23,15 +23,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from supervisor.chaos.harness import Harness, Scratch, Workspace, scratch_root
-from supervisor.ledger import effects, fencing, identity, operator, reaper, repositories
-from supervisor.ledger.errors import LedgerError
-from supervisor.ledger.identity import StepSpec, TaskSpec
-from supervisor.ledger.invariants import find_violations
-from supervisor.ledger.tx import LedgerConfig
-from supervisor.ledger.verification import Evidence
-from tether.messages import CheckRun, Report
+from tether.sim.harness import Harness, Scratch, Workspace, scratch_root
+from tether.supervisor.ledger import effects, fencing, identity, operator, reaper, repositories
+from tether.supervisor.ledger.errors import LedgerError
+from tether.supervisor.ledger.identity import StepSpec, TaskSpec
+from tether.supervisor.ledger.invariants import find_violations
+from tether.supervisor.ledger.tx import LedgerConfig
+from tether.supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, ReleaseReason, content_hash
+from tether.wire.records import CheckRun, Report
 
 settings.register_profile(
     "ledger-dev", max_examples=40, stateful_step_count=25, deadline=None,
@@ -539,7 +539,7 @@ class LedgerVersusModelOnPostgresql(LedgerVersusModel):
 def pg_scratch() -> Iterator[None]:
     """A scratch database for the PostgreSQL examples, beside a fresh one on the test server
     (which skips or fails these tests with one line when there is no server)."""
-    from supervisor.chaos.pgscratch import PgWorkspace, scratch_server
+    from tether.sim.pgscratch import PgWorkspace, scratch_server
 
     from . import pgdb
 

@@ -10,7 +10,7 @@ from functools import partial
 import anyio
 import pytest
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     Created,
     LedgerError,
     NotFound,
@@ -21,9 +21,9 @@ from supervisor.ledger import (
     TerminalState,
     Tx,
 )
-from supervisor.ledger.batch import RuleCrashed
-from supervisor.ledger.identity import create_task
-from supervisor.ledger.states import transition
+from tether.supervisor.ledger.batch import RuleCrashed
+from tether.supervisor.ledger.identity import create_task
+from tether.supervisor.ledger.states import transition
 
 from .conftest import Sim, count, make_spec
 

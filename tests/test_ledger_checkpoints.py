@@ -10,9 +10,9 @@ import hashlib
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.ledger import InvalidRequest, Lease, SqliteLedger, StaleFence
-from tether.messages import Checkpoint, Checkpointed, ResumePoint
+from tether.supervisor.ledger import InvalidRequest, Lease, SqliteLedger, StaleFence
 from tether.wire import ReleaseReason
+from tether.wire.records import Checkpoint, Checkpointed, ResumePoint
 
 from .conftest import FakeClock, queued_task, report_for
 

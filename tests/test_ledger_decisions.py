@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.ledger import Report, SqliteLedger, StaleFence, StorageError, TerminalState
-from supervisor.ledger.batch import execute_batch
-from supervisor.ledger.decisions import Decision
-from supervisor.ledger.errors import PayloadDrift
-from supervisor.ledger.tx import Tx
-from supervisor.ledger.verification import Evidence
 from tests.conftest import FakeClock, Sim, ledger_rows, make_spec, queued_task, report_for
 from tests.test_ledger_verification import add_repo
+from tether.supervisor.ledger import Report, SqliteLedger, StaleFence, StorageError, TerminalState
+from tether.supervisor.ledger.batch import execute_batch
+from tether.supervisor.ledger.decisions import Decision
+from tether.supervisor.ledger.errors import PayloadDrift
+from tether.supervisor.ledger.tx import Tx
+from tether.supervisor.ledger.verification import Evidence
 from tether.wire import ReleaseReason
 
 pytestmark = pytest.mark.backends

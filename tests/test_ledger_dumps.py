@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.ledger.tx import dumps, loads
+from tether.supervisor.ledger.tx import dumps, loads
 
 
 def stdlib(value: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     InvalidRequest,
     Lease,
     SqliteLedger,

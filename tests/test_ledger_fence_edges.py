@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from supervisor.ledger import SqliteLedger, StaleFence
+from tether.supervisor.ledger import SqliteLedger, StaleFence
 from tether.wire import Outcome
 
 from .conftest import FakeClock, count, queued_task, report_for

@@ -11,7 +11,7 @@ import anyio
 import msgspec
 import pytest
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     InvalidRequest,
     Lease,
     LedgerConfig,
@@ -19,9 +19,9 @@ from supervisor.ledger import (
     SqliteLedger,
     StaleFence,
 )
-from supervisor.ledger.operator import approve
-from tether.messages import EarlierOutput
+from tether.supervisor.ledger.operator import approve
 from tether.wire import Outcome, ReleaseReason
+from tether.wire.records import EarlierOutput
 
 from .conftest import FakeClock, count, make_spec, open_ledger, queued_task, report_for
 

@@ -8,14 +8,14 @@ import dataclasses
 import anyio
 import pytest
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     Created,
     IdempotencyConflict,
     InvalidRequest,
     SqliteLedger,
     StepSpec,
 )
-from supervisor.ledger.store import LedgerStore
+from tether.supervisor.ledger.store import LedgerStore
 
 from .conftest import count, make_spec
 

@@ -11,18 +11,18 @@ from dataclasses import dataclass
 
 import pytest
 
-from supervisor.ledger import Report
-from supervisor.ledger.checkpoints import checkpoint
-from supervisor.ledger.effects import report
-from supervisor.ledger.fencing import claim
-from supervisor.ledger.identity import create_task
-from supervisor.ledger.invariants import INVARIANTS, find_violations
-from supervisor.ledger.operator import approve
-from supervisor.ledger.reaper import expire
-from supervisor.ledger.repositories import add_repository
-from supervisor.ledger.verification import Evidence, Finding, Problem
-from tether.messages import Checkpoint, CheckRun
+from tether.supervisor.ledger import Report
+from tether.supervisor.ledger.checkpoints import checkpoint
+from tether.supervisor.ledger.effects import report
+from tether.supervisor.ledger.fencing import claim
+from tether.supervisor.ledger.identity import create_task
+from tether.supervisor.ledger.invariants import INVARIANTS, find_violations
+from tether.supervisor.ledger.operator import approve
+from tether.supervisor.ledger.reaper import expire
+from tether.supervisor.ledger.repositories import add_repository
+from tether.supervisor.ledger.verification import Evidence, Finding, Problem
 from tether.wire import effect_key
+from tether.wire.records import Checkpoint, CheckRun
 
 from .conftest import Sim, make_spec
 

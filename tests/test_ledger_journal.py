@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor.ledger import NotFound, SqliteLedger
+from tether.supervisor.ledger import NotFound, SqliteLedger
 
 from .conftest import FakeClock, make_spec, queued_task, report_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.ledger import InvalidRequest, SqliteLedger
+from tether.supervisor.ledger import InvalidRequest, SqliteLedger
 
 from .conftest import count, ledger_rows, make_spec
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     InvalidRequest,
     InvalidTransition,
     NotFound,
@@ -17,7 +17,7 @@ from supervisor.ledger import (
     TaskState,
     TerminalState,
 )
-from supervisor.ledger.states import transition
+from tether.supervisor.ledger.states import transition
 from tether.wire import ReleaseReason
 
 from .conftest import FakeClock, count, make_spec, queued_task, report_for

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from supervisor.ledger import InvalidRequest, SqliteLedger, StepSpec, TaskSpec
-from supervisor.ledger.errors import EffectNotGated, EffectNotHeld, GateMismatch
-from supervisor.ledger.outbox import Delivered, OutboxState, Refused, Unanswered
-from supervisor.ledger.repositories import add_repository
-from supervisor.ledger.store import LedgerStore
-from supervisor.ledger.verification import Evidence
+from tether.supervisor.ledger import InvalidRequest, SqliteLedger, StepSpec, TaskSpec
+from tether.supervisor.ledger.errors import EffectNotGated, EffectNotHeld, GateMismatch
+from tether.supervisor.ledger.outbox import Delivered, OutboxState, Refused, Unanswered
+from tether.supervisor.ledger.repositories import add_repository
+from tether.supervisor.ledger.store import LedgerStore
+from tether.supervisor.ledger.verification import Evidence
 from tether.wire import content_hash, effect_key
 
 from .conftest import FakeClock, count, ledger_records, report_for

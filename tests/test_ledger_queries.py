@@ -9,9 +9,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from supervisor.ledger import queries
-from supervisor.ledger.invariants import INVARIANTS
 from tests import pgdb
+from tether.supervisor.ledger import queries
+from tether.supervisor.ledger.invariants import INVARIANTS
 
 pg_url = pgdb.pg_url
 

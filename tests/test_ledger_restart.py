@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     IntegrityCheckFailed,
     SchemaTooNew,
     SqliteLedger,
@@ -17,8 +17,8 @@ from supervisor.ledger import (
     StorageError,
     schema,
 )
-from supervisor.ledger.reaper import ALIVE_GRACE_S
-from supervisor.ledger.schema import migrations, open_ledger_file
+from tether.supervisor.ledger.reaper import ALIVE_GRACE_S
+from tether.supervisor.ledger.schema import migrations, open_ledger_file
 from tether.wire import Outcome
 
 from .conftest import FakeClock, ledger_rows, open_ledger, queued_task, raw_db, report_for

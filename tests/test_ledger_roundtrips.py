@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from supervisor.ledger import StaleFence, Tx
-from supervisor.ledger.effects import report
-from supervisor.ledger.fencing import claim, claim_after_results
-from supervisor.ledger.identity import create_task
-from supervisor.ledger.journal import append_event
-from supervisor.ledger.operator import approve
-from supervisor.ledger.pg_schema import connect
-from supervisor.ledger.postgres import PostgresBackend
+from tether.supervisor.ledger import StaleFence, Tx
+from tether.supervisor.ledger.effects import report
+from tether.supervisor.ledger.fencing import claim, claim_after_results
+from tether.supervisor.ledger.identity import create_task
+from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.operator import approve
+from tether.supervisor.ledger.pg_schema import connect
+from tether.supervisor.ledger.postgres import PostgresBackend
 
 from . import pgdb
 from .conftest import FakeClock, Sim, make_spec, report_for

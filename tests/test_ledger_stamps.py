@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.ledger import TaskState
-from supervisor.ledger.identity import create_task
-from supervisor.ledger.states import transition
-from supervisor.ledger.tx import Tx
+from tether.supervisor.ledger import TaskState
+from tether.supervisor.ledger.identity import create_task
+from tether.supervisor.ledger.states import transition
+from tether.supervisor.ledger.tx import Tx
 
 from .conftest import FakeClock, Sim, make_spec
 

@@ -7,17 +7,17 @@ import itertools
 
 import pytest
 
-from supervisor.chaos.plants import planted
-from supervisor.ledger import (
+from tether.sim.plants import planted
+from tether.supervisor.ledger import (
     ALLOWED,
     TERMINAL,
     InvalidTransition,
     TaskState,
     TerminalState,
 )
-from supervisor.ledger.identity import create_task
-from supervisor.ledger.states import transition
-from supervisor.ledger.tx import Tx
+from tether.supervisor.ledger.identity import create_task
+from tether.supervisor.ledger.states import transition
+from tether.supervisor.ledger.tx import Tx
 
 from .conftest import Sim, make_spec, own_sql
 

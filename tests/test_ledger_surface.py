@@ -3,8 +3,8 @@ made here, in a diff a reviewer sees."""
 
 from __future__ import annotations
 
-import supervisor.ledger as ledger_pkg
-from supervisor.ledger import Ledger, SqliteLedger
+import tether.supervisor.ledger as ledger_pkg
+from tether.supervisor.ledger import Ledger, SqliteLedger
 
 PUBLIC = {
     # the state machine

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     IdempotencyConflict,
     InvalidRequest,
     Lease,
@@ -22,11 +22,11 @@ from supervisor.ledger import (
     StepSpec,
     TerminalState,
 )
-from supervisor.ledger.repositories import add_repository
-from supervisor.ledger.store import LedgerStore
-from supervisor.ledger.verification import Evidence, Finding, Problem
-from tether.messages import CheckRun, CheckSpec
+from tether.supervisor.ledger.repositories import add_repository
+from tether.supervisor.ledger.store import LedgerStore
+from tether.supervisor.ledger.verification import Evidence, Finding, Problem
 from tether.wire import ErrorCode, Outcome
+from tether.wire.records import CheckRun, CheckSpec
 
 from .conftest import make_spec, queued_task, report_for
 

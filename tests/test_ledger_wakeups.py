@@ -9,8 +9,8 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor.ledger import SqliteLedger, StorageError, batch
-from supervisor.ledger.batch import BatchResult, Rule, RuleOutcome
+from tether.supervisor.ledger import SqliteLedger, StorageError, batch
+from tether.supervisor.ledger.batch import BatchResult, Rule, RuleOutcome
 
 from .conftest import make_spec
 

@@ -14,11 +14,11 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from supervisor.ledger import NotFound, StorageError, Tx
-from supervisor.ledger.batch import BatchResult, Rule, RuleOutcome, Transactions
-from supervisor.ledger.identity import create_task
-from supervisor.ledger.store import LedgerStore
-from supervisor.ledger.writer import Writer
+from tether.supervisor.ledger import NotFound, StorageError, Tx
+from tether.supervisor.ledger.batch import BatchResult, Rule, RuleOutcome, Transactions
+from tether.supervisor.ledger.identity import create_task
+from tether.supervisor.ledger.store import LedgerStore
+from tether.supervisor.ledger.writer import Writer
 
 from .conftest import FakeClock, count, ledger_rows, make_spec, open_ledger
 

@@ -1,5 +1,5 @@
-"""The OpenAPI document (`supervisor.api.openapi`): the app's routes and the declarations agree,
-the document is valid OpenAPI 3.1 built from the records' own schemas, each status lists only
+"""The OpenAPI document (`tether.supervisor.api.openapi`): the app's routes and the declarations
+agree, the document is valid OpenAPI 3.1 built from the records' own schemas, each status lists only
 its own error codes, and it is served without a token. (tests/test_openapi_live.py runs
 schemathesis against a live supervisor.)"""
 
@@ -16,13 +16,13 @@ import pytest
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 from starlette.routing import Route
 
-from supervisor.api import create_app, openapi
-from supervisor.api.contract import OPERATIONS, Operation, Raw
-from supervisor.ledger import Role
-from supervisor.settings import SupervisorSettings
 from tests.conftest import ApiHarness
-from tether import messages
+from tether.supervisor.api import create_app, openapi
+from tether.supervisor.api.contract import OPERATIONS, Operation, Raw
+from tether.supervisor.ledger import Role
+from tether.supervisor.settings import SupervisorSettings
 from tether.wire import ERRORS, ErrorCode
+from tether.wire import records as messages
 
 
 @pytest.fixture

@@ -26,11 +26,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from supervisor import admin
-from supervisor.api import create_app, openapi
-from supervisor.api.contract import OPERATIONS
-from supervisor.settings import SupervisorSettings
 from tests.conftest import task_body
+from tether.supervisor import admin
+from tether.supervisor.api import create_app, openapi
+from tether.supervisor.api.contract import OPERATIONS
+from tether.supervisor.settings import SupervisorSettings
 
 pytestmark = pytest.mark.slow
 

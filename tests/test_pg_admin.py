@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor.ledger.store import open_ledger
+from tether.supervisor.ledger.store import open_ledger
 
 from . import pgdb
 from .test_cli_admin import TOKEN_LINE, run

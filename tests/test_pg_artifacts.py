@@ -18,12 +18,12 @@ import anyio
 import httpx
 import pytest
 
-from supervisor import admin
-from supervisor.artifacts import Held
-from supervisor.artifacts.pg import CHUNK_BYTES, CONNECTIONS, WAIT_S, PgArtifactStore
-from supervisor.ledger.copy import copy_ledger
-from supervisor.ledger.pg_schema import connect
-from supervisor.repos import candidate_ref
+from tether.supervisor import admin
+from tether.supervisor.artifacts import Held
+from tether.supervisor.artifacts.pg import CHUNK_BYTES, CONNECTIONS, WAIT_S, PgArtifactStore
+from tether.supervisor.ledger.copy import copy_ledger
+from tether.supervisor.ledger.pg_schema import connect
+from tether.supervisor.repos import candidate_ref
 
 from . import pgdb
 from .conftest import ApiHarness, FakeClock, assert_error, chat_payload, open_api

@@ -15,16 +15,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from supervisor.admin import AdminError, check
-from supervisor.ledger import SqliteLedger, invariants, queries
-from supervisor.ledger.copy import copy_ledger
-from supervisor.ledger.errors import SchemaTooNew, StaleFence, StorageError
-from supervisor.ledger.outbox import Delivered
-from supervisor.ledger.pg_schema import PgRow, connect, newest_version, schema_version
-from supervisor.ledger.postgres import PgConnection
-from supervisor.ledger.tokens import Principal, Role
-from supervisor.ledger.tx import ReadSession
-from supervisor.migrate_command import run
+from tether.supervisor.admin import AdminError, check
+from tether.supervisor.ledger import SqliteLedger, invariants, queries
+from tether.supervisor.ledger.copy import copy_ledger
+from tether.supervisor.ledger.errors import SchemaTooNew, StaleFence, StorageError
+from tether.supervisor.ledger.outbox import Delivered
+from tether.supervisor.ledger.pg_schema import PgRow, connect, newest_version, schema_version
+from tether.supervisor.ledger.postgres import PgConnection
+from tether.supervisor.ledger.tokens import Principal, Role
+from tether.supervisor.ledger.tx import ReadSession
+from tether.supervisor.migrate_command import run
 
 from . import pgdb
 from .conftest import FakeClock, open_ledger, queued_task, raw_db, report_for
@@ -310,7 +310,7 @@ def test_an_unreachable_target_is_one_line_without_the_password(tmp_path: Path) 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", *args],
+        [sys.executable, "-m", "tether.supervisor.cli", *args],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 

@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from supervisor.ledger import LedgerConfig
-from supervisor.ledger.pg_schema import LIVENESS
-from supervisor.ledger.store import open_ledger
+from tether.supervisor.ledger import LedgerConfig
+from tether.supervisor.ledger.pg_schema import LIVENESS
+from tether.supervisor.ledger.store import open_ledger
 
 from . import pgdb
 from .conftest import FakeClock, queued_task

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.ledger import LedgerConfig, StaleFence, queries
-from supervisor.ledger.batch import Transactions
-from supervisor.ledger.postgres import PostgresBackend
-from supervisor.ledger.reaper import next_deadline
-from supervisor.ledger.tx import Tx
+from tether.supervisor.ledger import LedgerConfig, StaleFence, queries
+from tether.supervisor.ledger.batch import Transactions
+from tether.supervisor.ledger.postgres import PostgresBackend
+from tether.supervisor.ledger.reaper import next_deadline
+from tether.supervisor.ledger.tx import Tx
 
 from . import pgdb
 from .conftest import FakeClock

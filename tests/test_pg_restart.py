@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.ledger import LedgerConfig
-from supervisor.ledger.store import open_ledger
+from tether.supervisor.ledger import LedgerConfig
+from tether.supervisor.ledger.store import open_ledger
 
 from . import pgdb
 from .conftest import FakeClock, queued_task

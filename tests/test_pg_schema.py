@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from supervisor.ledger.errors import SchemaTooNew, StorageError
-from supervisor.ledger.pg_schema import (
+from tether.supervisor.ledger.errors import SchemaTooNew, StorageError
+from tether.supervisor.ledger.pg_schema import (
     MIGRATION_LOCK,
     PgRow,
     connect,
@@ -24,7 +24,7 @@ from supervisor.ledger.pg_schema import (
     redact,
     schema_version,
 )
-from supervisor.ledger.schema import migrations, open_ledger_file
+from tether.supervisor.ledger.schema import migrations, open_ledger_file
 
 from . import pgdb
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from supervisor import admin
+from tether.supervisor import admin
 
 from . import pgdb
 from .test_cli_serve import serving

@@ -15,18 +15,25 @@ import anyio
 import psycopg
 import pytest
 
-from supervisor.api.auth import TokenCache
-from supervisor.effects.credentials import Credentials
-from supervisor.effects.dispatcher import Dispatcher
-from supervisor.effects.registry import EffectKinds
-from supervisor.ledger import Created, LedgerConfig, StepSpec, StorageError, TaskSpec, postgres
-from supervisor.ledger.backends import EVERYTHING, LedgerUrlError, Wakeup, open_backend
-from supervisor.ledger.pg_schema import connect
-from supervisor.ledger.postgres import CHANNEL, PostgresBackend
-from supervisor.ledger.store import LedgerStore, open_ledger
-from supervisor.server import preflight
-from supervisor.settings import SupervisorSettings
 from tether.settings import SettingsError
+from tether.supervisor.api.auth import TokenCache
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.dispatcher import Dispatcher
+from tether.supervisor.effects.registry import EffectKinds
+from tether.supervisor.ledger import (
+    Created,
+    LedgerConfig,
+    StepSpec,
+    StorageError,
+    TaskSpec,
+    postgres,
+)
+from tether.supervisor.ledger.backends import EVERYTHING, LedgerUrlError, Wakeup, open_backend
+from tether.supervisor.ledger.pg_schema import connect
+from tether.supervisor.ledger.postgres import CHANNEL, PostgresBackend
+from tether.supervisor.ledger.store import LedgerStore, open_ledger
+from tether.supervisor.server import preflight
+from tether.supervisor.settings import SupervisorSettings
 
 from . import pgdb
 from .conftest import FakeClock, make_spec, queued_task, report_for

@@ -38,7 +38,7 @@ import httpx
 import psycopg
 import pytest
 
-from supervisor import admin
+from tether.supervisor import admin
 
 from . import pgdb
 from .test_runner_processes import (

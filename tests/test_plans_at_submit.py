@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from supervisor import admin
-from supervisor.ledger import InvalidRequest, SqliteLedger, StepSpec, TaskSpec
-from supervisor.ledger.runners import SEEN_RESOLUTION_S
+from tether.supervisor import admin
+from tether.supervisor.ledger import InvalidRequest, SqliteLedger, StepSpec, TaskSpec
+from tether.supervisor.ledger.runners import SEEN_RESOLUTION_S
 
 from .conftest import (
     ApiHarness,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import admin
-from supervisor.ledger import identity, operator, repositories
-from supervisor.ledger.errors import InvalidRequest
+from tether.supervisor import admin
+from tether.supervisor.ledger import identity, operator, repositories
+from tether.supervisor.ledger.errors import InvalidRequest
 
 from .agent_repos import make_origin
 from .conftest import count, make_spec

@@ -10,8 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-import supervisor.repos as repos_pkg
-from supervisor.repos import (
+import tether.supervisor.repos as repos_pkg
+from tether.supervisor.repos import (
     BundleRefused,
     Mirrors,
     NoSuchHead,

@@ -17,10 +17,10 @@ import pytest
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-import runner
-from runner.cli import main
-from runner.kinds import KindRegistry
-from runner.settings import RunnerSettings
+import tether.runner
+from tether.runner.cli import main
+from tether.runner.kinds import KindRegistry
+from tether.runner.settings import RunnerSettings
 from tether.settings import SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,11 +46,11 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_public_surface_is_deliberate() -> None:
-    assert sorted(runner.__all__) == [
+    assert sorted(tether.runner.__all__) == [
         "KindRegistry", "Runner", "RunnerSettings", "StepContext", "StepKind", "StepOutput",
     ]  # fmt: skip
-    for name in runner.__all__:
-        assert getattr(runner, name) is not None
+    for name in tether.runner.__all__:
+        assert getattr(tether.runner, name) is not None
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"]])
@@ -207,8 +207,8 @@ def test_the_runner_hands_commands_without_sandbox_to_the_agent_kind(
     env: str | None,
     expected: bool,
 ) -> None:
-    import runner.cli
-    from runner.agent import AgentKind
+    import tether.runner.cli
+    from tether.runner.agent import AgentKind
 
     token_file = tmp_path / "runner-token"
     token_file.write_text(TOKEN + "\n")
@@ -221,7 +221,7 @@ def test_the_runner_hands_commands_without_sandbox_to_the_agent_kind(
         served.append((settings, kinds))
         return 0
 
-    monkeypatch.setattr(runner.cli, "serve", fake_serve)
+    monkeypatch.setattr(tether.runner.cli, "serve", fake_serve)
     try:
         assert main([*_flags(token_file=str(token_file)), *flag]) == 0
     finally:
@@ -238,16 +238,21 @@ LIGHT_CHECK = textwrap.dedent(
     import importlib, pkgutil, sys
 
     ALLOWED = set(sys.stdlib_module_names) | {
-        "runner", "tether", "anyio", "httpx", "httpcore", "h11", "idna", "sniffio",
+        "tether", "anyio", "httpx", "httpcore", "h11", "idna", "sniffio",
         "certifi", "structlog", "tenacity", "typing_extensions", "exceptiongroup", "msgspec",
     }
     # Each check below imports only the runner's side; this finder refuses the rest.
     FORBIDDEN = {"supervisor", "starlette", "aiosqlite", "uvicorn"}
+    FORBIDDEN_PACKAGES = ("tether.supervisor", "tether.sim")
+
+    def forbidden(name):
+        top = name.split(".")[0]
+        inside = any(name == p or name.startswith(p + ".") for p in FORBIDDEN_PACKAGES)
+        return top in FORBIDDEN or inside
 
     class OnlyTheRunnersDependencies:
         def find_spec(self, name, path=None, target=None):
-            top = name.split(".")[0]
-            if top in FORBIDDEN or top not in ALLOWED:
+            if forbidden(name) or name.split(".")[0] not in ALLOWED:
                 raise ImportError(f"the runner imported {name!r}")
             return None
 
@@ -258,17 +263,17 @@ LIGHT_CHECK = textwrap.dedent(
         pass
     else:
         raise SystemExit("the finder let starlette in")
-    import runner, runner.cli
-    for info in pkgutil.walk_packages(runner.__path__, "runner."):
-        if info.name != "runner.__main__":  # it would run the CLI
+    import tether.runner, tether.runner.cli
+    for info in pkgutil.walk_packages(tether.runner.__path__, "tether.runner."):
+        if info.name != "tether.runner.__main__":  # it would run the CLI
             importlib.import_module(info.name)
     for name in ("tether.wire", "tether.settings", "tether.logs"):
         importlib.import_module(name)
 
     import anyio
     from tether.clocks import LoopClock
-    from runner.errors import SupervisorUnreachable
-    from runner.supervisor_client import SupervisorClient
+    from tether.runner.errors import SupervisorUnreachable
+    from tether.runner.supervisor_client import SupervisorClient
 
     async def touch_the_network_stack():
         client = SupervisorClient(
@@ -284,10 +289,10 @@ LIGHT_CHECK = textwrap.dedent(
 
     anyio.run(touch_the_network_stack)
     try:
-        runner.cli.main(["--help"])
+        tether.runner.cli.main(["--help"])
     except SystemExit as exc:
         assert exc.code == 0
-    bad = sorted(m for m in sys.modules if m.split(".")[0] in FORBIDDEN)
+    bad = sorted(m for m in sys.modules if forbidden(m))
     assert not bad, bad
     print("light")
     """
@@ -347,7 +352,7 @@ def test_the_event_loop_is_uvloop_only_when_it_is_installed(
 ) -> None:
     import importlib.util
 
-    from runner import cli
+    from tether.runner import cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

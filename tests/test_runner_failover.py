@@ -1,5 +1,5 @@
 """A runner with several supervisors on one ledger fails over between them (issue 14, item 3):
-the setting's forms, the rule of `runner.failover`, and steps whose lease outlives the
+the setting's forms, the rule of `tether.runner.failover`, and steps whose lease outlives the
 supervisor that granted it."""
 
 from __future__ import annotations
@@ -15,11 +15,6 @@ import httpx
 import pytest
 import structlog.testing
 
-from runner.cli import main
-from runner.errors import SupervisorUnreachable, TokenRejected
-from runner.failover import Endpoint, Endpoints
-from runner.settings import RunnerSettings
-from runner.supervisor_client import SupervisorClient
 from tests.runner_failover_fakes import (
     make_failover_rig,
     no_answer_within_timeout,
@@ -40,6 +35,11 @@ from tests.test_runner_processes import (
 )
 from tests.test_runner_steps import Gate, step_outcomes, until
 from tether.clocks import LoopClock
+from tether.runner.cli import main
+from tether.runner.errors import SupervisorUnreachable, TokenRejected
+from tether.runner.failover import Endpoint, Endpoints
+from tether.runner.settings import RunnerSettings
+from tether.runner.supervisor_client import SupervisorClient
 from tether.settings import SettingsError, load_settings
 
 SWITCHED = "supervisor gave no answer; switching to the next"

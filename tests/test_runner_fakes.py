@@ -21,12 +21,12 @@ from typing import Any
 import anyio
 import httpx
 
-from runner.credentials import SecretSource
-from runner.daemon import Runner
-from runner.kinds import KindRegistry
-from runner.model_client import ModelClient
-from runner.settings import RunnerSettings
-from runner.supervisor_client import SupervisorClient
+from tether.runner.credentials import SecretSource
+from tether.runner.daemon import Runner
+from tether.runner.kinds import KindRegistry
+from tether.runner.model_client import ModelClient
+from tether.runner.settings import RunnerSettings
+from tether.runner.supervisor_client import SupervisorClient
 from tether.wire import content_hash
 
 TOKEN = "runner-token-7f3c9e1d2b"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from runner.http import CONNECTIONS_PER_POOL, ShardedPools, make_client, pooled_transport
+from tether.runner.http import CONNECTIONS_PER_POOL, ShardedPools, make_client, pooled_transport
 
 
 async def test_requests_go_round_robin_over_the_pools() -> None:

@@ -25,14 +25,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from runner.errors import SupervisorUnreachable
-from runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, ShardedPools, pooled_transport
-from runner.supervisor_client import SupervisorClient
-from supervisor.server import TIMEOUT_KEEP_ALIVE_S, server_config
-from supervisor.settings import SupervisorSettings
 from tether.clocks import LoopClock
-from tether.codec import encode
-from tether.messages import RunnerIdentity
+from tether.runner.errors import SupervisorUnreachable
+from tether.runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, ShardedPools, pooled_transport
+from tether.runner.supervisor_client import SupervisorClient
+from tether.supervisor.server import TIMEOUT_KEEP_ALIVE_S, server_config
+from tether.supervisor.settings import SupervisorSettings
+from tether.wire.codec import encode
+from tether.wire.records import RunnerIdentity
 
 KEEP_ALIVE_S = 1.0  # the server's, scaled down from TIMEOUT_KEEP_ALIVE_S
 DELAY_S = 0.05  # one way, so a request on a closing connection has a 0.1 s window

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from runner.errors import StepRejected, StepUnsupported
-from runner.kinds import (
+from tether.runner.errors import StepRejected, StepUnsupported
+from tether.runner.kinds import (
     ENTRY_POINT_GROUP,
     KindRegistry,
     StepContext,
@@ -16,9 +16,9 @@ from runner.kinds import (
     chat_request,
     run_chat,
 )
-from runner.lease import EarlierOutput
-from runner.model_client import Completion
-from tether.payloads import CalledFunction, ToolCall
+from tether.runner.lease import EarlierOutput
+from tether.runner.model_client import Completion
+from tether.wire.payloads import CalledFunction, ToolCall
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "sum it up"}]
 

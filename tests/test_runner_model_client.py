@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from runner.errors import OperatorProblem, StepRejected, TransientFailure
-from runner.model_client import ModelClient
-from runner.retry_after import MAX_RETRY_AFTER_S, parse_retry_after
 from tests.test_runner_fakes import MODEL_KEY, FakeModel, VirtualClock, completion, json_response
+from tether.runner.errors import OperatorProblem, StepRejected, TransientFailure
+from tether.runner.model_client import ModelClient
+from tether.runner.retry_after import MAX_RETRY_AFTER_S, parse_retry_after
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

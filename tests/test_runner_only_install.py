@@ -1,7 +1,8 @@
 """A runner-only install (`pip install tether`, the base dependencies alone) imports nothing it
-lacks: every module of `tether` and `runner` imports, and `tether-runner --help` runs, while
-the supervisor's and the developers' distributions and the checkout-only packages are refused.
-And the wheel holds `tether`, `runner` and `supervisor` only: no demo, no stand-in model."""
+lacks: every module of `tether` but the supervisor's and the explorer's imports, and
+`tether-runner --help` runs, while the supervisor's and the developers' distributions and the
+checkout-only packages are refused. And the wheel holds the one package `tether` only: no demo,
+no stand-in model."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from tests.wheels import build_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "runner_only_probe.py"
@@ -28,8 +30,9 @@ ALWAYS_FORBIDDEN = frozenset({
     "starlette", "uvicorn", "httptools", "prometheus_client", "cachetools", "jinja2",
     "psycopg", "aiosqlite",
     "opentelemetry",  # the otel extra: tracing is optional on a runner too
-    # packages of the checkout that a borrowed server never has
-    "supervisor", "examples", "bench", "tests",
+    # what a runner never imports: the supervisor and the schedule explorer (both in the
+    # wheel), and packages of the checkout that a borrowed server never has
+    "tether.supervisor", "tether.sim", "examples", "bench", "tests",
 })  # fmt: skip
 
 
@@ -85,20 +88,22 @@ def test_the_forbidden_list_covers_the_supervisor_and_dev_extras() -> None:
     forbidden = forbidden_modules()
     assert {"starlette", "uvicorn", "httptools", "pytest", "hypothesis", "psutil"} <= forbidden
     assert "opentelemetry" in forbidden
-    assert not {"anyio", "httpx", "structlog", "tenacity", "sniffio", "tether", "runner"} & (
+    assert not {"anyio", "httpx", "structlog", "tenacity", "sniffio", "tether", "tether.runner"} & (
         forbidden
     )
 
 
 def test_every_runner_module_imports_and_help_runs_without_them() -> None:
     result = probe(
-        "--forbid", ",".join(sorted(forbidden_modules())), "--walk", "tether", "runner",
+        "--forbid", ",".join(sorted(forbidden_modules())), "--walk", "tether",
         "--runner-help",
     )  # fmt: skip
     assert result["failures"] == []
     imported = set(result["imported"])
-    assert {"tether.wire", "tether.logs", "runner.cli", "runner.daemon", "runner.step"} <= imported
-    assert {"tether.tracing", "runner.tracing"} <= imported
+    runner = {"tether.runner.cli", "tether.runner.daemon", "tether.runner.step"}
+    assert {"tether.wire", "tether.wire.records", "tether.logs", *runner} <= imported
+    assert not [name for name in imported if name.startswith(("tether.supervisor", "tether.sim"))]
+    assert {"tether.tracing", "tether.runner.tracing"} <= imported
     assert result["helped"] == [["--help"], ["run", "--help"]]
 
 
@@ -119,32 +124,15 @@ def test_the_probe_catches_a_module_that_imports_a_refused_one(tmp_path: Path) -
     assert set(refused["imported"]) == {"planted", "planted.light", "planted.heavy"}
 
 
-def test_the_wheel_holds_the_three_packages_and_no_demo_or_stand_in(tmp_path: Path) -> None:
-    # Built from a copy, so the build's own folders never land in the working tree.
-    source = tmp_path / "src"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv", ".peers-venv", "__pycache__", "*.egg-info", "build", ".*_cache",
-            ".hypothesis", "*.db", "*.db-*",
-        ),
-    )  # fmt: skip
-    out = tmp_path / "dist"
-    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-    built = subprocess.run(
-        [*pip, str(source), "-w", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    (wheel,) = out.glob("tether-*.whl")
+def test_the_wheel_holds_the_one_package_and_no_demo_or_stand_in(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     modules = [n for n in names if ".dist-info/" not in n]
 
-    assert {n.split("/", 1)[0] for n in modules} == {"tether", "runner", "supervisor"}
-    assert {"tether/wire.py", "runner/cli.py", "supervisor/cli.py"} <= set(modules)
+    assert {n.split("/", 1)[0] for n in modules} == {"tether"}
+    wanted = {"tether/wire/records.py", "tether/runner/cli.py", "tether/supervisor/cli.py"}
+    assert wanted | {"tether/sim/explore.py", "tether/supervisor/ledger/sql/queries/batch.sql"} <= (
+        set(modules)
+    )
     assert [n for n in modules if "standin" in n or "demo" in n] == []
-    assert (source / "examples" / "standin_model.py").exists()  # it was there to leave out
+    assert (ROOT / "examples" / "standin_model.py").exists()  # it was there to leave out

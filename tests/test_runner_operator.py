@@ -13,7 +13,6 @@ import anyio
 import httpx
 import structlog.testing
 
-from runner.errors import OperatorProblem
 from tests.test_runner_fakes import (
     JumpClock,
     Rig,
@@ -24,6 +23,7 @@ from tests.test_runner_fakes import (
     make_rig,
 )
 from tests.test_runner_steps import step_outcomes, until
+from tether.runner.errors import OperatorProblem
 
 GOOD_KEY = "sk-good-key-0b1c2d3e4f"
 

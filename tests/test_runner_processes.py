@@ -44,7 +44,7 @@ def program(name: str) -> list[str]:
     script = Path(sys.executable).parent / name
     if script.exists():
         return [str(script)]
-    module = {"tether-supervisor": "supervisor.cli", "tether-runner": "runner"}[name]
+    module = {"tether-supervisor": "tether.supervisor.cli", "tether-runner": "tether.runner"}[name]
     return [sys.executable, "-m", module]
 
 

@@ -21,9 +21,6 @@ import httpx
 import pytest
 import structlog.testing
 
-from runner.daemon import NOT_A_SUPERVISOR_EXIT
-from runner.errors import LeaseLost, SupervisorRefused, SupervisorUnreachable
-from runner.supervisor_client import SupervisorClient
 from tests.conftest import ApiHarness
 from tests.test_runner_fakes import (
     TOKEN,
@@ -38,6 +35,9 @@ from tests.test_runner_fakes import (
 from tests.test_runner_processes import Cluster, environment, program, wait_for
 from tests.test_runner_steps import step_outcomes, until
 from tether.clocks import LoopClock
+from tether.runner.daemon import NOT_A_SUPERVISOR_EXIT
+from tether.runner.errors import LeaseLost, SupervisorRefused, SupervisorUnreachable
+from tether.runner.supervisor_client import SupervisorClient
 from tether.sdnotify import Notifier
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runner.kinds import KindRegistry, StepContext, StepOutput
 from tests.test_runner_fakes import make_lease, make_rig
 from tests.test_runner_steps import run_until, step_outcomes
-from tether.codec import decode
-from tether.messages import ReleaseRequest
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.wire.codec import decode
+from tether.wire.records import ReleaseRequest
 
 
 async def test_a_failure_detail_with_nul_is_released_without_it(tmp_path: Path) -> None:

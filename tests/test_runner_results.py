@@ -11,10 +11,10 @@ import anyio
 import httpx
 import pytest
 
-from runner.errors import LeaseLost, LostBecause, SupervisorRefused, SupervisorUnreachable
-from runner.results import ResultSender
-from runner.supervisor_client import ResultReport, SupervisorClient
 from tether.clocks import LoopClock
+from tether.runner.errors import LeaseLost, LostBecause, SupervisorRefused, SupervisorUnreachable
+from tether.runner.results import ResultSender
+from tether.runner.supervisor_client import ResultReport, SupervisorClient
 from tether.wire import Outcome
 
 from .test_runner_fakes import completion, make_lease, make_rig

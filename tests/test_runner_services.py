@@ -15,18 +15,6 @@ import httpx
 import msgspec
 import pytest
 
-from runner.errors import (
-    ArtifactCorrupt,
-    ArtifactRefused,
-    LeaseLost,
-    LostBecause,
-    SupervisorRefused,
-    SupervisorUnreachable,
-)
-from runner.kinds import KindRegistry, StepContext, StepOutput
-from runner.lease import Lease
-from runner.services import CHUNK_BYTES, SupervisorServices
-from runner.supervisor_client import SupervisorClient
 from tests.conftest import ApiHarness
 from tests.test_runner_fakes import (
     TOKEN,
@@ -39,8 +27,20 @@ from tests.test_runner_fakes import (
     make_lease,
     make_rig,
 )
-from tether import messages
-from tether.messages import Checkpoint, CheckRun, LeaseRepository, ResumePoint
+from tether.runner.errors import (
+    ArtifactCorrupt,
+    ArtifactRefused,
+    LeaseLost,
+    LostBecause,
+    SupervisorRefused,
+    SupervisorUnreachable,
+)
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.lease import Lease
+from tether.runner.services import CHUNK_BYTES, SupervisorServices
+from tether.runner.supervisor_client import SupervisorClient
+from tether.wire import records as messages
+from tether.wire.records import Checkpoint, CheckRun, LeaseRepository, ResumePoint
 
 SHA_A = "a" * 40
 SHA_B = "b" * 40

@@ -9,7 +9,6 @@ import anyio
 import httpx
 import structlog.testing
 
-from runner.kinds import KindRegistry, StepContext, StepOutput
 from tests.test_runner_fakes import (
     TOKEN,
     FakeModel,
@@ -22,6 +21,7 @@ from tests.test_runner_fakes import (
     make_lease,
     make_rig,
 )
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput
 from tether.wire import content_hash
 
 
@@ -491,7 +491,7 @@ async def test_an_unexpected_error_while_claiming_pauses_claiming_not_the_daemon
 
 
 async def test_the_runner_keeps_only_its_recent_steps(tmp_path: Path) -> None:
-    from runner import daemon
+    from tether.runner import daemon
 
     rig = make_rig(tmp_path, concurrency=4)
     for i in range(daemon.RECENT_STEPS + 6):

@@ -8,17 +8,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runner.errors import (
+from tests.test_runner_fakes import error, json_response, make_lease, make_rig
+from tests.test_runner_steps import run_until, step_outcomes
+from tether.clocks import LoopClock
+from tether.runner.errors import (
     LeaseLost,
     LostBecause,
     SupervisorRefused,
     SupervisorUnreachable,
     TokenRejected,
 )
-from runner.supervisor_client import ResultReport, SupervisorClient
-from tests.test_runner_fakes import error, json_response, make_lease, make_rig
-from tests.test_runner_steps import run_until, step_outcomes
-from tether.clocks import LoopClock
+from tether.runner.supervisor_client import ResultReport, SupervisorClient
 
 REPORT = ResultReport(fence=1, payload_hash="h", output={"text": "x"}, usage={})
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supervisor import server
 from tests.test_runner_fakes import make_lease, make_rig
 from tether.sdnotify import Notifier
+from tether.supervisor import server
 
 
 @pytest.fixture

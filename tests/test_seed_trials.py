@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.ledger import Report, SqliteLedger
+from tether.supervisor.ledger import Report, SqliteLedger
 from tether.wire import Outcome
 
 from .conftest import FakeClock, queued_task

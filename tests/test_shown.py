@@ -1,10 +1,10 @@
 """What an operator reads before opening a gate shows every character that hides or reorders
-text (`supervisor.shown`), on the CLI and on the status page."""
+text (`tether.supervisor.shown`), on the CLI and on the status page."""
 
 from __future__ import annotations
 
-from supervisor.shown import reveal, reveal_all
-from supervisor.ui.effects import shown_request
+from tether.supervisor.shown import reveal, reveal_all
+from tether.supervisor.ui.effects import shown_request
 
 DISGUISED = "pay \u202e000,28$ now\u200b"
 

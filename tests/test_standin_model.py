@@ -19,12 +19,12 @@ import pytest
 
 import examples.standin_model as standin
 from examples.standin_model import Knobs, create_app, latency_for, main, read_scenario
-from runner.agent.loop import LoopResult, run_loop
-from runner.agent.sandbox import NoSandbox
-from runner.agent.tools import ToolBox
-from runner.errors import OperatorProblem, StepRejected
-from runner.model_client import Completion, ModelClient
 from tether.clocks import LoopClock
+from tether.runner.agent.loop import LoopResult, run_loop
+from tether.runner.agent.sandbox import NoSandbox
+from tether.runner.agent.tools import ToolBox
+from tether.runner.errors import OperatorProblem, StepRejected
+from tether.runner.model_client import Completion, ModelClient
 
 BODY = {
     "model": "stand-in",

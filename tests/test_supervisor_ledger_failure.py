@@ -13,10 +13,10 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from supervisor import server, service
-from supervisor.api import create_app
-from supervisor.ledger import SqliteLedger, StorageError
-from supervisor.settings import SupervisorSettings
+from tether.supervisor import server, service
+from tether.supervisor.api import create_app
+from tether.supervisor.ledger import SqliteLedger, StorageError
+from tether.supervisor.settings import SupervisorSettings
 
 from .conftest import FakeClock, count, queued_task
 
@@ -119,7 +119,7 @@ async def test_a_bug_in_the_reapers_rules_is_not_retried_silently(
 ) -> None:
     """Only the storage failing is waited out; a crashed rule ends the reaper (and with it the
     ledger, and `serve` with exit 1), instead of a process that looks alive and expires nothing."""
-    from supervisor.ledger.batch import RuleCrashed
+    from tether.supervisor.ledger.batch import RuleCrashed
 
     async def expire() -> int:
         raise RuleCrashed("KeyError: 'lease_deadline'")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.agent.loop import default_cache_dir
-from runner.settings import RunnerSettings
+from tether.runner.agent.loop import default_cache_dir
+from tether.runner.settings import RunnerSettings
 
 UNITS = Path(__file__).resolve().parents[1] / "systemd"
 NAMES = ("tether-supervisor.service", "tether-runner.service")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from supervisor import admin
-from supervisor.api import auth
-from supervisor.ledger.tokens import LAST_USE_EVERY_S
+from tether.supervisor import admin
+from tether.supervisor.api import auth
+from tether.supervisor.ledger.tokens import LAST_USE_EVERY_S
 
 from .conftest import ApiHarness, raw_db
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from runner.agent import AgentKind, NoSandbox
-from runner.kinds import StepContext
 from tests.agent_repos import make_origin
 from tests.agent_services import FakeServices, ScriptedChat, call, lease_repository
 from tether import tracing
+from tether.runner.agent import AgentKind, NoSandbox
+from tether.runner.kinds import StepContext
 from tether.tracing import TraceParent, parse_traceparent, trace_id_of, wanted
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,11 +88,11 @@ if sys.argv[1] == "refuse":
             if name.partition(".")[0] == "opentelemetry":
                 raise ModuleNotFoundError(f"No module named {name!r}", name=name)
     sys.meta_path.insert(0, Refuse())
-import runner.step, runner.agent, supervisor.api.runner_routes, supervisor.effects.dispatcher
-from runner import tracing as runner_tracing
-from supervisor import tracing as supervisor_tracing
-from tether.messages import Lease
-from supervisor.ledger.outbox import Outgoing, Delivered
+import tether.runner.step, runner.agent, supervisor.api.runner_routes, supervisor.effects.dispatcher
+from tether.runner import tracing as runner_tracing
+from tether.supervisor import tracing as supervisor_tracing
+from tether.wire.records import Lease
+from tether.supervisor.ledger.outbox import Outgoing, Delivered
 lease = Lease(step_id="s1", task_id="t1", name="n", kind="chat", attempt=1, fence=1,
               payload={}, payload_hash="h", ttl_s=30.0, renew_every_s=5.0)
 with supervisor_tracing.Grants([lease], runner_id="r", pool="p") as grants:

@@ -15,13 +15,13 @@ import anyio
 import pytest
 
 from examples.standin_model import create_app, read_scenario
-from runner.agent import AgentKind, NoSandbox
-from runner.kinds import KindRegistry
-from supervisor.effects.credentials import Credentials
-from supervisor.effects.dispatcher import Dispatcher
-from supervisor.effects.registry import EffectKinds
-from supervisor.ledger.outbox import Delivered, Unanswered
 from tether import tracing
+from tether.runner.agent import AgentKind, NoSandbox
+from tether.runner.kinds import KindRegistry
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.dispatcher import Dispatcher
+from tether.supervisor.effects.registry import EffectKinds
+from tether.supervisor.ledger.outbox import Delivered, Unanswered
 from tether.tracing import parse_traceparent, trace_id_of
 
 from .api_tasks import submitted

@@ -28,9 +28,9 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from examples import receiver as example_receiver
-from supervisor import admin
-from supervisor.api import create_app, drain
-from supervisor.settings import SupervisorSettings
+from tether.supervisor import admin
+from tether.supervisor.api import create_app, drain
+from tether.supervisor.settings import SupervisorSettings
 
 from .conftest import chat_payload, task_body
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor import admin, service
-from supervisor.ledger.outbox import Delivered, Unanswered
+from tether.supervisor import admin, service
+from tether.supervisor.ledger.outbox import Delivered, Unanswered
 
 from .agent_repos import make_origin
 from .api_tasks import submitted
@@ -142,7 +142,7 @@ async def test_sign_out_clears_the_cookie(web: ApiHarness) -> None:
 
 
 async def test_a_revoked_token_ends_the_session(web: ApiHarness) -> None:
-    from supervisor import admin
+    from tether.supervisor import admin
 
     client = await signed_in(web)
     assert (await client.get("/ui")).status_code == 200

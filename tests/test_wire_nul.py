@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tether.codec import BadMessage, decode
-from tether.messages import Cancel, Results
+from tether.wire.codec import BadMessage, decode
+from tether.wire.records import Cancel, Results
 
 from .conftest import ApiHarness, FakeClock, assert_error, chat_payload, open_api, task_body
 from .pgledger import rows

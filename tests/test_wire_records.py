@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from tether import messages as m
-from tether.codec import BadMessage, decode, encode, encode_strict
 from tether.wire import ERRORS, ErrorCode, Outcome, ReleaseReason, RunnerAction, runner_action
+from tether.wire import records as m
+from tether.wire.codec import BadMessage, decode, encode, encode_strict
 
 from .conftest import ApiHarness
 
@@ -279,18 +279,18 @@ def test_every_error_code_has_one_status_and_one_runner_action() -> None:
 
 def test_the_runner_and_the_supervisor_use_the_same_classes() -> None:
     """Identity, not lookalikes: one definition of each message on both sides."""
-    import runner.lease
-    import runner.supervisor_client as client
-    import supervisor.api.errors as api_errors
-    import supervisor.api.runner_routes as routes
-    from supervisor import ledger
-    from supervisor.ledger import effects, fencing
+    import tether.runner.lease
+    import tether.runner.supervisor_client as client
+    import tether.supervisor.api.errors as api_errors
+    import tether.supervisor.api.runner_routes as routes
+    from tether.supervisor import ledger
+    from tether.supervisor.ledger import effects, fencing
 
     assert ledger.Report is effects.Report is routes.Report is m.Report
     assert ledger.Renewal is fencing.Renewal is client.Renewal is m.Renewal
     assert ledger.Lease is fencing.Lease is m.Lease
-    assert issubclass(runner.lease.Lease, m.Lease)
-    assert runner.lease.EarlierOutput is m.EarlierOutput
+    assert issubclass(tether.runner.lease.Lease, m.Lease)
+    assert tether.runner.lease.EarlierOutput is m.EarlierOutput
     assert client.ResultReport is m.Result
     assert routes.Result is m.Result
     assert api_errors.ERRORS is ERRORS

@@ -4,9 +4,9 @@ task's checks at the candidate (`checks`), the confinement of the paths a tool n
 (`paths`), the built-in tools and their dispatcher (`tools`), and how an allowed command runs
 (`command`, `sandbox`)."""
 
-from runner.agent.checkpoints import Checkpointer, Start, resume_start
-from runner.agent.checks import CheckLimits, run_checks
-from runner.agent.errors import (
+from tether.runner.agent.checkpoints import Checkpointer, Start, resume_start
+from tether.runner.agent.checks import CheckLimits, run_checks
+from tether.runner.agent.errors import (
     BaseNotFound,
     FetchFailed,
     ToolError,
@@ -14,11 +14,11 @@ from runner.agent.errors import (
     ToolRefused,
     WorkspaceFailed,
 )
-from runner.agent.loop import AgentKind, Finish, LoopResult, run_loop
-from runner.agent.paths import Confinement
-from runner.agent.sandbox import Bubblewrap, NoSandbox, Sandbox, detect_sandbox
-from runner.agent.tools import ToolBox, ToolLimits, ToolLog, ToolResult
-from runner.agent.workspace import CleanupRecord, RepoCache, Snapshot, Workspace, commit_date
+from tether.runner.agent.loop import AgentKind, Finish, LoopResult, run_loop
+from tether.runner.agent.paths import Confinement
+from tether.runner.agent.sandbox import Bubblewrap, NoSandbox, Sandbox, detect_sandbox
+from tether.runner.agent.tools import ToolBox, ToolLimits, ToolLog, ToolResult
+from tether.runner.agent.workspace import CleanupRecord, RepoCache, Snapshot, Workspace, commit_date
 
 __all__ = [
     "AgentKind",

@@ -34,12 +34,12 @@ import anyio
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from runner import tracing
-from runner.agent.workspace import Snapshot, Workspace
-from runner.errors import LeaseLost, RunnerError
-from runner.kinds import StepServices
-from tether.messages import Checkpoint, ResumePoint
+from tether.runner import tracing
+from tether.runner.agent.workspace import Snapshot, Workspace
+from tether.runner.errors import LeaseLost, RunnerError
+from tether.runner.kinds import StepServices
 from tether.wire import canonical_json
+from tether.wire.records import Checkpoint, ResumePoint
 
 log = structlog.get_logger(__name__)
 

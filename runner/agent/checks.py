@@ -20,11 +20,11 @@ from pathlib import Path
 import anyio
 import structlog
 
-from runner import tracing
-from runner.agent.command import run_command
-from runner.agent.sandbox import Sandbox
-from runner.agent.workspace import Workspace
-from tether.messages import CheckRun, CheckSpec
+from tether.runner import tracing
+from tether.runner.agent.command import run_command
+from tether.runner.agent.sandbox import Sandbox
+from tether.runner.agent.workspace import Workspace
+from tether.wire.records import CheckRun, CheckSpec
 
 log = structlog.get_logger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import ByteReceiveStream
 
-from runner.agent.sandbox import Sandbox
+from tether.runner.agent.sandbox import Sandbox
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 

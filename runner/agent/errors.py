@@ -19,7 +19,7 @@ Each error carries a stable `code` for the tool result (`{"error": code, "detail
 
 from __future__ import annotations
 
-from runner.errors import StepFailure, StepRejected, TransientFailure
+from tether.runner.errors import StepFailure, StepRejected, TransientFailure
 
 
 class FetchFailed(TransientFailure):

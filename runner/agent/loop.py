@@ -30,19 +30,19 @@ import anyio
 import msgspec
 import structlog
 
-from runner.agent.checkpoints import Checkpointer, Start, resume_start
-from runner.agent.checks import CheckLimits, run_checks
-from runner.agent.paths import normalize_prefix
-from runner.agent.sandbox import Sandbox, detect_sandbox
-from runner.agent.sandbox_policy import CommandPolicy
-from runner.agent.tools import ToolBox, ToolLimits, ToolResult
-from runner.agent.workspace import CleanupRecord, RepoCache, Workspace, tree_size
-from runner.errors import StepRejected
-from runner.kinds import ChatModel, StepContext, StepOutput
-from runner.model_client import USAGE_KEYS, Completion
 from tether.git import GitError, git
-from tether.messages import CheckRun, LeaseRepository
-from tether.payloads import AgentPayload, ToolCall, plain, read_payload
+from tether.runner.agent.checkpoints import Checkpointer, Start, resume_start
+from tether.runner.agent.checks import CheckLimits, run_checks
+from tether.runner.agent.paths import normalize_prefix
+from tether.runner.agent.sandbox import Sandbox, detect_sandbox
+from tether.runner.agent.sandbox_policy import CommandPolicy
+from tether.runner.agent.tools import ToolBox, ToolLimits, ToolResult
+from tether.runner.agent.workspace import CleanupRecord, RepoCache, Workspace, tree_size
+from tether.runner.errors import StepRejected
+from tether.runner.kinds import ChatModel, StepContext, StepOutput
+from tether.runner.model_client import USAGE_KEYS, Completion
+from tether.wire.payloads import AgentPayload, ToolCall, plain, read_payload
+from tether.wire.records import CheckRun, LeaseRepository
 
 log = structlog.get_logger(__name__)
 

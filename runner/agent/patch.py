@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from runner.agent.errors import ToolRefused
+from tether.runner.agent.errors import ToolRefused
 
 _HEADER = re.compile(r"^(rename from|rename to|copy from|copy to) (.*)$")
 _MODE = re.compile(r"^(new file mode|new mode) (\d+)$")

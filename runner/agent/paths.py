@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from runner.agent.errors import ToolRefused
+from tether.runner.agent.errors import ToolRefused
 
 
 def normalize_prefix(prefix: str) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import structlog
 
-from runner.agent.sandbox import NoSandbox, Sandbox
-from runner.errors import OperatorProblem
+from tether.runner.agent.sandbox import NoSandbox, Sandbox
+from tether.runner.errors import OperatorProblem
 
 log = structlog.get_logger(__name__)
 

@@ -22,14 +22,14 @@ import anyio
 import msgspec
 import structlog
 
-from runner import tracing
-from runner.agent import schemas
-from runner.agent.command import run_command
-from runner.agent.errors import ToolError, ToolFailed, ToolRefused
-from runner.agent.patch import patch_paths
-from runner.agent.paths import Confinement, normalize_prefix
-from runner.agent.sandbox import NoSandbox, Sandbox
 from tether.git import GitError, git, git_env
+from tether.runner import tracing
+from tether.runner.agent import schemas
+from tether.runner.agent.command import run_command
+from tether.runner.agent.errors import ToolError, ToolFailed, ToolRefused
+from tether.runner.agent.patch import patch_paths
+from tether.runner.agent.paths import Confinement, normalize_prefix
+from tether.runner.agent.sandbox import NoSandbox, Sandbox
 
 log = structlog.get_logger(__name__)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import anyio
 
-from runner.agent.errors import BaseNotFound, FetchFailed, WorkspaceFailed
 from tether.git import GitError, git, redact
+from tether.runner.agent.errors import BaseNotFound, FetchFailed, WorkspaceFailed
 
 AUTHOR_NAME = "tether"
 AUTHOR_EMAIL = "tether@localhost"

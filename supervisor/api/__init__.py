@@ -1,6 +1,6 @@
 """The supervisor's HTTP API v1: Starlette routes served by uvicorn, each a thin adapter over
 the ledger port."""
 
-from supervisor.api.app import create_app, drain
+from tether.supervisor.api.app import create_app, drain
 
 __all__ = ["create_app", "drain"]

@@ -1,16 +1,17 @@
 """Records for the answers the routes still build as plain dicts from the ledger's views: the
 whole task view, the events page, the review record, a repository head, health.
 
-`tether.messages` holds the records a client reads (`TaskView` names only what the CLI needs);
-these name every field the supervisor sends, so the OpenAPI document (`supervisor.api.openapi`)
-describes all of it. The schemathesis test holds the live answers to them.
+`tether.wire.records` holds the records a client reads (`TaskView` names only what the CLI
+needs); these name every field the supervisor sends, so the OpenAPI document
+(`tether.supervisor.api.openapi`) describes all of it. The schemathesis test holds the live
+answers to them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from tether.messages import Record, StepView, TaskSummary, TaskView
+from tether.wire.records import Record, StepView, TaskSummary, TaskView
 
 
 class Rejection(Record, frozen=True, kw_only=True):

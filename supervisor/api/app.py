@@ -16,11 +16,12 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from supervisor import ui
-from supervisor.api import artifact_routes, health, openapi, operator_routes, runner_routes
-from supervisor.api.auth import TokenCache
-from supervisor.api.bindings import UnboundSteps
-from supervisor.api.errors import (
+from tether.clocks import WallClock
+from tether.supervisor import ui
+from tether.supervisor.api import artifact_routes, health, openapi, operator_routes, runner_routes
+from tether.supervisor.api.auth import TokenCache
+from tether.supervisor.api.bindings import UnboundSteps
+from tether.supervisor.api.errors import (
     ApiError,
     on_api_error,
     on_http_exception,
@@ -28,15 +29,14 @@ from supervisor.api.errors import (
     on_repository_unavailable,
     on_unexpected,
 )
-from supervisor.api.longpoll import LongPolls
-from supervisor.api.nul import RefuseNul
-from supervisor.artifacts.opening import open_artifacts
-from supervisor.ledger import LedgerError
-from supervisor.repos import Mirrors
-from supervisor.repos.evidence import RepositoryUnavailable
-from supervisor.service import running_ledger
-from supervisor.settings import SupervisorSettings
-from tether.clocks import WallClock
+from tether.supervisor.api.longpoll import LongPolls
+from tether.supervisor.api.nul import RefuseNul
+from tether.supervisor.artifacts.opening import open_artifacts
+from tether.supervisor.ledger import LedgerError
+from tether.supervisor.repos import Mirrors
+from tether.supervisor.repos.evidence import RepositoryUnavailable
+from tether.supervisor.service import running_ledger
+from tether.supervisor.settings import SupervisorSettings
 
 
 def create_app(

@@ -16,14 +16,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from supervisor.api.auth import may_use_pool, require
-from supervisor.api.errors import ApiError, record_response
-from supervisor.artifacts import DigestMismatch, InvalidDigest, TooLarge, check_digest
-from supervisor.artifacts.port import Artifacts
-from supervisor.ledger import Ledger, Principal, Role
-from supervisor.ledger.artifacts import ArtifactOwner
-from tether.messages import ArtifactStored
+from tether.supervisor.api.auth import may_use_pool, require
+from tether.supervisor.api.errors import ApiError, record_response
+from tether.supervisor.artifacts import DigestMismatch, InvalidDigest, TooLarge, check_digest
+from tether.supervisor.artifacts.port import Artifacts
+from tether.supervisor.ledger import Ledger, Principal, Role
+from tether.supervisor.ledger.artifacts import ArtifactOwner
 from tether.wire import ErrorCode
+from tether.wire.records import ArtifactStored
 
 log = structlog.get_logger("tether.api")
 

@@ -17,8 +17,8 @@ import structlog
 from cachetools import TTLCache
 from starlette.requests import Request
 
-from supervisor.api.errors import ApiError
-from supervisor.ledger import Ledger, Principal, Role
+from tether.supervisor.api.errors import ApiError
+from tether.supervisor.ledger import Ledger, Principal, Role
 from tether.wire import ErrorCode
 
 CACHE_S = 1.0

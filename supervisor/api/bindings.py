@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from cachetools import LRUCache
 
-from tether.messages import Lease
+from tether.wire.records import Lease
 
 # Far more than the steps in flight at once; past it the oldest go, and cost a read again.
 REMEMBERED = 100_000

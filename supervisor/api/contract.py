@@ -1,7 +1,7 @@
 """The v1 API's routes, each declared once: method, path, who may call it, the record it reads,
 the records it answers with per status, and the error codes it can send.
 
-`supervisor.api.openapi` builds the OpenAPI document from these declarations and the records'
+`tether.supervisor.api.openapi` builds the OpenAPI document from these declarations and the records'
 JSON Schemas; tests/test_openapi.py holds the app's routes to them, and
 tests/test_openapi_live.py runs schemathesis against a live supervisor to hold its answers to
 the document.
@@ -13,11 +13,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
-from supervisor.api import answers as a
-from supervisor.ledger import Role, TaskState
-from supervisor.ledger.views import PAGE_MAX
-from tether import messages as m
+from tether.supervisor.api import answers as a
+from tether.supervisor.ledger import Role, TaskState
+from tether.supervisor.ledger.views import PAGE_MAX
 from tether.wire import ErrorCode
+from tether.wire import records as m
 
 E = ErrorCode
 

@@ -8,11 +8,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from supervisor.ledger import LedgerError, StorageError
-from supervisor.repos.evidence import RepositoryUnavailable
-from tether.codec import encode
-from tether.messages import ErrorBody, Record
+from tether.supervisor.ledger import LedgerError, StorageError
+from tether.supervisor.repos.evidence import RepositoryUnavailable
 from tether.wire import ERRORS, ErrorCode
+from tether.wire.codec import encode
+from tether.wire.records import ErrorBody, Record
 
 log = structlog.get_logger("tether.api")
 

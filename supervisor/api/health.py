@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from supervisor.api.errors import error_response
-from supervisor.ledger import Ledger, LedgerError
-from supervisor.ledger.views import RUNNER_RECENT_S
+from tether.supervisor.api.errors import error_response
+from tether.supervisor.ledger import Ledger, LedgerError
+from tether.supervisor.ledger.views import RUNNER_RECENT_S
 from tether.wire import ErrorCode, Outcome
 
 

@@ -2,7 +2,7 @@
 
 Ids in the path (`/v1/leases/{step_id}/renew`) and query parameters reach the ledger as text as
 they are; PostgreSQL cannot hold a NUL in text and SQLite would just find nothing. A NUL in a
-body's string is refused where bodies are decoded (`tether.nul`); this is the same rule for the
+body's string is refused where bodies are decoded (`tether.wire.nul`); this is the same rule for the
 URL, so both backends answer the same 422. A plain ASGI wrapper: one `in` test on the path and one
 on the raw query per request (Starlette's `BaseHTTPMiddleware` would add a task per request).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from supervisor.api.errors import error_response
+from tether.supervisor.api.errors import error_response
 from tether.wire import ErrorCode
 
 

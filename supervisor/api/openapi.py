@@ -1,5 +1,5 @@
 """The OpenAPI 3.1 document of the v1 API, built from the routes' declarations
-(`supervisor.api.contract`) and their records' JSON Schemas, and served at
+(`tether.supervisor.api.contract`) and their records' JSON Schemas, and served at
 `GET /v1/openapi.json` without a token: it is the contract, it holds no data."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from supervisor.api.contract import OPERATIONS, Answer, Body, Operation, Param, Raw
-from supervisor.settings import SupervisorSettings
-from tether.messages import ErrorBody, Record
+from tether.supervisor.api.contract import OPERATIONS, Answer, Body, Operation, Param, Raw
+from tether.supervisor.settings import SupervisorSettings
 from tether.wire import ERRORS, ErrorCode
+from tether.wire.records import ErrorBody, Record
 
 PATH: Final = "/v1/openapi.json"
 DIALECT: Final = "https://spec.openapis.org/oas/3.1/dialect/base"

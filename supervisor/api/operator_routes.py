@@ -9,16 +9,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from supervisor.api import requests as rq
-from supervisor.api.auth import may_use_pool, require, require_pool_access
-from supervisor.api.errors import ApiError
-from supervisor.api.longpoll import LongPolls, unless_disconnected
-from supervisor.effects.credentials import Credentials
-from supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
-from supervisor.ledger.identity import credentials_named
-from supervisor.repos.evidence import read_head
-from tether.codec import encode
-from tether.messages import (
+from tether.supervisor.api import requests as rq
+from tether.supervisor.api.auth import may_use_pool, require, require_pool_access
+from tether.supervisor.api.errors import ApiError
+from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
+from tether.supervisor.ledger.identity import credentials_named
+from tether.supervisor.repos.evidence import read_head
+from tether.wire import ErrorCode
+from tether.wire.codec import encode
+from tether.wire.payloads import EFFECT_KINDS
+from tether.wire.records import (
     MAX_TEXT,
     Approval,
     Cancel,
@@ -30,8 +32,6 @@ from tether.messages import (
     ReviewDecision,
     TaskCreate,
 )
-from tether.payloads import EFFECT_KINDS
-from tether.wire import ErrorCode
 
 
 def _ledger(request: Request) -> Ledger:

@@ -1,6 +1,6 @@
 """Reading requests: a size-limited body decoded into its record, and typed query parameters.
 
-The records and their limits are the contract's (`tether.messages`); what the values mean (a
+The records and their limits are the contract's (`tether.wire.records`); what the values mean (a
 plan, a fence) is the ledger's business.
 """
 
@@ -11,10 +11,10 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from supervisor.api.errors import ApiError
-from tether.codec import BadMessage, decode
-from tether.messages import Record
+from tether.supervisor.api.errors import ApiError
 from tether.wire import ErrorCode
+from tether.wire.codec import BadMessage, decode
+from tether.wire.records import Record
 
 R = TypeVar("R", bound=Record)
 

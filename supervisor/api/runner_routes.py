@@ -3,7 +3,7 @@ leases, when asked), checkpoint. A runner token acts for its pool only; a step o
 is `not_found`.
 
 A report of a repository-bound task's step reaches the ledger with the evidence the
-supervisor gathered about it first (`supervisor.repos.evidence`): the ledger judges, the
+supervisor gathered about it first (`tether.supervisor.repos.evidence`): the ledger judges, the
 route only observes. A claim reads the head of each repository it granted a step of, so no
 step runs on a base that moved since the last report (`on_current_heads`).
 """
@@ -17,20 +17,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from supervisor import tracing
-from supervisor.api.auth import require
-from supervisor.api.bindings import UnboundSteps
-from supervisor.api.errors import ApiError, ledger_error_code, record_response
-from supervisor.api.longpoll import LongPolls, unless_disconnected
-from supervisor.api.requests import read
-from supervisor.artifacts.port import Artifacts
-from supervisor.ledger import Lease, Ledger, LedgerError, Report, Role
-from supervisor.ledger.repositories import Binding
-from supervisor.ledger.verification import Evidence
-from supervisor.repos import Mirrors
-from supervisor.repos.evidence import PoolArtifacts, RepositoryUnavailable, gather, read_head
 from tether.git import redact
-from tether.messages import (
+from tether.supervisor import tracing
+from tether.supervisor.api.auth import require
+from tether.supervisor.api.bindings import UnboundSteps
+from tether.supervisor.api.errors import ApiError, ledger_error_code, record_response
+from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
+from tether.supervisor.api.requests import read
+from tether.supervisor.artifacts.port import Artifacts
+from tether.supervisor.ledger import Lease, Ledger, LedgerError, Report, Role
+from tether.supervisor.ledger.repositories import Binding
+from tether.supervisor.ledger.verification import Evidence
+from tether.supervisor.repos import Mirrors
+from tether.supervisor.repos.evidence import PoolArtifacts, RepositoryUnavailable, gather, read_head
+from tether.wire import ERRORS, ErrorCode, Outcome
+from tether.wire.records import (
     MAX_TEXT,
     Checkpoint,
     ClaimAnswer,
@@ -50,7 +51,6 @@ from tether.messages import (
     RunnerIdentity,
     WantLeases,
 )
-from tether.wire import ERRORS, ErrorCode, Outcome
 
 # Reports of one batch whose evidence is gathered at the same time.
 EVIDENCE_AT_ONCE = 4

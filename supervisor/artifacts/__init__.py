@@ -1,6 +1,6 @@
 """The content-addressed artifact store on the owned box (docs/design.md, Artifacts)."""
 
-from supervisor.artifacts.store import (
+from tether.supervisor.artifacts.store import (
     ArtifactError,
     ArtifactStore,
     DigestMismatch,

@@ -9,17 +9,17 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from supervisor.artifacts.port import Artifacts
-from supervisor.artifacts.store import ArtifactStore
-from supervisor.ledger.backends import is_postgres
-from supervisor.settings import SupervisorSettings
+from tether.supervisor.artifacts.port import Artifacts
+from tether.supervisor.artifacts.store import ArtifactStore
+from tether.supervisor.ledger.backends import is_postgres
+from tether.supervisor.settings import SupervisorSettings
 
 
 @contextlib.asynccontextmanager
 async def open_artifacts(settings: SupervisorSettings) -> AsyncIterator[Artifacts]:
     """The store for `settings.db`, open for the block."""
     if is_postgres(settings.db):
-        from supervisor.artifacts.pg import PgArtifactStore  # psycopg: the postgresql extra
+        from tether.supervisor.artifacts.pg import PgArtifactStore  # psycopg: the postgresql extra
 
         assert isinstance(settings.db, str)
         shared = PgArtifactStore(settings.db, settings.artifact_root, settings.artifact_max_bytes)

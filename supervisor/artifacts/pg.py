@@ -29,15 +29,15 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from supervisor.artifacts.store import (
+from tether.supervisor.artifacts.store import (
     Held,
     InvalidDigest,
     Spool,
     check_digest,
     temporary_file,
 )
-from supervisor.ledger import pg_schema, queries
-from supervisor.ledger.errors import StorageError
+from tether.supervisor.ledger import pg_schema, queries
+from tether.supervisor.ledger.errors import StorageError
 
 CHUNK_BYTES: Final = 1024 * 1024
 CONNECTIONS: Final = 4  # reads and uploads' copies at once; more wait up to WAIT_S
@@ -45,7 +45,8 @@ WAIT_S: Final = 10.0
 
 
 def _load() -> Mapping[str, str]:
-    source = resources.files("supervisor.artifacts").joinpath("sql", "artifacts.postgresql.sql")
+    folder = resources.files("tether.supervisor.artifacts")
+    source = folder.joinpath("sql", "artifacts.postgresql.sql")
     found = queries.parse(source.read_text(encoding="utf-8"), source.name)
     return {name: queries.to_pyformat(text) for name, _, text in found}
 

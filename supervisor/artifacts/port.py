@@ -9,7 +9,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol
 
-from supervisor.artifacts.store import Held
+from tether.supervisor.artifacts.store import Held
 
 
 class Receiving(Protocol):

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
-from supervisor.ledger.errors import InvalidRequest
-from tether.effect_templates import valid_credential_name
+from tether.supervisor.ledger.errors import InvalidRequest
+from tether.wire.templates import valid_credential_name
 
 MASK: Final = "****"
 

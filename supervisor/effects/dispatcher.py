@@ -51,12 +51,13 @@ import anyio
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, wait_random_exponential
 
-from supervisor import tracing
-from supervisor.effects.credentials import Credentials
-from supervisor.effects.registry import Deliverer, EffectKinds, RetryLater
-from supervisor.ledger.errors import LedgerError, StorageError
-from supervisor.ledger.errors import Refused as LedgerRefusal
-from supervisor.ledger.outbox import (
+from tether.clocks import WallClock
+from tether.supervisor import tracing
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.registry import Deliverer, EffectKinds, RetryLater
+from tether.supervisor.ledger.errors import LedgerError, StorageError
+from tether.supervisor.ledger.errors import Refused as LedgerRefusal
+from tether.supervisor.ledger.outbox import (
     Answer,
     Delivered,
     EffectNotHeld,
@@ -64,7 +65,6 @@ from supervisor.ledger.outbox import (
     Refused,
     Unanswered,
 )
-from tether.clocks import WallClock
 
 log = structlog.get_logger("tether.effects")
 

@@ -46,10 +46,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from supervisor.effects.credentials import CredentialMissing, Credentials
-from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
-from supervisor.repos.candidates import SharedCandidates
-from supervisor.repos.mirror import BundleRefused, MirrorError, Mirrors, PushRejected
+from tether.supervisor.effects.credentials import CredentialMissing, Credentials
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.supervisor.repos.candidates import SharedCandidates
+from tether.supervisor.repos.mirror import BundleRefused, MirrorError, Mirrors, PushRejected
 
 DEFAULT_USERNAME: Final = "x-access-token"
 TOKEN_VARIABLE: Final = "TETHER_PUSH_TOKEN"  # noqa: S105 - the variable's name, not a value

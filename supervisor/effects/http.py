@@ -31,12 +31,12 @@ from typing import Any, Final
 
 import httpx
 
-from supervisor.effects.credentials import CredentialMissing, Credentials, mask
-from supervisor.effects.registry import RetryLater
-from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
 from tether.clocks import WallClock
-from tether.effect_templates import TemplateError, fill_credentials
 from tether.git import redact
+from tether.supervisor.effects.credentials import CredentialMissing, Credentials, mask
+from tether.supervisor.effects.registry import RetryLater
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.wire.templates import TemplateError, fill_credentials
 
 KEY_HEADER: Final = "Idempotency-Key"
 REPLAYED_HEADER: Final = "Idempotent-Replayed"

@@ -18,9 +18,9 @@ import importlib.metadata
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
-from supervisor.effects.credentials import Credentials
-from supervisor.ledger.outbox import Answer, Outgoing, Unanswered
-from tether.payloads import EFFECT_KINDS
+from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.ledger.outbox import Answer, Outgoing, Unanswered
+from tether.wire.payloads import EFFECT_KINDS
 
 ENTRY_POINT_GROUP = "tether.effects"
 

@@ -8,7 +8,7 @@ of rules); `store` runs them behind one writer with group commit and logs each c
 decision (`decisions`); `port` is the interface adapters use.
 """
 
-from supervisor.ledger.errors import (
+from tether.supervisor.ledger.errors import (
     IdempotencyConflict,
     IntegrityCheckFailed,
     InvalidRequest,
@@ -24,15 +24,15 @@ from supervisor.ledger.errors import (
     StorageError,
     TerminalState,
 )
-from supervisor.ledger.identity import Created, StepSpec, TaskSpec
-from supervisor.ledger.port import Ledger
-from supervisor.ledger.repositories import Binding
-from supervisor.ledger.states import ALLOWED, TERMINAL, AttemptState, StepState, TaskState
-from supervisor.ledger.store import SqliteLedger
-from supervisor.ledger.tokens import Principal, Role
-from supervisor.ledger.tx import LedgerConfig, Tx
-from supervisor.ledger.verification import Evidence, Finding, Problem
-from tether.messages import Lease, Renewal, Report
+from tether.supervisor.ledger.identity import Created, StepSpec, TaskSpec
+from tether.supervisor.ledger.port import Ledger
+from tether.supervisor.ledger.repositories import Binding
+from tether.supervisor.ledger.states import ALLOWED, TERMINAL, AttemptState, StepState, TaskState
+from tether.supervisor.ledger.store import SqliteLedger
+from tether.supervisor.ledger.tokens import Principal, Role
+from tether.supervisor.ledger.tx import LedgerConfig, Tx
+from tether.supervisor.ledger.verification import Evidence, Finding, Problem
+from tether.wire.records import Lease, Renewal, Report
 
 __all__ = [
     "ALLOWED",

@@ -1,14 +1,14 @@
 """Who may read each stored artifact (docs/design.md, Artifacts): one row per digest and
 uploader, an operator's tenant or a runner's pool. The bytes themselves are files kept by
-`supervisor.artifacts.store`; the ledger only records who uploaded them.
+`tether.supervisor.artifacts.store`; the ledger only records who uploaded them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from supervisor.ledger.tokens import Principal, Role
-from supervisor.ledger.tx import Statements, Tx
+from tether.supervisor.ledger.tokens import Principal, Role
+from tether.supervisor.ledger.tx import Statements, Tx
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

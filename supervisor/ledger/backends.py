@@ -21,10 +21,10 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from supervisor.ledger import queries
-from supervisor.ledger.queries import Dialect
-from supervisor.ledger.schema import connect, open_ledger_file
-from supervisor.ledger.tx import ALL_POOLS, EFFECTS, Connection, ReadSession, Statements
+from tether.supervisor.ledger import queries
+from tether.supervisor.ledger.queries import Dialect
+from tether.supervisor.ledger.schema import connect, open_ledger_file
+from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, Connection, ReadSession, Statements
 
 T = TypeVar("T")
 
@@ -258,7 +258,7 @@ def open_backend(db: str | Path, *, synchronous: str = "FULL") -> Backend:
     needs the `postgresql` extra installed). `synchronous` is SQLite's."""
     if is_postgres(db):
         try:
-            from supervisor.ledger.postgres import PostgresBackend
+            from tether.supervisor.ledger.postgres import PostgresBackend
         except ImportError as exc:
             raise LedgerUrlError(
                 f"a PostgreSQL ledger needs psycopg: pip install 'tether[postgresql]' ({exc})"

@@ -14,12 +14,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from supervisor.ledger import queries
-from supervisor.ledger.backends import SQLITE, Backend, Wakeup, WriteConnection
-from supervisor.ledger.decisions import Decision, Note
-from supervisor.ledger.errors import LedgerError, Refused, StorageError
-from supervisor.ledger.journal import record_rejection, settle
-from supervisor.ledger.tx import LedgerConfig, Tx
+from tether.supervisor.ledger import queries
+from tether.supervisor.ledger.backends import SQLITE, Backend, Wakeup, WriteConnection
+from tether.supervisor.ledger.decisions import Decision, Note
+from tether.supervisor.ledger.errors import LedgerError, Refused, StorageError
+from tether.supervisor.ledger.journal import record_rejection, settle
+from tether.supervisor.ledger.tx import LedgerConfig, Tx
 
 Rule = Callable[[Tx], Any]
 

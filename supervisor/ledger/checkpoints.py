@@ -10,12 +10,12 @@ The next grant of the step carries it as `Lease.resume` (`fencing.resume_point`)
 
 from __future__ import annotations
 
-from supervisor.ledger.decisions import Decision
-from supervisor.ledger.errors import InvalidRequest, StaleFence
-from supervisor.ledger.fencing import about_step, charge, find_step, require_current
-from supervisor.ledger.states import StepState
-from supervisor.ledger.tx import Tx, dumps
-from tether.messages import Checkpoint, Checkpointed
+from tether.supervisor.ledger.decisions import Decision
+from tether.supervisor.ledger.errors import InvalidRequest, StaleFence
+from tether.supervisor.ledger.fencing import about_step, charge, find_step, require_current
+from tether.supervisor.ledger.states import StepState
+from tether.supervisor.ledger.tx import Tx, dumps
+from tether.wire.records import Checkpoint, Checkpointed
 
 
 def checkpoint(tx: Tx, step_id: str, cp: Checkpoint, pool: str | None = None) -> Checkpointed:

@@ -22,9 +22,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from supervisor.artifacts.pg import CHUNK_BYTES  # an artifact's chunks, as its store writes them
-from supervisor.ledger import pg_schema, schema
-from supervisor.ledger.errors import StorageError
+from tether.supervisor.artifacts.pg import (
+    CHUNK_BYTES,  # an artifact's chunks, as its store writes them
+)
+from tether.supervisor.ledger import pg_schema, schema
+from tether.supervisor.ledger.errors import StorageError
 
 # Rows of these (table, key column, key) are not copied: they live elsewhere in PostgreSQL.
 NOT_COPIED = {("counters", "name", "fence")}  # the sequence `fences`

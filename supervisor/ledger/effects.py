@@ -8,23 +8,23 @@ the step is committed and the event appended. A report for a step already commit
 
 from __future__ import annotations
 
-from supervisor.ledger import outbox
-from supervisor.ledger.decisions import Decision
-from supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
-from supervisor.ledger.fencing import (
+from tether.supervisor.ledger import outbox
+from tether.supervisor.ledger.decisions import Decision
+from tether.supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
+from tether.supervisor.ledger.fencing import (
     about_step,
     charge,
     end_attempt,
     find_step,
     require_current,
 )
-from supervisor.ledger.journal import append_event
-from supervisor.ledger.operator import observe_head
-from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import Row, Tx, dumps
-from supervisor.ledger.verification import Evidence, verify
-from tether.messages import Report
+from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.operator import observe_head
+from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
+from tether.supervisor.ledger.tx import Row, Tx, dumps
+from tether.supervisor.ledger.verification import Evidence, verify
 from tether.wire import Outcome, effect_key
+from tether.wire.records import Report
 
 
 def effect_identity(tx: Tx, step: Row, rep: Report) -> str | None:

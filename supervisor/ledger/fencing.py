@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from supervisor.ledger import repositories, runners
-from supervisor.ledger.decisions import Decision
-from supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
-from supervisor.ledger.journal import append_event
-from supervisor.ledger.states import AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import Row, Tx, dumps, loads
-from tether.messages import (
+from tether.supervisor.ledger import repositories, runners
+from tether.supervisor.ledger.decisions import Decision
+from tether.supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
+from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.states import AttemptState, StepState, TaskState, transition
+from tether.supervisor.ledger.tx import Row, Tx, dumps, loads
+from tether.wire import ReleaseReason
+from tether.wire.records import (
     MAX_CAPACITY,
     MAX_KINDS,
     CheckSpec,
@@ -26,7 +27,6 @@ from tether.messages import (
     Renewal,
     ResumePoint,
 )
-from tether.wire import ReleaseReason
 
 # Releases that say nothing about the step itself: they never count toward max_attempts.
 UNCOUNTED_RELEASES = frozenset({ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN})
@@ -381,7 +381,7 @@ def fail_task(tx: Tx, task: Row, reason: str) -> None:
     """Fail `task` (a row of `tasks`, not ended) with `reason`, ending its live attempts as
     cancel does: a runner holding one learns at its next renew or result that the step is no
     longer its own (`StaleFence`). Its unfinished steps are cancelled, a leased one failed."""
-    from supervisor.ledger.outbox import OutboxState  # the outbox builds on this module
+    from tether.supervisor.ledger.outbox import OutboxState  # the outbox builds on this module
 
     task_id = task["id"]
     tx.run(
@@ -410,6 +410,6 @@ def withdraw_effects(tx: Tx, task_id: str) -> None:
     when nothing of them can have been sent, else `uncertain` for an operator. Call it after
     the task's state moved and before its other steps are cancelled (`outbox.NOT_IN_DELIVERY`
     then keeps an uncertain effect's step as it is)."""
-    from supervisor.ledger import outbox  # the outbox builds on this module
+    from tether.supervisor.ledger import outbox  # the outbox builds on this module
 
     outbox.end_with_task(tx, task_id)

@@ -11,16 +11,15 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any
 
-from supervisor.ledger import names, repositories, runners
-from supervisor.ledger.decisions import Decision
-from supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
-from supervisor.ledger.journal import append_event
-from supervisor.ledger.states import TaskState
-from supervisor.ledger.tx import Tx, dumps
-from tether import effect_templates as templates
-from tether.messages import CheckSpec
-from tether.payloads import BUILT_IN_KINDS
-from tether.wire import content_hash, plan_document
+from tether.supervisor.ledger import names, repositories, runners
+from tether.supervisor.ledger.decisions import Decision
+from tether.supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
+from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.states import TaskState
+from tether.supervisor.ledger.tx import Tx, dumps
+from tether.wire import content_hash, plan_document, templates
+from tether.wire.payloads import BUILT_IN_KINDS
+from tether.wire.records import CheckSpec
 
 MAX_NAME = names.MAX_NAME
 

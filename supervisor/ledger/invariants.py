@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from supervisor.ledger.outbox import OutboxState
-from supervisor.ledger.tx import Row, Statements
+from tether.supervisor.ledger.outbox import OutboxState
+from tether.supervisor.ledger.tx import Row, Statements
 from tether.wire import effect_key
 
 Describe = Callable[[Row], str]

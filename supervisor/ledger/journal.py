@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.ledger.tx import Tx, dumps
+from tether.supervisor.ledger.tx import Tx, dumps
 
 
 def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str, Any]) -> int:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from supervisor.ledger.errors import InvalidRequest
-from supervisor.ledger.tx import ALL_POOLS, Tx
+from tether.supervisor.ledger.errors import InvalidRequest
+from tether.supervisor.ledger.tx import ALL_POOLS, Tx
 
 MAX_NAME = 200
 _PART = r"[A-Za-z0-9][A-Za-z0-9._@:+-]*"

@@ -4,22 +4,22 @@ set and read a tenant's token budget. Every rule here checks ownership: another 
 
 from __future__ import annotations
 
-from supervisor.ledger import identity, names, outbox
-from supervisor.ledger.decisions import Decision
-from supervisor.ledger.errors import (
+from tether.supervisor.ledger import identity, names, outbox
+from tether.supervisor.ledger.decisions import Decision
+from tether.supervisor.ledger.errors import (
     InvalidRequest,
     InvalidTransition,
     NotFound,
     PlanMismatch,
     StaleBase,
 )
-from supervisor.ledger.fencing import fail_task, withdraw_effects
-from supervisor.ledger.journal import append_event
-from supervisor.ledger.outbox import OutboxState
-from supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
-from supervisor.ledger.tx import ALL_POOLS, Row, Statements, Tx, dumps, loads
-from supervisor.ledger.verification import review_verdict, stale_base
-from tether.messages import Budget
+from tether.supervisor.ledger.fencing import fail_task, withdraw_effects
+from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.outbox import OutboxState
+from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
+from tether.supervisor.ledger.tx import ALL_POOLS, Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.verification import review_verdict, stale_base
+from tether.wire.records import Budget
 
 
 def owned_task(tx: Tx, tenant: str, task_id: str) -> Row:

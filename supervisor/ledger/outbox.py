@@ -13,9 +13,9 @@ import enum
 import math
 from typing import Any
 
-from supervisor.ledger import repositories
-from supervisor.ledger.decisions import Decision
-from supervisor.ledger.errors import (
+from tether.supervisor.ledger import repositories
+from tether.supervisor.ledger.decisions import Decision
+from tether.supervisor.ledger.errors import (
     EffectNotGated,
     EffectNotHeld,
     GateMismatch,
@@ -23,15 +23,14 @@ from supervisor.ledger.errors import (
     NotFound,
     TerminalState,
 )
-from supervisor.ledger.fencing import fail_step, fail_task, find_step
-from supervisor.ledger.journal import append_event
-from supervisor.ledger.states import TERMINAL, TaskState, transition
-from supervisor.ledger.tx import EFFECTS, Row, Statements, Tx, dumps, loads
-from supervisor.ledger.verification import Finding, candidate_sha, findings
-from tether import effect_templates as templates
-from tether.effect_templates import RenderError
-from tether.payloads import DEFAULT_DEADLINE_S
-from tether.wire import content_hash, effect_key
+from tether.supervisor.ledger.fencing import fail_step, fail_task, find_step
+from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.states import TERMINAL, TaskState, transition
+from tether.supervisor.ledger.tx import EFFECTS, Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.verification import Finding, candidate_sha, findings
+from tether.wire import content_hash, effect_key, templates
+from tether.wire.payloads import DEFAULT_DEADLINE_S
+from tether.wire.templates import RenderError
 
 __all__ = [
     "Answer",
@@ -471,7 +470,7 @@ def _answer_columns(answer: Answer) -> tuple[str, int]:
 def _deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
     """The effect happened: its one effect row, the step committed with the observation as its
     output, and the task advanced (unless it has ended: the delivery is still recorded)."""
-    from supervisor.ledger import effects  # effects.advance starts steps through this module
+    from tether.supervisor.ledger import effects  # effects.advance starts steps through this module
 
     effect_id = row["step_id"]
     _set(tx, effect_id, OutboxState.DELIVERED)

@@ -20,8 +20,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import RowMaker
 
-from supervisor.ledger.errors import SchemaTooNew, StorageError
-from supervisor.ledger.schema import migrations
+from tether.supervisor.ledger.errors import SchemaTooNew, StorageError
+from tether.supervisor.ledger.schema import migrations
 
 SCHEMES = ("postgresql", "postgres")
 CONNECT_TIMEOUT_S = 10

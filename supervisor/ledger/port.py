@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from supervisor.ledger.artifacts import ArtifactOwner
-from supervisor.ledger.counts import LedgerCounts
-from supervisor.ledger.identity import Created, TaskSpec
-from supervisor.ledger.outbox import Answer, Outgoing
-from supervisor.ledger.repositories import Binding
-from supervisor.ledger.tokens import NewToken, Principal
-from supervisor.ledger.verification import Evidence
-from tether.messages import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
+from tether.supervisor.ledger.artifacts import ArtifactOwner
+from tether.supervisor.ledger.counts import LedgerCounts
+from tether.supervisor.ledger.identity import Created, TaskSpec
+from tether.supervisor.ledger.outbox import Answer, Outgoing
+from tether.supervisor.ledger.repositories import Binding
+from tether.supervisor.ledger.tokens import NewToken, Principal
+from tether.supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, ReleaseReason
+from tether.wire.records import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
 
 
 class Ledger(Protocol):

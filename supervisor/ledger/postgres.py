@@ -40,12 +40,12 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
-from supervisor.ledger import pg_schema, queries
-from supervisor.ledger.backends import EVERYTHING, Fire, Reads, Wakeup, WriteConnection
-from supervisor.ledger.errors import StorageError
-from supervisor.ledger.pg_schema import PgRow
-from supervisor.ledger.queries import Dialect
-from supervisor.ledger.tx import ALL_POOLS, EFFECTS, ReadSession, Statements
+from tether.supervisor.ledger import pg_schema, queries
+from tether.supervisor.ledger.backends import EVERYTHING, Fire, Reads, Wakeup, WriteConnection
+from tether.supervisor.ledger.errors import StorageError
+from tether.supervisor.ledger.pg_schema import PgRow
+from tether.supervisor.ledger.queries import Dialect
+from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, ReadSession, Statements
 
 T = TypeVar("T")
 

@@ -46,7 +46,7 @@ class Query:
 
 def _enums() -> Mapping[str, type[enum.Enum]]:
     # Here, not at the top: states.py imports tx.py, which imports this module.
-    from supervisor.ledger.states import AttemptState, StepState, TaskState
+    from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
 
     return {"TaskState": TaskState, "StepState": StepState, "AttemptState": AttemptState}
 
@@ -125,7 +125,7 @@ def load(dialect: Dialect) -> Mapping[str, Query]:
     """Every query, by name, in `dialect`'s text. Cached: the files are read once."""
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}")
-    folder = resources.files("supervisor.ledger").joinpath("sql", "queries")
+    folder = resources.files("tether.supervisor.ledger").joinpath("sql", "queries")
     shared: dict[str, Query] = {}
     per_dialect: dict[Dialect, dict[str, Query]] = {d: {} for d in DIALECTS}
     for entry in sorted(folder.iterdir(), key=lambda f: f.name):

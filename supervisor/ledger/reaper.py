@@ -9,10 +9,10 @@ since that stamp, less `ALIVE_GRACE_S` (`refresh_after_restart`).
 
 from __future__ import annotations
 
-from supervisor.ledger.decisions import Decision
-from supervisor.ledger.fencing import about_step, end_attempt, requeue
-from supervisor.ledger.states import AttemptState
-from supervisor.ledger.tx import Tx
+from tether.supervisor.ledger.decisions import Decision
+from tether.supervisor.ledger.fencing import about_step, end_attempt, requeue
+from tether.supervisor.ledger.states import AttemptState
+from tether.supervisor.ledger.tx import Tx
 
 # The reaper's longest pause between turns (supervisor/service.py); each turn stamps 'alive'.
 TURN_MAX_S = 1.0

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from supervisor.ledger import names
-from supervisor.ledger.errors import InvalidRequest, NotFound
-from supervisor.ledger.tx import Row, Statements, Tx, loads
+from tether.supervisor.ledger import names
+from tether.supervisor.ledger.errors import InvalidRequest, NotFound
+from tether.supervisor.ledger.tx import Row, Statements, Tx, loads
 
 MAX_URL = 2000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

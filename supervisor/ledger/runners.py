@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from supervisor.ledger.tx import Tx, dumps
+from tether.supervisor.ledger.tx import Tx, dumps
 
 # last_seen moves only when it is this much older than now: a runner claiming in a busy loop
 # costs one index lookup per claim, not a row written.

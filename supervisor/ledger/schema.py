@@ -13,8 +13,8 @@ import sqlite3
 from importlib import resources
 from pathlib import Path
 
-from supervisor.ledger.errors import IntegrityCheckFailed, SchemaTooNew, StorageError
-from supervisor.ledger.queries import Dialect
+from tether.supervisor.ledger.errors import IntegrityCheckFailed, SchemaTooNew, StorageError
+from tether.supervisor.ledger.queries import Dialect
 
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -22,7 +22,7 @@ SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 @functools.cache
 def migrations(dialect: Dialect = "sqlite") -> tuple[tuple[int, str], ...]:
     """(version, script) of each of `dialect`'s migrations, oldest first."""
-    folder = resources.files("supervisor.ledger").joinpath("sql", "migrations", dialect)
+    folder = resources.files("tether.supervisor.ledger").joinpath("sql", "migrations", dialect)
     files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
     return tuple((int(f.name.split("_", 1)[0]), f.read_text(encoding="utf-8")) for f in files)
 

@@ -7,9 +7,9 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.ledger.errors import InvalidTransition, NotFound, TerminalState
-from supervisor.ledger.journal import append_event
-from supervisor.ledger.tx import Tx
+from tether.supervisor.ledger.errors import InvalidTransition, NotFound, TerminalState
+from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.tx import Tx
 
 
 class TaskState(enum.StrEnum):

@@ -36,7 +36,9 @@ from typing import Any, ClassVar, Self, TypeVar
 
 import anyio
 
-from supervisor.ledger import (
+from tether.broadcast import Broadcast
+from tether.clocks import WallClock
+from tether.supervisor.ledger import (
     artifacts,
     checkpoints,
     effects,
@@ -50,7 +52,7 @@ from supervisor.ledger import (
     tokens,
     views,
 )
-from supervisor.ledger.backends import (
+from tether.supervisor.ledger.backends import (
     EVERYTHING,
     Backend,
     Reads,
@@ -58,19 +60,17 @@ from supervisor.ledger.backends import (
     Wakeup,
     open_backend,
 )
-from supervisor.ledger.batch import BatchResult, RuleOutcome, Transactions, random_id
-from supervisor.ledger.counts import LedgerCounts
-from supervisor.ledger.decisions import log_decisions
-from supervisor.ledger.errors import Refused, StorageError
-from supervisor.ledger.outbox import Answer, Outgoing
-from supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
-from supervisor.ledger.verification import Evidence
-from supervisor.ledger.writer import Writer
-from tether.broadcast import Broadcast
-from tether.clocks import WallClock
-from tether.messages import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
+from tether.supervisor.ledger.batch import BatchResult, RuleOutcome, Transactions, random_id
+from tether.supervisor.ledger.counts import LedgerCounts
+from tether.supervisor.ledger.decisions import log_decisions
+from tether.supervisor.ledger.errors import Refused, StorageError
+from tether.supervisor.ledger.outbox import Answer, Outgoing
+from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
+from tether.supervisor.ledger.verification import Evidence
+from tether.supervisor.ledger.writer import Writer
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
+from tether.wire.records import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
 
 T = TypeVar("T")
 

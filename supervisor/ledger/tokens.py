@@ -12,9 +12,9 @@ import dataclasses
 import enum
 import secrets
 
-from supervisor.ledger import names
-from supervisor.ledger.errors import InvalidRequest, NotFound
-from supervisor.ledger.tx import Row, Statements, Tx
+from tether.supervisor.ledger import names
+from tether.supervisor.ledger.errors import InvalidRequest, NotFound
+from tether.supervisor.ledger.tx import Row, Statements, Tx
 from tether.wire import sha256_hex
 
 TOKEN_PREFIX = "tether_"  # noqa: S105 - a prefix, not a secret

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from supervisor.ledger import queries
-from supervisor.ledger.decisions import Decision, Note
-from tether.payloads import EFFECT_KINDS
+from tether.supervisor.ledger import queries
+from tether.supervisor.ledger.decisions import Decision, Note
+from tether.wire.payloads import EFFECT_KINDS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -13,8 +13,8 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from supervisor.ledger.states import TERMINAL, TaskState
-from supervisor.ledger.tx import Row, Statements, Tx, loads
+from tether.supervisor.ledger.states import TERMINAL, TaskState
+from tether.supervisor.ledger.tx import Row, Statements, Tx, loads
 
 
 class Finding(enum.StrEnum):

@@ -10,13 +10,18 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Final
 
-from supervisor.ledger import operator
-from supervisor.ledger.errors import InvalidRequest, NotFound
-from supervisor.ledger.outbox import OutboxState
-from supervisor.ledger.states import TERMINAL, StepState, TaskState
-from supervisor.ledger.tx import Row, Statements, loads
-from supervisor.ledger.verification import check_runs_at, findings, problems_of, review_verdict
-from tether.messages import PoolStatus, RunnerSeen
+from tether.supervisor.ledger import operator
+from tether.supervisor.ledger.errors import InvalidRequest, NotFound
+from tether.supervisor.ledger.outbox import OutboxState
+from tether.supervisor.ledger.states import TERMINAL, StepState, TaskState
+from tether.supervisor.ledger.tx import Row, Statements, loads
+from tether.supervisor.ledger.verification import (
+    check_runs_at,
+    findings,
+    problems_of,
+    review_verdict,
+)
+from tether.wire.records import PoolStatus, RunnerSeen
 
 PAGE_MAX = 200
 
@@ -203,7 +208,7 @@ def task_view(
 
 
 def effect_views(s: Statements, task_id: str) -> dict[str, dict[str, Any]]:
-    """The task's effects by step id, as `tether.messages.EffectView`: the request as rendered
+    """The task's effects by step id, as `tether.wire.records.EffectView`: the request as rendered
     (credentials appear only as their `{{ credential.<name> }}` placeholders, never their
     values), its digest and key, every delivery attempt, the last gate opening and the
     operator's word on an uncertain effect."""

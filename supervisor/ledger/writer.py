@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from supervisor.ledger.batch import BatchResult, Rule, RuleOutcome
-from supervisor.ledger.errors import StorageError
+from tether.supervisor.ledger.batch import BatchResult, Rule, RuleOutcome
+from tether.supervisor.ledger.errors import StorageError
 
 Committed = Callable[[Sequence[RuleOutcome], BatchResult], None]
 

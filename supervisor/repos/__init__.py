@@ -3,7 +3,8 @@ candidates runners send as bundles, and the evidence check of a candidate (`mirr
 
 Everything here is slow I/O run by the ledger's adapters, never inside a ledger rule."""
 
-from supervisor.repos.mirror import (
+from tether.git import GitError, redact
+from tether.supervisor.repos.mirror import (
     BundleRefused,
     MirrorError,
     Mirrors,
@@ -17,7 +18,6 @@ from supervisor.repos.mirror import (
     path_allowed,
     remote_head,
 )
-from tether.git import GitError, redact
 
 __all__ = [
     "BundleRefused",

@@ -5,9 +5,9 @@ ledger share the artifacts, not the mirrors)."""
 
 from __future__ import annotations
 
-from supervisor.artifacts.port import Artifacts
-from supervisor.ledger import Ledger
-from supervisor.repos.mirror import Mirrors
+from tether.supervisor.artifacts.port import Artifacts
+from tether.supervisor.ledger import Ledger
+from tether.supervisor.repos.mirror import Mirrors
 
 
 async def import_candidate(

@@ -11,14 +11,14 @@ what the findings do to the task. Only a remote that cannot be read stops the re
 
 from __future__ import annotations
 
-from supervisor.artifacts import Held
-from supervisor.artifacts.port import Artifacts
-from supervisor.ledger import Ledger, Role
-from supervisor.ledger.repositories import Binding
-from supervisor.ledger.verification import Evidence, Finding, Problem
-from supervisor.repos.candidates import import_candidate
-from supervisor.repos.mirror import BundleRefused, Mirrors, NoSuchHead, RemoteFailed
-from tether.messages import Result
+from tether.supervisor.artifacts import Held
+from tether.supervisor.artifacts.port import Artifacts
+from tether.supervisor.ledger import Ledger, Role
+from tether.supervisor.ledger.repositories import Binding
+from tether.supervisor.ledger.verification import Evidence, Finding, Problem
+from tether.supervisor.repos.candidates import import_candidate
+from tether.supervisor.repos.mirror import BundleRefused, Mirrors, NoSuchHead, RemoteFailed
+from tether.wire.records import Result
 
 
 class RepositoryUnavailable(Exception):

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from supervisor.ui import actions, live, logs, pages, render
+from tether.supervisor.ui import actions, live, logs, pages, render
 
 
 async def _css(_request: Request) -> Response:

@@ -11,13 +11,14 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from supervisor.api.errors import ApiError
-from supervisor.ledger import LedgerError, Principal
-from supervisor.repos.evidence import RepositoryUnavailable, read_head
-from supervisor.ui import pages, render, session
-from supervisor.ui.guard import LOGIN, refusal, signed
-from tether.codec import BadMessage, decode, encode
-from tether.messages import (
+from tether.supervisor.api.errors import ApiError
+from tether.supervisor.ledger import LedgerError, Principal
+from tether.supervisor.repos.evidence import RepositoryUnavailable, read_head
+from tether.supervisor.ui import pages, render, session
+from tether.supervisor.ui.guard import LOGIN, refusal, signed
+from tether.wire import ERRORS, ErrorCode
+from tether.wire.codec import BadMessage, decode, encode
+from tether.wire.records import (
     MAX_TEXT,
     Approval,
     Cancel,
@@ -26,7 +27,6 @@ from tether.messages import (
     Record,
     ReviewDecision,
 )
-from tether.wire import ERRORS, ErrorCode
 
 R = TypeVar("R", bound=Record)
 

@@ -13,9 +13,9 @@ import json
 import re
 from typing import Any, Final
 
-from supervisor.shown import reveal, reveal_all, reveal_json
-from tether.effect_templates import TemplateError, credential_names
 from tether.git import redact
+from tether.supervisor.shown import reveal, reveal_all, reveal_json
+from tether.wire.templates import TemplateError, credential_names
 
 MASK: Final = "••••••"
 # Header names whose literal value is a secret as far as the page is concerned.

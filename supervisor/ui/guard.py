@@ -10,10 +10,10 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from supervisor.api.errors import ApiError, ledger_error_code
-from supervisor.ledger import LedgerError, Principal
-from supervisor.repos.evidence import RepositoryUnavailable
-from supervisor.ui import render, session
+from tether.supervisor.api.errors import ApiError, ledger_error_code
+from tether.supervisor.ledger import LedgerError, Principal
+from tether.supervisor.repos.evidence import RepositoryUnavailable
+from tether.supervisor.ui import render, session
 from tether.wire import ERRORS, ErrorCode
 
 log = structlog.get_logger("tether.ui")

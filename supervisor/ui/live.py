@@ -17,11 +17,11 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from supervisor.api import requests as rq
-from supervisor.api.longpoll import LongPolls
-from supervisor.ledger import Principal
-from supervisor.ui import pages
-from supervisor.ui.guard import signed
+from tether.supervisor.api import requests as rq
+from tether.supervisor.api.longpoll import LongPolls
+from tether.supervisor.ledger import Principal
+from tether.supervisor.ui import pages
+from tether.supervisor.ui.guard import signed
 
 STREAM_S: Final = 300.0
 POLL_S: Final = 15.0

@@ -13,13 +13,13 @@ from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from supervisor.api.artifact_routes import visible_to
-from supervisor.api.errors import ApiError
-from supervisor.artifacts import InvalidDigest, check_digest
-from supervisor.artifacts.port import Artifacts
-from supervisor.ledger import Principal
-from supervisor.ui import pages, render, session
-from supervisor.ui.guard import signed
+from tether.supervisor.api.artifact_routes import visible_to
+from tether.supervisor.api.errors import ApiError
+from tether.supervisor.artifacts import InvalidDigest, check_digest
+from tether.supervisor.artifacts.port import Artifacts
+from tether.supervisor.ledger import Principal
+from tether.supervisor.ui import pages, render, session
+from tether.supervisor.ui.guard import signed
 from tether.wire import ErrorCode
 
 

@@ -8,13 +8,13 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.responses import Response
 
-from supervisor.api import requests as rq
-from supervisor.api.errors import ApiError
-from supervisor.ledger import Ledger, Principal
-from supervisor.ledger.views import PAGE_MAX
-from supervisor.ui import render
-from supervisor.ui.effects import shown_effect
-from supervisor.ui.guard import signed
+from tether.supervisor.api import requests as rq
+from tether.supervisor.api.errors import ApiError
+from tether.supervisor.ledger import Ledger, Principal
+from tether.supervisor.ledger.views import PAGE_MAX
+from tether.supervisor.ui import render
+from tether.supervisor.ui.effects import shown_effect
+from tether.supervisor.ui.guard import signed
 from tether.wire import ErrorCode
 
 PAGE_SIZE: Final = 50

@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
-from supervisor.ledger import TERMINAL, TaskState
-from supervisor.ledger.views import iso
-from supervisor.ui import session
-from tether.payloads import EFFECT_KINDS
+from tether.supervisor.ledger import TERMINAL, TaskState
+from tether.supervisor.ledger.views import iso
+from tether.supervisor.ui import session
+from tether.wire.payloads import EFFECT_KINDS
 
 # Code points a strict HTML5 parser reports as errors in text (controls other than tab, line
 # feed and carriage return; noncharacters), and lone surrogates, which UTF-8 cannot encode: a
@@ -70,7 +70,7 @@ def is_ended(state: str) -> bool:
     return state in TaskState.__members__ and TaskState(state) in TERMINAL
 
 
-templates = Jinja2Templates(directory=str(resources.files("supervisor.ui") / "templates"))
+templates = Jinja2Templates(directory=str(resources.files("tether.supervisor.ui") / "templates"))
 templates.env.finalize = _finalize
 templates.env.filters["when"] = when
 templates.env.tests["digest"] = is_digest
@@ -98,7 +98,7 @@ def message(request: Request, title: str, text: str, status_code: int) -> Respon
 
 @functools.cache
 def _static_bytes(name: str) -> bytes:
-    return (resources.files("supervisor.ui") / "static" / name).read_bytes()
+    return (resources.files("tether.supervisor.ui") / "static" / name).read_bytes()
 
 
 def static(name: str, media_type: str) -> Response:

@@ -2,7 +2,7 @@
 
 The operator's token is posted once to the login form and kept in a cookie (HttpOnly,
 SameSite=Strict, Path=/ui, Secure over https); nothing puts it in a URL. Each request checks
-it with the API's own check (`supervisor.api.auth.require`), so a revoked token stops working
+it with the API's own check (`tether.supervisor.api.auth.require`), so a revoked token stops working
 here as soon as it does on the API. Every write carries a CSRF token, an HMAC of the cookie
 under a key made when the process starts (a restart asks for a reload, never a new login),
 and is refused when its Origin or Referer names another host.
@@ -19,10 +19,10 @@ from urllib.parse import parse_qsl, urlsplit
 from starlette.requests import Request
 from starlette.responses import Response
 
-from supervisor.api import requests as rq
-from supervisor.api.auth import require
-from supervisor.api.errors import ApiError
-from supervisor.ledger import Principal, Role
+from tether.supervisor.api import requests as rq
+from tether.supervisor.api.auth import require
+from tether.supervisor.api.errors import ApiError
+from tether.supervisor.ledger import Principal, Role
 from tether.wire import ErrorCode
 
 COOKIE = "tether_ui"

@@ -17,13 +17,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from supervisor.chaos.plants import Plant
-from supervisor.ledger import queries, reaper
-from supervisor.ledger.backends import Backend, SqliteBackend, WriteConnection
-from supervisor.ledger.batch import Rule, RuleOutcome, Transactions
-from supervisor.ledger.queries import Dialect
-from supervisor.ledger.schema import open_ledger_file
-from supervisor.ledger.tx import LedgerConfig, ReadSession, Row
+from tether.sim.plants import Plant
+from tether.supervisor.ledger import queries, reaper
+from tether.supervisor.ledger.backends import Backend, SqliteBackend, WriteConnection
+from tether.supervisor.ledger.batch import Rule, RuleOutcome, Transactions
+from tether.supervisor.ledger.queries import Dialect
+from tether.supervisor.ledger.schema import open_ledger_file
+from tether.supervisor.ledger.tx import LedgerConfig, ReadSession, Row
 
 START = 1_000_000.0
 SHM = Path("/dev/shm")  # noqa: S108 - a private mkdtemp inside it, never a fixed name
@@ -240,6 +240,6 @@ def open_workspace(root: Path, db: str | None = None, prefix: str = "") -> Scrat
     server (`db`), a database named `prefix` + the process id on it (`pgscratch`)."""
     if db is None:
         return Workspace(root)
-    from supervisor.chaos.pgscratch import PgWorkspace
+    from tether.sim.pgscratch import PgWorkspace
 
     return PgWorkspace(db, prefix)

@@ -4,7 +4,7 @@ with its delivery attempts (gate opening, holder, answer)."""
 
 from __future__ import annotations
 
-from supervisor.chaos.harness import Harness
+from tether.sim.harness import Harness
 
 
 def ledger_snapshot(harness: Harness) -> list[str]:

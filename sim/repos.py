@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from supervisor.ledger.verification import Evidence, Finding, Problem
-from tether.messages import CheckRun, LeaseRepository
+from tether.supervisor.ledger.verification import Evidence, Finding, Problem
+from tether.wire.records import CheckRun, LeaseRepository
 
 BASE = "sha0"  # every repository's head when a schedule starts
 ALLOWED = "src/"  # where an honest attempt writes

@@ -2,8 +2,8 @@
 
 Hashes are sha256 over canonical JSON (sorted keys, no insignificant whitespace, UTF-8), so a
 runner and the supervisor compute the same `payload_hash` for the same payload on any machine.
-The messages themselves are the records of `tether.messages`, read and written by
-`tether.codec`.
+The messages themselves are the records of `tether.wire.records`, read and written by
+`tether.wire.codec`.
 """
 
 from __future__ import annotations

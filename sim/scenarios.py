@@ -13,15 +13,15 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from random import Random
 
-from supervisor.chaos import dispatch, hazards
-from supervisor.chaos.actors import Order, RunnerActor, effect_step
-from supervisor.chaos.harness import Harness, Workspace, scratch_root
-from supervisor.chaos.plants import planted
-from supervisor.chaos.repos import BASE, FORGERIES
-from supervisor.chaos.schedule import CONFIG, QUIESCENCE_TTLS, quiesce
-from supervisor.chaos.world import Habits, World
-from supervisor.ledger.identity import StepSpec, TaskSpec
-from supervisor.ledger.verification import Finding
+from tether.sim import dispatch, hazards
+from tether.sim.actors import Order, RunnerActor, effect_step
+from tether.sim.harness import Harness, Workspace, scratch_root
+from tether.sim.plants import planted
+from tether.sim.repos import BASE, FORGERIES
+from tether.sim.schedule import CONFIG, QUIESCENCE_TTLS, quiesce
+from tether.sim.world import Habits, World
+from tether.supervisor.ledger.identity import StepSpec, TaskSpec
+from tether.supervisor.ledger.verification import Finding
 
 
 def order(steps: int = 2) -> Order:

@@ -22,11 +22,11 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from supervisor.ledger import pg_schema
-from supervisor.ledger.backends import WriteConnection
-from supervisor.ledger.pg_schema import PgRow
-from supervisor.ledger.postgres import PgConnection, PostgresBackend
-from supervisor.ledger.queries import Dialect
+from tether.supervisor.ledger import pg_schema
+from tether.supervisor.ledger.backends import WriteConnection
+from tether.supervisor.ledger.pg_schema import PgRow
+from tether.supervisor.ledger.postgres import PgConnection, PostgresBackend
+from tether.supervisor.ledger.queries import Dialect
 
 PREFIX = "tether_chaos_"
 _WRITES = ("INSERT", "UPDATE", "DELETE", "MERGE")

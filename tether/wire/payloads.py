@@ -1,7 +1,7 @@
 """The payloads of the built-in step kinds as typed records, one per kind in `PAYLOADS`.
 
 The supervisor checks each step of a plan against its kind's record when the task is created
-(`tether.messages.PlanStep`), and the runner reads a lease's payload into the same record
+(`tether.wire.records.PlanStep`), and the runner reads a lease's payload into the same record
 before it acts; so a payload is refused at submit for exactly what a runner would refuse. A
 kind not in the table (one a deployment adds to its runners) has a payload of its own shape,
 checked by its runner only.
@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 import msgspec
 import msgspec.inspect
 
-from tether import effect_templates as templates
+from tether.wire import templates
 
 R = TypeVar("R", bound=msgspec.Struct)
 
@@ -284,7 +284,7 @@ class HttpPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """The payload of the built-in `http` effect kind, sent by the supervisor (never a runner).
 
     `url`, the header values and any string inside `body` may hold placeholders
-    (`tether.effect_templates`): earlier steps' outputs, and in header values only,
+    (`tether.wire.templates`): earlier steps' outputs, and in header values only,
     `{{ credential.<name> }}`. The URL's scheme is written in the plan: it starts with
     `http://` or `https://`. `keyed: false` puts the effect behind an operator's gate;
     `deadline_s` bounds its delivery, retries included.

@@ -12,7 +12,7 @@ from typing import Any, Final
 import msgspec
 import msgspec.inspect as mi
 
-from tether.messages import NO_NUL
+from tether.wire.records import NO_NUL
 
 ESCAPED_NUL: Final = b"\\u0000"
 

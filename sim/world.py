@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from random import Random
 from typing import Any
 
-from supervisor.chaos.actors import (
+from tether.sim.actors import (
     OPERATOR,
     REPOSITORIES,
     TENANTS,
@@ -29,20 +29,20 @@ from supervisor.chaos.actors import (
     describe,
     plan_hash,
 )
-from supervisor.chaos.dispatch import DispatcherActor
-from supervisor.chaos.harness import START, Harness
-from supervisor.chaos.observer import Consumer, Observer
-from supervisor.chaos.receivers import Fault, Receivers, describe_answer
-from supervisor.chaos.repos import BASE, FORGERIES, Repos, candidate_ref
-from supervisor.ledger import reaper, repositories, views
-from supervisor.ledger.batch import RuleCrashed
-from supervisor.ledger.errors import LedgerError, Refused
-from supervisor.ledger.invariants import find_violations
-from supervisor.ledger.outbox import Answer, Outgoing
-from supervisor.ledger.tx import Row, Tx
-from supervisor.ledger.verification import Evidence, Finding
-from tether.messages import Checkpoint, Lease, Report
+from tether.sim.dispatch import DispatcherActor
+from tether.sim.harness import START, Harness
+from tether.sim.observer import Consumer, Observer
+from tether.sim.receivers import Fault, Receivers, describe_answer
+from tether.sim.repos import BASE, FORGERIES, Repos, candidate_ref
+from tether.supervisor.ledger import reaper, repositories, views
+from tether.supervisor.ledger.batch import RuleCrashed
+from tether.supervisor.ledger.errors import LedgerError, Refused
+from tether.supervisor.ledger.invariants import find_violations
+from tether.supervisor.ledger.outbox import Answer, Outgoing
+from tether.supervisor.ledger.tx import Row, Tx
+from tether.supervisor.ledger.verification import Evidence, Finding
 from tether.wire import Outcome, ReleaseReason, content_hash
+from tether.wire.records import Checkpoint, Lease, Report
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

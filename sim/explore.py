@@ -28,13 +28,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.chaos.harness import Scratch, open_workspace, scratch_root
-from supervisor.chaos.plants import PLANTS
-from supervisor.chaos.schedule import run_schedule
-from supervisor.chaos.seeds import fresh_seed, parse_seed, schedule_seed
-from supervisor.ledger.backends import is_postgres
-from supervisor.ledger.errors import StorageError
-from tether.cli_support import USAGE_EXIT, Parser
+from tether.cli import USAGE_EXIT, Parser
+from tether.sim.harness import Scratch, open_workspace, scratch_root
+from tether.sim.plants import PLANTS
+from tether.sim.schedule import run_schedule
+from tether.sim.seeds import fresh_seed, parse_seed, schedule_seed
+from tether.supervisor.ledger.backends import is_postgres
+from tether.supervisor.ledger.errors import StorageError
 
 PROG = "tether-supervisor chaos"
 CHUNK = 50
@@ -156,7 +156,7 @@ def _databases(db: str | None) -> Iterator[str]:
     if db is None:
         yield ""
         return
-    from supervisor.chaos.pgscratch import scratch_server
+    from tether.sim.pgscratch import scratch_server
 
     with scratch_server(db) as prefix:
         yield prefix
@@ -205,7 +205,7 @@ def _seed(text: str) -> int:
 
 
 def _redact(url: str) -> str:
-    from supervisor.ledger.pg_schema import redact  # psycopg: only with --db
+    from tether.supervisor.ledger.pg_schema import redact  # psycopg: only with --db
 
     return redact(url)
 

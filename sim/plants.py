@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from supervisor.ledger import (
+from tether.supervisor.ledger import (
     Report,
     checkpoints,
     effects,
@@ -26,10 +26,10 @@ from supervisor.ledger import (
     states,
     verification,
 )
-from supervisor.ledger.identity import Created, TaskSpec
-from supervisor.ledger.states import TERMINAL, TaskState
-from supervisor.ledger.tx import Tx
-from supervisor.ledger.verification import Problem
+from tether.supervisor.ledger.identity import Created, TaskSpec
+from tether.supervisor.ledger.states import TERMINAL, TaskState
+from tether.supervisor.ledger.tx import Tx
+from tether.supervisor.ledger.verification import Problem
 from tether.wire import effect_key
 
 

@@ -17,12 +17,12 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING
 
-from supervisor.chaos.receivers import describe_answer
-from supervisor.ledger import outbox
-from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.sim.receivers import describe_answer
+from tether.supervisor.ledger import outbox
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
 
 if TYPE_CHECKING:
-    from supervisor.chaos.world import World
+    from tether.sim.world import World
 
 CAPACITY = 3  # effects one dispatcher holds at once (the real one: 8)
 DRAIN_MOVES = 60  # a bound on one quiescent drain's steps

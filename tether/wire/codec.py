@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from tether.messages import Record
-from tether.nul import ESCAPED_NUL, nul_field
-from tether.payloads import with_hint
 from tether.wire import ErrorCode, canonical_json
+from tether.wire.nul import ESCAPED_NUL, nul_field
+from tether.wire.payloads import with_hint
+from tether.wire.records import Record
 
 R = TypeVar("R", bound=Record)
 
@@ -89,7 +89,7 @@ def _refuse_constant(name: str) -> Any:
 
 _AT = re.compile(r"^(?P<what>.*) - at `\$\.?(?P<path>[^`]*)`$", re.DOTALL)
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`$")
-# A record's own check that names a field inside the value it checked (`tether.payloads`).
+# A record's own check that names a field inside the value it checked (`tether.wire.payloads`).
 _INNER = re.compile(r"^`(?P<path>[^`]+)`: (?P<what>.*)$", re.DOTALL)
 
 

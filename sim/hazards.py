@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from supervisor.chaos import dispatch
-from supervisor.chaos.actors import OPERATOR, TURN_TOKENS, HeldPhase, Kind, Message, RunnerActor
-from supervisor.chaos.dispatch import DispatcherActor, InHand
-from supervisor.chaos.observer import TERMINAL_NAMES
-from supervisor.chaos.world import World
-from supervisor.ledger.identity import step_id_for
-from tether.messages import Checkpoint, Lease, Report
+from tether.sim import dispatch
+from tether.sim.actors import OPERATOR, TURN_TOKENS, HeldPhase, Kind, Message, RunnerActor
+from tether.sim.dispatch import DispatcherActor, InHand
+from tether.sim.observer import TERMINAL_NAMES
+from tether.sim.world import World
+from tether.supervisor.ledger.identity import step_id_for
+from tether.wire.records import Checkpoint, Lease, Report
 
 
 def completes_task(world: World, step_id: str) -> bool:

@@ -11,15 +11,15 @@ import dataclasses
 import hashlib
 from random import Random
 
-from supervisor.chaos import dispatch
-from supervisor.chaos.actors import OPERATOR, RunnerActor, make_orders
-from supervisor.chaos.harness import Harness, Scratch
-from supervisor.chaos.hazards import HAZARDS, pause
-from supervisor.chaos.observer import TERMINAL_NAMES
-from supervisor.chaos.plants import Plant, planted
-from supervisor.chaos.snapshot import ledger_snapshot
-from supervisor.chaos.world import Habits, World
-from supervisor.ledger.tx import LedgerConfig
+from tether.sim import dispatch
+from tether.sim.actors import OPERATOR, RunnerActor, make_orders
+from tether.sim.harness import Harness, Scratch
+from tether.sim.hazards import HAZARDS, pause
+from tether.sim.observer import TERMINAL_NAMES
+from tether.sim.plants import Plant, planted
+from tether.sim.snapshot import ledger_snapshot
+from tether.sim.world import Habits, World
+from tether.supervisor.ledger.tx import LedgerConfig
 
 # A dispatcher's hold lasts 20 s here (60 s by default), so holds lapse within a schedule.
 CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=5, effect_hold_s=20.0)

@@ -11,18 +11,23 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from supervisor.chaos.actors import plan_hash
-from supervisor.chaos.receivers import Receivers
-from supervisor.ledger.errors import IdempotencyConflict, LedgerError, PayloadDrift, StaleFence
-from supervisor.ledger.fencing import UNCOUNTED_RELEASES, tokens_spent
-from supervisor.ledger.identity import Created, StepSpec, TaskSpec, step_id_for
-from supervisor.ledger.outbox import Outgoing
-from supervisor.ledger.reaper import ALIVE_GRACE_S, ALIVE_PER_S
-from supervisor.ledger.states import TERMINAL, TaskState
-from supervisor.ledger.tx import LedgerConfig
-from supervisor.ledger.verification import Evidence, Finding
-from tether.messages import Checkpoint, Lease, Renewal, Report
+from tether.sim.actors import plan_hash
+from tether.sim.receivers import Receivers
+from tether.supervisor.ledger.errors import (
+    IdempotencyConflict,
+    LedgerError,
+    PayloadDrift,
+    StaleFence,
+)
+from tether.supervisor.ledger.fencing import UNCOUNTED_RELEASES, tokens_spent
+from tether.supervisor.ledger.identity import Created, StepSpec, TaskSpec, step_id_for
+from tether.supervisor.ledger.outbox import Outgoing
+from tether.supervisor.ledger.reaper import ALIVE_GRACE_S, ALIVE_PER_S
+from tether.supervisor.ledger.states import TERMINAL, TaskState
+from tether.supervisor.ledger.tx import LedgerConfig
+from tether.supervisor.ledger.verification import Evidence, Finding
 from tether.wire import Outcome, ReleaseReason, content_hash
+from tether.wire.records import Checkpoint, Lease, Renewal, Report
 
 TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EFFECT_KINDS = LedgerConfig().effect_kinds  # plan steps the supervisor delivers itself

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from random import Random
 from typing import Any
 
-from supervisor.chaos.repos import ALLOWED, BASE
-from supervisor.ledger import checkpoints, effects, fencing, identity, operator, outbox
-from supervisor.ledger.identity import Created, StepSpec, TaskSpec
-from supervisor.ledger.tx import Tx
-from supervisor.ledger.verification import Evidence
-from tether.messages import Checkpoint, Checkpointed, Lease, Renewal, Report
+from tether.sim.repos import ALLOWED, BASE
+from tether.supervisor.ledger import checkpoints, effects, fencing, identity, operator, outbox
+from tether.supervisor.ledger.identity import Created, StepSpec, TaskSpec
+from tether.supervisor.ledger.tx import Tx
+from tether.supervisor.ledger.verification import Evidence
 from tether.wire import ReleaseReason
+from tether.wire.records import Checkpoint, Checkpointed, Lease, Renewal, Report
 
 OPERATOR = "operator"
 POOL = "default"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from supervisor.chaos.repos import Repos
-from supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.sim.repos import Repos
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
 
 
 class Fault(enum.StrEnum):

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from tether.payloads import check_payload
 from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome, ReleaseReason
+from tether.wire.payloads import check_payload
 
 MAX_CAPACITY: Final = 256  # leases one claim may ask for
 MAX_FENCE: Final = 2**62
@@ -27,7 +27,7 @@ MAX_KINDS: Final = 64
 MAX_TEXT: Final = 10_000
 
 # A string the ledger keeps as it is (an id, a name, a key, a reason, a detail) may not hold
-# NUL, which PostgreSQL's text cannot store: `tether.codec` refuses a body with one in a string
+# NUL, which PostgreSQL's text cannot store: `tether.wire.codec` refuses a body with one in a string
 # of a type marked `NO_NUL`. A JSON value the ledger stores as JSON text (an output, a payload:
 # `Any` here) may hold one; it is escaped as \u0000 there.
 NO_NUL: Final = {"nul": False}
@@ -375,7 +375,7 @@ class ErrorBody(Record, frozen=True, kw_only=True):
 class PlanStep(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One step of a plan; these three fields are the step's part of the plan and its hash.
 
-    The payload of a built-in kind must be that kind's record (`tether.payloads`); it is kept
+    The payload of a built-in kind must be that kind's record (`tether.wire.payloads`); it is kept
     as sent, so the plan's hash is over what the operator wrote.
     """
 
