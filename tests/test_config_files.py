@@ -93,13 +93,13 @@ def test_no_secret_in_a_config_file(name: str) -> None:
         assert not re.search(r"(^|_)(token|key|secret|password)$", key), key
 
 
-README = CONFIG.parent / "README.md"
+REFERENCE = CONFIG.parent / "docs" / "reference" / "configuration.md"
 _ROW = re.compile(r"^\| `([a-z_]+)` \|(.*)$")
 
 
-def _readme_table(heading: str) -> dict[str, str]:
+def _reference_table(heading: str) -> dict[str, str]:
     """The configuration reference rows under `heading`: key -> rest of the row."""
-    text = README.read_text(encoding="utf-8").split(heading, 1)[1]
+    text = REFERENCE.read_text(encoding="utf-8").split(heading, 1)[1]
     rows: dict[str, str] = {}
     for line in text.splitlines()[3:]:  # skip the heading's end, the blank line, the header
         if line.startswith("|---"):
@@ -119,8 +119,8 @@ def _readme_table(heading: str) -> dict[str, str]:
         ("Runner (`tether-runner run`):", RunnerSettings),
     ],
 )
-def test_readme_reference_lists_every_key_with_its_variable(heading: str, cls: type[Any]) -> None:
-    rows = _readme_table(heading)
+def test_the_reference_lists_every_key_with_its_variable(heading: str, cls: type[Any]) -> None:
+    rows = _reference_table(heading)
     assert set(rows) == _fields(cls)
     for key, rest in rows.items():
         assert f"`TETHER_{key.upper()}`" in rest, key
