@@ -1,4 +1,4 @@
-""".github/workflows/ci.yml: it parses, and its one job runs the README's `make test` on
+""".github/workflows/ci.yml: it parses, and its one job runs `make test` on
 Python 3.11 with the Debian packages the suite needs and a pip cache."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ aborted on the first line that was not JSON).
 The step is granted to runner-a, runner-a is SIGKILLed mid-step, its lease expires on the
 supervisor's clock, the step is granted again to runner-b under a higher fence and committed.
 The logs are read as a user reads them: line by line, skipping what is not JSON; and, when jq
-is installed, through the README's own recipe.
+is installed, through the recipe of docs/how-to/follow-a-step.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = ["cluster"]  # the harness's fixture, re-exported for pytest
 
 pytestmark = pytest.mark.slow
 
-RECIPE = "fromjson? | select(.task_id == $t)"  # README, Logs: following one step
+RECIPE = "fromjson? | select(.task_id == $t)"  # docs/how-to/follow-a-step.md
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
@@ -101,7 +101,7 @@ def test_one_steps_grant_expiry_replay_and_commit_read_from_both_logs(cluster: C
     assert second["fence"] in b_fences
     assert first["fence"] not in b_fences
 
-    # The README's recipe gives the same lines, and a line that is not JSON does not stop it.
+    # The documented recipe gives the same lines, and a line that is not JSON does not stop it.
     jq = shutil.which("jq")
     if jq is None:
         return

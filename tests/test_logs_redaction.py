@@ -104,7 +104,7 @@ def test_standard_library_lines_are_json_lines_too_and_masked(
     secret: str, capsys: pytest.CaptureFixture[str], restore_structlog: None
 ) -> None:
     """uvicorn and asyncio log through `logging`: their lines are JSON lines like ours (the
-    README's `jq` filter keeps them), masked the same way; httpx's per-request lines are not
+    documented `jq` filter keeps them), masked the same way; httpx's per-request lines are not
     logged below warning."""
     configure_logging(json_lines=True)
     logging.getLogger("uvicorn.error").warning("Invalid HTTP request received.")
