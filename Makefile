@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv test lint types pytest demo demo-agent demo-effects bench bench-quick bench-peers-venv clean
+.PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv clean
 
 all: test
 
@@ -31,7 +31,12 @@ types: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test: lint types pytest
+# The documentation site (mkdocs.yml): --strict fails the build on any broken link or anchor.
+# NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2, which this site does not use.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
+
+test: lint types docs pytest
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
