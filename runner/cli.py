@@ -25,11 +25,12 @@ import structlog
 from tether.cli import USAGE_EXIT, Parser
 from tether.clocks import LoopClock
 from tether.logs import configure_logging
+from tether.runner import tracing
 from tether.runner.credentials import SecretMissing, SecretSource
 from tether.runner.daemon import Runner
 from tether.runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, pooled_transport
 from tether.runner.kinds import KindRegistry
-from tether.runner.model_client import ModelClient
+from tether.runner.models import MODEL_APIS, ModelClient, wire_api
 from tether.runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
 from tether.runner.supervisor_client import SupervisorClient
 from tether.sdnotify import Notifier
@@ -63,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
         " in failover order",
     )
     run.add_argument("--token-file", metavar="F", help="file holding the runner token")
-    run.add_argument("--model-url", metavar="URL", help="OpenAI-compatible base URL")
+    run.add_argument("--model-url", metavar="URL", help="the model API's base URL")
+    run.add_argument(
+        "--model-api", choices=MODEL_APIS, help="the API model_url speaks (default chat)"
+    )
     run.add_argument("--model-key-file", metavar="F", help="file holding the model API key")
     run.add_argument("--model", metavar="NAME", help="model name sent to the provider")
     run.add_argument("--concurrency", type=int, metavar="N", help="steps at once (default 4)")
@@ -84,6 +88,7 @@ _FLAGS = (
     "supervisor_url",
     "token_file",
     "model_url",
+    "model_api",
     "model_key_file",
     "model",
     "concurrency",
@@ -168,7 +173,9 @@ async def serve(
         base_url=settings.model_url,
         clock=clock,
         transport=model_transport or pooled_transport(settings.concurrency),
+        api=wire_api(settings.model_api, anthropic_max_tokens=settings.anthropic_max_tokens),
     )
+    tracing.record_content(settings.trace_content)
     try:
         runner = Runner(
             settings=settings,

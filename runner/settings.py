@@ -19,6 +19,7 @@ import socket
 from pathlib import Path
 from typing import Annotated
 
+from tether.runner.models import MODEL_APIS
 from tether.settings import COMMA_LIST, SettingsError, require_positive
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -75,6 +76,11 @@ class RunnerSettings:
     model_url: str = ""
     model_key_file: Path | None = None
     model: str = ""
+    # The API `model_url` speaks: "chat" ({model_url}/chat/completions), "responses" (OpenAI
+    # Responses, {model_url}/responses) or "anthropic" (Anthropic Messages, {model_url}/messages).
+    model_api: str = "chat"
+    # The `max_tokens` of an Anthropic request whose payload sets none (that API requires one).
+    anthropic_max_tokens: int = 8192
     concurrency: int = 4
     shutdown_grace_s: float = 20.0
     runner_id: str = dataclasses.field(default_factory=default_runner_id)
@@ -93,6 +99,9 @@ class RunnerSettings:
     # `operator`, uncounted) unless this is true: then commands run as the runner's own user and
     # model-written code can read the runner's credentials (runner/agent/sandbox_policy.py).
     commands_without_sandbox: bool = False
+    # With tracing on, model and tool spans also carry the prompts, answers, tool arguments and
+    # tool results (gen_ai.input.messages, ...): whatever the task's repository and prompts hold.
+    trace_content: bool = False
 
     def __post_init__(self) -> None:
         _check_urls("supervisor_url", self.supervisor_url)
@@ -101,6 +110,16 @@ class RunnerSettings:
             raise SettingsError(
                 "setting 'model' is required (the model name sent to the provider):"
                 " give it in the config file, as TETHER_MODEL or as --model"
+            )
+        if self.model_api not in MODEL_APIS:
+            raise SettingsError(
+                f"setting 'model_api' must be one of {', '.join(MODEL_APIS)},"
+                f" got {self.model_api!r}"
+            )
+        if not 1 <= self.anthropic_max_tokens <= 1_000_000:
+            raise SettingsError(
+                "setting 'anthropic_max_tokens' must be 1..1000000,"
+                f" got {self.anthropic_max_tokens}"
             )
         if not 1 <= self.concurrency <= 256:
             raise SettingsError(f"setting 'concurrency' must be 1..256, got {self.concurrency}")

@@ -98,9 +98,11 @@ async def test_an_agent_task_is_one_trace_joined_across_runner_and_supervisor(
     assert grant.parent is None  # the task's trace starts at its first grant
     assert parent_of(step) == grant.context.span_id
     assert parent_of(commit) == step.context.span_id  # the result carried the step's context
-    assert len(named["tether.model.call"]) == 2
-    assert len(named["tether.tool.call"]) == 2
-    for child in [*named["tether.model.call"], *named["tether.tool.call"], checkpoint]:
+    models = named["chat m"]  # the GenAI conventions' names: `chat <model>`
+    tools = [*named["execute_tool list_files"], *named["execute_tool unknown"]]
+    assert len(models) == 2
+    assert len(tools) == 2
+    for child in [*models, *tools, checkpoint]:
         assert parent_of(child) == step.context.span_id, child.name
     uploads = named["tether.artifact.upload"]
     assert uploads
@@ -113,10 +115,8 @@ async def test_an_agent_task_is_one_trace_joined_across_runner_and_supervisor(
     assert step.attributes["tether.name"] == "fix"
     assert commit.attributes["tether.outcome"] == "applied"
     assert commit.attributes["tether.task_id"] == task["id"]
-    assert {t.attributes["tether.tool"] for t in named["tether.tool.call"]} == {
-        "list_files", "unknown",
-    }  # fmt: skip
-    assert named["tether.model.call"][0].attributes["tether.total_tokens"] > 0
+    assert {t.attributes["gen_ai.tool.name"] for t in tools} == {"list_files", "unknown"}
+    assert models[0].attributes["gen_ai.usage.input_tokens"] > 0
     assert checkpoint.attributes["tether.outcome"] == "saved"
 
     # No secret and no payload text in any attribute of any span.

@@ -14,7 +14,9 @@ since its trace id is the same everywhere.
 
 A span's attributes are ids, kinds, names, fences, attempts, status codes, durations and token
 counts, each named `tether.<key>`: never a payload's text, a credential or an error's message.
-An exception leaving a span marks it failed with its type's name only.
+Spans that OpenTelemetry's semantic conventions describe (a model call, a tool call) also carry
+those conventions' attributes under their own names (`standard`, `set_standard`). An exception
+leaving a span marks it failed with its type's name only (`tether.error` and `error.type`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ log = structlog.get_logger("tether.tracing")
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 Attribute = str | bool | int | float
+# A semantic-convention attribute may also be a list of strings (`gen_ai.response.finish_reasons`).
+StandardAttribute = Attribute | tuple[str, ...]
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
@@ -104,6 +108,14 @@ class Span(Protocol):
     def set(self, **attributes: Attribute | None) -> None:
         """Set `tether.<key>` attributes; a None value is left out."""
 
+    def set_standard(self, attributes: Mapping[str, StandardAttribute | None]) -> None:
+        """Set attributes named by OpenTelemetry's semantic conventions
+        (`gen_ai.usage.input_tokens`) under those names; a None value is left out."""
+
+    @property
+    def recording(self) -> bool:
+        """Whether this span is kept: attributes that cost work to build are built only then."""
+
     @property
     def traceparent(self) -> str | None:
         """This span's context as a `traceparent`, for a child in another process."""
@@ -125,6 +137,13 @@ class _NoSpan:
 
     def set(self, **attributes: Attribute | None) -> None:
         return None
+
+    def set_standard(self, attributes: Mapping[str, StandardAttribute | None]) -> None:
+        return None
+
+    @property
+    def recording(self) -> bool:
+        return False
 
     @property
     def traceparent(self) -> str | None:
@@ -148,10 +167,13 @@ class Tracing:
         parent: TraceParent | None = None,
         task_id: str | None = None,
         attributes: Mapping[str, Attribute | None] | None = None,
+        standard: Mapping[str, StandardAttribute | None] | None = None,
+        client: bool = False,
     ) -> contextlib.AbstractContextManager[Span]:
         """A span around a `with` block, current inside it. Its parent is `parent` when given,
         else the current span, else none: a root in `task_id`'s trace (a random trace without
-        a task id). A `task_id` is also the span's `tether.task_id`."""
+        a task id). A `task_id` is also the span's `tether.task_id`. `standard` attributes keep
+        their own names; `client` makes it a CLIENT span (a call to another service)."""
         return NO_SPAN
 
     def start(
@@ -253,6 +275,12 @@ def _attributes(attributes: Mapping[str, Attribute | None]) -> dict[str, Attribu
     return {f"tether.{k}": v for k, v in attributes.items() if v is not None}
 
 
+def _standard(
+    attributes: Mapping[str, StandardAttribute | None],
+) -> dict[str, StandardAttribute]:
+    return {k: v for k, v in attributes.items() if v is not None}
+
+
 class _OtelTracing(Tracing):
     """Tracing on, through the OpenTelemetry SDK with a provider of tether's own (the global
     provider of an application around it is left alone)."""
@@ -297,12 +325,18 @@ class _OtelTracing(Tracing):
         parent: TraceParent | None,
         task_id: str | None,
         attributes: Mapping[str, Attribute | None],
+        standard: Mapping[str, StandardAttribute | None] | None = None,
+        client: bool = False,
     ) -> OtelSpan:
         from opentelemetry import context, trace
 
-        attrs = _attributes(attributes)
+        attrs: dict[str, StandardAttribute] = {
+            **_attributes(attributes),
+            **_standard(standard or {}),
+        }
         if task_id is not None:
             attrs["tether.task_id"] = task_id
+        kind = trace.SpanKind.CLIENT if client else trace.SpanKind.INTERNAL
         if parent is not None:
             remote = trace.SpanContext(
                 trace_id=int(parent.trace_id, 16),
@@ -311,14 +345,18 @@ class _OtelTracing(Tracing):
                 trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED if parent.sampled else 0),
             )
             ctx = trace.set_span_in_context(trace.NonRecordingSpan(remote))
-            return self._tracer.start_span(name, ctx, attributes=attrs, record_exception=False)
+            return self._tracer.start_span(
+                name, ctx, kind=kind, attributes=attrs, record_exception=False
+            )
         if trace.get_current_span().get_span_context().is_valid:
-            return self._tracer.start_span(name, attributes=attrs, record_exception=False)
+            return self._tracer.start_span(
+                name, kind=kind, attributes=attrs, record_exception=False
+            )
         chosen = int(trace_id_of(task_id), 16) if task_id is not None else None
         token = _root_trace_id.set(chosen)
         try:
             return self._tracer.start_span(
-                name, context.Context(), attributes=attrs, record_exception=False
+                name, context.Context(), kind=kind, attributes=attrs, record_exception=False
             )
         finally:
             _root_trace_id.reset(token)
@@ -331,8 +369,11 @@ class _OtelTracing(Tracing):
         parent: TraceParent | None = None,
         task_id: str | None = None,
         attributes: Mapping[str, Attribute | None] | None = None,
+        standard: Mapping[str, StandardAttribute | None] | None = None,
+        client: bool = False,
     ) -> contextlib.AbstractContextManager[Span]:
-        return self._current_span(self._open(name, parent, task_id, attributes or {}))
+        otel = self._open(name, parent, task_id, attributes or {}, standard, client)
+        return self._current_span(otel)
 
     @contextlib.contextmanager
     def _current_span(self, otel: OtelSpan) -> Iterator[Span]:
@@ -397,6 +438,13 @@ class _OtelOpenSpan(OpenSpan):
     def set(self, **attributes: Attribute | None) -> None:
         self._otel.set_attributes(_attributes(attributes))
 
+    def set_standard(self, attributes: Mapping[str, StandardAttribute | None]) -> None:
+        self._otel.set_attributes(_standard(attributes))
+
+    @property
+    def recording(self) -> bool:
+        return self._otel.is_recording()
+
     @property
     def traceparent(self) -> str | None:
         return _traceparent_of(self._otel)
@@ -412,5 +460,6 @@ class _OtelOpenSpan(OpenSpan):
             if not (isinstance(code, str) and _CODE.fullmatch(code)):
                 code = None
             self.set(error=type(error).__name__, error_code=code)
+            self.set_standard({"error.type": type(error).__name__})
             self._otel.set_status(Status(StatusCode.ERROR))
         self._otel.end()

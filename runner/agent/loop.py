@@ -40,7 +40,7 @@ from tether.runner.agent.tools import ToolBox, ToolLimits, ToolResult
 from tether.runner.agent.workspace import CleanupRecord, RepoCache, Workspace, tree_size
 from tether.runner.errors import StepRejected
 from tether.runner.kinds import ChatModel, StepContext, StepOutput
-from tether.runner.model_client import USAGE_KEYS, Completion
+from tether.runner.models import USAGE_KEYS, Completion
 from tether.wire.payloads import AgentPayload, ToolCall, plain, read_payload
 from tether.wire.records import CheckRun, LeaseRepository
 
@@ -443,7 +443,7 @@ async def run_loop(
             finish = Finish.ANSWERED
             break
         for call in completion.tool_calls:
-            result = await box.call(call.function.name, call.function.arguments)
+            result = await box.call(call.function.name, call.function.arguments, call_id=call.id)
             calls += 1
             errors += not result.ok
             refusals += result.refused

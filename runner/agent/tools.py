@@ -122,17 +122,29 @@ class ToolBox:
         if self._written is not None:
             self._written.update(paths)
 
-    async def call(self, name: str, arguments_json: str | bytes) -> ToolResult:
+    async def call(
+        self, name: str, arguments_json: str | bytes, *, call_id: str | None = None
+    ) -> ToolResult:
         """Decode the arguments, run the tool, and return its result; a model's mistake or
-        a broken rule is an error result, counted in `self.log`. Its span names the tool only
-        when it is one of ours: a name the model made up is the model's text."""
+        a broken rule is an error result, counted in `self.log`. Its span (`execute_tool
+        <name>`) names the tool only when it is one of ours: a name the model made up is the
+        model's text."""
         if self._ready is not None:
             await self._ready()
-        with tracing.span(
-            "tether.tool.call", tool=name if name in self._tools else "unknown"
-        ) as span:
+        with tracing.tool_call(name if name in self._tools else "unknown", call_id) as span:
             result = await self._call(name, arguments_json)
             span.set(ok=result.ok, refused=result.refused, error_code=result.code)
+            span.set_standard({"error.type": result.code})
+            if span.recording and tracing.records_content():
+                arguments = arguments_json if isinstance(arguments_json, str) else (
+                    arguments_json.decode(errors="replace")
+                )  # fmt: skip
+                span.set_standard(
+                    {
+                        "gen_ai.tool.call.arguments": arguments,
+                        "gen_ai.tool.call.result": result.content,
+                    }
+                )
             return result
 
     async def _call(self, name: str, arguments_json: str | bytes) -> ToolResult:
