@@ -3,9 +3,11 @@
 It is not a model and not for production (production points `model_url` at a real provider).
 It serves `POST /v1/chat/completions` with deterministic replies and word-count token usage,
 answers with scripted tool calls when given a scenario (`Scenario`), and misbehaves on request
-through its knobs (`Knobs`). Its admin endpoint has no authentication: bind it to 127.0.0.1
-only. It lives outside the installed package because a runner-only install has neither
-Starlette nor uvicorn.
+through its knobs (`Knobs`). The same answers come in OpenAI Responses' shape from
+`POST /v1/responses` and in Anthropic Messages' from `POST /v1/messages`, each of which refuses
+a request outside its API's documented shape (`examples/standin_apis.py`). Its admin endpoint
+has no authentication: bind it to 127.0.0.1 only. It lives outside the installed package
+because a runner-only install has neither Starlette nor uvicorn.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import hmac
 import math
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from examples import standin_apis
 from tether.cli import Parser
 from tether.wire import canonical_json, sha256_hex
 from tether.wire.payloads import with_hint
@@ -256,7 +259,8 @@ class CallLog:
     already holds: which model turn of an agent loop it asks for, 0 for the first; a loop
     resumed from a checkpoint starts above 0), `messages` (the request's message count),
     `digest` (a hash of its messages: equal digests, the same question asked twice) and
-    `hold_s`. `answered` and `turns` get the completion's id and turn name per answer.
+    `hold_s`, and `api`, the API it came by (`chat`, `responses`, `anthropic`). `answered` and
+    `turns` get the completion's id and turn name per answer.
     """
 
     answered: list[str] = dataclasses.field(default_factory=list)
@@ -264,7 +268,7 @@ class CallLog:
     asked: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     held: Counter[str] = dataclasses.field(default_factory=Counter)  # by turn, per script
 
-    def arrive(self, messages: list[dict[str, Any]], turn: Turn | None) -> float:
+    def arrive(self, messages: list[dict[str, Any]], turn: Turn | None, api: str = "chat") -> float:
         """Log a request; return how long `turn` holds its answer (see `Turn`)."""
         hold = 0.0
         if turn is not None and turn.hold_s > 0 and self.held[turn.name] < (turn.holds or math.inf):
@@ -277,6 +281,7 @@ class CallLog:
                 "messages": len(messages),
                 "digest": sha256_hex(canonical_json(messages))[:16],
                 "hold_s": hold,
+                "api": api,
             }
         )
         return hold
@@ -302,15 +307,79 @@ def _invalid_request(body: Any) -> str | None:
     return None
 
 
-def _misbehaviour(request: Request, k: Knobs) -> Response | None:
-    """The error the knobs give this request, in `Knobs`'s order; None to answer it."""
+@dataclasses.dataclass(frozen=True)
+class _Api:
+    """How one of the stand-in's APIs reads a request, writes an answer and refuses."""
+
+    name: str
+    # (body, request) -> the neutral chat body; raises standin_apis.Refusal
+    read: Callable[[Any, Request], dict[str, Any]]
+    answer: Callable[[dict[str, Any]], dict[str, Any]]  # the chat completion -> the API's answer
+    error: Callable[..., JSONResponse]  # (status, message, kind, code=None) -> an error response
+
+    def given_key(self, request: Request) -> str:
+        if self.name == "anthropic":
+            return request.headers.get("x-api-key", "")
+        return request.headers.get("authorization", "").removeprefix("Bearer ")
+
+
+def _anthropic_error(status: int, message: str, kind: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse(standin_apis.anthropic_error(status, kind, message), status_code=status)
+
+
+def _chat_body(body: Any, _request: Request) -> dict[str, Any]:
+    problem = _invalid_request(body)
+    if problem is not None:
+        raise standin_apis.Refusal(400, "invalid_request_error", problem)
+    return dict(body)
+
+
+def _neutral_body(read: Any) -> Callable[[Any, Request], dict[str, Any]]:
+    def to_body(body: Any, request: Request) -> dict[str, Any]:
+        neutral = read(body) if read is standin_apis.read_responses else read(
+            body, request.headers.get
+        )  # fmt: skip
+        out: dict[str, Any] = {"model": neutral.model, "messages": neutral.messages}
+        if neutral.max_tokens is not None:
+            out["max_tokens"] = neutral.max_tokens
+        return out
+
+    return to_body
+
+
+_APIS = {
+    "chat": _Api("chat", _chat_body, lambda c: c, _openai_error),
+    "responses": _Api(
+        "responses", _neutral_body(standin_apis.read_responses), standin_apis.responses_answer,
+        _openai_error,
+    ),
+    "anthropic": _Api(
+        "anthropic", _neutral_body(standin_apis.read_messages), standin_apis.messages_answer,
+        _anthropic_error,
+    ),
+}  # fmt: skip
+
+
+def _misbehaviour(request: Request, k: Knobs, api: _Api = _APIS["chat"]) -> Response | None:
+    """The error the knobs give this request, in `Knobs`'s order, in `api`'s error shape; None
+    to answer it."""
+    anthropic = api.name == "anthropic"
     if k.expected_key is not None:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {k.expected_key}".encode()):
+        given = api.given_key(request)
+        if not hmac.compare_digest(given.encode(), k.expected_key.encode()):
+            if anthropic:
+                return api.error(401, "invalid x-api-key", "authentication_error")
             return _openai_error(
                 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
             )
     if k.quota_exhausted:
+        if anthropic:  # Anthropic's spent credit: a 400, told apart by its message
+            return api.error(
+                400,
+                "Your credit balance is too low to access the Anthropic API. Please go to"
+                " Plans & Billing to upgrade or purchase credits.",
+                "invalid_request_error",
+            )
         return _openai_error(
             429,
             "You exceeded your current quota, please check your plan and billing details.",
@@ -319,13 +388,18 @@ def _misbehaviour(request: Request, k: Knobs) -> Response | None:
         )
     if k.fail_429 > 0:
         k.fail_429 -= 1
-        response = _openai_error(
-            429, "Rate limit reached (stand-in).", "requests", "rate_limit_exceeded"
-        )
+        if anthropic:
+            response = api.error(429, "Rate limited (stand-in).", "rate_limit_error")
+        else:
+            response = _openai_error(
+                429, "Rate limit reached (stand-in).", "requests", "rate_limit_exceeded"
+            )
         response.headers["Retry-After"] = f"{k.retry_after_s:g}"
         return response
     if k.fail_500 > 0:
         k.fail_500 -= 1
+        if anthropic:
+            return api.error(529, "Overloaded (stand-in).", "overloaded_error")
         return _openai_error(500, "The server had an error (stand-in).", "server_error")
     return None
 
@@ -335,6 +409,7 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
     `app.state.asked` and `app.state.scenario` (a one-item list, replaced by the admin route)
     are live.
 
+    POST /v1/chat/completions, /v1/responses, /v1/messages   the model, in each API's shape
     POST /_admin/knobs     {"latency_s": 0.5, "fail_429": 2, ...}  -> the knobs now
     GET  /_admin/knobs     the knobs (the expected key itself is never shown)
     POST /_admin/scenario  {"turns": [...]} (a `Scenario`) replaces the script -> the script now
@@ -349,33 +424,36 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
     calls: Counter[str] = Counter()
     log = CallLog()
 
-    async def chat_completions(request: Request) -> Response:
-        k = state_knobs
-        calls["total"] += 1
-        response = await _decide(request, k)
-        calls[str(response.status_code)] += 1
-        return response
+    def serve(api: _Api) -> Any:
+        async def route(request: Request) -> Response:
+            calls["total"] += 1
+            response = await _decide(request, state_knobs, api)
+            calls[str(response.status_code)] += 1
+            return response
 
-    async def _decide(request: Request, k: Knobs) -> Response:
-        refused = _misbehaviour(request, k)
+        return route
+
+    async def _decide(request: Request, k: Knobs, api: _Api) -> Response:
+        refused = _misbehaviour(request, k, api)
         if refused is not None:
             return refused
         try:
-            body = await request.json()
+            raw = await request.json()
         except ValueError:
-            return _openai_error(400, "request body is not valid JSON", "invalid_request_error")
-        problem = _invalid_request(body)
-        if problem is not None:
-            return _openai_error(400, problem, "invalid_request_error")
+            return api.error(400, "request body is not valid JSON", "invalid_request_error")
+        try:
+            body = api.read(raw, request)
+        except standin_apis.Refusal as refusal:
+            return api.error(refusal.status, refusal.message, refusal.kind)
         messages = body["messages"]
         turn = script[0].turn_for(messages)
-        hold = log.arrive(messages, turn)
+        hold = log.arrive(messages, turn, api.name)
         delay = latency_for(messages, k.latency_s, k.latency_spread) + hold
         if delay > 0:
             await anyio.sleep(delay)
         completion = answer_for(body, turn)
         log.answer(completion, turn)
-        return JSONResponse(completion)
+        return JSONResponse(api.answer(completion))
 
     async def knobs_route(request: Request) -> Response:
         if request.method == "POST":
@@ -419,7 +497,9 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
 
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/chat/completions", serve(_APIS["chat"]), methods=["POST"]),
+            Route("/v1/responses", serve(_APIS["responses"]), methods=["POST"]),
+            Route("/v1/messages", serve(_APIS["anthropic"]), methods=["POST"]),
             Route("/v1/models", models_route, methods=["GET"]),
             Route("/healthz", healthz_route, methods=["GET"]),
             Route("/_admin/knobs", knobs_route, methods=["GET", "POST"]),

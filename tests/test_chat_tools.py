@@ -17,6 +17,7 @@ from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
 from tether.runner.kinds import KindRegistry
 from tether.runner.model_client import ModelClient
+from tether.runner.models import wire_api
 from tether.runner.supervisor_client import SupervisorClient
 
 from .api_tasks import submitted
@@ -91,15 +92,17 @@ async def run_steps(
     *,
     model_key: str = "unused",
     within_s: float = 10,
+    model_api: str = "chat",
 ) -> Any:
-    """Serve one runner against `api` and `model_app` until the task ends (within `within_s`);
-    its view."""
+    """Serve one runner against `api` and `model_app` (speaking `model_api`) until the task
+    ends (within `within_s`); its view."""
     (tmp_path / "runner-token").write_text(api.secrets["runner"] + "\n")
     (tmp_path / "model-key").write_text(model_key + "\n")
     cfg = settings(
         model_key_file=tmp_path / "model-key",
         token_file=tmp_path / "runner-token",
         claim_wait_s=0.05,
+        model_api=model_api,
     )
     clock = LoopClock()
     runner = Runner(
@@ -109,7 +112,8 @@ async def run_steps(
             transport=httpx.ASGITransport(app=api.app),
         ),
         model=ModelClient(
-            base_url=cfg.model_url, clock=clock, transport=httpx.ASGITransport(app=model_app)
+            base_url=cfg.model_url, clock=clock, transport=httpx.ASGITransport(app=model_app),
+            api=wire_api(model_api),
         ),
         model_key=SecretSource(
             path=tmp_path / "model-key", credential="model-key", setting="model_key_file"

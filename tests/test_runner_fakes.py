@@ -25,6 +25,7 @@ from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
 from tether.runner.kinds import KindRegistry
 from tether.runner.model_client import ModelClient
+from tether.runner.models import wire_api
 from tether.runner.settings import RunnerSettings
 from tether.runner.supervisor_client import SupervisorClient
 from tether.wire import content_hash
@@ -476,7 +477,12 @@ def make_rig(
         supervisor=SupervisorClient(
             base_url=cfg.supervisor_url, token=sup.token, clock=clk, transport=sup.transport
         ),
-        model=ModelClient(base_url=cfg.model_url, clock=clk, transport=mdl.transport),
+        model=ModelClient(
+            base_url=cfg.model_url,
+            clock=clk,
+            transport=mdl.transport,
+            api=wire_api(cfg.model_api, anthropic_max_tokens=cfg.anthropic_max_tokens),
+        ),
         model_key=SecretSource(path=key_file, credential="model-key", setting="model_key_file"),
         token=SecretSource(path=token_file, credential="runner-token", setting="token_file"),
         kinds=kinds or KindRegistry.default(entry_points=False),
