@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv clean
+.PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv litellm-venv clean
 
 all: test
 
@@ -58,6 +58,17 @@ $(PEERS_STAMP): bench/requirements-peers.txt
 	touch $(PEERS_STAMP)
 
 bench-peers-venv: $(PEERS_STAMP)
+
+# LiteLLM's proxy, for tests/test_litellm_mock.py (skipped without it): 750 MB, its own venv.
+LITELLM_VENV := bench/.litellm-venv
+LITELLM_STAMP := $(LITELLM_VENV)/.installed-stamp
+
+$(LITELLM_STAMP): bench/requirements-litellm.txt
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install --quiet -r bench/requirements-litellm.txt
+	touch $(LITELLM_STAMP)
+
+litellm-venv: $(LITELLM_STAMP)
 
 bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python -m bench

@@ -29,6 +29,8 @@ from tether.runner.kinds import StepContext, run_chat
 from tether.runner.models import MODEL_APIS, Completion, ModelClient, WireApi, wire_api
 from tether.runner.models.anthropic import ANTHROPIC_VERSION, AnthropicMessages
 from tether.runner.models.responses import Responses
+from tether.runner.settings import RunnerSettings
+from tether.settings import SettingsError, load_settings
 
 from .agent_services import FakeServices
 from .api_tasks import submitted
@@ -426,3 +428,21 @@ async def test_every_apis_usage_counts_toward_the_tenants_budget(
     usage = view["steps"][0]["attempts"][0]["usage"]
     assert set(usage) == {"prompt_tokens", "completion_tokens", "total_tokens"}
     assert view["budget"]["spent"] == usage["total_tokens"] > 0
+
+
+REQUIRED = {"TETHER_SUPERVISOR_URL": "http://s", "TETHER_MODEL_URL": "http://m/v1",
+            "TETHER_MODEL": "m"}  # fmt: skip
+
+
+def test_model_api_is_a_setting_of_three_values_and_the_flag_wins() -> None:
+    environ = {**REQUIRED, "TETHER_MODEL_API": "responses", "TETHER_TRACE_CONTENT": "1"}
+    got = load_settings(RunnerSettings, environ=environ)
+    assert (got.model_api, got.trace_content, got.anthropic_max_tokens) == (
+        "responses", True, 8192,
+    )  # fmt: skip
+    flagged = load_settings(RunnerSettings, environ=environ, flags={"model_api": "anthropic"})
+    assert flagged.model_api == "anthropic"
+    with pytest.raises(SettingsError, match="'model_api' must be one of chat, responses"):
+        load_settings(RunnerSettings, environ={**REQUIRED, "TETHER_MODEL_API": "gemini"})
+    with pytest.raises(SettingsError, match="anthropic_max_tokens"):
+        load_settings(RunnerSettings, environ={**REQUIRED, "TETHER_ANTHROPIC_MAX_TOKENS": "0"})
