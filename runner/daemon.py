@@ -122,6 +122,7 @@ class Runner:
             supervisor_url=s.supervisor_url,
             failover=len(s.supervisor_urls) > 1,
             model_url=s.model_url,
+            model_api=s.model_api,
             model=s.model,
             concurrency=s.concurrency,
             kinds=self._kinds.names(),

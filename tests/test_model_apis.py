@@ -36,10 +36,9 @@ from .agent_services import FakeServices
 from .api_tasks import submitted
 from .conftest import ApiHarness
 from .test_chat_tools import run_steps
-from .test_runner_fakes import FakeModel, VirtualClock, json_response
+from .test_runner_fakes import FakeModel, VirtualClock, json_response, make_lease, make_rig
 
 KEY = "sk-model-key-4f1c"
-ROUTES = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "anthropic": "/v1/messages"}
 
 AGENT_SCENARIO = {"turns": [
     {"name": "look", "assistant_turns": 0,
@@ -446,3 +445,55 @@ def test_model_api_is_a_setting_of_three_values_and_the_flag_wins() -> None:
         load_settings(RunnerSettings, environ={**REQUIRED, "TETHER_MODEL_API": "gemini"})
     with pytest.raises(SettingsError, match="anthropic_max_tokens"):
         load_settings(RunnerSettings, environ={**REQUIRED, "TETHER_ANTHROPIC_MAX_TOKENS": "0"})
+
+
+ANTHROPIC_CREDIT = json_response(400, {"type": "error", "error": {
+    "type": "invalid_request_error",
+    "message": "Your credit balance is too low to access the Anthropic API."}})  # fmt: skip
+SPEND_LIMIT = json_response(429, {"type": "error", "error": {
+    "type": "rate_limit_error", "message": "spend limit",
+    "details": {"error_code": "enforced_spend_limit_reached"}}})  # fmt: skip
+RESPONSES_QUOTA = json_response(429, {"error": {"message": "quota", "code": "insufficient_quota"}})
+RELEASES: list[tuple[str, str, Any, dict[str, Any], tuple[str, bool], str]] = [
+    ("anthropic_credit", "anthropic", ANTHROPIC_CREDIT, {}, ("operator", True), "quota"),
+    ("anthropic_spend_limit", "anthropic", SPEND_LIMIT, {}, ("operator", True), "quota"),
+    ("responses_quota", "responses", RESPONSES_QUOTA, {}, ("operator", True), "quota"),
+    ("anthropic_answered_as_chat", "anthropic", json_response(200, ANSWERS["chat"]), {},
+     ("operator", True), "in the shape of model_api 'chat'"),
+    ("responses_malformed", "responses", json_response(200, {"output": 3}), {},
+     ("transient", True), "not an OpenAI response"),
+    ("responses_seed", "responses", json_response(200, ANSWERS["responses"]), {"seed": 1},
+     ("invalid", True), "model_api 'chat'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("api", "answer", "extra", "release", "said"),
+    [c[1:] for c in RELEASES],
+    ids=[c[0] for c in RELEASES],
+)
+async def test_a_runner_releases_each_apis_refusal_by_the_same_rules(
+    tmp_path: Path,
+    api: str,
+    answer: Any,
+    extra: dict[str, Any],
+    release: tuple[str, bool],
+    said: str,
+) -> None:
+    """A spent quota or a server that speaks another API never burns the step (`operator`,
+    uncounted); a malformed answer is retried until the deadline (`transient`); a request the
+    API cannot carry is left for another runner (`invalid`, retryable) before any call."""
+    rig = make_rig(tmp_path, model_api=api, pause_initial_s=30.0, model_timeout_s=0.5)
+    rig.supervisor.requeue_released = False
+    rig.model.default = answer
+    payload = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    rig.supervisor.offer(make_lease("s1", payload=payload))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.serve)
+        await rig.supervisor.until(lambda: bool(rig.supervisor.of("release", "s1")))
+        rig.runner.request_shutdown()
+    body = rig.supervisor.of("release", "s1")[0].body
+    assert (body["reason"], body["retryable"]) == release
+    assert said in body["detail"]
+    if release[0] == "invalid":
+        assert rig.model.requests == []

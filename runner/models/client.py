@@ -55,7 +55,9 @@ class ModelClient:
         self._clock = clock
         self._backoff = backoff or wait_random_exponential(multiplier=0.5, max=20.0)
         self._url = base_url.rstrip("/") + self.api.path
-        self._server = httpx.URL(self._url)
+        url = httpx.URL(self._url)
+        self._host = url.host
+        self._port = url.port or (443 if url.scheme == "https" else 80)
         self._http = make_client(transport=transport)
 
     async def aclose(self) -> None:
@@ -162,8 +164,8 @@ class ModelClient:
         )
         model = str(body.get("model", ""))
         with tracing.model_call(
-            provider=self.api.provider, model=model, address=self._server.host,
-            port=self._server.port, request=genai.request_attributes(body, request),
+            provider=self.api.provider, model=model, address=self._host, port=self._port,
+            request=genai.request_attributes(body, request),
         ) as span:  # fmt: skip
             if span.recording and tracing.records_content():
                 span.set_standard(genai.input_content(body))
