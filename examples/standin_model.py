@@ -317,10 +317,12 @@ class _Api:
     answer: Callable[[dict[str, Any]], dict[str, Any]]  # the chat completion -> the API's answer
     error: Callable[..., JSONResponse]  # (status, message, kind, code=None) -> an error response
 
-    def given_key(self, request: Request) -> str:
+    def key_matches(self, request: Request, expected: str) -> bool:
         if self.name == "anthropic":
-            return request.headers.get("x-api-key", "")
-        return request.headers.get("authorization", "").removeprefix("Bearer ")
+            given, wanted = request.headers.get("x-api-key", ""), expected
+        else:
+            given, wanted = request.headers.get("authorization", ""), f"Bearer {expected}"
+        return hmac.compare_digest(given.encode(), wanted.encode())
 
 
 def _anthropic_error(status: int, message: str, kind: str, code: str | None = None) -> JSONResponse:
@@ -364,14 +366,12 @@ def _misbehaviour(request: Request, k: Knobs, api: _Api = _APIS["chat"]) -> Resp
     """The error the knobs give this request, in `Knobs`'s order, in `api`'s error shape; None
     to answer it."""
     anthropic = api.name == "anthropic"
-    if k.expected_key is not None:
-        given = api.given_key(request)
-        if not hmac.compare_digest(given.encode(), k.expected_key.encode()):
-            if anthropic:
-                return api.error(401, "invalid x-api-key", "authentication_error")
-            return _openai_error(
-                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
-            )
+    if k.expected_key is not None and not api.key_matches(request, k.expected_key):
+        if anthropic:
+            return api.error(401, "invalid x-api-key", "authentication_error")
+        return _openai_error(
+            401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+        )
     if k.quota_exhausted:
         if anthropic:  # Anthropic's spent credit: a 400, told apart by its message
             return api.error(
