@@ -135,3 +135,82 @@ def test_a_push_credential_is_named_by_the_same_rule_as_a_placeholders() -> None
         assert not t.valid_credential_name(bad)
         with pytest.raises(ValueError, match="credential"):
             check_payload("git.push", {"branch": "main", "credential": bad})
+
+
+# -- a URL filled by position, header values HTTP can carry -------------------------------------
+
+HOOK = "http://host/api/v1/deploy/{{ steps.build.output.v }}/hook"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "../../../admin/delete-all?confirm=yes#",  # issue 23: a path and query of its own
+        "a/b",
+        "a\\b",
+        "v?x=1",
+        "v#frag",
+        "..",
+        ".",
+        "",
+    ],
+)
+def test_a_value_that_would_steer_the_url_is_refused(value: str) -> None:
+    with pytest.raises(t.RenderError, match="refused"):
+        t.render_url(HOOK, {"build": {"v": value}})
+
+
+@pytest.mark.parametrize(
+    ("template", "value", "rendered"),
+    [
+        (HOOK, "1.2.3", "http://host/api/v1/deploy/1.2.3/hook"),
+        (HOOK, "%2e%2e", "http://host/api/v1/deploy/%252e%252e/hook"),
+        (HOOK, "a b&c=d;é", "http://host/api/v1/deploy/a%20b%26c%3Dd%3B%C3%A9/hook"),
+        (HOOK, "...", "http://host/api/v1/deploy/.../hook"),
+        (
+            "https://h/x?tag={{ steps.build.output.v }}",
+            "a&admin=1",
+            "https://h/x?tag=a%26admin%3D1",
+        ),
+        ("https://h/x?tag={{ steps.build.output.v }}", "..", "https://h/x?tag=.."),
+        ("https://h/v{{ steps.build.output.v }}", 7, "https://h/v7"),
+        ("https://h/{{ steps.build.output.v }}", {"k": 1}, "https://h/%7B%22k%22%3A1%7D"),
+    ],
+)
+def test_a_value_is_percent_encoded_for_its_place(template: str, value: Any, rendered: str) -> None:
+    assert t.render_url(template, {"build": {"v": value}}) == rendered
+
+
+def test_a_value_may_not_complete_a_dot_segment_the_plan_began() -> None:
+    with pytest.raises(t.RenderError, match=r"path segment '\.\.'"):
+        t.render_url("http://h/a/.{{ steps.build.output.v }}/b", {"build": {"v": "."}})
+    with pytest.raises(t.RenderError, match=r"path segment '%2e\.'"):
+        t.render_url("http://h/a/%2e{{ steps.build.output.v }}/b", {"build": {"v": "."}})
+
+
+@pytest.mark.parametrize(
+    "value", ["1.0\r\nX-Injected: yes", "a\nb", "a\rb", "nul\x00", "bell\x07", "é", "del\x7f"]
+)
+def test_a_header_value_http_cannot_carry_is_refused_when_filled(value: str) -> None:
+    headers = {"X-Version": "{{ steps.build.output.v }}", "Authorization": "{{ credential.k }}"}
+    with pytest.raises(t.RenderError, match=r"payload\.headers\.X-Version: the filled value"):
+        t.render_headers(headers, {"build": {"v": value}})
+    assert t.render_headers(headers, {"build": {"v": "1.0\tok"}}) == {
+        "X-Version": "1.0\tok", "Authorization": "{{ credential.k }}",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("headers", "words"),
+    [
+        ({"X-A\r\nX-B": "v"}, "header name"),
+        ({"X A": "v"}, "header name"),
+        ({"X-A": "v\r\nX-B: w"}, "a carriage return"),
+        ({"X-A": "caf\u00e9"}, "the character 'é'"),
+    ],
+)
+def test_header_names_and_plan_values_are_checked_at_create(
+    headers: dict[str, str], words: str
+) -> None:
+    with pytest.raises(ValueError, match=words):
+        check_payload("http", {"url": "https://h/x", "headers": headers})

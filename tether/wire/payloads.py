@@ -273,6 +273,11 @@ DEFAULT_DEADLINE_S: Final = 300.0
 _BRANCH = re.compile(r"(?!-)(?!.*\.\.)(?!.*//)(?!.*@\{)[A-Za-z0-9._/-]{1,200}(?<![./])")
 
 
+def valid_branch(name: str) -> bool:
+    """Whether git accepts `name` as `refs/heads/<name>`, by its text alone."""
+    return _BRANCH.fullmatch(name) is not None and not name.endswith(".lock")
+
+
 def _template_problem(exc: ValueError) -> ValueError:
     """A template error as a field problem: `read_payload` names the field from the
     `- at `$.<field>`` suffix, which the template error's own text starts with."""
@@ -286,8 +291,10 @@ class HttpPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     `url`, the header values and any string inside `body` may hold placeholders
     (`tether.wire.templates`): earlier steps' outputs, and in header values only,
     `{{ credential.<name> }}`. The URL's scheme is written in the plan: it starts with
-    `http://` or `https://`. `keyed: false` puts the effect behind an operator's gate;
-    `deadline_s` bounds its delivery, retries included.
+    `http://` or `https://`. A header's name is an HTTP token and its text holds no control
+    character or non-ASCII letter (what outputs fill in is checked again when due).
+    `keyed: false` puts the effect behind an operator's gate; `deadline_s` bounds its
+    delivery, retries included.
     """
 
     url: NonEmpty
@@ -306,6 +313,13 @@ class HttpPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             templates.check(self.body, "body", earlier=_ANY, credentials_allowed=False)
         except templates.TemplateError as exc:
             raise _template_problem(exc) from None
+        for name, value in self.headers.items():
+            problem = templates.header_name_problem(name)
+            if problem is not None:
+                raise _at(f"headers.{name}", problem)
+            problem = templates.header_value_problem(templates.without_placeholders(value))
+            if problem is not None:
+                raise _at(f"headers.{name}", f"the value {problem}")
 
 
 class GitPushPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -320,7 +334,7 @@ class GitPushPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     deadline_s: DeadlineS = DEFAULT_DEADLINE_S
 
     def __post_init__(self) -> None:
-        if _BRANCH.fullmatch(self.branch) is None or self.branch.endswith(".lock"):
+        if not valid_branch(self.branch):
             raise _at("branch", f"{self.branch!r} is not a branch name git accepts")
         if self.credential is not None and not templates.valid_credential_name(self.credential):
             raise _at("credential", f"{self.credential!r} cannot name a credential file")

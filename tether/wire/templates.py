@@ -17,9 +17,18 @@ no `{{` or `}}` but the template's own credential placeholders, in their order: 
 model's words) could otherwise build one, even from two adjacent placeholders each holding
 half of it, and have a secret sent where the plan put none.
 
+An `http` URL (`render_url`) is filled by position: each value is percent-encoded (every
+byte but `A-Z a-z 0-9 - . _ ~`), and one that would add a `?`, a `#`, a path segment break
+(`/`, `\\`) or a dot segment (`.`, `..`, an empty segment) is refused; after filling, the
+scheme, host, port and everything before the first placeholder must read as the plan wrote
+them. A header value (`check_header_value`) holds no line break, NUL or other control
+character and no non-ASCII letter: HTTP cannot carry them, and the client would fail after
+the attempt was recorded as maybe sent.
+
 At create only a placeholder's form and its step's name can be checked: whether the path
 exists in that step's output is known once the step has committed, and a path missing then
-fails the effect step (`effect_render_failed`) before anything is sent.
+(or a value the rules above refuse) fails the effect step (`effect_render_failed`) before
+anything is sent.
 
 Pure functions over plain JSON data; nothing here reads the ledger or a file.
 """
@@ -31,6 +40,9 @@ import json
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Final
+from urllib.parse import quote, unquote
+
+import httpx
 
 CREDENTIAL_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _BRACES: Final = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
@@ -249,3 +261,129 @@ def fill_credentials(text: str, read: Callable[[str], str]) -> str:
         return read(ref.name)
 
     return _BRACES.sub(fill, text)
+
+
+def without_placeholders(text: str) -> str:
+    """`text` with every placeholder replaced by `x`: a template's own shape, for reading
+    what surrounds its placeholders (a URL's host)."""
+    return _BRACES.sub("x", text)
+
+
+# What a value in a URL may not hold, by position: it would add a query, a fragment or a
+# path segment break (some servers read a backslash as a slash).
+_URL_REFUSED: Final = {"path": "?#/\\", "query": "?#", "fragment": "?#"}
+_DOT_SEGMENTS: Final = frozenset({"", ".", ".."})
+
+
+def render_url(template: str, outputs: Mapping[str, Any], where: str = "payload.url") -> str:
+    """The URL `template` with its step placeholders filled from `outputs`, each value
+    percent-encoded for its position (path, query or fragment: the template's text before
+    it says which); `RenderError` when a value holds what its position refuses
+    (`_URL_REFUSED`), makes its path segment a dot or empty segment, or the filled URL's
+    scheme, host, port or text before the first placeholder does not read as the
+    template's (`_check_url`). A credential placeholder has no place in a URL."""
+    pieces: list[str] = []
+    filled: list[tuple[int, int]] = []  # where each value sits in the rendered text
+    at = 0
+    for match in _BRACES.finditer(template):
+        literal = template[at : match.start()]
+        pieces.append(literal)
+        ref = parse(match.group(1), where)
+        if not isinstance(ref, StepRef):
+            raise RenderError(f"{where}: a credential has no place in a URL")
+        text = _text(_lookup(outputs, ref, where))
+        position = _url_position(template[: match.start()])
+        refused = sorted({c for c in text if c in _URL_REFUSED[position]})
+        if refused:
+            shown = " ".join(repr(c) for c in refused)
+            raise RenderError(
+                f"{where}: the value of {{{{ {match.group(1).strip()} }}}} holds {shown}, which"
+                f" would change the URL's {'path' if position == 'path' else 'query'}; refused"
+            )
+        start = sum(len(p) for p in pieces)
+        pieces.append(quote(text, safe=""))
+        filled.append((start, start + len(pieces[-1])))
+        at = match.end()
+    pieces.append(template[at:])
+    rendered = "".join(pieces)
+    if filled:
+        _check_url(template, rendered, filled, where)
+    return rendered
+
+
+def _url_position(before: str) -> str:
+    """Where a placeholder after the URL text `before` sits: path, query or fragment."""
+    if "#" in before:
+        return "fragment"
+    return "query" if "?" in before else "path"
+
+
+def _check_url(template: str, rendered: str, filled: list[tuple[int, int]], where: str) -> None:
+    """`RenderError` when a path segment holding a value is `.`, `..` or empty (percent-encoded
+    dots count: a receiver may decode them), or `rendered`, read as the client sends it, has
+    another scheme, host or port than the template's text before its first placeholder, or
+    a path-and-query that does not start with that text's."""
+    path_end = min(
+        (i for i in (rendered.find("?"), rendered.find("#")) if i >= 0), default=len(rendered)
+    )
+    authority_end = rendered.find("/", rendered.find("://") + 3)
+    for start, end in filled:
+        if start >= path_end or authority_end < 0:
+            continue
+        segment_start = rendered.rfind("/", authority_end, start) + 1
+        segment_end = rendered.find("/", end, path_end)
+        segment = rendered[segment_start : path_end if segment_end < 0 else segment_end]
+        if unquote(segment) in _DOT_SEGMENTS:
+            raise RenderError(
+                f"{where}: a value makes the path segment {segment!r}, which would move the"
+                " request to another path; refused"
+            )
+    first = filled[0][0]
+    try:
+        whole, prefix = httpx.URL(rendered), httpx.URL(template[:first])
+    except httpx.InvalidURL as exc:
+        raise RenderError(f"{where}: the filled URL is not a URL: {exc}") from None
+    origin = (whole.scheme, whole.raw_host, whole.port)
+    if origin != (prefix.scheme, prefix.raw_host, prefix.port) or not whole.raw_path.startswith(
+        prefix.raw_path
+    ):
+        raise RenderError(
+            f"{where}: the filled URL's scheme, host, port or start differs from the plan's"
+            f" {template[:first][:80]!r}; refused"
+        )
+
+
+# HTTP field values: visible ASCII, space and tab (RFC 9110, 5.5; h11 refuses the rest).
+_HEADER_VALUE: Final = re.compile(r"[\t\x20-\x7e]*")
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def header_name_problem(name: str) -> str | None:
+    """Why `name` cannot be an HTTP header's name (RFC 9110 token characters), or None."""
+    if _HEADER_NAME.fullmatch(name):
+        return None
+    return f"header name {name[:80]!r} holds a character a header name may not"
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why `value` cannot be sent as an HTTP header's value, or None: a line break, NUL or
+    other control character would end the header early (or be refused by the client after
+    the attempt is recorded), and a non-ASCII character cannot be encoded."""
+    if _HEADER_VALUE.fullmatch(value):
+        return None
+    bad = next(c for c in value if not _HEADER_VALUE.fullmatch(c))
+    what = {"\r": "a carriage return", "\n": "a line feed", "\0": "a NUL"}.get(bad)
+    return f"holds {what or f'the character {bad!r}'}, which an HTTP header value may not"
+
+
+def render_headers(
+    headers: Mapping[str, Any], outputs: Mapping[str, Any], where: str = "payload.headers"
+) -> dict[str, str]:
+    """The header values filled from `outputs` (as text, sealed: credentials are filled in at
+    send time); `RenderError` for a value `header_value_problem` refuses."""
+    rendered: dict[str, str] = render(headers, outputs, where, as_text=True)
+    for name, value in rendered.items():
+        problem = header_value_problem(str(value))
+        if problem is not None:
+            raise RenderError(f"{where}.{name}: the filled value {problem}; refused")
+    return rendered
