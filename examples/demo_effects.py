@@ -172,11 +172,15 @@ class EffectsDemo:
                 TETHER_LEASE_TTL_S=str(LEASE_TTL_S),
                 TETHER_ACCEPT_WINDOW_S=str(ACCEPT_WINDOW_S),
                 TETHER_EFFECT_HOLD_S=str(EFFECT_HOLD_S),
+                # The receiver is on 127.0.0.1: an internal address is sent to only when
+                # an entry names it.
+                TETHER_EFFECT_ALLOWED_HOSTS=self.receiver_url.removeprefix("http://"),
             ),
         )
         wait_until_up(f"{self.url}/healthz", self.supervisor, self.deadline)
         if self.lives == 1:
             say(f"supervisor   {self.url}  ledger {self.db}  effect hold {EFFECT_HOLD_S:g} s")
+            say(f"             effect_allowed_hosts {self.receiver_url.removeprefix('http://')}")
         else:
             say(f"  restarted    {name} (pid {self.supervisor.process.pid}) on the same ledger")
 

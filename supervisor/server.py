@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 from tether.logs import configure_logging
 from tether.sdnotify import Notifier
 from tether.supervisor.api import create_app, drain
+from tether.supervisor.effects.addresses import Resolver, system_resolver
 from tether.supervisor.ledger import LedgerError
 from tether.supervisor.ledger.backends import Backend, LedgerUrlError, open_backend
 from tether.supervisor.settings import SupervisorSettings
@@ -158,7 +159,9 @@ def server_config(app: Starlette, settings: SupervisorSettings) -> uvicorn.Confi
     )
 
 
-def serve(settings: SupervisorSettings) -> int:
+def serve(settings: SupervisorSettings, *, resolver: Resolver = system_resolver) -> int:
+    """Run the supervisor until a signal; its exit code. `resolver` answers the names effects
+    are sent to (the system's resolver)."""
     configure_logging(level=settings.log_level)
     problem = preflight(settings)
     if problem is not None:
@@ -169,7 +172,7 @@ def serve(settings: SupervisorSettings) -> int:
     except ListenError as exc:
         sys.stderr.write(f"tether-supervisor: error: {exc}\n")
         return 1
-    app = create_app(settings)
+    app = create_app(settings, resolver=resolver)
     server = _Server(server_config(app, settings))
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     where = ledger_backend(settings).where  # without a database URL's password

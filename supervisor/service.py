@@ -20,6 +20,7 @@ import structlog
 
 from tether.clocks import WallClock
 from tether.supervisor.artifacts.port import Artifacts
+from tether.supervisor.effects.addresses import Resolver, system_resolver
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.dispatcher import Dispatcher
 from tether.supervisor.effects.git_push import GitPushDeliverer
@@ -76,18 +77,37 @@ def effect_kinds(
     client: httpx.AsyncClient,
     clock: WallClock,
     candidates: SharedCandidates | None = None,
+    resolver: Resolver = system_resolver,
 ) -> EffectKinds:
     """The built-in deliverers plus the entry points' (`tether.effects`); a clash or a broken
-    entry point stops the start with one line naming it."""
+    entry point stops the start with one line naming it. The built-in ones send only where
+    `effect_allowed_hosts` allows, to addresses `resolver` answered (the system's)."""
+    destinations = settings.effect_destinations
     built_ins = (
-        HttpDeliverer(client, clock=clock),
-        GitPushDeliverer(Mirrors(settings.mirror_root), candidates),
-    )
+        HttpDeliverer(client, clock=clock, destinations=destinations, resolver=resolver),
+        GitPushDeliverer(
+            Mirrors(settings.mirror_root), candidates, destinations=destinations,
+            resolver=resolver,
+        ),
+    )  # fmt: skip
     try:
         return EffectKinds.with_entry_points(built_ins)
     except EffectKindError as exc:
         log.error("refusing to start", error=str(exc))  # noqa: TRY400 - one line, no traceback
         raise
+
+
+def effects_client() -> httpx.AsyncClient:
+    """The HTTP client `http` effects are sent with: no redirect followed, no proxy from the
+    environment (the address checked must be the one connected to; a CA bundle named by
+    `SSL_CERT_FILE` or `SSL_CERT_DIR` is still used), and no connection kept alive, so each
+    attempt connects anew to the address checked for it, under its own TLS server name."""
+    return httpx.AsyncClient(
+        follow_redirects=False,
+        trust_env=False,
+        verify=httpx.create_ssl_context(trust_env=True),
+        limits=httpx.Limits(max_keepalive_connections=0),
+    )
 
 
 @contextlib.asynccontextmanager
@@ -97,13 +117,15 @@ async def running_ledger(
     clock: WallClock = time.time,
     reaper: bool = True,
     artifacts: Artifacts | None = None,
+    resolver: Resolver = system_resolver,
 ) -> AsyncIterator[LedgerStore]:
     """The ledger open with its reaper (unless `reaper` is off, for tests that expire leases
     by hand) and its effects dispatcher running; both stop when the block ends. With the
-    app's `artifacts`, a `git.push` imports a candidate its mirror lacks from its bundle."""
+    app's `artifacts`, a `git.push` imports a candidate its mirror lacks from its bundle.
+    Effects' destinations are resolved by `resolver`."""
     candidates = None if artifacts is None else SharedCandidates(artifacts)
-    async with httpx.AsyncClient(follow_redirects=False) as client:
-        kinds = effect_kinds(settings, client, clock, candidates)
+    async with effects_client() as client:
+        kinds = effect_kinds(settings, client, clock, candidates, resolver)
         config = settings.ledger_config
         config = dataclasses.replace(config, effect_kinds=config.effect_kinds | kinds.names())
         async with (

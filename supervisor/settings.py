@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Annotated
 
-from tether.settings import SettingsError, require_positive
+from tether.settings import COMMA_LIST, SettingsError, require_positive
 from tether.supervisor.ledger.backends import LedgerUrlError, is_postgres, sqlite_path
+from tether.supervisor.ledger.destinations import Destinations
 from tether.supervisor.ledger.schema import SYNCHRONOUS_MODES
 from tether.supervisor.ledger.tx import LedgerConfig
 
@@ -40,6 +42,13 @@ class SupervisorSettings:
     # `LoadCredential=`) when set, else no credentials at all.
     credentials_dir: Path | None = None
     effect_hold_s: float = 60.0  # how long a dispatcher's hold on an effect lasts unrefreshed
+    # Where effects may go: `host` or `host:port` entries (`*`, `*.domain`, a name, an
+    # address), for every tenant and per tenant; an internal address only when an entry
+    # names it (supervisor/ledger/destinations.py).
+    effect_allowed_hosts: Annotated[str, COMMA_LIST] = "*"
+    effect_allowed_hosts_by_tenant: dict[str, Annotated[str, COMMA_LIST]] = dataclasses.field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -64,6 +73,10 @@ class SupervisorSettings:
             )
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise SettingsError("setting 'log_level' must be debug, info, warning or error")
+        try:
+            self.effect_destinations  # noqa: B018 - parsed here to refuse a bad entry at start
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         if not is_postgres(self.db):  # a file: kept as its Path, `sqlite:///` or not
             try:
                 object.__setattr__(self, "db", sqlite_path(self.db))
@@ -101,6 +114,14 @@ class SupervisorSettings:
         return Path(given) if given else None
 
     @property
+    def effect_destinations(self) -> Destinations:
+        """Where effects may go (`effect_allowed_hosts`, `effect_allowed_hosts_by_tenant`);
+        `ValueError` naming the setting and the entry at fault."""
+        return Destinations.from_settings(
+            self.effect_allowed_hosts, self.effect_allowed_hosts_by_tenant
+        )
+
+    @property
     def ledger_config(self) -> LedgerConfig:
         return LedgerConfig(
             lease_ttl_s=self.lease_ttl_s,
@@ -108,4 +129,5 @@ class SupervisorSettings:
             max_attempts=self.max_attempts,
             runner_seen_window_s=self.runner_seen_window_s,
             effect_hold_s=self.effect_hold_s,
+            effect_destinations=self.effect_destinations,
         )

@@ -4,12 +4,16 @@ ledger port that keeps the dispatcher's side of the outbox rules (docs/design.md
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import anyio
+import httpx
 
 from tether.supervisor.effects.credentials import Credentials
+from tether.supervisor.effects.http import HttpDeliverer
+from tether.supervisor.ledger.destinations import Address, Destinations
 from tether.supervisor.ledger.outbox import (
     Answer,
     Delivered,
@@ -20,6 +24,21 @@ from tether.supervisor.ledger.outbox import (
     Unanswered,
 )
 from tether.wire import content_hash
+
+# Every name answers 127.0.0.1, which these tests' deliverers may reach: a request an
+# in-process transport fails to intercept could reach nothing but this machine.
+LOOPBACK: Final = ipaddress.IPv4Address("127.0.0.1")
+LOOPBACK_ALLOWED: Final = Destinations.from_settings("*, 127.0.0.1", {})
+
+
+async def loopback_resolver(name: str, port: int) -> list[Address]:
+    return [LOOPBACK]
+
+
+def http_deliverer(client: httpx.AsyncClient, **extra: Any) -> HttpDeliverer:
+    """An `http` deliverer through `client` (an in-process transport), every name resolved
+    to 127.0.0.1 and that address allowed."""
+    return HttpDeliverer(client, destinations=LOOPBACK_ALLOWED, resolver=loopback_resolver, **extra)
 
 
 def outgoing(

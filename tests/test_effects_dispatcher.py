@@ -23,7 +23,6 @@ from examples.processes import child_environment, free_port
 from examples.receiver import ReceiverState, create_app
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.dispatcher import RECORD_TRIES, Dispatcher
-from tether.supervisor.effects.http import HttpDeliverer
 from tether.supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
 from tether.supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
 from tether.supervisor.ledger.errors import StorageError
@@ -32,7 +31,7 @@ from tether.supervisor.service import running_ledger
 from tether.supervisor.settings import SupervisorSettings
 
 from .conftest import LEDGER_CONFIG, FakeClock, count, raw_db, report_for
-from .effects_fakes import FakeOutbox, Scripted, SlackDeliverer, outgoing
+from .effects_fakes import FakeOutbox, Scripted, SlackDeliverer, http_deliverer, outgoing
 
 OK = Delivered(status=200, detail="HTTP 200")
 BUSY = Unanswered(detail="HTTP 503", sent=True, status=503)
@@ -335,7 +334,7 @@ def ledger_dispatcher(
 
 def real_dispatcher(ledger: Any, receiver: Any, clock: FakeClock, **extra: Any) -> Dispatcher:
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=receiver))
-    kinds = EffectKinds([HttpDeliverer(client, clock=clock)])
+    kinds = EffectKinds([http_deliverer(client, clock=clock)])
     return Dispatcher(
         ledger, kinds, Credentials(None), hold_s=LEDGER_CONFIG.effect_hold_s, clock=clock,
         poll_s=0.05, retry_base_s=0.01, **extra,
@@ -549,7 +548,10 @@ async def test_the_running_supervisor_delivers_effects_by_itself(tmp_path: Path)
                 StepSpec(name="ping", kind="http", payload={"url": f"http://127.0.0.1:{port}/p"}),
             ),
         )
-        async with running_ledger(SupervisorSettings(db=tmp_path / "l.db")) as ledger:
+        settings = SupervisorSettings(
+            db=tmp_path / "l.db", effect_allowed_hosts=f"127.0.0.1:{port}"
+        )
+        async with running_ledger(settings) as ledger:
             task_id = (await ledger.create_task(spec)).task_id
             await ledger.approve("acme", task_id, spec.plan_hash, None)
             await until_task(ledger, task_id, "SUCCEEDED")

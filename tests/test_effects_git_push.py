@@ -20,7 +20,7 @@ from tether.supervisor.ledger.outbox import Delivered, Refused
 from tether.supervisor.repos.mirror import Mirrors
 
 from .agent_repos import add_commit, make_origin, sh
-from .effects_fakes import outgoing
+from .effects_fakes import LOOPBACK_ALLOWED, loopback_resolver, outgoing
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----"
 
@@ -184,12 +184,15 @@ async def test_an_ssh_key_reaches_ssh_through_the_environment_only(
     # The mirror is keyed by URL: this URL's mirror imports the candidate too.
     await world.mirrors.import_bundle(url, world.bundle, "t1", "s1", 1)
 
-    answer = await GitPushDeliverer(world.mirrors).deliver(
-        outgoing(request, kind="git.push"), secrets
+    deliverer = GitPushDeliverer(
+        world.mirrors, destinations=LOOPBACK_ALLOWED, resolver=loopback_resolver
     )
+    answer = await deliverer.deliver(outgoing(request, kind="git.push"), secrets)
     assert isinstance(answer, Delivered), answer
     assert world.head() == world.candidate
     calls = record.read_text()
+    # ssh is held to the address checked for `fakehost`, its host key still that name's.
+    assert "-o HostName=127.0.0.1 -o HostKeyAlias=fakehost" in calls
     assert "MODE 600" in calls
     assert "KEY -----BEGIN OPENSSH PRIVATE KEY-----" in calls
     assert "not-a-real-key" not in "\n".join(x for x in calls.splitlines() if x.startswith("ARGS"))

@@ -16,7 +16,7 @@ from tether.supervisor.effects.http import HttpDeliverer, retry_after
 from tether.supervisor.effects.registry import RetryLater
 from tether.supervisor.ledger.outbox import Delivered, Refused, Unanswered
 
-from .effects_fakes import outgoing
+from .effects_fakes import http_deliverer, loopback_resolver, outgoing
 
 NOW = 1_000_000.0
 TOKEN = "s3cret-token-value"
@@ -32,7 +32,7 @@ def secrets(tmp_path: Path) -> Credentials:
 
 def mocked(handler: Callable[[httpx.Request], httpx.Response]) -> HttpDeliverer:
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return HttpDeliverer(client, clock=lambda: NOW)
+    return http_deliverer(client, clock=lambda: NOW)
 
 
 def request(**extra: Any) -> dict[str, Any]:
@@ -44,7 +44,7 @@ async def test_delivered_to_the_receiver_once_then_replayed(
 ) -> None:
     app = create_app(tmp_path / "r.db")
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
-    deliverer = HttpDeliverer(client)
+    deliverer = http_deliverer(client)
     out = outgoing(request())
     first = await deliverer.deliver(out, secrets)
     again = await deliverer.deliver(out, secrets)
@@ -151,3 +151,61 @@ def test_retry_after_reads_seconds_and_dates() -> None:
     assert retry_after("Thu, 01 Jan 1970 00:00:10 GMT", 100.0) == 0.0
     assert retry_after("soon", NOW) is None
     assert retry_after(None, NOW) is None
+
+
+# -- where a request goes, and what it may carry ---------------------------------------------
+
+
+def recording(
+    seen: list[httpx.Request], status: int = 200, text: str = "ok"
+) -> Callable[[httpx.Request], httpx.Response]:
+    def record(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        return httpx.Response(status, text=text)
+
+    return record
+
+
+async def test_the_request_goes_to_the_checked_address_under_its_name(
+    secrets: Credentials,
+) -> None:
+    seen: list[httpx.Request] = []
+    deliverer = mocked(recording(seen))
+    answer = await deliverer.deliver(outgoing(request(url="https://hooks.test:8443/d")), secrets)
+    assert isinstance(answer, Delivered)
+    [sent] = seen
+    assert (sent.url.host, sent.url.port, sent.url.path) == ("127.0.0.1", 8443, "/d")
+    assert sent.headers["Host"] == "hooks.test:8443"
+    assert sent.extensions["sni_hostname"] == "hooks.test"  # TLS verifies the name
+
+
+async def test_a_destination_refused_at_send_sends_nothing(secrets: Credentials) -> None:
+    """The settings changed after create, or the plan predates them: judged again."""
+    seen: list[httpx.Request] = []
+    client = httpx.AsyncClient(transport=httpx.MockTransport(recording(seen)))
+    deliverer = HttpDeliverer(client, resolver=loopback_resolver)  # 127.0.0.1 not listed
+    answer = await deliverer.deliver(outgoing(request(url="http://hooks.test/d")), secrets)
+    assert isinstance(answer, Refused)
+    assert answer.code == "destination_refused"
+    assert "hooks.test resolved to 127.0.0.1" in answer.detail
+    assert seen == []
+
+
+@pytest.mark.parametrize("value", ["tok\r\nX-Injected: 1", "tok\nx", "tok\x00", "tök"])
+async def test_a_credential_http_cannot_carry_is_refused_unsent_and_unnamed(
+    tmp_path: Path, value: str
+) -> None:
+    folder = tmp_path / "credentials"
+    folder.mkdir()
+    (folder / "bad").write_text(value)
+    seen: list[httpx.Request] = []
+    headers = {"Authorization": "Bearer {{ credential.bad }}"}
+    answer = await mocked(recording(seen)).deliver(
+        outgoing(request(headers=headers), keyed=False), Credentials(folder)
+    )
+    assert isinstance(answer, Refused)  # not Unanswered(sent=True): never `uncertain`
+    assert answer.code == "effect_render_failed"
+    assert "header Authorization" in answer.detail
+    assert "tok" not in answer.detail
+    assert seen == []
+

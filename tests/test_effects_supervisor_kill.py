@@ -77,10 +77,14 @@ class Receiver:
         return counts
 
 
-def start_supervisor(cluster: Cluster, life: int) -> Proc:
+def start_supervisor(cluster: Cluster, life: int, receiver: Receiver) -> Proc:
     argv = [*program("tether-supervisor"), "serve", "--db", str(cluster.db)]
     argv += ["--host", "127.0.0.1", "--port", str(cluster.sup_port)]
-    proc = cluster.start(f"supervisor-{life}", argv, environment(TETHER_EFFECT_HOLD_S=str(HOLD_S)))
+    env = environment(
+        TETHER_EFFECT_HOLD_S=str(HOLD_S),
+        TETHER_EFFECT_ALLOWED_HOSTS=f"127.0.0.1:{receiver.port}",  # our receiver, named
+    )
+    proc = cluster.start(f"supervisor-{life}", argv, env)
     wait_for(lambda: cluster._up(f"{cluster.url}/healthz", proc), "the supervisor", 30, cluster)
     return proc
 
@@ -266,7 +270,7 @@ def test_sigkill_the_supervisor_mid_delivery_applies_each_effect_once(tmp_path: 
     (tmp_path / "operator-token").write_text(cluster.operator_token + "\n")
     try:
         receiver = Receiver(cluster)
-        supervisor = start_supervisor(cluster, 0)
+        supervisor = start_supervisor(cluster, 0, receiver)
         keyed_tasks: list[str] = []
         unkeyed_tasks: list[str] = []
         cut = 0  # kills that left an attempt begun and unrecorded
@@ -280,7 +284,7 @@ def test_sigkill_the_supervisor_mid_delivery_applies_each_effect_once(tmp_path: 
             supervisor.popen.wait(10)
             cut += begun_unrecorded(cluster.db)
             assert read(cluster.db, "PRAGMA integrity_check") == [("ok",)], f"kill {kill}"
-            supervisor = start_supervisor(cluster, kill)
+            supervisor = start_supervisor(cluster, kill, receiver)
         killing = time.monotonic() - started
 
         def settled() -> bool:

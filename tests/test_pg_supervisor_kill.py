@@ -136,6 +136,7 @@ class PgCluster:
             TETHER_LEASE_TTL_S=str(TTL_S),
             TETHER_ACCEPT_WINDOW_S=str(ACCEPT_S),
             TETHER_EFFECT_HOLD_S=str(HOLD_S),
+            TETHER_EFFECT_ALLOWED_HOSTS=self.receiver_url.removeprefix("http://"),  # named
         )
         proc = self.start(f"supervisor{sup.index}-{sup.lives}", argv, env)
         sup.proc = proc

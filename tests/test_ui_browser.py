@@ -91,7 +91,7 @@ class Served:
 class Supervisor(Served):
     """A supervisor app with the status page and its effects dispatcher."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, receiver_url: str) -> None:
         db = root / "ledger.db"
         self.secrets = {
             name: admin.create_token(db, scope, role, init=True).secret
@@ -101,7 +101,11 @@ class Supervisor(Served):
             ]
         }
         # A lease nobody acknowledges lapses after 1 s; one renewed lives 3 s.
-        settings = SupervisorSettings(db=db, lease_ttl_s=3.0, accept_window_s=1.0)
+        # Effects go to the receiver on 127.0.0.1, an internal address: it must be named.
+        allowed = receiver_url.removeprefix("http://")
+        settings = SupervisorSettings(
+            db=db, lease_ttl_s=3.0, accept_window_s=1.0, effect_allowed_hosts=allowed
+        )
         self.app = create_app(settings)
         super().__init__(self.app)
 
@@ -137,8 +141,10 @@ class Receiver(Served):
 
 
 @pytest.fixture(scope="module")
-def supervisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    with Supervisor(tmp_path_factory.mktemp("ui-browser")).running() as running:
+def supervisor(
+    tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+) -> Iterator[Supervisor]:
+    with Supervisor(tmp_path_factory.mktemp("ui-browser"), receiver.url).running() as running:
         yield running
 
 

@@ -25,6 +25,8 @@ S = TypeVar("S")
 # `Annotated[str, COMMA_LIST]`: a string setting that lists several values, comma-separated;
 # in the TOML file it may also be an array of strings.
 COMMA_LIST = "comma-separated list"
+# A `dict[str, X]` setting is a TOML table in the file (`[name]`, one key per line) and a TOML
+# inline table in the environment (`TETHER_NAME='{ acme = "x", beta = ["y", "z"] }'`).
 
 
 class SettingsError(Exception):
@@ -48,6 +50,8 @@ def _coerce(key: str, raw: Any, hint: Any, origin: str) -> Any:
                 )
             raw = ",".join(raw)
         return _coerce(key, raw, args[0], origin)
+    if typing.get_origin(hint) is dict:
+        return _coerce_table(key, raw, args[1], origin)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         if type(None) in args and (raw is None or raw == ""):
             return None
@@ -85,6 +89,21 @@ def _coerce(key: str, raw: Any, hint: Any, origin: str) -> Any:
         name = getattr(hint, "__name__", str(hint))
         raise SettingsError(f"{origin}: setting {key!r} must be {name}, got {raw!r}") from None
     raise SettingsError(f"{origin}: setting {key!r} has an unsupported type {hint!r}")
+
+
+def _coerce_table(key: str, raw: Any, hint: Any, origin: str) -> dict[str, Any]:
+    """A table setting: each entry's value turned into `hint`, named `key.<entry>`."""
+    if isinstance(raw, str):
+        try:
+            raw = tomllib.loads(f"table = {raw}")["table"] if raw.strip() else {}
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(
+                f"{origin}: setting {key!r} must be a TOML inline table such as"
+                f' {{ acme = "a, b" }}: {exc}'
+            ) from None
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{origin}: setting {key!r} must be a table, got {raw!r}")
+    return {str(name): _coerce(f"{key}.{name}", value, hint, origin) for name, value in raw.items()}
 
 
 def load_settings(

@@ -32,6 +32,7 @@ from tether.supervisor.api.errors import (
 from tether.supervisor.api.longpoll import LongPolls
 from tether.supervisor.api.nul import RefuseNul
 from tether.supervisor.artifacts.opening import open_artifacts
+from tether.supervisor.effects.addresses import Resolver, system_resolver
 from tether.supervisor.ledger import LedgerError
 from tether.supervisor.repos import Mirrors
 from tether.supervisor.repos.evidence import RepositoryUnavailable
@@ -44,12 +45,17 @@ def create_app(
     *,
     clock: WallClock = time.time,
     reaper: bool = True,
+    resolver: Resolver = system_resolver,
 ) -> Starlette:
+    """The app; `resolver` answers the names effects are sent to (the system's resolver)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
             open_artifacts(settings) as artifacts,
-            running_ledger(settings, clock=clock, reaper=reaper, artifacts=artifacts) as ledger,
+            running_ledger(
+                settings, clock=clock, reaper=reaper, artifacts=artifacts, resolver=resolver
+            ) as ledger,
         ):
             app.state.ledger = ledger
             app.state.tokens = TokenCache(ledger)

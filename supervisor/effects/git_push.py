@@ -19,7 +19,10 @@ task and imported it into its own mirror) gets it from the reporting step's bund
 artifact store (`SharedCandidates`) before the push is refused `unknown_candidate`.
 
 A remote that cannot be reached is Unanswered (retried until the deadline); a refusal by the
-remote for another reason (a hook, a protected branch) is Refused `push_rejected`.
+remote for another reason (a hook, a protected branch) is Refused `push_rejected`. A remote
+reached over the network is first resolved once and checked against the supervisor's
+`effect_allowed_hosts` (Refused `destination_refused`, nothing run), and git is held to the
+address checked (supervisor/effects/addresses.py).
 
 A credential for the push reaches git only through its environment, from a private folder
 removed after the attempt: a value holding `PRIVATE KEY` is an SSH key (written 0600,
@@ -46,7 +49,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from tether.supervisor.effects.addresses import (
+    DestinationRefused,
+    GitPin,
+    NotResolved,
+    Resolver,
+    checked_address,
+    git_pin,
+    pinned_environment,
+    system_resolver,
+)
 from tether.supervisor.effects.credentials import CredentialMissing, Credentials
+from tether.supervisor.ledger.destinations import Destinations, remote_destination
 from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
 from tether.supervisor.repos.candidates import SharedCandidates
 from tether.supervisor.repos.mirror import BundleRefused, MirrorError, Mirrors, PushRejected
@@ -64,15 +78,46 @@ esac
 
 class GitPushDeliverer:
     """Delivers `git.push` effects from the mirrors under one folder; `candidates`, when given,
-    brings in a candidate the mirror lacks."""
+    brings in a candidate the mirror lacks. A remote reached over the network goes only to
+    an address `destinations` allows, resolved once by `resolver` (supervisor/effects/
+    addresses.py, `git_pin`)."""
 
     kind = "git.push"
 
-    def __init__(self, mirrors: Mirrors, candidates: SharedCandidates | None = None) -> None:
+    def __init__(
+        self,
+        mirrors: Mirrors,
+        candidates: SharedCandidates | None = None,
+        *,
+        destinations: Destinations | None = None,
+        resolver: Resolver = system_resolver,
+    ) -> None:
         self.mirrors = mirrors
         self.candidates = candidates
+        self.destinations = destinations or Destinations()
+        self.resolver = resolver
         self.scratch = scratch_folder(mirrors)
         remove_leftovers(self.scratch)
+
+    async def _pin(self, out: Outgoing, url: str) -> GitPin | Answer:
+        """What holds git to the remote's checked address (nothing for a path), or the
+        answer that ends the attempt before git runs."""
+        try:
+            remote = remote_destination(url)
+        except ValueError as exc:
+            return Refused(status=None, detail=str(exc), code="destination_refused")
+        if remote is None:
+            return GitPin()
+        scheme, host, port = remote
+        try:
+            address = await checked_address(
+                self.destinations, out.tenant, host, port, self.resolver
+            )
+        except DestinationRefused as exc:
+            return Refused(status=None, detail=str(exc), code="destination_refused")
+        except NotResolved as exc:
+            return Unanswered(detail=f"not connected: {exc}", sent=False)
+        return git_pin(scheme, host, port, address)
 
     async def deliver(self, out: Outgoing, secrets: Credentials) -> Answer:
         request = out.request
@@ -83,7 +128,11 @@ class GitPushDeliverer:
             value = None if credential is None else secrets.read(str(credential))
         except CredentialMissing as exc:
             return Refused(status=None, detail=str(exc), code="credential_missing")
-        with credential_environment(value, self.scratch) as env:
+        pin = await self._pin(out, url)
+        if not isinstance(pin, GitPin):
+            return pin
+        with credential_environment(value, self.scratch) as credential_env:
+            env = pinned_environment(credential_env, pin)
             try:
                 at = await self.mirrors.branch_head(url, branch, env=env)
             except MirrorError as exc:

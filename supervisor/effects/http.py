@@ -1,12 +1,15 @@
 """The built-in `http` effect kind: one HTTP request per attempt, with `Idempotency-Key`
 (docs/design.md, Effects).
 
-The rendered request is `{"method", "url", "headers", "body", ...}`; header values may still
-hold `{{ credential.<name> }}` placeholders (tether/effect_templates.py), replaced here at send
-time by the credential's
-value (never stored, never logged; masked in the answer kept). Every try carries
-`Idempotency-Key: <effect_key>`, replacing any header of that name the plan set. Redirects are
-not followed.
+The rendered request is `{"method", "url", "headers", "body", ...}` (`outbox.render_request`:
+the URL filled by position, header values checked); header values may still hold
+`{{ credential.<name> }}` placeholders (tether/wire/templates.py), replaced here at send time
+by the credential's value (never stored, never logged; masked in the answer kept,
+`credentials.mask`). Every try carries `Idempotency-Key: <effect_key>`, replacing any header
+of that name the plan set. Redirects are not followed, no proxy is used (the client is made
+with `trust_env=False`: the address checked must be the one connected to), and the request
+goes to the one address `addresses.checked_address` resolved and allowed, the URL's name kept
+as `Host` and as the TLS server name.
 
 How an answer is classified:
 
@@ -14,10 +17,15 @@ How an answer is classified:
     408, 429, 5xx                      Unanswered(sent=True), RetryLater when `Retry-After`
     any other status (3xx, 4xx)        Refused `receiver_refused`
     no connection (connect error or    Unanswered(sent=False): nothing reached the receiver
-      timeout, no pooled connection)
+      timeout, no pooled connection,
+      a name not resolved)
     any other transport failure        Unanswered(sent=True): it may have been applied
+    a destination not allowed          Refused `destination_refused`, nothing sent
     a named credential missing         Refused `credential_missing`, nothing sent
-    a step placeholder left unfilled   Refused `effect_render_failed`, nothing sent
+    a step placeholder left unfilled,  Refused `effect_render_failed`, nothing sent
+      a header value HTTP cannot carry
+      (a credential's line break), a
+      request the client cannot build
 
 The answer's detail is `HTTP <status>: <body>`, the body masked and cut to 2 KiB.
 """
@@ -33,10 +41,18 @@ import httpx
 
 from tether.clocks import WallClock
 from tether.git import redact
+from tether.supervisor.effects.addresses import (
+    DestinationRefused,
+    NotResolved,
+    Resolver,
+    checked_address,
+    system_resolver,
+)
 from tether.supervisor.effects.credentials import CredentialMissing, Credentials, mask
 from tether.supervisor.effects.registry import RetryLater
+from tether.supervisor.ledger.destinations import Destinations, http_destination
 from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
-from tether.wire.templates import TemplateError, fill_credentials
+from tether.wire.templates import TemplateError, fill_credentials, header_value_problem
 
 KEY_HEADER: Final = "Idempotency-Key"
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
@@ -49,16 +65,32 @@ RETRYABLE: Final = frozenset({408, 429})
 
 
 class HttpDeliverer:
-    """Delivers `http` effects through one shared `httpx.AsyncClient`."""
+    """Delivers `http` effects through one shared `httpx.AsyncClient` (made without keep-alive
+    and without the environment's proxies: `service.effects_client`), to the destinations
+    `destinations` allows, resolved by `resolver`."""
 
     kind = "http"
 
-    def __init__(self, client: httpx.AsyncClient, *, clock: WallClock = time.time) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        clock: WallClock = time.time,
+        destinations: Destinations | None = None,
+        resolver: Resolver = system_resolver,
+    ) -> None:
         self.client = client
         self.clock = clock
+        self.destinations = destinations or Destinations()
+        self.resolver = resolver
 
     async def deliver(self, out: Outgoing, secrets: Credentials) -> Answer:
         request = out.request
+        try:
+            url = httpx.URL(str(request["url"]))
+            host, port = http_destination(str(request["url"]))
+        except (httpx.InvalidURL, ValueError) as exc:
+            return Refused(status=None, detail=f"bad URL: {exc}", code="invalid_url")
         try:
             headers, used = resolve_headers(request.get("headers") or {}, secrets)
         except CredentialMissing as exc:
@@ -66,18 +98,35 @@ class HttpDeliverer:
         except TemplateError as exc:
             return Refused(status=None, detail=str(exc), code="effect_render_failed")
         headers[KEY_HEADER] = out.effect_key
-        body = request.get("body")
-        method = str(request.get("method", "POST")).upper()
         try:
-            async with self.client.stream(
-                method,
-                str(request["url"]),
-                headers=headers,
-                json=body if body is not None else None,
-                timeout=TIMEOUT,
-                follow_redirects=False,
-            ) as response:
+            address = await checked_address(
+                self.destinations, out.tenant, host, port, self.resolver
+            )
+        except DestinationRefused as exc:
+            return Refused(status=None, detail=str(exc), code="destination_refused")
+        except NotResolved as exc:
+            return Unanswered(detail=f"not connected: {exc}", sent=False)
+        extensions: dict[str, str] = {}
+        if host.address is None:  # a name: connect to its checked address, name kept
+            headers["Host"] = url.netloc.decode("ascii")
+            if url.scheme == "https":
+                extensions["sni_hostname"] = str(host.name)
+            url = url.copy_with(host=str(address))
+        body = request.get("body")
+        try:  # nothing has left yet: a request that cannot be built was never sent
+            built = self.client.build_request(
+                str(request.get("method", "POST")).upper(), url, headers=headers,
+                json=body, timeout=TIMEOUT, extensions=extensions,
+            )  # fmt: skip
+        except (httpx.HTTPError, ValueError, TypeError) as exc:
+            detail = f"the request cannot be built: {_name(exc, used)}"
+            return Refused(status=None, detail=detail, code="effect_render_failed")
+        try:
+            response = await self.client.send(built, stream=True, follow_redirects=False)
+            try:
                 text = await _excerpt(response, used)
+            finally:
+                await response.aclose()
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             return Unanswered(detail=f"not connected: {_name(exc, used)}", sent=False)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
@@ -103,7 +152,8 @@ class HttpDeliverer:
 def resolve_headers(
     headers: Mapping[str, Any], secrets: Credentials
 ) -> tuple[dict[str, str], set[str]]:
-    """The header values with credential placeholders replaced, and the values used (to mask).
+    """The header values with credential placeholders replaced, and the values used (to mask);
+    `TemplateError` for a value HTTP cannot carry once filled (a credential's line break).
     A header the plan named `Idempotency-Key` is dropped: the effect key replaces it."""
     used: set[str] = set()
 
@@ -115,7 +165,13 @@ def resolve_headers(
     resolved: dict[str, str] = {}
     for name, value in headers.items():
         if name.lower() != KEY_HEADER.lower():
-            resolved[str(name)] = fill_credentials(str(value), value_of)
+            resolved[str(name)] = filled = fill_credentials(str(value), value_of)
+            if header_value_problem(filled) is not None:  # not said which: it is a secret's
+                raise TemplateError(
+                    f"request: header {name}: with its credentials filled in, the value holds"
+                    " a line break, a control character or a non-ASCII letter, which an HTTP"
+                    " header value may not"
+                )
     return resolved, used
 
 

@@ -253,6 +253,26 @@ def check_url_authority(url: Any, where: str) -> None:
         )
 
 
+def check_destinations(tx: Tx, spec: TaskSpec) -> None:
+    """`InvalidRequest` for an `http` step whose URL, or a `git.push` whose repository's URL,
+    goes where the supervisor's `effect_allowed_hosts` do not allow for the task's tenant
+    (docs/design.md, Effects: Destinations). Plan text only: no name is resolved here; the
+    dispatcher checks the addresses it connects to at each send."""
+    rule = tx.config.effect_destinations
+    for i, step in enumerate(spec.steps):
+        problem = None
+        if step.kind == "http" and isinstance(step.payload, dict):
+            where = f"plan.steps[{i}].payload.url"
+            problem = rule.refuse_url(spec.tenant, str(step.payload.get("url")))
+        elif step.kind == "git.push" and spec.repository is not None:
+            where = "repository"
+            remote = repositories.find_repository(tx, spec.tenant, spec.repository)
+            if remote is not None:
+                problem = rule.refuse_remote(spec.tenant, remote.url)
+        if problem is not None:
+            raise InvalidRequest(f"'{where}': step {step.name!r}: {problem}")
+
+
 def _effect_placeholders(
     kind: str, payload: dict[str, Any], where: str, before: list[str]
 ) -> list[templates.Placeholder]:
@@ -318,6 +338,7 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     check_kinds(tx, spec)
     check_repository(tx, spec)
     check_effects(spec, tx.config.effect_kinds)
+    check_destinations(tx, spec)
     plan_hash = spec.plan_hash
     declared = spec.declared()
     task_id = tx.new_id()

@@ -17,6 +17,7 @@ import msgspec
 
 from tether.supervisor.ledger import queries
 from tether.supervisor.ledger.decisions import Decision, Note
+from tether.supervisor.ledger.destinations import PUBLIC_HOSTS, Destinations
 from tether.wire.payloads import EFFECT_KINDS
 
 
@@ -34,6 +35,8 @@ class LedgerConfig:
     effect_kinds: frozenset[str] = EFFECT_KINDS
     # How long a dispatcher's hold on an effect lasts without a refresh.
     effect_hold_s: float = 60.0
+    # Where `http` and `git.push` effects may go (settings `effect_allowed_hosts*`).
+    effect_destinations: Destinations = PUBLIC_HOSTS
 
     @property
     def renew_every_s(self) -> float:
