@@ -3,9 +3,11 @@ send time, and how each kind of answer is classified."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -209,3 +211,18 @@ async def test_a_credential_http_cannot_carry_is_refused_unsent_and_unnamed(
     assert "tok" not in answer.detail
     assert seen == []
 
+
+async def test_encoded_echoes_of_a_credential_are_masked(secrets: Credentials) -> None:
+    raw = TOKEN.encode()
+    echoes = [
+        TOKEN.upper(), raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(),
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        base64.b64encode(b"Bearer " + raw).decode(), quote(TOKEN, safe=""),
+    ]  # fmt: skip
+    headers = {"Authorization": "Bearer {{ credential.hook }}"}
+    deliverer = mocked(lambda _: httpx.Response(400, text=" | ".join(echoes)))
+    answer = await deliverer.deliver(outgoing(request(headers=headers)), secrets)
+    assert isinstance(answer, Refused)
+    for echo in echoes:
+        assert echo not in answer.detail, echo
+    assert answer.detail.count("****") == len(echoes)
