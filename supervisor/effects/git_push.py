@@ -60,7 +60,7 @@ from tether.supervisor.effects.addresses import (
     system_resolver,
 )
 from tether.supervisor.effects.credentials import CredentialMissing, Credentials
-from tether.supervisor.ledger.destinations import Destinations, remote_destination
+from tether.supervisor.ledger.destinations import PUBLIC_HOSTS, Destinations, remote_destination
 from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
 from tether.supervisor.repos.candidates import SharedCandidates
 from tether.supervisor.repos.mirror import BundleRefused, MirrorError, Mirrors, PushRejected
@@ -94,7 +94,7 @@ class GitPushDeliverer:
     ) -> None:
         self.mirrors = mirrors
         self.candidates = candidates
-        self.destinations = destinations or Destinations()
+        self.destinations = destinations or PUBLIC_HOSTS
         self.resolver = resolver
         self.scratch = scratch_folder(mirrors)
         remove_leftovers(self.scratch)

@@ -50,7 +50,12 @@ from tether.supervisor.effects.addresses import (
 )
 from tether.supervisor.effects.credentials import CredentialMissing, Credentials, mask
 from tether.supervisor.effects.registry import RetryLater
-from tether.supervisor.ledger.destinations import Destinations, http_destination
+from tether.supervisor.ledger.destinations import (
+    PUBLIC_HOSTS,
+    Destinations,
+    HostRefused,
+    http_destination,
+)
 from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
 from tether.wire.templates import TemplateError, fill_credentials, header_value_problem
 
@@ -81,7 +86,7 @@ class HttpDeliverer:
     ) -> None:
         self.client = client
         self.clock = clock
-        self.destinations = destinations or Destinations()
+        self.destinations = destinations or PUBLIC_HOSTS
         self.resolver = resolver
 
     async def deliver(self, out: Outgoing, secrets: Credentials) -> Answer:
@@ -89,8 +94,10 @@ class HttpDeliverer:
         try:
             url = httpx.URL(str(request["url"]))
             host, port = http_destination(str(request["url"]))
+        except HostRefused as exc:
+            return Refused(status=None, detail=str(exc), code="destination_refused")
         except (httpx.InvalidURL, ValueError) as exc:
-            return Refused(status=None, detail=f"bad URL: {exc}", code="invalid_url")
+            return Refused(status=None, detail=f"bad URL: {redact(str(exc))}", code="invalid_url")
         try:
             headers, used = resolve_headers(request.get("headers") or {}, secrets)
         except CredentialMissing as exc:

@@ -9,6 +9,19 @@ whose deliverer names another kind than its own.
 A deliverer answers `Delivered`, `Refused` or `Unanswered` (supervisor.ledger.outbox). An
 `Unanswered` that knows when to try again (an HTTP `Retry-After`) is a `RetryLater`; the
 dispatcher waits at least that long and records it as a plain `Unanswered`.
+
+What a registered kind is handed (`Outgoing.request`, rendered once when the step fell due,
+`outbox.render_request`): its step's payload less `keyed` and `deadline_s`, where a string
+that is exactly one `{{ steps.<step>.output[.path] }}` became that output's JSON value and a
+placeholder inside a longer string became its text as it is -- not percent-encoded, not
+checked for line breaks: a value is a model's words, and the deliverer, which alone knows
+where it puts it (a URL, a header, a command), must encode or refuse it there as the
+built-in `http` kind does (`tether.wire.templates.render_url`, `header_value_problem`).
+`{{ credential.<name> }}` placeholders are left by name, for the deliverer to fill at send
+time (`templates.fill_credentials` with `Credentials.read`) and to mask in what it answers
+(`credentials.mask`); no output can have built one. The supervisor's `effect_allowed_hosts`
+do not hold a registered kind: it connects where its code does
+(`supervisor.effects.addresses.checked_address` is there to use).
 """
 
 from __future__ import annotations

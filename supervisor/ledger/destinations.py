@@ -321,10 +321,10 @@ def http_destination(url: str) -> tuple[Host, int]:
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
-        raise ValueError(f"{url[:80]!r} is not a URL: {exc}") from None
+        raise ValueError(f"the URL cannot be read: {exc}") from None
     scheme = parsed.scheme
     if scheme not in ("http", "https") or not parsed.raw_host:
-        raise ValueError(f"{url[:80]!r} is not an http:// or https:// URL with a host")
+        raise ValueError("the URL is not an http:// or https:// URL with a host")
     host = read_host(parsed.raw_host.decode("ascii"))
     return host, parsed.port or DEFAULT_PORTS[scheme]
 
