@@ -4,7 +4,11 @@ send time, and how each kind of answer is classified."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+import http.server
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -226,3 +230,58 @@ async def test_encoded_echoes_of_a_credential_are_masked(secrets: Credentials) -
     for echo in echoes:
         assert echo not in answer.detail, echo
     assert answer.detail.count("****") == len(echoes)
+
+
+@pytest.fixture
+def tls_hook(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """An HTTPS server on 127.0.0.1 whose certificate names `hooks.test` only (made by
+    `openssl`); its port and the certificate, which the client trusts."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "1", "-subj", "/CN=hooks.test",
+         "-addext", "subjectAltName=DNS:hooks.test", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], cert
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_tls_is_verified_for_the_name_while_connecting_to_the_address(
+    tls_hook: tuple[int, Path], secrets: Credentials
+) -> None:
+    port, cert = tls_hook
+    client = httpx.AsyncClient(verify=ssl.create_default_context(cafile=cert), trust_env=False)
+    async with client:
+        deliverer = http_deliverer(client)  # every name answers 127.0.0.1, allowed
+        named = await deliverer.deliver(
+            outgoing(request(url=f"https://hooks.test:{port}/d")), secrets
+        )
+        assert isinstance(named, Delivered), named
+        # The same address under a name the certificate does not hold: refused by TLS.
+        other = await deliverer.deliver(
+            outgoing(request(url=f"https://other.test:{port}/d")), secrets
+        )
+        assert isinstance(other, Unanswered)
+        assert not other.sent
+        assert "certificate is not valid for 'other.test'" in other.detail
