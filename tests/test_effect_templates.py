@@ -181,6 +181,14 @@ def test_a_value_is_percent_encoded_for_its_place(template: str, value: Any, ren
     assert t.render_url(template, {"build": {"v": value}}) == rendered
 
 
+def test_a_placeholder_s_own_text_does_not_move_the_next_one_into_the_query() -> None:
+    """A path key may hold `?`: the placeholder after it is still in the path."""
+    outputs = {"build": {"a?b": "x", "v": "admin/delete"}}
+    template = "http://h/api/{{ steps.build.output.a?b }}/{{ steps.build.output.v }}"
+    with pytest.raises(t.RenderError, match="would change the URL's path"):
+        t.render_url(template, outputs)
+
+
 def test_a_value_may_not_complete_a_dot_segment_the_plan_began() -> None:
     with pytest.raises(t.RenderError, match=r"path segment '\.\.'"):
         t.render_url("http://h/a/.{{ steps.build.output.v }}/b", {"build": {"v": "."}})

@@ -292,7 +292,7 @@ def render_url(template: str, outputs: Mapping[str, Any], where: str = "payload.
         if not isinstance(ref, StepRef):
             raise RenderError(f"{where}: a credential has no place in a URL")
         text = _text(_lookup(outputs, ref, where))
-        position = _url_position(template[: match.start()])
+        position = _url_position(without_placeholders(template[: match.start()]))
         refused = sorted({c for c in text if c in _URL_REFUSED[position]})
         if refused:
             shown = " ".join(repr(c) for c in refused)
