@@ -54,9 +54,11 @@ class Served:
     def __init__(self, app: ASGIApp) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
+        # log_config=None: uvicorn's own would take over the process's `uvicorn.*` loggers
+        # (handlers of its own, propagate off) for every test that runs after.
         config = uvicorn.Config(
             app, host="127.0.0.1", port=port, log_level="warning", ws="none",
-            lifespan="on", timeout_graceful_shutdown=2, interface="asgi3",
+            lifespan="on", timeout_graceful_shutdown=2, interface="asgi3", log_config=None,
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
