@@ -19,6 +19,7 @@ import httpx
 import structlog
 
 from tether.clocks import WallClock
+from tether.git import GitError, redact
 from tether.supervisor.artifacts.port import Artifacts
 from tether.supervisor.effects.addresses import Resolver, system_resolver
 from tether.supervisor.effects.credentials import Credentials
@@ -26,11 +27,11 @@ from tether.supervisor.effects.dispatcher import Dispatcher
 from tether.supervisor.effects.git_push import GitPushDeliverer
 from tether.supervisor.effects.http import HttpDeliverer
 from tether.supervisor.effects.registry import EffectKindError, EffectKinds
-from tether.supervisor.ledger import StorageError
+from tether.supervisor.ledger import StorageError, repositories
 from tether.supervisor.ledger.reaper import TURN_MAX_S
 from tether.supervisor.ledger.store import LedgerStore, open_ledger
 from tether.supervisor.repos.candidates import SharedCandidates
-from tether.supervisor.repos.mirror import Mirrors
+from tether.supervisor.repos.mirror import MirrorError, Mirrors
 from tether.supervisor.settings import SupervisorSettings
 
 log = structlog.get_logger("tether.supervisor")
@@ -72,21 +73,40 @@ async def reap_forever(ledger: LedgerStore) -> None:
         await anyio.sleep(pause)
 
 
+async def check_mirrors(mirrors: Mirrors, ledger: LedgerStore) -> None:
+    """At start, the first-use check of the mirror of every repository the ledger knows that
+    has one: a damaged mirror is made anew (and gets its candidates back) now, not when a
+    runner's report needs it. A remote that cannot be read is logged; the next use retries."""
+    for repository in await ledger.read(repositories.list_repositories):
+        if not mirrors.path(repository.url).exists():
+            continue
+        try:
+            await mirrors.open(repository.url)
+        except (MirrorError, GitError, OSError) as exc:
+            log.warning(
+                "cannot check a mirror at start; its next use tries again",
+                repository=redact(repository.url),
+                error=str(exc),
+            )
+
+
 def effect_kinds(
     settings: SupervisorSettings,
     client: httpx.AsyncClient,
     clock: WallClock,
     candidates: SharedCandidates | None = None,
     resolver: Resolver = system_resolver,
+    mirrors: Mirrors | None = None,
 ) -> EffectKinds:
     """The built-in deliverers plus the entry points' (`tether.effects`); a clash or a broken
     entry point stops the start with one line naming it. The built-in ones send only where
-    `effect_allowed_hosts` allows, to addresses `resolver` answered (the system's)."""
+    `effect_allowed_hosts` allows, to addresses `resolver` answered (the system's). `mirrors`
+    are the app's (one instance per folder: its locks and first-use checks are per instance)."""
     destinations = settings.effect_destinations
     built_ins = (
         HttpDeliverer(client, clock=clock, destinations=destinations, resolver=resolver),
         GitPushDeliverer(
-            Mirrors(settings.mirror_root), candidates, destinations=destinations,
+            mirrors or Mirrors(settings.mirror_root), candidates, destinations=destinations,
             resolver=resolver,
         ),
     )  # fmt: skip
@@ -118,14 +138,17 @@ async def running_ledger(
     reaper: bool = True,
     artifacts: Artifacts | None = None,
     resolver: Resolver = system_resolver,
+    mirrors: Mirrors | None = None,
 ) -> AsyncIterator[LedgerStore]:
     """The ledger open with its reaper (unless `reaper` is off, for tests that expire leases
     by hand) and its effects dispatcher running; both stop when the block ends. With the
-    app's `artifacts`, a `git.push` imports a candidate its mirror lacks from its bundle.
-    Effects' destinations are resolved by `resolver`."""
+    app's `artifacts`, a `git.push` imports a candidate its mirror lacks from its bundle, and
+    a mirror made anew gets the ledger's committed candidates back from theirs. Effects'
+    destinations are resolved by `resolver`."""
     candidates = None if artifacts is None else SharedCandidates(artifacts)
+    mirrors = mirrors or Mirrors(settings.mirror_root)
     async with effects_client() as client:
-        kinds = effect_kinds(settings, client, clock, candidates, resolver)
+        kinds = effect_kinds(settings, client, clock, candidates, resolver, mirrors)
         config = settings.ledger_config
         config = dataclasses.replace(config, effect_kinds=config.effect_kinds | kinds.names())
         async with (
@@ -139,6 +162,13 @@ async def running_ledger(
         ):
             if candidates is not None:
                 candidates.ledger = ledger
+                shared = candidates
+
+                async def restore(url: str) -> None:
+                    await shared.restore(mirrors, url)
+
+                mirrors.on_new_mirror = restore
+                tg.start_soon(check_mirrors, mirrors, ledger)
             if reaper:
                 tg.start_soon(reap_forever, ledger)
             secrets = Credentials(settings.credentials_folder)

@@ -307,6 +307,7 @@ PUBLIC = {
     "Mirrors", "candidate_ref", "ls_remote", "remote_head", "path_allowed", "redact",
     "Refusal", "RefusalCode",
     "MirrorError", "RemoteFailed", "NoSuchHead", "BundleRefused", "RefTaken", "GitError",
+    "MirrorDamaged",
 }  # fmt: skip
 
 

@@ -47,6 +47,18 @@ class Binding:
     expected_checks: tuple[str, ...]
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """A committed step's candidate and the bundle it came in: what a mirror made anew gets
+    back (`committed_candidates`)."""
+
+    task_id: str
+    step_id: str
+    fence: int
+    sha: str
+    bundle: str
+
+
 def check_repository_name(name: str) -> str:
     """Return `name` if it may name a repository (it appears in a route's path and in lines)."""
     if not _NAME.fullmatch(name):
@@ -132,6 +144,17 @@ def list_repositories(s: Statements, tenant: str | None = None) -> list[Reposito
     else:
         rows = s.all("repository_remotes_of_tenant", (tenant,))
     return [_record(r) for r in rows]
+
+
+def committed_candidates(s: Statements, url: str) -> list[Candidate]:
+    """Every committed candidate (with a bundle) of the tasks of repositories read from `url`."""
+    return [
+        Candidate(
+            task_id=r["task_id"], step_id=r["step_id"], fence=r["fence"],
+            sha=r["candidate_sha"], bundle=r["bundle"],
+        )
+        for r in s.all("committed_candidates_of_url", (url,))
+    ]  # fmt: skip
 
 
 def _find(s: Statements, tenant: str, name: str) -> Repository | None:

@@ -212,6 +212,9 @@ class LedgerStore:
     async def binding_of_step(self, step_id: str, pool: str | None) -> repositories.Binding | None:
         return await self.read(lambda db: repositories.binding_of_step(db, step_id, pool))
 
+    async def committed_candidates(self, url: str) -> list[repositories.Candidate]:
+        return await self.read(lambda db: repositories.committed_candidates(db, url))
+
     async def cancel(self, tenant: str, task_id: str, reason: str) -> None:
         await self.write(lambda tx: operator.cancel(tx, tenant, task_id, reason))
 

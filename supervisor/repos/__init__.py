@@ -6,6 +6,7 @@ Everything here is slow I/O run by the ledger's adapters, never inside a ledger 
 from tether.git import GitError, redact
 from tether.supervisor.repos.mirror import (
     BundleRefused,
+    MirrorDamaged,
     MirrorError,
     Mirrors,
     NoSuchHead,
@@ -22,6 +23,7 @@ from tether.supervisor.repos.mirror import (
 __all__ = [
     "BundleRefused",
     "GitError",
+    "MirrorDamaged",
     "MirrorError",
     "Mirrors",
     "NoSuchHead",

@@ -5,9 +5,14 @@ ledger share the artifacts, not the mirrors)."""
 
 from __future__ import annotations
 
+import structlog
+
+from tether.git import redact
 from tether.supervisor.artifacts.port import Artifacts
 from tether.supervisor.ledger import Ledger
-from tether.supervisor.repos.mirror import Mirrors
+from tether.supervisor.repos.mirror import MirrorError, Mirrors
+
+log = structlog.get_logger("tether.supervisor")
 
 
 async def import_candidate(
@@ -29,12 +34,39 @@ async def import_candidate(
 class SharedCandidates:
     """Candidates a task's steps reported, found through the ledger and imported from their
     bundles: what a `git.push` taken by this supervisor's dispatcher needs when another
-    supervisor verified the task. `ledger` is given once it is open: the effect kinds (and
-    with them this) are assembled before the ledger, whose configuration names them."""
+    supervisor verified the task, and what a mirror made anew gets back (`restore`). `ledger`
+    is given once it is open: the effect kinds (and with them this) are assembled before the
+    ledger, whose configuration names them."""
 
     def __init__(self, artifacts: Artifacts) -> None:
         self.artifacts = artifacts
         self.ledger: Ledger | None = None
+
+    async def restore(self, mirrors: Mirrors, url: str) -> int:
+        """Import into the mirror of `url` (just made: new, or anew after damage) every
+        candidate the ledger holds committed for it, from its bundle; answer how many. One
+        that cannot be imported now is logged and left: a report or a `git.push` that needs
+        it imports it then."""
+        if self.ledger is None:
+            return 0
+        restored = 0
+        for c in await self.ledger.committed_candidates(url):
+            try:
+                await import_candidate(
+                    mirrors, self.artifacts, url, c.bundle, c.task_id, c.step_id, c.fence
+                )
+            except (FileNotFoundError, MirrorError) as exc:
+                log.warning(
+                    "a committed candidate could not be brought back into its mirror",
+                    repository=redact(url), task_id=c.task_id, step_id=c.step_id,
+                    candidate=c.sha, error=str(exc),
+                )  # fmt: skip
+            else:
+                restored += 1
+        if restored:
+            log.info("candidates brought back into a new mirror", repository=redact(url),
+                     count=restored)  # fmt: skip
+        return restored
 
     async def bring(self, mirrors: Mirrors, url: str, task_id: str, sha: str) -> str | None:
         """Import candidate `sha` of task `task_id` into the mirror of `url` from the bundle of

@@ -17,7 +17,13 @@ from tether.supervisor.ledger import Ledger, Role
 from tether.supervisor.ledger.repositories import Binding
 from tether.supervisor.ledger.verification import Evidence, Finding, Problem
 from tether.supervisor.repos.candidates import import_candidate
-from tether.supervisor.repos.mirror import BundleRefused, Mirrors, NoSuchHead, RemoteFailed
+from tether.supervisor.repos.mirror import (
+    BundleRefused,
+    MirrorDamaged,
+    Mirrors,
+    NoSuchHead,
+    RemoteFailed,
+)
 from tether.wire.records import Result
 
 
@@ -125,7 +131,7 @@ async def _candidate(
         )
     except FileNotFoundError:  # removed since `problem` read it (by hand, from the folder)
         return [Problem(code=Finding.MISSING_ARTIFACT, detail=f"bundle {bundle} is gone")]
-    except RemoteFailed as exc:  # fetching the bundle's base: the remote is down, not the bundle
+    except (RemoteFailed, MirrorDamaged) as exc:  # the remote or our mirror, not the bundle
         raise RepositoryUnavailable(binding.repository, str(exc)) from exc
     except BundleRefused as exc:
         return [Problem(code=Finding.BUNDLE_REFUSED, detail=str(exc))]

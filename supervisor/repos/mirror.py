@@ -8,6 +8,20 @@ approval bound (docs/design.md, Repositories and candidates).
 
 These are slow I/O: the ledger's adapters call them (never a ledger rule) and hand the ledger
 what they found.
+
+A mirror survives a power cut (docs/design.md, Power loss and the disk): it is built in a scratch
+folder, synced whole and renamed into place; every git command that writes to it runs with
+git's own fsync settings (`HARDENED`: objects, their indexes and refs, on git 2.36 and later;
+older git ignores `core.fsync`) and is followed by a sync of the folders it wrote names into,
+which git never syncs, and of the files it added (new packs, the candidate's ref), whatever the
+git version. Fetches keep what they receive as a pack (`transfer.unpackLimit=1`), never as
+loose objects, so those folders are few. An import returns, and so the ledger records a
+verified candidate, only once its ref is durable.
+
+The first use of a mirror by a process checks it (`_damage`): one that is no repository any
+more (an empty `HEAD` or `config`, a broken ref, a ref naming a missing object) is moved aside
+(`<name>.git.damaged-<time>`), logged at warning with both paths, and made anew; a new mirror
+then gets the ledger's committed candidates back from their bundles (`on_new_mirror`).
 """
 
 from __future__ import annotations
@@ -15,20 +29,36 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import os
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import anyio
+import structlog
 
-from tether.git import GitError, git, redact
+from tether.git import GitError, GitOutput, git, redact
+from tether.supervisor import durable
+
+log = structlog.get_logger("tether.supervisor")
 
 SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 # What a fetch updates. Never `+refs/*:refs/*` (a `--mirror` clone's): with `--prune` it would
 # delete the refs/tether/ candidates, which the remote does not have.
 _FETCH_REFSPECS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
 _NEUTRAL_CWD = Path("/")  # ls-remote needs no repository; "/" is never one we mean
+# Every git command on a mirror: objects, their indexes and refs synced before git renames them
+# into place (git 2.36's `core.fsync`; `reference` is not in its default), with fsync itself;
+# received objects kept as one pack, never loose; an automatic gc in the foreground, inside the
+# command and so before the folders are synced after it, never detached past it.
+HARDENED = (
+    "-c", "core.fsync=objects,derived-metadata,reference",
+    "-c", "core.fsyncMethod=fsync",
+    "-c", "transfer.unpackLimit=1",
+    "-c", "gc.autoDetach=false",
+)  # fmt: skip
 
 
 class MirrorError(Exception):
@@ -39,7 +69,8 @@ class MirrorError(Exception):
         ├── NoSuchHead        the remote has no such branch (or no HEAD: it is empty)
         ├── BundleRefused     the bundle is not imported; do not retry it as is
         │   └── RefTaken      the attempt's ref already names another commit
-        └── PushRejected      the remote refused to move the branch (`reason` says why)
+        ├── PushRejected      the remote refused to move the branch (`reason` says why)
+        └── MirrorDamaged     the local mirror is damaged: it is made anew at its next use
 
     Messages name URLs with their user and password masked."""
 
@@ -68,6 +99,11 @@ class PushRejected(MirrorError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class MirrorDamaged(MirrorError):
+    """The supervisor's own mirror, not the remote, is what failed: the message names its
+    folder. The next use checks it again and makes it anew."""
 
 
 class RefusalCode(enum.StrEnum):
@@ -133,11 +169,15 @@ def path_allowed(path: str, allowed_paths: Iterable[str]) -> bool:
 class Mirrors:
     """The bare mirrors under one folder (`mirror_dir`). One supervisor process owns it;
     work on one mirror is serialised by a lock, and a candidate ref is created only where
-    none exists, so even two processes cannot move one."""
+    none exists, so even two processes cannot move one. `on_new_mirror`, when set, is awaited
+    with the URL of each mirror this process made (a new one, or one made anew after damage),
+    outside its lock: what brings the ledger's committed candidates back into it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self._locks: dict[Path, anyio.Lock] = {}
+        self._checked: set[Path] = set()
+        self.on_new_mirror: Callable[[str], Awaitable[None]] | None = None
 
     def path(self, url: str) -> Path:
         name = hashlib.sha256(url.encode()).hexdigest()[:24]
@@ -146,6 +186,11 @@ class Mirrors:
     async def head(self, url: str, branch: str | None = None) -> str:
         """The remote's current HEAD (or `branch`), read with `git ls-remote`."""
         return await remote_head(url, branch)
+
+    async def open(self, url: str) -> Path:
+        """The mirror of `url`, checked at its first use by this process: made if missing,
+        moved aside and made anew if damaged (see the module docstring)."""
+        return await self._ensure(url)
 
     async def fetch(self, url: str) -> Path:
         """Bring the mirror of `url` up to date with the remote's branches and tags (creating
@@ -160,8 +205,8 @@ class Mirrors:
     ) -> str:
         """Verify an attempt's bundle (base..candidate, one head) against the mirror, store
         its objects and create `candidate_ref(task_id, step_id, fence)` at its head; return
-        the candidate SHA. The same bundle again returns the same SHA; another commit for a
-        ref that exists is `RefTaken`."""
+        the candidate SHA once that ref is durable. The same bundle again returns the same
+        SHA; another commit for a ref that exists is `RefTaken`."""
         if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
             raise BundleRefused(f"fence must be a whole number, got {fence!r}")
         ref = candidate_ref(task_id, step_id, fence)
@@ -180,20 +225,25 @@ class Mirrors:
             sha = await _single_head(mirror, bundle, bundle_path.name)
             existing = await _resolve(mirror, ref)
             if existing is not None:
+                # Made by an earlier call, perhaps of a process that died before syncing it.
+                await anyio.to_thread.run_sync(_harden, mirror, None, ref)
                 return _same_or_taken(ref, existing, sha)
             try:
-                await git("bundle", "unbundle", bundle, cwd=mirror)
+                await _write(mirror, "bundle", "unbundle", bundle)
             except GitError as exc:
+                await self._blame_mirror(mirror, url, exc)
                 why = f"bundle {bundle_path.name} cannot be unpacked: {exc.reason}"
                 raise BundleRefused(why) from exc
             if not await _is_commit(mirror, sha):
                 raise BundleRefused(f"bundle {bundle_path.name}'s head {sha} is not a commit")
             # The empty old value makes git create the ref only where there is none.
-            created = await git("update-ref", ref, sha, "", cwd=mirror, check=False)
+            created = await _write(mirror, "update-ref", ref, sha, "", ref=ref, check=False)
             if created.returncode != 0:
                 existing = await _resolve(mirror, ref)
                 if existing is None:
-                    raise BundleRefused(f"cannot create {ref}: {created.stderr.decode().strip()}")
+                    failed = GitError(("update-ref",), created.returncode, created.stderr.decode())
+                    await self._blame_mirror(mirror, url, failed)
+                    raise BundleRefused(f"cannot create {ref}: {failed.reason}")
                 return _same_or_taken(ref, existing, sha)
         return sha
 
@@ -223,8 +273,8 @@ class Mirrors:
                 )
             ]
         refusals: list[Refusal] = []
-        ancestry = await git(
-            "merge-base", "--is-ancestor", base_sha, candidate_sha, cwd=mirror, check=False
+        ancestry = await _git(
+            mirror, "merge-base", "--is-ancestor", base_sha, candidate_sha, check=False
         )
         if ancestry.returncode not in (0, 1):
             raise GitError(("merge-base",), ancestry.returncode, ancestry.stderr.decode())
@@ -235,8 +285,8 @@ class Mirrors:
                     detail=f"candidate {candidate_sha} does not descend from base {base_sha}",
                 )
             )
-        diff = await git(
-            "diff", "--name-only", "-z", "--no-renames", base_sha, candidate_sha, cwd=mirror
+        diff = await _git(
+            mirror, "diff", "--name-only", "-z", "--no-renames", base_sha, candidate_sha
         )
         changed = [p for p in diff.stdout.decode(errors="replace").split("\0") if p]
         outside = tuple(p for p in changed if not path_allowed(p, allowed_paths))
@@ -267,9 +317,7 @@ class Mirrors:
         for sha in (ancestor, descendant):
             if not (SHA.fullmatch(sha) and await _is_commit(mirror, sha)):
                 return None
-        done = await git(
-            "merge-base", "--is-ancestor", ancestor, descendant, cwd=mirror, check=False
-        )
+        done = await _git(mirror, "merge-base", "--is-ancestor", ancestor, descendant, check=False)
         if done.returncode not in (0, 1):
             raise GitError(("merge-base",), done.returncode, done.stderr.decode())
         return done.returncode == 0
@@ -293,10 +341,12 @@ class Mirrors:
         if valid.returncode != 0 or not SHA.fullmatch(sha) or not SHA.fullmatch(expected):
             raise PushRejected(f"cannot push {sha!r} to {ref!r} over {expected!r}", "rejected")
         mirror = self.path(url)
-        done = await git(
-            "push", "--porcelain", "--no-verify", f"--force-with-lease={ref}:{expected}",
+        # A push to a URL (no remote configured) writes nothing to the mirror; `_write` would
+        # sync what it did if it ever did (remote-tracking refs).
+        done = await _write(
+            mirror, "push", "--porcelain", "--no-verify", f"--force-with-lease={ref}:{expected}",
             "--", url, f"{sha}:{ref}",
-            cwd=mirror, env=env, check=False,
+            env=env, check=False,
         )  # fmt: skip
         if done.returncode == 0:
             return
@@ -316,33 +366,147 @@ class Mirrors:
 
     async def _ensure(self, url: str) -> Path:
         mirror = self.path(url)
-        if await anyio.Path(mirror / "HEAD").exists():
-            return mirror
-        # Initialised beside its place and renamed in, so a crash never leaves half a mirror.
-        partial = mirror.with_name(f"{mirror.name}.{secrets.token_hex(4)}.partial")
-        await anyio.Path(self.root).mkdir(parents=True, exist_ok=True)
-        await git("init", "--bare", "--quiet", str(partial), cwd=self.root)
-        try:
-            await anyio.Path(partial).rename(mirror)
-        except OSError:  # another caller renamed its own in first: use that one
-            if not await anyio.Path(mirror / "HEAD").exists():
-                raise
+        made = False
+        async with self._lock(mirror):
+            if mirror not in self._checked:
+                if await anyio.Path(mirror).exists():
+                    damage = await _damage(mirror)
+                    if damage is not None:
+                        await self._move_aside(mirror, url, damage)
+                if not await anyio.Path(mirror).exists():
+                    await self._create(mirror)
+                    made = True
+                self._checked.add(mirror)
+        if made and self.on_new_mirror is not None:
+            await self.on_new_mirror(url)
         return mirror
+
+    async def _create(self, mirror: Path) -> None:
+        """Initialise a bare repository beside its place, sync it whole and rename it in, so
+        that a crash or a power cut never leaves half a mirror (or an empty one's name)."""
+        await anyio.to_thread.run_sync(durable.made_folder, self.root, 0o777)
+        partial = mirror.with_name(f"{mirror.name}.{secrets.token_hex(4)}.partial")
+        await git("init", "--bare", "--quiet", str(partial), cwd=self.root)
+        await anyio.to_thread.run_sync(durable.sync_tree, partial)
+        await anyio.Path(partial).rename(mirror)
+        await anyio.to_thread.run_sync(durable.sync_folder, self.root)
+
+    async def _move_aside(self, mirror: Path, url: str, damage: str) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = mirror.with_name(f"{mirror.name}.damaged-{stamp}-{secrets.token_hex(2)}")
+        await anyio.Path(mirror).rename(aside)
+        await anyio.to_thread.run_sync(durable.sync_folder, self.root)
+        log.warning(
+            "mirror damaged: moved aside and made anew from the remote and the bundles",
+            mirror=str(mirror),
+            moved_to=str(aside),
+            repository=redact(url),
+            damage=damage,
+        )
+
+    async def _blame_mirror(self, mirror: Path, url: str, exc: GitError) -> None:
+        """Raise `MirrorDamaged` (and have the next use check the mirror again) when the
+        mirror itself is why git failed; return when it is not."""
+        damage = await _damage(mirror)
+        if damage is None:
+            return
+        self._checked.discard(mirror)
+        raise MirrorDamaged(
+            f"the supervisor's mirror {mirror} of {redact(url)} is damaged ({damage}):"
+            " it is made anew at its next use"
+        ) from exc
 
     async def _fetch(self, mirror: Path, url: str) -> None:
         try:
-            await git(
-                "fetch", "--quiet", "--prune", "--no-tags", "--", url, *_FETCH_REFSPECS, cwd=mirror
+            await _write(
+                mirror, "fetch", "--quiet", "--prune", "--no-tags", "--", url, *_FETCH_REFSPECS
             )
         except GitError as exc:
+            await self._blame_mirror(mirror, url, exc)
             raise RemoteFailed(f"cannot fetch {redact(url)}: {exc.reason}") from exc
 
     async def _verify(self, mirror: Path, bundle: str) -> str | None:
         """None when the bundle verifies against the mirror, else git's reason."""
-        done = await git("bundle", "verify", "--quiet", bundle, cwd=mirror, check=False)
+        done = await _git(mirror, "bundle", "verify", "--quiet", bundle, check=False)
         if done.returncode == 0:
             return None
         return " ".join(redact(done.stderr.decode(errors="replace")).split())[-300:]
+
+
+async def _git(
+    mirror: Path, *args: str, env: Mapping[str, str] | None = None, check: bool = True
+) -> GitOutput:
+    """git on the mirror `mirror` itself (never a repository git would find above a damaged
+    one), with `HARDENED`."""
+    return await git(f"--git-dir={mirror}", *HARDENED, *args, cwd=mirror, env=env, check=check)
+
+
+async def _write(
+    mirror: Path,
+    *args: str,
+    ref: str | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> GitOutput:
+    """A git command that writes to the mirror, then `_harden` of what it wrote (`ref`: the
+    ref it made, when it made one)."""
+    packs = await anyio.to_thread.run_sync(_pack_names, mirror)
+    done = await _git(mirror, *args, env=env, check=check)
+    await anyio.to_thread.run_sync(_harden, mirror, packs, ref)
+    return done
+
+
+def _pack_names(mirror: Path) -> frozenset[str]:
+    try:
+        return frozenset(os.listdir(mirror / "objects" / "pack"))
+    except FileNotFoundError:
+        return frozenset()
+
+
+def _harden(mirror: Path, packs_before: frozenset[str] | None, ref: str | None) -> None:
+    """Make durable what a git command wrote into `mirror`: the pack files that are new since
+    `packs_before`, the ref `ref` and `packed-refs` (git syncs these itself from 2.36 on, with
+    `HARDENED`), then every folder it may have put a name in, deepest first (git never syncs
+    one). Blocking: run it on a worker thread."""
+    packs = mirror / "objects" / "pack"
+    files: list[Path] = []
+    if packs_before is not None:
+        files += [packs / n for n in sorted(set(_pack_names(mirror)) - packs_before)]
+    files += [mirror / "packed-refs"] + ([mirror / ref] if ref else [])
+    for path in files:
+        try:
+            durable.sync_file(path)
+        except FileNotFoundError:  # a temporary git removed, or a ref packed by its gc
+            continue
+    folders: list[Path] = []
+    if ref:
+        at = (mirror / ref).parent
+        while at != mirror / "refs" and at != at.parent:
+            folders.append(at)
+            at = at.parent
+    for kind in ("heads", "tags"):
+        folders += [Path(f) for f, _, _ in os.walk(mirror / "refs" / kind, topdown=False)]
+    folders += [packs, mirror / "objects" / "info", mirror / "objects", mirror / "refs", mirror]
+    durable.sync_folders(f for f in dict.fromkeys(folders) if f.is_dir())
+
+
+async def _damage(mirror: Path) -> str | None:
+    """None when `mirror` is a bare repository whose refs git reads and whose every ref names
+    an object it holds, else what is wrong: the quick check of a mirror's first use."""
+    for name in ("HEAD", "config"):
+        try:
+            size = (await anyio.Path(mirror / name).stat()).st_size
+        except OSError:
+            return f"it has no {name}"
+        if size == 0:
+            return f"its {name} is empty"
+    done = await _git(
+        mirror, "for-each-ref", "--format=%(objectname) %(objecttype) %(refname)", check=False
+    )
+    said = " ".join(redact(done.stderr.decode(errors="replace")).split())[-300:]
+    if done.returncode != 0 or "broken ref" in said or "ignoring" in said:
+        return f"git cannot read its refs: {said or f'exit code {done.returncode}'}"
+    return None
 
 
 def _same_or_taken(ref: str, existing: str, sha: str) -> str:
@@ -352,7 +516,7 @@ def _same_or_taken(ref: str, existing: str, sha: str) -> str:
 
 
 async def _single_head(mirror: Path, bundle: str, name: str) -> str:
-    listed = await git("bundle", "list-heads", bundle, cwd=mirror)
+    listed = await _git(mirror, "bundle", "list-heads", bundle)
     shas = {line.split(" ", 1)[0] for line in listed.text.splitlines() if line.strip()}
     if len(shas) != 1 or not SHA.fullmatch(next(iter(shas))):
         raise BundleRefused(f"bundle {name} must carry exactly one head, it has {len(shas)}")
@@ -360,12 +524,12 @@ async def _single_head(mirror: Path, bundle: str, name: str) -> str:
 
 
 async def _resolve(mirror: Path, ref: str) -> str | None:
-    done = await git("rev-parse", "--verify", "--quiet", ref, cwd=mirror, check=False)
+    done = await _git(mirror, "rev-parse", "--verify", "--quiet", ref, check=False)
     if done.returncode != 0:
         return None
     return done.text.strip() or None
 
 
 async def _is_commit(mirror: Path, sha: str) -> bool:
-    done = await git("cat-file", "-t", sha, cwd=mirror, check=False)
+    done = await _git(mirror, "cat-file", "-t", sha, check=False)
     return done.returncode == 0 and done.text.strip() == "commit"

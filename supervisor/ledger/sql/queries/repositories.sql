@@ -27,3 +27,11 @@ SELECT * FROM repository_remotes WHERE tenant = ? ORDER BY tenant, name;
 -- name: task_row_of_step
 -- The whole row of a step's task.
 SELECT t.* FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.id = ?;
+
+-- name: committed_candidates_of_url
+-- Every committed candidate with its bundle, of the tasks of each repository read from a URL.
+SELECT e.task_id, e.step_id, e.fence, s.candidate_sha, s.bundle
+FROM effects e JOIN steps s ON s.id = e.step_id JOIN tasks t ON t.id = e.task_id
+JOIN repository_remotes r ON r.tenant = t.tenant AND r.name = t.repository
+WHERE r.url = ? AND s.candidate_sha IS NOT NULL AND s.bundle IS NOT NULL
+ORDER BY e.task_id, e.step_id;
