@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from tether.supervisor import repos
+from tether.supervisor import durable, repos
 from tether.supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, repositories, tokens
 from tether.supervisor.ledger import queries as named_queries
 from tether.supervisor.ledger.backends import (
@@ -283,3 +283,7 @@ def backup(db: Path | str, dest: Path) -> None:
         # A copy that is not sound must not be mistaken for a backup later.
         dest.unlink(missing_ok=True)
         raise AdminError(f"the backup of {path} to {dest} failed: {problems[0]}")
+    try:  # its bytes (SQLite synced them at its commit; again, whatever its settings), its name
+        durable.created(dest.absolute())
+    except OSError as exc:
+        raise AdminError(f"cannot sync the backup {dest}: {exc.strerror or exc}") from None

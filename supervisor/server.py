@@ -4,11 +4,13 @@ start on a damaged ledger file."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sqlite3
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import structlog
@@ -17,6 +19,7 @@ from starlette.applications import Starlette
 
 from tether.logs import configure_logging
 from tether.sdnotify import Notifier
+from tether.supervisor import writer_lock
 from tether.supervisor.api import create_app, drain
 from tether.supervisor.effects.addresses import Resolver, system_resolver
 from tether.supervisor.ledger import LedgerError
@@ -163,6 +166,19 @@ def serve(settings: SupervisorSettings, *, resolver: Resolver = system_resolver)
     """Run the supervisor until a signal; its exit code. `resolver` answers the names effects
     are sent to (the system's resolver)."""
     configure_logging(level=settings.log_level)
+    try:  # one writer per ledger file, for as long as this one serves (`writer_lock`)
+        held = writer_lock.hold(settings.db) if isinstance(settings.db, Path) else None
+    except writer_lock.LedgerHeld as exc:
+        sys.stderr.write(f"tether-supervisor: error: {exc}\n")
+        return 1
+    try:
+        return _serve_holding_the_ledger(settings)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _serve_holding_the_ledger(settings: SupervisorSettings) -> int:
     problem = preflight(settings)
     if problem is not None:
         sys.stderr.write(f"tether-supervisor: error: {problem}\n")

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import anyio
 
+from tether.supervisor import durable
+
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 # Received bytes are written and hashed in steps of this size, each on a worker thread.
 FLUSH_BYTES = 1024 * 1024
@@ -154,10 +156,11 @@ class ArtifactStore:
         return self.root / "tmp"
 
     def open(self) -> None:
-        """Create the folders, and remove what uploads cut short by a crash left behind."""
+        """Create the folders (each synced into its parent), and remove what uploads cut short
+        by a crash left behind."""
         shutil.rmtree(self._temp_dir, ignore_errors=True)
-        self._temp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (self.root / "sha256").mkdir(exist_ok=True, mode=0o700)
+        durable.made_folder(self._temp_dir, mode=0o700)
+        durable.made_folder(self.root / "sha256", mode=0o700)
 
     def path_of(self, digest: str) -> Path:
         check_digest(digest)
@@ -172,14 +175,12 @@ class ArtifactStore:
     def _keep(self, fd: int, temp: Path, digest: str) -> bool:
         os.fsync(fd)
         final = self.path_of(digest)
-        if not final.parent.is_dir():
-            final.parent.mkdir(exist_ok=True, mode=0o700)
-            _fsync_dir(final.parent.parent)
+        durable.made_folder(final.parent, mode=0o700)
         try:
             os.link(temp, final)  # unlike rename, never replaces a file already there
         except FileExistsError:
             return False
-        _fsync_dir(final.parent)
+        durable.sync_folder(final.parent)
         return True
 
     def artifact_bytes_present(self, digest: str) -> bool:
@@ -242,11 +243,3 @@ def _discard(fd: int, temp: Path) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
     temp.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from tether.supervisor import durable
 from tether.supervisor.effects.addresses import (
     DestinationRefused,
     GitPin,
@@ -206,9 +207,11 @@ LOCK: Final = ".lock"
 
 def scratch_folder(mirrors: Mirrors) -> Path:
     """The supervisor's private folder for credentials handed to git, beside the mirrors;
-    made 0700 if missing (and made 0700 again if it was not)."""
+    made 0700 if missing (and made 0700 again if it was not). The folder is synced into its
+    parent; the files in it never are: a credential is scratch, removed after the attempt,
+    and one a power cut leaves behind is removed at the next start (`remove_leftovers`)."""
     folder = mirrors.root.parent / f"{mirrors.root.name}.push"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    durable.made_folder(folder, mode=0o700)
     folder.chmod(0o700)
     return folder
 

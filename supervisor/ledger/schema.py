@@ -9,10 +9,12 @@ code is refused. `sql/migrations/postgresql/` holds the same numbered versions f
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 from importlib import resources
 from pathlib import Path
 
+from tether.supervisor import durable
 from tether.supervisor.ledger.errors import IntegrityCheckFailed, SchemaTooNew, StorageError
 from tether.supervisor.ledger.queries import Dialect
 
@@ -30,17 +32,20 @@ def migrations(dialect: Dialect = "sqlite") -> tuple[tuple[int, str], ...]:
 def connect(
     path: Path | str, *, synchronous: str = "FULL", readonly: bool = False
 ) -> sqlite3.Connection:
-    """A connection in autocommit mode: transactions are begun explicitly (`BEGIN IMMEDIATE`)."""
+    """A connection in autocommit mode: transactions are begun explicitly (`BEGIN IMMEDIATE`).
+    A `readonly` one opens the file read-only (`_open_read_only`): it never writes it."""
     if synchronous.upper() not in SYNCHRONOUS_MODES:
         raise ValueError(f"synchronous must be one of {SYNCHRONOUS_MODES}")
-    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+    if readonly:
+        db = _open_read_only(Path(path))
+    else:
+        db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
     db.row_factory = sqlite3.Row
     try:
-        if readonly:  # before anything else: a reader (`check`, say) never writes the file
+        if readonly:
             db.execute("PRAGMA query_only = ON")
-            db.execute("PRAGMA journal_mode")  # the first read: a non-database fails here
         else:
-            db.execute("PRAGMA journal_mode = WAL")  # likewise
+            db.execute("PRAGMA journal_mode = WAL")  # the first read: a non-database fails here
         db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         db.execute("PRAGMA foreign_keys = ON")
         db.execute("PRAGMA busy_timeout = 30000")
@@ -51,6 +56,41 @@ def connect(
     except BaseException:
         db.close()
         raise
+    return db
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """`path` opened read-only (`mode=ro`), so that `check` and `backup` also read a copy on a
+    read-only disk. A WAL-mode file read that way needs its `-shm` file, or a folder to make
+    one in; without either, and with no `-wal` file (whose commits only the `-shm` file
+    indexes), nothing can be writing it and SQLite may take it as `immutable`. A `-wal` file
+    without its `-shm` on a read-only folder cannot be read safely: refused, saying so."""
+    uri = path.absolute().as_uri()
+    try:
+        db = sqlite3.connect(
+            f"{uri}?mode=ro", uri=True, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        try:
+            db.execute("PRAGMA journal_mode")  # the first read: a non-database fails here
+        except BaseException:
+            db.close()
+            raise
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_CANTOPEN or not path.exists():
+            raise
+        if os.access(path.absolute().parent, os.W_OK):
+            raise
+        wal = Path(f"{path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise sqlite3.OperationalError(
+                f"{path} has commits in {wal.name} but no {path.name}-shm, on a read-only"
+                f" folder: copy {path.name}-shm beside it too, or make the copy with"
+                " `tether-supervisor backup`"
+            ) from exc
+        db = sqlite3.connect(
+            f"{uri}?mode=ro&immutable=1", uri=True, isolation_level=None, check_same_thread=False
+        )
+        db.execute("PRAGMA journal_mode")
     return db
 
 
@@ -125,8 +165,11 @@ def open_ledger_file(path: Path | str, *, synchronous: str = "FULL") -> sqlite3.
     db: sqlite3.Connection | None = None
     if not Path(path).exists():
         # A new ledger holds payloads and token hashes: readable by its owner only, whatever
-        # the umask (SQLite gives its -wal and -shm files the same mode).
+        # the umask (SQLite gives its -wal and -shm files the same mode). Its name is synced
+        # into its folder before anything is recorded in it: SQLite syncs its own files, and
+        # the folder only when it makes a -wal file (docs/design.md, Power loss and the disk).
         Path(path).touch(mode=0o600)
+        durable.sync_folder(Path(path).absolute().parent)
     try:
         db = connect(path, synchronous=synchronous)
         check_integrity(db)
