@@ -4,7 +4,7 @@ power goes (tests/holdfs.py), while two runners run chat and agent tasks through
 records every answer the supervisor acknowledged (tests/recording_proxy.py).
 
 The power is cut at each of `CUTS`, moments the file system holds on (a write into a new
-mirror, into a fetch's or an unbundle's pack, just after a candidate's ref is renamed in, into
+mirror, into a fetch's or an unbundle's objects, just after a candidate's ref is renamed in, into
 the ledger's -wal, into an upload, just after an artifact is linked in, and once at any
 moment): the supervisor and its git children are stopped, what no sync made durable is
 dropped, they are killed, and the file system is mounted again. Then, before the supervisor
@@ -69,9 +69,9 @@ WAIT_S = 40.0  # for one cut point to be reached (they come within seconds, unlo
 # Where the power is cut: what the file system holds on, in this order (see tests/holdfs.py).
 CUTS: list[tuple[str, dict[str, Any]]] = [
     ("a mirror being made", {"op": "write", "path": "mirrors/*.partial/*"}),
-    ("mid-fetch", {"op": "write", "path": "mirrors/*/objects/pack/tmp_pack_*", "caller": "fetch"}),
-    ("mid-unbundle",
-     {"op": "write", "path": "mirrors/*/objects/pack/tmp_pack_*", "caller": "unbundle"}),
+    # A pack or a loose object (older supervisors let a small fetch write loose ones).
+    ("mid-fetch", {"op": "write", "path": "mirrors/*/objects/*", "caller": "fetch"}),
+    ("mid-unbundle", {"op": "write", "path": "mirrors/*/objects/*", "caller": "unbundle"}),
     ("a candidate ref just renamed in",
      {"op": "rename", "path": "mirrors/*/refs/tether/*", "after": True}),
     ("mid ledger commit", {"op": "write", "path": "ledger.db-wal", "skip": 25}),
