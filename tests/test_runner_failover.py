@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,6 @@ from tests.runner_failover_fakes import (
 )
 from tests.test_runner_fakes import TOKEN, FakeSupervisor, error, make_lease
 from tests.test_runner_processes import (
-    ACCEPT_S,
-    RENEW_EVERY_S,
-    TTL_S,
     Cluster,
     environment,
     free_port,
@@ -368,29 +366,34 @@ async def test_a_token_refused_by_one_supervisor_is_not_a_reason_to_fail_over(
     assert any(e["event"].startswith("claiming paused") for e in logs)
 
 
-# -- as real processes: two supervisors on one SQLite ledger file -------------------------------
+# -- as real processes: a second supervisor on the SQLite ledger file of a killed one ----------
 
 
 @pytest.mark.slow
 def test_a_runner_process_finishes_its_step_through_the_second_supervisor_process(
     tmp_path: Path,
 ) -> None:
-    """Two `tether-supervisor serve` on one ledger file (SQLite serialises their writes: WAL,
-    `BEGIN IMMEDIATE`, a 30 s busy timeout; fences come from the ledger's counter). The
-    supervisor that granted the lease is SIGKILLed while the step runs; the runner renews
-    and reports through the other, and the task succeeds on its first attempt."""
+    """The runner lists two supervisor URLs on one ledger file. The supervisor that granted
+    the lease is SIGKILLed while the step runs and another `serve` starts on the same file
+    (one file has one writer: it is refused while the first runs, `writer_lock`); the runner
+    renews and reports through it, and the task succeeds on its first attempt."""
     cluster = Cluster(tmp_path)
     try:
-        cluster.start_supervisor()
-        first = cluster.procs[-1]
+        # A lease, and its window to be acknowledged, that outlive the second's start on a
+        # loaded machine (seconds): the runner drops a step it could not renew in time. Its
+        # first renewal (every 6 s) goes to the second, before the model answers (8 s).
+        env = environment(TETHER_LEASE_TTL_S="30", TETHER_ACCEPT_WINDOW_S="12")
+        serve = [*program("tether-supervisor"), "serve", "--db", str(cluster.db)]
+        first = cluster.start("supervisor", [*serve, "--port", str(cluster.sup_port)], env)
+        wait_for(lambda: cluster._up(f"{cluster.url}/healthz", first), "supervisor 1", 20, cluster)
         other_url = f"http://127.0.0.1:{free_port()}"
-        argv = [*program("tether-supervisor"), "serve", "--db", str(cluster.db)]
-        argv += ["--host", "127.0.0.1", "--port", other_url.rsplit(":", 1)[1]]
-        env = environment(TETHER_LEASE_TTL_S=str(TTL_S), TETHER_ACCEPT_WINDOW_S=str(ACCEPT_S))
-        second = cluster.start("supervisor-2", argv, env)
-        wait_for(lambda: cluster._up(f"{other_url}/healthz", second), "supervisor 2", 20, cluster)
+        argv = [*serve, "--host", "127.0.0.1", "--port", other_url.rsplit(":", 1)[1]]
+        refused = subprocess.run(
+            argv, capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        assert refused.returncode == 1, refused.stderr  # while the first serves the file
         cluster.start_model()
-        cluster.knobs(latency_s=4 * RENEW_EVERY_S)
+        cluster.knobs(latency_s=8.0)
         runner = cluster.start(
             "runner",
             [
@@ -405,11 +408,14 @@ def test_a_runner_process_finishes_its_step_through_the_second_supervisor_proces
         wait_for(lambda: cluster.leased_to(task_id), "the lease", 20, cluster)
         first.popen.kill()
         first.popen.wait(5)
+        second = cluster.start("supervisor-2", argv, env)
+        wait_for(lambda: cluster._up(f"{other_url}/healthz", second), "supervisor 2", 20, cluster)
         cluster.http.base_url = httpx.URL(other_url)
-        wait_for(lambda: cluster.state(task_id) == "SUCCEEDED", "the task", 20, cluster)
+        wait_for(lambda: cluster.state(task_id) == "SUCCEEDED", "the task", 40, cluster)
         (attempt,) = cluster.attempts(task_id)
         assert attempt["runner_id"] == "r-failover"
-        (switch,) = runner.events(SWITCHED)
+        # Back and forth while the second starts; the first switch is away from the killed one.
+        switch = runner.events(SWITCHED)[0]
         assert (switch["from"], switch["to"]) == (cluster.url, other_url)
         assert not runner.events("step dropped")
         assert runner.stop() == 0
