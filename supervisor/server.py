@@ -172,13 +172,13 @@ def serve(settings: SupervisorSettings, *, resolver: Resolver = system_resolver)
         sys.stderr.write(f"tether-supervisor: error: {exc}\n")
         return 1
     try:
-        return _serve_holding_the_ledger(settings)
+        return _serve_holding_the_ledger(settings, resolver)
     finally:
         if held is not None:
             os.close(held)
 
 
-def _serve_holding_the_ledger(settings: SupervisorSettings) -> int:
+def _serve_holding_the_ledger(settings: SupervisorSettings, resolver: Resolver) -> int:
     problem = preflight(settings)
     if problem is not None:
         sys.stderr.write(f"tether-supervisor: error: {problem}\n")

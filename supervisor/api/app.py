@@ -54,7 +54,11 @@ def create_app(
         async with (
             open_artifacts(settings) as artifacts,
             running_ledger(
-                settings, clock=clock, reaper=reaper, artifacts=artifacts, resolver=resolver,
+                settings,
+                clock=clock,
+                reaper=reaper,
+                artifacts=artifacts,
+                resolver=resolver,
                 mirrors=app.state.mirrors,
             ) as ledger,
         ):
