@@ -32,7 +32,7 @@ from tether.supervisor.ledger.backends import (
 )
 from tether.supervisor.ledger.batch import Transactions
 from tether.supervisor.ledger.operator import budget_of, set_budget
-from tether.supervisor.ledger.schema import connect, integrity_problems
+from tether.supervisor.ledger.schema import connect, integrity_problems, newest_migration
 from tether.supervisor.ledger.tx import ReadSession
 
 
@@ -81,6 +81,30 @@ def ledger_file(db: Path | str, *, must_exist: bool = True) -> Iterator[OpenLedg
         yield OpenLedger(backend, conn)
     finally:
         backend.close_writer(conn)
+
+
+@contextlib.contextmanager
+def ledger_reads(db: Path | str) -> Iterator[ReadSession]:
+    """The ledger `db` names, for a command that only reads it. A file at this tether's schema
+    is opened read-only, so the command works on a read-only copy and beside a running
+    supervisor without writing anything; an older file is migrated first (`ledger_file`), as
+    every other command does; a database is read through its writer connection."""
+    backend = backend_of(db)
+    if not ledger_exists(db):
+        raise AdminError(f"no ledger {'file ' if is_file(backend) else ''}at {backend.where}")
+    if isinstance(backend, SqliteBackend):
+        try:
+            conn = connect(backend.path, readonly=True)
+        except sqlite3.DatabaseError as exc:
+            raise AdminError(f"cannot open ledger {backend.where}: {exc}") from None
+        try:
+            if int(conn.execute("PRAGMA user_version").fetchone()[0]) >= newest_migration():
+                yield ReadSession(conn)
+                return
+        finally:
+            conn.close()
+    with ledger_file(db) as opened:
+        yield opened.reads()
 
 
 def is_file(backend: Backend) -> bool:
@@ -136,8 +160,8 @@ def list_tokens(path: Path | str) -> list[str]:
     """`ID TENANT ROLE CREATED [revoked] name=NAME last_used=TIME`, one line per token: the
     first fields as they always were, then `name=-` for a token without a name and
     `last_used=never` for one never used (names hold no spaces and no `=`)."""
-    with ledger_file(path) as db:
-        records = tokens.list_tokens(db.reads())
+    with ledger_reads(path) as reads:
+        records = tokens.list_tokens(reads)
     return [
         " ".join(
             [
@@ -166,9 +190,9 @@ def set_tenant_budget(path: Path | str, tenant: str, budget: int | None) -> None
 def show_budget(path: Path | str, tenant: str) -> str:
     """`tenant=T spent=N budget=B left=L`, with `unlimited` for B and L when there is no
     budget."""
-    with ledger_file(path) as db:
+    with ledger_reads(path) as reads:
         try:
-            found = budget_of(db.reads(), tenant)
+            found = budget_of(reads, tenant)
         except LedgerError as exc:
             raise AdminError(str(exc)) from None
     unlimited = "unlimited"
@@ -207,8 +231,8 @@ def add_repository(
 def list_repositories(path: Path | str) -> list[str]:
     """`TENANT NAME URL ADDED`, one line per repository (URLs hold no password: `repo add`
     refuses one)."""
-    with ledger_file(path) as db:
-        records = repositories.list_repositories(db.reads())
+    with ledger_reads(path) as reads:
+        records = repositories.list_repositories(reads)
     return [f"{r.tenant} {r.name} {r.url} {_utc(r.added_at)}" for r in records]
 
 

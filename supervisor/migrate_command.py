@@ -3,8 +3,10 @@ read, the copy made (supervisor/ledger/copy.py), one line answered."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from tether.supervisor import writer_lock
 from tether.supervisor.admin import AdminError
 from tether.supervisor.ledger import backends
 from tether.supervisor.ledger.copy import copy_ledger
@@ -29,7 +31,23 @@ def run(source: str, target: str, artifacts: Path | None = None) -> str:
     path = sqlite_path(source)
     if scheme(target) not in SCHEMES:
         raise AdminError(f"--to must be a postgresql:// URL, not {redact(target)!r}")
+    held = _hold_unless_read_only(path)
     try:
         return copy_ledger(path, target, artifacts).summary()
     except LedgerError as exc:
         raise AdminError(exc.detail) from exc
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _hold_unless_read_only(path: Path) -> int | None:
+    """The ledger's writer lock for the copy: a copy of a file being served would miss what the
+    supervisor commits meanwhile. A file on a folder this user cannot write (a read-only copy)
+    has no lock file to take, and no supervisor of this user can be serving it."""
+    if not path.is_file() or not os.access(path.parent, os.W_OK):
+        return None
+    try:
+        return writer_lock.hold(path)
+    except writer_lock.LedgerHeld as exc:
+        raise AdminError(str(exc)) from None

@@ -5,7 +5,9 @@ holder's pid and host. The lock is `flock(2)`'s: the kernel frees it when the pr
 however it ends (SIGKILL, a crash), so a stale lock file never keeps a supervisor out.
 
 Admin commands (tokens, `repo`, `check`, `backup`) never take it: they run their rules beside a
-running supervisor, which SQLite serialises. A PostgreSQL ledger takes no lock here: several
+running supervisor, which SQLite serialises, and the ones that only read open the file
+read-only. `migrate` takes it for the copy: a copy of a ledger being served would miss what
+the supervisor commits meanwhile. A PostgreSQL ledger takes no lock here: several
 supervisors share one by design.
 """
 

@@ -1,7 +1,8 @@
 """One writer per ledger file, and the commands that only read it (docs/design.md, Power loss
 and the disk): a second `serve` on a SQLite ledger is refused with the holder's pid and host
 while the first runs, and starts once it has exited (SIGKILL included: the kernel frees the
-lock); `check` and `backup` read a copy on a read-only disk.
+lock); `migrate` refuses a file that is being served; `check`, `backup`, `token list`, `repo
+list` and `budget --show` read a copy on a read-only disk.
 
 The read-only disk is a read-only bind mount in a mount namespace of its own (`unshare`, root
 only), the one way here to make a folder that root cannot write."""
@@ -83,6 +84,9 @@ def test_a_second_serve_is_refused_while_the_first_runs_and_allowed_after_it_exi
         assert f"pid {first.pid} on host {socket.gethostname()}" in line, line
         assert f"ledger {db} is served by another supervisor" in line, line
         assert first.poll() is None  # the refused one changed nothing for the first
+        copied = admin("migrate", "--from", str(db), "--to", "postgresql://127.0.0.1:1/none")
+        assert copied.returncode == 1
+        assert f"ledger {db} is served by another supervisor" in copied.stderr, copied.stderr
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=30) == 0
 
@@ -130,6 +134,7 @@ def test_check_and_backup_read_a_copy_on_a_read_only_disk(
     db = tmp_path / "ledger.db"
     made = admin("token", "create", "--init", "--db", str(db), "--tenant", "t", "--role", "runner")
     assert made.returncode == 0, made.stderr
+    assert admin("budget", "--db", str(db), "--tenant", "t", "--tokens", "100").returncode == 0
     copy = tmp_path / "copy"
     copy.mkdir()
     shutil.copy(db, copy / "ledger.db")  # a file copied while no supervisor ran: no -wal
@@ -159,6 +164,9 @@ def test_check_and_backup_read_a_copy_on_a_read_only_disk(
         with sqlite3.connect(f"file:{backup}?mode=ro", uri=True) as copied:
             names = {n for (n,) in copied.execute("SELECT name FROM tokens")}
         assert names == ({"live"} if folder is live else {None})
+    for listing in (["token", "list"], ["repo", "list"], ["budget", "--show", "--tenant", "t"]):
+        done = read_only_mount(copy, *program(), *listing, "--db", str(copy / "ledger.db"))
+        assert done.returncode == 0, f"{listing}: {done.stderr}"
     assert sorted(p.name for p in copy.iterdir()) == ["ledger.db"]  # nothing written beside it
 
     # Commits in a -wal file that its -shm file would index, on a read-only disk: refused.

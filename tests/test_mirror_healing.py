@@ -107,3 +107,21 @@ async def test_a_restarted_supervisor_heals_a_mirror_and_brings_its_candidates_b
     assert rev(mirror, ref) == fields["candidate_sha"]
     assert any(e["log_level"] == "warning" and e["mirror"] == str(mirror) for e in logs)
     assert [p for p in mirror.parent.iterdir() if ".damaged-" in p.name]
+
+
+async def test_a_half_made_mirror_left_by_a_cut_is_removed_when_the_mirror_is_made(
+    origin: Origin, tmp_path: Path
+) -> None:
+    root = tmp_path / "mirrors"
+    mirrors = Mirrors(root)
+    mirror = mirrors.path(origin.url)
+    root.mkdir()
+    left = mirror.with_name(f"{mirror.name}.0badc0de.partial")  # a cut inside `_create`
+    (left / "objects").mkdir(parents=True)
+    other = root / "elsewhere.git.0badc0de.partial"  # another mirror's, not this one's to touch
+    other.mkdir()
+    with capture_logs() as logs:
+        await mirrors.import_bundle(origin.url, origin.candidate("a", FIX), "t1", "s1", 1)
+    assert not left.exists()
+    assert other.exists()
+    assert [e["partial"] for e in logs if e["log_level"] == "warning"] == [str(left)]

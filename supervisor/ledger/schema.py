@@ -112,11 +112,17 @@ def check_integrity(db: sqlite3.Connection) -> None:
         raise IntegrityCheckFailed(f"PRAGMA integrity_check failed: {summary}")
 
 
+def newest_migration() -> int:
+    """The schema version this tether migrates a ledger file to."""
+    known = migrations()
+    return known[-1][0] if known else 0
+
+
 def migrate(db: sqlite3.Connection) -> int:
     """Apply every migration above the file's `user_version`; return the version reached."""
     current = int(db.execute("PRAGMA user_version").fetchone()[0])
     known = migrations()
-    newest = known[-1][0] if known else 0
+    newest = newest_migration()
     if current > newest:
         raise SchemaTooNew(f"ledger schema version {current} is newer than this tether ({newest})")
     for version, script in known:

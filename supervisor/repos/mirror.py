@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import glob
 import hashlib
 import os
 import re
 import secrets
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -385,6 +387,7 @@ class Mirrors:
         """Initialise a bare repository beside its place, sync it whole and rename it in, so
         that a crash or a power cut never leaves half a mirror (or an empty one's name)."""
         await anyio.to_thread.run_sync(durable.made_folder, self.root, 0o777)
+        await anyio.to_thread.run_sync(_remove_partials, mirror)
         partial = mirror.with_name(f"{mirror.name}.{secrets.token_hex(4)}.partial")
         await git("init", "--bare", "--quiet", str(partial), cwd=self.root)
         await anyio.to_thread.run_sync(durable.sync_tree, partial)
@@ -454,6 +457,14 @@ async def _write(
     done = await _git(mirror, *args, env=env, check=check)
     await anyio.to_thread.run_sync(_harden, mirror, packs, ref)
     return done
+
+
+def _remove_partials(mirror: Path) -> None:
+    """Remove the half-made mirrors of `mirror` that a crash or a power cut left in the middle
+    of `_create`: under the mirror's lock nothing else is making one."""
+    for partial in mirror.parent.glob(f"{glob.escape(mirror.name)}.*.partial"):
+        log.warning("mirror: removed a half-made mirror", partial=str(partial))
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _pack_names(mirror: Path) -> frozenset[str]:
