@@ -160,7 +160,13 @@ class StepRun:
             self._scope.cancel()
 
     async def run(self) -> None:
-        with tracing.step(self.lease) as span:
+        """Run the attempt. Everything it runs logs with the step's ids (structlog's context
+        variables, bound in this task only), so a step kind's own lines, `checkpoint` and
+        `resuming` among them, carry `task_id, step_id, attempt, fence` without binding them."""
+        with (
+            structlog.contextvars.bound_contextvars(**self.lease.log_context()),
+            tracing.step(self.lease) as span,
+        ):
             await self._run()
             span.set(outcome=self.outcome, **self.spent)
 

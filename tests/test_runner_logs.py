@@ -175,3 +175,65 @@ class _Hang:
             self.cancelled = True
             raise
         raise AssertionError("unreachable")
+
+
+def tool_call(name: str, **arguments: Any) -> httpx.Response:
+    """A model answer asking for one tool call."""
+    call = {"id": "c1", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+    return json_response(
+        200,
+        {
+            "model": "m",
+            "choices": [
+                {"message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                 "finish_reason": "tool_calls"}
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        },
+    )  # fmt: skip
+
+
+async def test_a_step_kinds_own_lines_checkpoint_and_resuming_carry_the_steps_ids(
+    tmp_path: Path,
+) -> None:
+    """Issue 26, finding 3: lines the agent kind writes through its own module loggers (no
+    binding of their own) carry the step's ids, because the step binds them for all it runs.
+    The attempt resuming from an earlier one's checkpoint names that one as `from_fence`, so
+    its `fence` stays the attempt's own."""
+    from tether.runner.agent import AgentKind, NoSandbox
+    from tether.runner.kinds import KindRegistry
+
+    agent = AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox())
+    rig = make_rig(tmp_path, kinds=KindRegistry([("agent", agent)]))
+    sup = rig.supervisor
+    payload = {"messages": [{"role": "user", "content": "write notes"}], "allowed_commands": []}
+    rig.model.script(tool_call("write_file", path="notes.txt", content="x"))
+    sup.offer(make_lease("s1", task_id="t1", kind="agent", fence=41, payload=payload))
+    with structlog.testing.capture_logs(
+        processors=[structlog.contextvars.merge_contextvars]
+    ) as logs:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve)
+            await sup.until(lambda: bool(sup.of("result", "s1")))
+            (saved,) = sup.checkpoints["s1"]
+            resume = {"turn": 1, "fence": 41, "transcript": saved["transcript"]}
+            sup.offer(
+                make_lease("s1", task_id="t1", kind="agent", fence=42, attempt=2,
+                           payload=payload, resume=resume)
+            )  # fmt: skip
+            await sup.until(lambda: len(sup.of("result", "s1")) == 2)
+            rig.runner.request_shutdown()
+    (checkpoint,) = [e for e in logs if e["event"] == "checkpoint"]
+    (resuming,) = [e for e in logs if e["event"] == "resuming"]
+    assert {f: checkpoint.get(f) for f in STEP_FIELDS} == {
+        "task_id": "t1", "step_id": "s1", "attempt": 1, "fence": 41,
+    }  # fmt: skip
+    assert {f: resuming.get(f) for f in STEP_FIELDS} == {
+        "task_id": "t1", "step_id": "s1", "attempt": 2, "fence": 42,
+    }  # fmt: skip
+    assert resuming["from_fence"] == 41
+    done = [e for e in logs if e["event"] == "agent step done"]
+    assert [e["fence"] for e in done] == [41, 42]
+    # Nothing the runner says outside a step carries a step's ids.
+    assert all("step_id" not in e for e in logs if e["event"] == "runner stopped")

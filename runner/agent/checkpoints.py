@@ -340,11 +340,11 @@ async def resume_start(
         if isinstance(workspace, Workspace):
             await workspace.ready()  # a failed checkout fails the step, as without a resume
         why = str(exc) or type(exc).__name__
-        log.warning("resume point not used", turn=resume.turn, fence=resume.fence, why=why)
+        log.warning("resume point not used", turn=resume.turn, from_fence=resume.fence, why=why)
         if isinstance(workspace, Workspace):
             await workspace.clean_checkout(workspace.start_sha)
         return Start(messages=list(fresh), turn=resume.turn, usage=dict(resume.usage), skipped=why)
-    log.info("resuming", turn=resume.turn, fence=resume.fence, wip=resume.sha)
+    log.info("resuming", turn=resume.turn, from_fence=resume.fence, wip=resume.sha)
     return Start(
         messages=messages,
         turn=resume.turn,
