@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv litellm-venv clean
+.PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv bench-runner-venv litellm-venv clean
 
 all: test
 
@@ -70,7 +70,16 @@ $(LITELLM_STAMP): bench/requirements-litellm.txt
 
 litellm-venv: $(LITELLM_STAMP)
 
-bench: $(STAMP) $(PEERS_STAMP)
+# The runner as a borrowed server installs it: the wheel and its base dependencies only, for
+# the idle RSS figure (bench/runner_rss.py). Made anew whenever the sources may have changed.
+RUNNER_VENV := bench/.runner-venv
+
+bench-runner-venv:
+	rm -rf $(RUNNER_VENV)
+	$(PYTHON) -m venv $(RUNNER_VENV)
+	$(RUNNER_VENV)/bin/python -m pip install --quiet .
+
+bench: $(STAMP) $(PEERS_STAMP) bench-runner-venv
 	$(BIN)/python -m bench
 
 bench-quick: $(STAMP)

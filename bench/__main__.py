@@ -136,9 +136,13 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
 
         rss = runner_rss.run(stack)
         r["runner_rss_idle_mb"] = rss.idle_mb
+        r["runner_rss_idle_installed"] = rss.idle_installed
+        r["runner_rss_idle_dev_venv_mb"] = rss.idle_dev_venv_mb
         r["runner_rss_100_mb"] = rss.in_flight_mb
         r["runner_rss_in_flight"] = rss.in_flight
-        say(f"runner rss: idle {rss.idle_mb:.0f} MB, in flight ({rss.in_flight}) "
+        where = "as installed" if rss.idle_installed else "developers' venv"
+        say(f"runner rss: idle {rss.idle_mb:.0f} MB ({where}; developers' venv "
+            f"{rss.idle_dev_venv_mb:.0f} MB), in flight ({rss.in_flight}) "
             f"{rss.in_flight_mb:.0f} MB")  # fmt: skip
 
         agents = agent_rss.run(stack, hold_s=plan.agent_hold_s)

@@ -144,13 +144,14 @@ class Stack:
 
     def start_runners(
         self, name: str, pool: str, concurrency: int, processes: int,
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, program: str | None = None,
     ) -> list[subprocess.Popen[bytes]]:  # fmt: skip
         """`processes` runners sharing `concurrency` between them (as evenly as possible),
         with `env` added to their environment. The pool's token must exist (`token(pool)`)
         before the supervisor starts. With several supervisors each runner gets all of them,
         its list rotated by one per runner, so runners spread over the supervisors (a runner
-        uses the first that answers)."""
+        uses the first that answers). `program` is another `tether-runner` to start (the
+        installed one of `runner_rss`)."""
         token = self.workdir / f"token-runner-{pool}"
         base, extra = divmod(concurrency, processes)
         shares = [base + (i < extra) for i in range(processes)]
@@ -163,7 +164,7 @@ class Stack:
             procs.append(
                 self.kids.start(
                     runner_id,
-                    [tool("tether-runner"), "run", "--supervisor", supervisors,
+                    [program or tool("tether-runner"), "run", "--supervisor", supervisors,
                      "--token-file", str(token), "--model-url", self.model_url,
                      "--model", "standin", "--concurrency", str(share),
                      "--runner-id", runner_id, "--log-level", self.runner_log_level,
