@@ -78,7 +78,11 @@ async def test_without_a_session_every_page_sends_to_the_login_form(web: ApiHarn
     for url in ("/ui", f"/ui/tasks/{task['id']}", "/ui/artifacts/" + "0" * 64):
         answer = await web.client.get(url)
         assert (answer.status_code, answer.headers["location"]) == (303, "/ui/login"), url
-    for url in (f"/ui/tasks/{task['id']}/fragment", f"/ui/tasks/{task['id']}/events"):
+    for url in (
+        f"/ui/tasks/{task['id']}/fragment",
+        f"/ui/tasks/{task['id']}/events",
+        "/ui/tasks-fragment",
+    ):
         assert (await web.client.get(url)).status_code == 401, url
     form = await page(web.client, "/ui/login")
     assert 'type="password"' in form
@@ -231,6 +235,47 @@ async def test_the_state_filter_shows_only_that_state(web: ApiHarness) -> None:
     refused = await page(client, "/ui?state=BOGUS", 422)
     assert "state must be one of" in refused
     assert (await client.get("/ui?cursor=abc")).status_code == 422
+
+
+def listed(text: str) -> list[str]:
+    return re.findall(r'href="/ui/tasks/([^"/]+)"', text)
+
+
+async def test_search_by_id_prefix_key_and_pool_with_the_state(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    first = await web.create("deploy-2026-12-01")
+    second = await web.queued("deploy-2026-12-02")
+    other = await web.create("nightly", pool="acme")
+    prefix = first["id"][:6].upper()  # any case, shorter than the shown prefix
+    assert listed(await page(client, f"/ui?q={prefix}")) == [first["id"]]
+    assert listed(await page(client, "/ui?q=deploy-2026-12-02")) == [second["id"]]
+    assert listed(await page(client, "/ui?q=deploy-2026")) == []  # a key is matched whole
+    assert listed(await page(client, "/ui?pool=acme")) == [other["id"]]
+    assert listed(await page(client, "/ui?pool=default&state=QUEUED")) == [second["id"]]
+    text = await page(client, "/ui?q=%20deploy-2026-12-02%20")  # trimmed
+    assert 'value="deploy-2026-12-02"' in text
+    assert listed(text) == [second["id"]]
+    assert "No tasks match this search." in await page(client, "/ui?repository=none-such")
+    assert "is too long" in await page(client, "/ui?q=" + "x" * 201, 422)
+
+
+async def test_the_list_shows_short_ids_and_refreshes_its_own_part(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    task = await web.create("k1")
+    text = await page(client, "/ui?pool=default")
+    short = re.search(rf'title="{task["id"]}"><code>([0-9a-f]+)</code>', text)
+    assert short is not None
+    assert len(short.group(1)) == 8
+    assert task["id"].startswith(short.group(1))
+    assert f'data-copy="{task["id"]}"' in text
+    fragment_url = re.search(r'data-fragment="([^"]+)"', text)
+    assert fragment_url is not None
+    assert fragment_url.group(1) == "/ui/tasks-fragment?pool=default"
+    later = await web.create("k2")
+    part = await client.get(fragment_url.group(1))
+    assert part.status_code == 200
+    strict_fragment(part.text)
+    assert listed(part.text) == [later["id"], task["id"]]
 
 
 async def test_another_tenants_task_is_not_found(web: ApiHarness) -> None:
@@ -418,6 +463,9 @@ async def test_the_pages_own_files_are_served(web: ApiHarness) -> None:
     assert "@media" in css.text
     assert script.headers["content-type"].startswith("text/javascript")
     assert "lastEventId" in script.text
+    listing = await web.client.get("/ui/static/list.js")
+    assert listing.headers["content-type"].startswith("text/javascript")
+    assert "data-fragment" in listing.text
 
 
 # -- effects: the request behind a gate, opening it, an uncertain effect -------------------

@@ -17,6 +17,7 @@ from tether.supervisor.ledger.outbox import Answer, Outgoing
 from tether.supervisor.ledger.repositories import Binding, Candidate
 from tether.supervisor.ledger.tokens import NewToken, Principal
 from tether.supervisor.ledger.verification import Evidence
+from tether.supervisor.ledger.views import TaskSearch
 from tether.wire import Outcome, ReleaseReason
 from tether.wire.records import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
 
@@ -100,7 +101,12 @@ class Ledger(Protocol):
     async def next_deadline(self) -> float | None: ...
     async def task(self, task_id: str, tenant: str | None = None) -> dict[str, Any]: ...
     async def list_tasks(
-        self, tenant: str, state: str | None, cursor: int | None, limit: int
+        self,
+        tenant: str,
+        state: str | None,
+        cursor: int | None,
+        limit: int,
+        search: TaskSearch | None = None,
     ) -> dict[str, Any]: ...
     async def events(
         self, task_id: str, tenant: str | None, after: int, wait_s: float

@@ -67,6 +67,7 @@ from tether.supervisor.ledger.errors import Refused, StorageError
 from tether.supervisor.ledger.outbox import Answer, Outgoing
 from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
 from tether.supervisor.ledger.verification import Evidence
+from tether.supervisor.ledger.views import TaskSearch
 from tether.supervisor.ledger.writer import Writer
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
@@ -369,11 +370,16 @@ class LedgerStore:
         return await self.read(lambda db: views.task_view(db, task_id, tenant, now=now))
 
     async def list_tasks(
-        self, tenant: str, state: str | None, cursor: int | None, limit: int
+        self,
+        tenant: str,
+        state: str | None,
+        cursor: int | None,
+        limit: int,
+        search: TaskSearch | None = None,
     ) -> dict[str, Any]:
         now = self.clock()
         return await self.read(
-            lambda db: views.list_tasks(db, tenant, state, cursor, limit, now=now)
+            lambda db: views.list_tasks(db, tenant, state, cursor, limit, now=now, search=search)
         )
 
     async def events(

@@ -5,6 +5,7 @@ nothing themselves; `now` is the supervisor's clock, passed in by the store."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections import Counter
 from collections.abc import Iterable
@@ -245,6 +246,19 @@ def effect_views(s: Statements, task_id: str) -> dict[str, dict[str, Any]]:
     }  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSearch:
+    """What a listing is narrowed to besides its state: `text` is a task id's prefix (any
+    case) or a whole idempotency key; `repository` and `pool` are whole names."""
+
+    text: str | None = None
+    repository: str | None = None
+    pool: str | None = None
+
+    def __bool__(self) -> bool:
+        return any((self.text, self.repository, self.pool))
+
+
 def list_tasks(
     s: Statements,
     tenant: str,
@@ -253,6 +267,7 @@ def list_tasks(
     limit: int,
     *,
     now: float,
+    search: TaskSearch | None = None,
 ) -> dict[str, Any]:
     """The tenant's tasks, newest first, each with its steps committed and in all and what it
     waits for; `next` is the cursor for the following page."""
@@ -261,7 +276,16 @@ def list_tasks(
     if not 1 <= limit <= PAGE_MAX:
         raise InvalidRequest(f"limit must be 1..{PAGE_MAX}")
     committed = StepState.COMMITTED.value
-    if state is None:
+    if search:
+        text, id_prefix = search.text, None if search.text is None else search.text.lower()
+        rows = s.all(
+            "tenant_tasks_search_page",
+            (
+                committed, tenant, cursor, state, state, id_prefix, id_prefix, id_prefix, text,
+                search.repository, search.repository, search.pool, search.pool, limit + 1,
+            ),
+        )  # fmt: skip
+    elif state is None:
         rows = s.all("tenant_tasks_page", (committed, tenant, cursor, limit + 1))
     else:
         rows = s.all("tenant_tasks_in_state_page", (committed, tenant, state, cursor, limit + 1))

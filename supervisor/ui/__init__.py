@@ -19,6 +19,10 @@ async def _script(_request: Request) -> Response:
     return render.static("live.js", "text/javascript; charset=utf-8")
 
 
+async def _list_script(_request: Request) -> Response:
+    return render.static("list.js", "text/javascript; charset=utf-8")
+
+
 async def _slash(_request: Request) -> Response:
     return RedirectResponse("/ui", status_code=308)
 
@@ -26,6 +30,7 @@ async def _slash(_request: Request) -> Response:
 ROUTES = [
     Route("/ui", pages.tasks, methods=["GET"]),
     Route("/ui/", _slash, methods=["GET"]),
+    Route("/ui/tasks-fragment", pages.tasks_fragment, methods=["GET"]),
     Route("/ui/login", actions.login_form, methods=["GET"]),
     Route("/ui/login", actions.login, methods=["POST"]),
     Route("/ui/logout", actions.logout, methods=["POST"]),
@@ -40,6 +45,7 @@ ROUTES = [
     Route("/ui/artifacts/{digest}", logs.log, methods=["GET"]),
     Route("/ui/static/ui.css", _css, methods=["GET"]),
     Route("/ui/static/live.js", _script, methods=["GET"]),
+    Route("/ui/static/list.js", _list_script, methods=["GET"]),
 ]
 
 __all__ = ["ROUTES"]

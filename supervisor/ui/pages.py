@@ -11,13 +11,14 @@ from starlette.responses import Response
 from tether.supervisor.api import requests as rq
 from tether.supervisor.api.errors import ApiError
 from tether.supervisor.ledger import Ledger, Principal
-from tether.supervisor.ledger.views import PAGE_MAX
+from tether.supervisor.ledger.views import PAGE_MAX, TaskSearch
 from tether.supervisor.ui import render
 from tether.supervisor.ui.effects import shown_effect
 from tether.supervisor.ui.guard import signed
 from tether.wire import ErrorCode
 
 PAGE_SIZE: Final = 50
+SEARCH_MAX: Final = 200
 # What the templates show by name; any other field of a task, step or attempt is shown as a
 # key and its value, so a field the ledger adds appears without a template change.
 TASK_SHOWN: Final = frozenset(
@@ -126,17 +127,47 @@ def _cursor(request: Request) -> int | None:
     return None if raw is None else int(raw)
 
 
-async def _tasks(request: Request, who: Principal) -> Response:
+def _search_term(request: Request, name: str) -> str | None:
+    """A search field of the list: trimmed, None when empty; a long one is refused."""
+    raw = (request.query_params.get(name) or "").strip()
+    if len(raw) > SEARCH_MAX:
+        raise ApiError(ErrorCode.INVALID_FIELD, f"query parameter {name!r} is too long")
+    return raw or None
+
+
+async def _listing(request: Request, who: Principal) -> dict[str, Any]:
+    """What the list of tasks and its live part show: a page of the tenant's tasks, narrowed
+    by state and the search fields, each id with its shortest unique prefix."""
     state = request.query_params.get("state") or None
     limit = rq.query_int(request, "limit", default=PAGE_SIZE, low=1, high=PAGE_MAX)
-    found = await ledger_of(request).list_tasks(who.scope, state, _cursor(request), limit)
-    context = {
-        "who": who, "tasks": found["tasks"], "next": found["next"], "state": state,
+    search = TaskSearch(
+        text=_search_term(request, "q"),
+        repository=_search_term(request, "repository"),
+        pool=_search_term(request, "pool"),
+    )
+    cursor = _cursor(request)
+    found = await ledger_of(request).list_tasks(who.scope, state, cursor, limit, search)
+    short = render.short_ids([t["id"] for t in found["tasks"]])
+    keep = {
+        "state": state, "q": search.text, "repository": search.repository, "pool": search.pool,
         "limit": None if limit == PAGE_SIZE else limit,
     }  # fmt: skip
-    return render.page(request, "tasks.html", context)
+    return {
+        "who": who, "tasks": [{**t, "short_id": short[t["id"]]} for t in found["tasks"]],
+        "next": found["next"], "keep": {k: v for k, v in keep.items() if v is not None},
+        "cursor": cursor, **keep,
+    }  # fmt: skip
+
+
+async def _tasks(request: Request, who: Principal) -> Response:
+    return render.page(request, "tasks.html", await _listing(request, who))
+
+
+async def _tasks_fragment(request: Request, who: Principal) -> Response:
+    return render.page(request, "tasks_fragment.html", await _listing(request, who))
 
 
 tasks = signed(_tasks)
+tasks_fragment = signed(_tasks_fragment, redirect=False)
 task = signed(_task)
 fragment = signed(_fragment, redirect=False)

@@ -66,6 +66,21 @@ def is_digest(value: Any) -> bool:
     return isinstance(value, str) and bool(_DIGEST.fullmatch(value))
 
 
+SHORT_ID_MIN: Final = 8  # what the CLI takes as a prefix, too
+
+
+def short_ids(ids: list[str]) -> dict[str, str]:
+    """Each id's shortest prefix of at least `SHORT_ID_MIN` characters that no other id of
+    `ids` starts with (the whole id when it is a prefix of another)."""
+    short = {}
+    for one in ids:
+        size = SHORT_ID_MIN
+        while size < len(one) and any(o != one and o.startswith(one[:size]) for o in ids):
+            size += 1
+        short[one] = one[:size]
+    return short
+
+
 def is_ended(state: str) -> bool:
     return state in TaskState.__members__ and TaskState(state) in TERMINAL
 

@@ -64,6 +64,19 @@ FROM tasks t
 WHERE t.tenant = ? AND t.state = ? AND t.created_order < COALESCE(?, 9223372036854775807)
 ORDER BY t.created_order DESC LIMIT ?;
 
+-- name: tenant_tasks_search_page
+-- As tenant_tasks_page, narrowed by whichever of state, id prefix or whole idempotency key, repository and pool are given (null: any).
+SELECT t.*, (SELECT COUNT(*) FROM steps s WHERE s.task_id = t.id) AS steps_total,
+    (SELECT COUNT(*) FROM steps s WHERE s.task_id = t.id AND s.state = ?) AS steps_committed
+FROM tasks t
+WHERE t.tenant = ? AND t.created_order < COALESCE(?, 9223372036854775807)
+    AND (CAST(? AS TEXT) IS NULL OR t.state = ?)
+    AND (CAST(? AS TEXT) IS NULL OR substr(t.id, 1, length(CAST(? AS TEXT))) = ?
+        OR t.idempotency_key = ?)
+    AND (CAST(? AS TEXT) IS NULL OR t.repository = ?)
+    AND (CAST(? AS TEXT) IS NULL OR t.pool = ?)
+ORDER BY t.created_order DESC LIMIT ?;
+
 -- name: events_after
 -- A task's journal after a sequence number, in order, at most so many.
 SELECT * FROM events WHERE task_id = ? AND seq > ? ORDER BY seq LIMIT ?;
