@@ -22,6 +22,7 @@ from tether.sdnotify import Notifier
 from tether.supervisor import writer_lock
 from tether.supervisor.api import create_app, drain
 from tether.supervisor.effects.addresses import Resolver, system_resolver
+from tether.supervisor.head_timeout import head_timeout_protocol
 from tether.supervisor.ledger import LedgerError
 from tether.supervisor.ledger.backends import Backend, LedgerUrlError, open_backend
 from tether.supervisor.settings import SupervisorSettings
@@ -149,9 +150,11 @@ async def _serve(
 
 
 def server_config(app: Starlette, settings: SupervisorSettings) -> uvicorn.Config:
-    """uvicorn's settings for the supervisor: our logging, no access log, our keep-alive."""
+    """uvicorn's settings for the supervisor: our logging, no access log, our keep-alive, and
+    its httptools protocol with a bound on reading a request's head (`head_timeout`)."""
     return uvicorn.Config(
         app,
+        http=head_timeout_protocol(settings.header_read_timeout_s, app.state.head_timeouts),
         host=settings.host,
         port=settings.port,
         log_config=None,

@@ -29,6 +29,9 @@ class SupervisorSettings:
     accept_window_s: float = 10.0
     max_attempts: int = 5
     max_body_bytes: int = 1024 * 1024
+    # A connection whose request head (line and headers) is not complete this long after it
+    # was made, or after its next request began, is closed (supervisor/head_timeout.py).
+    header_read_timeout_s: float = 5.0
     synchronous: str = "FULL"
     claim_wait_max_s: float = 30.0
     events_wait_max_s: float = 60.0
@@ -53,7 +56,7 @@ class SupervisorSettings:
     def __post_init__(self) -> None:
         for name in (
             "lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s",
-            "runner_seen_window_s", "effect_hold_s",
+            "runner_seen_window_s", "effect_hold_s", "header_read_timeout_s",
         ):  # fmt: skip
             require_positive(name, getattr(self, name))
         require_positive("max_attempts", self.max_attempts)

@@ -31,8 +31,10 @@ from tether.supervisor.api.errors import (
 )
 from tether.supervisor.api.longpoll import LongPolls
 from tether.supervisor.api.nul import RefuseNul
+from tether.supervisor.api.refusal_log import RefusalLog
 from tether.supervisor.artifacts.opening import open_artifacts
 from tether.supervisor.effects.addresses import Resolver, system_resolver
+from tether.supervisor.head_timeout import HeadTimeouts
 from tether.supervisor.ledger import LedgerError
 from tether.supervisor.repos import Mirrors
 from tether.supervisor.repos.evidence import RepositoryUnavailable
@@ -65,6 +67,8 @@ def create_app(
             app.state.ledger = ledger
             app.state.tokens = TokenCache(ledger)
             app.state.metrics = health.Metrics(ledger)
+            app.state.metrics.add(app.state.refusal_log)
+            app.state.metrics.add(app.state.head_timeouts)
             app.state.artifacts = artifacts
             yield
 
@@ -91,6 +95,8 @@ def create_app(
     app.state.long_polls = LongPolls()
     app.state.mirrors = Mirrors(settings.mirror_root)
     app.state.unbound_steps = UnboundSteps()
+    app.state.refusal_log = RefusalLog()
+    app.state.head_timeouts = HeadTimeouts()  # counted by `serve`'s protocol (head_timeout)
     return app
 
 

@@ -4,7 +4,7 @@ pools a tenant's tasks may name.
 Each token is looked up by its hash in the ledger file. A short cache spares the ledger one read
 per request under load; its lifetime bounds how late a revocation made by the CLI in another
 process takes effect. Every refusal here is logged at warning, with the token's id when it is
-known (never the secret).
+known (never the secret), at most `refusal_log.PER_SECOND` a second per client address.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from cachetools import TTLCache
 from starlette.requests import Request
 
 from tether.supervisor.api.errors import ApiError
+from tether.supervisor.api.refusal_log import RefusalLog
 from tether.supervisor.ledger import Ledger, Principal, Role
 from tether.wire import ErrorCode
 
@@ -56,12 +57,15 @@ class TokenCache:
 
 
 def refused(request: Request, code: ErrorCode, detail: str, **about: Any) -> ApiError:
-    """Log a refused request at warning (the route, the client, `about`) and return its error."""
+    """Log a refused request at warning (the route, the client, `about`), unless its client
+    has had its share of lines this second (`RefusalLog`), and return its error."""
     client = request.client.host if request.client else None
-    log.warning(
-        "access refused", code=code.value, detail=detail, method=request.method,
-        path=request.url.path, client=client, **about,
-    )  # fmt: skip
+    lines: RefusalLog = request.app.state.refusal_log
+    if lines.may_log(client):
+        log.warning(
+            "access refused", code=code.value, detail=detail, method=request.method,
+            path=request.url.path, client=client, **about,
+        )  # fmt: skip
     return ApiError(code, detail)
 
 

@@ -88,6 +88,10 @@ class Metrics:
             registry=self._registry,
         )
 
+    def add(self, collector: Collector) -> None:
+        """Expose `collector`'s metrics too (counts kept outside the ledger)."""
+        self._registry.register(collector)
+
     async def exposition(self) -> bytes:
         """The text format of every metric, as of now."""
         depth = await self._ledger.queue_depth()
