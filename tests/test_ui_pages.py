@@ -75,7 +75,7 @@ async def finished(web: ApiHarness, key: str, output: Any = "done", **extra: Any
 
 async def test_without_a_session_every_page_sends_to_the_login_form(web: ApiHarness) -> None:
     task = await web.create("k")
-    for url in ("/ui", f"/ui/tasks/{task['id']}", "/ui/artifacts/" + "0" * 64):
+    for url in ("/ui", f"/ui/tasks/{task['id']}", "/ui/artifacts/" + "0" * 64, "/ui/runners"):
         answer = await web.client.get(url)
         assert (answer.status_code, answer.headers["location"]) == (303, "/ui/login"), url
     for url in (
@@ -276,6 +276,45 @@ async def test_the_list_shows_short_ids_and_refreshes_its_own_part(web: ApiHarne
     assert part.status_code == 200
     strict_fragment(part.text)
     assert listed(part.text) == [later["id"], task["id"]]
+
+
+def runner_rows(text: str) -> dict[str, list[str]]:
+    """The runners table: each runner's id with its other cells as text."""
+    table = text.split('<table class="runners">', 1)[-1]
+    rows = re.findall(r"<tr>\s*<td><code>([^<]+)</code></td>(.*?)</tr>", table, re.S)
+    cells = (re.findall(r"<td>(.*?)</td>", rest, re.S) for _, rest in rows)
+    return {
+        rid: [re.sub(r"<[^>]+>", "", c).strip() for c in row]
+        for (rid, _), row in zip(rows, cells, strict=True)
+    }
+
+
+async def test_the_runners_page_shows_each_runner_online_or_offline_and_the_queues(
+    web: ApiHarness, clock: FakeClock
+) -> None:
+    client = await signed_in(web)
+    await web.queued("a")
+    await web.queued("b")
+    [lease] = await web.claim(runner_id="box-1")
+    idle = await web.client.post(
+        "/v1/leases/claim",
+        headers={"Authorization": f"Bearer {web.secrets['stranger']}"},
+        json={"runner_id": "elsewhere-1", "capacity": 1, "wait_s": 0},
+    )
+    assert idle.status_code == 204  # a runner of a pool acme's tasks may not use
+    text = await page(client, "/ui/runners")
+    rows = runner_rows(text)
+    assert set(rows) == {"box-1"}  # another pool's runner is not shown
+    status, pool, kinds, in_flight = rows["box-1"][:4]
+    assert (status, pool, kinds, in_flight) == ("online", "default", "chat", "1")
+    assert re.search(r"<td><code>default</code></td>\s*<td>1</td>\s*<td>1</td>", text)
+    assert "1 of 1 online" in text
+    assert (await web.report(lease)).status_code == 200
+    clock.advance(121)  # past RUNNER_RECENT_S, holding no lease
+    part = await client.get("/ui/runners-fragment")
+    strict_fragment(part.text)
+    assert runner_rows(part.text)["box-1"][:4] == ["offline", "default", "chat", "0"]
+    assert "0 of 1 online" in part.text
 
 
 async def test_another_tenants_task_is_not_found(web: ApiHarness) -> None:

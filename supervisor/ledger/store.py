@@ -67,7 +67,7 @@ from tether.supervisor.ledger.errors import Refused, StorageError
 from tether.supervisor.ledger.outbox import Answer, Outgoing
 from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
 from tether.supervisor.ledger.verification import Evidence
-from tether.supervisor.ledger.views import TaskSearch
+from tether.supervisor.ledger.views import RunnerRow, TaskSearch
 from tether.supervisor.ledger.writer import Writer
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
@@ -408,6 +408,10 @@ class LedgerStore:
     async def pools(self, also: Collection[str] = ()) -> list[PoolStatus]:
         now = self.clock()
         return await self.read(lambda db: views.pool_status(db, now, also))
+
+    async def runners(self) -> list[RunnerRow]:
+        now = self.clock()
+        return await self.read(lambda db: views.runners(db, now))
 
     async def budget(self, tenant: str) -> Budget:
         return await self.read(lambda db: operator.budget_of(db, tenant))

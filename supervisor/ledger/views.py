@@ -14,7 +14,7 @@ from typing import Any, Final
 from tether.supervisor.ledger import operator
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
 from tether.supervisor.ledger.outbox import OutboxState
-from tether.supervisor.ledger.states import TERMINAL, StepState, TaskState
+from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.tx import Row, Statements, loads
 from tether.supervisor.ledger.verification import (
     check_runs_at,
@@ -459,3 +459,35 @@ def pool_status(s: Statements, now: float, also: Iterable[str] = ()) -> list[Poo
         )
         for pool in pools
     ]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunnerRow:
+    """A runner as the runners page shows it: where it claims, what it serves, the leases it
+    holds now, when it last claimed and under which token. It is `online` when it claimed
+    within `RUNNER_RECENT_S` or holds a lease (a busy runner renews instead of claiming, and a
+    lease nobody renews is expired by the reaper)."""
+
+    pool: str
+    runner_id: str
+    kinds: tuple[str, ...]
+    in_flight: int
+    first_seen: float
+    last_seen: float
+    last_seen_s: float
+    token_name: str | None
+    online: bool
+
+
+def runners(s: Statements, now: float) -> list[RunnerRow]:
+    """Every runner that ever claimed, by pool, the most recently seen first."""
+    rows = s.all("runners_with_leases", (AttemptState.LEASED.value,))
+    return [
+        RunnerRow(
+            pool=r["pool"], runner_id=r["runner_id"], kinds=tuple(loads(r["kinds_json"])),
+            in_flight=int(r["in_flight"]), first_seen=r["first_seen"], last_seen=r["last_seen"],
+            last_seen_s=_ago(now, r["last_seen"]) or 0.0, token_name=r["token_name"],
+            online=int(r["in_flight"]) > 0 or now - r["last_seen"] <= RUNNER_RECENT_S,
+        )
+        for r in rows
+    ]  # fmt: skip

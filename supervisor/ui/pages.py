@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tether.supervisor.api import requests as rq
+from tether.supervisor.api.auth import may_use_pool
 from tether.supervisor.api.errors import ApiError
 from tether.supervisor.ledger import Ledger, Principal
 from tether.supervisor.ledger.views import PAGE_MAX, TaskSearch
@@ -167,7 +168,31 @@ async def _tasks_fragment(request: Request, who: Principal) -> Response:
     return render.page(request, "tasks_fragment.html", await _listing(request, who))
 
 
+async def _fleet(request: Request, who: Principal) -> dict[str, Any]:
+    """What the runners page and its live part show: the queue of every pool the tenant's
+    tasks may use (as `GET /v1/pools` lists them) and the runners of those pools."""
+    shared: frozenset[str] = request.app.state.settings.shared_pool_names
+    ledger = ledger_of(request)
+    pools = [
+        p for p in await ledger.pools(also={*shared, who.scope})
+        if may_use_pool(who.scope, p.pool, shared)
+    ]  # fmt: skip
+    usable = {p.pool for p in pools}
+    seen = [r for r in await ledger.runners() if r.pool in usable]
+    return {"who": who, "pools": pools, "runners": seen, "online": sum(r.online for r in seen)}
+
+
+async def _runners(request: Request, who: Principal) -> Response:
+    return render.page(request, "runners.html", await _fleet(request, who))
+
+
+async def _runners_fragment(request: Request, who: Principal) -> Response:
+    return render.page(request, "runners_fragment.html", await _fleet(request, who))
+
+
 tasks = signed(_tasks)
+runners = signed(_runners)
+runners_fragment = signed(_runners_fragment, redirect=False)
 tasks_fragment = signed(_tasks_fragment, redirect=False)
 task = signed(_task)
 fragment = signed(_fragment, redirect=False)

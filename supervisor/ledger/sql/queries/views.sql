@@ -115,6 +115,15 @@ SELECT t.pool,
 FROM steps s JOIN tasks t ON t.id = s.task_id
 WHERE s.state IN (?, ?) AND t.state IN (?, ?) GROUP BY t.pool;
 
+-- name: runners_with_leases
+-- Every runner with its token's name and how many leases (the state given) it holds in its pool, by pool, most recently seen first.
+SELECT r.pool, r.runner_id, r.kinds_json, r.first_seen, r.last_seen, k.name AS token_name,
+    (SELECT COUNT(*) FROM attempts a JOIN steps s ON s.id = a.step_id
+        JOIN tasks t ON t.id = s.task_id
+        WHERE a.runner_id = r.runner_id AND a.state = ? AND t.pool = r.pool) AS in_flight
+FROM runners r LEFT JOIN tokens k ON k.id = r.token_id
+ORDER BY r.pool, r.last_seen DESC, r.runner_id;
+
 -- name: runners_seen_since
 -- The runners that claimed at or after a time, by pool, most recent first.
 SELECT pool, runner_id, kinds_json, last_seen FROM runners WHERE last_seen >= ?
