@@ -317,6 +317,55 @@ async def test_the_runners_page_shows_each_runner_online_or_offline_and_the_queu
     assert "0 of 1 online" in part.text
 
 
+TRANSCRIPT = [
+    {"role": "system", "content": "You fix bugs."},
+    {"role": "user", "content": "Make the test pass."},
+    {
+        "role": "assistant", "turn": 1, "content": "Reading the module first.",
+        "tool_calls": [{"id": "c1", "name": "read_file", "arguments": '{"path": "src/a.py"}'}],
+        "finish_reason": "tool_calls",
+    },
+    {"role": "tool", "tool_call_id": "c1", "name": "read_file", "ok": True,
+     "content": "def answer():\n    return 41\n"},
+    {"omitted": 3},
+    {
+        "role": "assistant", "turn": 2, "content": HOSTILE,
+        "tool_calls": [{"id": "c2", "name": "run", "arguments": '{"argv": ["rm", "-rf", "/"]}'}],
+    },
+    {"role": "tool", "tool_call_id": "c2", "name": "run", "ok": False, "refused": True,
+     "error": "command_not_allowed", "content": "rm is not an allowed command"},
+    {"role": "assistant", "turn": 3, "content": "Done.", "finish_reason": "stop"},
+]  # fmt: skip
+
+
+async def test_an_agent_transcript_reads_as_a_conversation_turn_by_turn(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    task_id = await finished(web, "agent", output={"transcript": TRANSCRIPT, "turns": 3})
+    text = await page(client, f"/ui/tasks/{task_id}")
+    talk = text.split('aria-label="Transcript"', 1)[1].split("</section>", 1)[0]
+    turns = re.findall(r"<h5>Turn (\d+)", talk)
+    assert turns == ["1", "2", "3"]
+    assert talk.index("Make the test pass.") < talk.index("Reading the module first.")
+    assert "<code>read_file</code>" in talk
+    assert "{&#34;path&#34;: &#34;src/a.py&#34;}" in talk  # the arguments, as text
+    assert "return 41" in talk  # the result under its call
+    assert "3 entries left out of a long transcript." in talk
+    assert "<strong>refused</strong> <code>command_not_allowed</code>" in talk
+    assert "<script>" not in talk  # the model's text is escaped
+    assert "&lt;script&gt;" in talk
+    assert "<dt>turns</dt>" in text  # the rest of the output is still shown
+
+
+async def test_a_task_not_yet_ended_has_a_pending_verdict(web: ApiHarness) -> None:
+    client = await signed_in(web)
+    planned = await web.create("planned")
+    text = await page(client, f"/ui/tasks/{planned['id']}")
+    assert "Verdict: <strong>pending</strong>" in text
+    assert "not acceptable" not in text
+    done = await finished(web, "done")
+    assert "Verdict: <strong>acceptable</strong>" in await page(client, f"/ui/tasks/{done}")
+
+
 async def test_another_tenants_task_is_not_found(web: ApiHarness) -> None:
     task = await web.create("private")
     client = await signed_in(web, "rival")

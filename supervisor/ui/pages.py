@@ -13,7 +13,7 @@ from tether.supervisor.api.auth import may_use_pool
 from tether.supervisor.api.errors import ApiError
 from tether.supervisor.ledger import Ledger, Principal
 from tether.supervisor.ledger.views import PAGE_MAX, TaskSearch
-from tether.supervisor.ui import render
+from tether.supervisor.ui import render, transcript
 from tether.supervisor.ui.effects import shown_effect
 from tether.supervisor.ui.guard import signed
 from tether.wire import ErrorCode
@@ -70,6 +70,17 @@ def review_parts(review: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _output_parts(output: Any) -> dict[str, Any]:
+    """An agent step's output split for the page: its transcript as a conversation, and the
+    rest of its fields; any other output is shown as it is."""
+    if isinstance(output, dict):
+        talk = transcript.conversation(output.get("transcript"))
+        if talk is not None:
+            rest = {k: v for k, v in output.items() if k != "transcript"}
+            return {"conversation": talk, "output_rest": rest}
+    return {"conversation": None, "output_rest": None}
+
+
 async def task_context(request: Request, who: Principal, task_id: str) -> dict[str, Any]:
     """What the task page and its live fragment show."""
     ledger = ledger_of(request)
@@ -85,6 +96,7 @@ async def task_context(request: Request, who: Principal, task_id: str) -> dict[s
                 for attempt in step.get("attempts", [])
             ],
             "effect": shown_effect(step.get("effect")),
+            **_output_parts(step.get("output")),
         }
         for number, step in enumerate(task.get("steps", []), start=1)
     ]
