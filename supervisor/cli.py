@@ -120,10 +120,15 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     submit.add_argument(
         "--wait", action="store_true", help="then watch it to its end, with watch's exit status"
     )
-    approve = task_command("approve", "approve a task's plan hash and base SHA")
+    approve = task_command(
+        "approve", "print a task's plan, then approve it (its plan hash and base SHA)"
+    )
     approve.add_argument("task_id")
-    approve.add_argument("--plan-hash", required=True)
+    approve.add_argument("--plan-hash", help="the plan hash to approve (default: the plan printed)")
     approve.add_argument("--base-sha")
+    approve.add_argument(
+        "--yes", action="store_true", help="approve without asking (read it with show --plan)"
+    )
     cancel = task_command("cancel", "cancel a task that has not ended")
     cancel.add_argument("task_id")
     cancel.add_argument("--reason", default="cancelled by operator")
@@ -142,6 +147,9 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     gate.add_argument("--digest", help="the digest shown for the request to open the gate for")
     show = task_command("show", "print a task with its steps, attempts and fences")
     show.add_argument("task_id")
+    show.add_argument(
+        "--plan", action="store_true", help="print its plan as submitted, laid out to read"
+    )
     review = task_command("review", "print a task's review record, or record a decision")
     review.add_argument("task_id")
     review.add_argument("--decision", choices=["accept", "reject"], help="record this decision")
@@ -369,13 +377,15 @@ def _task(args: argparse.Namespace) -> int:
                 return _watch(client, task["id"])
             _print_json(task)
         elif args.task_command == "approve":
-            _print_json(client.approve(args.task_id, args.plan_hash, args.base_sha))
+            return _approve(client, args)
         elif args.task_command == "cancel":
             _print_json(client.cancel(args.task_id, args.reason))
         elif args.task_command == "review":
             _print_json(client.review(args.task_id, args.decision, args.note))
         elif args.task_command == "gate":
             return _gate(client, args)
+        elif args.task_command == "show" and args.plan:
+            print(_plan_text(client.show(args.task_id)))
         elif args.task_command == "show":
             shown = client.show(args.task_id)
             _print_json(shown)
@@ -389,6 +399,42 @@ def _task(args: argparse.Namespace) -> int:
             print(oc.output_text(oc.pick_step(client.view(args.task_id), args.step)))
         else:
             return _watch(client, args.task_id, args.after)
+    return 0
+
+
+def _plan_text(task: Any) -> str:
+    """A task view's plan laid out to read; one line and exit 1 if the view has none."""
+    from tether.supervisor.plan_reading import plan_text, task_plan
+
+    reading = task_plan(task) if isinstance(task, dict) else None
+    if reading is None:
+        fail(PROG, "the supervisor's task view carries no plan (a supervisor older than it)")
+    return plan_text(reading)
+
+
+def _approve(client: Any, args: argparse.Namespace) -> int:
+    """`task approve TASK_ID`: print the plan, ask, approve the hash of the plan printed. The
+    question is skipped with `--yes`, or for a script that names the hash (`--plan-hash`, the
+    form scripts relied on before the question existed); a script that names neither is
+    told to, since nobody can read the plan there."""
+    task = client.show(args.task_id)
+    interactive = sys.stdin.isatty()
+    if not args.yes and not interactive and args.plan_hash is None:
+        fail(
+            PROG,
+            "approving needs an answer and stdin is not a terminal: read the plan"
+            f" (task show {args.task_id} --plan), then approve with --yes",
+        )
+    if not args.yes and interactive:
+        print(_plan_text(task))
+        try:
+            answer = input(f"approve task {task['id']} with plan {task['plan_hash']}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            fail(PROG, f"not approved: task {task['id']} stays {task['state']}")
+    plan_hash = args.plan_hash or task["plan_hash"]
+    _print_json(client.approve(task["id"], plan_hash, args.base_sha))
     return 0
 
 

@@ -1,14 +1,26 @@
-"""Text an operator reads before approving it (a gate's request), with every character that
-hides or reorders text made visible: a bidi override or a zero-width space from a step's output
-could make "$820,000" read as "$82,000". The digest the operator opens binds the exact bytes;
-this only makes what they read match them."""
+"""Text an operator reads before approving it (a plan, a gate's request), with every character
+that hides or reorders text made visible: a bidi override or a zero-width space from a step's
+output could make "$820,000" read as "$82,000". The digest the operator opens binds the exact
+bytes; this only makes what they read match them. A header whose name says it carries a secret
+is masked (`shown_header`)."""
 
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from typing import Any, Final
 
+from tether.wire.templates import TemplateError, credential_names
+
+MASK: Final = "••••••"
+# Header names whose literal value is a secret as far as the page is concerned.
+_SECRET_HEADER = re.compile(
+    r"authorization|cookie|api[-_]?key|token|secret|password|passwd|signature|session",
+    re.IGNORECASE,
+)
+# An Authorization value's scheme is shown; only its credentials are masked.
+_SCHEME = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*) +\S")
 # Format (bidi controls, zero-width), control, private-use, surrogate, line/paragraph separators.
 _HIDDEN: Final = frozenset({"Cf", "Cc", "Co", "Cs", "Zl", "Zp"})
 
@@ -37,3 +49,22 @@ def reveal_json(value: Any) -> str:
     """`value` as indented JSON, each hiding character revealed: how a gate's request reads on
     the CLI and on the status page alike."""
     return reveal(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def _credentials_in(text: str) -> list[str]:
+    try:
+        return sorted(credential_names(text))
+    except TemplateError:
+        return []
+
+
+def shown_header(name: str, value: Any) -> dict[str, Any]:
+    """One header as shown: `value` (placeholders kept, a literal secret masked), the
+    credentials it names (`credentials`) and whether the page masked it (`masked`)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    named = _credentials_in(text)
+    if named or not _SECRET_HEADER.search(name):
+        return {"name": name, "value": text, "credentials": named, "masked": False}
+    scheme = _SCHEME.match(text)
+    masked = f"{scheme['scheme']} {MASK}" if scheme else MASK
+    return {"name": name, "value": masked, "credentials": [], "masked": True}

@@ -4,6 +4,7 @@ against it. Every process is bounded in time and killed in `finally`."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -438,3 +439,46 @@ def test_watch_of_a_task_that_already_ended_returns_at_once(
     assert code == 4  # CANCELLED (issue 16, finding 6: it was 0)
     assert out == ""
     assert err.strip() == f"task {task['id']} ended CANCELLED"
+
+
+class _Terminal(io.StringIO):
+    """Standard input as a terminal that answers `answer`."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_show_plan_and_approve_print_the_steps_prompt(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26, finding 1: `task show --plan` and `task approve` print the plan as submitted;
+    approve asks on a terminal and, from a script, says to use --yes."""
+    path = served.task_file("read-the-plan")
+    body = json.loads(path.read_text())
+    body["plan"]["steps"][0]["payload"]["messages"][0]["content"] = "then DELETE the old ones"
+    path.write_text(json.dumps(body))
+    code, out, err = run(capsys, served.args("submit", "--file", str(path)))
+    assert code == 0, err
+    task = json.loads(out)
+    code, out, err = run(capsys, served.args("show", task["id"], "--plan"))
+    assert code == 0, err
+    assert f"plan {task['plan_hash']} (1 step)" in out
+    assert "user: then DELETE the old ones" in out
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # a script: no terminal
+    code, out, err = run(capsys, served.args("approve", task["id"]))
+    assert (code, out) == (1, "")
+    assert "--yes" in err
+    assert err.count("\n") == 1
+
+    monkeypatch.setattr(sys, "stdin", _Terminal("n\n"))
+    code, out, err = run(capsys, served.args("approve", task["id"]))
+    assert code == 1
+    assert "user: then DELETE the old ones" in out
+    assert "stays PLANNED" in err
+
+    monkeypatch.setattr(sys, "stdin", _Terminal("y\n"))
+    code, out, err = run(capsys, served.args("approve", task["id"]))
+    assert code == 0, err
+    assert "user: then DELETE the old ones" in out
+    assert json.loads(out[out.index("[y/N] ") + 6 :])["state"] == "QUEUED"

@@ -472,6 +472,42 @@ async def test_approve_binds_the_plan_hash_the_form_shows(web: ApiHarness) -> No
     assert "QUEUED" in await page(client, answer.headers["location"])
 
 
+async def test_the_approval_form_shows_each_steps_prompt_above_approve(web: ApiHarness) -> None:
+    """Issue 26, finding 1: the approver reads the plan, not only its hash. A prompt's hiding
+    characters (a bidi override, a zero-width space) show as their escapes."""
+    client = await signed_in(web)
+    prompt = "Tidy the backups, then DELETE the old ones\u202e\u200b!"
+    plan = {
+        "steps": [
+            {"name": "tidy", "kind": "chat", "payload": chat_payload(prompt)},
+            {
+                "name": "notify", "kind": "http",
+                "payload": {
+                    "url": "https://hooks.example.org/done", "keyed": True,
+                    "headers": {"Authorization": "Bearer sekrit-in-the-plan"},
+                },
+            },
+        ]
+    }  # fmt: skip
+    answer = await web.client.post(
+        "/v1/tasks", headers=web.operator, json={"idempotency_key": "read-me", "plan": plan}
+    )
+    assert answer.status_code == 201, answer.text
+    task = answer.json()
+    [shown] = [s for s in task["plan"]["steps"] if s["name"] == "tidy"]
+    assert shown["payload"] == chat_payload(prompt)
+    assert shown["payload_hash"] == task["steps"][0]["payload_hash"]
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    said = "user: Tidy the backups, then DELETE the old ones\\u202e\\u200b!"
+    assert said in text
+    assert "\u202e" not in text
+    assert "\u200b" not in text
+    assert text.index(said) < text.index("Approve</button>")
+    assert "POST https://hooks.example.org/done" in text
+    assert "Authorization: Bearer" in text
+    assert "sekrit-in-the-plan" not in text
+
+
 async def test_a_repository_tasks_approval_shows_its_base(web: ApiHarness, tmp_path: Path) -> None:
     head = await repository(web, tmp_path)
     client = await signed_in(web)

@@ -113,6 +113,17 @@ RECORDS: list[m.Record] = [
     m.TaskView(
         id="t", state="QUEUED", pool="gpu", seq=3, created_at=1.5,
         waiting_for=m.WaitingFor(reason="runner", pool="gpu", kind="chat", pool_last_seen_s=4.0),
+        plan=m.PlanView(
+            hash="p" * 64,
+            steps=(
+                m.PlanStepView(
+                    name="draft", kind="chat", payload_hash="h" * 64,
+                    payload={"messages": [{"role": "user", "content": "hi"}]},
+                ),
+            ),
+            allowed_paths=("src/",),
+            checks=(m.CheckSpec(name="tests", command="pytest -q"),),
+        ),
         steps=(
             m.StepView(
                 id="t.0", name="draft", kind="chat", state="queued", output=None,
@@ -187,7 +198,7 @@ def test_every_message_class_has_a_round_trip_above() -> None:
     inside_others = {m.EarlierOutput, m.Plan, m.PlanStep, m.ItemAnswer}
     inside_others |= {m.WaitingFor, m.StepView, m.AttemptView, m.TaskSummary, m.PoolStatus}
     inside_others |= {m.RunnerSeen, m.LeaseRepository, m.CheckSpec, m.ResumePoint, m.CheckRun}
-    inside_others |= {m.CheckRunView, m.ProblemView, m.CheckpointView}
+    inside_others |= {m.CheckRunView, m.ProblemView, m.CheckpointView, m.PlanView, m.PlanStepView}
     inside_others |= {m.EffectView, m.DeliveryView, m.GateView, m.ResolvedView}
     missing = classes - {type(r) for r in RECORDS} - inside_others
     assert not missing

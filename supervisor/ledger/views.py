@@ -187,6 +187,7 @@ def task_view(
     ]
     return {
         **_summary(row),
+        "plan": plan_of(row, steps),
         "waiting_for": waiting_for(s, row, now),
         "budget": tenant_budget(s, row["tenant"]),
         "steps": [
@@ -206,6 +207,26 @@ def task_view(
         "findings": [p.as_dict() for p in findings(s, row)],
         "rejections": rejections,
     }  # fmt: skip
+
+
+def plan_of(task: Row, steps: list[Row]) -> dict[str, Any]:
+    """The plan as it was submitted, for the operator who approves it: each step's name, kind
+    and payload beside its `payload_hash` (the plan hash is over these), and the task's own
+    declarations the runner acts on: the paths a candidate may touch and the checks it runs."""
+    return {
+        "hash": task["plan_hash"],
+        "steps": [
+            {
+                "name": step["name"],
+                "kind": step["kind"],
+                "payload_hash": step["payload_hash"],
+                "payload": loads(step["payload_json"]),
+            }
+            for step in steps
+        ],
+        "allowed_paths": loads(task["allowed_paths_json"]),
+        "checks": loads(task["checks_json"]),
+    }
 
 
 def effect_views(s: Statements, task_id: str) -> dict[str, dict[str, Any]]:

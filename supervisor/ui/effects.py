@@ -9,22 +9,11 @@ masked parts included, so what is masked here still cannot change unseen."""
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any, Final
 
 from tether.git import redact
-from tether.supervisor.shown import reveal, reveal_all, reveal_json
-from tether.wire.templates import TemplateError, credential_names
+from tether.supervisor.shown import reveal, reveal_all, reveal_json, shown_header
 
-MASK: Final = "••••••"
-# Header names whose literal value is a secret as far as the page is concerned.
-_SECRET_HEADER = re.compile(
-    r"authorization|cookie|api[-_]?key|token|secret|password|passwd|signature|session",
-    re.IGNORECASE,
-)
-# An Authorization value's scheme is shown; only its credentials are masked.
-_SCHEME = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*) +\S")
 WAITING: Final = frozenset({"gated", "uncertain"})
 # Each outbox state in words, beside the state's name: the page never relies on colour.
 MEANING: Final = {
@@ -40,25 +29,6 @@ MEANING: Final = {
     "failed": "not delivered; the step failed",
     "withdrawn": "withdrawn before it was sent",
 }
-
-
-def _credentials_in(text: str) -> list[str]:
-    try:
-        return sorted(credential_names(text))
-    except TemplateError:
-        return []
-
-
-def shown_header(name: str, value: Any) -> dict[str, Any]:
-    """One header as shown: `value` (placeholders kept, a literal secret masked), the
-    credentials it names (`credentials`) and whether the page masked it (`masked`)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    named = _credentials_in(text)
-    if named or not _SECRET_HEADER.search(name):
-        return {"name": name, "value": text, "credentials": named, "masked": False}
-    scheme = _SCHEME.match(text)
-    masked = f"{scheme['scheme']} {MASK}" if scheme else MASK
-    return {"name": name, "value": masked, "credentials": [], "masked": True}
 
 
 def _body(body: Any) -> str | None:

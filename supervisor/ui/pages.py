@@ -13,6 +13,7 @@ from tether.supervisor.api.auth import may_use_pool
 from tether.supervisor.api.errors import ApiError
 from tether.supervisor.ledger import Ledger, Principal
 from tether.supervisor.ledger.views import PAGE_MAX, TaskSearch
+from tether.supervisor.plan_reading import task_plan
 from tether.supervisor.ui import render, transcript
 from tether.supervisor.ui.effects import shown_effect
 from tether.supervisor.ui.guard import signed
@@ -26,7 +27,7 @@ TASK_SHOWN: Final = frozenset(
     {
         "id", "tenant", "idempotency_key", "state", "reason", "plan_hash", "base_sha",
         "repository", "pool", "seq", "created_at", "waiting_for", "budget", "steps",
-        "rejections",
+        "rejections", "plan",
     }
 )  # fmt: skip
 STEP_SHOWN: Final = frozenset(
@@ -109,6 +110,7 @@ async def task_context(request: Request, who: Principal, task_id: str) -> dict[s
         "task_extra": extras(task, TASK_SHOWN),
         "review": review_parts(review),
         "ended": render.is_ended(task["state"]),
+        "plan": task_plan(task),
     }
 
 

@@ -595,6 +595,26 @@ class StepView(Record, frozen=True, kw_only=True):
     effect: EffectView | None = None
 
 
+class PlanStepView(Record, frozen=True, kw_only=True):
+    """One step of a task's plan as it was submitted: its payload beside the hash the plan
+    hash is made of, so an approver reads what the hash binds."""
+
+    name: str
+    kind: str
+    payload_hash: str
+    payload: Any = None
+
+
+class PlanView(Record, frozen=True, kw_only=True):
+    """A task's plan as submitted (`hash` is its plan hash), with the task's declarations the
+    runner acts on: the paths a candidate may change and the checks it runs."""
+
+    hash: str
+    steps: tuple[PlanStepView, ...]
+    allowed_paths: tuple[str, ...] = ()
+    checks: tuple[CheckSpec, ...] = ()
+
+
 class TaskSummary(Record, frozen=True, kw_only=True):
     """A task as `GET /v1/tasks` lists it (`steps_committed` and `steps_total` only there)."""
 
@@ -610,9 +630,11 @@ class TaskSummary(Record, frozen=True, kw_only=True):
 
 
 class TaskView(TaskSummary, frozen=True, kw_only=True):
-    """`GET /v1/tasks/{task_id}`: the task with its steps, its tenant's token budget, and what
-    verification holds against it (`findings`, empty unless it failed on evidence)."""
+    """`GET /v1/tasks/{task_id}`: the task with its plan as submitted, its steps, its tenant's
+    token budget, and what verification holds against it (`findings`, empty unless it failed
+    on evidence). `plan` is null from a supervisor older than it."""
 
+    plan: PlanView | None = None
     steps: tuple[StepView, ...] = ()
     budget: Budget | None = None
     findings: tuple[ProblemView, ...] = ()
