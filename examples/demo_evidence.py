@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +127,7 @@ def review_record(
 
 def _shown(name: str, value: Any) -> str:
     if name in ("start_time", "stop_time"):
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
+        return str(value)  # ISO 8601 in UTC, as every time the API sends
     if name == "reviewer_decision":
         return f"{value['decision']} ({value.get('note', '')})"
     if name == "cleanup_proof":

@@ -7,10 +7,8 @@ decides nothing itself.
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import httpx
 import msgspec
 import tenacity
 
+from tether.clocks import epoch
 from tether.supervisor.ledger.states import TERMINAL, TaskState
 from tether.supervisor.shown import reveal_json
 from tether.wire import plan_hash, sha256_hex
@@ -267,12 +266,6 @@ def plan_hash_of(body: dict[str, Any]) -> str:
     return plan_hash(steps)
 
 
-def iso(at: float) -> str:
-    """An epoch time as ISO 8601 in UTC, to the second."""
-    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def view_of(raw: Any) -> TaskView:
     """A task view already read as JSON (`show`), as its record."""
     try:
@@ -328,7 +321,7 @@ def task_line(task: TaskSummary) -> str:
     """One line of `task list`: id, state, created, steps committed/total, what it waits for."""
     steps = f"{task.steps_committed}/{task.steps_total}"
     waits = task.waiting_for.reason if task.waiting_for is not None else "-"
-    return f"{task.id}  {task.state:<9}  {iso(task.created_at)}  {steps:>5}  {waits}"
+    return f"{task.id}  {task.state:<9}  {task.created_at}  {steps:>5}  {waits}"
 
 
 def status_lines(answer: PoolsAnswer) -> list[str]:
@@ -378,7 +371,7 @@ def describe(
 ) -> str:
     """One readable line per event: steps by name (by id when the name is not known), and
     `took`, the seconds since the step's lease or the task's creation, when given."""
-    stamp = time.strftime("%H:%M:%S", time.gmtime(event.get("at", 0)))
+    stamp = str(event.get("at") or "-")
     data = event.get("data") or {}
     parts = []
     if "step_id" in data:
@@ -394,19 +387,28 @@ def describe(
     return f"{event['seq']:>6} {stamp} {event['state']:<9} {event['kind']:<14} {details}".rstrip()
 
 
+def _epoch(at: Any) -> float:
+    """A time the supervisor sent (ISO 8601), in seconds, for a duration between two; 0.0 for
+    one that is not a time."""
+    try:
+        return epoch(at) if isinstance(at, str) else 0.0
+    except ValueError:
+        return 0.0
+
+
 class _Story:
     """What `watch` remembers to make its lines readable: step names, when each step's last
     lease began, and the last waiting line shown."""
 
     def __init__(self, task: TaskView) -> None:
-        self.created_at = task.created_at
+        self.created_at = _epoch(task.created_at)
         self.names = {s.id: s.name for s in task.steps}
         self.leased_at: dict[str, float] = {}
         self.shown: tuple[Any, ...] | None = None
         self.waiting = False
 
     def line(self, event: dict[str, Any]) -> str:
-        data, at = event.get("data") or {}, float(event.get("at", 0))
+        data, at = event.get("data") or {}, _epoch(event.get("at"))
         step_id, took = data.get("step_id"), None
         if event["kind"] == "step_leased" and step_id is not None:
             self.leased_at[step_id] = at

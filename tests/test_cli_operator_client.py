@@ -97,12 +97,26 @@ def test_a_missing_task_file_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def event(seq: int, kind: str, state: str, **data: Any) -> dict[str, Any]:
-    return {"seq": seq, "task_id": "t1", "kind": kind, "state": state, "data": data, "at": 0.0}
+    return {
+        "seq": seq,
+        "task_id": "t1",
+        "kind": kind,
+        "state": state,
+        "data": data,
+        "at": "1970-01-01T00:00:00.000Z",
+    }
 
 
 def task_json(state: str, seq: int, **extra: Any) -> dict[str, Any]:
     """A task view as the supervisor sends it, with the fields the client reads."""
-    return {"id": "t1", "state": state, "seq": seq, "pool": "default", "created_at": 0.0, **extra}
+    return {
+        "id": "t1",
+        "state": state,
+        "seq": seq,
+        "pool": "default",
+        "created_at": "1970-01-01T00:00:00.000Z",
+        **extra,
+    }
 
 
 class ScriptedSupervisor:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tether.clocks import iso
 from tether.supervisor import cli
 from tether.supervisor import operator_client as oc
 
@@ -25,11 +26,18 @@ RUNNER_WAIT = {"reason": "runner", "pool": "gpu", "kind": "chat", "last_seen_s":
 
 
 def task_json(state: str, seq: int, **extra: Any) -> dict[str, Any]:
-    return {"id": "t1", "state": state, "seq": seq, "pool": "gpu", "created_at": 100.0, **extra}
+    return {
+        "id": "t1",
+        "state": state,
+        "seq": seq,
+        "pool": "gpu",
+        "created_at": iso(100.0),
+        **extra,
+    }
 
 
 def event(seq: int, kind: str, state: str, at: float = 100.0, **data: Any) -> dict[str, Any]:
-    return {"seq": seq, "task_id": "t1", "kind": kind, "state": state, "data": data, "at": at}
+    return {"seq": seq, "task_id": "t1", "kind": kind, "state": state, "data": data, "at": iso(at)}
 
 
 class Script:
@@ -209,7 +217,7 @@ def test_task_list_follows_the_cursor_one_line_per_task(
     monkeypatch: pytest.MonkeyPatch, token_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def page(request: httpx.Request) -> dict[str, Any]:
-        summary = {"pool": "gpu", "seq": 1, "created_at": 0.0, "steps_total": 2}
+        summary = {"pool": "gpu", "seq": 1, "created_at": iso(0.0), "steps_total": 2}
         if "cursor" not in request.url.params:
             first = {**summary, "id": "t9", "state": "QUEUED", "steps_committed": 1,
                      "waiting_for": RUNNER_WAIT}  # fmt: skip
@@ -222,8 +230,8 @@ def test_task_list_follows_the_cursor_one_line_per_task(
     assert run(monkeypatch, script, argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split() for line in lines] == [
-        ["t9", "QUEUED", "1970-01-01T00:00:00Z", "1/2", "runner"],
-        ["t1", "SUCCEEDED", "1970-01-01T00:00:00Z", "2/2", "-"],
+        ["t9", "QUEUED", "1970-01-01T00:00:00.000Z", "1/2", "runner"],
+        ["t1", "SUCCEEDED", "1970-01-01T00:00:00.000Z", "2/2", "-"],
     ]
     params = [dict(r.url.params) for r in script.requests]
     assert params == [{"limit": "50", "state": "QUEUED"},

@@ -111,7 +111,7 @@ RECORDS: list[m.Record] = [
     m.RepositoryHead(sha="e" * 40),
     m.Budget(tenant="acme", spent=12, budget=None, left=None),
     m.TaskView(
-        id="t", state="QUEUED", pool="gpu", seq=3, created_at=1.5,
+        id="t", state="QUEUED", pool="gpu", seq=3, created_at="1970-01-01T00:00:01.500Z",
         waiting_for=m.WaitingFor(reason="runner", pool="gpu", kind="chat", pool_last_seen_s=4.0),
         plan=m.PlanView(
             hash="p" * 64,
@@ -165,7 +165,7 @@ RECORDS: list[m.Record] = [
     m.TaskPage(
         tasks=(
             m.TaskSummary(
-                id="t", state="PLANNED", pool="gpu", seq=1, created_at=1.5,
+                id="t", state="PLANNED", pool="gpu", seq=1, created_at="1970-01-01T00:00:01.500Z",
                 waiting_for=m.WaitingFor(reason="approval"), steps_committed=0, steps_total=2,
             ),
         ),

@@ -9,8 +9,9 @@ either to move time by hand.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, overload
 
 import anyio
 
@@ -36,3 +37,24 @@ class LoopClock:
 
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(max(0.0, seconds))
+
+
+@overload
+def iso(at: float) -> str: ...
+@overload
+def iso(at: None) -> None: ...
+def iso(at: float | None) -> str | None:
+    """A wall-clock time as every time in the API and the CLI is written: ISO 8601 in UTC to
+    the millisecond, e.g. `2025-01-02T03:04:05.678Z`; None stays None."""
+    if at is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def epoch(text: str) -> float:
+    """An `iso` time back as seconds since the epoch (for durations between two of them)."""
+    moment = datetime.datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        raise ValueError(f"{text!r} is not a UTC time")
+    return moment.timestamp()

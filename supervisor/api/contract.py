@@ -13,10 +13,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final
 
-from tether.supervisor.api import answers as a
 from tether.supervisor.ledger import Role, TaskState
 from tether.supervisor.ledger.views import PAGE_MAX
 from tether.wire import ErrorCode
+from tether.wire import answers as a
 from tether.wire import records as m
 
 E = ErrorCode

@@ -6,11 +6,11 @@ nothing themselves; `now` is the supervisor's clock, passed in by the store."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Final
 
+from tether.clocks import iso
 from tether.supervisor.ledger import operator
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
 from tether.supervisor.ledger.outbox import OutboxState
@@ -47,14 +47,6 @@ def shown_state(task_state: str, unrun: bool, state: str) -> str:
     return state
 
 
-def iso(at: float | None) -> str | None:
-    """An epoch time as ISO 8601 in UTC to the millisecond, e.g. `2025-01-02T03:04:05.678Z`."""
-    if at is None:
-        return None
-    moment = datetime.datetime.fromtimestamp(at, datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _task_row(s: Statements, tenant: str | None, task_id: str) -> Row:
     if tenant is None:
         row = s.one("task_by_id", (task_id,))
@@ -77,7 +69,7 @@ def _summary(row: Row) -> dict[str, Any]:
         "repository": row["repository"],
         "pool": row["pool"],
         "seq": row["last_seq"],
-        "created_at": row["created_at"],
+        "created_at": iso(row["created_at"]),
     }
 
 
@@ -328,7 +320,7 @@ def events_after(s: Statements, task_id: str, after: int, limit: int = 500) -> l
     return [
         {
             "seq": r["seq"], "task_id": r["task_id"], "kind": r["kind"], "state": r["state"],
-            "data": loads(r["data_json"]), "at": r["at"],
+            "data": loads(r["data_json"]), "at": iso(r["at"]),
         }
         for r in s.all("events_after", (task_id, after, limit))
     ]  # fmt: skip
@@ -381,14 +373,14 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> dict[str, 
         "candidate_sha": _field(verdict.candidate_sha, "observation"),
         "requirement_revision": _field(task["requirement_revision"], "expectation"),
         "allowed_paths": _field(loads(task["allowed_paths_json"]), "expectation"),
-        "start_time": _field(task["started_at"], "observation"),
-        "stop_time": _field(task["finished_at"], "observation"),
+        "start_time": _field(iso(task["started_at"]), "observation"),
+        "stop_time": _field(iso(task["finished_at"]), "observation"),
         "expected_checks": _field(expected, "expectation"),
         "observed_checks": _field(observed_checks, "observation"),
         "observed_terminal_state": _field(
             state.value if state in TERMINAL else None, "observation"
         ),
-        "reviewer_decision": _field(loads(task["reviewer_decision"]), "observation"),
+        "reviewer_decision": _field(_decision(loads(task["reviewer_decision"])), "observation"),
         "cleanup_proof": _field(
             {
                 "live_leases": verdict.live_leases,
@@ -417,6 +409,13 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> dict[str, 
         "unresolved_questions": _field(questions, "observation"),
         "verdict": {"acceptable": verdict.acceptable, "reasons": list(verdict.reasons)},
     }
+
+
+def _decision(recorded: Any) -> Any:
+    """The reviewer's recorded decision with its time (`at`) as ISO 8601."""
+    if isinstance(recorded, dict) and isinstance(recorded.get("at"), int | float):
+        return {**recorded, "at": iso(float(recorded["at"]))}
+    return recorded
 
 
 def _position(step_id: str) -> int:

@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
+from tether.clocks import iso
 from tether.supervisor.ledger import TERMINAL, TaskState
-from tether.supervisor.ledger.views import iso
 from tether.supervisor.ui import session
 from tether.wire.payloads import EFFECT_KINDS
 

@@ -616,13 +616,14 @@ class PlanView(Record, frozen=True, kw_only=True):
 
 
 class TaskSummary(Record, frozen=True, kw_only=True):
-    """A task as `GET /v1/tasks` lists it (`steps_committed` and `steps_total` only there)."""
+    """A task as `GET /v1/tasks` lists it (`steps_committed` and `steps_total` only there);
+    `created_at` is ISO 8601 in UTC, as every time on the wire."""
 
     id: str
     state: str
     pool: str
     seq: int
-    created_at: float
+    created_at: str
     reason: str | None = None
     waiting_for: WaitingFor | None = None
     steps_committed: int | None = None

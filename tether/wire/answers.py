@@ -1,5 +1,5 @@
-"""Records for the answers the routes still build as plain dicts from the ledger's views: the
-whole task view, the events page, the review record, a repository head, health.
+"""Records for the answers the supervisor's routes still build as plain dicts from the ledger's
+views: the whole task view, the events page, the review record, a repository head, health.
 
 `tether.wire.records` holds the records a client reads (`TaskView` names only what the CLI
 needs); these name every field the supervisor sends, so the OpenAPI document
@@ -62,14 +62,14 @@ class TaskListing(Record, frozen=True, kw_only=True):
 
 
 class Event(Record, frozen=True, kw_only=True):
-    """One entry of a task's journal; `at` is the supervisor's clock (epoch seconds)."""
+    """One entry of a task's journal; `at` is the supervisor's clock, ISO 8601 in UTC."""
 
     seq: int
     task_id: str
     kind: str
     state: str
     data: Any
-    at: float
+    at: str
 
 
 class Events(Record, frozen=True, kw_only=True):
