@@ -25,6 +25,7 @@ from tether.supervisor.ledger.postgres import PgConnection
 from tether.supervisor.ledger.tokens import Principal, Role
 from tether.supervisor.ledger.tx import ReadSession
 from tether.supervisor.migrate_command import run
+from tether.wire.records import LogLine
 
 from . import pgdb
 from .conftest import FakeClock, open_ledger, queued_task, raw_db, report_for
@@ -62,7 +63,10 @@ async def build(path: Path, clock: FakeClock) -> None:
         await ledger.checkpoint(old.step_id, turn(old, 1))
         clock.advance(31)
         assert await ledger.expire() == 1
-        new = await claim(ledger)
+        [new] = await ledger.claim("r1", "default", 1, 0, token_id="tok")
+        shipped = LogLine(step_id=new.step_id, fence=new.fence, level="info", event="resuming",
+                          fields={"turn": 1, "from_fence": old.fence})  # fmt: skip
+        assert (await ledger.keep_log_lines([shipped], "default", "tok")).kept == 1
         with pytest.raises(StaleFence):
             await ledger.report(report_for(old))
         await ledger.report(report_for(new, output={"text": "ünïcode ✓", "n": 1.5}))

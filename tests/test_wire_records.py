@@ -57,6 +57,22 @@ RECORDS: list[m.Record] = [
     ),
     m.Checkpoint(fence=7, turn=1, transcript="4" * 64),
     m.Checkpointed(turn=2),
+    m.LogLines(lines=(
+        m.LogLine(step_id="t.1", fence=7, level="info", event="checkpoint",
+                  fields={"turn": 1, "wip": None}),
+        m.LogLine(step_id="t.1", fence=7, level="warning", event="model call failed"),
+    )),
+    m.LogLinesKept(kept=2, refused=1, over_limit=0),
+    m.TaskLogs(
+        entries=(
+            m.TaskLogEntry(source="journal", seq=3, at="2026-01-02T03:04:05.678Z", level="info",
+                           event="step_leased", state="RUNNING", step_id="t.1", fence=7),
+            m.TaskLogEntry(source="runner", seq=3, line=9, at="2026-01-02T03:04:05.900Z",
+                           level="info", event="step leased", step_id="t.1", attempt=1, fence=7,
+                           runner_id="runner-a", fields={"kind": "chat"}),
+        ),
+        next_seq=3, next_line=9,
+    ),
     m.RenewRequest(fence=7),
     m.Renewals(leases=(m.LeaseRef(step_id="t.1", fence=7), m.LeaseRef(step_id="u.1", fence=9))),
     m.RenewalsAnswer(leases=(
@@ -200,6 +216,7 @@ def test_every_message_class_has_a_round_trip_above() -> None:
     inside_others |= {m.RunnerSeen, m.LeaseRepository, m.CheckSpec, m.ResumePoint, m.CheckRun}
     inside_others |= {m.CheckRunView, m.ProblemView, m.CheckpointView, m.PlanView, m.PlanStepView}
     inside_others |= {m.EffectView, m.DeliveryView, m.GateView, m.ResolvedView}
+    inside_others |= {m.LogLine, m.TaskLogEntry}
     missing = classes - {type(r) for r in RECORDS} - inside_others
     assert not missing
 

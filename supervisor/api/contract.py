@@ -157,6 +157,18 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         ),
     ),
     Operation(
+        method="GET", path="/v1/tasks/{task_id}/logs", name="task_log", tag="operator",
+        roles=OPERATOR,
+        summary="The task's journal and its runners' log lines after the cursor, merged.",
+        answers={200: m.TaskLogs}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
+        query=(
+            Param(name="after_seq", description="The `next_seq` of the previous answer.",
+                  schema={"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0}),
+            Param(name="after_line", description="The `next_line` of the previous answer.",
+                  schema={"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0}),
+        ),
+    ),
+    Operation(
         method="GET", path="/v1/tasks/{task_id}/review", name="review", tag="operator",
         roles=OPERATOR, summary="The task's review record: expectations and observations.",
         answers={200: a.ReviewRecord}, errors=(E.NOT_FOUND,), params=(TASK_ID,),
@@ -241,6 +253,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         roles=RUNNER, summary="Record an agent step's state after its completed turns.",
         body=m.Checkpoint, answers={200: m.Checkpointed},
         errors=(*_LEASE_WRITE, E.TERMINAL), params=(STEP_ID,),
+    ),
+    Operation(
+        method="POST", path="/v1/logs", name="log_lines", tag="runner", roles=RUNNER,
+        summary="Keep lines the runner wrote about its attempts, under fences it was granted.",
+        body=m.LogLines, answers={200: m.LogLinesKept},
     ),
     # -- artifacts (docs/design.md, Artifacts)
     Operation(

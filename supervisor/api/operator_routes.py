@@ -158,6 +158,18 @@ async def events(request: Request) -> Response:
     return JSONResponse({"events": found})
 
 
+async def task_log(request: Request) -> Response:
+    """The task's journal and its runners' lines after the cursor, merged in the owned box's
+    order (`ledger.logs.task_log`); `tether-supervisor logs` pages through it."""
+    who = await require(request, Role.OPERATOR)
+    after_seq = rq.query_int(request, "after_seq", default=0, low=0, high=2**62)
+    after_line = rq.query_int(request, "after_line", default=0, low=0, high=2**62)
+    found = await _ledger(request).task_log(
+        request.path_params["task_id"], who.scope, after_seq, after_line
+    )
+    return Response(encode(found), media_type="application/json")
+
+
 async def review(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     return JSONResponse(await _ledger(request).review(request.path_params["task_id"], who.scope))
@@ -205,6 +217,7 @@ ROUTES = [
     Route("/v1/tasks/{task_id}/approve", approve, methods=["POST"]),
     Route("/v1/tasks/{task_id}/cancel", cancel, methods=["POST"]),
     Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
+    Route("/v1/tasks/{task_id}/logs", task_log, methods=["GET"]),
     Route("/v1/tasks/{task_id}/review", review, methods=["GET"]),
     Route("/v1/tasks/{task_id}/review", record_review, methods=["POST"]),
     Route("/v1/tasks/{task_id}/steps/{step_name}/gate", open_gate, methods=["POST"]),

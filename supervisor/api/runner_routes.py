@@ -1,6 +1,6 @@
 """Runner routes: who am I, claim, renew (one lease or many), release, result (with the next
-leases, when asked), checkpoint. A runner token acts for its pool only; a step of another pool
-is `not_found`.
+leases, when asked), checkpoint, log lines. A runner token acts for its pool only; a step of
+another pool is `not_found`.
 
 A report of a repository-bound task's step reaches the ledger with the evidence the
 supervisor gathered about it first (`tether.supervisor.repos.evidence`): the ledger judges, the
@@ -38,6 +38,7 @@ from tether.wire.records import (
     ClaimRequest,
     ItemAnswer,
     LeaseRef,
+    LogLines,
     Released,
     ReleaseRequest,
     RenewalItem,
@@ -386,6 +387,21 @@ async def checkpoint(request: Request) -> Response:
     return record_response(done)
 
 
+async def log_lines(request: Request) -> Response:
+    """Lines a runner wrote about its attempts, kept on the owned box (`ledger.logs`): only
+    under fences granted to the caller's token. A line refused for another token's fence is
+    counted in the answer and in one warning, never kept."""
+    who = await require(request, Role.RUNNER)
+    ask = await read(request, LogLines)
+    kept = await _ledger(request).keep_log_lines(ask.lines, who.scope, who.token_id)
+    if kept.refused:
+        log.warning(
+            "log lines refused: their fence was not granted to this token",
+            refused=kept.refused, token_id=who.token_id, pool=who.scope,
+        )  # fmt: skip
+    return record_response(kept)
+
+
 ROUTES = [
     Route("/v1/runner", whoami, methods=["GET"]),
     Route("/v1/leases/claim", claim, methods=["POST"]),
@@ -395,4 +411,5 @@ ROUTES = [
     Route("/v1/steps/results", results, methods=["POST"]),
     Route("/v1/steps/{step_id}/result", result, methods=["POST"]),
     Route("/v1/steps/{step_id}/checkpoint", checkpoint, methods=["PUT"]),
+    Route("/v1/logs", log_lines, methods=["POST"]),
 ]

@@ -19,7 +19,18 @@ from tether.supervisor.ledger.tokens import NewToken, Principal
 from tether.supervisor.ledger.verification import Evidence
 from tether.supervisor.ledger.views import RunnerRow, TaskSearch
 from tether.wire import Outcome, ReleaseReason
-from tether.wire.records import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
+from tether.wire.records import (
+    Budget,
+    Checkpoint,
+    Checkpointed,
+    Lease,
+    LogLine,
+    LogLinesKept,
+    PoolStatus,
+    Renewal,
+    Report,
+    TaskLogs,
+)
 
 
 class Ledger(Protocol):
@@ -81,6 +92,9 @@ class Ledger(Protocol):
     async def checkpoint(
         self, step_id: str, cp: Checkpoint, pool: str | None = None
     ) -> Checkpointed: ...
+    async def keep_log_lines(
+        self, lines: Sequence[LogLine], pool: str, token_id: str
+    ) -> LogLinesKept: ...
     async def expire(self) -> int: ...
     # -- effects: the dispatcher's side (docs/design.md, Effects) --
     async def take_effects(self, holder: str, limit: int) -> list[Outgoing]: ...
@@ -111,6 +125,9 @@ class Ledger(Protocol):
     async def events(
         self, task_id: str, tenant: str | None, after: int, wait_s: float
     ) -> list[dict[str, Any]]: ...
+    async def task_log(
+        self, task_id: str, tenant: str | None, after_seq: int, after_line: int
+    ) -> TaskLogs: ...
     async def review(self, task_id: str, tenant: str | None = None) -> dict[str, Any]: ...
     async def queue_depth(self) -> dict[str, int]: ...
     async def pools(self, also: Collection[str] = ()) -> list[PoolStatus]: ...

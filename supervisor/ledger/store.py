@@ -45,6 +45,7 @@ from tether.supervisor.ledger import (
     fencing,
     identity,
     invariants,
+    logs,
     operator,
     outbox,
     reaper,
@@ -71,7 +72,18 @@ from tether.supervisor.ledger.views import RunnerRow, TaskSearch
 from tether.supervisor.ledger.writer import Writer
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
-from tether.wire.records import Budget, Checkpoint, Checkpointed, Lease, PoolStatus, Renewal, Report
+from tether.wire.records import (
+    Budget,
+    Checkpoint,
+    Checkpointed,
+    Lease,
+    LogLine,
+    LogLinesKept,
+    PoolStatus,
+    Renewal,
+    Report,
+    TaskLogs,
+)
 
 T = TypeVar("T")
 
@@ -317,6 +329,11 @@ class LedgerStore:
     ) -> Checkpointed:
         return await self.write(lambda tx: checkpoints.checkpoint(tx, step_id, cp, pool))
 
+    async def keep_log_lines(
+        self, lines: Sequence[LogLine], pool: str, token_id: str
+    ) -> LogLinesKept:
+        return await self.write(lambda tx: logs.keep(tx, lines, pool, token_id))
+
     async def expire(self) -> int:
         reaped = await self.write(reaper.expire)
         self.counters.leases_expired += reaped
@@ -395,6 +412,11 @@ class LedgerStore:
             if found or remaining <= 0:
                 return found
             await self._events.wait(armed, remaining)
+
+    async def task_log(
+        self, task_id: str, tenant: str | None, after_seq: int, after_line: int
+    ) -> TaskLogs:
+        return await self.read(lambda db: logs.task_log(db, task_id, tenant, after_seq, after_line))
 
     async def task_exists(self, task_id: str, tenant: str | None) -> None:
         await self.read(lambda db: views._task_row(db, tenant, task_id))

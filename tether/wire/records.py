@@ -353,6 +353,41 @@ class Checkpointed(Record, frozen=True, kw_only=True):
     turn: int
 
 
+# One log-lines request carries at most this many lines; a line at most this many fields.
+LOG_LINES_PER_REQUEST_MAX: Final = 200
+LOG_FIELDS_MAX: Final = 64
+
+
+class LogLine(Record, frozen=True, kw_only=True):
+    """One line a runner wrote about an attempt, as it ships it (`POST /v1/logs`): the step and
+    the attempt's fence, the line's level and event, and its other fields, after the runner
+    masked its secrets. The task, the attempt's number and the runner's id are not sent: the
+    supervisor reads them from the attempt the fence names."""
+
+    step_id: Name
+    fence: Fence
+    level: Annotated[str, msgspec.Meta(min_length=1, max_length=16, extra=NO_NUL)]
+    event: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT, extra=NO_NUL)]
+    fields: Annotated[dict[str, Any], msgspec.Meta(max_length=LOG_FIELDS_MAX)] = {}
+
+
+class LogLines(Record, frozen=True, kw_only=True):
+    """`POST /v1/logs`: lines about attempts of the caller's token, oldest first."""
+
+    lines: Annotated[
+        tuple[LogLine, ...], msgspec.Meta(min_length=1, max_length=LOG_LINES_PER_REQUEST_MAX)
+    ]
+
+
+class LogLinesKept(Record, frozen=True, kw_only=True):
+    """The reply to `POST /v1/logs`: lines kept; lines refused because their fence was not
+    granted to the caller's token (or names another step); lines over the attempt's limit."""
+
+    kept: int
+    refused: int
+    over_limit: int
+
+
 class RunnerIdentity(Record, frozen=True, kw_only=True):
     """The reply to `GET /v1/runner`: the pool the caller's runner token serves, and the
     token's id. A runner asks once at start: a reply of this shape is how it knows that its
@@ -671,6 +706,37 @@ class PoolsAnswer(Record, frozen=True, kw_only=True):
     """`GET /v1/pools`: the pools the caller's tenant may use."""
 
     pools: tuple[PoolStatus, ...]
+
+
+class TaskLogEntry(Record, frozen=True, kw_only=True):
+    """One entry of a task's log on the owned box: an event of its journal (`source`
+    "journal": `event` is the event's kind, `fields` its data) or a line a runner shipped about
+    one of its attempts (`source` "runner"). `seq` is the event's sequence number, or for a
+    runner line the task's last one when the line arrived, and `line` the line's number
+    (receipt order): entries are in the owned box's order, never the runner's clock. `at` is
+    the supervisor's clock, ISO 8601 UTC."""
+
+    source: str
+    seq: int
+    line: int | None = None
+    at: str
+    level: str
+    event: str
+    state: str | None = None
+    step_id: str | None = None
+    attempt: int | None = None
+    fence: int | None = None
+    runner_id: str | None = None
+    fields: dict[str, Any] = {}
+
+
+class TaskLogs(Record, frozen=True, kw_only=True):
+    """`GET /v1/tasks/{task_id}/logs`: the task's journal and runner lines after the cursor
+    (`after_seq`, `after_line`), merged in order; ask again with `next_seq` and `next_line`."""
+
+    entries: tuple[TaskLogEntry, ...]
+    next_seq: int
+    next_line: int
 
 
 # -- the artifact store (docs/design.md, Artifacts) -----------------------------------------
