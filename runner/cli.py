@@ -30,6 +30,7 @@ from tether.runner.credentials import SecretMissing, SecretSource
 from tether.runner.daemon import Runner
 from tether.runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, pooled_transport
 from tether.runner.kinds import KindRegistry
+from tether.runner.log_shipping import LogBuffer
 from tether.runner.models import MODEL_APIS, ModelClient, wire_api
 from tether.runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
 from tether.runner.supervisor_client import SupervisorClient
@@ -123,7 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         path=settings.model_key_file, credential="model-key", setting="model_key_file",
         optional=True,
     )  # fmt: skip
-    configure_logging(json_lines=settings.json_logs, level=settings.log_level)
+    log_buffer = LogBuffer() if settings.ship_logs else None
+    configure_logging(
+        json_lines=settings.json_logs,
+        level=settings.log_level,
+        tap=log_buffer,  # after masking, so a shipped line holds no secret either
+    )
     try:
         if model_key.read_now() is None:
             log.info("no model key configured; requests go without Authorization")
@@ -134,7 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     options = event_loop_options()
     log.info("event loop", loop="uvloop" if options else "asyncio")
-    return anyio.run(serve, settings, token_value, token, model_key, kinds, backend_options=options)
+    return anyio.run(
+        serve, settings, token_value, token, model_key, kinds, None, None, log_buffer,
+        backend_options=options,
+    )  # fmt: skip
 
 
 def event_loop_options() -> dict[str, Any]:
@@ -154,6 +163,7 @@ async def serve(
     kinds: KindRegistry,
     supervisor_transport: httpx.AsyncBaseTransport | None = None,
     model_transport: httpx.AsyncBaseTransport | None = None,
+    log_buffer: LogBuffer | None = None,
 ) -> int:
     """Run the daemon with signal handling; return the exit code."""
     clock = LoopClock()
@@ -186,6 +196,7 @@ async def serve(
             kinds=kinds,
             clock=clock,
             notifier=Notifier(),
+            log_buffer=log_buffer,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_handle_signals, runner)

@@ -36,6 +36,7 @@ from tether.runner.errors import (
 from tether.runner.keeper import RenewalBatcher
 from tether.runner.kinds import KindRegistry
 from tether.runner.lease import Lease
+from tether.runner.log_shipping import LogBuffer, LogShipper
 from tether.runner.model_client import ModelClient
 from tether.runner.results import ResultSender
 from tether.runner.settings import RunnerSettings
@@ -73,6 +74,7 @@ class Runner:
         clock: MonotonicClock | None = None,
         notifier: Notifier | None = None,
         backoff_max_s: float = 30.0,
+        log_buffer: LogBuffer | None = None,
     ) -> None:
         self._settings = settings
         self._supervisor = supervisor
@@ -87,6 +89,11 @@ class Runner:
         )
         self._clock = clock or LoopClock()
         self._renewals = RenewalBatcher(supervisor, clock=self._clock)
+        # The step lines `log_buffer` collects (the logging setup's processor) go to the
+        # supervisor; without one, nothing is shipped.
+        self.log_shipper = (
+            None if log_buffer is None else LogShipper(log_buffer, supervisor, clock=self._clock)
+        )
         self._notifier = notifier or Notifier({})
         self._backoff_max_s = backoff_max_s
         self._claim_scope = anyio.CancelScope()
@@ -130,11 +137,15 @@ class Runner:
         async with anyio.create_task_group() as root:
             self._root_scope = root.cancel_scope
             root.start_soon(self._watchdog_loop)
+            if self.log_shipper is not None:
+                root.start_soon(self.log_shipper.run)
             async with anyio.create_task_group() as steps:
                 self._steps = steps
                 with self._claim_scope:
                     await self._claim_loop(steps)
                 await self._drain()
+            if self.log_shipper is not None:
+                await self.log_shipper.flush()  # the steps' last lines
             root.cancel_scope.cancel()
         log.info("runner stopped", exit_code=self.exit_code)
         return self.exit_code

@@ -102,6 +102,9 @@ class RunnerSettings:
     # With tracing on, model and tool spans also carry the prompts, answers, tool arguments and
     # tool results (gen_ai.input.messages, ...): whatever the task's repository and prompts hold.
     trace_content: bool = False
+    # Ship every line about a step (after masking; no payload text) to the supervisor, which
+    # keeps them beside the task's journal (`tether-supervisor logs TASK`; runner/log_shipping.py).
+    ship_logs: bool = True
 
     def __post_init__(self) -> None:
         _check_urls("supervisor_url", self.supervisor_url)

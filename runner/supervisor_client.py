@@ -45,6 +45,9 @@ from tether.wire.records import (
     ErrorBody,
     ItemAnswer,
     LeaseRef,
+    LogLine,
+    LogLines,
+    LogLinesKept,
     Record,
     ReleaseRequest,
     Renewal,
@@ -554,6 +557,15 @@ class SupervisorClient:
         if response.status_code != 200:
             raise self._lease_error(response)
         return _answer(response, Checkpointed, "checkpoint")
+
+    async def ship_logs(self, lines: Sequence[LogLine]) -> LogLinesKept:
+        """`POST /v1/logs`: keep `lines` (each about an attempt this token holds or held) on
+        the supervisor. `SupervisorRefused` for a refusal: 404 from a supervisor without the
+        route."""
+        response = await self._post("/logs", encode(LogLines(lines=tuple(lines))))
+        if response.status_code != 200:
+            raise self._refused(response)
+        return _answer(response, LogLinesKept, "log lines")
 
     async def put_artifact(
         self, digest: str, content: bytes | AsyncIterable[bytes], *, size: int

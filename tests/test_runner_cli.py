@@ -217,7 +217,7 @@ def test_the_runner_hands_commands_without_sandbox_to_the_agent_kind(
     served: list[tuple[RunnerSettings, KindRegistry]] = []
 
     async def fake_serve(settings: RunnerSettings, _token: str, _t: Any, _k: Any,
-                         kinds: KindRegistry) -> int:  # fmt: skip
+                         kinds: KindRegistry, *_transports_and_buffer: Any) -> int:  # fmt: skip
         served.append((settings, kinds))
         return 0
 

@@ -153,6 +153,7 @@ class FakeSupervisor:
         self.budget_exhausted = False  # renew replies say the tenant's budget is spent
         self.checkpoints: dict[str, list[dict[str, Any]]] = defaultdict(list)  # accepted
         self.artifacts: dict[str, bytes] = {}
+        self.log_lines: list[dict[str, Any]] = []  # shipped to `POST /v1/logs`, kept
         self._changed = anyio.Event()
 
     # -- test controls ---------------------------------------------------------------------
@@ -191,6 +192,8 @@ class FakeSupervisor:
             return await self._results(request)
         if request.url.path == "/v1/leases/renewals":
             return await self._renewals(request)
+        if request.url.path == "/v1/logs":
+            return await self._logs(request)
         parts = request.url.path.strip("/").split("/")
         if parts[1] == "artifacts":
             return await self._artifact(request, parts[2])
@@ -262,6 +265,26 @@ class FakeSupervisor:
                 err = answer.json()
                 answers.append({"step_id": step_id, "status": answer.status_code, **err})
         return json_response(200, {"results": answers})
+
+    async def _logs(self, request: httpx.Request) -> httpx.Response:
+        """Log lines: kept as sent, unless a script of kind `logs` answers first."""
+        self.calls.append(
+            Call("logs", request.url.path, None, dict(request.headers), anyio.current_time())
+        )
+        self._poke()
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if self.scripts["logs"]:
+            scripted = self.scripts["logs"].pop(0)
+            if isinstance(scripted, httpx.Response):
+                return scripted
+            if isinstance(scripted, BaseException):
+                raise scripted
+            return await scripted(request)
+        lines = json.loads(request.content)["lines"]
+        self.log_lines.extend(lines)
+        self._poke()
+        return json_response(200, {"kept": len(lines), "refused": 0, "over_limit": 0})
 
     async def _renewals(self, request: httpx.Request) -> httpx.Response:
         """The batch renew route as the single route once per lease: each is recorded as a
@@ -458,6 +481,7 @@ def make_rig(
     key: str | None = MODEL_KEY,
     kinds: KindRegistry | None = None,
     notifier: Any = None,
+    log_buffer: Any = None,
     **overrides: Any,
 ) -> Rig:
     """Build inside a running event loop (anyio primitives need one)."""
@@ -489,6 +513,7 @@ def make_rig(
         clock=clk,
         notifier=notifier,
         backoff_max_s=0.05,
+        log_buffer=log_buffer,
     )
     return Rig(runner=runner, supervisor=sup, model=mdl, key_file=key_file)
 

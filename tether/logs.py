@@ -45,6 +45,12 @@ def _scrub(value: Any) -> Any:
     return value
 
 
+def mask(text: str) -> str:
+    """`text` with every registered secret's text masked."""
+    scrubbed: str = _scrub(text)
+    return scrubbed
+
+
 def redact_secrets(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
@@ -65,8 +71,12 @@ def scrub_rendered(_logger: Any, _method: str, rendered: Any) -> Any:
     return rendered
 
 
-def configure_logging(*, json_lines: bool | None = None, level: str = "info") -> None:
-    """Set up structlog for a program. `json_lines=None` decides by whether stdout is a TTY."""
+def configure_logging(
+    *, json_lines: bool | None = None, level: str = "info", tap: Processor | None = None
+) -> None:
+    """Set up structlog for a program. `json_lines=None` decides by whether stdout is a TTY.
+    `tap`, when given, sees every structlog line after its secrets are masked and before it is
+    rendered (the runner's log shipping, `tether.runner.log_shipping`)."""
     if json_lines is None:
         json_lines = not sys.stdout.isatty()
     renderer: Any = (
@@ -85,8 +95,9 @@ def configure_logging(*, json_lines: bool | None = None, level: str = "info") ->
         renderer,
         scrub_rendered,
     ]
+    tapped = [*finish[:2], tap, *finish[2:]] if tap is not None else finish
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, *stamp, *finish],
+        processors=[structlog.contextvars.merge_contextvars, *stamp, *tapped],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
