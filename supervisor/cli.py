@@ -167,6 +167,20 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
         "step", nargs="?", help="step name or 0-based position (default: the last committed)"
     )
 
+    logs = operator_flags(
+        sub.add_parser(
+            "logs",
+            help="a task's journal and its runners' lines, merged in the owned box's order",
+        )
+    )
+    logs.add_argument("task_id", metavar="TASK")
+    logs.add_argument("--db", help=f"{LEDGER}, read directly instead of through --url")
+    logs.add_argument(
+        "--follow", action="store_true",
+        help="go on until the task ends; exit 0 SUCCEEDED, 3 FAILED, 4 CANCELLED",
+    )  # fmt: skip
+    logs.add_argument("--json", action="store_true", help="one JSON object per line")
+
     artifact = sub.add_parser("artifact", help="read the artifact store")
     artifact_sub = artifact.add_subparsers(
         dest="artifact_command", required=True, parser_class=Parser
@@ -475,6 +489,23 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _logs(args: argparse.Namespace) -> int:
+    """`logs TASK`: from the ledger with `--db`, else through the API like `task`."""
+    from tether.supervisor import admin, task_logs
+
+    options = {"as_json": args.json, "follow": args.follow}
+    if args.db is not None:
+        if args.url is not None:
+            fail(PROG, "give --db or --url, not both", USAGE_EXIT)
+        try:
+            source = task_logs.LedgerLogs(_ledger_arg(args.db), args.task_id)
+            return task_logs.print_log(source, sys.stdout, **options)
+        except admin.AdminError as exc:
+            fail(PROG, str(exc))
+    with _operator_session(args) as client:
+        return task_logs.print_log(task_logs.ApiLogs(client, args.task_id), sys.stdout, **options)
+
+
 def _artifact(args: argparse.Namespace) -> int:
     """`artifact get DIGEST`: the bytes alone on stdout, as they were uploaded."""
 
@@ -510,6 +541,8 @@ def _run(argv: list[str]) -> int:
         return _status(args)
     if args.command == "artifact":
         return _artifact(args)
+    if args.command == "logs":
+        return _logs(args)
     if args.command == "migrate":
         return _migrate(args)
     return _admin(args)

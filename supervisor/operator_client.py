@@ -33,6 +33,7 @@ from tether.wire.records import (
     Record,
     ReviewDecision,
     StepView,
+    TaskLogs,
     TaskPage,
     TaskSummary,
     TaskView,
@@ -185,6 +186,11 @@ class OperatorClient:
         if sha256_hex(data) != digest:
             raise ClientError(f"the supervisor sent bytes whose sha256 is not {digest}")
         return data
+
+    def task_log(self, task_id: str, after_seq: int, after_line: int) -> TaskLogs:
+        """`GET /v1/tasks/{id}/logs`: the task's journal and runner lines after the cursor."""
+        path = f"/v1/tasks/{urllib.parse.quote(task_id, safe='')}/logs"
+        return self._read(path, TaskLogs, after_seq=after_seq, after_line=after_line)
 
     def events(self, task_id: str, after: int, wait_s: float) -> list[dict[str, Any]]:
         body = self._call(
