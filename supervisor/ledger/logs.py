@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from tether.clocks import iso
 from tether.supervisor.ledger import views
 from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
 from tether.wire.records import LogLine, LogLinesKept, TaskLogEntry, TaskLogs
@@ -109,7 +110,7 @@ def _event_entry(r: Row) -> TaskLogEntry:
     step_id = fields.get("step_id")
     fence = fields.get("fence")
     return TaskLogEntry(
-        source="journal", seq=r["seq"], at=views.iso(r["at"]) or "", level="info",
+        source="journal", seq=r["seq"], at=iso(r["at"]), level="info",
         event=r["kind"], state=r["state"],
         step_id=step_id if isinstance(step_id, str) else None,
         fence=fence if isinstance(fence, int) else None,
@@ -120,7 +121,7 @@ def _event_entry(r: Row) -> TaskLogEntry:
 def _line_entry(r: Row) -> TaskLogEntry:
     fields = loads(r["fields_json"])
     return TaskLogEntry(
-        source="runner", seq=r["after_seq"], line=r["id"], at=views.iso(r["at"]) or "",
+        source="runner", seq=r["after_seq"], line=r["id"], at=iso(r["at"]),
         level=r["level"], event=r["event"], step_id=r["step_id"], attempt=r["attempt"],
         fence=r["fence"], runner_id=r["runner_id"],
         fields=fields if isinstance(fields, dict) else {},
