@@ -1,8 +1,11 @@
 """The status page in real headless Chromium (Debian's chromium and chromedriver; nothing is
 downloaded) against a real uvicorn on a free port: refused without a token, signed in, a task
 approved from its page and watched live through an expired attempt, its replay, its effect
-delivered and SUCCEEDED, and a screenshot of that page written to docs/screenshots/task-page.png;
-then an effect's gate opened from its page and the effect seen delivered live.
+delivered and SUCCEEDED; then an effect's gate opened from its page and the effect seen
+delivered live; the list searched and updating itself, the runners page, and an agent's
+transcript read as a conversation. With TETHER_SCREENSHOTS=1 the tests write the screenshots
+the docs show (docs/screenshots/: the list, a task page, the runners page); otherwise they
+write nothing into the checkout.
 
 The runner side is a fake runner speaking the HTTP API: it claims, then stops renewing, as a
 runner killed with SIGKILL would; its unacknowledged lease lapses after the 1 s acceptance
@@ -38,7 +41,7 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshots" / "task-page.png"
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 WAIT_S = 15.0
 
 
@@ -217,6 +220,18 @@ def sign_in(driver: Any, supervisor: Supervisor, secret: str) -> None:
     WebDriverWait(driver, WAIT_S).until(expected_conditions.staleness_of(submit), "no new page")
 
 
+def screenshot(driver: Any, name: str) -> None:
+    """With TETHER_SCREENSHOTS=1, the whole page as docs/screenshots/NAME (the docs show it)."""
+    if os.environ.get("TETHER_SCREENSHOTS") != "1":
+        return
+    height = driver.execute_script("return document.documentElement.scrollHeight;")
+    driver.set_window_size(1280, min(int(height) + 40, 4000))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(SCREENSHOTS / name))
+    assert (SCREENSHOTS / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    driver.set_window_size(1280, 1000)
+
+
 def test_without_an_operator_token_the_page_stays_shut(
     browser: Any, supervisor: Supervisor
 ) -> None:
@@ -256,7 +271,7 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
         browser.delete_all_cookies()
         sign_in(browser, supervisor, supervisor.secrets["operator"])
         assert browser.current_url == f"{supervisor.url}/ui"
-        assert task["id"] in browser.find_element(By.TAG_NAME, "main").text
+        assert task["id"][:8] in browser.find_element(By.TAG_NAME, "main").text  # its short id
         [cookie] = browser.get_cookies()
         assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict", "/ui")
 
@@ -297,11 +312,7 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
         key = operator.get(f"/v1/tasks/{task['id']}").json()["steps"][1]["effect"]["key"]
         assert receiver.counts()["by_key"][key] == 1
 
-        height = browser.execute_script("return document.documentElement.scrollHeight;")
-        browser.set_window_size(1280, min(int(height) + 40, 4000))
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        assert browser.save_screenshot(str(SCREENSHOT))
-        assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        screenshot(browser, "task-page.png")
 
         browser.set_window_size(390, 844)  # a phone: nothing wider than the screen
         browser.refresh()
@@ -382,3 +393,147 @@ def test_the_event_stream_resumes_after_the_last_event_id(supervisor: Supervisor
                 if len(ids) == len(seqs) - 1:
                     break
     assert ids == seqs[1:]
+
+
+def table_text(driver: Any, css: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        found: str = driver.find_element(By.CSS_SELECTOR, css).text
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+    return found
+
+
+def claim_for(runner: httpx.Client, task_id: str, runner_id: str) -> dict[str, Any]:
+    """A lease on `task_id`'s step: a lease another test left queued is finished first."""
+    for _ in range(10):
+        claim = {"runner_id": runner_id, "capacity": 1, "wait_s": 5}
+        [lease] = runner.post("/v1/leases/claim", json=claim).json()["leases"]
+        if lease["task_id"] == task_id:
+            return lease
+        result = {"fence": lease["fence"], "payload_hash": lease["payload_hash"], "output": "ok"}
+        runner.post(f"/v1/steps/{lease['step_id']}/result", json=result)
+    raise AssertionError(f"no lease on {task_id}")
+
+
+@contextlib.contextmanager
+def renewing(supervisor: Supervisor, lease: dict[str, Any]) -> Iterator[None]:
+    """Renew `lease` every half second in a thread while the block runs: a lease nobody
+    renews lapses after the 1 s acceptance window."""
+    done = threading.Event()
+
+    def renew() -> None:
+        with supervisor.api("runner") as runner:
+            while not done.wait(0.5):
+                path = f"/v1/leases/{lease['step_id']}/renew"
+                runner.post(path, json={"fence": lease["fence"]})
+
+    thread = threading.Thread(target=renew, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=WAIT_S)
+
+
+def test_search_the_list_and_see_a_new_task_appear_without_a_reload(
+    browser: Any, supervisor: Supervisor
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with supervisor.api("operator") as operator:
+        wanted = operator.post("/v1/tasks", json=task_body("search-wanted", 1)).json()
+        other = operator.post("/v1/tasks", json=task_body("search-other", 1)).json()
+        browser.delete_all_cookies()
+        sign_in(browser, supervisor, supervisor.secrets["operator"])
+        field = browser.find_element(By.ID, "q")
+        field.send_keys(wanted["id"][:10])
+        field.submit()
+        WebDriverWait(browser, WAIT_S).until(lambda d: "q=" in d.current_url, "not searched")
+        shown = table_text(browser, "#tasks-live")
+        assert "search-wanted" in shown
+        assert "search-other" not in shown
+        assert other["id"][:8] not in shown
+        link = browser.find_element(By.CSS_SELECTOR, "#tasks-live td a")
+        assert link.get_attribute("title") == wanted["id"]  # the whole id on hover
+        assert len(link.text) == 8
+
+        browser.get(f"{supervisor.url}/ui?pool=default")
+        browser.execute_script("window.notReloaded = true;")
+        later = operator.post("/v1/tasks", json=task_body("search-later", 1)).json()
+        WebDriverWait(browser, WAIT_S).until(
+            lambda d: "search-later" in table_text(d, "#tasks-live"), "the list never updated"
+        )
+        assert browser.execute_script("return window.notReloaded === true;")
+        assert later["id"][:8] in table_text(browser, "#tasks-live")
+        screenshot(browser, "tasks.png")
+
+
+def test_the_runners_page_shows_a_runner_online_and_its_pool(
+    browser: Any, supervisor: Supervisor
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with supervisor.api("operator") as operator, supervisor.api("runner") as runner:
+        task = operator.post("/v1/tasks", json=task_body("runners-page", 1)).json()
+        operator.post(f"/v1/tasks/{task['id']}/approve", json={"plan_hash": task["plan_hash"]})
+        browser.delete_all_cookies()
+        sign_in(browser, supervisor, supervisor.secrets["operator"])
+        browser.find_element(By.LINK_TEXT, "Runners and pools").click()
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.current_url.endswith("/ui/runners"))
+        browser.execute_script("window.notReloaded = true;")
+        lease = claim_for(runner, task["id"], "box-on-the-page")
+        with renewing(supervisor, lease):
+            WebDriverWait(browser, WAIT_S).until(
+                lambda d: (
+                    "box-on-the-page online default chat 1 " in table_text(d, "table.runners")
+                ),
+                "the runner never showed online holding its lease",
+            )
+            assert browser.execute_script("return window.notReloaded === true;")
+            assert "default" in table_text(browser, "table.pools")
+            screenshot(browser, "runners.png")
+        result = {"fence": lease["fence"], "payload_hash": lease["payload_hash"], "output": "ok"}
+        assert runner.post(f"/v1/steps/{lease['step_id']}/result", json=result).status_code == 200
+
+
+def test_an_agent_transcript_reads_as_a_conversation_in_the_browser(
+    browser: Any, supervisor: Supervisor
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    transcript = [
+        {"role": "user", "content": "Make the failing test pass."},
+        {"role": "assistant", "turn": 1, "content": "Reading the module.",
+         "tool_calls": [{"id": "c1", "name": "read_file", "arguments": '{"path": "src/a.py"}'}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "read_file", "ok": True,
+         "content": "def answer():\n    return 41\n"},
+        {"role": "assistant", "turn": 2, "content": "Fixed: answer() returns 42.",
+         "finish_reason": "stop"},
+    ]  # fmt: skip
+    with supervisor.api("operator") as operator, supervisor.api("runner") as runner:
+        task = operator.post("/v1/tasks", json=task_body("transcript", 1)).json()
+        operator.post(f"/v1/tasks/{task['id']}/approve", json={"plan_hash": task["plan_hash"]})
+        lease = claim_for(runner, task["id"], "box-agent")
+        output = {"transcript": transcript, "turns": 2}
+        result = {"fence": lease["fence"], "payload_hash": lease["payload_hash"], "output": output}
+        answer = runner.post(f"/v1/steps/{lease['step_id']}/result", json=result)
+        assert answer.status_code == 200, answer.text
+        browser.delete_all_cookies()
+        sign_in(browser, supervisor, supervisor.secrets["operator"])
+        browser.get(f"{supervisor.url}/ui/tasks/{task['id']}")
+        wait_for(browser, "SUCCEEDED")
+        talk = browser.find_element(By.CSS_SELECTOR, "section.conversation")
+        turns = [h.text for h in talk.find_elements(By.TAG_NAME, "h5")]
+        assert turns == ["Turn 1", "Turn 2"]
+        text = talk.text
+        assert text.index("Make the failing test pass.") < text.index("Reading the module.")
+        assert "read_file" in text
+        assert '{"path": "src/a.py"}' in text
+        assert "return 41" in text
+        assert text.index("return 41") < text.index("Fixed: answer() returns 42.")
