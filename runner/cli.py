@@ -112,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             path=settings.token_file, credential="runner-token", setting="token_file"
         )
         token_value = token.read_now()
-        kinds = KindRegistry.default(commands_without_sandbox=settings.commands_without_sandbox)
+        kinds = KindRegistry.default(
+            commands_without_sandbox=settings.commands_without_sandbox,
+            command_limits=settings.command_limits,
+        )
     except (SettingsError, SecretMissing) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return USAGE_EXIT

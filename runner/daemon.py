@@ -85,7 +85,8 @@ class Runner:
         self._model_key = model_key
         self._token = token
         self._kinds = kinds or KindRegistry.default(
-            commands_without_sandbox=settings.commands_without_sandbox
+            commands_without_sandbox=settings.commands_without_sandbox,
+            command_limits=settings.command_limits,
         )
         self._clock = clock or LoopClock()
         self._renewals = RenewalBatcher(supervisor, clock=self._clock)

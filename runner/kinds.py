@@ -39,7 +39,7 @@ import dataclasses
 import importlib.metadata
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -49,6 +49,9 @@ from tether.runner.model_client import Completion
 from tether.wire import canonical_json
 from tether.wire.payloads import ChatPayload, plain, read_payload
 from tether.wire.records import Checkpoint, CheckRun, LeaseRepository, ResumePoint
+
+if TYPE_CHECKING:
+    from tether.runner.agent.confine import CommandLimits
 
 ENTRY_POINT_GROUP = "tether.runner.kinds"
 
@@ -132,13 +135,20 @@ class KindRegistry:
 
     @classmethod
     def default(
-        cls, *, entry_points: bool = True, commands_without_sandbox: bool = False
+        cls,
+        *,
+        entry_points: bool = True,
+        commands_without_sandbox: bool = False,
+        command_limits: CommandLimits | None = None,
     ) -> KindRegistry:
-        """`commands_without_sandbox` is the runner's setting of that name, for the agent kind."""
+        """`commands_without_sandbox` and `command_limits` are the runner's settings, for the
+        agent kind."""
         # Imported here: runner.agent.loop builds on this module's StepContext and StepOutput.
         from tether.runner.agent.loop import AgentKind
 
-        agent = AgentKind(commands_without_sandbox=commands_without_sandbox)
+        agent = AgentKind(
+            commands_without_sandbox=commands_without_sandbox, command_limits=command_limits
+        )
         registry = cls([("chat", run_chat), ("agent", agent)])
         if entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):

@@ -19,6 +19,7 @@ import socket
 from pathlib import Path
 from typing import Annotated
 
+from tether.runner.agent.confine import CommandLimits
 from tether.runner.models import MODEL_APIS
 from tether.settings import COMMA_LIST, SettingsError, require_positive
 
@@ -105,6 +106,14 @@ class RunnerSettings:
     # Ship every line about a step (after masking; no payload text) to the supervisor, which
     # keeps them beside the task's journal (`tether-supervisor logs TASK`; runner/log_shipping.py).
     ship_logs: bool = True
+    # Limits on every agent command (`run`, checks, setup): runner/agent/confine.py.
+    command_max_processes: int = 256
+    command_max_memory_mb: int = 2048
+    command_max_file_mb: int = 1024
+    command_max_cpu_s: int = 600
+    # The worktree and the command's HOME, measured after each command; past it the step
+    # fails `worktree_too_large`.
+    worktree_max_mb: int = 4096
 
     def __post_init__(self) -> None:
         _check_urls("supervisor_url", self.supervisor_url)
@@ -141,12 +150,33 @@ class RunnerSettings:
                 f"setting 'claim_wait_s' must be 0..{MAX_CLAIM_WAIT_S:g} and not above the"
                 f" supervisor's claim_wait_max_s, got {self.claim_wait_s}"
             )
+        for name in (
+            "command_max_processes",
+            "command_max_memory_mb",
+            "command_max_file_mb",
+            "command_max_cpu_s",
+            "worktree_max_mb",
+        ):
+            value = getattr(self, name)
+            if value < 1:
+                raise SettingsError(f"setting {name!r} must be at least 1, got {value}")
         if self.pause_max_s < self.pause_initial_s:
             raise SettingsError("setting 'pause_max_s' must not be below 'pause_initial_s'")
         if self.log_level.lower() not in LOG_LEVELS:
             raise SettingsError(f"setting 'log_level' must be one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(f"setting 'log_format' must be one of {', '.join(LOG_FORMATS)}")
+
+    @property
+    def command_limits(self) -> CommandLimits:
+        """The limits every agent command runs under."""
+        return CommandLimits(
+            max_processes=self.command_max_processes,
+            max_memory_mb=self.command_max_memory_mb,
+            max_file_mb=self.command_max_file_mb,
+            max_cpu_s=self.command_max_cpu_s,
+            worktree_max_mb=self.worktree_max_mb,
+        )
 
     @property
     def supervisor_urls(self) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 repository workspace (`workspace`), per-turn checkpoints and resume (`checkpoints`), the
 task's checks at the candidate (`checks`), the confinement of the paths a tool names
 (`paths`), the built-in tools and their dispatcher (`tools`), and how an allowed command runs
-(`command`, `sandbox`)."""
+(`command`, `sandbox`) under its limits (`confine`, `cgroups`, `reaper`)."""
 
 from tether.runner.agent.checkpoints import Checkpointer, Start, resume_start
 from tether.runner.agent.checks import CheckLimits, run_checks

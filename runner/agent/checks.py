@@ -1,6 +1,7 @@
 """A task's expected checks, run by the runner at the candidate before the worktree is removed
 (docs/design.md, The agent kind): each in a clean checkout of the candidate, under the same
-sandbox, environment and process-group rules as the `run` tool, its full log uploaded.
+sandbox, environment and limits as the `run` tool, its full log uploaded. A check that leaves
+the worktree past `worktree_max_mb` fails the step `worktree_too_large`.
 
 A check's log is stdout and stderr interleaved. Past `log_max_bytes` its first and last halves
 are kept with a line between saying how many bytes were left out; a check that outlived its
@@ -22,6 +23,7 @@ import structlog
 
 from tether.runner import tracing
 from tether.runner.agent.command import run_command
+from tether.runner.agent.confine import Confiner, check_workspace_size
 from tether.runner.agent.sandbox import Sandbox
 from tether.runner.agent.workspace import Workspace
 from tether.wire.records import CheckRun, CheckSpec
@@ -90,6 +92,7 @@ async def run_checks(
     sandbox: Sandbox,
     upload: Callable[[Path], Awaitable[str]],
     limits: CheckLimits,
+    confiner: Confiner,
 ) -> dict[str, CheckRun]:
     """Run each check at `candidate` and upload its log; the runs by check name."""
     runs: dict[str, CheckRun] = {}
@@ -97,7 +100,7 @@ async def run_checks(
         for index, spec in enumerate(specs):
             with tracing.span("tether.check", check=spec.name) as span:
                 runs[spec.name] = await _check(
-                    workspace, candidate, index, spec, sandbox, upload, limits
+                    workspace, candidate, index, spec, sandbox, upload, limits, confiner
                 )
                 span.set(exit_code=runs[spec.name].exit_code, duration_s=runs[spec.name].duration_s)
     return runs
@@ -111,6 +114,7 @@ async def _check(
     sandbox: Sandbox,
     upload: Callable[[Path], Awaitable[str]],
     limits: CheckLimits,
+    confiner: Confiner,
 ) -> CheckRun:
     # Each check starts from the candidate alone: neither what the tools wrote outside the
     # allowed paths nor what an earlier check left behind is there.
@@ -119,7 +123,10 @@ async def _check(
     await anyio.Path(home).mkdir()
     path = workspace.io / f"check-{index}.log"
     try:
-        run = await _run_one(spec, workspace.tree, home, path, sandbox, limits)
+        run = await _run_one(spec, workspace.tree, home, path, sandbox, limits, confiner)
+        await check_workspace_size(
+            (workspace.tree, home), confiner.limits, after=f"check {spec.name!r}"
+        )
     finally:
         await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, home, True))
     digest = await upload(path)
@@ -128,7 +135,13 @@ async def _check(
 
 
 async def _run_one(
-    spec: CheckSpec, tree: Path, home: Path, path: Path, sandbox: Sandbox, limits: CheckLimits
+    spec: CheckSpec,
+    tree: Path,
+    home: Path,
+    path: Path,
+    sandbox: Sandbox,
+    limits: CheckLimits,
+    confiner: Confiner,
 ) -> tuple[int, float]:
     async with CheckLog(path, limits.log_max_bytes) as out:
         try:
@@ -145,10 +158,11 @@ async def _run_one(
         # usercustomize.py, a config file) reaches the check.
         outcome = await run_command(
             argv, tree=tree, home=home, sandbox=sandbox, timeout_s=limits.timeout_s,
-            output_cap=0, sink=out.write,
+            output_cap=0, confiner=confiner, sink=out.write,
         )  # fmt: skip
         if outcome.timed_out or outcome.exit_code is None:
             await out.finish(f"killed after the check timeout of {limits.timeout_s:g} s")
             return TIMED_OUT_EXIT_CODE, outcome.duration_s
-        await out.finish()
+        hit = outcome.limit_hit
+        await out.finish(None if hit is None else f"the command ran into its {hit} limit")
         return outcome.exit_code, outcome.duration_s

@@ -1,8 +1,8 @@
-"""Running one allowed command for the `run` tool: in its own process group, with a fixed
-environment that holds no secret, a timeout and an output cap; the whole group is killed on
-timeout, on cancellation (a lost lease cancels the step's scope) and when the command ends,
-so nothing it started outlives it (a child that leaves the group with setsid escapes this,
-unless the sandbox's PID namespace holds it: see `runner/agent/sandbox.py`).
+"""Running one command of an agent step (the `run` tool, a check, setup): under its limits
+(`runner/agent/confine.py`), with a fixed environment that holds no secret, a timeout and an
+output cap. Whatever it started is ended with it: when it exits, on timeout and on
+cancellation (a lost lease cancels the step's scope), the reaper kills its whole process tree,
+`setsid` children included, and its cgroup is emptied.
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ from pathlib import Path
 import anyio
 from anyio.abc import ByteReceiveStream
 
+from tether.runner.agent.confine import Confiner
 from tether.runner.agent.sandbox import Sandbox
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# After a timeout or cancellation the reaper gets SIGTERM and this long to kill the command's
+# tree and exit; then its process group is killed outright.
+REAPER_GRACE_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,6 +35,7 @@ class CommandOutcome:
     duration_s: float
     output: bytes  # stdout and stderr interleaved, at most the cap
     output_bytes: int  # everything it wrote, kept or not
+    limit_hit: str | None = None  # `processes`, `memory`, `cpu`, `file_size`, when known
 
 
 def command_env(home: Path) -> dict[str, str]:
@@ -53,6 +58,7 @@ async def run_command(
     sandbox: Sandbox,
     timeout_s: float,
     output_cap: int,
+    confiner: Confiner,
     sink: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> CommandOutcome:
     """Run `argv` in `tree` under `sandbox`; see the module docstring. `sink`, when given, gets
@@ -70,37 +76,49 @@ async def run_command(
             if sink is not None:
                 await sink(chunk)
 
-    process = await anyio.open_process(
-        sandbox.wrap(argv, tree=tree, home=home),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=tree,
-        env=command_env(home),
-        start_new_session=True,
-    )
-    exited = False
-    try:
-        with anyio.move_on_after(timeout_s) as deadline:
-            async with anyio.create_task_group() as group:
-                assert process.stdout is not None
-                group.start_soon(drain, process.stdout)
-                await process.wait()
-                exited = True
-                # Whatever it left running in its group goes too, which also ends the output.
-                _kill_group(process.pid)
-    finally:
-        _kill_group(process.pid)
-        with anyio.CancelScope(shield=True):
-            await process.wait()
-            await process.aclose()
+    async with confiner.confine(sandbox.wrap(argv, tree=tree, home=home)) as confined:
+        process = await anyio.open_process(
+            confined.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=tree,
+            env=command_env(home),
+            start_new_session=True,
+        )
+        exited = False
+        try:
+            with anyio.move_on_after(timeout_s) as deadline:
+                async with anyio.create_task_group() as group:
+                    assert process.stdout is not None
+                    group.start_soon(drain, process.stdout)
+                    await process.wait()
+                    exited = True
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _end(process)
+        hit = confined.limit_hit(process.returncode)
     return CommandOutcome(
         exit_code=process.returncode if exited else None,
         timed_out=deadline.cancelled_caught,
         duration_s=round(time.monotonic() - started, 3),
         output=bytes(kept),
         output_bytes=total,
+        limit_hit=hit,
     )
+
+
+async def _end(process: anyio.abc.Process) -> None:
+    """Make sure the reaper and everything under it are gone: SIGTERM lets it kill the
+    command's tree; its process group is killed if it has not exited within the grace."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+        with anyio.move_on_after(REAPER_GRACE_S):
+            await process.wait()
+    _kill_group(process.pid)
+    await process.wait()
+    await process.aclose()
 
 
 def _kill_group(pgid: int) -> None:

@@ -5,8 +5,9 @@ model gets back as an error.
     ├── TransientFailure
     │   └── FetchFailed        the repository could not be fetched: retryable on any runner
     ├── StepRejected
-    │   └── BaseNotFound       the approved base is not a commit of the repository: the task
-    │                          cannot succeed as approved
+    │   ├── BaseNotFound       the approved base is not a commit of the repository: the task
+    │   │                      cannot succeed as approved
+    │   └── WorktreeTooLarge   a command left the worktree past `worktree_max_mb`
     └── WorkspaceFailed        local git work (worktree, commit, bundle) failed: retryable
 
     ToolError                  never leaves `ToolBox.call`: it becomes the model's tool result
@@ -28,6 +29,11 @@ class FetchFailed(TransientFailure):
 
 class BaseNotFound(StepRejected):
     """The approved base SHA is not a commit of the repository."""
+
+
+class WorktreeTooLarge(StepRejected):
+    """A command left the worktree and HOME larger than the runner's `worktree_max_mb`; the
+    detail starts `worktree_too_large:`."""
 
 
 class WorkspaceFailed(StepFailure):

@@ -33,6 +33,7 @@ import structlog
 from tether.git import GitError, git
 from tether.runner.agent.checkpoints import Checkpointer, Start, resume_start
 from tether.runner.agent.checks import CheckLimits, run_checks
+from tether.runner.agent.confine import CommandLimits, Confiner
 from tether.runner.agent.paths import normalize_prefix
 from tether.runner.agent.sandbox import Sandbox, detect_sandbox
 from tether.runner.agent.sandbox_policy import CommandPolicy
@@ -105,7 +106,11 @@ class AgentKind:
         limits: ToolLimits | None = None,
         check_limits: CheckLimits | None = None,
         commands_without_sandbox: bool = False,
+        command_limits: CommandLimits | None = None,
+        sandbox_read_only: Sequence[Path] = (),
     ) -> None:
+        """`command_limits` and `sandbox_read_only` are the runner's settings of those names
+        (`command_max_*`, `worktree_max_mb`; host folders bound read-only into the sandbox)."""
         self._cache_dir = cache_dir
         self._cache: RepoCache | None = None
         self._sandbox = sandbox
@@ -113,6 +118,8 @@ class AgentKind:
         self.limits = limits or ToolLimits()
         self.check_limits = check_limits or CheckLimits()
         self.policy = CommandPolicy(commands_without_sandbox=commands_without_sandbox)
+        self.confiner = Confiner(command_limits)
+        self._read_only = tuple(sandbox_read_only)
 
     @property
     def cache(self) -> RepoCache:
@@ -124,8 +131,11 @@ class AgentKind:
         async with self._sandbox_lock:
             if self._sandbox is None:
                 # The interpreter's installation, often outside /usr (a virtualenv), is readable
-                # inside bubblewrap, so that `python -m pytest` runs there.
-                self._sandbox = await detect_sandbox([Path(sys.prefix), Path(sys.base_prefix)])
+                # inside bubblewrap, so that `python -m pytest` runs there; so are the folders
+                # the operator named (a shared toolchain).
+                self._sandbox = await detect_sandbox(
+                    [Path(sys.prefix), Path(sys.base_prefix), *self._read_only]
+                )
             return self._sandbox
 
     async def __call__(self, ctx: StepContext) -> StepOutput:
@@ -170,7 +180,7 @@ class AgentKind:
                 box = ToolBox(
                     space.tree, home=space.home, allowed_paths=prefixes,
                     allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
-                    ready=ready,
+                    confiner=self.confiner, ready=ready,
                 )  # fmt: skip
             except ValueError as exc:
                 raise StepRejected(f"agent payload: {exc}") from None
@@ -234,7 +244,13 @@ class AgentKind:
         bundle = await services.upload(path)
         sandbox = await self.sandbox()
         checks = await run_checks(
-            space, candidate, repo.checks, sandbox=sandbox, upload=services.upload, limits=limits
+            space,
+            candidate,
+            repo.checks,
+            sandbox=sandbox,
+            upload=services.upload,
+            limits=limits,
+            confiner=self.confiner,
         )
         return bundle, checks
 

@@ -26,6 +26,7 @@ from tether.git import GitError, git, git_env
 from tether.runner import tracing
 from tether.runner.agent import schemas
 from tether.runner.agent.command import run_command
+from tether.runner.agent.confine import Confiner, check_workspace_size
 from tether.runner.agent.errors import ToolError, ToolFailed, ToolRefused
 from tether.runner.agent.patch import patch_paths
 from tether.runner.agent.paths import Confinement, normalize_prefix
@@ -83,6 +84,7 @@ class ToolBox:
         allowed_commands: Iterable[str],
         sandbox: Sandbox | None = None,
         limits: ToolLimits | None = None,
+        confiner: Confiner | None = None,
         ready: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """`ready`: waits until the tree exists (its checkout may still be running when the
@@ -96,6 +98,7 @@ class ToolBox:
                 raise ValueError(f"allowed command {command!r} is empty")
         self.sandbox: Sandbox = sandbox or NoSandbox()
         self.limits = limits or ToolLimits()
+        self.confiner = confiner or Confiner()
         self.log = ToolLog()
         self._ready = ready
         self._written: set[str] | None = set()  # None: a command ran, it may have written any
@@ -304,10 +307,14 @@ class ToolBox:
             outcome = await run_command(
                 shlex.split(args.command), tree=self.tree, home=self.home,
                 sandbox=self.sandbox, timeout_s=self.limits.run_timeout_s,
-                output_cap=self.limits.run_output_bytes,
+                output_cap=self.limits.run_output_bytes, confiner=self.confiner,
             )  # fmt: skip
         except FileNotFoundError as exc:
             raise ToolFailed("command_not_found", str(exc)) from exc
+        # Past `worktree_max_mb` the step fails here (WorktreeTooLarge is not a tool error).
+        await check_workspace_size(
+            (self.tree, self.home), self.confiner.limits, after=f"`{args.command}`"
+        )
         body: dict[str, Any] = {
             "command": args.command,
             "exit_code": outcome.exit_code,
@@ -316,6 +323,9 @@ class ToolBox:
             "output": outcome.output.decode("utf-8", errors="replace"),
             "sandbox": self.sandbox.name,
         }
+        if outcome.limit_hit is not None:
+            body["limit_hit"] = outcome.limit_hit
+            body["limits"] = self.confiner.limits.as_dict()
         if outcome.output_bytes > len(outcome.output):
             body["output_truncated"] = (
                 f"showing the first {len(outcome.output)} of {outcome.output_bytes} bytes"

@@ -1,0 +1,321 @@
+"""Limits on every agent command (issue 22, item 4), with real processes, with and without
+bubblewrap: a fork storm, a memory balloon, an oversized write and a CPU spinner each run into
+their limit and the model is told so in the tool result; a `setsid` daemon does not outlive its
+command; a step goes on after its commands hit their limits, and one whose command fills the
+worktree past `worktree_max_mb` fails `worktree_too_large`.
+
+Every storm here is bounded by the test itself (at most `FORKS` processes, `BALLOON_MB` of
+memory, `WRITE_MB` on disk), so that without the limits it ends too, only bigger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.agent_repos import make_origin
+from tests.agent_services import FakeServices, ScriptedChat, call, lease_repository
+from tests.test_agent_checks import ASK, FIXED, TESTS
+from tests.test_agent_tools import (
+    PYTHON_TREES,
+    _with_marker,
+    py,
+    workspace,  # noqa: F401 (a fixture)
+)
+from tests.test_agent_tools import call as call_tool
+from tether.runner.agent import (
+    AgentKind,
+    Bubblewrap,
+    NoSandbox,
+    Sandbox,
+    ToolBox,
+    ToolLimits,
+    Workspace,
+)
+from tether.runner.agent import cgroups as cg
+from tether.runner.agent.confine import CommandLimits, Confiner, host_cgroups
+from tether.runner.agent.sandbox import detect_sandbox
+from tether.runner.errors import StepRejected
+from tether.runner.kinds import StepContext
+
+FORKS = 600
+BALLOON_MB = 1536
+WRITE_MB = 64
+RUN_TIMEOUT_S = 60.0
+TIGHT = CommandLimits(max_processes=32, max_memory_mb=256, max_file_mb=16, max_cpu_s=1)
+
+FORK_STORM = """
+import os, sys, time
+made = 0
+for _ in range(FORKS):
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        print("fork refused after", made, exc.strerror, flush=True)
+        break
+    if pid == 0:
+        time.sleep(120)  # MARKER
+        os._exit(0)
+    made += 1
+print("forked", made, flush=True)
+""".replace("FORKS", str(FORKS))
+
+BALLOON = f"""
+held = []
+for mb in range(64, {BALLOON_MB} + 1, 64):
+    held.append(b"x" * (64 * 1024 * 1024))
+    print("holding", mb, flush=True)
+print("ballooned", flush=True)
+"""
+
+BIG_WRITE = f"""
+with open("big.bin", "wb") as out:
+    for mb in range({WRITE_MB}):
+        out.write(b"x" * (1024 * 1024))
+        out.flush()
+print("wrote", {WRITE_MB}, flush=True)
+"""
+
+SPINNER = "while True: pass"
+
+# Starts a daemon in a session of its own (setsid), which forks again and sleeps, and exits.
+SETSID_DAEMON = """
+import os, subprocess, sys
+daemon = "import os, time\\nif os.fork() == 0: time.sleep(120)  # MARKER"
+subprocess.Popen([sys.executable, "-c", daemon], start_new_session=True)
+print("daemon started", flush=True)
+"""
+
+
+async def sandboxes() -> list[Sandbox]:
+    found = await detect_sandbox(PYTHON_TREES)
+    return [NoSandbox()] + ([found] if isinstance(found, Bubblewrap) else [])
+
+
+def toolbox(ws: Workspace, *commands: str, sandbox: Sandbox, confiner: Confiner) -> ToolBox:
+    """A box whose commands time out after `RUN_TIMEOUT_S`: a limit that does not hold shows
+    as a timeout, not as a test that hangs."""
+    return ToolBox(
+        ws.tree,
+        home=ws.home,
+        allowed_paths=["src/"],
+        allowed_commands=commands,
+        sandbox=sandbox,
+        limits=ToolLimits(run_timeout_s=RUN_TIMEOUT_S),
+        confiner=confiner,
+    )
+
+
+def bounded_processes() -> Confiner:
+    """The tight limits where something bounds a root command's processes; else skip."""
+    if os.geteuid() == 0 and host_cgroups() is None:
+        pytest.skip("as root with no usable cgroup nothing bounds a command's processes")
+    return Confiner(TIGHT)
+
+
+async def no_marker_left(marker: str) -> list[int]:
+    """The processes still carrying `marker` once SIGKILL has had time to land."""
+    with anyio.move_on_after(5):
+        while _with_marker(marker):  # noqa: ASYNC110 (other processes, no event)
+            await anyio.sleep(0.05)
+    return _with_marker(marker)
+
+
+async def test_a_fork_storm_runs_into_its_process_limit_and_leaves_nothing(
+    workspace: Workspace,  # noqa: F811
+) -> None:
+    confiner = bounded_processes()
+    for sandbox in await sandboxes():
+        marker = uuid.uuid4().hex
+        command = py(FORK_STORM.replace("MARKER", marker))
+        box = toolbox(workspace, command, "true", sandbox=sandbox, confiner=confiner)
+        result, body = await call_tool(box, "run", command=command)
+        assert result.ok, body
+        assert "fork refused after" in body["output"], (sandbox.name, body)
+        made = int(body["output"].split("fork refused after")[1].split()[0])
+        assert made < TIGHT.max_processes, body
+        if host_cgroups() is not None:
+            assert body["limit_hit"] == "processes", body
+            assert body["limits"]["max_processes"] == TIGHT.max_processes
+        assert await no_marker_left(marker) == [], sandbox.name
+        # The box serves the next command as before.
+        _, after = await call_tool(box, "run", command="true")
+        assert after["exit_code"] == 0, after
+
+
+async def test_a_memory_balloon_runs_into_its_memory_limit(
+    workspace: Workspace,  # noqa: F811
+) -> None:
+    command = py(BALLOON)
+    for sandbox in await sandboxes():
+        box = toolbox(workspace, command, sandbox=sandbox, confiner=Confiner(TIGHT))
+        result, body = await call_tool(box, "run", command=command)
+        assert result.ok, body
+        assert "ballooned" not in body["output"], (sandbox.name, body["output"][-300:])
+        assert body["exit_code"] != 0
+        assert "MemoryError" in body["output"] or body.get("limit_hit") == "memory", body
+
+
+async def test_an_oversized_write_stops_at_the_file_size_limit(
+    workspace: Workspace,  # noqa: F811
+) -> None:
+    command = py(BIG_WRITE)
+    for sandbox in await sandboxes():
+        box = toolbox(workspace, command, sandbox=sandbox, confiner=Confiner(TIGHT))
+        result, body = await call_tool(box, "run", command=command)
+        assert result.ok, body
+        assert "File too large" in body["output"], (sandbox.name, body)
+        assert (workspace.tree / "big.bin").stat().st_size <= TIGHT.max_file_mb * 1024 * 1024
+        (workspace.tree / "big.bin").unlink()
+
+
+async def test_a_cpu_spinner_is_stopped_at_its_cpu_limit(
+    workspace: Workspace,  # noqa: F811
+) -> None:
+    command = py(SPINNER)
+    for sandbox in await sandboxes():
+        box = toolbox(workspace, command, sandbox=sandbox, confiner=Confiner(TIGHT))
+        _, body = await call_tool(box, "run", command=command)
+        # bubblewrap reports its child's signal as 128 + its number
+        assert body["exit_code"] in (-signal.SIGXCPU, 128 + signal.SIGXCPU), (sandbox.name, body)
+        assert body["limit_hit"] == "cpu"
+        assert body["timed_out"] is False
+
+
+@pytest.mark.parametrize("with_cgroup", [True, False], ids=["cgroup", "reaper-only"])
+async def test_a_setsid_daemon_does_not_outlive_its_command(
+    workspace: Workspace,  # noqa: F811
+    with_cgroup: bool,
+) -> None:
+    confiner = Confiner(TIGHT) if with_cgroup else Confiner(TIGHT, cgroups=lambda: None)
+    for sandbox in await sandboxes():
+        marker = uuid.uuid4().hex
+        command = py(SETSID_DAEMON.replace("MARKER", marker))
+        box = toolbox(workspace, command, sandbox=sandbox, confiner=confiner)
+        result, body = await call_tool(box, "run", command=command)
+        assert result.ok, body
+        assert (body["exit_code"], body["output"]) == (0, "daemon started\n"), body
+        assert await no_marker_left(marker) == [], sandbox.name
+
+
+def context(
+    chat: ScriptedChat, services: FakeServices, tmp_path: Path, *commands: str
+) -> StepContext:
+    origin, base = make_origin(tmp_path / "origin")
+    repo = lease_repository(str(origin), base, checks={"tests": TESTS})
+    payload = {"messages": ASK, "allowed_commands": list(commands)}
+    return StepContext(
+        step_id="step-1",
+        task_id="task-1",
+        name="fix",
+        attempt=1,
+        fence=1,
+        payload=payload,
+        outputs=(),
+        default_model="m",
+        chat=chat,
+        repository=repo,
+        services=services,
+    )
+
+
+async def agent(tmp_path: Path, limits: CommandLimits) -> AgentKind:
+    found = await detect_sandbox(PYTHON_TREES)
+    return AgentKind(
+        cache_dir=tmp_path / "cache",
+        sandbox=found,
+        commands_without_sandbox=True,
+        command_limits=limits,
+    )
+
+
+async def test_a_step_goes_on_after_its_commands_hit_their_limits(tmp_path: Path) -> None:
+    bounded_processes()
+    storm, balloon = py(FORK_STORM.replace("MARKER", uuid.uuid4().hex)), py(BALLOON)
+    chat = ScriptedChat(
+        [call("run", command=storm)],
+        [call("run", command=balloon)],
+        [call("write_file", path="src/app.py", content=FIXED)],
+        [call("run", command=TESTS)],
+        "fixed",
+    )
+    services = FakeServices()
+    done = await (await agent(tmp_path, TIGHT))(
+        context(chat, services, tmp_path, storm, balloon, TESTS)
+    )
+    stormed, ballooned, _, tested = (chat.tool_results(n)[0] for n in (1, 2, 3, 4))
+    assert "fork refused after" in stormed["output"], stormed
+    assert "ballooned" not in ballooned["output"]
+    assert tested["exit_code"] == 0, tested
+    assert done.output["finish"] == "answered"
+    assert done.candidate_sha is not None
+    assert done.checks["tests"].exit_code == 0
+
+
+async def test_a_command_that_fills_the_worktree_fails_the_step_by_name(tmp_path: Path) -> None:
+    # Four files of 3 MB each: every one within max_file_mb, together past worktree_max_mb.
+    fill = py("for n in range(4): open(f'fill-{n}.bin', 'wb').write(b'x' * 3 * 1024 * 1024)")
+    chat = ScriptedChat([call("run", command=fill)], "never asked")
+    limits = CommandLimits(max_file_mb=4, worktree_max_mb=8)
+    with pytest.raises(StepRejected) as failed:
+        await (await agent(tmp_path, limits))(context(chat, FakeServices(), tmp_path, fill))
+    assert failed.value.detail.startswith("worktree_too_large: "), failed.value.detail
+    assert "worktree_max_mb is 8" in failed.value.detail
+    assert len(chat.requests) == 1  # the model was not asked again
+
+
+def test_a_delegated_cgroup_v2_is_used_with_the_runner_moved_into_a_leaf(
+    tmp_path: Path,
+) -> None:
+    """cgroup v2 is not what this machine offers (it has v1), so its folders are imitated:
+    the runner moves itself into a leaf, enables the controllers for its siblings, and each
+    command's cgroup gets its limits."""
+    mount = tmp_path / "cgroup"
+    own = mount / "system.slice" / "runner.service"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpu memory pids\n")
+    (own / "cgroup.subtree_control").write_text("")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        f"30 25 0:26 / {mount} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        "31 25 0:27 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
+    )
+    own_file = tmp_path / "own"
+    own_file.write_text("0::/system.slice/runner.service\n")
+    found, why = cg.find_cgroups(mountinfo, own_file)
+    assert found is not None, why
+    assert (found.version, found.controllers) == (2, ("memory", "pids"))
+    leaf = own / f"runner-{os.getpid()}"
+    assert (leaf / "cgroup.procs").read_text() == str(os.getpid())
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    group = found.create(max_processes=32, max_memory_bytes=256 * 1024 * 1024)
+    (folder,) = group.folders
+    assert folder.parent == own
+    assert (folder / "pids.max").read_text() == "32"
+    assert (folder / "memory.max").read_text() == str(256 * 1024 * 1024)
+    assert group.procs == (folder / "cgroup.procs",)
+
+
+def test_no_usable_cgroup_is_said_with_the_reason(tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("22 1 0:21 / /proc rw - proc proc rw\n")
+    own = tmp_path / "own"
+    own.write_text("0::/\n")
+    found, why = cg.find_cgroups(mountinfo, own)
+    assert found is None
+    assert why == "no cgroup v2 with the pids or memory controller"
+
+
+def test_the_limits_are_the_runner_settings_rlimits() -> None:
+    rlimits = CommandLimits().rlimits()
+    assert rlimits["RLIMIT_NPROC"] == (256, 256)
+    assert rlimits["RLIMIT_AS"] == (2048 * 1024 * 1024,) * 2
+    assert rlimits["RLIMIT_FSIZE"] == (1024 * 1024 * 1024,) * 2
+    assert rlimits["RLIMIT_CPU"] == (600, 601)
+    assert json.dumps(CommandLimits().as_dict())
