@@ -68,3 +68,21 @@ def shown_header(name: str, value: Any) -> dict[str, Any]:
     scheme = _SCHEME.match(text)
     masked = f"{scheme['scheme']} {MASK}" if scheme else MASK
     return {"name": name, "value": masked, "credentials": [], "masked": True}
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: `reveal`ed, and line breaks and tabs as `\\n` and `\\t` (a
+    runner's log line as `tether-supervisor logs` and the task page show it)."""
+    return reveal(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
+def fields_text(fields: dict[str, Any]) -> str:
+    """A log line's fields as `key=value` pairs on one line, sorted by key; a value that is not
+    a string as its JSON."""
+    return "  ".join(f"{one_line(str(k))}={_shown_value(v)}" for k, v in sorted(fields.items()))
+
+
+def _shown_value(value: Any) -> str:
+    if isinstance(value, str):
+        return one_line(value)
+    return one_line(json.dumps(value, ensure_ascii=False, sort_keys=True))

@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Protocol, TextIO
+from typing import Final, Protocol, TextIO
 
 import msgspec
 
@@ -22,7 +22,7 @@ from tether.supervisor.ledger import logs, views
 from tether.supervisor.ledger.errors import LedgerError
 from tether.supervisor.ledger.states import TERMINAL
 from tether.supervisor.operator_client import EXIT_CODES, OperatorClient
-from tether.supervisor.shown import reveal
+from tether.supervisor.shown import fields_text, one_line
 from tether.wire.records import TaskLogEntry, TaskLogs
 
 # How often --follow reads again, and how long it goes on after the task ended: a runner
@@ -70,28 +70,16 @@ class LedgerLogs:
             return str(views._task_row(reads, None, self._task_id)["state"])
 
 
-def escaped(text: str) -> str:
-    """`text` on one line: hiding characters as `\\uXXXX` (`shown.reveal`), line breaks and
-    tabs as `\\n`, `\\r` and `\\t`."""
-    return reveal(text).replace("\n", "\\n").replace("\t", "\\t")
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, str):
-        return escaped(value)
-    return escaped(json.dumps(value, ensure_ascii=False, sort_keys=True))
-
-
 def entry_line(entry: TaskLogEntry) -> str:
     """One entry as text: when, whose (the supervisor's journal, or the runner's id), level,
     event, then the attempt and the fields as `key=value`."""
     who = "supervisor" if entry.source == "journal" else (entry.runner_id or "runner")
-    parts = [entry.at, escaped(who), f"{entry.level:<7}", escaped(entry.event)]
+    parts = [entry.at, one_line(who), f"{entry.level:<7}", one_line(entry.event)]
     about = {"state": entry.state, "step_id": entry.step_id, "attempt": entry.attempt,
              "fence": entry.fence}  # fmt: skip
-    pairs = [(k, v) for k, v in about.items() if v is not None]
-    pairs += sorted(entry.fields.items())
-    parts += [f"{escaped(str(k))}={_value(v)}" for k, v in pairs]
+    parts.append(fields_text({k: v for k, v in about.items() if v is not None}))
+    if entry.fields:
+        parts.append(fields_text(entry.fields))
     return "  ".join(parts)
 
 

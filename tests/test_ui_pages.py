@@ -411,6 +411,36 @@ async def test_hostile_output_is_escaped_and_every_page_still_parses(web: ApiHar
     strict_fragment((await client.get(f"/ui/tasks/{task['id']}/fragment")).text)
 
 
+async def test_each_attempt_shows_its_runners_shipped_lines_escaped(web: ApiHarness) -> None:
+    """Issue 26, finding 3: the lines a runner shipped (`POST /v1/logs`) show under their
+    attempt, in the order they arrived, with markup escaped and control characters visible."""
+    client = await signed_in(web)
+    task = await web.queued("shipped")
+    answer = await web.client.post(
+        "/v1/leases/claim", headers=web.runner,
+        json={"runner_id": "r1", "capacity": 1, "wait_s": 0},
+    )  # fmt: skip
+    [lease] = answer.json()["leases"]
+    lines = [
+        {"step_id": lease["step_id"], "fence": lease["fence"], "level": "info",
+         "event": "step leased", "fields": {"kind": "chat"}},
+        {"step_id": lease["step_id"], "fence": lease["fence"], "level": "warning",
+         "event": "model call failed\x1b[2J", "fields": {"error": HOSTILE + "\nnext"}},
+    ]  # fmt: skip
+    kept = await web.client.post("/v1/logs", headers=web.runner, json={"lines": lines})
+    assert kept.json() == {"kept": 2, "refused": 0, "over_limit": 0}
+    await web.report(lease, "done")
+    text = await page(client, f"/ui/tasks/{task['id']}")
+    assert "Runner log of attempt 1" in text
+    assert text.index("step leased") < text.index("model call failed")
+    assert "model call failed\\u001b[2J" in text
+    assert "\x1b" not in text
+    assert "<script>alert" not in text
+    assert "next" in text
+    assert "\\nnext" in text
+    strict_fragment((await client.get(f"/ui/tasks/{task['id']}/fragment")).text)
+
+
 async def test_a_check_log_reads_as_escaped_text_for_its_tenant_only(
     web: ApiHarness, tmp_path: Path
 ) -> None:

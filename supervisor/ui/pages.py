@@ -15,6 +15,7 @@ from tether.supervisor.ledger import Ledger, Principal
 from tether.supervisor.ledger.views import PAGE_MAX, TaskSearch
 from tether.supervisor.plan_reading import task_plan
 from tether.supervisor.ui import render, transcript
+from tether.supervisor.ui.attempt_logs import lines_by_fence
 from tether.supervisor.ui.effects import shown_effect
 from tether.supervisor.ui.guard import signed
 from tether.wire import ErrorCode
@@ -87,13 +88,18 @@ async def task_context(request: Request, who: Principal, task_id: str) -> dict[s
     ledger = ledger_of(request)
     task = await ledger.task(task_id, who.scope)
     review = await ledger.review(task_id, who.scope)
+    shipped = await lines_by_fence(ledger, task_id, who.scope)
     steps = [
         {
             **step,
             "anchor": f"step-{number}",
             "extra": extras(step, STEP_SHOWN),
             "attempts": [
-                {**attempt, "extra": extras(attempt, ATTEMPT_SHOWN)}
+                {
+                    **attempt,
+                    "extra": extras(attempt, ATTEMPT_SHOWN),
+                    "log": shipped.get(attempt.get("fence", -1), []),
+                }
                 for attempt in step.get("attempts", [])
             ],
             "effect": shown_effect(step.get("effect")),
