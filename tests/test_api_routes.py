@@ -466,7 +466,7 @@ def release_body(lease: dict[str, Any], reason: str, retryable: bool = True) -> 
     return {"fence": lease["fence"], "reason": reason, "retryable": retryable, "detail": "why"}
 
 
-@pytest.mark.parametrize("reason", ["shutdown", "operator", "transient", "invalid"])
+@pytest.mark.parametrize("reason", ["shutdown", "operator", "preempted", "transient", "invalid"])
 async def test_release_requeues_the_step_with_the_same_id(api: ApiHarness, reason: str) -> None:
     task = await api.queued("k")
     [lease] = await api.claim()
@@ -502,7 +502,13 @@ async def test_release_not_retryable_fails_the_task(api: ApiHarness) -> None:
 
 @pytest.mark.parametrize(
     ("reason", "counted"),
-    [("operator", False), ("shutdown", False), ("transient", True), ("invalid", True)],
+    [
+        ("operator", False),
+        ("shutdown", False),
+        ("preempted", False),
+        ("transient", True),
+        ("invalid", True),
+    ],
 )
 async def test_only_step_side_releases_count_toward_max_attempts(
     api: ApiHarness, reason: str, counted: bool
@@ -517,6 +523,9 @@ async def test_only_step_side_releases_count_toward_max_attempts(
         )
     view = (await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator)).json()
     assert view["state"] == ("FAILED" if counted else "RUNNING")
+    metrics = (await api.client.get("/metrics")).text
+    assert metric(metrics, "tether_leases_released_total ") == 5
+    assert metric(metrics, "tether_leases_preempted_total ") == (5 if reason == "preempted" else 0)
 
 
 # -- POST /v1/steps/{step_id}/result -----------------------------------------------------------

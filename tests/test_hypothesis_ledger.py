@@ -232,9 +232,8 @@ class Model:
         if not retryable:
             self.fail(task, s)
             return
-        self.requeue(
-            task, s, counted=reason not in (ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN)
-        )
+        uncounted = (ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN, ReleaseReason.PREEMPTED)
+        self.requeue(task, s, counted=reason not in uncounted)
 
     def requeue(self, task: MTask, s: MStep, *, counted: bool) -> None:
         s.burned += 1 if counted else 0

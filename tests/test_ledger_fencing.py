@@ -21,7 +21,7 @@ from tether.supervisor.ledger import (
 )
 from tether.supervisor.ledger.operator import approve
 from tether.wire import Outcome, ReleaseReason
-from tether.wire.records import EarlierOutput
+from tether.wire.records import Checkpoint, EarlierOutput
 
 from .conftest import FakeClock, count, make_spec, open_ledger, queued_task, report_for
 
@@ -254,8 +254,10 @@ async def test_payload_drift_is_refused_recorded_and_changes_nothing(ledger: Sql
     assert count(ledger, "effects") == 0
 
 
-@pytest.mark.parametrize("reason", [ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN])
-async def test_operator_and_shutdown_releases_never_burn_the_step(
+@pytest.mark.parametrize(
+    "reason", [ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN, ReleaseReason.PREEMPTED]
+)
+async def test_operator_shutdown_and_preempted_releases_never_burn_the_step(
     ledger: SqliteLedger, reason: ReleaseReason
 ) -> None:
     task_id = await queued_task(ledger)
@@ -389,6 +391,43 @@ async def test_the_reaper_requeues_the_same_step_as_a_new_attempt_under_a_new_fe
     assert again.fence > lease.fence
     assert again.payload_hash == lease.payload_hash
     assert again.outputs == lease.outputs
+
+
+async def test_a_preempted_release_requeues_at_once_uncounted_from_its_checkpoint(
+    ledger_db: Path | str, clock: FakeClock
+) -> None:
+    """A runner whose server is being reclaimed hands its step back `preempted`: the step is
+    leasable in the same instant (no lease deadline or acceptance window to wait out, the
+    clock never moves here), under a new fence, resuming from the checkpoint, and even with
+    `max_attempts = 1` the step still has its one attempt."""
+    async with open_ledger(ledger_db, clock, config=LedgerConfig(max_attempts=1)) as ledger:
+        task_id = await queued_task(ledger)
+        lease = await claim_one(ledger, "spot-a")
+        checkpoint = Checkpoint(
+            fence=lease.fence, turn=2, transcript="a" * 64, usage={"total_tokens": 20},
+            step_usage={"total_tokens": 20},
+        )  # fmt: skip
+        await ledger.checkpoint(lease.step_id, checkpoint)
+        await ledger.release(
+            lease.step_id, lease.fence, ReleaseReason.PREEMPTED, True, "aws: terminate at 12:00"
+        )
+        again = await claim_one(ledger, "spot-b")
+        assert (again.step_id, again.attempt) == (lease.step_id, 2)
+        assert again.fence > lease.fence
+        assert again.resume is not None
+        assert (again.resume.turn, again.resume.fence) == (2, lease.fence)
+        assert await ledger.report(report_for(again)) is Outcome.APPLIED
+        view = await ledger.task(task_id)
+        assert view["state"] == "SUCCEEDED"
+        attempts = view["steps"][0]["attempts"]
+        assert [(a["runner_id"], a["state"]) for a in attempts] == [
+            ("spot-a", "released"),
+            ("spot-b", "committed"),
+        ]
+        assert attempts[0]["reason"] == "preempted: aws: terminate at 12:00"
+        assert ledger.counters.leases_preempted == 1
+        assert ledger.counters.leases_released == 1
+        assert await ledger.violations() == []
 
 
 async def test_max_attempts_comes_from_the_config(ledger_db: Path | str, clock: FakeClock) -> None:

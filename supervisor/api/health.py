@@ -32,6 +32,8 @@ class _LedgerCounters(Collector):
             ("tether_leases_renewed_total", counts.leases_renewed, "Lease renewals accepted."),
             ("tether_leases_expired_total", counts.leases_expired, "Leases expired by the reaper."),
             ("tether_leases_released_total", counts.leases_released, "Leases released by runners."),
+            ("tether_leases_preempted_total", counts.leases_preempted,
+             "Of those, leases released on a cloud's preemption notice."),
             ("tether_write_batches_total", counts.batches, "Group-commit transactions."),
             ("tether_write_rules_total", counts.batched_rules, "Rules run in those batches."),
         ]:  # fmt: skip

@@ -17,6 +17,8 @@ class LedgerCounts:
     leases_granted: int = 0
     leases_renewed: int = 0
     leases_released: int = 0
+    leases_preempted: int = 0
+    """Of those released, the ones a runner gave back on its cloud's preemption notice."""
     leases_expired: int = 0
     commits: Counter[Outcome] = dataclasses.field(default_factory=Counter)
     """Step results accepted, by outcome."""

@@ -29,7 +29,9 @@ from tether.wire.records import (
 )
 
 # Releases that say nothing about the step itself: they never count toward max_attempts.
-UNCOUNTED_RELEASES = frozenset({ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN})
+UNCOUNTED_RELEASES = frozenset(
+    {ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN, ReleaseReason.PREEMPTED}
+)
 
 # A tenant's running total saturates here rather than overflow SQLite's 64-bit integer.
 TOKENS_CEILING = 2**62
@@ -305,9 +307,11 @@ def release(
     pool: str | None = None,
     usage: Mapping[str, int] | None = None,
 ) -> None:
-    """Hand a lease back. Non-retryable fails the task; operator-side and shutdown releases
-    requeue without counting; the rest count toward `max_attempts`. The tokens the attempt
-    spent (`usage`) count toward its tenant's budget even if the release is refused."""
+    """Hand a lease back. Non-retryable fails the task; operator-side, shutdown and preempted
+    releases requeue without counting; the rest count toward `max_attempts`. A requeued step
+    is leasable at once: no lease deadline or acceptance window is left to wait out. The
+    tokens the attempt spent (`usage`) count toward its tenant's budget even if the release
+    is refused."""
     tx.request = "release"
     step = find_step(tx, step_id, pool)
     spent = charge(tx, step, fence, usage or {})

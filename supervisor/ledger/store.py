@@ -316,6 +316,8 @@ class LedgerStore:
             lambda tx: fencing.release(tx, step_id, fence, reason, retryable, detail, pool, usage)
         )
         self.counters.leases_released += 1
+        if reason is ReleaseReason.PREEMPTED:
+            self.counters.leases_preempted += 1
 
     async def report(
         self, rep: Report, pool: str | None = None, evidence: Evidence | None = None

@@ -147,6 +147,7 @@ class ReleaseReason(enum.StrEnum):
 
     SHUTDOWN = "shutdown"
     OPERATOR = "operator"  # rejected key, exhausted quota: not counted toward max_attempts
+    PREEMPTED = "preempted"  # the cloud reclaims the server: not counted either
     TRANSIENT = "transient"
     INVALID = "invalid"
 
