@@ -111,7 +111,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
     `hold_s` holds the answer that long (on top of the `latency_s` knob), for the first
     `holds` requests this turn answers (all of them when left out): a demo can kill a runner
-    while it waits mid-loop, and the attempt that resumes is answered at once.
+    while it waits mid-loop, and the attempt that resumes is answered at once. `POST
+    /_admin/release` ends the holds under way, so a test decides when a held answer comes.
     """
 
     name: NonEmpty
@@ -291,6 +292,32 @@ class CallLog:
         self.turns.append(None if turn is None else turn.name)
 
 
+class Holds:
+    """The holds under way (`Turn.hold_s`); `release` ends them all at once."""
+
+    def __init__(self) -> None:
+        self._under_way: set[anyio.CancelScope] = set()
+
+    async def wait(self, hold_s: float, latency_s: float) -> None:
+        """Hold an answer `hold_s` (or until released), then delay it `latency_s` more."""
+        if hold_s > 0:
+            with anyio.CancelScope() as scope:
+                self._under_way.add(scope)
+                try:
+                    await anyio.sleep(hold_s)
+                finally:
+                    self._under_way.discard(scope)
+        if latency_s > 0:
+            await anyio.sleep(latency_s)
+
+    async def release_route(self, _request: Request) -> Response:
+        """`POST /_admin/release`: end the holds under way; how many there were."""
+        released = len(self._under_way)
+        for scope in self._under_way:
+            scope.cancel()
+        return JSONResponse({"released": released})
+
+
 def _invalid_request(body: Any) -> str | None:
     if not isinstance(body, dict):
         return "request body must be a JSON object"
@@ -414,6 +441,7 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
     GET  /_admin/knobs     the knobs (the expected key itself is never shown)
     POST /_admin/scenario  {"turns": [...]} (a `Scenario`) replaces the script -> the script now
     GET  /_admin/scenario  the script
+    POST /_admin/release   ends the holds under way (`Turn.hold_s`): their answers go out now
     GET  /_admin/stats     {"calls": N, "by_status": {"200": n, ...}, "answered": [hash...],
                             "turns": [the turn's name, or null for an echo, per answer],
                             "asked": [a `CallLog` line per valid request, on arrival]}
@@ -423,6 +451,7 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
     script = [scenario or Scenario()]
     calls: Counter[str] = Counter()
     log = CallLog()
+    holds = Holds()
 
     def serve(api: _Api) -> Any:
         async def route(request: Request) -> Response:
@@ -448,9 +477,7 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
         messages = body["messages"]
         turn = script[0].turn_for(messages)
         hold = log.arrive(messages, turn, api.name)
-        delay = latency_for(messages, k.latency_s, k.latency_spread) + hold
-        if delay > 0:
-            await anyio.sleep(delay)
+        await holds.wait(hold, latency_for(messages, k.latency_s, k.latency_spread))
         completion = answer_for(body, turn)
         log.answer(completion, turn)
         return JSONResponse(api.answer(completion))
@@ -505,6 +532,7 @@ def create_app(knobs: Knobs | None = None, scenario: Scenario | None = None) -> 
             Route("/_admin/knobs", knobs_route, methods=["GET", "POST"]),
             Route("/_admin/scenario", scenario_route, methods=["GET", "POST"]),
             Route("/_admin/stats", stats_route, methods=["GET"]),
+            Route("/_admin/release", holds.release_route, methods=["POST"]),
         ]
     )
     app.state.knobs = state_knobs

@@ -32,6 +32,7 @@ from tether.runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, pooled_transport
 from tether.runner.kinds import KindRegistry
 from tether.runner.log_shipping import LogBuffer
 from tether.runner.models import MODEL_APIS, ModelClient, wire_api
+from tether.runner.preemption import metadata_client, source_for
 from tether.runner.settings import LOG_FORMATS, LOG_LEVELS, RunnerSettings
 from tether.runner.supervisor_client import SupervisorClient
 from tether.sdnotify import Notifier
@@ -189,7 +190,13 @@ async def serve(
         api=wire_api(settings.model_api, anthropic_max_tokens=settings.anthropic_max_tokens),
     )
     tracing.record_content(settings.trace_content)
+    metadata = metadata_client()
     try:
+        preemption = None
+        if settings.preemption != "none":
+            preemption = source_for(
+                settings.preemption, settings.preemption_url, http=metadata, clock=clock
+            )
         runner = Runner(
             settings=settings,
             supervisor=supervisor,
@@ -200,6 +207,7 @@ async def serve(
             clock=clock,
             notifier=Notifier(),
             log_buffer=log_buffer,
+            preemption=preemption,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_handle_signals, runner)
@@ -209,6 +217,7 @@ async def serve(
         with anyio.CancelScope(shield=True):
             await supervisor.aclose()
             await model.aclose()
+            await metadata.aclose()
     return code
 
 

@@ -4,6 +4,8 @@ Claims long-poll the supervisor for as many leases as there are free slots (`con
 each lease runs as a `StepRun` in one task group (docs/design.md, The runner). A request
 carrying results also asks for the next leases (eager dispatch) for the slots it frees and any
 free slot no claim is asking for, and starts what it gets at once, as a claim's leases.
+With `preemption` set, a watch polls the cloud's notice; on one the runner stops claiming for
+good and hands every step on (`Runner.preempt`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tether.runner.kinds import KindRegistry
 from tether.runner.lease import Lease
 from tether.runner.log_shipping import LogBuffer, LogShipper
 from tether.runner.model_client import ModelClient
+from tether.runner.preemption import Notice, NoticeSource, PreemptionWatch, where
 from tether.runner.results import ResultSender
 from tether.runner.settings import RunnerSettings
 from tether.runner.step import StepRun
@@ -51,6 +54,9 @@ RECENT_STEPS = 256
 # The exit code when `supervisor_url` is not a supervisor's: a configuration error, as in
 # `tether.runner.cli`.
 NOT_A_SUPERVISOR_EXIT = 2
+# Kept, of the time a preemption notice leaves, for the steps' last checkpoints and releases:
+# work still going this long before the provider's deadline is cancelled.
+PREEMPTION_RESERVE_S = 10.0
 
 
 class Link(enum.StrEnum):
@@ -75,6 +81,7 @@ class Runner:
         notifier: Notifier | None = None,
         backoff_max_s: float = 30.0,
         log_buffer: LogBuffer | None = None,
+        preemption: NoticeSource | None = None,
     ) -> None:
         self._settings = settings
         self._supervisor = supervisor
@@ -98,6 +105,7 @@ class Runner:
         self._notifier = notifier or Notifier({})
         self._backoff_max_s = backoff_max_s
         self._claim_scope = anyio.CancelScope()
+        self._claim_call = anyio.CancelScope()  # the claim on its way, cancelled on a notice
         self._root_scope: anyio.CancelScope | None = None
         self._in_flight: dict[tuple[str, int], StepRun] = {}
         self._steps: anyio.abc.TaskGroup | None = None
@@ -113,6 +121,17 @@ class Runner:
         self._pause_next_s = settings.pause_initial_s
         self._pause_why = ""
         self._token_stale = False
+        self._watch: PreemptionWatch | None = None
+        if preemption is not None:
+            self._watch = PreemptionWatch(
+                preemption,
+                poll_s=settings.preemption_poll_s,
+                clock=self._clock,
+                on_notice=self.preempt,
+                where=where(settings.preemption, settings.preemption_url),
+            )
+        self.preempted: Notice | None = None
+        self._preempt_by = 0.0  # when, on the runner's clock, preempted work is cancelled
         self.stopping = False
         self.exit_code = 0
         # The last steps started, finished or not: for tests and a debugger. Bounded, because a
@@ -140,6 +159,8 @@ class Runner:
             root.start_soon(self._watchdog_loop)
             if self.log_shipper is not None:
                 root.start_soon(self.log_shipper.run)
+            if self._watch is not None:
+                root.start_soon(self._watch.run)
             async with anyio.create_task_group() as steps:
                 self._steps = steps
                 with self._claim_scope:
@@ -169,6 +190,38 @@ class Runner:
         self._notifier.stopping()
         self._update_status()
         self._claim_scope.cancel()
+
+    def preempt(self, notice: Notice, heard_at: float) -> None:
+        """The cloud reclaims this server (`heard_at`: when its answer came, on the runner's
+        clock). Within this call: claiming stops for good (a claim on its way is cancelled),
+        and each step in flight is asked to stop at its next save point, an agent step
+        checkpointing the turn it is in as soon as its model call or tool call returns; a
+        step of another kind may finish. Whatever still works `PREEMPTION_RESERVE_S` before
+        the provider's deadline (`shutdown_grace_s` after the notice when the provider names
+        none) is cancelled. Every lease not reported is released `preempted`: requeued at
+        once and not counted. The runner then serves nothing more until it is stopped.
+        """
+        if self.preempted is not None or self.stopping:
+            return
+        self.preempted = notice
+        if notice.left_s is None:
+            self._preempt_by = heard_at + self._settings.shutdown_grace_s
+        else:
+            self._preempt_by = heard_at + max(0.0, notice.left_s - PREEMPTION_RESERVE_S)
+        log.warning(
+            "preemption notice: claiming stopped; steps checkpoint and are released",
+            provider=notice.provider,
+            action=notice.action,
+            deadline=notice.deadline,
+            left_s=None if notice.left_s is None else round(notice.left_s, 1),
+            in_flight=len(self._in_flight),
+        )
+        self._claim_call.cancel()
+        why = f"{notice.provider} reclaims the server ({notice.action})"
+        for step in list(self._in_flight.values()):
+            step.preempt(self._preempt_by, why)
+        self._update_status()
+        self._notify_changed()
 
     def force_stop(self, exit_code: int) -> None:
         """Exit at once, releasing nothing: the leases expire on the supervisor."""
@@ -222,6 +275,8 @@ class Runner:
         concurrency = self._settings.concurrency
         while True:
             await self.wait_until(lambda: len(self._in_flight) < concurrency)
+            if self.preempted is not None:
+                await anyio.sleep_forever()  # until shutdown cancels the claiming
             # After the slot: the step that freed it may just have paused claiming.
             await self._wait_unpaused()
             if self._token_stale:
@@ -244,9 +299,11 @@ class Runner:
             # Quick replies at start and after a pause: READY=1, and `claiming resumed`.
             wait_s = 0.0 if self._resuming else self._settings.claim_wait_s
             free = concurrency - len(self._in_flight)
+            leases: list[Lease] = []
             try:
                 self._claiming = free
-                leases = await self._claim(free, wait_s)
+                with anyio.CancelScope() as self._claim_call:
+                    leases = await self._claim(free, wait_s)
             except TokenRejected as exc:
                 self.token_rejected(exc.detail)
                 continue
@@ -317,7 +374,9 @@ class Runner:
         """What a request carrying `results` results asks for beside them: the slots they free
         and the free slots no claim is asking for; None while the runner claims nothing
         (stopping, paused, its token or pool not yet known)."""
-        if self.stopping or self.paused or self._token_stale or self._pool is None:
+        if self.stopping or self.preempted is not None or self.paused or self._token_stale:
+            return None
+        if self._pool is None:
             return None
         free = self._settings.concurrency - len(self._in_flight) - self._claiming + results
         if free < 1:
@@ -375,6 +434,8 @@ class Runner:
             results=self._results,
             renewals=self._renewals,
         )
+        if self.preempted is not None:  # it came after the notice: released without work
+            step.preempt(self._preempt_by, "the server is being reclaimed")
         key = (lease.step_id, lease.fence)
         self._in_flight[key] = step
         self.recent_steps.append(step)
@@ -466,6 +527,8 @@ class Runner:
     def _update_status(self) -> None:
         if self.stopping:
             state = "stopping"
+        elif self.preempted is not None:
+            state = f"preempted ({self.preempted.provider}): claiming nothing more"
         elif self._link is Link.DOWN:
             state = "supervisor unreachable"
         elif self.paused:

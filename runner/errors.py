@@ -12,6 +12,8 @@
     │   │                         release `operator` (not counted), pause claiming
     │   ├── BudgetExhausted       the tenant's token budget is spent (a renew said so):
     │   │                         release `operator` (not counted); the task waits for more
+    │   ├── Preempted             the cloud reclaims the server (runner.preemption): release
+    │   │                         `preempted` (not counted); another runner resumes it
     │   ├── ArtifactRefused       the artifact store refused an upload (too large, digest
     │   │                         mismatch) or has no such digest for this runner: release
     │   │                         `invalid`, not retryable (another runner would hear the same)
@@ -103,6 +105,13 @@ class BudgetExhausted(StepFailure):
     """The tenant's token budget is spent; the step waits in the queue until it is raised."""
 
     reason = ReleaseReason.OPERATOR
+    retryable = True
+
+
+class Preempted(StepFailure):
+    """The cloud reclaims this server; the step goes on elsewhere from its last checkpoint."""
+
+    reason = ReleaseReason.PREEMPTED
     retryable = True
 
 

@@ -46,9 +46,11 @@ def make_client(
     base_url: str = "",
     timeout: float = 10.0,
     keepalive_expiry_s: float = MODEL_KEEPALIVE_EXPIRY_S,
+    trust_env: bool = True,
 ) -> httpx.AsyncClient:
     """A client without cookies; `keepalive_expiry_s` applies to httpx's own transport, used
-    when `transport` is None (a `pooled_transport` sets its own)."""
+    when `transport` is None (a `pooled_transport` sets its own). `trust_env=False` ignores
+    the proxies the environment names."""
     return httpx.AsyncClient(
         base_url=base_url,
         transport=transport,
@@ -57,6 +59,7 @@ def make_client(
         cookies=NoCookies(),
         headers={"User-Agent": "tether-runner"},
         follow_redirects=False,
+        trust_env=trust_env,
     )
 
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from tether.runner.errors import StepRejected, StepUnsupported
+from tether.runner.errors import StepFailure, StepRejected, StepUnsupported
 from tether.runner.lease import EarlierOutput
 from tether.runner.model_client import Completion
 from tether.wire import canonical_json
@@ -79,6 +79,29 @@ class StepServices(Protocol):
         ...
 
 
+class WindDown:
+    """A request that the step stop at its next save point, where the work done so far is
+    recorded (for the agent kind: as soon as its model call or tool call in flight returns,
+    with that turn checkpointed), and end with the failure that asked (`Preempted`). A kind
+    without save points ignores it; the runner then stops it at its own deadline."""
+
+    def __init__(self) -> None:
+        self._failure: StepFailure | None = None
+
+    def request(self, failure: StepFailure) -> None:
+        if self._failure is None:
+            self._failure = failure
+
+    @property
+    def requested(self) -> bool:
+        return self._failure is not None
+
+    def check(self) -> None:
+        """Raise the requested failure, if any: call it at a save point."""
+        if self._failure is not None:
+            raise self._failure
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StepContext:
     step_id: str
@@ -93,6 +116,7 @@ class StepContext:
     repository: LeaseRepository | None = None  # what the approval bound (a repository task)
     resume: ResumePoint | None = None  # the step's last accepted checkpoint, to go on from
     services: StepServices | None = None  # None where no supervisor is behind the step (tests)
+    wind_down: WindDown = dataclasses.field(default_factory=WindDown)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

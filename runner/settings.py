@@ -21,12 +21,15 @@ from typing import Annotated
 
 from tether.runner.agent.confine import CommandLimits
 from tether.runner.models import MODEL_APIS
+from tether.runner.preemption.notice import PROVIDERS as PREEMPTION_PROVIDERS
 from tether.settings import COMMA_LIST, SettingsError, require_positive
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
 # The supervisor refuses a claim whose `wait_s` exceeds its `claim_wait_max_s` (30 by default).
 MAX_CLAIM_WAIT_S = 60.0
+# AWS gives two minutes' notice, GCP and Azure thirty seconds: a longer poll could miss them.
+MAX_PREEMPTION_POLL_S = 30.0
 
 
 def default_runner_id() -> str:
@@ -114,6 +117,15 @@ class RunnerSettings:
     # The worktree and the command's HOME, measured after each command; past it the step
     # fails `worktree_too_large`.
     worktree_max_mb: int = 4096
+    # Where the runner hears that its cloud reclaims the server (runner/preemption/): "none",
+    # "aws" (the spot instance-action, IMDSv2), "gcp" (instance/preempted), "azure" (Scheduled
+    # Events, Preempt) or "file" (a file whose existence is the notice). On a notice it stops
+    # claiming, checkpoints its agent steps' turns and releases every lease `preempted`.
+    preemption: str = "none"
+    # The metadata service's base URL; empty: the provider's documented address. For "file",
+    # the file's absolute path (required).
+    preemption_url: str = ""
+    preemption_poll_s: float = 2.0
 
     def __post_init__(self) -> None:
         _check_urls("supervisor_url", self.supervisor_url)
@@ -162,10 +174,38 @@ class RunnerSettings:
                 raise SettingsError(f"setting {name!r} must be at least 1, got {value}")
         if self.pause_max_s < self.pause_initial_s:
             raise SettingsError("setting 'pause_max_s' must not be below 'pause_initial_s'")
+        self._check_preemption()
         if self.log_level.lower() not in LOG_LEVELS:
             raise SettingsError(f"setting 'log_level' must be one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(f"setting 'log_format' must be one of {', '.join(LOG_FORMATS)}")
+
+    def _check_preemption(self) -> None:
+        if self.preemption not in PREEMPTION_PROVIDERS:
+            raise SettingsError(
+                f"setting 'preemption' must be one of {', '.join(PREEMPTION_PROVIDERS)},"
+                f" got {self.preemption!r}"
+            )
+        if not 0.1 <= self.preemption_poll_s <= MAX_PREEMPTION_POLL_S:
+            raise SettingsError(
+                f"setting 'preemption_poll_s' must be 0.1..{MAX_PREEMPTION_POLL_S:g},"
+                f" got {self.preemption_poll_s}"
+            )
+        url = self.preemption_url
+        if self.preemption == "none":
+            if url:
+                raise SettingsError(
+                    "setting 'preemption_url' is set but 'preemption' is \"none\": name the"
+                    " provider (aws, gcp, azure, file)"
+                )
+        elif self.preemption == "file":
+            if not Path(url).is_absolute():
+                raise SettingsError(
+                    "setting 'preemption_url' must be the notice file's absolute path with"
+                    f' preemption = "file", got {url!r}'
+                )
+        elif url:
+            _check_url("preemption_url", url)
 
     @property
     def command_limits(self) -> CommandLimits:

@@ -16,6 +16,12 @@ tokens on a turn that is lost anyway. Every other kind (`chat`, a deployment's o
 their way are finished first, each within `CHECKPOINT_TIMEOUT_S` of its turn's end
 (`tether.runner.agent.checkpoints`; its record request itself at most `CHECKPOINT_FINISH_S`,
 `tether.runner.services`), so the release that follows never cuts one in half.
+
+When the cloud reclaims the server (`preempt`, runner/preemption/), the step is asked to stop
+at its next save point (`WindDown`): an agent step checkpoints the turn it is in as soon as its
+model call or tool call in flight returns, so an answer that arrives in the notice's window is
+kept. A step of any other kind is let finish. Whatever still works at the runner's deadline
+for the notice is cancelled; the lease is then released `preempted` (retryable, not counted).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from tether.runner.errors import (
     LeaseLost,
     LostBecause,
     OperatorProblem,
+    Preempted,
     StepFailure,
     StepRejected,
     StepUnsupported,
@@ -45,7 +52,7 @@ from tether.runner.errors import (
     TransientFailure,
 )
 from tether.runner.keeper import LeaseKeeper, RenewalBatcher
-from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.kinds import KindRegistry, StepContext, StepOutput, WindDown
 from tether.runner.lease import Lease
 from tether.runner.model_client import Completion, ModelClient
 from tether.runner.results import ResultSender
@@ -113,6 +120,10 @@ class StepRun:
         self._scope = anyio.CancelScope()
         self._aborted = False
         self._out_of_budget = False
+        self.wind_down = WindDown()
+        self._preempted: Preempted | None = None
+        self._preempt_by = 0.0  # when, on the runner's clock, preempted work is cancelled
+        self._preempt_asked = anyio.Event()
         self._key_in_use: str | None = None
         # Token counts of every model answer this attempt got, sent with a release.
         self.spent: dict[str, int] = {}
@@ -159,6 +170,23 @@ class StepRun:
             self._aborted = True
             self._scope.cancel()
 
+    def preempt(self, until: float, why: str) -> None:
+        """The cloud reclaims the server (see the module's docstring): stop at the next save
+        point, and no later than `until` on the runner's clock; then release `preempted`. A
+        result or a release already on its way is let finish."""
+        if self._preempted is not None or self.phase not in (Phase.STARTING, Phase.WORKING):
+            return
+        self._preempted = Preempted(why)
+        self._preempt_by = until
+        self.wind_down.request(self._preempted)
+        self._preempt_asked.set()
+
+    async def _cut_at_preemption_deadline(self) -> None:
+        await self._preempt_asked.wait()
+        await self._clock.sleep(self._preempt_by - self._clock.now())
+        if self.phase in (Phase.STARTING, Phase.WORKING):
+            self._scope.cancel()
+
     async def run(self) -> None:
         """Run the attempt. Everything it runs logs with the step's ids (structlog's context
         variables, bound in this task only), so a step kind's own lines, `checkpoint` and
@@ -175,6 +203,7 @@ class StepRun:
         with self._scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.keeper.run)
+                tg.start_soon(self._cut_at_preemption_deadline)
                 await self._attempt()
                 tg.cancel_scope.cancel()
         if self.phase is Phase.DONE:
@@ -186,6 +215,8 @@ class StepRun:
             )
         elif self._out_of_budget:
             await self._release(BudgetExhausted())
+        elif self._preempted is not None:
+            await self._release(self._preempted)
         elif self._aborted:
             await self._release_for_shutdown()
         self.phase = Phase.DONE
@@ -193,6 +224,7 @@ class StepRun:
     async def _attempt(self) -> None:
         self.phase = Phase.WORKING
         try:
+            self.wind_down.check()  # a lease that came after the notice: no work begins
             output = await self._work()
         except LeaseLost as lost:  # a checkpoint heard that the step is not ours
             self._dropped(lost, "checkpoint refused; the step is no longer ours")
@@ -243,6 +275,7 @@ class StepRun:
             repository=self.lease.repository,
             resume=self.lease.resume,
             services=self.services,
+            wind_down=self.wind_down,
         )
         return await kind(context)
 
@@ -304,23 +337,24 @@ class StepRun:
     async def _release(self, failure: StepFailure) -> None:
         self.phase = Phase.RELEASING
         detail = self._detail(failure)
-        self.log.warning(
+        log = self.log.info if isinstance(failure, Preempted) else self.log.warning
+        log(
             "releasing the step",
             reason=str(failure.reason),
             retryable=failure.retryable,
             detail=detail,
         )
+        reason = failure.reason
         try:
-            await self._until_answered(
-                lambda: self._supervisor.release(
-                    self.lease.step_id,
-                    self.lease.fence,
-                    failure.reason,
-                    retryable=failure.retryable,
-                    detail=detail,
-                    usage=self.spent,
-                )
-            )
+            try:
+                await self._send_release(reason, failure.retryable, detail)
+            except SupervisorRefused as exc:
+                if reason is not ReleaseReason.PREEMPTED or exc.status != 422:
+                    raise
+                # A supervisor older than `preempted` refuses the reason; `shutdown` means
+                # the same to it: requeued at once, not counted.
+                reason = ReleaseReason.SHUTDOWN
+                await self._send_release(reason, failure.retryable, detail)
         except LeaseLost as lost:
             self.log.info(
                 "release refused; the step was no longer ours",
@@ -331,8 +365,20 @@ class StepRun:
             self._host.token_rejected(exc.detail)
         except SupervisorRefused as exc:
             self.log.error("release refused as malformed", error=exc.detail)  # noqa: TRY400
-        self.outcome = f"released: {failure.reason}"
+        self.outcome = f"released: {reason}"
         self.phase = Phase.DONE
+
+    async def _send_release(self, reason: ReleaseReason, retryable: bool, detail: str) -> None:
+        await self._until_answered(
+            lambda: self._supervisor.release(
+                self.lease.step_id,
+                self.lease.fence,
+                reason,
+                retryable=retryable,
+                detail=detail,
+                usage=self.spent,
+            )
+        )
 
     async def _report(self, output: StepOutput) -> None:
         """Send the result. Its usage is the attempt's own: the kind's `usage` (the agent's

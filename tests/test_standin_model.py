@@ -499,6 +499,26 @@ async def test_a_turn_holds_its_first_answers_then_answers_at_once(
     assert holds == [30.0, 30.0, 30.0]
 
 
+async def test_a_release_ends_the_holds_under_way(http: httpx.AsyncClient) -> None:
+    """A test decides when a held answer comes (the preemption tests hold one until the runner
+    heard its notice)."""
+    scenario = {"turns": [{"name": "held", "text": "ok", "hold_s": 3600}]}
+    assert (await http.post("/_admin/scenario", json=scenario)).status_code == 200
+    answers: list[httpx.Response] = []
+
+    async def ask() -> None:
+        answers.append(await chat(http))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            while not (await http.get("/_admin/stats")).json()["asked"]:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+            assert (await http.post("/_admin/release")).json() == {"released": 1}
+    assert answers[0].json()["choices"][0]["message"]["content"] == "ok"
+    assert (await http.post("/_admin/release")).json() == {"released": 0}
+
+
 async def test_a_request_killed_while_held_is_in_the_log_unanswered(
     http: httpx.AsyncClient,
 ) -> None:

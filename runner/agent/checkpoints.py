@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -39,6 +40,7 @@ from tether.runner.agent.workspace import Snapshot, Workspace
 from tether.runner.errors import LeaseLost, RunnerError
 from tether.runner.kinds import StepServices
 from tether.wire import canonical_json
+from tether.wire.payloads import ToolCall
 from tether.wire.records import Checkpoint, ResumePoint
 
 log = structlog.get_logger(__name__)
@@ -366,6 +368,7 @@ async def _read_transcript(
         and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
     ):
         raise ValueError("the checkpoint's transcript is not a list of messages")
+    unanswered_calls(messages)  # a turn checkpointed mid-way: its calls left must be readable
     return messages
 
 
@@ -382,3 +385,20 @@ async def _apply_wip(
     await workspace.apply(resume.sha)
     tree = await workspace.tree_of(resume.sha)
     return Wip(snapshot=Snapshot(sha=resume.sha, tree=tree), bundle=resume.bundle)
+
+
+def unanswered_calls(messages: Sequence[dict[str, Any]]) -> list[ToolCall]:
+    """The tool calls of the last `assistant` message that no `tool` message after it
+    answers, when only `tool` messages follow it: what a turn checkpointed mid-way has left
+    to run. `ValueError` when such a call is not a tool call."""
+    last = len(messages) - 1
+    while last >= 0 and messages[last].get("role") == "tool":
+        last -= 1
+    if last < 0 or messages[last].get("role") != "assistant":
+        return []
+    answered = {m.get("tool_call_id") for m in messages[last + 1 :]}
+    try:
+        made = msgspec.convert(messages[last].get("tool_calls") or [], list[ToolCall])
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"the last assistant message's tool calls: {exc}") from None
+    return [call for call in made if call.id not in answered]

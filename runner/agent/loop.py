@@ -31,7 +31,7 @@ import msgspec
 import structlog
 
 from tether.git import GitError, git
-from tether.runner.agent.checkpoints import Checkpointer, Start, resume_start
+from tether.runner.agent.checkpoints import Checkpointer, Start, resume_start, unanswered_calls
 from tether.runner.agent.checks import CheckLimits, run_checks
 from tether.runner.agent.confine import CommandLimits, Confiner
 from tether.runner.agent.paths import normalize_prefix
@@ -40,7 +40,7 @@ from tether.runner.agent.sandbox_policy import CommandPolicy
 from tether.runner.agent.tools import ToolBox, ToolLimits, ToolResult
 from tether.runner.agent.workspace import CleanupRecord, RepoCache, Workspace, tree_size
 from tether.runner.errors import StepRejected
-from tether.runner.kinds import ChatModel, StepContext, StepOutput
+from tether.runner.kinds import ChatModel, StepContext, StepOutput, WindDown
 from tether.runner.models import USAGE_KEYS, Completion
 from tether.wire.payloads import AgentPayload, ToolCall, plain, read_payload
 from tether.wire.records import CheckRun, LeaseRepository
@@ -207,6 +207,7 @@ class AgentKind:
                     done_turns=start.turn,
                     spent=start.usage,
                     on_turn=on_turn,
+                    wind_down=ctx.wind_down,
                 )
             if isinstance(space, Workspace) and commit_paths is not None:
                 candidate = await space.commit(step_id=ctx.step_id, paths=commit_paths)
@@ -424,6 +425,7 @@ async def run_loop(
     done_turns: int = 0,
     spent: dict[str, int] | None = None,
     on_turn: OnTurn | None = None,
+    wind_down: WindDown | None = None,
 ) -> LoopResult:
     """Ask the model, run the tools it calls, give it their results, and again, until it
     answers without a tool call, the step made `max_turns` calls, or its tokens spent reach
@@ -431,8 +433,14 @@ async def run_loop(
 
     A resumed attempt passes the turns already done and what they spent. `on_turn` gets
     each completed turn that called tools (its number, the messages so far and this attempt's
-    usage). The result's `usage` is this attempt's; its `turns` the step's."""
+    usage). The result's `usage` is this attempt's; its `turns` the step's.
+
+    On a `wind_down` request the loop stops at its next save point: before a model call, or
+    as soon as the model call or tool call in flight returns. A turn it stops inside goes to
+    `on_turn` as it stands (the model's answer and the results of the calls that ran), and
+    the loop that resumes it runs the calls left before it asks the model again."""
     messages = list(messages)
+    stop = wind_down or WindDown()
     transcript = Transcript()
     for message in messages:
         transcript.message(message)
@@ -442,6 +450,30 @@ async def run_loop(
     text = ""
     turns = done_turns
     calls = errors = refusals = 0
+    saved = len(messages)  # the messages the last checkpoint (or the resume point) holds
+
+    async def save() -> None:
+        nonlocal saved
+        if on_turn is not None and len(messages) > saved:
+            saved = len(messages)
+            await on_turn(turns, messages, dict(usage))
+
+    async def call_tools(pending: Sequence[ToolCall]) -> None:
+        nonlocal calls, errors, refusals
+        for call in pending:
+            if stop.requested:
+                await save()
+                stop.check()
+            result = await box.call(call.function.name, call.function.arguments, call_id=call.id)
+            calls += 1
+            errors += not result.ok
+            refusals += result.refused
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+            transcript.tool(call, result)
+        await save()
+
+    if left := unanswered_calls(messages):  # a turn checkpointed before its calls all ran
+        await call_tools(left)
     while True:
         if turns >= max_turns:
             finish = Finish.MAX_TURNS
@@ -449,6 +481,7 @@ async def run_loop(
         if budget is not None and before + usage["total_tokens"] >= budget:
             finish = Finish.BUDGET
             break
+        stop.check()
         completion = await chat({"model": model, "messages": messages, "tools": tools})
         turns += 1
         usage.update({k: v for k, v in completion.usage.items() if k in USAGE_KEYS})
@@ -458,15 +491,7 @@ async def run_loop(
         if not completion.tool_calls:
             finish = Finish.ANSWERED
             break
-        for call in completion.tool_calls:
-            result = await box.call(call.function.name, call.function.arguments, call_id=call.id)
-            calls += 1
-            errors += not result.ok
-            refusals += result.refused
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result.content})
-            transcript.tool(call, result)
-        if on_turn is not None:
-            await on_turn(turns, messages, dict(usage))
+        await call_tools(completion.tool_calls)
     return LoopResult(
         text=text,
         finish=finish,
