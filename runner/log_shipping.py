@@ -30,7 +30,12 @@ from tether.clocks import MonotonicClock
 from tether.logs import mask
 from tether.runner.errors import SupervisorError, SupervisorRefused
 from tether.runner.supervisor_client import SupervisorClient
-from tether.wire.records import LOG_FIELDS_MAX, LOG_LINES_PER_REQUEST_MAX, MAX_TEXT, LogLine
+from tether.wire.records import (
+    LOG_EVENT_MAX,
+    LOG_FIELDS_MAX,
+    LOG_LINES_PER_REQUEST_MAX,
+    LogLine,
+)
 
 log = structlog.get_logger("runner")
 
@@ -89,7 +94,7 @@ def step_line(method: str, event_dict: MutableMapping[str, Any]) -> LogLine | No
             fields["error_type"] = last.split(":", 1)[0][:FIELD_CHARS]
             continue
         fields[str(key)[:FIELD_CHARS]] = _value(value)
-    event = str(event_dict.get("event", ""))[:MAX_TEXT].replace("\x00", "\ufffd") or "-"
+    event = str(event_dict.get("event", ""))[:LOG_EVENT_MAX].replace("\x00", "\ufffd") or "-"
     return LogLine(
         step_id=step_id.replace("\x00", "\ufffd"), fence=fence,
         level={"exception": "error", "warn": "warning"}.get(level, level)[:16] or "info",

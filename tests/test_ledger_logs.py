@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tether.supervisor.ledger import Lease, SqliteLedger
-from tether.supervisor.ledger.logs import LINES_PER_ATTEMPT, OVER_LIMIT_EVENT
+from tether.supervisor.ledger.logs import FIELDS_MAX_CHARS, LINES_PER_ATTEMPT, OVER_LIMIT_EVENT
 from tether.wire.records import LogLine, LogLinesKept
 
 from .conftest import FakeClock, queued_task, report_for
@@ -51,6 +51,18 @@ async def test_lines_are_kept_only_under_a_fence_granted_to_the_sending_token(
     assert (only.step_id, only.fence, only.attempt, only.runner_id) == (
         lease.step_id, lease.fence, 1, "r1",
     )  # fmt: skip
+
+
+async def test_a_lines_fields_past_their_bound_keep_only_their_names(
+    ledger: SqliteLedger,
+) -> None:
+    task_id = await queued_task(ledger)
+    lease = await claim_one(ledger)
+    big = line(lease, "big", a="x" * (FIELDS_MAX_CHARS + 1), b=1)
+    assert (await ledger.keep_log_lines([big], POOL, "tok-a")).kept == 1
+    (kept,) = [e for e in (await ledger.task_log(task_id, "acme", 0, 0)).entries
+               if e.source == "runner"]  # fmt: skip
+    assert kept.fields == {"fields_cut": ["a", "b"]}
 
 
 async def test_each_attempt_keeps_at_most_its_limit_then_one_marker(ledger: SqliteLedger) -> None:

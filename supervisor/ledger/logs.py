@@ -21,7 +21,7 @@ from tether.wire.records import LogLine, LogLinesKept, TaskLogEntry, TaskLogs
 
 LINES_PER_ATTEMPT: Final = 2_000
 # A line whose fields encode longer than this keeps only their names.
-FIELDS_MAX_CHARS: Final = 8_192
+FIELDS_MAX_CHARS: Final = 4_096
 # What one read of a task's log returns at most, of each kind.
 EVENTS_PAGE: Final = 500
 LINES_PAGE: Final = 1_000

@@ -353,9 +353,11 @@ class Checkpointed(Record, frozen=True, kw_only=True):
     turn: int
 
 
-# One log-lines request carries at most this many lines; a line at most this many fields.
+# One log-lines request carries at most this many lines; a line at most this many fields, and
+# an event of at most this many characters.
 LOG_LINES_PER_REQUEST_MAX: Final = 200
 LOG_FIELDS_MAX: Final = 64
+LOG_EVENT_MAX: Final = 1_000
 
 
 class LogLine(Record, frozen=True, kw_only=True):
@@ -367,7 +369,7 @@ class LogLine(Record, frozen=True, kw_only=True):
     step_id: Name
     fence: Fence
     level: Annotated[str, msgspec.Meta(min_length=1, max_length=16, extra=NO_NUL)]
-    event: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT, extra=NO_NUL)]
+    event: Annotated[str, msgspec.Meta(min_length=1, max_length=LOG_EVENT_MAX, extra=NO_NUL)]
     fields: Annotated[dict[str, Any], msgspec.Meta(max_length=LOG_FIELDS_MAX)] = {}
 
 
