@@ -67,7 +67,10 @@ class LedgerLogs:
 
     def state(self) -> str:
         with admin.ledger_reads(self._db) as reads:
-            return str(views._task_row(reads, None, self._task_id)["state"])
+            try:
+                return str(views._task_row(reads, None, self._task_id)["state"])
+            except LedgerError as exc:
+                raise admin.AdminError(str(exc)) from None
 
 
 def entry_line(entry: TaskLogEntry) -> str:
