@@ -381,7 +381,11 @@ def _task(args: argparse.Namespace) -> int:
     with _operator_session(args) as client:
         if args.task_command == "submit":
             body = oc.load_task_file(Path(args.file))
-            task = client.submit(body)
+            task, created = client.submit(body)
+            if not created:
+                print(
+                    f"existing task {task['id']} (state {task['state']}) returned", file=sys.stderr
+                )
             if args.approve:
                 # The base SHA the file declares is the one to approve unless told otherwise.
                 base_sha = args.base_sha or body.get("base_sha")
@@ -407,6 +411,7 @@ def _task(args: argparse.Namespace) -> int:
             if view.waiting_for is not None:
                 print(oc.waiting_line(view.waiting_for, view.id), file=sys.stderr)
         elif args.task_command == "list":
+            print(oc.TASK_HEADER)
             for summary in client.tasks(args.state):
                 print(oc.task_line(summary))
         elif args.task_command == "output":

@@ -20,7 +20,7 @@ import tenacity
 
 from tether.clocks import epoch
 from tether.supervisor.ledger.states import TERMINAL, TaskState
-from tether.supervisor.shown import reveal_json
+from tether.supervisor.shown import reveal, reveal_json
 from tether.wire import plan_hash, sha256_hex
 from tether.wire.codec import BadMessage, decode, encode
 from tether.wire.records import (
@@ -93,7 +93,7 @@ class OperatorClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise Unreachable(f"cannot reach the supervisor: {exc}") from None
+            raise Unreachable(unreachable_line(str(self._http.base_url), exc)) from None
         if response.status_code >= 400:
             try:
                 body = response.json()
@@ -129,10 +129,18 @@ class OperatorClient:
         headers = {"Content-Type": "application/json"}
         return self._call("POST", path, content=encode(record), headers=headers)
 
-    def submit(self, body: dict[str, Any]) -> Any:
+    def submit(self, body: dict[str, Any]) -> tuple[Any, bool]:
         """Send a task file as it is: the supervisor reads it into its record and says what is
-        wrong with it, if anything."""
-        return self._call("POST", "/v1/tasks", json=body)
+        wrong with it, if anything. Answers the task and whether it is new (201), not one its
+        idempotency key made before (200)."""
+        response = self._request("POST", "/v1/tasks", json=body)
+        try:
+            return response.json(), response.status_code == 201
+        except ValueError:
+            raise ClientError(
+                f"{response.status_code} not a tether supervisor's answer:"
+                f" {_one_line(response.text)}"
+            ) from None
 
     def approve(self, task_id: str, plan_hash: str, base_sha: str | None) -> Any:
         approval = Approval(plan_hash=plan_hash, base_sha=base_sha)
@@ -199,6 +207,19 @@ class OperatorClient:
         if not isinstance(body, dict) or not isinstance(body.get("events"), list):
             raise ClientError("not a tether supervisor's answer: no 'events' list")
         return list(body["events"])
+
+
+def unreachable_line(url: str, exc: Exception) -> str:
+    """Why the supervisor at `url` did not answer, naming the URL and what to check: TLS
+    spoken to a plain-HTTP port fails with OpenSSL's `WRONG_VERSION_NUMBER`."""
+    said = _one_line(str(exc)) or type(exc).__name__
+    if "WRONG_VERSION_NUMBER" in said or "wrong version number" in said:
+        plain = "http://" + url.split("://", 1)[-1]
+        return (
+            f"cannot reach the supervisor at {url}: it did not answer TLS; is this an http port?"
+            f" (try --url {plain}) ({said})"
+        )
+    return f"cannot reach the supervisor at {url}: {said}"
 
 
 def _step_path(task_id: str, step: str, action: str) -> str:
@@ -323,11 +344,22 @@ def _waiting_key(waiting: WaitingFor | None) -> tuple[Any, ...] | None:
     )  # fmt: skip
 
 
+_TASK_COLUMNS: Final = "{id:<32}  {state:<9}  {created:<24}  {steps:>5}  {waits:<11}  {key}"
+TASK_HEADER: Final = _TASK_COLUMNS.format(
+    id="ID", state="STATE", created="CREATED", steps="STEPS", waits="WAITING-FOR", key="KEY"
+).rstrip()
+
+
 def task_line(task: TaskSummary) -> str:
-    """One line of `task list`: id, state, created, steps committed/total, what it waits for."""
+    """One line of `task list` under `TASK_HEADER`: id, state, created, steps committed/total,
+    what it waits for, and the idempotency key it was submitted with (last: it is free text
+    of any length, revealed so it cannot hide characters)."""
     steps = f"{task.steps_committed}/{task.steps_total}"
     waits = task.waiting_for.reason if task.waiting_for is not None else "-"
-    return f"{task.id}  {task.state:<9}  {task.created_at}  {steps:>5}  {waits}"
+    key = "-" if task.idempotency_key is None else reveal(task.idempotency_key)
+    return _TASK_COLUMNS.format(
+        id=task.id, state=task.state, created=task.created_at, steps=steps, waits=waits, key=key
+    )
 
 
 def status_lines(answer: PoolsAnswer) -> list[str]:
@@ -337,8 +369,9 @@ def status_lines(answer: PoolsAnswer) -> list[str]:
         oldest = "" if pool.oldest_queued_s is None else f", oldest {pool.oldest_queued_s:g} s"
         lines.append(f"{pool.pool}: {pool.queued} queued{oldest}, {pool.in_flight} in flight")
         for runner in pool.runners:
+            state = "online" if runner.online else "seen" if runner.online is None else "offline"
             lines.append(
-                f"  runner {runner.runner_id} serves {', '.join(runner.kinds)};"
+                f"  runner {runner.runner_id} {state}, serves {', '.join(runner.kinds)};"
                 f" last claim {runner.last_seen_s:g} s ago"
             )
         if not pool.runners:

@@ -88,9 +88,10 @@ async def test_an_unforeseen_failure_is_a_500_in_the_error_shape(
     async def broken(*_args: Any) -> dict[str, Any]:
         raise RuntimeError("boom: a bug in a read model")
 
+    task = await api.create("broken-read")
     monkeypatch.setattr(api.app.state.ledger, "task", broken)
     transport = httpx.ASGITransport(app=api.app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://supervisor.test") as c:
-        response = await c.get("/v1/tasks/anything", headers=api.operator)
+        response = await c.get(f"/v1/tasks/{task['id']}", headers=api.operator)
     body = assert_error(response, 500, "internal")
     assert "boom" not in body["detail"]  # internals stay in the log, not on the wire

@@ -482,3 +482,34 @@ def test_show_plan_and_approve_print_the_steps_prompt(
     assert code == 0, err
     assert "user: then DELETE the old ones" in out
     assert json.loads(out[out.index("[y/N] ") + 6 :])["state"] == "QUEUED"
+
+
+def test_prefixes_and_a_resubmitted_key_on_the_cli(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26, finding 5: `task show` and `--plan-hash` take unique prefixes of 8 or more
+    characters; a key submitted again says which existing task it returned, on stderr."""
+    path = served.task_file("prefixes-and-keys")
+    code, out, err = run(capsys, served.args("submit", "--file", str(path)))
+    assert (code, err) == (0, "")
+    task = json.loads(out)
+    code, out, err = run(capsys, served.args("submit", "--file", str(path)))
+    assert code == 0, err
+    assert json.loads(out)["id"] == task["id"]
+    assert err == f"existing task {task['id']} (state PLANNED) returned\n"
+    code, out, err = run(capsys, served.args("show", task["id"][:8]))
+    assert code == 0, err
+    assert json.loads(out)["id"] == task["id"]
+    code, out, err = run(capsys, served.args("show", task["id"][:7]))
+    assert (code, out) == (1, "")
+    assert "at least 8" in err
+    argv = served.args("approve", task["id"][:10], "--plan-hash", task["plan_hash"][:10], "--yes")
+    code, out, err = run(capsys, argv)
+    assert code == 0, err
+    assert (json.loads(out)["id"], json.loads(out)["state"]) == (task["id"], "QUEUED")
+    code, out, err = run(capsys, served.args("list"))
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split() == ["ID", "STATE", "CREATED", "STEPS", "WAITING-FOR", "KEY"]
+    [row] = [r for r in rows if r.startswith(task["id"])]
+    assert row.split()[-1] == "prefixes-and-keys"

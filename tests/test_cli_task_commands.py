@@ -220,7 +220,7 @@ def test_task_list_follows_the_cursor_one_line_per_task(
         summary = {"pool": "gpu", "seq": 1, "created_at": iso(0.0), "steps_total": 2}
         if "cursor" not in request.url.params:
             first = {**summary, "id": "t9", "state": "QUEUED", "steps_committed": 1,
-                     "waiting_for": RUNNER_WAIT}  # fmt: skip
+                     "waiting_for": RUNNER_WAIT, "idempotency_key": "deploy-7"}  # fmt: skip
             return {"tasks": [first], "next": "9"}
         last = {**summary, "id": "t1", "state": "SUCCEEDED", "steps_committed": 2}
         return {"tasks": [last], "next": None}
@@ -230,9 +230,11 @@ def test_task_list_follows_the_cursor_one_line_per_task(
     assert run(monkeypatch, script, argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split() for line in lines] == [
-        ["t9", "QUEUED", "1970-01-01T00:00:00.000Z", "1/2", "runner"],
-        ["t1", "SUCCEEDED", "1970-01-01T00:00:00.000Z", "2/2", "-"],
+        ["ID", "STATE", "CREATED", "STEPS", "WAITING-FOR", "KEY"],
+        ["t9", "QUEUED", "1970-01-01T00:00:00.000Z", "1/2", "runner", "deploy-7"],
+        ["t1", "SUCCEEDED", "1970-01-01T00:00:00.000Z", "2/2", "-", "-"],
     ]
+    assert lines[1].index("deploy-7") == lines[0].index("KEY")  # the columns line up
     params = [dict(r.url.params) for r in script.requests]
     assert params == [{"limit": "50", "state": "QUEUED"},
                       {"limit": "50", "state": "QUEUED", "cursor": "9"}]  # fmt: skip
@@ -244,7 +246,10 @@ def test_status_prints_each_pools_queue_and_runners(
     pools = {"pools": [
         {"pool": "acme", "queued": 0, "in_flight": 0, "oldest_queued_s": None, "runners": []},
         {"pool": "default", "queued": 3, "in_flight": 1, "oldest_queued_s": 42.5,
-         "runners": [{"runner_id": "box-1", "kinds": ["agent", "chat"], "last_seen_s": 2.0}]},
+         "runners": [
+             {"runner_id": "box-1", "kinds": ["agent", "chat"], "last_seen_s": 2.0,
+              "online": True},
+             {"runner_id": "box-2", "kinds": ["chat"], "last_seen_s": 61.0, "online": False}]},
     ]}  # fmt: skip
     script = Script([task_json("QUEUED", 1)], routes={("GET", "/v1/pools"): pools})
     assert run(monkeypatch, script, ["status", *flags(token_file)]) == 0
@@ -252,7 +257,8 @@ def test_status_prints_each_pools_queue_and_runners(
         "acme: 0 queued, 0 in flight",
         "  no runner claimed recently",
         "default: 3 queued, oldest 42.5 s, 1 in flight",
-        "  runner box-1 serves agent, chat; last claim 2 s ago",
+        "  runner box-1 online, serves agent, chat; last claim 2 s ago",
+        "  runner box-2 offline, serves chat; last claim 61 s ago",
     ]
 
 

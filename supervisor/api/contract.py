@@ -90,7 +90,7 @@ def _id(name: str, what: str) -> Param:
     return Param(name=name, description=what, schema={"type": "string", "minLength": 1})
 
 
-TASK_ID: Final = _id("task_id", "The task's id.")
+TASK_ID: Final = _id("task_id", "The task's id, or a unique prefix of it (at least 8 characters).")
 STEP_ID: Final = _id("step_id", "The step's id (a lease's `step_id`).")
 DIGEST: Final = Param(
     name="digest",
@@ -131,7 +131,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         method="GET", path="/v1/tasks/{task_id}", name="get_task", tag="operator",
         roles=OPERATOR, summary="A task with its steps, attempts, rejections and budget.",
-        answers={200: a.TaskDetail}, errors=(E.NOT_FOUND,), params=(TASK_ID,),
+        answers={200: a.TaskDetail}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
     ),
     Operation(
         method="POST", path="/v1/tasks/{task_id}/approve", name="approve", tag="operator",
@@ -171,7 +171,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         method="GET", path="/v1/tasks/{task_id}/review", name="review", tag="operator",
         roles=OPERATOR, summary="The task's review record: expectations and observations.",
-        answers={200: a.ReviewRecord}, errors=(E.NOT_FOUND,), params=(TASK_ID,),
+        answers={200: a.ReviewRecord}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
     ),
     Operation(
         method="POST", path="/v1/tasks/{task_id}/review", name="record_review", tag="operator",

@@ -39,6 +39,12 @@ def _ledger(request: Request) -> Ledger:
     return ledger
 
 
+async def _task_id(request: Request, tenant: str) -> str:
+    """The full id of the task the path names, by its id or a unique prefix of it
+    (`ledger.prefixes`)."""
+    return await _ledger(request).resolve_task_id(tenant, request.path_params["task_id"])
+
+
 def task_spec(tenant: str, ask: TaskCreate) -> TaskSpec:
     """What the ledger is asked to create, for `tenant`."""
     return TaskSpec(
@@ -98,7 +104,7 @@ async def list_tasks(request: Request) -> Response:
 
 async def get_task(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
-    return JSONResponse(await _ledger(request).task(request.path_params["task_id"], who.scope))
+    return JSONResponse(await _ledger(request).task(await _task_id(request, who.scope), who.scope))
 
 
 async def pools(request: Request) -> Response:
@@ -123,7 +129,7 @@ async def budget(request: Request) -> Response:
 async def approve(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, Approval)
-    task_id = request.path_params["task_id"]
+    task_id = await _task_id(request, who.scope)
     ledger = _ledger(request)
     # A repository task's base must be the repository's head now: read here (git is an
     # adapter's I/O), judged by the ledger's rule (StaleBase).
@@ -136,7 +142,7 @@ async def approve(request: Request) -> Response:
 async def cancel(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, Cancel)
-    task_id = request.path_params["task_id"]
+    task_id = await _task_id(request, who.scope)
     await _ledger(request).cancel(who.scope, task_id, ask.reason[:MAX_TEXT] or "cancelled")
     return JSONResponse(await _ledger(request).task(task_id, who.scope))
 
@@ -148,7 +154,7 @@ async def events(request: Request) -> Response:
     wait = rq.query_float(request, "wait", default=0.0, low=0.0, high=settings.events_wait_max_s)
     polls: LongPolls = request.app.state.long_polls
     found: list[dict[str, Any]] = []
-    ledger, task_id = _ledger(request), request.path_params["task_id"]
+    ledger, task_id = _ledger(request), await _task_id(request, who.scope)
     with polls.until_drained() as scope:
         found = await unless_disconnected(
             request,
@@ -172,13 +178,14 @@ async def task_log(request: Request) -> Response:
 
 async def review(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
-    return JSONResponse(await _ledger(request).review(request.path_params["task_id"], who.scope))
+    task_id = await _task_id(request, who.scope)
+    return JSONResponse(await _ledger(request).review(task_id, who.scope))
 
 
 async def record_review(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, ReviewDecision)
-    task_id = request.path_params["task_id"]
+    task_id = await _task_id(request, who.scope)
     await _ledger(request).record_review(who.scope, task_id, ask.decision, ask.note[:MAX_TEXT])
     return JSONResponse(await _ledger(request).review(task_id, who.scope))
 
@@ -188,7 +195,7 @@ async def open_gate(request: Request) -> Response:
     `task submit --approve` never opens a gate: only this does."""
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, GateOpen)
-    task_id, step = request.path_params["task_id"], request.path_params["step_name"]
+    task_id, step = await _task_id(request, who.scope), request.path_params["step_name"]
     await _ledger(request).open_gate(who.scope, task_id, step, ask.digest, who.token_id)
     return JSONResponse(await _ledger(request).task(task_id, who.scope))
 
@@ -197,7 +204,7 @@ async def effect_happened(request: Request) -> Response:
     """An operator's word on an uncertain effect: it happened, or (once) it did not."""
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, EffectHappened)
-    task_id, step = request.path_params["task_id"], request.path_params["step_name"]
+    task_id, step = await _task_id(request, who.scope), request.path_params["step_name"]
     await _ledger(request).resolve_effect(who.scope, task_id, step, ask.happened, who.token_id)
     return JSONResponse(await _ledger(request).task(task_id, who.scope))
 

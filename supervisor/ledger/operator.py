@@ -10,12 +10,12 @@ from tether.supervisor.ledger.errors import (
     InvalidRequest,
     InvalidTransition,
     NotFound,
-    PlanMismatch,
     StaleBase,
 )
 from tether.supervisor.ledger.fencing import fail_task, withdraw_effects
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.outbox import OutboxState
+from tether.supervisor.ledger.prefixes import resolve_plan_hash
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
 from tether.supervisor.ledger.tx import ALL_POOLS, Row, Statements, Tx, dumps, loads
 from tether.supervisor.ledger.verification import review_verdict, stale_base
@@ -47,8 +47,7 @@ def approve(
     """
     tx.request = "approve"
     task = owned_task(tx, tenant, task_id)
-    if plan_hash != task["plan_hash"]:
-        raise PlanMismatch(f"task {task_id} has plan hash {task['plan_hash']}, not {plan_hash}")
+    plan_hash = resolve_plan_hash(task_id, task["plan_hash"], plan_hash)
     repository = task["repository"]
     if repository and not base_sha:
         raise InvalidRequest(f"task {task_id} names repository {repository}: give base_sha")

@@ -163,6 +163,12 @@ def _is_damage(exc: sqlite3.Error) -> bool:
     return code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
+def _is_read_only(exc: sqlite3.Error) -> bool:
+    """SQLITE_READONLY (any extended code): the file, or its folder, cannot be written."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_READONLY
+
+
 def open_ledger_file(path: Path | str, *, synchronous: str = "FULL") -> sqlite3.Connection:
     """Open, check integrity, migrate. Raises `IntegrityCheckFailed` on a damaged file, including
     one so damaged that SQLite raises instead of reporting (a garbage header: "file is not a
@@ -186,6 +192,12 @@ def open_ledger_file(path: Path | str, *, synchronous: str = "FULL") -> sqlite3.
         one_line = str(exc).replace("\n", " ")
         if _is_damage(exc):
             raise IntegrityCheckFailed(f"ledger file {path} is damaged: {one_line}") from exc
+        if _is_read_only(exc):
+            raise StorageError(
+                f"cannot open ledger file {path}: the ledger file is not writable by this user"
+                f" (uid {os.getuid()}): run as its owner, or give this user write access to it"
+                f" and its folder ({one_line})"
+            ) from exc
         raise StorageError(f"cannot open ledger file {path}: {one_line}") from exc
     except UnicodeDecodeError as exc:  # SQLite's own message quoted bytes of a damaged schema
         if db is not None:

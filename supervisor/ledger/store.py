@@ -48,6 +48,7 @@ from tether.supervisor.ledger import (
     logs,
     operator,
     outbox,
+    prefixes,
     reaper,
     repositories,
     tokens,
@@ -383,6 +384,10 @@ class LedgerStore:
         await self.write(lambda tx: outbox.resolve(tx, tenant, task_id, step_name, happened, by))
 
     # -- reads --------------------------------------------------------------------------------
+
+    async def resolve_task_id(self, tenant: str, given: str) -> str:
+        """The full id of the tenant's task `given` names, by its id or a unique prefix."""
+        return await self.read(lambda db: prefixes.resolve_task_id(db, tenant, given))
 
     async def task(self, task_id: str, tenant: str | None = None) -> dict[str, Any]:
         now = self.clock()

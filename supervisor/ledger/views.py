@@ -31,6 +31,10 @@ PAGE_MAX = 200
 # claims. A runner whose every slot runs a long step does not claim either, so it drops out of
 # this count until a slot frees; `task show` still says when it was last seen.
 RUNNER_RECENT_S: Final = 120.0
+# A runner is online while it holds a lease (a busy runner renews instead of claiming, and a
+# lease nobody renews is expired by the reaper) or claimed within this: an idle runner claims
+# at least every `claim_wait_max_s` (30 s by default), so this is one claim missed, with slack.
+RUNNER_ONLINE_S: Final = 45.0
 
 SKIPPED: Final = "skipped"
 _ENDED_UNDONE = frozenset({TaskState.FAILED, TaskState.CANCELLED})
@@ -460,22 +464,24 @@ def pool_status(s: Statements, now: float, also: Iterable[str] = ()) -> list[Poo
             ),
         )
     }  # fmt: skip
-    runners: dict[str, list[RunnerSeen]] = {}
+    online = {(r.pool, r.runner_id) for r in runners(s, now) if r.online}
+    seen: dict[str, list[RunnerSeen]] = {}
     for r in s.all("runners_seen_since", (now - RUNNER_RECENT_S,)):
-        runners.setdefault(r["pool"], []).append(
+        seen.setdefault(r["pool"], []).append(
             RunnerSeen(
                 runner_id=r["runner_id"], kinds=tuple(loads(r["kinds_json"])),
                 last_seen_s=_ago(now, r["last_seen"]) or 0.0,
+                online=(r["pool"], r["runner_id"]) in online,
             )
         )  # fmt: skip
-    pools = sorted(set(queues) | set(runners) | set(also))
+    pools = sorted(set(queues) | set(seen) | set(also))
     return [
         PoolStatus(
             pool=pool,
             queued=int(queues[pool]["queued"]) if pool in queues else 0,
             in_flight=int(queues[pool]["in_flight"]) if pool in queues else 0,
             oldest_queued_s=_ago(now, queues[pool]["oldest"]) if pool in queues else None,
-            runners=tuple(runners.get(pool, ())),
+            runners=tuple(seen.get(pool, ())),
         )
         for pool in pools
     ]
@@ -484,9 +490,8 @@ def pool_status(s: Statements, now: float, also: Iterable[str] = ()) -> list[Poo
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunnerRow:
     """A runner as the runners page shows it: where it claims, what it serves, the leases it
-    holds now, when it last claimed and under which token. It is `online` when it claimed
-    within `RUNNER_RECENT_S` or holds a lease (a busy runner renews instead of claiming, and a
-    lease nobody renews is expired by the reaper)."""
+    holds now, when it last claimed and under which token; `online` as `runner_online`
+    says."""
 
     pool: str
     runner_id: str
@@ -499,6 +504,11 @@ class RunnerRow:
     online: bool
 
 
+def runner_online(now: float, last_seen: float, in_flight: int) -> bool:
+    """Whether a runner is online: it holds a lease, or claimed within `RUNNER_ONLINE_S`."""
+    return in_flight > 0 or now - last_seen <= RUNNER_ONLINE_S
+
+
 def runners(s: Statements, now: float) -> list[RunnerRow]:
     """Every runner that ever claimed, by pool, the most recently seen first."""
     rows = s.all("runners_with_leases", (AttemptState.LEASED.value,))
@@ -507,7 +517,7 @@ def runners(s: Statements, now: float) -> list[RunnerRow]:
             pool=r["pool"], runner_id=r["runner_id"], kinds=tuple(loads(r["kinds_json"])),
             in_flight=int(r["in_flight"]), first_seen=r["first_seen"], last_seen=r["last_seen"],
             last_seen_s=_ago(now, r["last_seen"]) or 0.0, token_name=r["token_name"],
-            online=int(r["in_flight"]) > 0 or now - r["last_seen"] <= RUNNER_RECENT_S,
+            online=runner_online(now, r["last_seen"], int(r["in_flight"])),
         )
         for r in rows
     ]  # fmt: skip

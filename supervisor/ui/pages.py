@@ -86,6 +86,7 @@ def _output_parts(output: Any) -> dict[str, Any]:
 async def task_context(request: Request, who: Principal, task_id: str) -> dict[str, Any]:
     """What the task page and its live fragment show."""
     ledger = ledger_of(request)
+    task_id = await ledger.resolve_task_id(who.scope, task_id)
     task = await ledger.task(task_id, who.scope)
     review = await ledger.review(task_id, who.scope)
     shipped = await lines_by_fence(ledger, task_id, who.scope)

@@ -392,10 +392,11 @@ _UNKNOWN = re.compile(r"unknown field `(?P<field>[^`]*)`")
 
 def with_hint(message: str, into: type[msgspec.Struct]) -> str:
     """msgspec's `message` about a value read as `into`, with "(did you mean `use_outputs`?)"
-    after an unknown field that is a near miss of a field of `into` or of a record inside it."""
+    after an unknown field that is a near miss of a field of `into` or of a record inside it.
+    A message already hinted (by the payload's own record, read first) keeps its one hint."""
     unknown = _UNKNOWN.search(message)
-    if unknown is None:
-        return message
+    if unknown is None or message[unknown.end() :].startswith(" (did you mean"):
+        return message  # none, or hinted already by the record the field is in: the closest
     close = difflib.get_close_matches(unknown["field"], sorted(set(_field_names(into))), n=1)
     if not close:
         return message

@@ -661,6 +661,7 @@ class TaskSummary(Record, frozen=True, kw_only=True):
     pool: str
     seq: int
     created_at: str
+    idempotency_key: str | None = None  # null from a supervisor older than the field
     reason: str | None = None
     waiting_for: WaitingFor | None = None
     steps_committed: int | None = None
@@ -686,11 +687,14 @@ class TaskPage(Record, frozen=True, kw_only=True):
 
 
 class RunnerSeen(Record, frozen=True, kw_only=True):
-    """A runner that claimed in a pool recently: the kinds it serves, seconds since."""
+    """A runner that claimed in a pool recently: the kinds it serves, seconds since, and
+    whether it is online (it holds a lease or claimed within the last 45 s; null from a
+    supervisor older than the field)."""
 
     runner_id: str
     kinds: tuple[str, ...]
     last_seen_s: float
+    online: bool | None = None
 
 
 class PoolStatus(Record, frozen=True, kw_only=True):
