@@ -29,7 +29,7 @@ async def test_a_unique_prefix_names_the_task_on_every_task_route(api: ApiHarnes
     task = await api.create("by-prefix")
     prefix = task["id"][:12]
     for path in (f"/v1/tasks/{prefix}", f"/v1/tasks/{prefix}/review",
-                 f"/v1/tasks/{prefix}/events"):  # fmt: skip
+                 f"/v1/tasks/{prefix}/events", f"/v1/tasks/{prefix}/logs"):  # fmt: skip
         answer = await api.client.get(path, headers=api.operator)
         assert answer.status_code == 200, (path, answer.text)
     assert (await api.client.get(f"/v1/tasks/{prefix}", headers=api.operator)).json()["id"] == task[

@@ -170,9 +170,8 @@ async def task_log(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     after_seq = rq.query_int(request, "after_seq", default=0, low=0, high=2**62)
     after_line = rq.query_int(request, "after_line", default=0, low=0, high=2**62)
-    found = await _ledger(request).task_log(
-        request.path_params["task_id"], who.scope, after_seq, after_line
-    )
+    task_id = await _task_id(request, who.scope)
+    found = await _ledger(request).task_log(task_id, who.scope, after_seq, after_line)
     return Response(encode(found), media_type="application/json")
 
 
