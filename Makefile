@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c "import venv, ensurepip" 2>/dev/null || { echo "make: $(PYTHON) lacks the venv module (on Debian: apt-get install python3-venv)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[supervisor,postgresql,fast,dev,otel]'
+	$(BIN)/python -m pip install --quiet -e '.[supervisor,postgresql,fast,dev,otel,mcp]'
 	# supervisord's wheel, which tests/test_wheel_install.py installs beside tether's (offline).
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: -d $(VENV)/wheels 'supervisor>=4.2'
 	touch $(STAMP)

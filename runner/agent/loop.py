@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import functools
 import json
 import os
 import secrets
@@ -31,6 +32,7 @@ import msgspec
 import structlog
 
 from tether.git import GitError, git
+from tether.runner.agent import mcp
 from tether.runner.agent.checkpoints import Checkpointer, Start, resume_start, unanswered_calls
 from tether.runner.agent.checks import CheckLimits, run_checks
 from tether.runner.agent.confine import CommandLimits, Confiner
@@ -156,7 +158,11 @@ class AgentKind:
             () if "" in prefixes else prefixes
         )  # fmt: skip
         sandbox = await self.sandbox()
-        runs_commands = bool(payload.allowed_commands) or bool(repo is not None and repo.checks)
+        runs_commands = (
+            bool(payload.allowed_commands)
+            or bool(repo is not None and repo.checks)
+            or bool(payload.mcp_servers)  # a server is the repository's code, run
+        )
         self.policy.admit(sandbox, step_id=ctx.step_id, runs_commands=runs_commands)
         label = f"{ctx.step_id}-{ctx.attempt}"
         fresh = [m.request() for m in payload.messages]
@@ -176,39 +182,42 @@ class AgentKind:
                 for gate in gates:
                     await gate()
 
-            try:
-                box = ToolBox(
-                    space.tree, home=space.home, allowed_paths=prefixes,
-                    allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
-                    confiner=self.confiner, ready=ready,
-                )  # fmt: skip
-            except ValueError as exc:
-                raise StepRejected(f"agent payload: {exc}") from None
-            checkpoints: AbstractAsyncContextManager[Checkpointer | None] = nullcontext()
-            if ctx.services is not None:
-                checkpointer = Checkpointer(
-                    services=ctx.services, fence=ctx.fence, step_id=ctx.step_id,
-                    workspace=space, paths=commit_paths, start=start, written=box.take_written,
-                )  # fmt: skip
-                gates.append(checkpointer.staged)
-                checkpoints = checkpointer.running()
-            model = ctx.default_model if payload.model is msgspec.UNSET else payload.model
-            budget = payload.max_tokens_total
-            # The last checkpoint on its way is recorded before the candidate is made (they
-            # share the worktree's bundle ref) and before the step's result or release.
-            async with checkpoints as on_turn:
-                result = await run_loop(
-                    ctx.chat,
-                    model=model,
-                    messages=start.messages,
-                    box=box,
-                    max_turns=payload.max_turns,
-                    budget=None if budget is msgspec.UNSET else budget,
-                    done_turns=start.turn,
-                    spent=start.usage,
-                    on_turn=on_turn,
-                    wind_down=ctx.wind_down,
-                )
+            # The step's MCP servers run while the loop does, and stop before its candidate
+            # is committed (they run in the worktree and may write to it).
+            async with self._mcp_servers(payload, space, sandbox, limits) as mcp_tools:
+                try:
+                    box = ToolBox(
+                        space.tree, home=space.home, allowed_paths=prefixes,
+                        allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
+                        confiner=self.confiner, ready=ready, mcp=mcp_tools,
+                    )  # fmt: skip
+                except ValueError as exc:
+                    raise StepRejected(f"agent payload: {exc}") from None
+                checkpoints: AbstractAsyncContextManager[Checkpointer | None] = nullcontext()
+                if ctx.services is not None:
+                    checkpointer = Checkpointer(
+                        services=ctx.services, fence=ctx.fence, step_id=ctx.step_id,
+                        workspace=space, paths=commit_paths, start=start, written=box.take_written,
+                    )  # fmt: skip
+                    gates.append(checkpointer.staged)
+                    checkpoints = checkpointer.running()
+                model = ctx.default_model if payload.model is msgspec.UNSET else payload.model
+                budget = payload.max_tokens_total
+                # The last checkpoint on its way is recorded before the candidate is made (they
+                # share the worktree's bundle ref) and before the step's result or release.
+                async with checkpoints as on_turn:
+                    result = await run_loop(
+                        ctx.chat,
+                        model=model,
+                        messages=start.messages,
+                        box=box,
+                        max_turns=payload.max_turns,
+                        budget=None if budget is msgspec.UNSET else budget,
+                        done_turns=start.turn,
+                        spent=start.usage,
+                        on_turn=on_turn,
+                        wind_down=ctx.wind_down,
+                    )
             if isinstance(space, Workspace) and commit_paths is not None:
                 candidate = await space.commit(step_id=ctx.step_id, paths=commit_paths)
             if candidate is not None and repo is not None and isinstance(space, Workspace):
@@ -224,6 +233,21 @@ class AgentKind:
             output=output, usage=result.usage, candidate_sha=candidate, bundle=bundle,
             checks=checks,
         )  # fmt: skip
+
+    @asynccontextmanager
+    async def _mcp_servers(
+        self, payload: AgentPayload, space: Space, sandbox: Sandbox, limits: ToolLimits
+    ) -> AsyncIterator[mcp.McpTools | None]:
+        """The payload's MCP servers, started in the worktree under the sandbox and the command
+        limits (none: None)."""
+        if payload.mcp_servers:
+            await space.ready()  # a server starts in the worktree
+        wrap = functools.partial(sandbox.wrap, tree=space.tree, home=space.home)
+        async with mcp.serving(
+            payload.mcp_servers, tree=space.tree, home=space.home, wrap=wrap,
+            confiner=self.confiner, call_timeout_s=limits.run_timeout_s,
+        ) as tools:  # fmt: skip
+            yield tools
 
     async def _deliver(
         self,

@@ -28,6 +28,7 @@ from tether.runner.agent import schemas
 from tether.runner.agent.command import run_command
 from tether.runner.agent.confine import Confiner, check_workspace_size
 from tether.runner.agent.errors import ToolError, ToolFailed, ToolRefused
+from tether.runner.agent.mcp import McpTools
 from tether.runner.agent.patch import patch_paths
 from tether.runner.agent.paths import Confinement, normalize_prefix
 from tether.runner.agent.sandbox import NoSandbox, Sandbox
@@ -86,9 +87,11 @@ class ToolBox:
         limits: ToolLimits | None = None,
         confiner: Confiner | None = None,
         ready: Callable[[], Awaitable[None]] | None = None,
+        mcp: McpTools | None = None,
     ) -> None:
         """`ready`: waits until the tree exists (its checkout may still be running when the
-        first model call is made); every call waits for it, and its error is the step's."""
+        first model call is made); every call waits for it, and its error is the step's.
+        `mcp`: the tools of the step's MCP servers, offered beside the built-in ones."""
         self.confinement = Confinement(tree, allowed_paths)
         self.tree = self.confinement.root
         self.home = home
@@ -101,6 +104,8 @@ class ToolBox:
         self.confiner = confiner or Confiner()
         self.log = ToolLog()
         self._ready = ready
+        self._mcp = mcp
+        self._mcp_names = frozenset() if mcp is None else mcp.names()
         self._written: set[str] | None = set()  # None: a command ran, it may have written any
         self._tools: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             "list_files": self._list_files,
@@ -113,7 +118,10 @@ class ToolBox:
 
     def tools(self) -> list[Any]:
         """The `tools` list to give the model."""
-        return schemas.tool_schemas(list(self.allowed_commands))
+        offered: list[Any] = schemas.tool_schemas(list(self.allowed_commands))
+        if self._mcp is not None:
+            offered += self._mcp.specs()
+        return offered
 
     def take_written(self) -> frozenset[str] | None:
         """The paths (relative to the tree) the tools may have changed since the last call,
@@ -134,7 +142,8 @@ class ToolBox:
         model's text."""
         if self._ready is not None:
             await self._ready()
-        with tracing.tool_call(name if name in self._tools else "unknown", call_id) as span:
+        known = name in self._tools or name in self._mcp_names
+        with tracing.tool_call(name if known else "unknown", call_id) as span:
             result = await self._call(name, arguments_json)
             span.set(ok=result.ok, refused=result.refused, error_code=result.code)
             span.set_standard({"error.type": result.code})
@@ -153,11 +162,15 @@ class ToolBox:
     async def _call(self, name: str, arguments_json: str | bytes) -> ToolResult:
         self.log.calls[name] += 1
         try:
+            if self._mcp is not None and name in self._mcp_names:
+                answer = await self._mcp.call(name, arguments_json)
+                return ToolResult(name=name, ok=True, content=self._cap(answer))
             tool = self._tools.get(name)
             if tool is None:
                 raise ToolFailed(
                     "unknown_tool",
-                    f"there is no tool {name!r}; the tools are {sorted(self._tools)}",
+                    f"there is no tool {name!r}; the tools are"
+                    f" {sorted({*self._tools, *self._mcp_names})}",
                 )
             try:
                 arguments = msgspec.json.decode(

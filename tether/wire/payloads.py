@@ -202,6 +202,19 @@ def _check_tool_answers(messages: tuple[ChatMessage, ...]) -> None:
         raise _at("messages", f"tool calls {open_calls} of the last message are not answered")
 
 
+McpServerName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+MCP_SERVERS_MAX = 8
+
+
+class McpServer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An MCP server an agent step starts over stdio, in its sandbox, in the worktree
+    (runner/agent/mcp.py): its tools are offered as `mcp__<name>__<tool>`. `command` is the
+    argv, run as an allowed command is (no shell, no secret in its environment)."""
+
+    name: McpServerName
+    command: Annotated[tuple[NonEmpty, ...], msgspec.Meta(min_length=1, max_length=64)]
+
+
 class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The payload of the built-in `agent` kind: a tool loop over `messages` (runner/agent/loop.py).
 
@@ -211,7 +224,8 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     its lease carries, under the task's allowed paths, and must not carry its own: the
     repository is never named in a payload. `max_tokens_total` is the step's token budget (all
     its attempts' completed turns), checked before each model call. `check_timeout_s` bounds
-    each of the task's checks (600 s when left out). A key not here is refused, never ignored.
+    each of the task's checks (600 s when left out). `mcp_servers` are started for the step
+    and their tools offered beside the built-in ones. A key not here is refused, never ignored.
     """
 
     messages: Annotated[tuple[ChatMessage, ...], msgspec.Meta(min_length=1)]
@@ -224,9 +238,14 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     check_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] | msgspec.UnsetType = (
         msgspec.UNSET
     )
+    mcp_servers: Annotated[tuple[McpServer, ...], msgspec.Meta(max_length=MCP_SERVERS_MAX)] = ()
 
     def __post_init__(self) -> None:
         _check_tool_answers(self.messages)
+        names = [server.name for server in self.mcp_servers]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise _at(f"mcp_servers[{i}].name", f"{name!r} is named twice")
         for i, command in enumerate(self.allowed_commands):
             try:
                 words = shlex.split(command)
