@@ -19,6 +19,7 @@ import pytest
 from tests.agent_repos import make_origin
 from tests.agent_services import ScriptedChat, call, lease_repository
 from tether.runner.agent import AgentKind, NoSandbox
+from tether.runner.agent.confine import CommandLimits
 from tether.runner.agent.mcp import McpUnavailable
 from tether.runner.agent.sandbox import Bubblewrap, Sandbox, detect_sandbox
 from tether.runner.errors import LeaseLost, LostBecause, OperatorProblem, StepRejected
@@ -46,13 +47,14 @@ async def run_step(
     body: dict[str, Any],
     *,
     commands_without_sandbox: bool = False,
+    command_limits: CommandLimits | None = None,
 ) -> StepOutput:
     origin, base = make_origin(
         tmp_path / "origin", {"src/app.py": "answer = 41\n", "tools/server.py": SERVER}
     )
     kind = AgentKind(
         cache_dir=tmp_path / "cache", sandbox=sandbox,
-        commands_without_sandbox=commands_without_sandbox,
+        commands_without_sandbox=commands_without_sandbox, command_limits=command_limits,
     )  # fmt: skip
     ctx = StepContext(
         step_id="step-1", task_id="task-1", name="fix", attempt=1, payload=body, outputs=(),
@@ -99,6 +101,22 @@ async def test_a_repositorys_own_server_is_called_inside_bubblewrap(
     assert [e["name"] for e in output["transcript"] if e["role"] == "tool"] == [
         "mcp__repo__echo", "mcp__repo__read", "mcp__repo__read", "mcp__repo__fail",
     ]  # fmt: skip
+
+
+async def test_a_server_runs_under_the_command_limits(
+    tmp_path: Path, bubblewrap: Bubblewrap
+) -> None:
+    chat = ScriptedChat(
+        [call("mcp__repo__write", path="small.bin", size=1000),
+         call("mcp__repo__write", path="big.bin", size=2 * 1024 * 1024)],
+        "done",
+    )  # fmt: skip
+    limits = CommandLimits(max_file_mb=1)  # the runner's command_max_file_mb
+    await run_step(tmp_path, bubblewrap, chat, payload(repo_server()), command_limits=limits)
+    small, big = chat.tool_results(1)
+    assert small == {"content": "written"}
+    assert big["error"] == "mcp_tool_error"
+    assert "File too large" in big["detail"]  # RLIMIT_FSIZE, as for an allowed command
 
 
 async def test_without_a_sandbox_no_server_starts_unless_the_operator_allows_it(
