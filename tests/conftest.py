@@ -301,7 +301,8 @@ class ApiHarness:
     """A supervisor app on its own ledger file with its lifespan entered, reached through
     `httpx.ASGITransport`. Tokens were made on the file beforehand, as the CLI makes them:
     `operator` acts for tenant acme, `rival` for another tenant, `runner` for the default pool,
-    `stranger` for another pool. Each is a ready `Authorization` header."""
+    `intruder` is a second runner token of that pool (a lease belongs to the token that claimed
+    it), `stranger` a runner token of another pool. Each is a ready `Authorization` header."""
 
     app: Any
     client: Any  # httpx.AsyncClient
@@ -397,6 +398,7 @@ async def open_api(path: Path, clock: FakeClock, **settings: Any) -> AsyncIterat
             ("operator", API_TENANT, "operator"),
             ("rival", API_RIVAL, "operator"),
             ("runner", API_POOL, "runner"),
+            ("intruder", API_POOL, "runner"),
             ("stranger", "elsewhere", "runner"),
         ]
     }

@@ -31,18 +31,19 @@ def test_only_unbound_leases_are_remembered_and_each_is_taken_once() -> None:
 
 
 class CountingReads:
-    """The app's ledger with its `binding_of_step` reads counted (the real reads still run)."""
+    """The app's ledger with the binding read a report pays counted (the real reads still
+    run): `binding_of_lease`, which also asks whether the reporting token holds the lease."""
 
     def __init__(self, api: ApiHarness) -> None:
         self.calls: list[str] = []
         ledger = api.app.state.ledger
-        real = ledger.binding_of_step
+        real = ledger.binding_of_lease
 
-        async def counted(step_id: str, pool: str | None) -> Any:
+        async def counted(step_id: str, fence: int, token_id: str | None, pool: str | None) -> Any:
             self.calls.append(step_id)
-            return await real(step_id, pool)
+            return await real(step_id, fence, token_id, pool)
 
-        ledger.binding_of_step = counted
+        ledger.binding_of_lease = counted
 
 
 async def test_a_chat_result_reads_no_binding_unless_it_was_forgotten(api: ApiHarness) -> None:

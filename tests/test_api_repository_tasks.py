@@ -279,6 +279,32 @@ async def test_a_fenced_out_attempts_late_bundle_only_makes_its_own_ref(
     assert step["candidate_sha"] == ours["candidate_sha"]
 
 
+async def test_another_tokens_bundle_makes_no_ref_and_the_holders_commits(
+    api: ApiHarness, origin: Origin
+) -> None:
+    """A second runner token of the pool reports its own bundle on a lease it does not hold,
+    before the holder: `not_found` before any git runs, so the attempt's ref is still free
+    for the holder's candidate (the issue's finding 3: once it took the ref, the holder's
+    own bundle could no longer be imported there)."""
+    task_id = await queued(api, origin)
+    [lease] = await api.claim()
+    forged = await work(api, origin, lease, "forged", checks={})
+    forged["candidate_sha"], forged["bundle"] = await _late_bundle(api, origin)
+    body = {"fence": lease["fence"], "payload_hash": lease["payload_hash"], "output": "forged"}
+    answer = await api.client.post(
+        f"/v1/steps/{lease['step_id']}/result", headers=api.auth("intruder"), json=body | forged
+    )
+    assert_error(answer, 404, "not_found")
+    mirror = api.app.state.mirrors.path(origin.url)
+    ref = candidate_ref(task_id, lease["step_id"], lease["fence"])
+    assert not mirror.exists() or sh("git", "for-each-ref", ref, cwd=mirror) == ""  # no ref
+    ours = await work(api, origin, lease, "ours")
+    assert (await api.report(lease, **ours)).json() == {"outcome": "applied"}
+    assert rev(mirror, ref) == ours["candidate_sha"]
+    [step] = (await view(api, task_id))["steps"]
+    assert (step["candidate_sha"], step["output"]) == (ours["candidate_sha"], "done")
+
+
 async def _late_bundle(api: ApiHarness, origin: Origin) -> tuple[str, str]:
     data, sha = candidate(origin, "late-bundle", {"src/app.py": "def answer():\n    return 7\n"})
     return sha, await upload(api, data)

@@ -57,12 +57,19 @@ async def test_results_of_several_steps_commit_together_each_answered_in_order(
 async def test_each_refused_result_gets_the_single_routes_status_and_code(
     api: ApiHarness,
 ) -> None:
-    good, stale, drifted = await leases(api, 3)
+    good, stale, drifted, unheld = await leases(api, 4)
+    for held in (good, unheld):  # acknowledged; `stale` is not, and its window lapses
+        renewed = await api.client.post(
+            f"/v1/leases/{held['step_id']}/renew", headers=api.runner, json={"fence": held["fence"]}
+        )
+        assert renewed.status_code == 200, renewed.text
+    api.clock.advance(10.5)
     items = [
         item(good),
-        item(stale, fence=stale["fence"] + 1000),
+        item(stale),
         item(drifted, payload_hash="0" * 64),
         item(good | {"step_id": "no-such-step"}),
+        item(unheld, fence=unheld["fence"] + 1000),  # a fence the step never had
     ]
     answers = (await post(api, items)).json()["results"]
     assert answers[0] == {"step_id": good["step_id"], "outcome": "applied"}
@@ -70,12 +77,25 @@ async def test_each_refused_result_gets_the_single_routes_status_and_code(
         (stale["step_id"], 409, "stale_fence"),
         (drifted["step_id"], 409, "payload_drift"),
         ("no-such-step", 404, "not_found"),
+        (unheld["step_id"], 404, "not_found"),
     ]
     assert all(a["detail"].strip() for a in answers[1:])
     # The single route answers the same for the same reports.
-    single = await api.report(stale, fence=stale["fence"] + 1000)
+    single = await api.report(stale)
     assert_error(single, 409, "stale_fence")
+    assert_error(await api.report(unheld, fence=unheld["fence"] + 1000), 404, "not_found")
     assert count(api.path, "effects") == 1
+
+
+async def test_a_lease_another_token_holds_is_not_found_and_stays_its_holders(
+    api: ApiHarness,
+) -> None:
+    [lease] = await leases(api, 1)
+    answers = (await post(api, [item(lease, output="forged")], who="intruder")).json()["results"]
+    assert (answers[0]["status"], answers[0]["error"]) == (404, "not_found")
+    assert count(api.path, "effects") == 0
+    [honest] = (await post(api, [item(lease)])).json()["results"]
+    assert honest == {"step_id": lease["step_id"], "outcome": "applied"}
 
 
 async def test_another_pools_step_is_not_found_there_too(api: ApiHarness) -> None:
@@ -130,7 +150,7 @@ async def test_a_storage_failure_is_503_unavailable_on_both_routes(
 
     [lease] = await leases(api, 1)
 
-    async def broken(*_args: Any) -> Any:
+    async def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageError("disk I/O error")
 
     monkeypatch.setattr(api.app.state.ledger, "report", broken)

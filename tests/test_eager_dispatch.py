@@ -8,7 +8,6 @@ from typing import Any
 
 import anyio
 import httpx
-import msgspec
 
 from tether.clocks import LoopClock
 from tether.runner.credentials import SecretSource
@@ -65,22 +64,26 @@ async def test_a_result_with_want_grants_up_to_want_in_the_results_batch(
     assert len(await ledger.claim("r1", "default", 10, 0)) == 1
 
 
-async def test_a_refused_result_grants_nothing(ledger: SqliteLedger) -> None:
+async def test_a_refused_result_grants_nothing(ledger: SqliteLedger, clock: FakeClock) -> None:
     await queued_task(ledger, "k0")
     await queued_task(ledger, "k1")
     [lease] = await ledger.claim("r1", "default", 1, 0)
-    stale = msgspec.structs.replace(report_for(lease), fence=lease.fence + 1000)
-    outcomes, granted = await report_and_claim(ledger, [stale], want=3)
+    clock.advance(10.5)  # never acknowledged: the lease lapsed with its acceptance window
+    outcomes, granted = await report_and_claim(ledger, [report_for(lease)], want=3)
     assert isinstance(outcomes[0], StaleFence)
     assert granted == []
     assert len(await ledger.claim("r1", "default", 10, 0)) == 1  # the other task still queued
 
 
-async def test_each_result_not_accepted_takes_one_lease_off_want(ledger: SqliteLedger) -> None:
+async def test_each_result_not_accepted_takes_one_lease_off_want(
+    ledger: SqliteLedger, clock: FakeClock
+) -> None:
     for k in range(5):
         await queued_task(ledger, f"k{k}")
     good, bad = await ledger.claim("r1", "default", 2, 0)
-    reports = [report_for(good), msgspec.structs.replace(report_for(bad), fence=bad.fence + 1000)]
+    await ledger.renew(good.step_id, good.fence)  # acknowledged; `bad` is not, and lapses
+    clock.advance(10.5)
+    reports = [report_for(good), report_for(bad)]
     _outcomes, granted = await report_and_claim(ledger, reports, want=3)
     assert len(granted) == 2
 
@@ -139,7 +142,8 @@ async def test_a_refused_result_on_the_route_grants_nothing(api: ApiHarness) -> 
     await api.queued("k1")
     [lease] = await api.claim()
     attempts = count(api.path, "attempts")
-    answer = await api.report(lease, fence=lease["fence"] + 1000, want=want(2))
+    api.clock.advance(10.5)  # never acknowledged: the lease lapsed with its acceptance window
+    answer = await api.report(lease, want=want(2))
     assert answer.status_code == 409
     assert answer.json()["error"] == "stale_fence"
     assert count(api.path, "attempts") == attempts

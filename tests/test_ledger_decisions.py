@@ -26,6 +26,8 @@ from tether.wire import ReleaseReason
 
 pytestmark = pytest.mark.backends
 
+# The runner token the leases here are claimed with: their renew, release and result carry it
+# too, since a lease belongs to the token it was granted to.
 TOKEN = "tok-a1"
 STEP_FIELDS = {"task_id", "step_id", "attempt", "fence", "runner_id", "token_id", "tenant", "pool"}
 
@@ -66,8 +68,8 @@ async def test_a_step_that_succeeds_logs_created_approved_granted_committed_veri
         created = await ledger.create_task(spec)
         await ledger.approve("acme", created.task_id, spec.plan_hash, None)
         [lease] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
-        await ledger.renew(lease.step_id, lease.fence)
-        await ledger.report(report_for(lease, "the secret output"))
+        await ledger.renew(lease.step_id, lease.fence, token_id=TOKEN)
+        await ledger.report(report_for(lease, "the secret output"), token_id=TOKEN)
     task_id = created.task_id
     assert [(line["event"], line["log_level"]) for line in logs] == [
         ("task created", "info"),
@@ -143,7 +145,7 @@ async def test_a_refused_renew_logs_renew_refused_at_warning_with_code_and_attem
     clock.advance(31)
     await ledger.expire()
     with capture_logs() as logs, pytest.raises(StaleFence):
-        await ledger.renew(first.step_id, first.fence)
+        await ledger.renew(first.step_id, first.fence, token_id=TOKEN)
     refused = only(logs, "renew refused")
     assert refused["log_level"] == "warning"
     assert refused["code"] == "stale_fence"
@@ -158,13 +160,13 @@ async def test_refused_results_log_result_refused_with_their_codes(
     [lease] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
     drifted = Report(step_id=lease.step_id, fence=lease.fence, payload_hash="0" * 64, output="x")
     with capture_logs() as logs, pytest.raises(PayloadDrift):
-        await ledger.report(drifted)
+        await ledger.report(drifted, token_id=TOKEN)
     refused = only(logs, "result refused")
     assert (refused["code"], refused["log_level"]) == ("payload_drift", "warning")
     assert_about_attempt(refused, lease)
     await ledger.cancel("acme", task_id, "changed mind")
     with capture_logs() as logs, pytest.raises(TerminalState):
-        await ledger.report(report_for(lease))
+        await ledger.report(report_for(lease), token_id=TOKEN)
     assert only(logs, "result refused")["code"] == "terminal"
     assert only(logs, "result refused")["task_id"] == task_id
 
@@ -174,9 +176,9 @@ async def test_a_replayed_result_logs_replayed_with_the_committing_attempt(
 ) -> None:
     await queued_task(ledger)
     [lease] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
-    await ledger.report(report_for(lease))
+    await ledger.report(report_for(lease), token_id=TOKEN)
     with capture_logs() as logs:
-        assert await ledger.report(report_for(lease)) == "replayed"
+        assert await ledger.report(report_for(lease), token_id=TOKEN) == "replayed"
     replayed = only(logs, "result replayed")
     assert replayed["log_level"] == "info"
     assert_about_attempt(replayed, lease)
@@ -188,7 +190,9 @@ async def test_releases_log_released_then_requeued_or_the_task_failed(
     await queued_task(ledger, "k1")
     [lease] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
     with capture_logs() as logs:
-        await ledger.release(lease.step_id, lease.fence, ReleaseReason.SHUTDOWN, True, "bye")
+        await ledger.release(
+            lease.step_id, lease.fence, ReleaseReason.SHUTDOWN, True, "bye", token_id=TOKEN
+        )
     assert [line["event"] for line in logs] == ["lease released", "step requeued"]
     assert_about_attempt(logs[0], lease)
     assert (logs[0]["reason"], logs[0]["retryable"]) == ("shutdown", True)
@@ -196,7 +200,9 @@ async def test_releases_log_released_then_requeued_or_the_task_failed(
 
     [again] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
     with capture_logs() as logs:
-        await ledger.release(again.step_id, again.fence, ReleaseReason.INVALID, False, "400")
+        await ledger.release(
+            again.step_id, again.fence, ReleaseReason.INVALID, False, "400", token_id=TOKEN
+        )
     assert [(line["event"], line["log_level"]) for line in logs] == [
         ("lease released", "info"),
         ("task failed", "warning"),
@@ -226,7 +232,7 @@ async def test_a_verification_that_fails_logs_task_failed(ledger: SqliteLedger) 
     await ledger.approve("acme", created.task_id, spec.plan_hash, "a" * 40, "a" * 40)
     [lease] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
     with capture_logs() as logs:
-        await ledger.report(report_for(lease), evidence=Evidence(head_sha="a" * 40))
+        await ledger.report(report_for(lease), evidence=Evidence(head_sha="a" * 40), token_id=TOKEN)
     failed = only(logs, "task failed")
     assert failed["log_level"] == "warning"
     assert failed["task_id"] == created.task_id

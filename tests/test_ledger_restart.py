@@ -11,9 +11,9 @@ import pytest
 
 from tether.supervisor.ledger import (
     IntegrityCheckFailed,
+    NotFound,
     SchemaTooNew,
     SqliteLedger,
-    StaleFence,
     StorageError,
     schema,
 )
@@ -77,7 +77,8 @@ async def test_a_ledger_restored_from_a_backup_never_hands_out_a_fence_again(
 ) -> None:
     """The backup knows nothing of the grants after it; a runner may still hold one of them.
     The same step, granted again after the restore, gets another fence, so that runner's
-    renew and result are refused as stale."""
+    renew and result are refused: `not_found`, since the restored ledger holds no attempt
+    under that fence (a lease it never granted is no lease), and the runner drops the step."""
     backup = tmp_path / "backup.db"
     async with open_ledger(ledger_path, clock) as ledger:
         await queued_task(ledger, "k")
@@ -91,9 +92,9 @@ async def test_a_ledger_restored_from_a_backup_never_hands_out_a_fence_again(
         [again] = await ledger.claim("r2", "default", 1, 0)
         assert again.step_id == after_backup.step_id
         assert again.fence > after_backup.fence
-        with pytest.raises(StaleFence):
+        with pytest.raises(NotFound):
             await ledger.renew(after_backup.step_id, after_backup.fence)
-        with pytest.raises(StaleFence):
+        with pytest.raises(NotFound):
             await ledger.report(report_for(after_backup))
         assert await ledger.report(report_for(again)) is Outcome.APPLIED
 

@@ -531,10 +531,16 @@ async def test_the_real_supervisor_takes_a_checkpoint_and_refuses_a_stale_one(
     await svc.checkpoint(turn)
     assert svc.checkpoints == 1
 
-    stale = real_services(api, dict(lease, fence=lease["fence"] - 1))
+    api.clock.advance(31)  # past the TTL: the lease lapsed, its fence is stale
     with pytest.raises(LeaseLost) as lost:
-        await stale.checkpoint(Checkpoint(fence=lease["fence"] - 1, turn=2, transcript=transcript))
+        await svc.checkpoint(Checkpoint(fence=lease["fence"], turn=2, transcript=transcript))
     assert lost.value.because is LostBecause.STALE_FENCE
+    guessed = real_services(api, dict(lease, fence=lease["fence"] - 1))
+    with pytest.raises(LeaseLost) as lost:  # a fence the step never had: no such lease
+        await guessed.checkpoint(
+            Checkpoint(fence=lease["fence"] - 1, turn=2, transcript=transcript)
+        )
+    assert lost.value.because is LostBecause.NOT_FOUND
 
 
 async def test_a_kind_that_reports_no_usage_is_charged_what_its_model_calls_spent(

@@ -201,7 +201,9 @@ async def on_current_heads(request: Request, leases: list[Lease], pool: str) -> 
 async def renew(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
     ask = await read(request, RenewRequest)
-    renewal = await _ledger(request).renew(request.path_params["step_id"], ask.fence, who.scope)
+    renewal = await _ledger(request).renew(
+        request.path_params["step_id"], ask.fence, who.scope, token_id=who.token_id
+    )
     return record_response(renewal)
 
 
@@ -219,7 +221,7 @@ async def renewals(request: Request) -> Response:
 
     async def one(n: int, lease: LeaseRef) -> None:
         try:
-            r = await ledger.renew(lease.step_id, lease.fence, who.scope)
+            r = await ledger.renew(lease.step_id, lease.fence, who.scope, token_id=who.token_id)
         except LedgerError as exc:
             code = ledger_error_code(exc, request.url.path)
             answers[n] = RenewalItem(
@@ -251,13 +253,18 @@ async def release(request: Request) -> Response:
         ask.detail[:MAX_TEXT],
         who.scope,
         ask.usage,
+        token_id=who.token_id,
     )
     return record_response(Released())
 
 
-async def evidence_for(request: Request, report: Report, pool: str) -> Evidence | None:
-    """What the supervisor observes about `report` when its step's task names a repository
-    (None when it names none): git and the artifact store, before the ledger's rule.
+async def evidence_for(
+    request: Request, report: Report, pool: str, token_id: str
+) -> Evidence | None:
+    """What the supervisor observes about `report` by the runner token `token_id` when its
+    step's task names a repository (None when it names none): git and the artifact store,
+    before the ledger's rule. A report on a lease the token does not hold is `not_found` here,
+    before any bundle is imported (`fencing.binding_of_lease`).
 
     Whether the report names a candidate cannot decide it: a repository-bound step's report
     needs evidence even without one (its head is read). So the step's binding is read, except
@@ -268,7 +275,7 @@ async def evidence_for(request: Request, report: Report, pool: str) -> Evidence 
     if unbound.take(report.step_id):
         return None
     ledger = _ledger(request)
-    binding = await ledger.binding_of_step(report.step_id, pool)
+    binding = await ledger.binding_of_lease(report.step_id, report.fence, token_id, pool)
     if binding is None:
         return None
     mirrors: Mirrors = request.app.state.mirrors
@@ -283,7 +290,7 @@ async def result(request: Request) -> Response:
     who = await require(request, Role.RUNNER)
     ask = await read(request, Result)
     report = ask.for_step(request.path_params["step_id"])
-    evidence = await evidence_for(request, report, who.scope)
+    evidence = await evidence_for(request, report, who.scope, who.token_id)
     header = request.headers.get("traceparent")
     eager = EagerGrant(request, ask.want, who.scope, who.token_id)
     outcomes: list[Outcome] = []
@@ -292,7 +299,10 @@ async def result(request: Request) -> Response:
     async def one() -> None:
         try:
             with tracing.commit(report.step_id, report.fence, header=header) as span:
-                outcomes.append(await _ledger(request).report(report, who.scope, evidence))
+                outcome = await _ledger(request).report(
+                    report, who.scope, evidence, token_id=who.token_id
+                )
+                outcomes.append(outcome)
                 span.set(outcome=str(outcomes[0]))
         except LedgerError as exc:
             refused.append(exc)
@@ -335,7 +345,7 @@ async def results(request: Request) -> Response:
     async def observe(n: int, report: Report) -> None:
         try:
             async with gatherers:
-                evidence[n] = await evidence_for(request, report, who.scope)
+                evidence[n] = await evidence_for(request, report, who.scope, who.token_id)
         except (LedgerError, RepositoryUnavailable) as exc:
             answers[n] = _item_error(request, report.step_id, exc)
 
@@ -344,7 +354,7 @@ async def results(request: Request) -> Response:
     async def one(n: int, report: Report) -> None:
         try:
             with tracing.commit(report.step_id, report.fence, header=header, sole=sole) as span:
-                outcome = await ledger.report(report, who.scope, evidence[n])
+                outcome = await ledger.report(report, who.scope, evidence[n], token_id=who.token_id)
                 span.set(outcome=str(outcome))
         except LedgerError as exc:
             answers[n] = _item_error(request, report.step_id, exc)
@@ -383,7 +393,9 @@ async def checkpoint(request: Request) -> Response:
         problem = await artifacts.problem(digest, f"the checkpoint's {field}")
         if problem is not None:
             raise ApiError(ErrorCode.INVALID_FIELD, f"{field!r}: {problem.detail}")
-    done = await _ledger(request).checkpoint(request.path_params["step_id"], ask, who.scope)
+    done = await _ledger(request).checkpoint(
+        request.path_params["step_id"], ask, who.scope, token_id=who.token_id
+    )
     return record_response(done)
 
 

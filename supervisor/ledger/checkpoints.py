@@ -12,20 +12,23 @@ from __future__ import annotations
 
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, StaleFence
-from tether.supervisor.ledger.fencing import about_step, charge, find_step, require_current
+from tether.supervisor.ledger.fencing import about_step, charge, held_step, require_current
 from tether.supervisor.ledger.states import StepState
 from tether.supervisor.ledger.tx import Tx, dumps
 from tether.wire.records import Checkpoint, Checkpointed
 
 
-def checkpoint(tx: Tx, step_id: str, cp: Checkpoint, pool: str | None = None) -> Checkpointed:
-    """Accept `cp` as the step's latest checkpoint and answer the turn it resumes after.
+def checkpoint(
+    tx: Tx, step_id: str, cp: Checkpoint, pool: str | None = None, *, token_id: str | None = None
+) -> Checkpointed:
+    """Accept `cp` as the step's latest checkpoint, from the token holding the lease
+    (`held_step`), and answer the turn it resumes after.
 
     The same turn again under the same fence is the same answer and changes nothing; a turn
     below the one held is refused (`InvalidRequest`), as is a bundle without its commit.
     """
     tx.request = "checkpoint"
-    step = find_step(tx, step_id, pool)
+    step = held_step(tx, step_id, cp.fence, token_id, pool)
     spent = charge(tx, step, cp.fence, cp.usage)
     require_current(tx, step, cp.fence)
     if step["state"] != StepState.LEASED:

@@ -15,7 +15,7 @@ from tether.supervisor.ledger.fencing import (
     about_step,
     charge,
     end_attempt,
-    find_step,
+    held_step,
     require_current,
 )
 from tether.supervisor.ledger.journal import append_event
@@ -39,10 +39,16 @@ def effect_identity(tx: Tx, step: Row, rep: Report) -> str | None:
 
 
 def report(
-    tx: Tx, rep: Report, pool: str | None = None, evidence: Evidence | None = None
+    tx: Tx,
+    rep: Report,
+    pool: str | None = None,
+    evidence: Evidence | None = None,
+    *,
+    token_id: str | None = None,
 ) -> Outcome:
-    """Commit the step's one effect, or return `replayed` if it is already committed. The
-    report's usage counts toward the tenant's budget, committed or refused (`charge`).
+    """Commit the step's one effect, or return `replayed` if it is already committed. Only
+    the token the attempt under `rep.fence` was granted to may report it (`held_step`); the
+    report's usage then counts toward the tenant's budget, committed or refused (`charge`).
 
     A step of a repository-bound task commits only with `evidence`, what the adapters observed
     about this report; it is kept on the step with the bundle and the check runs. When the
@@ -50,7 +56,7 @@ def report(
     once) and the task fails `stale_base` at once, so no later step runs on a moved base.
     """
     tx.request = "result"
-    step = find_step(tx, rep.step_id, pool)
+    step = held_step(tx, rep.step_id, rep.fence, token_id, pool)
     spent = charge(tx, step, rep.fence, rep.usage)
     about = {"task_id": step["task_id"], "step_id": rep.step_id, "fence": rep.fence}
     if rep.payload_hash != step["payload_hash"]:

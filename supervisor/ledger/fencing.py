@@ -15,7 +15,7 @@ from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.states import AttemptState, StepState, TaskState, transition
-from tether.supervisor.ledger.tx import Row, Tx, dumps, loads
+from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
 from tether.wire import ReleaseReason
 from tether.wire.records import (
     MAX_CAPACITY,
@@ -188,24 +188,45 @@ def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
     )  # fmt: skip
 
 
-def find_step(tx: Tx, step_id: str, pool: str | None) -> Row:
+def find_step(s: Statements, step_id: str, pool: str | None) -> Row:
     """The step with its task's state, tenant and pool; `NotFound` outside the runner's pool."""
-    step = tx.one("step_with_task", (step_id,))
+    step = s.one("step_with_task", (step_id,))
     if step is None or (pool is not None and step["pool"] != pool):
         raise NotFound(f"no step {step_id}")
     return step
 
 
-def current_step(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Row:
-    """The step, if `fence` is its current token and its lease has not lapsed on the
-    supervisor's clock; else `StaleFence`, to be recorded.
+def held_step(
+    s: Statements, step_id: str, fence: int, token_id: str | None, pool: str | None = None
+) -> Row:
+    """The step (as `find_step` reads it), if an attempt of it was granted under `fence` to
+    the token `token_id` (None: a lease claimed without a token, in process); else
+    `NotFound`, the answer an unknown step gets.
 
-    A lease past its deadline is over even before the reaper has requeued it: neither a renew
-    nor a result may bring it back.
+    A lease belongs to the token that claimed it: every rule about a lease (renew, release,
+    result, checkpoint) and every read a report's evidence needs asks this first, so another
+    runner token of the same pool, knowing or guessing the fence, learns nothing and changes
+    nothing. Whether the fence is still current is `require_current`'s question, asked after.
     """
-    step = find_step(tx, step_id, pool)
-    require_current(tx, step, fence)
+    step = s.one("held_step_with_task", (fence, step_id))
+    if (
+        step is None
+        or (pool is not None and step["pool"] != pool)
+        or step["held_fence"] is None
+        or step["held_token_id"] != token_id
+    ):
+        raise NotFound(f"no step {step_id}")
     return step
+
+
+def binding_of_lease(
+    s: Statements, step_id: str, fence: int, token_id: str | None, pool: str | None
+) -> repositories.Binding | None:
+    """The binding of the step's task, for a report under `fence` by `token_id` (`held_step`
+    first): what the evidence of a report is gathered against, so no bundle but the lease
+    holder's is ever imported under the attempt's ref."""
+    held_step(s, step_id, fence, token_id, pool)
+    return repositories.binding_of_step(s, step_id, pool)
 
 
 def require_current(tx: Tx, step: Row, fence: int) -> None:
@@ -276,11 +297,15 @@ def budget_exhausted(tx: Tx, tenant: str) -> bool:
     return row is not None
 
 
-def renew(tx: Tx, step_id: str, fence: int, pool: str | None = None) -> Renewal:
-    """Extend a lease by one TTL from now; say whether the task was cancelled meanwhile, and
-    whether its tenant's budget is spent (the runner then releases the step uncounted)."""
+def renew(
+    tx: Tx, step_id: str, fence: int, pool: str | None = None, *, token_id: str | None = None
+) -> Renewal:
+    """Extend a lease of `token_id`'s by one TTL from now; say whether the task was cancelled
+    meanwhile, and whether its tenant's budget is spent (the runner then releases the step
+    uncounted)."""
     tx.request = "renew"
-    step = current_step(tx, step_id, fence, pool)
+    step = held_step(tx, step_id, fence, token_id, pool)
+    require_current(tx, step, fence)
     cfg = tx.config
     if step["task_state"] == TaskState.CANCELLED:
         return Renewal(ttl_s=0.0, renew_every_s=cfg.renew_every_s, cancelled=True)
@@ -306,14 +331,17 @@ def release(
     detail: str,
     pool: str | None = None,
     usage: Mapping[str, int] | None = None,
+    *,
+    token_id: str | None = None,
 ) -> None:
-    """Hand a lease back. Non-retryable fails the task; operator-side, shutdown and preempted
-    releases requeue without counting; the rest count toward `max_attempts`. A requeued step
-    is leasable at once: no lease deadline or acceptance window is left to wait out. The
-    tokens the attempt spent (`usage`) count toward its tenant's budget even if the release
-    is refused."""
+    """Hand a lease of `token_id`'s back. Non-retryable fails the task; operator-side,
+    shutdown and preempted releases requeue without counting; the rest count toward
+    `max_attempts`. A requeued step is leasable at once: no lease deadline or acceptance window
+    is left to wait out. The tokens the attempt spent (`usage`) count toward its tenant's
+    budget even if the release is refused as stale (never when it is not the caller's
+    lease)."""
     tx.request = "release"
-    step = find_step(tx, step_id, pool)
+    step = held_step(tx, step_id, fence, token_id, pool)
     spent = charge(tx, step, fence, usage or {})
     require_current(tx, step, fence)
     if step["task_state"] == TaskState.CANCELLED:

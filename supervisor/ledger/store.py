@@ -226,6 +226,13 @@ class LedgerStore:
     async def binding_of_step(self, step_id: str, pool: str | None) -> repositories.Binding | None:
         return await self.read(lambda db: repositories.binding_of_step(db, step_id, pool))
 
+    async def binding_of_lease(
+        self, step_id: str, fence: int, token_id: str | None, pool: str | None
+    ) -> repositories.Binding | None:
+        return await self.read(
+            lambda db: fencing.binding_of_lease(db, step_id, fence, token_id, pool)
+        )
+
     async def committed_candidates(self, url: str) -> list[repositories.Candidate]:
         return await self.read(lambda db: repositories.committed_candidates(db, url))
 
@@ -298,8 +305,12 @@ class LedgerStore:
         self.counters.leases_granted += len(leases)
         return leases
 
-    async def renew(self, step_id: str, fence: int, pool: str | None = None) -> Renewal:
-        renewal = await self.write(lambda tx: fencing.renew(tx, step_id, fence, pool))
+    async def renew(
+        self, step_id: str, fence: int, pool: str | None = None, *, token_id: str | None = None
+    ) -> Renewal:
+        renewal = await self.write(
+            lambda tx: fencing.renew(tx, step_id, fence, pool, token_id=token_id)
+        )
         self.counters.leases_renewed += 1
         return renewal
 
@@ -312,25 +323,38 @@ class LedgerStore:
         detail: str,
         pool: str | None = None,
         usage: Mapping[str, int] | None = None,
+        *,
+        token_id: str | None = None,
     ) -> None:
         await self.write(
-            lambda tx: fencing.release(tx, step_id, fence, reason, retryable, detail, pool, usage)
+            lambda tx: fencing.release(
+                tx, step_id, fence, reason, retryable, detail, pool, usage, token_id=token_id
+            )
         )
         self.counters.leases_released += 1
         if reason is ReleaseReason.PREEMPTED:
             self.counters.leases_preempted += 1
 
     async def report(
-        self, rep: Report, pool: str | None = None, evidence: Evidence | None = None
+        self,
+        rep: Report,
+        pool: str | None = None,
+        evidence: Evidence | None = None,
+        *,
+        token_id: str | None = None,
     ) -> ResultOutcome:
-        outcome = await self.write(lambda tx: effects.report(tx, rep, pool, evidence))
+        outcome = await self.write(
+            lambda tx: effects.report(tx, rep, pool, evidence, token_id=token_id)
+        )
         self.counters.commits[outcome] += 1
         return outcome
 
     async def checkpoint(
-        self, step_id: str, cp: Checkpoint, pool: str | None = None
+        self, step_id: str, cp: Checkpoint, pool: str | None = None, *, token_id: str | None = None
     ) -> Checkpointed:
-        return await self.write(lambda tx: checkpoints.checkpoint(tx, step_id, cp, pool))
+        return await self.write(
+            lambda tx: checkpoints.checkpoint(tx, step_id, cp, pool, token_id=token_id)
+        )
 
     async def keep_log_lines(
         self, lines: Sequence[LogLine], pool: str, token_id: str

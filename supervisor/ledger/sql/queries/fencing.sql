@@ -92,3 +92,11 @@ UPDATE steps SET state = CASE WHEN state = ? THEN ? ELSE ? END,
     fence = NULL, lease_deadline = NULL, accept_deadline = NULL
 WHERE task_id = ? AND state NOT IN (?, ?)
     AND id NOT IN (SELECT step_id FROM outbox WHERE state IN (?, ?));
+
+-- name: held_step_with_task
+-- `step_with_task`, with the fence and runner token of the step's attempt under a given fence (NULL when the step never had that fence).
+SELECT s.*, t.state AS task_state, t.tenant, t.pool, t.repository, t.approved_base_sha,
+    a.token_id AS lease_token_id, h.fence AS held_fence, h.token_id AS held_token_id
+FROM steps s JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence
+    LEFT JOIN attempts h ON h.step_id = s.id AND h.fence = ?
+WHERE s.id = ?;
