@@ -99,7 +99,7 @@ async def test_lines_sit_among_the_journal_in_receipt_order_not_the_runners_cloc
     await ledger.keep_log_lines([line(second, "step leased")], POOL, "tok-b")
     # runner-a's last line arrives late, after runner-b's lease: it sorts where it arrived.
     await ledger.keep_log_lines([line(first, "late line")], POOL, "tok-a")
-    await ledger.report(report_for(second), POOL)
+    await ledger.report(report_for(second), POOL, token_id="tok-b")  # the lease is tok-b's
     await ledger.keep_log_lines([line(second, "step reported")], POOL, "tok-b")
     log = await ledger.task_log(task_id, "acme", 0, 0)
     story = [(e.source, e.event, e.runner_id) for e in log.entries]
