@@ -132,22 +132,31 @@ class SupervisorServices:
 
         return await while_unreachable(call, clock=self._clock, stop=out_of_time, max_wait_s=5.0)
 
+    @property
+    def _for_lease(self) -> tuple[str, int]:
+        return self._lease.step_id, self._lease.fence
+
     async def upload(self, data: bytes | Path) -> str:
-        """Store `data` (bytes, or the contents of the file at that path) and return its
-        sha256. `ArtifactRefused` when the store refuses it (413: larger than its
-        `artifact_max_bytes`; 422: the bytes changed on the way)."""
+        """Store `data` (bytes, or the contents of the file at that path) for this attempt's
+        lease, and return its sha256. `ArtifactRefused` when the store refuses it (413: larger
+        than its `artifact_max_bytes`, or past the pool's `artifact_quota_bytes`; 422: the
+        bytes changed on the way); `LeaseLost` when the lease is no longer this attempt's."""
         if isinstance(data, bytes):
             digest = hashlib.sha256(data).hexdigest()
 
             async def send() -> object:
-                return await self._client.put_artifact(digest, data, size=len(data))
+                return await self._client.put_artifact(
+                    digest, data, size=len(data), lease=self._for_lease
+                )
 
         else:
             path = Path(data)
             digest, size = await anyio.to_thread.run_sync(file_digest, path)
 
             async def send() -> object:
-                return await self._client.put_artifact(digest, file_chunks(path, size), size=size)
+                return await self._client.put_artifact(
+                    digest, file_chunks(path, size), size=size, lease=self._for_lease
+                )
 
         try:
             await self._retried(send, self._transfer_retry_s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import TypeVar
+from urllib.parse import urlencode
 
 import anyio
 import httpx
@@ -568,15 +569,25 @@ class SupervisorClient:
         return _answer(response, LogLinesKept, "log lines")
 
     async def put_artifact(
-        self, digest: str, content: bytes | AsyncIterable[bytes], *, size: int
+        self,
+        digest: str,
+        content: bytes | AsyncIterable[bytes],
+        *,
+        size: int,
+        lease: tuple[str, int] | None = None,
     ) -> ArtifactStored:
-        """`PUT /v1/artifacts/{digest}` with `size` bytes (a stream is never held whole).
-        `SupervisorRefused` for a refusal: 413 `body_too_large`, 422 `digest_mismatch`."""
+        """`PUT /v1/artifacts/{digest}` with `size` bytes (a stream is never held whole), for
+        `lease` (step id, fence) when given: only that task's tenant may then read them.
+        `SupervisorRefused` for a refusal: 413 `body_too_large` or `quota_exceeded`, 422
+        `digest_mismatch`; `LeaseLost` when the lease is no longer this runner's."""
+        path = f"/artifacts/{digest}"
+        if lease is not None:
+            path += "?" + urlencode({"step_id": lease[0], "fence": lease[1]})
         with tracing.span("tether.artifact.upload", digest=digest, bytes=size) as span:
             response = _stop_or_retry(
                 await self._request(
                     "PUT",
-                    f"/artifacts/{digest}",
+                    path,
                     content,
                     content_type="application/octet-stream",
                     size=size,
@@ -584,7 +595,7 @@ class SupervisorClient:
             )
             span.set(status_code=response.status_code)
         if response.status_code != 200:
-            raise self._refused(response)
+            raise self._refused(response) if lease is None else self._lease_error(response)
         return _answer(response, ArtifactStored, "artifact upload")
 
     @contextlib.asynccontextmanager

@@ -39,6 +39,14 @@ class SupervisorSettings:
     shared_pools: str = "default"
     runner_seen_window_s: float = 3600.0
     artifact_max_bytes: int = 64 * 1024 * 1024
+    # The bytes one pool's runners (or one tenant's operators) may keep in the artifact store;
+    # an upload past it is 413 `quota_exceeded`.
+    artifact_quota_bytes: int = 10 * 1024 * 1024 * 1024
+    # An artifact no step names (a result, a check log, a checkpoint) is removed this long
+    # after its upload, unless its step is leased; the collector looks every
+    # `artifact_collect_every_s` (supervisor/artifacts/collector.py).
+    artifact_keep_unreferenced_s: float = 86400.0
+    artifact_collect_every_s: float = 3600.0
     artifact_dir: Path | None = None  # None: `artifacts/` beside the ledger file
     mirror_dir: Path | None = None  # None: `mirrors/` beside the ledger file
     # Effects' credentials, one file per name; None: $CREDENTIALS_DIRECTORY (systemd's
@@ -57,11 +65,13 @@ class SupervisorSettings:
         for name in (
             "lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s",
             "runner_seen_window_s", "effect_hold_s", "header_read_timeout_s",
+            "artifact_keep_unreferenced_s", "artifact_collect_every_s"
         ):  # fmt: skip
             require_positive(name, getattr(self, name))
         require_positive("max_attempts", self.max_attempts)
         require_positive("max_body_bytes", self.max_body_bytes)
         require_positive("artifact_max_bytes", self.artifact_max_bytes)
+        require_positive("artifact_quota_bytes", self.artifact_quota_bytes)
         if self.accept_window_s > self.lease_ttl_s:
             raise SettingsError("setting 'accept_window_s' must not exceed 'lease_ttl_s'")
         if not 0 < self.port < 65536:

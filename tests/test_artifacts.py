@@ -8,13 +8,16 @@ import hashlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tether.supervisor import cli
 from tether.supervisor import operator_client as oc
-from tether.supervisor.artifacts import ArtifactStore, Held
+from tether.supervisor.artifacts import ArtifactStore, Held, collector
+from tether.supervisor.artifacts.collector import Collected
+from tether.supervisor.ledger.schema import connect, migrate, migrations, newest_migration
 
 from .conftest import ApiHarness, FakeClock, assert_error, ledger_snapshot, open_api, raw_db
 
@@ -32,13 +35,29 @@ def stored_files(api: ApiHarness) -> list[Path]:
     return sorted(p for p in store_of(api).root.rglob("*") if p.is_file())
 
 
-async def put(api: ApiHarness, who: str, data: bytes, digest: str | None = None) -> httpx.Response:
+async def put(
+    api: ApiHarness,
+    who: str,
+    data: bytes,
+    digest: str | None = None,
+    lease: dict[str, Any] | None = None,
+) -> httpx.Response:
+    """`who` uploads `data`; a runner for `lease` when given."""
+    query = {} if lease is None else {"step_id": lease["step_id"], "fence": lease["fence"]}
     response: httpx.Response = await api.client.put(
         f"/v1/artifacts/{digest or hashlib.sha256(data).hexdigest()}",
         headers=api.auth(who),
         content=data,
+        params=query,
     )
     return response
+
+
+async def leased(api: ApiHarness, key: str = "k1") -> dict[str, Any]:
+    """A lease `runner` holds on a step of a new task of tenant acme."""
+    await api.queued(key)
+    [lease] = await api.claim()
+    return lease
 
 
 async def get(api: ApiHarness, who: str, digest: str) -> httpx.Response:
@@ -49,7 +68,7 @@ async def get(api: ApiHarness, who: str, digest: str) -> httpx.Response:
 
 
 async def test_a_runners_upload_reads_back_as_the_same_bytes(api: ApiHarness) -> None:
-    response = await put(api, "runner", LOG)
+    response = await put(api, "runner", LOG, lease=await leased(api))
     assert response.status_code == 200, response.text
     assert response.json() == {"digest": LOG_DIGEST, "size": len(LOG), "created": True}
 
@@ -121,13 +140,112 @@ async def test_another_tenant_gets_not_found(api: ApiHarness) -> None:
 
 
 async def test_a_pool_the_tenant_may_not_use_does_not_share_its_uploads(api: ApiHarness) -> None:
-    """`stranger` is a runner of pool `elsewhere`, which tenant acme may not use; `runner`'s
-    pool `default` is shared, so every tenant reads what it uploaded."""
+    """`stranger` is a runner of pool `elsewhere`, which tenant acme may not use."""
     other = b"from elsewhere\n"
     assert (await put(api, "stranger", other)).status_code == 200
     assert_error(await get(api, "operator", hashlib.sha256(other).hexdigest()), 404, "not_found")
-    assert (await put(api, "runner", LOG)).status_code == 200
-    assert (await get(api, "rival", LOG_DIGEST)).content == LOG
+
+
+async def test_only_the_tenant_whose_lease_uploaded_reads_a_runners_upload(
+    api: ApiHarness,
+) -> None:
+    """Pool `default` is shared by acme and rival: what a runner uploads for acme's task is
+    acme's alone, digest known or not; without a lease, only the pool's runners read it."""
+    lease = await leased(api)
+    assert (await put(api, "runner", LOG, lease=lease)).status_code == 200
+    assert (await get(api, "operator", LOG_DIGEST)).content == LOG
+    assert_error(await get(api, "rival", LOG_DIGEST), 404, "not_found")
+    unleased = b"named no lease\n"
+    assert (await put(api, "runner", unleased)).status_code == 200
+    for tenant in ("operator", "rival"):
+        assert_error(await get(api, tenant, hashlib.sha256(unleased).hexdigest()), 404, "not_found")
+    assert (await get(api, "runner", hashlib.sha256(unleased).hexdigest())).content == unleased
+
+
+async def test_an_upload_names_a_lease_its_runner_holds(api: ApiHarness) -> None:
+    lease = await leased(api)
+    before = ledger_snapshot(api.path)
+    stale = {**lease, "fence": lease["fence"] + 1}
+    assert_error(await put(api, "runner", LOG, lease=stale), 409, "stale_fence")
+    unknown = {**lease, "step_id": "no-such-step"}
+    assert_error(await put(api, "runner", LOG, lease=unknown), 404, "not_found")
+    assert_error(await put(api, "stranger", LOG, lease=lease), 404, "not_found")
+    assert_error(await put(api, "operator", LOG, lease=lease), 422, "invalid_field")
+    half = await api.client.put(
+        f"/v1/artifacts/{LOG_DIGEST}", headers=api.runner, content=LOG, params={"fence": "1"}
+    )
+    assert_error(half, 422, "invalid_field")
+    assert stored_files(api) == []
+    assert ledger_snapshot(api.path) == before
+
+
+async def test_a_pools_uploads_stop_at_its_quota_and_a_refusal_keeps_nothing(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    async with open_api(tmp_path / "q.db", clock, artifact_quota_bytes=4000) as api:
+        lease = await leased(api)
+        assert (await put(api, "runner", LOG, lease=lease)).status_code == 200  # 3000 bytes
+        before = ledger_snapshot(api.path)
+        more = LOG[:1500] + b"!"
+        body = assert_error(await put(api, "runner", more, lease=lease), 413, "quota_exceeded")
+        assert "artifact_quota_bytes" in body["detail"]
+        streamed = await api.client.put(  # no Content-Length: refused once received
+            f"/v1/artifacts/{hashlib.sha256(more).hexdigest()}",
+            headers=api.runner,
+            content=chunks(more),
+        )
+        assert_error(streamed, 413, "quota_exceeded")
+        assert stored_files(api) == [store_of(api).path_of(LOG_DIGEST)]
+        assert ledger_snapshot(api.path) == before
+        # The same bytes again count once; another pool and a tenant's operators have their own.
+        assert (await put(api, "runner", LOG, lease=lease)).status_code == 200
+        assert (await put(api, "stranger", more)).status_code == 200
+        assert (await put(api, "operator", more)).status_code == 200
+
+
+async def chunks(data: bytes) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), 500):
+        yield data[start : start + 500]
+
+
+async def test_the_collector_removes_what_no_step_names_once_its_step_ends(
+    api: ApiHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = await leased(api)
+    transcript = b'[{"role": "user", "content": "go on"}]'
+    for data in (transcript, LOG):
+        assert (await put(api, "runner", data, lease=lease)).status_code == 200
+    said = hashlib.sha256(transcript).hexdigest()
+    answer = await api.client.put(
+        f"/v1/steps/{lease['step_id']}/checkpoint",
+        headers=api.runner,
+        json={"fence": lease["fence"], "turn": 1, "transcript": said},
+    )
+    assert answer.status_code == 200, answer.text
+    operators = b"an operator's upload nothing names\n"
+    assert (await put(api, "operator", operators)).status_code == 200
+    state = api.app.state
+
+    async def collect() -> Collected:
+        return await collector.collect(
+            state.ledger, state.artifacts, state.artifact_locks, keep_s=10, now=api.clock.now
+        )
+
+    assert await collect() == Collected()  # nothing is ten seconds old yet
+    renewed = await api.client.post(
+        f"/v1/leases/{lease['step_id']}/renew", headers=api.runner, json={"fence": lease["fence"]}
+    )
+    assert renewed.status_code == 200, renewed.text
+    api.clock.advance(11)
+    gone = await collect()  # the operator's: the step is leased, so its uploads stay
+    assert (gone.rows, gone.digests, gone.bytes) == (1, 1, len(operators))
+    assert (await api.report(lease)).status_code == 200
+    gone = await collect()
+    assert (gone.rows, gone.digests, gone.bytes) == (1, 1, len(LOG))
+    assert stored_files(api) == [store_of(api).path_of(said)]
+    assert_error(await get(api, "operator", LOG_DIGEST), 404, "not_found")
+    assert (await get(api, "operator", said)).content == transcript
+    assert await collect() == Collected()
 
 
 async def test_reading_needs_a_token(api: ApiHarness) -> None:
@@ -300,3 +418,57 @@ def test_the_store_never_leaves_its_files_readable_by_others(tmp_path: Path) -> 
     store = ArtifactStore(tmp_path / "a", max_bytes=10)
     store.open()
     assert os.stat(store.root / "tmp").st_mode & 0o077 == 0
+
+
+async def test_migration_0012_gives_old_rows_the_tenants_whose_steps_named_them(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Rows from before 0012: an operator's becomes its tenant's; a runner's becomes the tenant
+    of each task whose step named the digest, or no tenant's when none did."""
+    path = tmp_path / "old.db"
+    said = b'[{"role": "user", "content": "resume"}]'
+    said_digest = hashlib.sha256(said).hexdigest()
+    async with open_api(path, clock) as api:
+        lease = await leased(api)
+        assert (await put(api, "runner", said, lease=lease)).status_code == 200
+        answer = await api.client.put(
+            f"/v1/steps/{lease['step_id']}/checkpoint",
+            headers=api.runner,
+            json={"fence": lease["fence"], "turn": 1, "transcript": said_digest},
+        )
+        assert answer.status_code == 200, answer.text
+    before_0012 = dict(migrations())[4]
+    db = raw_db(path)
+    for index in (
+        "artifacts_by_digest",
+        "steps_by_bundle",
+        "check_runs_by_log",
+        "checkpoints_by_transcript",
+        "checkpoints_by_bundle",
+    ):
+        db.execute(f"DROP INDEX {index}")
+    db.execute("DROP TABLE artifact_owners")
+    db.executescript(before_0012)
+    rows = [
+        (said_digest, "runner", "default"),
+        (LOG_DIGEST, "runner", "default"),
+        (LOG_DIGEST, "operator", "acme"),
+    ]
+    for digest, role, scope in rows:
+        db.execute(
+            "INSERT INTO artifact_owners VALUES (?, ?, ?, 1, NULL, 0)", (digest, role, scope)
+        )
+    db.execute("PRAGMA user_version = 10")
+    db.close()
+
+    assert migrate(connect(path)) == newest_migration()
+    found = raw_db(path).execute(
+        "SELECT digest, role, scope, tenant FROM artifact_owners ORDER BY digest, role"
+    )
+    assert sorted(tuple(r) for r in found) == sorted(
+        [
+            (said_digest, "runner", "default", "acme"),
+            (LOG_DIGEST, "runner", "default", ""),
+            (LOG_DIGEST, "operator", "acme", "acme"),
+        ]
+    )

@@ -9,9 +9,11 @@ lifespans by itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -32,6 +34,7 @@ from tether.supervisor.api.errors import (
 from tether.supervisor.api.longpoll import LongPolls
 from tether.supervisor.api.nul import RefuseNul
 from tether.supervisor.api.refusal_log import RefusalLog
+from tether.supervisor.artifacts.collector import DigestLocks, collect_forever
 from tether.supervisor.artifacts.opening import open_artifacts
 from tether.supervisor.effects.addresses import Resolver, system_resolver
 from tether.supervisor.head_timeout import HeadTimeouts
@@ -70,7 +73,16 @@ def create_app(
             app.state.metrics.add(app.state.refusal_log)
             app.state.metrics.add(app.state.head_timeouts)
             app.state.artifacts = artifacts
-            yield
+            async with anyio.create_task_group() as tg:
+                collector = functools.partial(
+                    collect_forever,
+                    keep_s=settings.artifact_keep_unreferenced_s,
+                    every_s=settings.artifact_collect_every_s,
+                    clock=clock,
+                )
+                tg.start_soon(collector, ledger, artifacts, app.state.artifact_locks)
+                yield
+                tg.cancel_scope.cancel()
 
     app = Starlette(
         routes=[
@@ -96,6 +108,7 @@ def create_app(
     app.state.mirrors = Mirrors(settings.mirror_root)
     app.state.unbound_steps = UnboundSteps()
     app.state.refusal_log = RefusalLog()
+    app.state.artifact_locks = DigestLocks()  # uploads' and the collector's (artifacts.collector)
     app.state.head_timeouts = HeadTimeouts()  # counted by `serve`'s protocol (head_timeout)
     return app
 

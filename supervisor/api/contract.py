@@ -263,10 +263,20 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         method="PUT", path="/v1/artifacts/{digest}", name="put_artifact", tag="artifacts",
         roles=(Role.RUNNER, Role.OPERATOR),
-        summary="Store bytes under their sha256 (never overwritten).",
+        summary="Store bytes under their sha256 (never overwritten), for a runner's lease.",
         body=BYTES, answers={200: m.ArtifactStored},
-        errors=(E.BAD_REQUEST, E.BODY_TOO_LARGE, E.INVALID_FIELD, E.DIGEST_MISMATCH),
+        errors=(
+            E.BAD_REQUEST, E.BODY_TOO_LARGE, E.QUOTA_EXCEEDED, E.INVALID_FIELD,
+            E.DIGEST_MISMATCH, *_LEASE_WRITE,
+        ),
         params=(DIGEST,),
+        query=(
+            Param(name="step_id", description="A runner's upload: the step of the lease it"
+                  " uploads for (only that task's tenant may read the bytes).",
+                  schema={"type": "string", "minLength": 1}),
+            Param(name="fence", description="A runner's upload: that lease's fence.",
+                  schema={"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
+        ),
     ),
     Operation(
         method="GET", path="/v1/artifacts/{digest}", name="get_artifact", tag="artifacts",

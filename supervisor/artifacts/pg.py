@@ -179,6 +179,14 @@ class PgArtifactStore:
             return Held.MISSING
         return Held.INTACT if hasher.hexdigest() == digest else Held.CHANGED
 
+    async def remove(self, digest: str) -> bool:
+        """Remove `digest`'s chunks (the collector's), unless an owner row names it again by
+        now; False when none were removed."""
+        check_digest(digest)
+        async with self._connection() as conn:
+            cursor = await _storage(conn.execute(Q["remove_unowned_artifact"], (digest, digest)))
+        return bool(cursor.rowcount)
+
     @contextlib.asynccontextmanager
     async def local_file(self, digest: str) -> AsyncIterator[Path]:
         """A copy named `digest` in a private folder of this box's, removed when the block

@@ -50,6 +50,11 @@ class Artifacts(Protocol):
         when the store holds none."""
         ...
 
+    async def remove(self, digest: str) -> bool:
+        """Remove `digest`'s bytes (the collector's, once no owner row names it); False when
+        the store held none."""
+        ...
+
     def local_file(self, digest: str) -> AbstractAsyncContextManager[Path]:
         """A file on this box holding `digest`'s bytes for the block (git reads bundles from
         files); `FileNotFoundError` when the store holds none."""

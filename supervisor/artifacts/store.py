@@ -230,6 +230,20 @@ class ArtifactStore:
             while chunk := await file.read(READ_BYTES):
                 yield chunk
 
+    async def remove(self, digest: str) -> bool:
+        """Remove `digest`'s file (the collector's, once no owner row names it); False when
+        there was none."""
+        return await anyio.to_thread.run_sync(self._remove, digest)
+
+    def _remove(self, digest: str) -> bool:
+        path = self.path_of(digest)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        durable.sync_folder(path.parent)
+        return True
+
     @contextlib.asynccontextmanager
     async def local_file(self, digest: str) -> AsyncIterator[Path]:
         """The stored file itself."""

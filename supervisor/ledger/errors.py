@@ -13,7 +13,8 @@
     │   ├── PayloadDrift         payload hash differs from the intent          (payload_drift)
     │   ├── EffectNotHeld        the caller does not hold this effect           (effect_not_held)
     │   ├── GateMismatch         the digest is not the effect's request's       (gate_mismatch)
-    │   └── EffectNotGated       no gate or uncertain effect to act on          (invalid_transition)
+    │   ├── EffectNotGated       no gate or uncertain effect to act on          (invalid_transition)
+    │   └── QuotaExceeded        the uploader's artifacts would pass its quota  (quota_exceeded)
     └── StorageError         the ledger file itself is at fault; the operator must act
         ├── IntegrityCheckFailed
         └── SchemaTooNew
@@ -131,6 +132,12 @@ class EffectNotGated(Refused):
     """The effect is not waiting for this operator action."""
 
     code = ErrorCode.INVALID_TRANSITION
+
+
+class QuotaExceeded(Refused):
+    """The artifact store holds as many of this pool's (or tenant's) bytes as it may."""
+
+    code = ErrorCode.QUOTA_EXCEEDED
 
 
 class StorageError(LedgerError):

@@ -27,6 +27,7 @@ hop 1.3-2.7 / 1.3-1.4 / 0.8-0.9 ms, async psycopg (a pool as large) 1.9-3.4 / 2.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
@@ -477,11 +478,45 @@ class LedgerStore:
 
     # -- artifacts ----------------------------------------------------------------------------
 
-    async def record_artifact(self, digest: str, size: int, who: tokens.Principal) -> bool:
-        return await self.write(lambda tx: artifacts.record_upload(tx, digest, size, who))
+    async def artifact_upload(
+        self, who: tokens.Principal, lease: tuple[str, int] | None
+    ) -> artifacts.Upload:
+        now = self.clock()
+        return await self.read(lambda db: artifacts.upload_tenant(db, who, lease, now))
+
+    async def artifact_bytes_kept(self, who: tokens.Principal, besides: str) -> int:
+        return await self.read(lambda db: artifacts.bytes_kept(db, who, besides))
+
+    async def record_artifact(
+        self,
+        digest: str,
+        size: int,
+        who: tokens.Principal,
+        upload: artifacts.Upload | None = None,
+        quota: int | None = None,
+    ) -> bool:
+        """Record `who`'s upload of `digest` for `upload` (by default: an operator's tenant, a
+        runner's no tenant), within `quota` bytes (by default none)."""
+        made = upload or artifacts.Upload(
+            tenant=who.scope if who.role is tokens.Role.OPERATOR else artifacts.NO_TENANT
+        )
+        limit = quota if quota is not None else sys.maxsize
+        return await self.write(
+            lambda tx: artifacts.record_upload(tx, digest, size, who, made, limit)
+        )
 
     async def artifact_owners(self, digest: str) -> list[artifacts.ArtifactOwner]:
         return await self.read(lambda db: artifacts.owners(db, digest))
+
+    async def artifact_owned(self, digest: str) -> bool:
+        return await self.read(lambda db: artifacts.owned(db, digest))
+
+    async def forget_unreferenced_artifacts(
+        self, uploaded_before: float, limit: int
+    ) -> artifacts.Forgotten:
+        return await self.write(
+            lambda tx: artifacts.forget_unreferenced(tx, uploaded_before, limit)
+        )
 
     # -- tokens -------------------------------------------------------------------------------
 

@@ -38,9 +38,8 @@ async def _log(request: Request, who: Principal) -> Response:
         check_digest(digest)
     except InvalidDigest as exc:
         raise ApiError(ErrorCode.INVALID_FIELD, f"path: {exc}") from None
-    shared: frozenset[str] = request.app.state.settings.shared_pool_names
     owners = await pages.ledger_of(request).artifact_owners(digest)
-    readable = any(visible_to(who.scope, owner, shared) for owner in owners)
+    readable = any(visible_to(who.scope, owner) for owner in owners)
     if not readable or await store.size_of(digest) is None:
         raise ApiError(ErrorCode.NOT_FOUND, f"no artifact {digest}")
     head, _, foot = (

@@ -63,6 +63,7 @@ class ErrorCode(enum.StrEnum):
     MALFORMED_JSON = "malformed_json"
     INVALID_FIELD = "invalid_field"
     BODY_TOO_LARGE = "body_too_large"
+    QUOTA_EXCEEDED = "quota_exceeded"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     NOT_FOUND = "not_found"
@@ -104,6 +105,7 @@ ERRORS: Final[Mapping[ErrorCode, Meaning]] = MappingProxyType({
     ErrorCode.MALFORMED_JSON: Meaning(400, _R.REFUSED),
     ErrorCode.INVALID_FIELD: Meaning(422, _R.REFUSED),
     ErrorCode.BODY_TOO_LARGE: Meaning(413, _R.REFUSED),
+    ErrorCode.QUOTA_EXCEEDED: Meaning(413, _R.REFUSED),
     ErrorCode.UNAUTHORIZED: Meaning(401, _R.STOP),
     ErrorCode.FORBIDDEN: Meaning(403, _R.STOP),
     ErrorCode.NOT_FOUND: Meaning(404, _R.DROP),

@@ -16,3 +16,9 @@ SELECT data FROM artifact_chunks WHERE digest = ? AND n = ?;
 -- name: artifact_size
 -- A stored digest's size in bytes: NULL when none is stored.
 SELECT sum(octet_length(data)) FROM artifact_chunks WHERE digest = ?;
+
+-- name: remove_unowned_artifact
+-- Remove a digest's chunks once no owner row names it (the collector's; an upload that
+-- recorded an owner meanwhile keeps them).
+DELETE FROM artifact_chunks WHERE digest = ?
+AND NOT EXISTS (SELECT 1 FROM artifact_owners WHERE digest = ?);
