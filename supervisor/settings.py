@@ -47,6 +47,9 @@ class SupervisorSettings:
     # `artifact_collect_every_s` (supervisor/artifacts/collector.py).
     artifact_keep_unreferenced_s: float = 86400.0
     artifact_collect_every_s: float = 3600.0
+    # How long a status-page sign-in lasts (its session; sign-out and the token's revocation
+    # end it sooner).
+    ui_session_ttl_s: float = 28800.0
     artifact_dir: Path | None = None  # None: `artifacts/` beside the ledger file
     mirror_dir: Path | None = None  # None: `mirrors/` beside the ledger file
     # Effects' credentials, one file per name; None: $CREDENTIALS_DIRECTORY (systemd's
@@ -65,7 +68,7 @@ class SupervisorSettings:
         for name in (
             "lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s",
             "runner_seen_window_s", "effect_hold_s", "header_read_timeout_s",
-            "artifact_keep_unreferenced_s", "artifact_collect_every_s"
+            "artifact_keep_unreferenced_s", "artifact_collect_every_s", "ui_session_ttl_s",
         ):  # fmt: skip
             require_positive(name, getattr(self, name))
         require_positive("max_attempts", self.max_attempts)

@@ -423,10 +423,14 @@ LAST_USE = ("tokens", "last_used_at")
 def ledger_snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table, to show that a refused request wrote nothing. A token's last
     use is left out: it is written when the token authenticates, whatever the request then
-    asks (tests/test_token_use.py)."""
+    asks (tests/test_token_use.py); so are the status page's sessions (who signed in)."""
     db = raw_db(path)
     try:
-        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        tables = [
+            r[0]
+            for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if r[0] != "ui_sessions"
+        ]
         return {
             t: [
                 tuple(v for k, v in zip(r.keys(), r, strict=True) if (t, k) != LAST_USE)

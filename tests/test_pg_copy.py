@@ -49,7 +49,9 @@ async def build(path: Path, clock: FakeClock) -> None:
     async with open_ledger(path, clock) as ledger:
         operator = await ledger.create_token("acme", "operator")
         await ledger.create_token("default", "runner")
-        assert await ledger.authenticate(operator.secret) is not None
+        signed = await ledger.authenticate(operator.secret)
+        assert signed is not None
+        await ledger.start_ui_session(signed, 3600.0)  # a status-page session
         await ledger.set_budget("acme", 10_000)
         # A repository task whose checks pass: check runs, evidence, an effect, artifacts.
         await repo_task(ledger, key="repo-task")

@@ -53,6 +53,7 @@ from tether.supervisor.ledger import (
     reaper,
     repositories,
     tokens,
+    ui_sessions,
     views,
 )
 from tether.supervisor.ledger.backends import (
@@ -517,6 +518,18 @@ class LedgerStore:
         return await self.write(
             lambda tx: artifacts.forget_unreferenced(tx, uploaded_before, limit)
         )
+
+    # -- the status page's sessions ---------------------------------------------------------
+
+    async def start_ui_session(self, operator: tokens.Principal, ttl_s: float) -> str:
+        return await self.write(lambda tx: ui_sessions.start(tx, operator, ttl_s))
+
+    async def ui_session(self, session_id: str) -> tokens.Principal | None:
+        now = self.clock()
+        return await self.read(lambda db: ui_sessions.operator_of(db, session_id, now))
+
+    async def end_ui_session(self, session_id: str) -> None:
+        await self.write(lambda tx: ui_sessions.end(tx, session_id))
 
     # -- tokens -------------------------------------------------------------------------------
 

@@ -141,6 +141,7 @@ async def _happened(request: Request, who: Principal) -> Response:
 
 async def _logout(request: Request, _who: Principal) -> Response:
     await session.checked_form(request)
+    await session.end(request)
     response = RedirectResponse(LOGIN, status_code=303)
     session.forget(response, request)
     return response
@@ -151,7 +152,8 @@ async def login_form(request: Request) -> Response:
 
 
 async def login(request: Request) -> Response:
-    """Check the posted token with the API's own check; keep it in the session cookie."""
+    """Check the posted token with the API's own check; start a session for it, whose id
+    (never the token) the cookie keeps."""
 
     def again(notice: str, status_code: int) -> Response:
         return render.page(request, "login.html", {"notice": notice}, status_code)
@@ -160,13 +162,13 @@ async def login(request: Request) -> Response:
         if not session.same_origin(request):
             raise session.WriteRefused("the form was sent from another site")
         secret = (await session.form(request)).get("token", "").strip()
-        await session.operator_for(request, secret)
+        operator = await session.operator_for(request, secret)
     except session.WriteRefused as exc:
         return again(exc.detail, 403)
     except ApiError as exc:
         return again(f"{exc.code.value}: {exc.detail}", ERRORS[exc.code].status)
     response = RedirectResponse("/ui", status_code=303)
-    session.keep(response, request, secret)
+    session.keep(response, request, await session.start(request, operator))
     return response
 
 

@@ -1,11 +1,13 @@
 """Who is signed in to the status page, and whether a write may go ahead.
 
-The operator's token is posted once to the login form and kept in a cookie (HttpOnly,
-SameSite=Strict, Path=/ui, Secure over https); nothing puts it in a URL. Each request checks
-it with the API's own check (`tether.supervisor.api.auth.require`), so a revoked token stops working
-here as soon as it does on the API. Every write carries a CSRF token, an HMAC of the cookie
-under a key made when the process starts (a restart asks for a reload, never a new login),
-and is refused when its Origin or Referer names another host.
+The operator's token is posted once to the login form, checked with the API's own check
+(`tether.supervisor.api.auth.require`) and exchanged for a session the ledger keeps
+(`ledger/ui_sessions.py`): the cookie (HttpOnly, SameSite=Strict, Path=/ui, Secure over https)
+holds the session's id, never the token, and nothing puts either in a URL. Each request looks
+the session up in the ledger: sign-out, its expiry (`ui_session_ttl_s`) and its token's
+revocation end it at once. Every write carries a CSRF token, an HMAC of the cookie under a key
+made when the process starts (a restart asks for a reload, never a new login), and is refused
+when its Origin or Referer names another host.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from starlette.responses import Response
 from tether.supervisor.api import requests as rq
 from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError
-from tether.supervisor.ledger import Principal, Role
+from tether.supervisor.ledger import Ledger, Principal, Role
 from tether.wire import ErrorCode
 
 COOKIE = "tether_ui"
@@ -65,15 +67,33 @@ async def operator_for(request: Request, secret: str) -> Principal:
     return await require(_as_bearer(request, secret), Role.OPERATOR)
 
 
+def _ledger(request: Request) -> Ledger:
+    ledger: Ledger = request.app.state.ledger
+    return ledger
+
+
 async def signed_in(request: Request) -> Principal:
-    """The operator whose token the session cookie holds; `SignedOut` if there is none."""
-    secret = request.cookies.get(COOKIE, "")
-    if not secret:
+    """The operator of the cookie's live session; `SignedOut` if there is none."""
+    session_id = request.cookies.get(COOKIE, "")
+    if not well_formed(session_id):
         raise SignedOut
-    try:
-        return await operator_for(request, secret)
-    except ApiError:
-        raise SignedOut from None
+    found = await _ledger(request).ui_session(session_id)
+    if found is None:
+        raise SignedOut
+    return found
+
+
+async def start(request: Request, operator: Principal) -> str:
+    """A new session of `operator` (its token checked by `operator_for`): the cookie's value."""
+    ttl_s: float = request.app.state.settings.ui_session_ttl_s
+    return await _ledger(request).start_ui_session(operator, ttl_s)
+
+
+async def end(request: Request) -> None:
+    """End the cookie's session (sign-out)."""
+    session_id = request.cookies.get(COOKIE, "")
+    if well_formed(session_id):
+        await _ledger(request).end_ui_session(session_id)
 
 
 def csrf_token(request: Request) -> str:
@@ -128,10 +148,10 @@ async def checked_form(request: Request) -> dict[str, str]:
     return fields
 
 
-def keep(response: Response, request: Request, secret: str) -> None:
+def keep(response: Response, request: Request, session_id: str) -> None:
     """Set the session cookie on `response`."""
     response.set_cookie(
-        COOKIE, secret, path=PATH, httponly=True, samesite="strict",
+        COOKIE, session_id, path=PATH, httponly=True, samesite="strict",
         secure=request.url.scheme == "https",
     )  # fmt: skip
 
