@@ -41,11 +41,10 @@ from typing import Any
 import anyio
 
 from bench.agent_workspace import make_origin
-from tether.git import GitOutput
+from tether.git import GitOutput, TreeGit
 from tether.git import git as tether_git
 from tether.logs import configure_logging
 from tether.runner.agent import RepoCache
-from tether.runner.agent import workspace as workspace_module
 from tether.runner.agent.checkpoints import Checkpointer, Start
 from tether.wire.records import Checkpoint
 
@@ -92,22 +91,22 @@ class Timings:
 
 @contextlib.contextmanager
 def timed_git(timings: Timings) -> Iterator[None]:
-    """The workspace module's `git`, timed by subcommand, while the block runs."""
-    real = workspace_module.git  # type: ignore[attr-defined]
+    """Git on the worktree (`TreeGit`), timed by subcommand, while the block runs."""
+    real = TreeGit.__call__
 
-    async def git(*args: str, **kwargs: Any) -> GitOutput:
+    async def git(self: TreeGit, *args: str, **kwargs: Any) -> GitOutput:
         started = time.perf_counter()
         try:
-            return await real(*args, **kwargs)
+            return await real(self, *args, **kwargs)
         finally:
             words = [a for a in args if not a.startswith("-") and "=" not in a]
             timings.add(f"git {words[0] if words else '?'}", time.perf_counter() - started)
 
-    workspace_module.git = git  # type: ignore[attr-defined]
+    TreeGit.__call__ = git  # type: ignore[method-assign]
     try:
         yield
     finally:
-        workspace_module.git = real  # type: ignore[attr-defined]
+        TreeGit.__call__ = real  # type: ignore[method-assign]
 
 
 class MemoryServices:

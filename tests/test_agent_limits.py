@@ -103,6 +103,7 @@ def toolbox(ws: Workspace, *commands: str, sandbox: Sandbox, confiner: Confiner)
     as a timeout, not as a test that hangs."""
     return ToolBox(
         ws.tree,
+        git=ws.git,
         home=ws.home,
         allowed_paths=["src/"],
         allowed_commands=commands,

@@ -18,7 +18,7 @@ import pytest
 
 from tests.agent_repos import make_origin, sh
 from tests.agent_services import USAGE, FakeServices, ScriptedChat, call, lease_repository
-from tether.git import GitError, GitOutput
+from tether.git import GitError, GitOutput, TreeGit
 from tether.runner.agent import AgentKind, NoSandbox, WorkspaceFailed
 from tether.runner.agent import checkpoints as checkpoints_module
 from tether.runner.agent import workspace as workspace_module
@@ -238,17 +238,17 @@ async def test_the_next_turns_tools_wait_for_the_last_turns_snapshot(
 ) -> None:
     events: list[str] = []
     model_asked = anyio.Event()
-    real = workspace_module.git  # type: ignore[attr-defined]
+    real = TreeGit.__call__
 
-    async def git(*args: str, **kwargs: Any) -> GitOutput:
-        if "add" in args and "worktree" not in args:  # held until the next model call
+    async def git(self: TreeGit, *args: str, **kwargs: Any) -> GitOutput:
+        if "add" in args:  # held until the next model call
             await model_asked.wait()
-            done = await real(*args, **kwargs)
+            done = await real(self, *args, **kwargs)
             events.append("staged")
             return done
-        return await real(*args, **kwargs)
+        return await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(workspace_module, "git", git)
+    monkeypatch.setattr(TreeGit, "__call__", git)
 
     class Noting(ScriptedChat):
         async def __call__(self, body: dict[str, Any]) -> Completion:

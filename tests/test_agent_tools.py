@@ -55,6 +55,7 @@ def toolbox(
 ) -> ToolBox:
     return ToolBox(
         ws.tree,
+        git=ws.git,
         home=ws.home,
         allowed_paths=["src/"],
         allowed_commands=commands,

@@ -20,6 +20,7 @@ import pytest
 import examples.standin_model as standin
 from examples.standin_model import Knobs, create_app, latency_for, main, read_scenario
 from tether.clocks import LoopClock
+from tether.git import TreeGit
 from tether.runner.agent.loop import LoopResult, run_loop
 from tether.runner.agent.sandbox import NoSandbox
 from tether.runner.agent.tools import ToolBox
@@ -391,7 +392,8 @@ async def _agent_loop(
         return await client.chat(body, key=None, deadline=anyio.current_time() + 60)
 
     box = ToolBox(
-        tree, home=tree.parent / "home", allowed_paths=["src/"],
+        tree, git=TreeGit(git_dir=tree.parent / "git", work_tree=tree),
+        home=tree.parent / "home", allowed_paths=["src/"],
         allowed_commands=["python -m pytest -q"], sandbox=NoSandbox(),
     )  # fmt: skip
     try:

@@ -31,7 +31,7 @@ import anyio
 import msgspec
 import structlog
 
-from tether.git import GitError, git
+from tether.git import GitError, TreeGit, git, write_neutral_attributes
 from tether.runner.agent import mcp
 from tether.runner.agent.checkpoints import Checkpointer, Start, resume_start, unanswered_calls
 from tether.runner.agent.checks import CheckLimits, run_checks
@@ -187,7 +187,7 @@ class AgentKind:
             async with self._mcp_servers(payload, space, sandbox, limits) as mcp_tools:
                 try:
                     box = ToolBox(
-                        space.tree, home=space.home, allowed_paths=prefixes,
+                        space.tree, git=space.git, home=space.home, allowed_paths=prefixes,
                         allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
                         confiner=self.confiner, ready=ready, mcp=mcp_tools,
                     )  # fmt: skip
@@ -373,6 +373,8 @@ class Space(Protocol):
     @property
     def tree(self) -> Path: ...
     @property
+    def git(self) -> TreeGit: ...
+    @property
     def home(self) -> Path: ...
     @property
     def io(self) -> Path: ...
@@ -387,13 +389,15 @@ class Space(Protocol):
 class ScratchSpace:
     """An empty folder for an agent step without a repository; never yields a candidate.
 
-    The tree is an empty git repository only so that the `search` tool (git grep) works in it.
+    The tree is the work tree of an empty git repository (`git`, its git dir beside the tree)
+    only so that the `search` tool (git grep) works in it.
     """
 
     folder: Path
     tree: Path
     home: Path
     io: Path
+    git: TreeGit
     cleanup: CleanupRecord | None = None
 
     async def ready(self) -> None:
@@ -421,16 +425,19 @@ async def scratch_space(cache_dir: Path, label: str) -> AsyncIterator[ScratchSpa
     """A fresh `ScratchSpace` under `cache_dir/scratch`, removed on the way out (shielded)."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in label)[:80]
     folder = cache_dir / "scratch" / f"{safe}-{secrets.token_hex(4)}"
+    tree = folder / "tree"
+    git_here = TreeGit(git_dir=folder / "git", work_tree=tree)
     space = ScratchSpace(
-        folder=folder, tree=folder / "tree", home=folder / "home", io=folder / "io"
+        folder=folder, tree=tree, home=folder / "home", io=folder / "io", git=git_here
     )
     try:
         await anyio.Path(space.tree).mkdir(parents=True)
         await anyio.Path(space.home).mkdir()
         await anyio.Path(space.io).mkdir()
         try:
-            await git("init", "--quiet", ".", cwd=space.tree)
-        except GitError as exc:
+            await git("init", "--bare", "--quiet", str(space.git.git_dir), cwd=folder)
+            await anyio.to_thread.run_sync(write_neutral_attributes, space.git.git_dir)
+        except (GitError, OSError) as exc:
             raise StepRejected(f"cannot create the scratch workspace: {exc}") from exc
         yield space
     finally:

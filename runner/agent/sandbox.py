@@ -71,7 +71,7 @@ class Bubblewrap:
     /usr, e.g. a virtualenv). `--unshare-all` gives it its own network namespace with only a
     loopback, and its own PID namespace, so everything it started dies with it. The mirror is
     not mounted, so `git` run inside does not find the repository (the worktree's `.git` file
-    points into the mirror).
+    points into the mirror), and that `.git` is read-only.
     """
 
     bwrap: str
@@ -99,6 +99,9 @@ class Bubblewrap:
         for path in self.read_only:
             args += ["--ro-bind-try", str(path), str(path)]
         args += ["--bind", str(tree), str(tree), "--bind", str(home), str(home)]
+        # The tree's `.git` read-only: a command cannot swap in a repository of its own (the
+        # runner's git never reads it either: `tether.git.TreeGit`).
+        args += ["--ro-bind-try", str(tree / ".git"), str(tree / ".git")]
         args += ["--chdir", str(tree), "--", *argv]
         return args
 

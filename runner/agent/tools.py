@@ -22,7 +22,7 @@ import anyio
 import msgspec
 import structlog
 
-from tether.git import GitError, git, git_env
+from tether.git import GitError, TreeGit, tree_git_env
 from tether.runner import tracing
 from tether.runner.agent import schemas
 from tether.runner.agent.command import run_command
@@ -80,6 +80,7 @@ class ToolBox:
         self,
         tree: Path,
         *,
+        git: TreeGit,
         home: Path,
         allowed_paths: Iterable[str],
         allowed_commands: Iterable[str],
@@ -89,11 +90,13 @@ class ToolBox:
         ready: Callable[[], Awaitable[None]] | None = None,
         mcp: McpTools | None = None,
     ) -> None:
-        """`ready`: waits until the tree exists (its checkout may still be running when the
-        first model call is made); every call waits for it, and its error is the step's.
-        `mcp`: the tools of the step's MCP servers, offered beside the built-in ones."""
+        """`git`: git on the tree (`search`, `apply_patch`). `ready`: waits until the tree
+        exists (its checkout may still be running when the first model call is made); every
+        call waits for it, and its error is the step's. `mcp`: the tools of the step's MCP
+        servers, offered beside the built-in ones."""
         self.confinement = Confinement(tree, allowed_paths)
         self.tree = self.confinement.root
+        self.git = git
         self.home = home
         self.allowed_commands = tuple(allowed_commands)
         for command in self.allowed_commands:
@@ -233,22 +236,8 @@ class ToolBox:
         real = self.confinement.resolve(args.path)
         flags = ["-E" if args.regex else "-F"] + (["-i"] if args.ignore_case else [])
         spec = f":(literal){self.confinement.relative(real)}"
-        command = [
-            "git",
-            "-c",
-            "core.hooksPath=/dev/null",
-            "grep",
-            "--untracked",
-            "-I",
-            "-n",
-            "--null",
-            "--no-color",
-            *flags,
-            "-e",
-            args.pattern,
-            "--",
-            spec,
-        ]
+        options = ("--untracked", "-I", "-n", "--null", "--no-color", *flags)
+        command = self.git.argv("grep", *options, "-e", args.pattern, "--", spec)
         cap = self.limits.search_max_matches
         lines, more, failure = await _first_lines(
             command, cwd=self.tree, limit=cap, timeout_s=self.limits.search_timeout_s
@@ -283,9 +272,7 @@ class ToolBox:
             data += b"\n"
         options = ("--recount", "--whitespace=nowarn")
         try:
-            numstat = await git(
-                "apply", *options, "--numstat", "-z", "-", cwd=self.tree, stdin=data
-            )
+            numstat = await self.git("apply", *options, "--numstat", "-z", "-", stdin=data)
         except GitError as exc:
             raise ToolFailed("patch_invalid", exc.stderr.strip()[-2000:]) from exc
         named = {field.split("\t")[-1] for field in numstat.stdout.decode().split("\0")}
@@ -303,7 +290,7 @@ class ToolBox:
             changed += [normalize_prefix(path), self.confinement.relative(real)]
         self._wrote(*changed)
         try:
-            await git("apply", *options, "-", cwd=self.tree, stdin=data)
+            await self.git("apply", *options, "-", stdin=data)
         except GitError as exc:
             raise ToolFailed("patch_does_not_apply", exc.stderr.strip()[-2000:]) from exc
         return {"applied": True, "paths": sorted(paths)}
@@ -398,7 +385,9 @@ async def _first_lines(
     lines: list[str] = []
     more = False
     pending = b""
-    process = await anyio.open_process(command, cwd=cwd, env=git_env(), stdin=subprocess.DEVNULL)
+    process = await anyio.open_process(
+        command, cwd=cwd, env=tree_git_env(), stdin=subprocess.DEVNULL
+    )
     try:
         with anyio.move_on_after(timeout_s):
             assert process.stdout is not None

@@ -8,8 +8,12 @@ loses nothing (docs/design.md, Borrowed servers):
     attempts/<name>/tree              the attempt's worktree (`git worktree add --detach`),
                                       made beside the step's first model call when the caller
                                       asks (`attempt(checkout_beside=True)`; `ready()` waits)
+    attempts/<name>/git               a symlink to the worktree's git dir in the mirror
     attempts/<name>/home              HOME for the attempt's commands
     attempts/<name>/io                downloaded and written bundles, logs
+
+Every git on the worktree is a `TreeGit` on that git dir: whatever the attempt's commands put
+in the tree (a `.git` of their own, `.gitattributes` naming a filter) steers none of it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import anyio
 
-from tether.git import GitError, git, redact
+from tether.git import GitError, TreeGit, git, redact, write_neutral_attributes
 from tether.runner.agent.errors import BaseNotFound, FetchFailed, WorkspaceFailed
 
 AUTHOR_NAME = "tether"
@@ -252,16 +256,20 @@ class RepoCache:
         return self._locks.setdefault(mirror, anyio.Lock())
 
     async def _ensure_mirror(self, mirror: Path) -> None:
-        if await anyio.Path(mirror / "HEAD").exists():
-            return
-        # Initialised beside its place and renamed in, so a crash never leaves half a mirror.
-        partial = mirror.with_name(f"{mirror.name}.{secrets.token_hex(4)}.partial")
-        await anyio.Path(partial.parent).mkdir(parents=True, exist_ok=True)
+        """A bare mirror whose info/attributes turn off every conversion (`TreeGit`)."""
+        if not await anyio.Path(mirror / "HEAD").exists():
+            # Initialised beside its place and renamed in, so a crash never leaves half one.
+            partial = mirror.with_name(f"{mirror.name}.{secrets.token_hex(4)}.partial")
+            await anyio.Path(partial.parent).mkdir(parents=True, exist_ok=True)
+            try:
+                await git("init", "--bare", "--quiet", str(partial), cwd=partial.parent)
+                await anyio.Path(partial).rename(mirror)
+            except (GitError, OSError) as exc:
+                raise WorkspaceFailed(f"cannot create the mirror: {exc}") from exc
         try:
-            await git("init", "--bare", "--quiet", str(partial), cwd=partial.parent)
-            await anyio.Path(partial).rename(mirror)
-        except (GitError, OSError) as exc:
-            raise WorkspaceFailed(f"cannot create the mirror: {exc}") from exc
+            await anyio.to_thread.run_sync(write_neutral_attributes, mirror)
+        except OSError as exc:
+            raise WorkspaceFailed(f"cannot write the mirror's attributes: {exc}") from exc
 
     async def _fetch(self, mirror: Path, url: str, base_sha: str) -> None:
         try:
@@ -291,6 +299,9 @@ class Workspace:
         self.tree = folder / "tree"
         self.home = folder / "home"
         self.io = folder / "io"
+        # Every git on the tree: the symlink is made at the checkout, to the git dir that
+        # `git worktree add` made in the mirror.
+        self.git = TreeGit(git_dir=folder / "git", work_tree=self.tree)
         self.base_sha = base_sha
         self.start_sha = start_sha
         self.cleanup: CleanupRecord | None = None
@@ -300,15 +311,22 @@ class Workspace:
         self._checkout_failed: WorkspaceFailed | None = None
 
     async def _check_out(self) -> None:
-        """Make the worktree at the start point (`git worktree add`)."""
+        """Make the worktree at the start point: `git worktree add` without its checkout,
+        which `TreeGit` then does."""
         async with self._cache._lock(self.mirror):
             try:
                 await git(
-                    "worktree", "add", "--detach", "--quiet", str(self.tree), self.start_sha,
-                    cwd=self.mirror,
+                    "worktree", "add", "--detach", "--no-checkout", "--quiet", str(self.tree),
+                    self.start_sha, cwd=self.mirror,
                 )  # fmt: skip
-            except GitError as exc:
+                admin = await anyio.to_thread.run_sync(_worktree_git_dir, self.mirror, self.tree)
+                await anyio.Path(self.git.git_dir).symlink_to(admin)
+            except (GitError, OSError) as exc:
                 raise WorkspaceFailed(f"cannot create the worktree: {exc}") from exc
+        try:
+            await self.git("checkout", "--force", "--quiet", "--detach", self.start_sha)
+        except GitError as exc:
+            raise WorkspaceFailed(f"cannot check out the worktree: {exc}") from exc
 
     async def _check_out_beside(self, body: anyio.CancelScope, done: anyio.Event) -> None:
         """`_check_out` as a task beside `body`, which it cancels when it fails; `done` is
@@ -367,8 +385,8 @@ class Workspace:
                 await self._start_index(env)
             pathspecs = await self._pathspecs(paths, env) if paths else ["."]
             if pathspecs:
-                await git(*_FAST_OBJECTS, "add", "--all", "--", *pathspecs, cwd=self.tree, env=env)
-                written = await git("write-tree", cwd=self.tree, env=env)
+                await self.git(*_FAST_OBJECTS, "add", "--all", "--", *pathspecs, env=env)
+                written = await self.git("write-tree", env=env)
                 self._index_tree = written.text.strip()
         except GitError as exc:
             raise WorkspaceFailed(f"cannot commit the changes: {exc}") from exc
@@ -391,22 +409,20 @@ class Workspace:
                 "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_NAME": AUTHOR_NAME,
                 "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL, "GIT_COMMITTER_DATE": date,
             }  # fmt: skip
-            made = await git(
-                "commit-tree", tree, "-p", self.start_sha, "-m", message,
-                cwd=self.tree, env=identity,
-            )  # fmt: skip
+            made = await self.git(
+                "commit-tree", tree, "-p", self.start_sha, "-m", message, env=identity
+            )
         except GitError as exc:
             raise WorkspaceFailed(f"cannot commit the changes: {exc}") from exc
         return Snapshot(sha=made.text.strip(), tree=tree)
 
     async def _start_index(self, env: dict[str, str]) -> None:
-        real = await git("rev-parse", "--git-path", "index", cwd=self.tree)
         await anyio.to_thread.run_sync(
-            _copy_if_present, self.tree / real.text.strip(), Path(env["GIT_INDEX_FILE"])
+            _copy_if_present, self.git.git_dir / "index", Path(env["GIT_INDEX_FILE"])
         )
-        merged = await git("read-tree", "-m", self.start_sha, cwd=self.tree, env=env, check=False)
+        merged = await self.git("read-tree", "-m", self.start_sha, env=env, check=False)
         if merged.returncode != 0:  # e.g. an index with conflicts: start from the tree alone
-            await git("read-tree", self.start_sha, cwd=self.tree, env=env)
+            await self.git("read-tree", self.start_sha, env=env)
         self._start_tree = self._index_tree = await self.tree_of(self.start_sha)
 
     async def _pathspecs(self, paths: Sequence[str], env: dict[str, str]) -> list[str]:
@@ -416,7 +432,7 @@ class Workspace:
         for prefix in paths:
             spec = f":(literal){prefix}"
             on_disk = await anyio.to_thread.run_sync(os.path.lexists, self.tree / prefix)
-            if on_disk or (await git("ls-files", "-z", "--", spec, cwd=self.tree, env=env)).stdout:
+            if on_disk or (await self.git("ls-files", "-z", "--", spec, env=env)).stdout:
                 kept.append(spec)
         return kept
 
@@ -429,10 +445,10 @@ class Workspace:
         options = _FAST_PACK if fast else ()
         await self.ready()
         try:
-            await git("update-ref", _SNAPSHOT_REF, sha, cwd=self.tree)
-            await git(
+            await self.git("update-ref", _SNAPSHOT_REF, sha)
+            await self.git(
                 *options, "bundle", "create", "--quiet", str(dest), _SNAPSHOT_REF,
-                f"^{since or self.start_sha}", cwd=self.tree,
+                f"^{since or self.start_sha}",
             )  # fmt: skip
         except GitError as exc:
             raise WorkspaceFailed(f"cannot write the bundle: {exc}") from exc
@@ -447,15 +463,15 @@ class Workspace:
         (deletions included); HEAD and the index stay at the start point."""
         await self.ready()
         try:
-            await git("read-tree", "-m", "-u", "HEAD", sha, cwd=self.tree)
-            await git("reset", "--quiet", cwd=self.tree)
+            await self.git("read-tree", "-m", "-u", "HEAD", sha)
+            await self.git("reset", "--quiet")
         except GitError as exc:
             raise WorkspaceFailed(f"cannot apply {sha} to the worktree: {exc}") from exc
 
     async def tree_of(self, sha: str) -> str:
         await self.ready()
         try:
-            return (await git("rev-parse", f"{sha}^{{tree}}", cwd=self.tree)).text.strip()
+            return (await self.git("rev-parse", f"{sha}^{{tree}}")).text.strip()
         except GitError as exc:
             raise WorkspaceFailed(f"cannot read the tree of {sha}: {exc}") from exc
 
@@ -464,28 +480,25 @@ class Workspace:
         ignored file removed."""
         await self.ready()
         try:
-            await git("checkout", "--force", "--quiet", "--detach", sha, cwd=self.tree)
-            await git("clean", "-ffdxq", cwd=self.tree)
+            await self.git("checkout", "--force", "--quiet", "--detach", sha)
+            await self.git("clean", "-ffdxq")
         except GitError as exc:
             raise WorkspaceFailed(f"cannot check out {sha} cleanly: {exc}") from exc
 
     async def remove(self) -> CleanupRecord:
-        """Remove the worktree and its folder; return (and keep) the record of the removal."""
+        """Remove the worktree and its folder; return (and keep) the record of the removal.
+
+        Not by `git worktree remove`, which would read the tree's `.git`: the folder and the
+        worktree's git dir are deleted, and `git worktree prune` forgets the worktree."""
         if self.cleanup is not None:
             return self.cleanup
         files, size = await anyio.to_thread.run_sync(tree_size, self.folder)
         async with self._cache._lock(self.mirror):
-            await git(
-                "worktree",
-                "remove",
-                "--force",
-                "--force",
-                str(self.tree),
-                cwd=self.mirror,
-                check=False,
-            )
+            admin = await anyio.to_thread.run_sync(_resolved_link, self.git.git_dir)
             if await anyio.Path(self.folder).exists():
                 await anyio.to_thread.run_sync(_rmtree, self.folder)
+            if admin is not None and admin.parent == self.mirror / "worktrees":
+                await anyio.to_thread.run_sync(_rmtree, admin)
             await git("worktree", "prune", cwd=self.mirror, check=False)
             listed = await git("worktree", "list", "--porcelain", cwd=self.mirror, check=False)
         names = {
@@ -501,6 +514,24 @@ class Workspace:
             listed_after=str(self.tree) in names,
         )
         return self.cleanup
+
+
+def _worktree_git_dir(mirror: Path, tree: Path) -> Path:
+    """The git dir `git worktree add` made in `mirror` for `tree`: the one whose `gitdir`
+    file names the tree's `.git` (read in the mirror, never in the tree)."""
+    wanted = str(tree / ".git")
+    for admin in sorted((mirror / "worktrees").iterdir()):
+        with contextlib.suppress(OSError):
+            if (admin / "gitdir").read_text().strip() == wanted:
+                return admin
+    raise OSError(f"git worktree add made no git dir for {tree}")
+
+
+def _resolved_link(link: Path) -> Path | None:
+    try:
+        return link.parent / link.readlink()
+    except OSError:
+        return None
 
 
 def _copy_if_present(source: Path, dest: Path) -> None:
