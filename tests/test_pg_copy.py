@@ -71,7 +71,9 @@ async def build(path: Path, clock: FakeClock) -> None:
         assert (await ledger.keep_log_lines([shipped], "default", "tok")).kept == 1
         with pytest.raises(StaleFence):
             await ledger.report(report_for(old))
-        await ledger.report(report_for(new, output={"text": "ünïcode ✓", "n": 1.5}))
+        await ledger.report(  # the lease is tok's
+            report_for(new, output={"text": "ünïcode ✓", "n": 1.5}), token_id="tok"
+        )
         # A keyed effect delivered after a chat step, and a gated one opened by an operator.
         hook = spec_with(("build", "chat", {"cmd": "b"}), ("hook", "http", http()), key="hook")
         await approved(ledger, hook)
