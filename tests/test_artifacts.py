@@ -165,9 +165,12 @@ async def test_only_the_tenant_whose_lease_uploaded_reads_a_runners_upload(
 
 async def test_an_upload_names_a_lease_its_runner_holds(api: ApiHarness) -> None:
     lease = await leased(api)
+    ended = await leased(api, "k2")
+    assert (await api.report(ended)).status_code == 200
     before = ledger_snapshot(api.path)
-    stale = {**lease, "fence": lease["fence"] + 1}
-    assert_error(await put(api, "runner", LOG, lease=stale), 409, "stale_fence")
+    assert_error(await put(api, "runner", LOG, lease=ended), 409, "stale_fence")
+    guessed = {**lease, "fence": lease["fence"] + 7}  # never granted: like an unknown step
+    assert_error(await put(api, "runner", LOG, lease=guessed), 404, "not_found")
     unknown = {**lease, "step_id": "no-such-step"}
     assert_error(await put(api, "runner", LOG, lease=unknown), 404, "not_found")
     assert_error(await put(api, "stranger", LOG, lease=lease), 404, "not_found")

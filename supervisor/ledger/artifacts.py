@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tether.supervisor.ledger.errors import NotFound, QuotaExceeded, StaleFence
-from tether.supervisor.ledger.fencing import lapsed
+from tether.supervisor.ledger.errors import QuotaExceeded, StaleFence
+from tether.supervisor.ledger.fencing import held_step, lapsed
 from tether.supervisor.ledger.states import StepState
 from tether.supervisor.ledger.tokens import Principal, Role
 from tether.supervisor.ledger.tx import Statements, Tx
@@ -47,20 +47,16 @@ def upload_tenant(
 ) -> Upload:
     """What an upload by `who` is recorded for. A runner names the lease (step id, fence) it
     uploads for: `NotFound` unless the step is of its pool and that lease was granted to its
-    token, `StaleFence` unless the fence is the step's current one and the lease is live."""
+    token (`fencing.held_step`, as for every rule about a lease), `StaleFence` unless the
+    fence is the step's current one and the lease is live."""
     if who.role is Role.OPERATOR:
         return Upload(tenant=who.scope)
     if lease is None:
         return Upload(tenant=NO_TENANT)
     step_id, fence = lease
-    step = s.one("step_with_task", (step_id,))
-    if step is None or step["pool"] != who.scope:
-        raise NotFound(f"no step {step_id}")
+    step = held_step(s, step_id, fence, who.token_id, who.scope)
     if step["fence"] != fence or step["state"] != StepState.LEASED or lapsed(step, now):
         raise StaleFence(f"fence {fence} holds no live lease on step {step_id}")
-    granted_to = step["lease_token_id"]
-    if granted_to is not None and granted_to != who.token_id:
-        raise NotFound(f"no step {step_id}")
     return Upload(tenant=step["tenant"], step_id=step_id)
 
 
