@@ -47,6 +47,18 @@ demo-agent: $(STAMP)
 demo-effects: $(STAMP)
 	$(BIN)/python -m examples.demo_effects
 
+# The oldest Python the project promises (`requires-python`): Debian 12's own /usr/bin/python3,
+# 3.11.2. A second venv on it runs the three demos and a quick slice of the suite (the wire
+# records, the API's routes, the task commands); CI runs this after `make test`.
+OLDEST_PYTHON ?= /usr/bin/python3
+OLDEST_VENV ?= .venv-oldest
+OLDEST_SLICE ?= tests/test_wire_records.py tests/test_api_routes.py tests/test_cli_task_commands.py
+
+oldest-python:
+	$(MAKE) PYTHON=$(OLDEST_PYTHON) VENV=$(OLDEST_VENV) demo demo-agent demo-effects
+	$(OLDEST_VENV)/bin/python -c 'import sys; print("oldest python", sys.version.split()[0])'
+	$(OLDEST_VENV)/bin/pytest -q $(OLDEST_SLICE)
+
 # The peers (Huey, DBOS) live in a venv of their own, never in the project's.
 PEERS_VENV := bench/.peers-venv
 PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
@@ -86,4 +98,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python -m bench --quick
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
