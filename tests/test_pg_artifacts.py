@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tether.supervisor import admin
-from tether.supervisor.artifacts import Held
+from tether.supervisor.artifacts import Held, collector
 from tether.supervisor.artifacts.pg import CHUNK_BYTES, CONNECTIONS, WAIT_S, PgArtifactStore
 from tether.supervisor.ledger.copy import copy_ledger
 from tether.supervisor.ledger.pg_schema import connect
@@ -28,6 +28,7 @@ from tether.supervisor.repos import candidate_ref
 from . import pgdb
 from .conftest import ApiHarness, FakeClock, assert_error, chat_payload, open_api
 from .test_api_repository_tasks import CHECKS, PASSED, candidate, make_remote
+from .test_artifacts import leased, put
 from .test_repos_mirror import Origin, rev
 
 pg_url = pgdb.pg_url
@@ -337,3 +338,52 @@ async def test_stalled_uploads_hold_no_connection_and_no_transaction(
         assert rows(pg_url, f"SELECT n FROM artifact_chunks WHERE digest = '{digest}'") == [
             (0,), (1,),
         ]  # fmt: skip
+
+
+async def test_tenants_quota_and_collector_hold_on_the_shared_database(
+    pg_url: str, tmp_path: Path, clock: FakeClock
+) -> None:
+    """Issue 23 on PostgreSQL: what a runner uploads to A for acme's lease is read by acme
+    through B and by no other tenant; the pool's quota counts the database's rows; the
+    collector run by B removes the chunks no step names."""
+    quota = CHUNK_BYTES + 1000
+    async with (
+        supervisor(pg_url, tmp_path / "a", clock, artifact_quota_bytes=quota) as a,
+        supervisor(pg_url, tmp_path / "b", clock, artifact_quota_bytes=quota) as b,
+    ):
+        lease = await leased(a)
+        renewed = await a.client.post(
+            f"/v1/leases/{lease['step_id']}/renew", headers=a.runner, json={"fence": lease["fence"]}
+        )
+        assert renewed.status_code == 200, renewed.text
+        big = b"z" * CHUNK_BYTES
+        assert (await put(a, "runner", big, lease=lease)).status_code == 200
+        digest = hashlib.sha256(big).hexdigest()
+        assert (await b.client.get(f"/v1/artifacts/{digest}", headers=b.operator)).content == big
+        rival = await b.client.get(f"/v1/artifacts/{digest}", headers=b.auth("rival"))
+        assert_error(rival, 404, "not_found")
+
+        more = b"w" * 2000
+        through_b = await b.client.put(  # the same runner token, the other supervisor
+            f"/v1/artifacts/{hashlib.sha256(more).hexdigest()}",
+            headers=a.runner,
+            content=more,
+            params={"step_id": lease["step_id"], "fence": lease["fence"]},
+        )
+        assert_error(through_b, 413, "quota_exceeded")
+        more_digest = hashlib.sha256(more).hexdigest()
+        assert rows(pg_url, f"SELECT count(*) FROM artifact_chunks WHERE digest = '{more_digest}'")[
+            0
+        ] == (0,)
+
+        assert (await a.report(lease)).status_code == 200
+        clock.advance(11)
+        state = b.app.state
+        gone = await collector.collect(
+            state.ledger, state.artifacts, state.artifact_locks, keep_s=10, now=clock.now
+        )
+        assert (gone.rows, gone.digests, gone.bytes) == (1, 1, len(big))
+        assert rows(pg_url, "SELECT count(*) FROM artifact_chunks") == [(0,)]
+        assert_error(
+            await a.client.get(f"/v1/artifacts/{digest}", headers=a.operator), 404, "not_found"
+        )
