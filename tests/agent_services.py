@@ -71,6 +71,7 @@ def lease_repository(
     start_bundle: str | None = None,
     allowed_paths: tuple[str, ...] = ("src/",),
     checks: dict[str, str] | None = None,
+    setup: tuple[str, ...] = (),
 ) -> LeaseRepository:
     return LeaseRepository(
         name="app",
@@ -80,6 +81,7 @@ def lease_repository(
         start_bundle=start_bundle,
         allowed_paths=allowed_paths,
         checks=tuple(CheckSpec(name=n, command=c) for n, c in (checks or {}).items()),
+        setup=setup,
     )
 
 

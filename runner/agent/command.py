@@ -60,9 +60,11 @@ async def run_command(
     output_cap: int,
     confiner: Confiner,
     sink: Callable[[bytes], Awaitable[None]] | None = None,
+    network: bool = False,
 ) -> CommandOutcome:
     """Run `argv` in `tree` under `sandbox`; see the module docstring. `sink`, when given, gets
-    every chunk of the output as it comes (a check's full log)."""
+    every chunk of the output as it comes (a check's full log); `network` lets the command
+    reach the network (setup's)."""
     started = time.monotonic()
     kept = bytearray()
     total = 0
@@ -76,7 +78,8 @@ async def run_command(
             if sink is not None:
                 await sink(chunk)
 
-    async with confiner.confine(sandbox.wrap(argv, tree=tree, home=home)) as confined:
+    wrapped = sandbox.wrap(argv, tree=tree, home=home, network=network)
+    async with confiner.confine(wrapped) as confined:
         process = await anyio.open_process(
             confined.argv,
             stdin=subprocess.DEVNULL,

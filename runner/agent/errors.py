@@ -7,7 +7,8 @@ model gets back as an error.
     ├── StepRejected
     │   ├── BaseNotFound       the approved base is not a commit of the repository: the task
     │   │                      cannot succeed as approved
-    │   └── WorktreeTooLarge   a command left the worktree past `worktree_max_mb`
+    │   ├── WorktreeTooLarge   a command left the worktree past `worktree_max_mb`
+    │   └── SetupFailed        a setup command failed (runner/agent/setup.py)
     └── WorkspaceFailed        local git work (worktree, commit, bundle) failed: retryable
 
     ToolError                  never leaves `ToolBox.call`: it becomes the model's tool result
@@ -34,6 +35,10 @@ class BaseNotFound(StepRejected):
 class WorktreeTooLarge(StepRejected):
     """A command left the worktree and HOME larger than the runner's `worktree_max_mb`; the
     detail starts `worktree_too_large:`."""
+
+
+class SetupFailed(StepRejected):
+    """A setup command failed; the detail starts `setup_failed:` and names its log."""
 
 
 class WorkspaceFailed(StepFailure):

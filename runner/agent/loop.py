@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import hashlib
 import json
 import os
 import secrets
@@ -39,6 +40,7 @@ from tether.runner.agent.confine import CommandLimits, Confiner
 from tether.runner.agent.paths import normalize_prefix
 from tether.runner.agent.sandbox import Sandbox, detect_sandbox
 from tether.runner.agent.sandbox_policy import CommandPolicy
+from tether.runner.agent.setup import SetupRun, run_setup
 from tether.runner.agent.tools import ToolBox, ToolLimits, ToolResult
 from tether.runner.agent.workspace import CleanupRecord, RepoCache, Workspace, tree_size
 from tether.runner.errors import StepRejected
@@ -145,21 +147,17 @@ class AgentKind:
             payload = read_payload(ctx.payload, AgentPayload)
         except ValueError as exc:
             raise StepRejected(f"agent payload: {exc}") from None
-        limits = self.limits
-        if payload.run_timeout_s is not msgspec.UNSET:
-            limits = dataclasses.replace(limits, run_timeout_s=payload.run_timeout_s)
-        check_limits = self.check_limits
-        if payload.check_timeout_s is not msgspec.UNSET:
-            check_limits = dataclasses.replace(check_limits, timeout_s=payload.check_timeout_s)
+        limits, check_limits = self._limits(payload)
         repo = ctx.repository
         prefixes = _allowed_prefixes(payload, repo)
         # Where snapshots look for changes: None when nothing may be written or no repository.
         commit_paths = None if repo is None or not prefixes else (
             () if "" in prefixes else prefixes
         )  # fmt: skip
+        setup = _setup_commands(payload, repo)
         sandbox = await self.sandbox()
         runs_commands = (
-            bool(payload.allowed_commands)
+            bool(payload.allowed_commands or setup)
             or bool(repo is not None and repo.checks)
             or bool(payload.mcp_servers)  # a server is the repository's code, run
         )
@@ -170,6 +168,8 @@ class AgentKind:
         bundle: str | None = None
         checks: dict[str, CheckRun] = {}
         async with self._workspace(ctx, label) as space:
+            # Before a checkpoint's changes are applied: setup never sees the model's work.
+            setup_run = await self._setup(ctx, space, setup, sandbox, check_limits)
             start = Start(messages=fresh)
             if ctx.resume is not None and ctx.services is not None:
                 start = await resume_start(
@@ -224,6 +224,8 @@ class AgentKind:
                 bundle, checks = await self._deliver(ctx, space, candidate, repo, check_limits)
         cleanup = space.cleanup
         output = _output(result, start, sandbox.name, candidate, bundle, checks, cleanup)
+        if setup_run is not None:
+            output["setup"] = setup_run.as_dict()
         log.info(
             "agent step done", step_id=ctx.step_id, finish=str(result.finish),
             turns=result.turns, tool_calls=result.tool_calls, tool_errors=result.tool_errors,
@@ -248,6 +250,36 @@ class AgentKind:
             confiner=self.confiner, call_timeout_s=limits.run_timeout_s,
         ) as tools:  # fmt: skip
             yield tools
+
+    def _limits(self, payload: AgentPayload) -> tuple[ToolLimits, CheckLimits]:
+        """The runner's tool and check limits, with the payload's timeouts."""
+        limits = self.limits
+        if payload.run_timeout_s is not msgspec.UNSET:
+            limits = dataclasses.replace(limits, run_timeout_s=payload.run_timeout_s)
+        check_limits = self.check_limits
+        if payload.check_timeout_s is not msgspec.UNSET:
+            check_limits = dataclasses.replace(check_limits, timeout_s=payload.check_timeout_s)
+        return limits, check_limits
+
+    async def _setup(
+        self,
+        ctx: StepContext,
+        space: Space,
+        commands: tuple[str, ...],
+        sandbox: Sandbox,
+        limits: CheckLimits,
+    ) -> SetupRun | None:
+        """Run the step's setup commands in its worktree, if it has any."""
+        if not commands or not isinstance(space, Workspace):
+            return None
+        return await run_setup(
+            space,
+            commands,
+            sandbox=sandbox,
+            confiner=self.confiner,
+            upload=digest_only if ctx.services is None else ctx.services.upload,
+            limits=limits,
+        )
 
     async def _deliver(
         self,
@@ -299,6 +331,21 @@ class AgentKind:
             start_bundle=fetch_start, checkout_beside=True,
         ) as workspace:  # fmt: skip
             yield workspace
+
+
+def _setup_commands(payload: AgentPayload, repo: LeaseRepository | None) -> tuple[str, ...]:
+    """The repository's setup commands, then the payload's."""
+    if payload.setup and repo is None:
+        raise StepRejected(
+            "agent payload: `setup` runs in a repository's worktree; this step has none"
+        )
+    return (() if repo is None else repo.setup) + payload.setup
+
+
+async def digest_only(path: Path) -> str:
+    """The sha256 of `path`, for a step with no artifact store behind it (nothing uploaded)."""
+    data = await anyio.Path(path).read_bytes()
+    return hashlib.sha256(data).hexdigest()
 
 
 def _allowed_prefixes(payload: AgentPayload, repo: LeaseRepository | None) -> tuple[str, ...]:

@@ -36,7 +36,11 @@ class Sandbox(Protocol):
         whether code the model wrote may run here (`runner/agent/sandbox_policy.py`)."""
         ...
 
-    def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]: ...
+    def wrap(
+        self, argv: Sequence[str], *, tree: Path, home: Path, network: bool = False
+    ) -> list[str]:
+        """`network`: the command may reach the network (setup only; never the model's)."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +62,9 @@ class NoSandbox:
     def isolated(self) -> bool:
         return False
 
-    def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]:
+    def wrap(
+        self, argv: Sequence[str], *, tree: Path, home: Path, network: bool = False
+    ) -> list[str]:
         return list(argv)
 
 
@@ -82,8 +88,12 @@ class Bubblewrap:
     def isolated(self) -> bool:
         return True
 
-    def wrap(self, argv: Sequence[str], *, tree: Path, home: Path) -> list[str]:
+    def wrap(
+        self, argv: Sequence[str], *, tree: Path, home: Path, network: bool = False
+    ) -> list[str]:
         args = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all"]
+        if network:
+            args.append("--share-net")
         for folder in _RO_DIRS:
             args += ["--ro-bind", folder, folder]
         for folder in _MAYBE_LINKED:

@@ -305,6 +305,8 @@ class Workspace:
         self.base_sha = base_sha
         self.start_sha = start_sha
         self.cleanup: CleanupRecord | None = None
+        # What setup made (runner/agent/setup.py): never committed, kept by clean checkouts.
+        self.kept: tuple[str, ...] = ()
         self._start_tree: str | None = None  # set once the private index exists
         self._index_tree: str | None = None  # the private index's tree, as last written
         self._checked_out: anyio.Event | None = None  # set when a checkout beside ends
@@ -385,6 +387,7 @@ class Workspace:
                 await self._start_index(env)
             pathspecs = await self._pathspecs(paths, env) if paths else ["."]
             if pathspecs:
+                pathspecs += [f":(exclude,literal){path}" for path in self.kept]
                 await self.git(*_FAST_OBJECTS, "add", "--all", "--", *pathspecs, env=env)
                 written = await self.git("write-tree", env=env)
                 self._index_tree = written.text.strip()
@@ -477,13 +480,24 @@ class Workspace:
 
     async def clean_checkout(self, sha: str) -> None:
         """Put the worktree at `sha` exactly: tracked files as committed, every untracked or
-        ignored file removed."""
+        ignored file removed but what setup made (`kept`)."""
         await self.ready()
+        keep = [arg for path in self.kept for arg in ("-e", "/" + _literal_pattern(path))]
         try:
             await self.git("checkout", "--force", "--quiet", "--detach", sha)
-            await self.git("clean", "-ffdxq")
+            await self.git("clean", "-ffdxq", *keep)
         except GitError as exc:
             raise WorkspaceFailed(f"cannot check out {sha} cleanly: {exc}") from exc
+
+    async def untracked(self) -> tuple[str, ...]:
+        """The untracked paths in the worktree, ignored ones included, a folder of them named
+        once (`dir/`)."""
+        await self.ready()
+        try:
+            listed = await self.git("ls-files", "--others", "--directory", "-z")
+        except GitError as exc:
+            raise WorkspaceFailed(f"cannot list the untracked files: {exc}") from exc
+        return tuple(sorted(p for p in listed.stdout.decode().split("\0") if p))
 
     async def remove(self) -> CleanupRecord:
         """Remove the worktree and its folder; return (and keep) the record of the removal.
@@ -544,6 +558,11 @@ def _copy_if_present(source: Path, dest: Path) -> None:
 def _rmtree(root: Path) -> None:
     # What cannot be removed stays, and the record says so (exists_after).
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _literal_pattern(path: str) -> str:
+    """`path` as a gitignore pattern that matches it and nothing else."""
+    return "".join("\\" + c if c in "*?[\\!#" else c for c in path)
 
 
 def tree_size(root: Path) -> tuple[int, int]:

@@ -224,8 +224,10 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     its lease carries, under the task's allowed paths, and must not carry its own: the
     repository is never named in a payload. `max_tokens_total` is the step's token budget (all
     its attempts' completed turns), checked before each model call. `check_timeout_s` bounds
-    each of the task's checks (600 s when left out). `mcp_servers` are started for the step
-    and their tools offered beside the built-in ones. A key not here is refused, never ignored.
+    each of the task's checks and each `setup` command (600 s when left out). `setup` are
+    command lines run in the worktree before the first model call, after the repository's own
+    (runner/agent/setup.py). `mcp_servers` are started for the step and their tools offered
+    beside the built-in ones. A key not here is refused, never ignored.
     """
 
     messages: Annotated[tuple[ChatMessage, ...], msgspec.Meta(min_length=1)]
@@ -239,6 +241,7 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         msgspec.UNSET
     )
     mcp_servers: Annotated[tuple[McpServer, ...], msgspec.Meta(max_length=MCP_SERVERS_MAX)] = ()
+    setup: tuple[NonEmpty, ...] = ()
 
     def __post_init__(self) -> None:
         _check_tool_answers(self.messages)
@@ -246,15 +249,11 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise _at(f"mcp_servers[{i}].name", f"{name!r} is named twice")
-        for i, command in enumerate(self.allowed_commands):
-            try:
-                words = shlex.split(command)
-            except ValueError as exc:
-                raise _at(
-                    f"allowed_commands[{i}]", f"{command!r} is not a command line: {exc}"
-                ) from None
-            if not words:
-                raise _at(f"allowed_commands[{i}]", "the command is empty")
+        for field, commands in (("allowed_commands", self.allowed_commands), ("setup", self.setup)):
+            for i, command in enumerate(commands):
+                problem = command_line_problem(command)
+                if problem is not None:
+                    raise _at(f"{field}[{i}]", problem)
         paths = () if self.allowed_paths is msgspec.UNSET else self.allowed_paths
         for i, prefix in enumerate(paths):
             if not _inside_tree(prefix):
@@ -263,6 +262,16 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                     f"{prefix!r} is not a path inside the repository (absolute, climbing"
                     " above the root with `..`, or naming `.git`)",
                 )
+
+
+def command_line_problem(command: str) -> str | None:
+    """What is wrong with `command` as a command line (split as a POSIX shell would, run
+    without one), or None."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        return f"{command!r} is not a command line: {exc}"
+    return None if words else "the command is empty"
 
 
 def _inside_tree(prefix: str) -> bool:

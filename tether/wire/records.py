@@ -88,7 +88,9 @@ class LeaseRepository(Record, frozen=True, kw_only=True):
     The worktree starts at `start_sha`: the approved base for the first step that writes, else
     the candidate of the latest earlier committed step that reported one, whose bundle
     (`base_sha..start_sha`, uploaded by a runner of the same pool) is `start_bundle`. The
-    runner reads the repository at `url` (read access only) and writes nothing to it.
+    runner reads the repository at `url` (read access only) and writes nothing to it. `setup`
+    are the repository's setup commands (`repo add --setup`), run in the worktree before the
+    first model call.
     """
 
     name: Name
@@ -98,6 +100,7 @@ class LeaseRepository(Record, frozen=True, kw_only=True):
     start_bundle: Hash | None = None
     allowed_paths: tuple[str, ...] = ()
     checks: tuple[CheckSpec, ...] = ()
+    setup: tuple[NonEmpty, ...] = ()
 
 
 class ResumePoint(Record, frozen=True, kw_only=True):
