@@ -41,9 +41,14 @@ async def bare(sandbox: Sandbox, tree: Path) -> float:
 async def confined(sandbox: Sandbox, tree: Path, confiner: Confiner) -> float:
     started = time.perf_counter()
     await run_command(
-        ["true"], tree=tree, home=tree, sandbox=sandbox, timeout_s=30, output_cap=1000,
+        ["true"],
+        tree=tree,
+        home=tree,
+        sandbox=sandbox,
+        timeout_s=30,
+        output_cap=1000,
         confiner=confiner,
-    )  # fmt: skip
+    )
     return time.perf_counter() - started
 
 

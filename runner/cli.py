@@ -116,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kinds = KindRegistry.default(
             commands_without_sandbox=settings.commands_without_sandbox,
             command_limits=settings.command_limits,
+            sandbox_read_only=settings.sandbox_read_only_paths,
         )
     except (SettingsError, SecretMissing) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -94,6 +94,7 @@ class Runner:
         self._kinds = kinds or KindRegistry.default(
             commands_without_sandbox=settings.commands_without_sandbox,
             command_limits=settings.command_limits,
+            sandbox_read_only=settings.sandbox_read_only_paths,
         )
         self._clock = clock or LoopClock()
         self._renewals = RenewalBatcher(supervisor, clock=self._clock)

@@ -164,14 +164,17 @@ class KindRegistry:
         entry_points: bool = True,
         commands_without_sandbox: bool = False,
         command_limits: CommandLimits | None = None,
+        sandbox_read_only: Iterable[Path] = (),
     ) -> KindRegistry:
-        """`commands_without_sandbox` and `command_limits` are the runner's settings, for the
-        agent kind."""
+        """`commands_without_sandbox`, `command_limits` and `sandbox_read_only` are the
+        runner's settings, for the agent kind."""
         # Imported here: runner.agent.loop builds on this module's StepContext and StepOutput.
         from tether.runner.agent.loop import AgentKind
 
         agent = AgentKind(
-            commands_without_sandbox=commands_without_sandbox, command_limits=command_limits
+            commands_without_sandbox=commands_without_sandbox,
+            command_limits=command_limits,
+            sandbox_read_only=tuple(sandbox_read_only),
         )
         registry = cls([("chat", run_chat), ("agent", agent)])
         if entry_points:

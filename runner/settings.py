@@ -126,6 +126,8 @@ class RunnerSettings:
     # the file's absolute path (required).
     preemption_url: str = ""
     preemption_poll_s: float = 2.0
+    # Host folders bound read-only into the sandbox (a shared toolchain), comma-separated.
+    sandbox_read_only: Annotated[str, COMMA_LIST] = ""
 
     def __post_init__(self) -> None:
         _check_urls("supervisor_url", self.supervisor_url)
@@ -172,6 +174,11 @@ class RunnerSettings:
             value = getattr(self, name)
             if value < 1:
                 raise SettingsError(f"setting {name!r} must be at least 1, got {value}")
+        for folder in self.sandbox_read_only_paths:
+            if not folder.is_absolute():
+                raise SettingsError(
+                    f"setting 'sandbox_read_only': {str(folder)!r} is not an absolute path"
+                )
         if self.pause_max_s < self.pause_initial_s:
             raise SettingsError("setting 'pause_max_s' must not be below 'pause_initial_s'")
         self._check_preemption()
@@ -206,6 +213,11 @@ class RunnerSettings:
                 )
         elif url:
             _check_url("preemption_url", url)
+
+    @property
+    def sandbox_read_only_paths(self) -> tuple[Path, ...]:
+        """The folders `sandbox_read_only` lists."""
+        return tuple(Path(p.strip()) for p in self.sandbox_read_only.split(",") if p.strip())
 
     @property
     def command_limits(self) -> CommandLimits:

@@ -21,6 +21,8 @@ from tether.runner.agent import AgentKind, Bubblewrap, Sandbox
 from tether.runner.agent.errors import SetupFailed
 from tether.runner.agent.sandbox import detect_sandbox
 from tether.runner.kinds import StepContext
+from tether.runner.settings import RunnerSettings
+from tether.settings import SettingsError, load_settings
 from tether.wire.payloads import AgentPayload, read_payload
 
 PYTHON = sys.executable
@@ -214,3 +216,57 @@ def test_a_setup_command_that_is_not_a_command_line_is_refused_at_submit() -> No
         )
     with pytest.raises((ValueError, msgspec.ValidationError)):
         read_payload({"messages": ASK, "allowed_commands": [], "setup": [""]}, AgentPayload)
+
+
+async def test_a_toolchain_named_in_sandbox_read_only_is_seen_and_not_written(
+    tmp_path: Path,
+) -> None:
+    if not isinstance(await sandbox(), Bubblewrap):
+        pytest.skip("bubblewrap is not installed or cannot create namespaces here")
+    toolchain = tmp_path / "toolchain"
+    toolchain.mkdir()
+    (toolchain / "greet.py").write_text("BASE = 41\n")
+    origin, base = make_origin(tmp_path / "origin", FILES)
+    probe = shlex.join(
+        [
+            PYTHON,
+            "-c",
+            (
+                "import sys\n"
+                f"sys.path.insert(0, {str(toolchain)!r})\n"
+                "try:\n"
+                "    import greet\n"
+                "    print('seen', greet.BASE)\n"
+                f"    open({str(toolchain / 'planted')!r}, 'w')\n"
+                "except OSError as exc:\n"
+                "    print('not written', exc.errno)\n"
+                "except ImportError:\n"
+                "    print('not seen')\n"
+            ),
+        ]
+    )
+    outputs = []
+    for read_only in ((), (toolchain,)):
+        chat = ScriptedChat([call("run", command=probe)], "done")
+        kind = AgentKind(
+            cache_dir=tmp_path / f"cache-{len(read_only)}",
+            commands_without_sandbox=True,
+            sandbox_read_only=read_only,
+        )
+        await kind(context(chat, FakeServices(), origin, base, commands=(probe,)))
+        outputs.append(chat.tool_results(1)[0]["output"])
+    assert outputs == ["not seen\n", "seen 41\nnot written 30\n"]
+    assert not (toolchain / "planted").exists()
+
+
+def test_sandbox_read_only_takes_absolute_folders() -> None:
+    base = {
+        "TETHER_SUPERVISOR_URL": "http://s",
+        "TETHER_MODEL_URL": "http://m",
+        "TETHER_MODEL": "x",
+    }
+    env = base | {"TETHER_SANDBOX_READ_ONLY": "/opt/a, /opt/b"}
+    loaded = load_settings(RunnerSettings, environ=env)
+    assert loaded.sandbox_read_only_paths == (Path("/opt/a"), Path("/opt/b"))
+    with pytest.raises(SettingsError, match="'opt/c' is not an absolute path"):
+        load_settings(RunnerSettings, environ=base | {"TETHER_SANDBOX_READ_ONLY": "opt/c"})
