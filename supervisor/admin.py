@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -204,18 +205,21 @@ def show_budget(path: Path | str, tenant: str) -> str:
 
 
 def add_repository(
-    path: Path | str, tenant: str, name: str, url: str
+    path: Path | str, tenant: str, name: str, url: str, setup: tuple[str, ...] | None = None
 ) -> tuple[repositories.Repository, str | None, bool]:
     """Check that git can read `url` (`git ls-remote`), then record it as `tenant`'s
-    repository `name`; return the record, the remote's HEAD (None for an empty repository)
-    and whether it is new. A relative path that exists is made absolute first: the supervisor
-    reads it later from another working directory."""
+    repository `name` with its `setup` commands (given: they replace a known repository's);
+    return the record, the remote's HEAD (None for an empty repository) and whether it is new.
+    A relative path that exists is made absolute first: the supervisor reads it later from
+    another working directory."""
     if "://" not in url and Path(url).exists() and not Path(url).is_absolute():
         url = str(Path(url).resolve())
     with ledger_file(path) as db:
         try:  # the rule checks these again; here so a bad name costs no network round trip
             repositories.check_repository_name(name)
             repositories.check_url(url)
+            if setup is not None:
+                repositories.check_setup(setup)
         except LedgerError as exc:
             raise AdminError(str(exc)) from None
         try:
@@ -223,17 +227,21 @@ def add_repository(
         except repos.MirrorError as exc:
             raise AdminError(str(exc)) from None
         added: tuple[repositories.Repository, bool] = run_rule(
-            db, lambda tx: repositories.add_repository(tx, tenant, name, url)
+            db, lambda tx: repositories.add_repository(tx, tenant, name, url, setup)
         )
     return added[0], refs.get("HEAD"), added[1]
 
 
 def list_repositories(path: Path | str) -> list[str]:
-    """`TENANT NAME URL ADDED`, one line per repository (URLs hold no password: `repo add`
-    refuses one)."""
+    """`TENANT NAME URL ADDED [setup=JSON]`, one line per repository (URLs hold no password:
+    `repo add` refuses one); `setup=` lists its setup commands, when it has any."""
     with ledger_reads(path) as reads:
         records = repositories.list_repositories(reads)
-    return [f"{r.tenant} {r.name} {r.url} {_utc(r.added_at)}" for r in records]
+    return [
+        f"{r.tenant} {r.name} {r.url} {_utc(r.added_at)}"
+        + (f" setup={json.dumps(list(r.setup))}" if r.setup else "")
+        for r in records
+    ]
 
 
 def remove_repository(path: Path | str, tenant: str, name: str) -> repositories.Repository:

@@ -84,8 +84,18 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     repo_add.add_argument("name", metavar="NAME", help="the name tasks give as `repository`")
     repo_add.add_argument("--url", required=True, help="a path, file://, ssh://, https://, ...")
     repo_add.add_argument("--tenant", required=True, help="the tenant whose tasks may name it")
+    repo_add.add_argument(
+        "--setup",
+        action="append",
+        metavar="COMMAND",
+        help="a command line each agent step runs in its worktree before the model (with the"
+        " network, in the sandbox), e.g. 'uv sync --frozen'; repeat for several, in order;"
+        " given again, they replace a known repository's",
+    )
     repo_add.add_argument("--db", required=True, help=LEDGER)
-    repo_list = repo_sub.add_parser("list", help="one line per repository: TENANT NAME URL ADDED")
+    repo_list = repo_sub.add_parser(
+        "list", help="one line per repository: TENANT NAME URL ADDED [setup=JSON]"
+    )
     repo_list.add_argument("--db", required=True, help=LEDGER)
     repo_remove = repo_sub.add_parser("remove", help="forget a repository no running task names")
     repo_remove.add_argument("name", metavar="NAME")
@@ -298,11 +308,13 @@ def _repo(db: Path | str, args: argparse.Namespace) -> None:
     from tether.supervisor import admin
 
     if args.repo_command == "add":
-        added, head, created = admin.add_repository(db, args.tenant, args.name, args.url)
+        setup = None if args.setup is None else tuple(args.setup)
+        added, head, created = admin.add_repository(db, args.tenant, args.name, args.url, setup)
         what = "added" if created else "already known:"
         shown = head or "none (an empty repository)"
+        runs = f", setup: {len(added.setup)} command(s)" if added.setup else ""
         print(
-            f"{what} repository {added.name} of tenant {added.tenant}, HEAD {shown}",
+            f"{what} repository {added.name} of tenant {added.tenant}, HEAD {shown}{runs}",
             file=sys.stderr,
         )
     elif args.repo_command == "list":

@@ -437,3 +437,13 @@ async def test_a_checkpoint_naming_bytes_the_pool_did_not_upload_is_refused(
     own = await upload(api, b"[]", who="stranger")
     assert own == transcript
     assert_error(await put_checkpoint(api, lease, "stranger", transcript=own), 404, "not_found")
+
+
+async def test_a_lease_carries_the_repository_setup_commands(
+    api: ApiHarness, origin: Origin
+) -> None:
+    setup = ("uv sync --frozen", "npm ci --offline")
+    await anyio.to_thread.run_sync(admin.add_repository, api.path, "acme", "app", origin.url, setup)
+    await queued(api, origin)
+    [lease] = await api.claim()
+    assert lease["repository"]["setup"] == list(setup)

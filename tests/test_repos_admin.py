@@ -252,3 +252,32 @@ def test_every_repo_command_answers_help(
     code, out, err = run(capsys, *command, "--help")
     assert (code, err) == (0, "")
     assert out.startswith(f"usage: tether-supervisor {' '.join(command)}")
+
+
+def test_setup_commands_are_stored_listed_replaced_and_checked(
+    capsys: pytest.CaptureFixture[str], db: Path, origin: tuple[Path, str]
+) -> None:
+    path, head = origin
+    args = ("repo", "add", "app", "--url", str(path), "--tenant", "acme", "--db", str(db))
+    code, _, err = run(capsys, *args, "--setup", "uv sync --frozen", "--setup", "make deps")
+    assert code == 0
+    assert one_line(err) == f"added repository app of tenant acme, HEAD {head}, setup: 2 command(s)"
+    code, out, _ = run(capsys, "repo", "list", "--db", str(db))
+    assert out.rstrip().endswith(' setup=["uv sync --frozen", "make deps"]'), out
+    # Added again without --setup: unchanged; with it: replaced.
+    assert run(capsys, *args)[0] == 0
+    assert setup_of(db) == ("uv sync --frozen", "make deps")
+    assert run(capsys, *args, "--setup", "pip install -e .")[0] == 0
+    assert setup_of(db) == ("pip install -e .",)
+    # A command line that cannot be split is refused in one line, and nothing changes.
+    code, _, err = run(capsys, *args, "--setup", "echo 'unclosed")
+    assert code == 1
+    assert "setup command 1: " in one_line(err)
+    assert setup_of(db) == ("pip install -e .",)
+
+
+def setup_of(db: Path) -> tuple[str, ...]:
+    with admin.ledger_reads(db) as reads:
+        held = repositories.find_repository(reads, "acme", "app")
+    assert held is not None
+    return held.setup

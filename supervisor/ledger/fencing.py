@@ -174,6 +174,7 @@ def lease_repository(tx: Tx, task: Row, step: Row) -> LeaseRepository:
         checks=tuple(
             CheckSpec(name=c["name"], command=c["command"]) for c in loads(task["checks_json"])
         ),
+        setup=held.setup,
     )
 
 

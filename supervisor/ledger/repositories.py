@@ -14,9 +14,12 @@ import re
 
 from tether.supervisor.ledger import names
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
-from tether.supervisor.ledger.tx import Row, Statements, Tx, loads
+from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
+from tether.wire.payloads import command_line_problem
 
 MAX_URL = 2000
+MAX_SETUP_COMMANDS = 20
+MAX_SETUP_COMMAND = 2000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SCHEMES = frozenset({"file", "ssh", "git", "http", "https"})
 _SCHEME_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)")
@@ -30,6 +33,9 @@ class Repository:
     name: str
     url: str
     added_at: float
+    # Command lines every agent step of its tasks runs first in its worktree (runner/agent/
+    # setup.py): with the network, in the sandbox, before the model writes anything.
+    setup: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -99,12 +105,32 @@ def check_url(url: str) -> str:
     raise InvalidRequest(f"a repository path must be absolute, got {url!r}")
 
 
-def add_repository(tx: Tx, tenant: str, name: str, url: str) -> tuple[Repository, bool]:
-    """Record that `tenant`'s repository `name` is read from `url`; return it and whether it
-    is new. Adding it again with the same URL changes nothing; with another URL is refused."""
+def check_setup(setup: tuple[str, ...]) -> tuple[str, ...]:
+    """`setup` as a repository's setup commands, or `InvalidRequest` naming what is wrong."""
+    if len(setup) > MAX_SETUP_COMMANDS:
+        raise InvalidRequest(f"at most {MAX_SETUP_COMMANDS} setup commands, got {len(setup)}")
+    for i, command in enumerate(setup):
+        problem = command_line_problem(command)
+        if problem is None and len(command) > MAX_SETUP_COMMAND:
+            problem = f"longer than {MAX_SETUP_COMMAND} characters"
+        if problem is None and "\0" in command:
+            problem = "it holds a NUL"
+        if problem is not None:
+            raise InvalidRequest(f"setup command {i + 1}: {problem}")
+    return setup
+
+
+def add_repository(
+    tx: Tx, tenant: str, name: str, url: str, setup: tuple[str, ...] | None = None
+) -> tuple[Repository, bool]:
+    """Record that `tenant`'s repository `name` is read from `url`, with `setup` (none when
+    None); return it and whether it is new. Adding it again with the same URL changes nothing
+    but its setup commands when `setup` is given; with another URL is refused."""
     names.check_tenant_name(tenant, tx)
     check_repository_name(name)
     check_url(url)
+    if setup is not None:
+        check_setup(setup)
     held = _find(tx, tenant, name)
     if held is not None:
         if held.url != url:
@@ -112,9 +138,13 @@ def add_repository(tx: Tx, tenant: str, name: str, url: str) -> tuple[Repository
                 f"repository {name!r} of tenant {tenant!r} is read from {held.url}:"
                 " remove it first to give it another URL"
             )
-        return held, False
-    tx.run("insert_repository_remote", (tenant, name, url, tx.now))
-    return Repository(tenant=tenant, name=name, url=url, added_at=tx.now), True
+        if setup is None or setup == held.setup:
+            return held, False
+        tx.run("update_repository_setup", (dumps(list(setup)), tenant, name))
+        return dataclasses.replace(held, setup=setup), False
+    setup = setup or ()
+    tx.run("insert_repository_remote", (tenant, name, url, tx.now, dumps(list(setup))))
+    return Repository(tenant=tenant, name=name, url=url, added_at=tx.now, setup=setup), True
 
 
 def remove_repository(tx: Tx, tenant: str, name: str) -> Repository:
@@ -164,7 +194,11 @@ def _find(s: Statements, tenant: str, name: str) -> Repository | None:
 
 def _record(row: Row) -> Repository:
     return Repository(
-        tenant=row["tenant"], name=row["name"], url=row["url"], added_at=row["added_at"]
+        tenant=row["tenant"],
+        name=row["name"],
+        url=row["url"],
+        added_at=row["added_at"],
+        setup=tuple(loads(row["setup_json"])),
     )
 
 

@@ -1,6 +1,10 @@
 -- name: insert_repository_remote
--- Record the git URL a tenant's repository is read from.
-INSERT INTO repository_remotes (tenant, name, url, added_at) VALUES (?, ?, ?, ?);
+-- Record the git URL a tenant's repository is read from, and its setup commands.
+INSERT INTO repository_remotes (tenant, name, url, added_at, setup_json) VALUES (?, ?, ?, ?, ?);
+
+-- name: update_repository_setup
+-- Replace a tenant's repository's setup commands.
+UPDATE repository_remotes SET setup_json = ? WHERE tenant = ? AND name = ?;
 
 -- name: task_keeping_repository
 -- A task of the tenant's repository that has not ended, the oldest: it keeps the repository.
