@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from tests.agent_repos import make_origin
@@ -29,6 +30,8 @@ from tests.test_agent_tools import (
     workspace,  # noqa: F401 (a fixture)
 )
 from tests.test_agent_tools import call as call_tool
+from tests.test_model_apis_processes import submit
+from tests.test_runner_processes import Cluster, wait_for
 from tether.runner.agent import (
     AgentKind,
     Bubblewrap,
@@ -320,3 +323,75 @@ def test_the_limits_are_the_runner_settings_rlimits() -> None:
     assert rlimits["RLIMIT_FSIZE"] == (1024 * 1024 * 1024,) * 2
     assert rlimits["RLIMIT_CPU"] == (600, 601)
     assert json.dumps(CommandLimits().as_dict())
+
+
+def ran(name: str, turn: int, command: str, **match: str) -> dict[str, object]:
+    """A stand-in turn that runs `command` as the `turn`-th answer."""
+    call = {"name": "run", "arguments": {"command": command}}
+    return {"name": name, "assistant_turns": turn, "tool_calls": [call], **match}
+
+
+@pytest.mark.slow
+def test_a_runner_process_serves_on_after_its_commands_hit_their_limits(tmp_path: Path) -> None:
+    """A real supervisor, stand-in model and runner (limits from its TETHER_* settings): an
+    agent step whose commands storm, balloon and write past their limits SUCCEEDS with the hits
+    in its transcript; one that fills the worktree FAILS `worktree_too_large`; a chat task
+    after both succeeds on the same runner process."""
+    bounded_processes()
+    storm, balloon = py(FORK_STORM.replace("MARKER", uuid.uuid4().hex)), py(BALLOON)
+    big = py(BIG_WRITE)
+    fill = py("for n in range(4): open(f'fill-{n}.bin', 'wb').write(b'x' * 3 * 1024 * 1024)")
+    scenario = {
+        "turns": [
+            ran("storm", 0, storm, last_contains="Storm"),
+            ran("balloon", 1, balloon),
+            ran("big", 2, big),
+            {"name": "done", "assistant_turns": 3, "text": "survived"},
+            ran("fill", 0, fill, last_contains="Fill"),
+        ]
+    }
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_supervisor()
+        cluster.start_model()
+        answer = httpx.post(f"{cluster.model_url}/_admin/scenario", json=scenario, trust_env=False)
+        assert answer.status_code == 200, answer.text
+        runner = cluster.start_runner(
+            "r1",
+            XDG_CACHE_HOME=str(tmp_path / "cache"),
+            TETHER_COMMANDS_WITHOUT_SANDBOX="true",  # used only where bwrap does not work
+            TETHER_COMMAND_MAX_PROCESSES=str(TIGHT.max_processes),
+            TETHER_COMMAND_MAX_MEMORY_MB=str(TIGHT.max_memory_mb),
+            TETHER_COMMAND_MAX_FILE_MB="4",
+            TETHER_WORKTREE_MAX_MB="8",
+        )
+
+        def agent(key: str, ask: str, commands: list[str]) -> str:
+            payload = {"messages": [{"role": "user", "content": ask}], "allowed_commands": commands}
+            return submit(cluster, key, {"name": "work", "kind": "agent", "payload": payload})
+
+        stormy = agent("stormy", "Storm, balloon and write.", [storm, balloon, big])
+        filling = agent("filling", "Fill the tree.", [fill])
+        ended = ("SUCCEEDED", "FAILED")
+        for task_id in (stormy, filling):
+            wait_for(lambda t=task_id: cluster.state(t) in ended, "the task", 120, cluster)
+        assert cluster.state(stormy) == "SUCCEEDED", cluster.task(stormy)
+        output = cluster.task(stormy)["steps"][0]["output"]
+        results = [
+            json.loads(e["content"])["output"]
+            for e in output["transcript"]
+            if e.get("role") == "tool"
+        ]
+        assert "fork refused after" in results[0], results[0]
+        assert "ballooned" not in results[1]
+        assert "File too large" in results[2], results[2]
+        failed = cluster.task(filling)
+        assert failed["state"] == "FAILED"
+        assert "worktree_too_large" in json.dumps(failed), failed
+        still = {"messages": [{"role": "user", "content": "still there?"}]}
+        chat = submit(cluster, "chat", {"name": "ask", "kind": "chat", "payload": still})
+        wait_for(lambda: cluster.state(chat) == "SUCCEEDED", "the chat task", 60, cluster)
+        assert runner.popen.poll() is None  # the same runner process served all three
+        cluster.check_ledger()
+    finally:
+        cluster.stop_all()
