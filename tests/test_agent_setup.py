@@ -20,10 +20,12 @@ from tests.agent_services import FakeServices, ScriptedChat, call, lease_reposit
 from tether.runner.agent import AgentKind, Bubblewrap, Sandbox
 from tether.runner.agent.errors import SetupFailed
 from tether.runner.agent.sandbox import detect_sandbox
+from tether.runner.errors import LeaseLost, LostBecause
 from tether.runner.kinds import StepContext
 from tether.runner.settings import RunnerSettings
 from tether.settings import SettingsError, load_settings
 from tether.wire.payloads import AgentPayload, read_payload
+from tether.wire.records import ResumePoint
 
 PYTHON = sys.executable
 PYTHON_TREES = (Path(sys.prefix), Path(sys.base_prefix))
@@ -73,6 +75,8 @@ def context(
     repo_setup: tuple[str, ...] = (),
     payload_setup: tuple[str, ...] = (),
     commands: tuple[str, ...] = (),
+    fence: int = 1,
+    resume: ResumePoint | None = None,
 ) -> StepContext:
     repo = lease_repository(
         str(origin), base, allowed_paths=("",), checks={"tests": TESTS}, setup=repo_setup
@@ -84,14 +88,15 @@ def context(
         step_id="step-1",
         task_id="task-1",
         name="fix",
-        attempt=1,
-        fence=1,
+        attempt=fence,
+        fence=fence,
         payload=payload,
         outputs=(),
         default_model="m",
         chat=chat,
         repository=repo,
         services=services,
+        resume=resume,
     )
 
 
@@ -270,3 +275,38 @@ def test_sandbox_read_only_takes_absolute_folders() -> None:
     assert loaded.sandbox_read_only_paths == (Path("/opt/a"), Path("/opt/b"))
     with pytest.raises(SettingsError, match="'opt/c' is not an absolute path"):
         load_settings(RunnerSettings, environ=base | {"TETHER_SANDBOX_READ_ONLY": "opt/c"})
+
+
+async def test_a_resumed_attempt_runs_setup_before_the_checkpoint_is_applied(
+    tmp_path: Path,
+) -> None:
+    """Setup never sees what the model wrote: attempt 1 writes src/app.py and checkpoints it,
+    then loses its lease; attempt 2's setup, which fails if it finds that write, runs in the
+    fresh worktree before the checkpoint's changes are applied."""
+    origin, base = make_origin(tmp_path / "origin", FILES)
+    pristine = shlex.join(
+        [PYTHON, "-c", "assert 'BASE + 1' not in open('src/app.py').read(), 'saw the write'"]
+    )
+    services = FakeServices()
+    kind = await agent(tmp_path)
+    first = ScriptedChat(
+        [call("write_file", path="src/app.py", content=FIXED)], LeaseLost(LostBecause.EXPIRED)
+    )
+    with pytest.raises(LeaseLost):
+        await kind(context(first, services, origin, base, payload_setup=(pristine,)))
+    second = ScriptedChat("resumed")
+    done = await kind(
+        context(
+            second,
+            services,
+            origin,
+            base,
+            payload_setup=(pristine,),
+            fence=2,
+            resume=services.resume_point(),
+        )
+    )
+    assert done.output["resumed_from"]["turn"] == 1
+    assert done.output["setup"]["commands"] == [pristine]
+    mirror = kind.cache.mirror_path(str(origin))
+    assert sh("git", "show", f"{done.candidate_sha}:src/app.py", cwd=mirror) == FIXED
