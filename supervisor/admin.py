@@ -32,7 +32,7 @@ from tether.supervisor.ledger.backends import (
     open_backend,
 )
 from tether.supervisor.ledger.batch import Transactions
-from tether.supervisor.ledger.operator import budget_of, set_budget
+from tether.supervisor.ledger.operator import budget_of, set_budget, set_verify_pool
 from tether.supervisor.ledger.schema import connect, integrity_problems, newest_migration
 from tether.supervisor.ledger.tx import ReadSession
 
@@ -186,6 +186,11 @@ def revoke_token(path: Path | str, token: str) -> tokens.TokenRecord:
 def set_tenant_budget(path: Path | str, tenant: str, budget: int | None) -> None:
     with ledger_file(path) as db:  # a budget on a mistyped path would bind nobody
         run_rule(db, lambda tx: set_budget(tx, tenant, budget))
+
+
+def set_tenant_verify_pool(path: Path | str, tenant: str, pool: str | None) -> None:
+    with ledger_file(path) as db:
+        run_rule(db, lambda tx: set_verify_pool(tx, tenant, pool))
 
 
 def show_budget(path: Path | str, tenant: str) -> str:

@@ -78,6 +78,17 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
         "--show", action="store_true", help="print tokens spent, the budget and what is left"
     )
 
+    tenant = sub.add_parser(
+        "tenant", help="set a tenant's default verifier pool (its checks re-run there)"
+    )
+    tenant.add_argument("--db", required=True, help=LEDGER)
+    tenant.add_argument("--tenant", required=True)
+    tenant.add_argument(
+        "--verify-pool",
+        required=True,
+        help="the pool whose runners re-run the checks of the tenant's tasks, or 'none'",
+    )
+
     repo = sub.add_parser("repo", help="add, list and remove the repositories tasks may name")
     repo_sub = repo.add_subparsers(dest="repo_command", required=True, parser_class=Parser)
     repo_add = repo_sub.add_parser("add", help="add a repository, once git can read its URL")
@@ -271,6 +282,10 @@ def _admin(args: argparse.Namespace) -> int:
             print(f"backed up {shown} to {args.dest}", file=sys.stderr)
         elif args.command == "repo":
             _repo(db, args)
+        elif args.command == "tenant":
+            pool = None if args.verify_pool.strip().lower() == "none" else args.verify_pool
+            admin.set_tenant_verify_pool(db, args.tenant, pool)
+            print(f"tenant={args.tenant} verify_pool={pool or 'none'}", file=sys.stderr)
         elif args.command == "budget" and args.show:
             print(admin.show_budget(db, args.tenant))
         elif args.command == "budget":
@@ -422,6 +437,8 @@ def _task(args: argparse.Namespace) -> int:
             view = oc.view_of(shown)
             if view.waiting_for is not None:
                 print(oc.waiting_line(view.waiting_for, view.id), file=sys.stderr)
+            if view.checks_standing is not None:
+                print(f"checks: {view.checks_standing}", file=sys.stderr)
         elif args.task_command == "list":
             print(oc.TASK_HEADER)
             for summary in client.tasks(args.state):

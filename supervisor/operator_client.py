@@ -290,7 +290,10 @@ def plan_hash_of(body: dict[str, Any]) -> str:
     steps = body["plan"].get("steps")
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise ClientError("the task's plan must hold a 'steps' list of objects")
-    return plan_hash(steps)
+    verify = body.get("verify")
+    if verify is not None and not isinstance(verify, dict):
+        raise ClientError("the task's 'verify' must be an object, {\"pool\": POOL}")
+    return plan_hash(steps, verify)
 
 
 def view_of(raw: Any) -> TaskView:

@@ -253,10 +253,10 @@ async def test_events_long_poll_returns_when_an_event_is_appended(api: ApiHarnes
 
 EXPECTATIONS = {
     "owner", "repository", "base_commit", "requirement_revision", "allowed_paths",
-    "expected_checks",
+    "expected_checks", "verify_pool",
 }  # fmt: skip
 OBSERVATIONS = {
-    "repository_head", "candidate_sha", "start_time", "stop_time", "observed_checks",
+    "repository_head", "candidate_sha", "start_time", "stop_time", "observed_checks", "checks",
     "observed_terminal_state", "reviewer_decision", "cleanup_proof", "effects",
     "unresolved_questions",
 }  # fmt: skip

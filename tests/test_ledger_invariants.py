@@ -235,6 +235,10 @@ def success_without_evidence(db: Sim, w: World) -> None:
                (w.repo,))  # fmt: skip
 
 
+def success_without_its_verifier(db: Sim, w: World) -> None:
+    db.execute("UPDATE tasks SET verify_pool = 'acme/verify' WHERE id = ?", (w.repo,))
+
+
 def success_with_a_failed_check(db: Sim, w: World) -> None:
     db.execute(
         "UPDATE check_runs SET exit_code = 1 WHERE step_id IN (SELECT id FROM steps"
@@ -364,6 +368,7 @@ PLANTS: dict[str, tuple[Plant, set[str]]] = {
     "fence-counter-ahead": (counter_behind, set()),
     "success-is-complete": (success_with_an_uncommitted_step, set()),
     "success-is-verified": (success_without_evidence, set()),
+    "success-verified-by-another": (success_without_its_verifier, set()),
     "checkpoint-of-an-attempt": (a_checkpoint_of_no_attempt, set()),
     "success-on-approved-base": (success_after_the_base_moved, set()),
     "task-state-is-last-event": (state_not_the_journal_s, set()),

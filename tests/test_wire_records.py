@@ -120,6 +120,7 @@ RECORDS: list[m.Record] = [
         checks={"tests": "python -m pytest -q"},
         owner="ops",
         pool="gpu",
+        verify=m.VerifySpec(pool="gpu/verify"),
     ),
     m.Approval(plan_hash="p" * 64, base_sha=None),
     m.Cancel(reason="not needed"),
@@ -217,6 +218,7 @@ def test_every_message_class_has_a_round_trip_above() -> None:
     inside_others |= {m.CheckRunView, m.ProblemView, m.CheckpointView, m.PlanView, m.PlanStepView}
     inside_others |= {m.EffectView, m.DeliveryView, m.GateView, m.ResolvedView}
     inside_others |= {m.LogLine, m.TaskLogEntry}
+    inside_others |= {m.VerifySpec}
     missing = classes - {type(r) for r in RECORDS} - inside_others
     assert not missing
 
@@ -259,6 +261,16 @@ def refused(raw: bytes, into: type[m.Record]) -> BadMessage:
         (b'{"results": []}', m.Results, ErrorCode.INVALID_FIELD, "'results'"),
         (b'{"idempotency_key": "k", "plan": {"steps": [{"name": "a", "kind": "c"}]}}',
          m.TaskCreate, ErrorCode.INVALID_FIELD, "'plan.steps[0].payload' is required"),
+        (b'{"idempotency_key": "k", "plan": {"steps": [{"name": "a", "kind": "chat",'
+         b' "payload": {"messages": [{"role": "user", "content": "x"}]}}]},'
+         b' "verify": {"pool": "p", "when": "always"}}',
+         m.TaskCreate, ErrorCode.INVALID_FIELD, "'verify'"),
+        (b'{"idempotency_key": "k", "plan": {"steps": [{"name": "a", "kind": "chat",'
+         b' "payload": {"messages": [{"role": "user", "content": "x"}]}}]}, "verify": {}}',
+         m.TaskCreate, ErrorCode.INVALID_FIELD, "'verify.pool' is required"),
+        (b'{"idempotency_key": "k", "plan": {"steps": [{"name": "a", "kind": "verify",'
+         b' "payload": {}}]}}',
+         m.TaskCreate, ErrorCode.INVALID_FIELD, "the supervisor's own step"),
         (b'{"runner_id": "r", "capacity": 1, "kinds": []}', m.ClaimRequest,
          ErrorCode.INVALID_FIELD, "'kinds'"),
         (b'{"runner_id": "r", "capacity": 1, "kinds": [""]}', m.ClaimRequest,

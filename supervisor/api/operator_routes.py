@@ -59,6 +59,7 @@ def task_spec(tenant: str, ask: TaskCreate) -> TaskSpec:
         checks=tuple(CheckSpec(name=name, command=line) for name, line in ask.checks.items()),
         owner=ask.owner,
         pool=ask.pool or "default",
+        verify=None if ask.verify is None else ask.verify.pool,
     )
 
 
@@ -80,7 +81,10 @@ def require_credentials(request: Request, spec: TaskSpec) -> None:
 async def create_task(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     spec = task_spec(who.scope, await rq.read(request, TaskCreate))
-    require_pool_access(request, who, spec.pool, request.app.state.settings.shared_pool_names)
+    shared = request.app.state.settings.shared_pool_names
+    require_pool_access(request, who, spec.pool, shared)
+    if spec.verify is not None:
+        require_pool_access(request, who, spec.verify, shared)
     require_credentials(request, spec)
     created = await _ledger(request).create_task(spec)
     view = await _ledger(request).task(created.task_id, who.scope)

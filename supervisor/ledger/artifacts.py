@@ -132,3 +132,9 @@ def forget_unreferenced(tx: Tx, uploaded_before: float, limit: int) -> Forgotten
 def owned(s: Statements, digest: str) -> bool:
     """Whether any owner row names `digest`."""
     return s.one("artifact_owned", (digest,)) is not None
+
+
+def verified_in_pool(s: Statements, digest: str, pool: str) -> bool:
+    """Whether `digest` is the candidate's bundle of a verify step leased now to a runner of
+    `pool` (docs/design.md, Verification): the verifier reads what another pool uploaded."""
+    return s.one("bundle_verified_in_pool", (digest, pool)) is not None

@@ -35,10 +35,18 @@ class Decision(enum.StrEnum):
     EFFECT_DUE = "effect due"
     EFFECT_UNCERTAIN = "effect uncertain"
     GATE_OPENED = "gate opened"
+    VERIFIER_ASKED = "verifier asked"
+    CHECKS_DISPUTED = "checks disputed"
 
 
 WARNINGS: frozenset[Decision] = frozenset(
-    {Decision.REFUSED, Decision.EXPIRED, Decision.FAILED, Decision.EFFECT_UNCERTAIN}
+    {
+        Decision.REFUSED,
+        Decision.EXPIRED,
+        Decision.FAILED,
+        Decision.EFFECT_UNCERTAIN,
+        Decision.CHECKS_DISPUTED,
+    }
 )
 
 Note = tuple[Decision, dict[str, Any]]

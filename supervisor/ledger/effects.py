@@ -8,7 +8,7 @@ the step is committed and the event appended. A report for a step already commit
 
 from __future__ import annotations
 
-from tether.supervisor.ledger import outbox
+from tether.supervisor.ledger import outbox, verifier
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
 from tether.supervisor.ledger.fencing import (
@@ -72,6 +72,9 @@ def report(
         raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
     require_current(tx, step, rep.fence)
     check_report(rep)
+    verifying = step["verifies"] is not None
+    if verifying:
+        verifier.check_verify_report(step, rep)
     repository = step["repository"]  # the task's, read with the step
     if repository and evidence is None:
         raise InvalidRequest(
@@ -88,7 +91,9 @@ def report(
     tx.run(
         "commit_step",
         (
-            StepState.COMMITTED.value, dumps(rep.output), rep.candidate_sha, rep.bundle,
+            # A verify step names no candidate of its own: it keeps the bundle it read.
+            StepState.COMMITTED.value, dumps(rep.output),
+            None if verifying else rep.candidate_sha, step["bundle"] if verifying else rep.bundle,
             None if evidence is None else dumps(evidence.as_dict()), tx.now, rep.step_id,
         ),
     )  # fmt: skip
@@ -113,6 +118,8 @@ def report(
          "candidate_sha": rep.candidate_sha},
     )  # fmt: skip
     tx.note(Decision.COMMITTED, **about_step(tx, step), effect_key=key, tokens=spent)
+    if verifying:
+        verifier.note_dispute(tx, step)
     if evidence is not None and repository:
         # The head the adapter read is an observation like a webhook's: on a moved base this
         # task (and any other approved on the old one) fails `stale_base` here.
@@ -152,13 +159,20 @@ def _committed_attempt(tx: Tx, step: Row) -> dict[str, object]:
 def advance(tx: Tx, step: Row, task_state: TaskState | None = None) -> None:
     """Start the step after `step` (just committed; a row of `find_step`): queue it, or make
     an effect step due (`outbox.start`); when every step is committed, verify and end the
-    task. `task_state`: the task's state if the rule knows it is still the one it read."""
+    task. Before an effect falls due and before the task ends, a task that names a verifier
+    waits for one to re-run its checks at the candidate (`verifier.ask_verifier`).
+    `task_state`: the task's state if the rule knows it is still the one it read."""
     task_id, pool = step["task_id"], step["pool"]
     about = {"task_id": task_id, "tenant": step["tenant"], "pool": pool}
     pending = tx.one("first_uncommitted_step", (task_id, StepState.COMMITTED.value))
     if pending is not None:
         if pending["state"] == StepState.WAITING:
-            outbox.start(tx, pending["id"])
+            # An effect falls due only once a verifier, if the task names one, agreed.
+            effect = pending["kind"] in tx.config.effect_kinds
+            if not (effect and verifier.ask_verifier(tx, step)):
+                outbox.start(tx, pending["id"])
+        return
+    if verifier.ask_verifier(tx, step):
         return
     transition(tx, task_id, TaskState.VERIFYING, current=task_state)
     failure = verify(tx, task_id)  # reads only

@@ -17,6 +17,7 @@ from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.states import AttemptState, StepState, TaskState, transition
 from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
 from tether.wire import ReleaseReason
+from tether.wire.payloads import VERIFY_KIND
 from tether.wire.records import (
     MAX_CAPACITY,
     MAX_KINDS,
@@ -64,7 +65,12 @@ def claim(
     if not 1 <= len(kinds) <= MAX_KINDS or not all(0 < len(k) <= 200 for k in kinds):
         raise InvalidRequest(f"kinds must name 1..{MAX_KINDS} step kinds of 1..200 characters")
     runners.seen(tx, pool, runner_id, token_id, kinds)
-    rows = tx.all("claim_queued_steps", (pool, dumps(list(kinds)), capacity))
+    if token_id is None:
+        # A verify step goes only to a token known to have made no part of its candidate.
+        kinds = [k for k in kinds if k != VERIFY_KIND]
+        if not kinds:
+            return []
+    rows = tx.all("claim_queued_steps", (pool, dumps(list(kinds)), token_id, capacity))
     return [_grant(tx, row, runner_id, token_id) for row in rows]
 
 
@@ -133,8 +139,14 @@ def _grant(tx: Tx, step: Row, runner_id: str, token_id: str | None) -> Lease:
         Decision.GRANTED, task_id=task_id, step_id=step["id"], attempt=attempt, fence=fence,
         runner_id=runner_id, token_id=token_id, tenant=task["tenant"], pool=task["pool"],
     )  # fmt: skip
-    # A task's first step has no earlier outputs: the read is skipped.
-    earlier = tx.all("earlier_outputs", (task_id, step["position"])) if step["position"] else []
+    # A task's first step has no earlier outputs, and a verifier is handed none: the read is
+    # skipped.
+    verifying = step["verifies"] is not None
+    earlier = (
+        tx.all("earlier_outputs", (task_id, step["position"]))
+        if step["position"] and not verifying
+        else []
+    )
     return Lease(
         step_id=step["id"],
         task_id=task_id,
@@ -159,17 +171,24 @@ def _grant(tx: Tx, step: Row, runner_id: str, token_id: str | None) -> Lease:
 def lease_repository(tx: Tx, task: Row, step: Row) -> LeaseRepository:
     """What the approval of `task` (repository-bound) binds, for a lease of `step`: the
     worktree starts at the candidate of the latest earlier step that reported one, whose
-    bundle the runner fetches from the artifact store, else at the approved base."""
+    bundle the runner fetches from the artifact store, else at the approved base; a verify
+    step's, at the candidate it re-checks."""
     held = repositories.find_repository(tx, task["tenant"], task["repository"])
     if held is None:  # `repo remove` is refused while a task that has not ended names it
         raise RuntimeError(f"task {step['task_id']}'s repository {task['repository']} is gone")
-    start = tx.one("lease_start_point", (step["task_id"], step["position"]))
+    start_sha, start_bundle = task["approved_base_sha"], None
+    if step["verifies"] is not None:  # a verify step starts at the candidate it re-checks
+        start_sha, start_bundle = step["verifies"], step["bundle"]
+    else:
+        start = tx.one("lease_start_point", (step["task_id"], step["position"]))
+        if start is not None:
+            start_sha, start_bundle = start["candidate_sha"], start["bundle"]
     return LeaseRepository(
         name=task["repository"],
         url=held.url,
         base_sha=task["approved_base_sha"],
-        start_sha=task["approved_base_sha"] if start is None else start["candidate_sha"],
-        start_bundle=None if start is None else start["bundle"],
+        start_sha=start_sha,
+        start_bundle=start_bundle,
         allowed_paths=tuple(loads(task["allowed_paths_json"])),
         checks=tuple(
             CheckSpec(name=c["name"], command=c["command"]) for c in loads(task["checks_json"])

@@ -51,6 +51,7 @@ class TaskSpec:
     owner: str | None = None
     pool: str = "default"
     checks: tuple[CheckSpec, ...] = ()
+    verify: str | None = None  # the create body's `verify.pool`: bound into the plan hash
 
     @property
     def expected(self) -> tuple[str, ...]:
@@ -59,7 +60,8 @@ class TaskSpec:
 
     @property
     def plan(self) -> dict[str, Any]:
-        return plan_document(dataclasses.asdict(s) for s in self.steps)
+        verify = None if self.verify is None else {"pool": self.verify}
+        return plan_document((dataclasses.asdict(s) for s in self.steps), verify)
 
     @property
     def plan_hash(self) -> str:
@@ -111,6 +113,27 @@ def validate(spec: TaskSpec, max_steps: int, tx: Tx | None = None) -> None:
     check_checks(spec)
     if spec.base_sha and not spec.repository:
         raise InvalidRequest("base_sha needs a repository")
+    if spec.verify is not None:
+        if not spec.checks:
+            raise InvalidRequest(
+                "'verify': a verifier re-runs the task's checks: name them in 'checks' (and"
+                " the repository they run in)"
+            )
+        check_verify_pool(spec, spec.verify, "'verify.pool'", tx)
+
+
+def check_verify_pool(spec: TaskSpec, pool: str, where: str, tx: Tx | None) -> None:
+    """`InvalidRequest` for a verifier pool that is no pool name, or the task's own pool: the
+    verifier is another runner by design, and a pool's runners often share one token."""
+    try:
+        names.check_pool_name(pool, tx)
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"{where}: {exc}") from None
+    if pool == spec.pool:
+        raise InvalidRequest(
+            f"{where}: {pool!r} is the task's own pool: a verifier must be a runner of another"
+            " pool than the one that makes the candidate"
+        )
 
 
 def check_checks(spec: TaskSpec) -> None:
@@ -313,6 +336,21 @@ def credentials_named(spec: TaskSpec, effect_kinds: Collection[str]) -> set[str]
     return named
 
 
+def verifier_pool(tx: Tx, spec: TaskSpec) -> str | None:
+    """The pool whose runners re-run the task's checks: the body's `verify`, else its
+    tenant's default (`tether-supervisor tenant --verify-pool`) for a task that has checks."""
+    if spec.verify is not None:
+        return spec.verify
+    if not spec.checks or not spec.repository:
+        return None
+    row = tx.one("tenant_verify_pool", (spec.tenant,))
+    if row is None or row["verify_pool"] is None:
+        return None
+    pool = str(row["verify_pool"])
+    check_verify_pool(spec, pool, f"tenant {spec.tenant!r}'s default verifier pool", tx)
+    return pool
+
+
 def existing_task(tx: Tx, spec: TaskSpec) -> Created | None:
     """The task that `spec`'s idempotency key already names, if it has the same plan and
     declarations; `IdempotencyConflict` if it has others; None for a new key."""
@@ -341,6 +379,7 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     check_destinations(tx, spec)
     plan_hash = spec.plan_hash
     declared = spec.declared()
+    verify_pool = verifier_pool(tx, spec)
     task_id = tx.new_id()
     order = tx.one("next_created_order")
     assert order is not None
@@ -351,7 +390,7 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
             dumps(spec.plan), declared["repository"], declared["declared_base_sha"],
             declared["requirement_revision"], declared["allowed_paths_json"],
             declared["expected_checks_json"], declared["checks_json"], declared["owner"],
-            declared["pool"],
+            declared["pool"], verify_pool,
             order["n"], tx.now,
         ),
     )  # fmt: skip

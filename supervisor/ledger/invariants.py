@@ -62,6 +62,11 @@ _CHECKS: dict[str, tuple[Sequence[str], Describe]] = {
     "success-is-verified": _check(
         lambda r: f"task {r['id']} SUCCEEDED without matching verification evidence"
     ),
+    # A SUCCEEDED task with a verifier pool had its checks re-run at its final candidate by a
+    # runner token that made no part of it (docs/design.md, Verification).
+    "success-verified-by-another": _check(
+        lambda r: f"task {r['id']} SUCCEEDED without a verifier's agreement by another token"
+    ),
     "checkpoint-of-an-attempt": _check(
         lambda r: f"step {r['step_id']}'s checkpoint names fence {r['fence']}, not an attempt"
     ),

@@ -143,6 +143,15 @@ def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
         tx.wake(ALL_POOLS)
 
 
+def set_verify_pool(tx: Tx, tenant: str, pool: str | None) -> None:
+    """A tenant's default verifier pool (None: none): each later task of it that has checks
+    and names no `verify` of its own has them re-run by a runner of `pool`."""
+    names.check_tenant_name(tenant, tx)
+    if pool is not None:
+        names.check_pool_name(pool, tx)
+    tx.run("set_tenant_verify_pool", (tenant, pool))
+
+
 def budget_record(tenant: str, spent: int, budget: int | None) -> Budget:
     """`left` is never below 0: a step in flight may finish past the budget."""
     left = None if budget is None else max(0, budget - spent)

@@ -51,6 +51,7 @@ class Binding:
     approved_base: str | None  # None before approval
     allowed_paths: tuple[str, ...]
     expected_checks: tuple[str, ...]
+    verifies: str | None = None  # a verify step's binding: the candidate it re-checks
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -215,9 +216,13 @@ def binding_of_step(s: Statements, step_id: str, pool: str | None) -> Binding | 
     """The binding of the task of step `step_id`; None when it names no repository. `NotFound`
     when there is no such step, or it is not of `pool` (a runner's, when given)."""
     task = s.one("task_row_of_step", (step_id,))
-    if task is None or (pool is not None and task["pool"] != pool):
+    if task is None or (pool is not None and task["step_pool"] != pool):
         raise NotFound(f"no step {step_id}")
-    return _binding(s, task)
+    binding = _binding(s, task)
+    if binding is None:
+        return None
+    # The step's own pool (a verify step's is the verifier pool): its runners' uploads count.
+    return dataclasses.replace(binding, pool=task["step_pool"], verifies=task["verifies"])
 
 
 def _binding(s: Statements, task: Row) -> Binding | None:

@@ -250,6 +250,9 @@ class LedgerStore:
     async def set_budget(self, tenant: str, tokens_: int | None) -> None:
         await self.write(lambda tx: operator.set_budget(tx, tenant, tokens_))
 
+    async def set_verify_pool(self, tenant: str, pool: str | None) -> None:
+        await self.write(lambda tx: operator.set_verify_pool(tx, tenant, pool))
+
     # -- runners ------------------------------------------------------------------------------
 
     async def claim(
@@ -511,6 +514,9 @@ class LedgerStore:
 
     async def artifact_owned(self, digest: str) -> bool:
         return await self.read(lambda db: artifacts.owned(db, digest))
+
+    async def verifies_bundle(self, digest: str, pool: str) -> bool:
+        return await self.read(lambda db: artifacts.verified_in_pool(db, digest, pool))
 
     async def forget_unreferenced_artifacts(
         self, uploaded_before: float, limit: int

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tether.supervisor.ledger.states import TERMINAL, TaskState
+from tether.supervisor.ledger.states import TERMINAL, StepState, TaskState
 from tether.supervisor.ledger.tx import Row, Statements, Tx, loads
 
 
@@ -31,6 +31,7 @@ class Finding(enum.StrEnum):
     MISSING_ARTIFACT = "missing_artifact"  # a log's bytes are not in the store (or not the pool's)
     ARTIFACT_MISMATCH = "artifact_mismatch"  # the stored bytes do not hash to the digest
     CHECK_FAILED = "check_failed"  # exit code != 0
+    CHECK_DISPUTED = "check_disputed"  # the verifier's run of a check disagrees with the runner's
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +85,15 @@ def candidate_sha(s: Statements, task_id: str) -> str | None:
     return None if row is None else str(row["candidate_sha"])
 
 
+def token_label(s: Statements, step_id: str) -> str:
+    """The runner token that committed `step_id`, as a line names it: its name (and id), else
+    its id."""
+    row = s.one("committing_token", (step_id,))
+    if row is None or row["token_id"] is None:
+        return "an unknown token"
+    return f"{row['name']} ({row['token_id']})" if row["name"] else str(row["token_id"])
+
+
 def verify(tx: Tx, task_id: str) -> str | None:
     """Return None when the task may succeed, else the reason it fails.
 
@@ -95,7 +105,17 @@ def verify(tx: Tx, task_id: str) -> str | None:
     if task["uneven_step"] is not None:
         return f"unverified: step {task['uneven_step']} does not have exactly one effect"
     found = findings(tx, task)
-    return found[0].reason if found else None
+    if found:
+        return found[0].reason
+    if task["verify_pool"] and task["repository"]:
+        sha = candidate_sha(tx, task_id)
+        done = None if sha is None else tx.one("verify_step_at", (task_id, sha))
+        if done is None or done["state"] != StepState.COMMITTED:
+            return (
+                f"unverified: no runner of verifier pool {task['verify_pool']!r} re-ran the"
+                f" checks at {sha}"
+            )
+    return None
 
 
 def findings(s: Statements, task: Row) -> list[Problem]:
@@ -132,7 +152,8 @@ def findings(s: Statements, task: Row) -> list[Problem]:
     for step in steps:
         if step["id"] in reporting:
             found.extend(problems_of(step["evidence_json"]))
-    for check in loads(task["expected_checks_json"]):
+    expected = loads(task["expected_checks_json"])
+    for check in expected:
         run = runs.get(check)
         if run is None:
             found.append(
@@ -146,7 +167,72 @@ def findings(s: Statements, task: Row) -> list[Problem]:
                     f" (log {run['log_digest']})",
                 )
             )
+    if task["verify_pool"]:
+        found.extend(verifier_findings(s, task["id"], sha, expected, runs))
     return _unique(found)
+
+
+def verifier_findings(
+    s: Statements, task_id: str, sha: str, expected: list[str], runs: Mapping[str, Row]
+) -> list[Problem]:
+    """What the verifier's committed report at candidate `sha` holds against it (none before
+    a verifier reported): the problems its evidence found (its logs not its pool's, a head
+    moved), an expected check it did not run (`missing_check`), and each check whose exit
+    code is not the one the runner that made the candidate reported (`check_disputed`,
+    naming both runners' tokens and logs)."""
+    step = s.one("verify_step_at", (task_id, sha))
+    if step is None or step["state"] != StepState.COMMITTED:
+        return []
+    found = problems_of(step["evidence_json"])
+    theirs = {r["name"]: r for r in s.all("check_runs_of_step", (step["id"],))}
+    verifier = token_label(s, step["id"])
+    for check in expected:
+        run, ours = theirs.get(check), runs.get(check)
+        if run is None:
+            found.append(
+                Problem(
+                    code=Finding.MISSING_CHECK,
+                    detail=f"the verifier (runner token {verifier}) reported no run of check"
+                    f" {check!r} at {sha}",
+                )
+            )
+        elif ours is not None and run["exit_code"] != ours["exit_code"]:
+            maker = token_label(s, ours["step_id"])
+            found.append(
+                Problem(
+                    code=Finding.CHECK_DISPUTED,
+                    detail=f"check {check!r} at {sha}: runner token {maker} reported exit"
+                    f" {ours['exit_code']} (log {ours['log_digest']}), the verifier's runner"
+                    f" token {verifier} exit {run['exit_code']} (log {run['log_digest']})",
+                )
+            )
+    return found
+
+
+def checks_standing(s: Statements, task: Row) -> str | None:
+    """Who vouches for the checks at the task's candidate (a row of `tasks`), in words the
+    task view, the review record and the status page show: `attested by runner <token>` (the
+    runner that made the candidate, alone: the supervisor holds its word and its logs, and
+    has run nothing), `verified by runner <token> of pool <pool>` once a verifier agreed,
+    `disputed` when it did not. None before any check ran."""
+    sha = candidate_sha(s, task["id"])
+    runs = check_runs_at(s, task["id"], sha) if sha else {}
+    if not runs:
+        return None
+    maker = token_label(s, next(iter(runs.values()))["step_id"])
+    attested = f"attested by runner {maker}"
+    pool = task["verify_pool"]
+    if not pool:
+        return attested
+    expected = loads(task["expected_checks_json"])
+    assert sha is not None
+    step = s.one("verify_step_at", (task["id"], sha))
+    if step is None or step["state"] != StepState.COMMITTED:
+        return f"{attested}; a runner of verifier pool {pool!r} has not re-run them yet"
+    disputes = verifier_findings(s, task["id"], sha, expected, runs)
+    if disputes:
+        return f"disputed: {disputes[0].reason}"
+    return f"verified by runner {token_label(s, step['id'])} of pool {pool!r}; {attested}"
 
 
 def _stale_failure(task: Row) -> Problem | None:

@@ -18,10 +18,12 @@ from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, T
 from tether.supervisor.ledger.tx import Row, Statements, loads
 from tether.supervisor.ledger.verification import (
     check_runs_at,
+    checks_standing,
     findings,
     problems_of,
     review_verdict,
 )
+from tether.wire.payloads import VERIFY_KIND
 from tether.wire.records import PoolStatus, RunnerSeen
 
 PAGE_MAX = 200
@@ -121,10 +123,12 @@ def waiting_for(s: Statements, task: Row, now: float) -> dict[str, Any] | None:
             "reason": "budget", "tenant": task["tenant"], "spent": spending["tokens_used"],
             "budget": spending["token_budget"],
         }  # fmt: skip
-    seen = s.one("runners_last_seen", (step["kind"], task["pool"]))
+    # A verify step waits for a runner of the task's verifier pool.
+    pool = task["verify_pool"] if step["kind"] == VERIFY_KIND else task["pool"]
+    seen = s.one("runners_last_seen", (step["kind"], pool))
     assert seen is not None  # an aggregate without GROUP BY: always one row
     return {
-        "reason": "runner", "pool": task["pool"], "kind": step["kind"],
+        "reason": "runner", "pool": pool, "kind": step["kind"],
         "last_seen_s": _ago(now, seen["this_kind"]),
         "pool_last_seen_s": _ago(now, seen["any_kind"]),
     }  # fmt: skip
@@ -201,6 +205,8 @@ def task_view(
             for step in steps
         ],
         "findings": [p.as_dict() for p in findings(s, row)],
+        "verify_pool": row["verify_pool"],
+        "checks_standing": checks_standing(s, row),
         "rejections": rejections,
     }  # fmt: skip
 
@@ -381,6 +387,9 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> dict[str, 
         "stop_time": _field(iso(task["finished_at"]), "observation"),
         "expected_checks": _field(expected, "expectation"),
         "observed_checks": _field(observed_checks, "observation"),
+        # Who vouches for them: `attested by runner <token>` unless a verifier re-ran them.
+        "checks": _field(checks_standing(s, task), "observation"),
+        "verify_pool": _field(task["verify_pool"], "expectation"),
         "observed_terminal_state": _field(
             state.value if state in TERMINAL else None, "observation"
         ),

@@ -90,7 +90,8 @@ async def gather(
     `pool`. Raises `RepositoryUnavailable` when the remote cannot be read."""
     artifacts = PoolArtifacts(store, ledger, pool)
     problems: list[Problem] = []
-    if rep.candidate_sha is not None:
+    # A verifier reports the candidate it was handed, not one of its own: nothing to import.
+    if rep.candidate_sha is not None and binding.verifies is None:
         problems += await _candidate(
             mirrors, artifacts, binding, rep.candidate_sha, rep.bundle, step_id, fence
         )

@@ -107,6 +107,8 @@ class ReviewRecord(Record, frozen=True, kw_only=True):
     stop_time: ReviewField
     expected_checks: ReviewField
     observed_checks: ReviewField
+    checks: ReviewField  # who vouches for them: "attested by runner <token>", or a verifier
+    verify_pool: ReviewField
     observed_terminal_state: ReviewField
     reviewer_decision: ReviewField
     cleanup_proof: ReviewField

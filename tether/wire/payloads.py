@@ -394,6 +394,17 @@ PAYLOADS: Final[Mapping[str, type[msgspec.Struct]]] = MappingProxyType({
 # The built-in kinds the supervisor delivers itself; the others are leased to runners.
 EFFECT_KINDS: Final = frozenset({"http", "git.push"})
 BUILT_IN_KINDS: Final = frozenset(PAYLOADS)
+# The supervisor's own step that re-runs a task's checks on a verifier (docs/design.md,
+# Verification): added by the ledger's rules, never written in a plan.
+VERIFY_KIND: Final = "verify"
+
+
+class VerifyPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A `verify` step's payload: the candidate it re-checks and the digest of that
+    candidate's bundle in the artifact store (its lease's `repository` carries the checks)."""
+
+    candidate_sha: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{40}([0-9a-f]{24})?$")]
+    bundle: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 
 def read_payload(payload: Any, into: type[R]) -> R:
@@ -410,6 +421,11 @@ def read_payload(payload: Any, into: type[R]) -> R:
 def check_payload(kind: str, payload: Any) -> None:
     """`ValueError` naming the field if `payload` is not what the built-in `kind` takes; any
     payload passes for a kind that is not built in."""
+    if kind == VERIFY_KIND:
+        raise ValueError(
+            f"kind {VERIFY_KIND!r} is the supervisor's own step: a plan names a verifier with"
+            ' the task\'s `verify` ({"pool": POOL}), never a step of that kind'
+        )
     into = PAYLOADS.get(kind)
     if into is not None:
         read_payload(payload, into)

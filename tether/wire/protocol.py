@@ -37,18 +37,24 @@ def content_hash(value: Any) -> str:
     return sha256_hex(canonical_json(value))
 
 
-def plan_document(steps: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """What a plan is, for hashing: each step's name, kind and payload, in order. Any other key
-    a client sends along with a step is not part of the plan."""
-    return {
+def plan_document(
+    steps: Iterable[Mapping[str, Any]], verify: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a plan is, for hashing: each step's name, kind and payload, in order, and the
+    verifier the task names (`{"pool"}`), when it names one. Any other key a client sends
+    along with a step is not part of the plan."""
+    document: dict[str, Any] = {
         "steps": [{"name": s.get("name"), "kind": s.get("kind"), "payload": s.get("payload")}
                   for s in steps]
     }  # fmt: skip
+    if verify is not None:
+        document["verify"] = {"pool": verify.get("pool")}
+    return document
 
 
-def plan_hash(steps: Iterable[Mapping[str, Any]]) -> str:
+def plan_hash(steps: Iterable[Mapping[str, Any]], verify: Mapping[str, Any] | None = None) -> str:
     """The `plan_hash` an approval must name: the supervisor's and the operator's are equal."""
-    return content_hash(plan_document(steps))
+    return content_hash(plan_document(steps, verify))
 
 
 def effect_key(step_id: str, payload_hash: str) -> str:

@@ -434,6 +434,13 @@ class Plan(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
     steps: Annotated[tuple[PlanStep, ...], msgspec.Meta(min_length=1)]
 
 
+class VerifySpec(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The verifier a task names (docs/design.md, Verification): the runners of `pool`, none
+    of whose tokens made the candidate, re-run the task's checks before it may succeed."""
+
+    pool: Name
+
+
 class TaskCreate(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`POST /v1/tasks`. The fields after `plan` are declarations for the review record; a key
     not here is refused."""
@@ -450,6 +457,8 @@ class TaskCreate(Record, frozen=True, kw_only=True, forbid_unknown_fields=True):
     checks: dict[Name, NonEmpty] = {}
     owner: Name | None = None
     pool: Name | None = None  # the tenant's `default` pool when absent
+    # Bound into the plan hash; when absent, the tenant's default verifier pool, if it set one.
+    verify: VerifySpec | None = None
 
 
 class Approval(Record, frozen=True, kw_only=True):
@@ -680,6 +689,11 @@ class TaskView(TaskSummary, frozen=True, kw_only=True):
     steps: tuple[StepView, ...] = ()
     budget: Budget | None = None
     findings: tuple[ProblemView, ...] = ()
+    # The pool whose runners re-run the checks (docs/design.md, Verification), and who vouches
+    # for the checks at the candidate: `attested by runner <token>` (the runner that made it,
+    # alone), `verified by runner <token> of pool <pool>`, or `disputed: ...`.
+    verify_pool: str | None = None
+    checks_standing: str | None = None
 
 
 class TaskPage(Record, frozen=True, kw_only=True):

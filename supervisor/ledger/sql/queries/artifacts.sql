@@ -41,3 +41,10 @@ DELETE FROM artifact_owners WHERE digest = ? AND role = ? AND scope = ? AND tena
 -- name: artifact_owned
 -- Whether any owner row names a digest.
 SELECT 1 AS owned FROM artifact_owners WHERE digest = ? LIMIT 1;
+
+-- name: bundle_verified_in_pool
+-- Whether a digest is the candidate bundle of a verify step leased now to a runner of a pool: that pool's runner reads it.
+SELECT 1 FROM steps s JOIN tasks t ON t.id = s.task_id
+WHERE s.bundle = ? AND s.verifies IS NOT NULL AND s.state = {StepState.LEASED}
+    AND t.verify_pool = ?
+LIMIT 1;

@@ -26,5 +26,5 @@ SELECT attempt, fence, runner_id, token_id FROM attempts
 WHERE step_id = ? AND state = {AttemptState.COMMITTED};
 
 -- name: first_uncommitted_step
--- A task's first step not yet committed, by position.
-SELECT id, state FROM steps WHERE task_id = ? AND state != ? ORDER BY position LIMIT 1;
+-- A task's first step not yet committed, by position, with its kind.
+SELECT id, state, kind FROM steps WHERE task_id = ? AND state != ? ORDER BY position LIMIT 1;

@@ -1,7 +1,8 @@
 -- name: committed_attempt_in_pool
--- Whether a step's attempt under a fence committed, the step's task being in a pool.
+-- Whether a step's attempt under a fence committed, the step being of a pool (its task's, or for a verify step its task's verifier pool).
 SELECT 1 FROM attempts a JOIN steps s ON s.id = a.step_id JOIN tasks t ON t.id = s.task_id
-WHERE a.step_id = ? AND a.fence = ? AND a.state = ? AND t.pool = ?;
+WHERE a.step_id = ? AND a.fence = ? AND a.state = ?
+    AND (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) = ?;
 
 -- name: lease_step
 -- Lease a step to a runner under a new fence and attempt, with its lease and acceptance deadlines.
@@ -16,7 +17,8 @@ VALUES (?, ?, ?, ?, ?, ?, ?);
 
 -- name: task_for_lease
 -- What a lease carries of its task: state, tenant, pool and what its approval binds.
-SELECT state, tenant, pool, repository, approved_base_sha, allowed_paths_json, checks_json
+SELECT state, tenant, pool, repository, approved_base_sha, allowed_paths_json, checks_json,
+    verify_pool
 FROM tasks WHERE id = ?;
 
 -- name: earlier_outputs
@@ -24,7 +26,7 @@ FROM tasks WHERE id = ?;
 SELECT id, name, output_json FROM steps WHERE task_id = ? AND position < ? ORDER BY position;
 
 -- name: lease_start_point
--- The candidate and bundle of a task's latest step before a position that reported one.
+-- The candidate and bundle of a task's latest step before a position that reported one (a verify step reports none).
 SELECT candidate_sha, bundle FROM steps
 WHERE task_id = ? AND position < ? AND candidate_sha IS NOT NULL
 ORDER BY position DESC LIMIT 1;
@@ -34,9 +36,10 @@ ORDER BY position DESC LIMIT 1;
 SELECT * FROM checkpoints WHERE step_id = ?;
 
 -- name: step_with_task
--- A step with its task's state, tenant, pool, repository and approved base, and the runner token of its current attempt, if any.
-SELECT s.*, t.state AS task_state, t.tenant, t.pool, t.repository, t.approved_base_sha,
-    a.token_id AS lease_token_id
+-- A step with its task's state, tenant, the step's pool (its task's, or for a verify step its task's verifier pool), repository, approved base and verifier pool, and the runner token of its current attempt, if any.
+SELECT s.*, t.state AS task_state, t.tenant,
+    (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) AS pool,
+    t.repository, t.approved_base_sha, t.verify_pool, a.token_id AS lease_token_id
 FROM steps s JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence
 WHERE s.id = ?;
 

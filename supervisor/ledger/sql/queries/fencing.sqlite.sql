@@ -3,14 +3,19 @@
 UPDATE counters SET value = value + 1 WHERE name = 'fence' RETURNING value;
 
 -- name: claim_queued_steps
--- Queued steps of the kinds given (a JSON array) in a pool's live tasks whose tenant has budget left, oldest task first.
+-- Queued steps of the kinds given (a JSON array) of a pool (a verify step's is its task's verifier pool, and it goes to no runner token given that holds an attempt of another step of its task) in live tasks whose tenant has budget left, oldest task first.
 -- INDEXED BY: left to itself, SQLite 3.40 starts from tasks by state and sorts every queued step
 -- on each claim (9 ms at 10k queued); walking the queue index is flat.
 SELECT s.* FROM steps s INDEXED BY steps_queued JOIN tasks t ON t.id = s.task_id
 LEFT JOIN tenants b ON b.name = t.tenant
 WHERE s.state = {StepState.QUEUED} AND t.state IN ({TaskState.QUEUED}, {TaskState.RUNNING})
-    AND t.pool = ? AND s.kind IN (SELECT value FROM json_each(?))
+    AND (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) = ?
+    AND s.kind IN (SELECT value FROM json_each(?))
     AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)
+    AND (s.verifies IS NULL OR NOT EXISTS (
+        SELECT 1 FROM attempts a JOIN steps m ON m.id = a.step_id
+        WHERE m.task_id = s.task_id AND m.verifies IS NULL
+            AND (a.token_id = ? OR a.token_id IS NULL)))
 ORDER BY s.task_order, s.position LIMIT ?;
 
 -- name: charge_tenant_tokens

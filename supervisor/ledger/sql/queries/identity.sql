@@ -13,8 +13,9 @@ SELECT COALESCE(MAX(created_order), 0) + 1 AS n FROM tasks;
 -- Record a new task with its plan and declarations.
 INSERT INTO tasks (id, tenant, idempotency_key, state, plan_hash, plan_json, repository,
                    declared_base_sha, requirement_revision, allowed_paths_json,
-                   expected_checks_json, checks_json, owner, pool, created_order, created_at)
-VALUES (?, ?, ?, {TaskState.PLANNED}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+                   expected_checks_json, checks_json, owner, pool, verify_pool, created_order,
+                   created_at)
+VALUES (?, ?, ?, {TaskState.PLANNED}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: insert_planned_step
 -- Record one step's intent (its id and payload hash), waiting for its turn.
@@ -25,3 +26,17 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, {StepState.WAITING});
 -- name: insert_tenant
 -- Make sure a tenant has its row (budget and usage), once.
 INSERT INTO tenants (name) VALUES (?) ON CONFLICT DO NOTHING;
+
+-- name: tenant_verify_pool
+-- A tenant's default verifier pool, if it has a row.
+SELECT verify_pool FROM tenants WHERE name = ?;
+
+-- name: insert_verify_step
+-- Record a verify step's intent, queued for its task's verifier pool at once.
+INSERT INTO steps (id, task_id, position, task_order, name, kind, payload_json, payload_hash,
+                   state, verifies, bundle)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, {StepState.QUEUED}, ?, ?);
+
+-- name: next_step_position
+-- The position after a task's last step.
+SELECT COALESCE(MAX(position), -1) + 1 AS n FROM steps WHERE task_id = ?;

@@ -63,6 +63,21 @@ ON b.step_id = a.step_id AND b.attempt = a.attempt + 1 WHERE b.fence <= a.fence;
 SELECT t.id FROM tasks t WHERE t.state = {TaskState.SUCCEEDED} AND EXISTS
     (SELECT 1 FROM steps s WHERE s.task_id = t.id AND s.state != {StepState.COMMITTED});
 
+-- name: success_verified_by_another
+-- Succeeded tasks with a verifier pool whose final candidate (the latest plan step's with one) has no committed verify step committed under a runner token that holds no attempt of the task's other steps.
+SELECT t.id FROM tasks t
+WHERE t.state = {TaskState.SUCCEEDED} AND t.verify_pool IS NOT NULL AND t.repository IS NOT NULL
+    AND NOT EXISTS (
+        SELECT 1 FROM steps v JOIN attempts va ON va.step_id = v.id
+        WHERE v.task_id = t.id AND v.state = {StepState.COMMITTED}
+            AND va.state = {AttemptState.COMMITTED} AND va.token_id IS NOT NULL
+            AND v.verifies = (SELECT s.candidate_sha FROM steps s WHERE s.task_id = t.id
+                AND s.candidate_sha IS NOT NULL AND s.verifies IS NULL
+                ORDER BY s.position DESC LIMIT 1)
+            AND NOT EXISTS (SELECT 1 FROM attempts ma JOIN steps m ON m.id = ma.step_id
+                WHERE m.task_id = t.id AND m.verifies IS NULL
+                    AND (ma.token_id = va.token_id OR ma.token_id IS NULL)));
+
 -- name: checkpoint_of_an_attempt
 -- Checkpoints naming a fence no attempt of their step was granted.
 SELECT k.step_id, k.fence FROM checkpoints k WHERE NOT EXISTS

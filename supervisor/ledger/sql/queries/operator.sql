@@ -49,3 +49,8 @@ SELECT name, token_budget, tokens_used FROM tenants ORDER BY name;
 -- name: set_reviewer_decision
 -- Record the reviewer's decision on a task.
 UPDATE tasks SET reviewer_decision = ? WHERE id = ?;
+
+-- name: set_tenant_verify_pool
+-- Set a tenant's default verifier pool (null: none), creating its row if need be.
+INSERT INTO tenants (name, verify_pool) VALUES (?, ?)
+ON CONFLICT (name) DO UPDATE SET verify_pool = excluded.verify_pool;

@@ -1,6 +1,7 @@
 -- name: leases_to_reap
--- Leased steps past their lease deadline or acceptance window, with their task's state, tenant and pool.
-SELECT s.*, t.state AS task_state, t.tenant, t.pool FROM steps s
+-- Leased steps past their lease deadline or acceptance window, with their task's state, tenant and the step's pool.
+SELECT s.*, t.state AS task_state, t.tenant,
+    (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) AS pool FROM steps s
 JOIN tasks t ON t.id = s.task_id
 WHERE s.state = {StepState.LEASED} AND (s.lease_deadline <= ? OR s.accept_deadline <= ?);
 

@@ -29,8 +29,10 @@ SELECT * FROM repository_remotes ORDER BY tenant, name;
 SELECT * FROM repository_remotes WHERE tenant = ? ORDER BY tenant, name;
 
 -- name: task_row_of_step
--- The whole row of a step's task.
-SELECT t.* FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.id = ?;
+-- The whole row of a step's task, with the candidate the step verifies (a verify step's) and the step's pool (its task's, or for a verify step its verifier pool).
+SELECT t.*, s.verifies,
+    (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) AS step_pool
+FROM steps s JOIN tasks t ON t.id = s.task_id WHERE s.id = ?;
 
 -- name: committed_candidates_of_url
 -- Every committed candidate with its bundle, of the tasks of each repository read from a URL.

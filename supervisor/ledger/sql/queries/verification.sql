@@ -34,12 +34,32 @@ WHERE task_id = ? AND state = {StepState.COMMITTED}
 ORDER BY position;
 
 -- name: check_runs_at_candidate
--- A task's check runs at one candidate, with their steps' positions, in step order.
+-- A task's check runs at one candidate by the steps of its plan (not a verifier's), with their steps' positions, in step order.
 SELECT c.*, s.position FROM check_runs c JOIN steps s ON s.id = c.step_id
-WHERE s.task_id = ? AND c.candidate_sha = ?
+WHERE s.task_id = ? AND c.candidate_sha = ? AND s.verifies IS NULL
 ORDER BY s.position;
 
 -- name: live_leases_of_task
 -- How many attempts of a task's steps still hold a lease.
 SELECT COUNT(*) AS n FROM attempts a JOIN steps s ON s.id = a.step_id
 WHERE s.task_id = ? AND a.state = {AttemptState.LEASED};
+
+-- name: task_candidate
+-- The candidate a task's result stands for and the digest of its bundle: the last ones a step of its plan reported.
+SELECT candidate_sha, bundle FROM steps
+WHERE task_id = ? AND candidate_sha IS NOT NULL AND verifies IS NULL
+ORDER BY position DESC
+LIMIT 1;
+
+-- name: verify_step_at
+-- A task's latest verify step of a candidate, whatever its state.
+SELECT * FROM steps WHERE task_id = ? AND verifies = ? ORDER BY position DESC LIMIT 1;
+
+-- name: check_runs_of_step
+-- The check runs a step's committed report named, by check name.
+SELECT * FROM check_runs WHERE step_id = ? ORDER BY name;
+
+-- name: committing_token
+-- The runner token (id and name) of the attempt that committed a step.
+SELECT a.token_id, k.name FROM attempts a LEFT JOIN tokens k ON k.id = a.token_id
+WHERE a.step_id = ? AND a.state = {AttemptState.COMMITTED};

@@ -105,7 +105,7 @@ FROM steps s JOIN tasks t ON t.id = s.task_id GROUP BY t.state, s.attempt = 0, s
 
 -- name: pool_queues
 -- Per pool of live tasks (the last two states given): steps queued (the first state given) and in flight (the second), and when the oldest queued step was queued: after its last attempt ended, else when the step before it committed, else when its task was approved (the ledger stamps no queue time of its own).
-SELECT t.pool,
+SELECT (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) AS pool,
     SUM(CASE WHEN s.state = ? THEN 1 ELSE 0 END) AS queued,
     SUM(CASE WHEN s.state = ? THEN 1 ELSE 0 END) AS in_flight,
     MIN(CASE WHEN s.state = ? THEN COALESCE(
@@ -113,7 +113,8 @@ SELECT t.pool,
         (SELECT p.committed_at FROM steps p WHERE p.task_id = s.task_id AND p.position = s.position - 1),
         t.approved_at, t.created_at) END) AS oldest
 FROM steps s JOIN tasks t ON t.id = s.task_id
-WHERE s.state IN (?, ?) AND t.state IN (?, ?) GROUP BY t.pool;
+WHERE s.state IN (?, ?) AND t.state IN (?, ?)
+GROUP BY (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END);
 
 -- name: runners_with_leases
 -- Every runner with its token's name and how many leases (the state given) it holds in its pool, by pool, most recently seen first.
