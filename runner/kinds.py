@@ -1,5 +1,6 @@
-"""Step kinds: what a step of a given `kind` does with its payload. `chat` and `agent` (a tool
-loop in a workspace: runner/agent/loop.py) are built in.
+"""Step kinds: what a step of a given `kind` does with its payload. `chat`, `agent` (a tool
+loop in a workspace: runner/agent/loop.py) and `verify` (a task's checks re-run at another
+runner's candidate: runner/agent/verify.py) are built in.
 
 A kind is an async function `(StepContext) -> StepOutput`. A deployment adds its own with
 `KindRegistry.register`, or, without touching the runner's code, through the entry-point
@@ -133,7 +134,8 @@ StepKind = Callable[[StepContext], Awaitable[StepOutput]]
 
 
 class KindRegistry:
-    """Kinds by name. `default()` holds `chat`, `agent` and whatever entry points add."""
+    """Kinds by name. `default()` holds `chat`, `agent`, `verify` and whatever entry points
+    add."""
 
     def __init__(self, kinds: Iterable[tuple[str, StepKind]] = ()) -> None:
         self._kinds: dict[str, StepKind] = {}
@@ -170,13 +172,14 @@ class KindRegistry:
         runner's settings, for the agent kind."""
         # Imported here: runner.agent.loop builds on this module's StepContext and StepOutput.
         from tether.runner.agent.loop import AgentKind
+        from tether.runner.agent.verify import VerifyKind
 
         agent = AgentKind(
             commands_without_sandbox=commands_without_sandbox,
             command_limits=command_limits,
             sandbox_read_only=tuple(sandbox_read_only),
         )
-        registry = cls([("chat", run_chat), ("agent", agent)])
+        registry = cls([("chat", run_chat), ("agent", agent), ("verify", VerifyKind(agent))])
         if entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 registry.register(ep.name, ep.load())

@@ -113,7 +113,7 @@ def test_a_deployment_adds_kinds_in_code_or_by_entry_point(monkeypatch: pytest.M
         return [EntryPoint()] if group == ENTRY_POINT_GROUP else []
 
     monkeypatch.setattr("importlib.metadata.entry_points", entry_points)
-    assert KindRegistry.default().names() == ["agent", "chat", "echo-ep"]
+    assert KindRegistry.default().names() == ["agent", "chat", "echo-ep", "verify"]
 
 
 # -- tool calls (issue 12, item 1) ---------------------------------------------------------

@@ -133,7 +133,7 @@ async def test_ready_once_after_the_supervisor_answers_and_the_line_names_pool_a
     (line,) = [e for e in logs if e["event"] == "supervisor answered; claiming"]
     assert (line["pool"], line["kinds"], line["runner_id"]) == (
         "acme/gpu",
-        ["agent", "chat"],
+        ["agent", "chat", "verify"],
         "test-runner",
     )
     assert not any(e["log_level"] == "error" for e in logs)

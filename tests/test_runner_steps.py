@@ -107,7 +107,8 @@ async def test_work_starts_at_once_the_lease_is_renewed_during_it_and_reported(
     first_claim = sup.of("claim")[0].body
     # READY=1 came with the answer to `GET /v1/runner`: the first claim long-polls like any.
     assert first_claim == {
-        "runner_id": "test-runner", "capacity": 2, "wait_s": 0.2, "kinds": ["agent", "chat"],
+        "runner_id": "test-runner", "capacity": 2, "wait_s": 0.2,
+        "kinds": ["agent", "chat", "verify"],
     }  # fmt: skip
 
 
@@ -348,7 +349,7 @@ async def test_every_claim_announces_the_kinds_of_the_runners_registry(tmp_path:
     rig.supervisor.offer(make_lease("s1"))
     await run_until(rig, lambda: len(rig.supervisor.of("claim")) >= 2)
     assert [c.body["kinds"] for c in rig.supervisor.of("claim")[:2]] == [
-        ["agent", "chat", "deploy"]
+        ["agent", "chat", "deploy", "verify"]
     ] * 2
 
 
