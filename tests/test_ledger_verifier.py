@@ -44,7 +44,9 @@ async def make_candidate(ledger: SqliteLedger, exit_code: int = 0) -> Lease:
     exited `exit_code`."""
     [lease] = await ledger.claim("maker", "default", 1, 0, token_id=MAKER, kinds=AGENT_KINDS)
     fields = ran("cand1", exit_code=exit_code)
-    await ledger.report(report_for(lease, **fields), evidence=Evidence(head_sha=BASE))
+    await ledger.report(
+        report_for(lease, **fields), evidence=Evidence(head_sha=BASE), token_id=MAKER
+    )
     return lease
 
 
@@ -88,7 +90,7 @@ async def test_the_verify_step_goes_to_the_verifier_pool_only_and_holds_the_task
     assert lease.outputs == ()
     # Its step is the verifier pool's: the making pool cannot see it.
     with pytest.raises(NotFound):
-        await ledger.renew(lease.step_id, lease.fence, "default")
+        await ledger.renew(lease.step_id, lease.fence, "default", token_id=CHECKER)
 
 
 async def test_a_verifier_that_agrees_lets_the_effect_fall_due_and_the_task_succeed(
@@ -98,7 +100,9 @@ async def test_a_verifier_that_agrees_lets_the_effect_fall_due_and_the_task_succ
     await make_candidate(ledger)
     assert "attested by runner tok-maker" in (await ledger.task(task_id))["checks_standing"]
     [lease] = await claim_verify(ledger)
-    outcome = await ledger.report(verifier_report(lease, 0), VERIFY_POOL, Evidence(head_sha=BASE))
+    outcome = await ledger.report(
+        verifier_report(lease, 0), VERIFY_POOL, Evidence(head_sha=BASE), token_id=CHECKER
+    )
     assert outcome is Outcome.APPLIED
     [out] = await ledger.take_effects("d1", 8)
     assert out.request["candidate"] == "cand1"
@@ -115,7 +119,9 @@ async def test_a_verifier_that_disagrees_fails_the_task_check_disputed_naming_bo
     task_id = await verified_task(ledger, ("code", "chat", {}), PUSH)
     await make_candidate(ledger, exit_code=0)  # the maker says its checks passed
     [lease] = await claim_verify(ledger)
-    await ledger.report(verifier_report(lease, 1), VERIFY_POOL, Evidence(head_sha=BASE))
+    await ledger.report(
+        verifier_report(lease, 1), VERIFY_POOL, Evidence(head_sha=BASE), token_id=CHECKER
+    )
     view = await ledger.task(task_id)
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("check_disputed: ")
@@ -134,7 +140,9 @@ async def test_a_verifier_guards_the_end_of_a_task_without_effects(ledger: Sqlit
     await make_candidate(ledger)
     assert (await ledger.task(task_id))["state"] == "RUNNING"
     [lease] = await claim_verify(ledger)
-    await ledger.report(verifier_report(lease, 0), VERIFY_POOL, Evidence(head_sha=BASE))
+    await ledger.report(
+        verifier_report(lease, 0), VERIFY_POOL, Evidence(head_sha=BASE), token_id=CHECKER
+    )
     assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
 
 
@@ -155,7 +163,10 @@ async def test_a_verify_report_for_another_candidate_is_refused(ledger: SqliteLe
     [lease] = await claim_verify(ledger)
     with pytest.raises(InvalidRequest, match="must name that candidate_sha"):
         await ledger.report(
-            verifier_report(lease, 0, sha="other"), VERIFY_POOL, Evidence(head_sha=BASE)
+            verifier_report(lease, 0, sha="other"),
+            VERIFY_POOL,
+            Evidence(head_sha=BASE),
+            token_id=CHECKER,
         )
     assert (await ledger.task(task_id))["state"] == "RUNNING"
 

@@ -98,8 +98,9 @@ WHERE task_id = ? AND state NOT IN (?, ?)
 
 -- name: held_step_with_task
 -- `step_with_task`, with the fence and runner token of the step's attempt under a given fence (NULL when the step never had that fence).
-SELECT s.*, t.state AS task_state, t.tenant, t.pool, t.repository, t.approved_base_sha,
-    a.token_id AS lease_token_id, h.fence AS held_fence, h.token_id AS held_token_id
+SELECT s.*, t.state AS task_state, t.tenant,
+    (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) AS pool,
+    t.repository, t.approved_base_sha, t.verify_pool, a.token_id AS lease_token_id, h.fence AS held_fence, h.token_id AS held_token_id
 FROM steps s JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence
     LEFT JOIN attempts h ON h.step_id = s.id AND h.fence = ?
 WHERE s.id = ?;

@@ -121,7 +121,9 @@ GROUP BY (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END);
 SELECT r.pool, r.runner_id, r.kinds_json, r.first_seen, r.last_seen, k.name AS token_name,
     (SELECT COUNT(*) FROM attempts a JOIN steps s ON s.id = a.step_id
         JOIN tasks t ON t.id = s.task_id
-        WHERE a.runner_id = r.runner_id AND a.state = ? AND t.pool = r.pool) AS in_flight
+        WHERE a.runner_id = r.runner_id AND a.state = ?
+            AND (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) = r.pool)
+        AS in_flight
 FROM runners r LEFT JOIN tokens k ON k.id = r.token_id
 ORDER BY r.pool, r.last_seen DESC, r.runner_id;
 
