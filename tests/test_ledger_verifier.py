@@ -214,3 +214,10 @@ def test_the_verifier_is_bound_into_the_plan_hash() -> None:
     without = verified_spec(("code", "chat", {}), verify=None)
     other = verified_spec(("code", "chat", {}), verify="acme/other")
     assert len({with_verifier.plan_hash, without.plan_hash, other.plan_hash}) == 3
+
+
+async def test_the_verifier_is_handed_the_setup_the_making_step_ran(ledger: SqliteLedger) -> None:
+    await verified_task(ledger, ("code", "chat", {"setup": ["uv sync --frozen"]}))
+    await make_candidate(ledger)
+    [lease] = await claim_verify(ledger)
+    assert lease.payload["setup"] == ["uv sync --frozen"]

@@ -43,14 +43,26 @@ def ask_verifier(tx: Tx, step: Row) -> bool:
         return False  # reported: its word is in `findings`
     if findings(tx, task):
         return False  # the candidate fails on the runner's own report
-    _add_verify_step(tx, task, sha, candidate["bundle"])
+    _add_verify_step(tx, task, sha, candidate["bundle"], _setup_of(candidate["payload_json"]))
     return True
 
 
-def _add_verify_step(tx: Tx, task: Row, sha: str, bundle: str) -> None:
+def _setup_of(payload_json: str) -> list[str]:
+    """The setup commands the making step's payload added (an `agent` payload's `setup`): the
+    verifier runs them too, after the repository's, so its checks see the same toolchain."""
+    payload = loads(payload_json)
+    setup = payload.get("setup") if isinstance(payload, dict) else None
+    if not isinstance(setup, list):
+        return []
+    return [c for c in setup if isinstance(c, str)]
+
+
+def _add_verify_step(tx: Tx, task: Row, sha: str, bundle: str, setup: list[str]) -> None:
     """The verify step's intent, durable in this transaction, queued for the verifier pool."""
     task_id, pool = task["id"], task["verify_pool"]
-    payload = {"candidate_sha": sha, "bundle": bundle}
+    payload: dict[str, object] = {"candidate_sha": sha, "bundle": bundle}
+    if setup:
+        payload["setup"] = setup
     position = tx.one("next_step_position", (task_id,))
     assert position is not None
     step_id = step_id_for(task_id, position["n"])

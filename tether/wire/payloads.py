@@ -400,11 +400,14 @@ VERIFY_KIND: Final = "verify"
 
 
 class VerifyPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A `verify` step's payload: the candidate it re-checks and the digest of that
-    candidate's bundle in the artifact store (its lease's `repository` carries the checks)."""
+    """A `verify` step's payload: the candidate it re-checks, the digest of that candidate's
+    bundle in the artifact store, and the setup commands the making step's payload added to
+    the repository's (its lease's `repository` carries the checks and the repository's
+    setup)."""
 
     candidate_sha: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{40}([0-9a-f]{24})?$")]
     bundle: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    setup: tuple[str, ...] = ()
 
 
 def read_payload(payload: Any, into: type[R]) -> R:

@@ -45,8 +45,8 @@ SELECT COUNT(*) AS n FROM attempts a JOIN steps s ON s.id = a.step_id
 WHERE s.task_id = ? AND a.state = {AttemptState.LEASED};
 
 -- name: task_candidate
--- The candidate a task's result stands for and the digest of its bundle: the last ones a step of its plan reported.
-SELECT candidate_sha, bundle FROM steps
+-- The candidate a task's result stands for, the digest of its bundle and the payload of the step that made it: the last ones a step of its plan reported.
+SELECT candidate_sha, bundle, payload_json FROM steps
 WHERE task_id = ? AND candidate_sha IS NOT NULL AND verifies IS NULL
 ORDER BY position DESC
 LIMIT 1;
