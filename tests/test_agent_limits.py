@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -395,3 +396,29 @@ def test_a_runner_process_serves_on_after_its_commands_hit_their_limits(tmp_path
         cluster.check_ledger()
     finally:
         cluster.stop_all()
+
+
+def test_a_gone_runners_cgroups_are_swept_with_what_is_left_in_them(tmp_path: Path) -> None:
+    """A runner killed outright leaves its cgroup folders, and perhaps a command's process
+    in one: the next runner's first look at the cgroups kills it and removes them."""
+    found = host_cgroups()
+    if found is None or found.version != 1:
+        pytest.skip("needs cgroup v1 folders this user may make (as root on a v1 host)")
+    probe = subprocess.Popen(["true"])
+    probe.wait()
+    dead = probe.pid  # a pid no process holds now
+    parent = found.parents["pids"].parent / f"tether-runner-{dead}"
+    command = parent / f"cmd-{dead}-1"
+    command.mkdir(parents=True)
+    left = subprocess.Popen(["sleep", "120"])
+    try:
+        (command / "cgroup.procs").write_text(str(left.pid))
+        cg.sweep(parent.parent, "tether-runner-")
+        assert left.wait(timeout=10) == -signal.SIGKILL
+        assert not parent.exists()
+    finally:
+        left.kill()
+        left.wait()
+        if command.exists():
+            command.rmdir()
+            parent.rmdir()

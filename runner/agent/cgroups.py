@@ -150,6 +150,7 @@ def find_cgroups(
         if mount.version != 1:
             continue
         for controller in mount.controllers & set(CONTROLLERS):
+            sweep(mount.own, "tether-runner-")
             parent = mount.own / f"tether-runner-{os.getpid()}"
             try:
                 parent.mkdir(exist_ok=True)
@@ -169,6 +170,8 @@ def _delegated_v2(mount: Mount) -> tuple[Cgroups | None, str]:
     wanted = sorted(mount.controllers & set(CONTROLLERS))
     if not os.access(own / "cgroup.subtree_control", os.W_OK):
         return None, f"cgroup v2: {own} is not delegated to this user"
+    sweep(own, "cmd-")
+    sweep(own, "runner-")
     leaf = own / f"runner-{os.getpid()}"
     try:
         leaf.mkdir(exist_ok=True)
@@ -180,6 +183,34 @@ def _delegated_v2(mount: Mount) -> tuple[Cgroups | None, str]:
             leaf.rmdir()
         return None, f"cgroup v2: cannot use {own}: {exc.strerror or exc}"
     return Cgroups(2, dict.fromkeys(wanted, own)), f"cgroup v2 ({', '.join(wanted)}) at {own}"
+
+
+def sweep(folder: Path, prefix: str) -> None:
+    """Remove what runners that are gone left under `folder`: the cgroups named `prefix<pid>`
+    (`-...` may follow) whose runner pid is not alive, with the commands' cgroups in them, any
+    process still in one killed first. A pid reused since is taken for alive: left alone."""
+    try:
+        found = [f for f in folder.iterdir() if f.name.startswith(prefix) and f.is_dir()]
+    except OSError:
+        return
+    for stale in found:
+        pid = stale.name.removeprefix(prefix).split("-")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            for child in [c for c in stale.iterdir() if c.is_dir()]:
+                CommandCgroup(0, (child,)).end()
+        CommandCgroup(0, (stale,)).end()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _mounts(mountinfo: str, own_cgroups: str) -> list[Mount]:
