@@ -22,7 +22,16 @@ from typing import Any
 import anyio
 
 from tether.supervisor import durable, repos
-from tether.supervisor.ledger import LedgerConfig, LedgerError, Tx, invariants, repositories, tokens
+from tether.supervisor.ledger import (
+    LedgerConfig,
+    LedgerError,
+    Tx,
+    invariants,
+    prefixes,
+    repositories,
+    tokens,
+    views,
+)
 from tether.supervisor.ledger import queries as named_queries
 from tether.supervisor.ledger.backends import (
     Backend,
@@ -35,6 +44,7 @@ from tether.supervisor.ledger.batch import Transactions
 from tether.supervisor.ledger.operator import budget_of, set_budget, set_verify_pool
 from tether.supervisor.ledger.schema import connect, integrity_problems, newest_migration
 from tether.supervisor.ledger.tx import ReadSession
+from tether.supervisor.repos import Mirrors, diffs
 
 
 class AdminError(Exception):
@@ -324,3 +334,32 @@ def backup(db: Path | str, dest: Path) -> None:
         durable.created(dest.absolute())
     except OSError as exc:
         raise AdminError(f"cannot sync the backup {dest}: {exc.strerror or exc}") from None
+
+
+def candidate(
+    db: Path | str, task: str, step: str | None, mirror_dir: Path | None
+) -> tuple[Path, diffs.Candidate]:
+    """The mirror and the candidate `task candidate --db` shows: the task by its id or a
+    unique prefix (`prefixes`), its step's candidate (`diffs.pick`), in the mirror folder
+    beside a ledger file unless `mirror_dir` names it (a database's has no such place)."""
+    backend = backend_of(db)
+    if mirror_dir is None:
+        if not is_file(backend):
+            raise AdminError(
+                f"give the supervisor's mirror folder (--mirror-dir) for {backend.where}"
+            )
+        mirror_dir = Path(backend.where).parent / "mirrors"
+    try:
+        with ledger_reads(db) as reads:
+            task_id = prefixes.resolve_task_id(reads, None, task)
+            view = views.task_view(reads, task_id, None, now=time.time())
+            binding = repositories.binding_of_task(reads, None, task_id)
+    except LedgerError as exc:
+        raise AdminError(str(exc)) from None
+    if binding is None:
+        raise AdminError(f"task {task_id} names no repository: it has no candidate")
+    try:
+        chosen = diffs.pick(view, step)
+    except diffs.CandidateError as exc:
+        raise AdminError(str(exc)) from None
+    return Mirrors(mirror_dir).path(binding.url), chosen

@@ -182,6 +182,23 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     watch.add_argument("--after", type=int, default=0, help="start after this sequence number")
     task_list = task_command("list", "one line per task, newest first")
     task_list.add_argument("--state", choices=[s.value for s in TaskState], help="only these")
+    candidate = task_command(
+        "candidate", "a step's candidate against the approved base: --stat, --patch, --bundle"
+    )
+    candidate.add_argument("task_id")
+    candidate.add_argument(
+        "step", nargs="?", help="step name, id or 0-based position (default: the last with one)"
+    )
+    shown = candidate.add_mutually_exclusive_group()
+    shown.add_argument("--stat", action="store_true", help="each file's counts (the default)")
+    shown.add_argument("--patch", action="store_true", help="the patch, as git diff shows it")
+    shown.add_argument(
+        "--bundle", metavar="FILE", help="write a bundle: git fetch FILE tether/TASK_ID takes it"
+    )
+    candidate.add_argument("--db", help=f"{LEDGER} to read instead of the API (--url)")
+    candidate.add_argument(
+        "--mirror-dir", help="with --db: the supervisor's mirrors (default: mirrors/ beside it)"
+    )
     output = task_command("output", "print a step's output: a chat step's text, else JSON")
     output.add_argument("task_id")
     output.add_argument(
@@ -402,9 +419,55 @@ def _watch(client: Any, task_id: str, after: int = 0) -> int:
     return oc.EXIT_CODES.get(final, 1)
 
 
+def _candidate(args: argparse.Namespace) -> int:
+    """`task candidate`: through the API (`--url`), or from the ledger and its mirrors on the
+    owned box (`--db`). The bundle goes to FILE and the command to take it to stderr."""
+    import anyio
+
+    from tether.supervisor import admin
+    from tether.supervisor import operator_client as oc
+    from tether.supervisor.repos import diffs
+
+    if args.db is None and args.mirror_dir is not None:
+        fail(PROG, "--mirror-dir goes with --db", USAGE_EXIT)
+    if args.db is not None:
+        try:
+            mirrors = None if args.mirror_dir is None else Path(args.mirror_dir)
+            db = _ledger_arg(args.db)
+            mirror, chosen = admin.candidate(db, args.task_id, args.step, mirrors)
+            if args.bundle:
+                data = anyio.run(diffs.bundle, mirror, chosen)
+            else:
+                view = anyio.run(diffs.diff, mirror, chosen).view()
+        except (admin.AdminError, diffs.CandidateError) as exc:
+            fail(PROG, str(exc))
+        task_id = chosen.task_id
+    else:
+        with _operator_session(args) as client:
+            view = client.candidate(args.task_id, args.step)
+            task_id = view.task_id
+            if args.bundle:
+                data = client.candidate_bundle(task_id, args.step)
+    if not args.bundle:
+        print(oc.candidate_text(view, patch=args.patch))
+        return 0
+    try:
+        Path(args.bundle).write_bytes(data)
+    except OSError as exc:
+        fail(PROG, f"cannot write {args.bundle}: {exc.strerror or exc}")
+    branch = diffs.branch_of(task_id)
+    print(
+        f"wrote {args.bundle}: take it with git fetch {args.bundle} {branch}:{branch}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _task(args: argparse.Namespace) -> int:
     from tether.supervisor import operator_client as oc
 
+    if args.task_command == "candidate":
+        return _candidate(args)
     with _operator_session(args) as client:
         if args.task_command == "submit":
             body = oc.load_task_file(Path(args.file))

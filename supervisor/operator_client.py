@@ -26,6 +26,7 @@ from tether.wire.codec import BadMessage, decode, encode
 from tether.wire.records import (
     Approval,
     Cancel,
+    CandidateDiffView,
     EffectHappened,
     EffectView,
     GateOpen,
@@ -183,6 +184,18 @@ class OperatorClient:
                 return
             params["cursor"] = page.next
 
+    def candidate(self, task_id: str, step: str | None) -> CandidateDiffView:
+        """A step's candidate against the approved base (default: the last with one)."""
+        params = {} if step is None else {"step": step}
+        return self._read(f"/v1/tasks/{_quoted(task_id)}/candidate", CandidateDiffView, **params)
+
+    def candidate_bundle(self, task_id: str, step: str | None) -> bytes:
+        """A bundle of the candidate whose one head is `tether/<task_id>`."""
+        params = {} if step is None else {"step": step}
+        return self._request(
+            "GET", f"/v1/tasks/{_quoted(task_id)}/candidate/bundle", params=params
+        ).content
+
     def pools(self) -> PoolsAnswer:
         return self._read("/v1/pools", PoolsAnswer)
 
@@ -220,6 +233,29 @@ def unreachable_line(url: str, exc: Exception) -> str:
             f" (try --url {plain}) ({said})"
         )
     return f"cannot reach the supervisor at {url}: {said}"
+
+
+def _quoted(task_id: str) -> str:
+    return urllib.parse.quote(task_id, safe="")
+
+
+def candidate_text(view: CandidateDiffView, *, patch: bool) -> str:
+    """`task candidate`: which commit against which base, then each file's counts and the
+    total (`--stat`), or the patch (`--patch`), hiding characters revealed either way."""
+    head = (
+        f"candidate {view.candidate_sha} of step {reveal(view.step)!r} against base {view.base_sha}"
+    )
+    if patch:
+        cut = "\n(the patch is cut at 512 KiB)" if view.truncated else ""
+        return f"{head}\n{reveal(view.patch).rstrip()}{cut}"
+    lines = [head]
+    for f in view.files:
+        counts = "binary" if f.added is None else f"+{f.added} -{f.removed}"
+        lines.append(f"  {counts:>14}  {reveal(f.path)}")
+    added = sum(f.added or 0 for f in view.files)
+    removed = sum(f.removed or 0 for f in view.files)
+    lines.append(f"{len(view.files)} file(s) changed, +{added} -{removed}")
+    return "\n".join(lines)
 
 
 def _step_path(task_id: str, step: str, action: str) -> str:

@@ -123,6 +123,12 @@ RECORDS: list[m.Record] = [
         verify=m.VerifySpec(pool="gpu/verify"),
     ),
     m.Approval(plan_hash="p" * 64, base_sha=None),
+    m.CandidateDiffView(
+        task_id="t", step="fix", base_sha="a" * 40, candidate_sha="c" * 40, branch="tether/t",
+        files=(m.FileChangeView(path="src/calc.py", added=1, removed=1),
+               m.FileChangeView(path="logo.png")),
+        patch="@@ -1 +1 @@\n-a - b\n+a + b\n", truncated=False,
+    ),
     m.Cancel(reason="not needed"),
     m.ReviewDecision(decision="accept", note="fine"),
     m.RepositoryHead(sha="e" * 40),
@@ -215,7 +221,14 @@ def test_every_message_class_has_a_round_trip_above() -> None:
     inside_others = {m.EarlierOutput, m.Plan, m.PlanStep, m.ItemAnswer}
     inside_others |= {m.WaitingFor, m.StepView, m.AttemptView, m.TaskSummary, m.PoolStatus}
     inside_others |= {m.RunnerSeen, m.LeaseRepository, m.CheckSpec, m.ResumePoint, m.CheckRun}
-    inside_others |= {m.CheckRunView, m.ProblemView, m.CheckpointView, m.PlanView, m.PlanStepView}
+    inside_others |= {
+        m.CheckRunView,
+        m.ProblemView,
+        m.CheckpointView,
+        m.PlanView,
+        m.PlanStepView,
+        m.FileChangeView,
+    }
     inside_others |= {m.EffectView, m.DeliveryView, m.GateView, m.ResolvedView}
     inside_others |= {m.LogLine, m.TaskLogEntry}
     inside_others |= {m.VerifySpec}

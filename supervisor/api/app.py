@@ -20,7 +20,14 @@ from starlette.middleware import Middleware
 
 from tether.clocks import WallClock
 from tether.supervisor import ui
-from tether.supervisor.api import artifact_routes, health, openapi, operator_routes, runner_routes
+from tether.supervisor.api import (
+    artifact_routes,
+    candidate_routes,
+    health,
+    openapi,
+    operator_routes,
+    runner_routes,
+)
 from tether.supervisor.api.auth import TokenCache
 from tether.supervisor.api.bindings import UnboundSteps
 from tether.supervisor.api.errors import (
@@ -87,6 +94,7 @@ def create_app(
     app = Starlette(
         routes=[
             *operator_routes.ROUTES,
+            *candidate_routes.ROUTES,
             *runner_routes.ROUTES,
             *artifact_routes.ROUTES,
             *health.ROUTES,

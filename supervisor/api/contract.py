@@ -104,6 +104,12 @@ REPOSITORY: Final = Param(
     schema={"type": "string", "minLength": 1},
 )
 
+CANDIDATE_STEP: Final = Param(
+    name="step",
+    description="The step's name, id or 0-based position (default: the last with a candidate).",
+    schema={"type": "string", "minLength": 1},
+)
+
 _TASK_WRITE: Final = (E.NOT_FOUND, E.INVALID_TRANSITION, E.TERMINAL)
 _LEASE_WRITE: Final = (E.NOT_FOUND, E.STALE_FENCE)
 
@@ -192,6 +198,20 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Say whether an uncertain effect happened (`no` re-opens its gate, once).",
         body=m.EffectHappened, answers={200: a.TaskDetail}, errors=_TASK_WRITE,
         params=(TASK_ID, STEP_NAME),
+    ),
+    Operation(
+        method="GET", path="/v1/tasks/{task_id}/candidate", name="candidate_diff",
+        tag="operator", roles=OPERATOR,
+        summary="A step's candidate against the approved base: files, counts, the patch.",
+        answers={200: m.CandidateDiffView}, errors=(E.NOT_FOUND, E.INVALID_FIELD),
+        params=(TASK_ID,), query=(CANDIDATE_STEP,),
+    ),
+    Operation(
+        method="GET", path="/v1/tasks/{task_id}/candidate/bundle", name="candidate_bundle",
+        tag="operator", roles=OPERATOR,
+        summary="A git bundle of the candidate whose one head is `tether/<task_id>`.",
+        answers={200: BYTES}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
+        query=(CANDIDATE_STEP,),
     ),
     Operation(
         method="PUT", path="/v1/repositories/{name}/head", name="repository_head",

@@ -203,10 +203,13 @@ def _record(row: Row) -> Repository:
     )
 
 
-def binding_of_task(s: Statements, tenant: str, task_id: str) -> Binding | None:
-    """The binding of `tenant`'s task `task_id`; None when it names no repository. `NotFound`
-    when the tenant has no such task."""
-    task = s.one("owned_task", (task_id, tenant))
+def binding_of_task(s: Statements, tenant: str | None, task_id: str) -> Binding | None:
+    """The binding of `tenant`'s task `task_id` (None: any tenant's, for commands on the
+    ledger itself); None when it names no repository. `NotFound` when there is no such task."""
+    if tenant is None:
+        task = s.one("task_by_id", (task_id,))
+    else:
+        task = s.one("owned_task", (task_id, tenant))
     if task is None:
         raise NotFound(f"no task {task_id}")
     return _binding(s, task)

@@ -16,6 +16,7 @@ from tether.supervisor.ledger.views import PAGE_MAX, TaskSearch
 from tether.supervisor.plan_reading import task_plan
 from tether.supervisor.ui import render, transcript
 from tether.supervisor.ui.attempt_logs import lines_by_fence
+from tether.supervisor.ui.candidate import shown_diff
 from tether.supervisor.ui.effects import shown_effect
 from tether.supervisor.ui.guard import signed
 from tether.wire import ErrorCode
@@ -118,6 +119,7 @@ async def task_context(request: Request, who: Principal, task_id: str) -> dict[s
         "review": review_parts(review),
         "ended": render.is_ended(task["state"]),
         "plan": task_plan(task),
+        "diff": await shown_diff(request, who, task),
     }
 
 

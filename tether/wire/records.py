@@ -644,6 +644,29 @@ class StepView(Record, frozen=True, kw_only=True):
     effect: EffectView | None = None
 
 
+class FileChangeView(Record, frozen=True, kw_only=True):
+    """A file a candidate changes: lines added and removed (null for a binary file)."""
+
+    path: str
+    added: int | None = None
+    removed: int | None = None
+
+
+class CandidateDiffView(Record, frozen=True, kw_only=True):
+    """`GET /v1/tasks/{task_id}/candidate`: a step's candidate against the task's approved
+    base, read from the supervisor's mirror: each file's counts, and the patch (cut at 512 KiB,
+    `truncated` then). `branch` is the one head of `GET .../candidate/bundle`."""
+
+    task_id: str
+    step: str
+    base_sha: str
+    candidate_sha: str
+    branch: str
+    files: tuple[FileChangeView, ...] = ()
+    patch: str = ""
+    truncated: bool = False
+
+
 class PlanStepView(Record, frozen=True, kw_only=True):
     """One step of a task's plan as it was submitted: its payload beside the hash the plan
     hash is made of, so an approver reads what the hash binds."""
