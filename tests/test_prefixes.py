@@ -4,6 +4,7 @@ routes and so every `task` command, `--plan-hash`, and the ledger read directly 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from tether.supervisor.ledger.batch import Transactions
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound, PlanMismatch
 from tether.supervisor.ledger.prefixes import resolve_plan_hash, resolve_task_id
 
+from . import pgdb
 from .conftest import ApiHarness, FakeClock, chat_payload, open_api
 
 
@@ -58,10 +60,19 @@ async def test_a_short_prefix_or_another_tenants_task_is_refused(api: ApiHarness
     assert "at least 8" in wrong.json()["detail"]
 
 
-def test_an_ambiguous_prefix_names_the_tasks_it_begins(tmp_path: Path) -> None:
-    """On the ledger itself (as `--db` commands read it): two ids that share their first 10
-    characters. The prefix they share is refused naming both; one more character picks one."""
-    db = tmp_path / "ledger.db"
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_an_ambiguous_prefix_names_the_tasks_it_begins(tmp_path: Path, backend: str) -> None:
+    """On the ledger itself (as `--db` commands read it), a file or a database: two ids that
+    share their first 10 characters. The prefix they share is refused naming both; one more
+    character picks one."""
+    with contextlib.ExitStack() as stack:
+        db: Path | str = tmp_path / "ledger.db"
+        if backend == "postgresql":
+            db = stack.enter_context(pgdb.fresh_database())
+        _ambiguous(db)
+
+
+def _ambiguous(db: Path | str) -> None:
     admin.init_ledger(db)
     ids = iter(["abcdef0123" + tail for tail in ("aa" * 11, "bb" * 11)])
     with admin.ledger_file(db) as opened:
