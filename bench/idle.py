@@ -75,14 +75,14 @@ def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
         time.sleep(window_s)
         cpu = meter.stop()
         rss = tree_rss_mb(pid)
-        rules0 = _rules(stack.supervisor_url)
+        rules0 = _rules(stack)
         meter.start()
         fed = stack.approve_at(
             "wake-load", wake_tasks, rate=WAKE_RATE, seconds=WAKE_S, concurrency=4
         )
         approved = int(fed["approved"])
         wake_cpu = meter.stop()
-        per_approval = (_rules(stack.supervisor_url) - rules0) / max(1, approved)
+        per_approval = (_rules(stack) - rules0) / max(1, approved)
     finally:
         stack.kids.stop(proc)
         seed.cancel_pool(stack.db, "wake")
@@ -93,7 +93,12 @@ def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
     )  # fmt: skip
 
 
-def _rules(url: str) -> int:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+def _rules(stack: Stack) -> int:
+    """The rules the supervisor ran so far, from `/metrics` (read with a `metrics` token)."""
+    secret = stack.token("scraper", "metrics").read_text().strip()
+    answer = httpx.get(
+        f"{stack.supervisor_url}/metrics", headers={"Authorization": f"Bearer {secret}"}, timeout=10
+    )
+    text = answer.text
     found = re.search(r"^tether_write_rules_total (\d+)$", text, re.MULTILINE)
     return int(found.group(1)) if found else 0

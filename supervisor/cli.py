@@ -48,8 +48,10 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     token_sub = token.add_subparsers(dest="token_command", required=True, parser_class=Parser)
     create = token_sub.add_parser("create", help="create a token; prints it alone on stdout")
     create.add_argument("--db", required=True, help=LEDGER)
-    create.add_argument("--tenant", required=True, help="tenant (operator) or pool (runner)")
-    create.add_argument("--role", required=True, choices=["operator", "runner"])
+    create.add_argument(
+        "--tenant", required=True, help="tenant (operator), pool (runner) or a label (metrics)"
+    )
+    create.add_argument("--role", required=True, choices=["operator", "runner", "metrics"])
     create.add_argument("--name", help="a name to tell the token apart by (e.g. box-17)")
     create.add_argument(
         "--init", action="store_true", help="create the ledger file if there is none"

@@ -302,7 +302,8 @@ class ApiHarness:
     `httpx.ASGITransport`. Tokens were made on the file beforehand, as the CLI makes them:
     `operator` acts for tenant acme, `rival` for another tenant, `runner` for the default pool,
     `intruder` is a second runner token of that pool (a lease belongs to the token that claimed
-    it), `stranger` a runner token of another pool. Each is a ready `Authorization` header."""
+    it), `stranger` a runner token of another pool, `metrics` the scraper's token for
+    `/metrics`. Each is a ready `Authorization` header."""
 
     app: Any
     client: Any  # httpx.AsyncClient
@@ -400,6 +401,7 @@ async def open_api(path: Path, clock: FakeClock, **settings: Any) -> AsyncIterat
             ("runner", API_POOL, "runner"),
             ("intruder", API_POOL, "runner"),
             ("stranger", "elsewhere", "runner"),
+            ("metrics", "prometheus", "metrics"),
         ]
     }
     app = create_app(SupervisorSettings(db=path, **settings), clock=clock, reaper=False)

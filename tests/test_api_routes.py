@@ -521,7 +521,7 @@ async def test_only_step_side_releases_count_toward_max_attempts(
         )
     view = (await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator)).json()
     assert view["state"] == ("FAILED" if counted else "RUNNING")
-    metrics = (await api.client.get("/metrics")).text
+    metrics = (await api.client.get("/metrics", headers=api.auth("metrics"))).text
     assert metric(metrics, "tether_leases_released_total ") == 5
     assert metric(metrics, "tether_leases_preempted_total ") == (5 if reason == "preempted" else 0)
 
@@ -595,6 +595,23 @@ async def test_readyz_answers_503_when_the_ledger_cannot_be_read(
     assert_error(await api.client.get("/readyz"), 503, "unavailable")
 
 
+async def test_metrics_need_a_metrics_token(api: ApiHarness) -> None:
+    """Tenant names and their spend are not public (issue 23, finding 5): no token is 401, an
+    operator's or a runner's 403, the scraper's `metrics` token 200 with the tenants listed."""
+    await api.queued("a")
+    assert_error(await api.client.get("/metrics"), 401, "unauthorized")
+    for other in ("operator", "runner"):
+        assert_error(await api.client.get("/metrics", headers=api.auth(other)), 403, "forbidden")
+    scraped = await api.client.get("/metrics", headers=api.auth("metrics"))
+    assert scraped.status_code == 200, scraped.text
+    assert 'tether_budget_tokens{kind="spent",tenant="acme"}' in scraped.text
+    # The metrics token reads nothing else.
+    assert_error(await api.client.get("/v1/tasks", headers=api.auth("metrics")), 403, "forbidden")
+    claim = {"runner_id": "r1", "capacity": 1}
+    refused = await api.client.post("/v1/leases/claim", headers=api.auth("metrics"), json=claim)
+    assert_error(refused, 403, "forbidden")
+
+
 def metric(text: str, line_start: str) -> float:
     [value] = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(line_start)]
     return float(value)
@@ -611,7 +628,7 @@ async def test_metrics_count_what_happened(api: ApiHarness) -> None:
     await api.report(first)
     api.clock.advance(10.5)  # `second` was never acknowledged: its lease lapsed
     await api.report(second)
-    response = await api.client.get("/metrics")
+    response = await api.client.get("/metrics", headers=api.auth("metrics"))
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
@@ -633,9 +650,15 @@ async def test_each_app_counts_its_own_metrics(api: ApiHarness, tmp_path: Path) 
     await api.queued("a")
     await api.claim()
     async with open_api(tmp_path / "other.db", FakeClock(), synchronous="OFF") as other:
-        other_text = (await other.client.get("/metrics")).text
+        other_text = (await other.client.get("/metrics", headers=other.auth("metrics"))).text
     assert metric(other_text, "tether_leases_granted_total ") == 0
-    assert metric((await api.client.get("/metrics")).text, "tether_leases_granted_total ") == 1
+    assert (
+        metric(
+            (await api.client.get("/metrics", headers=api.auth("metrics"))).text,
+            "tether_leases_granted_total ",
+        )
+        == 1
+    )
 
 
 # -- shutdown drains long-polls ----------------------------------------------------------------

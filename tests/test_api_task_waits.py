@@ -87,7 +87,7 @@ async def test_a_running_task_waits_for_nothing_and_shows_iso_times(api: ApiHarn
 
 
 async def metric(api: ApiHarness, name: str) -> float | None:
-    text = (await api.client.get("/metrics")).text
+    text = (await api.client.get("/metrics", headers=api.auth("metrics"))).text
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[-1])

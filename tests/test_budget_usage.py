@@ -168,7 +168,7 @@ async def test_the_budget_gauge_shows_spent_and_limit(api: ApiHarness) -> None:
     await api.queued()
     [lease] = await api.claim()
     await api.report(lease)
-    text = (await api.client.get("/metrics")).text
+    text = (await api.client.get("/metrics", headers=api.auth("metrics"))).text
     assert 'tether_budget_tokens{kind="spent",tenant="acme"} 3.0' in text
     assert 'tether_budget_tokens{kind="limit",tenant="acme"} 10.0' in text
     assert 'tether_budget_tokens{kind="spent",tenant="rival"}' not in text  # no row: no task

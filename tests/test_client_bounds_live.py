@@ -87,7 +87,7 @@ def test_half_sent_heads_are_closed_while_operators_are_served(supervisor: Clust
         )
         assert len(closed_at) == CONNECTIONS, "half-sent connections left open past the bound"
         assert reads, "no operator read was served"
-        metrics = supervisor.http.get("/metrics").text
+        metrics = supervisor.scrape()
         assert f"tether_http_head_timeouts_total {CONNECTIONS:.1f}" in metrics
     finally:
         for sock in open_socks:
@@ -119,7 +119,7 @@ def test_refused_tokens_write_a_bounded_number_of_lines(supervisor: Cluster) -> 
     elapsed = time.monotonic() - started
     proc = supervisor.procs[0]
     logged = len(proc.events("access refused"))
-    suppressed = supervisor.http.get("/metrics").text
+    suppressed = supervisor.scrape()
     counted = next(
         float(line.split()[1])
         for line in suppressed.splitlines()

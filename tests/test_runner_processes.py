@@ -127,6 +127,20 @@ class Cluster:
             trust_env=False,
         )
         self._tasks = 0
+        self._metrics_token: str | None = None
+
+    def scrape(self) -> str:
+        """`GET /metrics`, with a `metrics` token made on first use (beside the supervisor)."""
+        if self._metrics_token is None:
+            self._metrics_token = self.token("scraper", "metrics")
+        answer = httpx.get(
+            f"{self.url}/metrics",
+            headers={"Authorization": f"Bearer {self._metrics_token}"},
+            timeout=10,
+            trust_env=False,
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.text
 
     def token(self, tenant: str, role: str) -> str:
         # --init: the first token makes the ledger (any other admin command refuses a new path)

@@ -315,7 +315,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         summary="Ready: the ledger can be read.", answers={200: a.Ready}, errors=(E.UNAVAILABLE,),
     ),
     Operation(
-        method="GET", path="/metrics", name="metrics", tag="health", roles=PUBLIC,
+        method="GET", path="/metrics", name="metrics", tag="health", roles=(Role.METRICS,),
         summary="Prometheus text: leases, commits, refusals, queues, budgets.",
         answers={200: PROMETHEUS_TEXT}, errors=(E.UNAVAILABLE,),
     ),

@@ -1,5 +1,6 @@
-"""Liveness, readiness and Prometheus metrics. Unauthenticated: bind the supervisor to a
-private address or put it behind a proxy that restricts them."""
+"""Liveness, readiness and Prometheus metrics. `/healthz` and `/readyz` are unauthenticated
+(they tell only up or down); `/metrics` names tenants and their spend, so it needs a token of
+the `metrics` role, which reads nothing else."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import error_response
-from tether.supervisor.ledger import Ledger, LedgerError
+from tether.supervisor.ledger import Ledger, LedgerError, Role
 from tether.supervisor.ledger.views import RUNNER_RECENT_S
 from tether.wire import ErrorCode, Outcome
 
@@ -139,6 +141,7 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    await require(request, Role.METRICS)
     exposition: Metrics = request.app.state.metrics
     return Response(await exposition.exposition(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 

@@ -26,6 +26,7 @@ LAST_USE_EVERY_S = 60.0
 class Role(enum.StrEnum):
     OPERATOR = "operator"
     RUNNER = "runner"
+    METRICS = "metrics"  # reads `GET /metrics` and nothing else; its scope is only a label
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,11 +64,11 @@ def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewT
     try:
         parsed = Role(role)
     except ValueError:
-        raise InvalidRequest("role must be operator or runner") from None
-    if parsed is Role.OPERATOR:
-        names.check_tenant_name(scope, tx)
-    else:
+        raise InvalidRequest("role must be operator, runner or metrics") from None
+    if parsed is Role.RUNNER:
         names.check_pool_name(scope, tx)
+    else:
+        names.check_tenant_name(scope, tx)
     if name is not None:
         names.check_token_name(name)
         held = tx.one("live_token_named", (name,))
