@@ -171,6 +171,7 @@ async def test_an_upload_names_a_lease_its_runner_holds(api: ApiHarness) -> None
     assert_error(await put(api, "runner", LOG, lease=ended), 409, "stale_fence")
     guessed = {**lease, "fence": lease["fence"] + 7}  # never granted: like an unknown step
     assert_error(await put(api, "runner", LOG, lease=guessed), 404, "not_found")
+    assert_error(await put(api, "intruder", LOG, lease=lease), 404, "not_found")  # not its lease
     unknown = {**lease, "step_id": "no-such-step"}
     assert_error(await put(api, "runner", LOG, lease=unknown), 404, "not_found")
     assert_error(await put(api, "stranger", LOG, lease=lease), 404, "not_found")
@@ -179,6 +180,8 @@ async def test_an_upload_names_a_lease_its_runner_holds(api: ApiHarness) -> None
         f"/v1/artifacts/{LOG_DIGEST}", headers=api.runner, content=LOG, params={"fence": "1"}
     )
     assert_error(half, 422, "invalid_field")
+    api.clock.advance(10.5)  # never acknowledged: the runner's own lease lapsed
+    assert_error(await put(api, "runner", LOG, lease=lease), 409, "stale_fence")
     assert stored_files(api) == []
     assert ledger_snapshot(api.path) == before
 
