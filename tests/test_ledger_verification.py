@@ -117,6 +117,8 @@ FROM_THE_EVIDENCE = [
     Finding.BUNDLE_REFUSED,
     Finding.MISSING_ARTIFACT,
     Finding.ARTIFACT_MISMATCH,
+    Finding.ENTRY_NOT_ALLOWED,
+    Finding.MODE_CHANGED,
 ]
 
 

@@ -315,5 +315,6 @@ def test_the_public_surface_is_deliberate() -> None:
     assert set(repos_pkg.__all__) == PUBLIC
     assert all(hasattr(repos_pkg, name) for name in PUBLIC)
     assert {code.value for code in RefusalCode} == {
-        "unknown_candidate", "not_descendant", "path_not_allowed",
+        "unknown_candidate", "not_descendant", "path_not_allowed", "entry_not_allowed",
+        "mode_changed",
     }  # fmt: skip

@@ -190,6 +190,7 @@ class AgentKind:
                         space.tree, git=space.git, home=space.home, allowed_paths=prefixes,
                         allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
                         confiner=self.confiner, ready=ready, mcp=mcp_tools,
+                        allowed_entries=payload.allowed_entries,
                     )  # fmt: skip
                 except ValueError as exc:
                     raise StepRejected(f"agent payload: {exc}") from None

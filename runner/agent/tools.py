@@ -84,6 +84,7 @@ class ToolBox:
         home: Path,
         allowed_paths: Iterable[str],
         allowed_commands: Iterable[str],
+        allowed_entries: Iterable[str] = ("file",),
         sandbox: Sandbox | None = None,
         limits: ToolLimits | None = None,
         confiner: Confiner | None = None,
@@ -99,6 +100,7 @@ class ToolBox:
         self.git = git
         self.home = home
         self.allowed_commands = tuple(allowed_commands)
+        self.allowed_entries = frozenset(allowed_entries)
         for command in self.allowed_commands:
             if not command.strip() or not shlex.split(command):
                 raise ValueError(f"allowed command {command!r} is empty")
@@ -276,7 +278,7 @@ class ToolBox:
         except GitError as exc:
             raise ToolFailed("patch_invalid", exc.stderr.strip()[-2000:]) from exc
         named = {field.split("\t")[-1] for field in numstat.stdout.decode().split("\0")}
-        paths = (patch_paths(args.patch) | named) - {""}
+        paths = (patch_paths(args.patch, self.allowed_entries) | named) - {""}
         if not paths:
             raise ToolFailed("patch_empty", "the patch changes no file")
         changed = []

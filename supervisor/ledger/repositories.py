@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 from tether.supervisor.ledger import names
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
 from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
-from tether.wire.payloads import command_line_problem
+from tether.wire.payloads import ENTRY_KINDS, command_line_problem
 
 MAX_URL = 2000
 MAX_SETUP_COMMANDS = 20
@@ -52,6 +53,8 @@ class Binding:
     allowed_paths: tuple[str, ...]
     expected_checks: tuple[str, ...]
     verifies: str | None = None  # a verify step's binding: the candidate it re-checks
+    # What its agent steps' payloads allow a candidate to hold, together.
+    allowed_entries: tuple[str, ...] = ("file",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -243,4 +246,15 @@ def _binding(s: Statements, task: Row) -> Binding | None:
         approved_base=task["approved_base_sha"],
         allowed_paths=tuple(loads(task["allowed_paths_json"])),
         expected_checks=tuple(loads(task["expected_checks_json"])),
+        allowed_entries=allowed_entries(loads(task["plan_json"])),
     )
+
+
+def allowed_entries(plan: Any) -> tuple[str, ...]:
+    """The kinds of entry the plan's agent steps allow (`AgentPayload.allowed_entries`, its
+    default when left out), in `ENTRY_KINDS` order."""
+    allowed = {"file"}
+    for step in plan["steps"]:
+        if step.get("kind") == "agent":
+            allowed.update(step.get("payload", {}).get("allowed_entries", ("file",)))
+    return tuple(kind for kind in ENTRY_KINDS if kind in allowed)

@@ -26,6 +26,8 @@ class Finding(enum.StrEnum):
     UNKNOWN_CANDIDATE = "unknown_candidate"  # not in the mirror, no bundle, bundle head differs
     NOT_DESCENDANT = "not_descendant"
     PATH_NOT_ALLOWED = "path_not_allowed"
+    ENTRY_NOT_ALLOWED = "entry_not_allowed"  # a symlink, gitlink or executable not allowed
+    MODE_CHANGED = "mode_changed"  # a file's mode changed without "executable" allowed
     BUNDLE_REFUSED = "bundle_refused"  # git refused the bundle, or its ref is taken
     MISSING_CHECK = "missing_check"  # an expected check has no run at the candidate
     MISSING_ARTIFACT = "missing_artifact"  # a log's bytes are not in the store (or not the pool's)

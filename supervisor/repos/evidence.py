@@ -146,6 +146,6 @@ async def _candidate(
     if binding.approved_base is None:  # a leased step's task is approved; kept for the types
         return [Problem(code=Finding.NOT_DESCENDANT, detail="the task has no approved base")]
     refusals = await mirrors.check_candidate(
-        binding.url, binding.approved_base, sha, binding.allowed_paths
+        binding.url, binding.approved_base, sha, binding.allowed_paths, binding.allowed_entries
     )
     return [Problem(code=Finding(r.code.value), detail=r.detail) for r in refusals]

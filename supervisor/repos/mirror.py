@@ -35,7 +35,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -43,6 +43,7 @@ import structlog
 
 from tether.git import GitError, GitOutput, git, redact
 from tether.supervisor import durable
+from tether.supervisor.repos import entries
 
 log = structlog.get_logger("tether.supervisor")
 
@@ -114,6 +115,8 @@ class RefusalCode(enum.StrEnum):
     UNKNOWN_CANDIDATE = "unknown_candidate"  # no such commit in the mirror
     NOT_DESCENDANT = "not_descendant"  # the approved base is not its ancestor
     PATH_NOT_ALLOWED = "path_not_allowed"  # it changes a file outside allowed_paths
+    ENTRY_NOT_ALLOWED = "entry_not_allowed"  # it adds a kind of entry allowed_entries lacks
+    MODE_CHANGED = "mode_changed"  # it changes a file's mode and may not
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,6 +124,39 @@ class Refusal:
     code: RefusalCode
     detail: str
     paths: tuple[str, ...] = ()  # for PATH_NOT_ALLOWED: the files outside allowed_paths
+
+
+async def _entry_refusals(
+    mirror: Path, base_sha: str, candidate_sha: str, allowed: Collection[str]
+) -> list[Refusal]:
+    """The candidate's changed entries judged by their modes (`entries.refusals`)."""
+    raw = await _git(
+        mirror, "diff-tree", "-r", "-z", "--raw", "--no-renames", base_sha, candidate_sha
+    )
+    changed = entries.parse_raw(raw.stdout)
+    targets = {
+        link.path: (await _git(mirror, "cat-file", "blob", link.new_sha)).stdout
+        for link in entries.links_to_read(changed, allowed)
+    }
+    not_allowed, modes = entries.refusals(changed, allowed, targets)
+    found = []
+    if not_allowed:
+        found.append(
+            Refusal(
+                code=RefusalCode.ENTRY_NOT_ALLOWED,
+                detail=f"{len(not_allowed)} entr{'y' if len(not_allowed) == 1 else 'ies'} not"
+                f" in allowed_entries {sorted(allowed)}: {entries.shown(not_allowed)}",
+            )
+        )
+    if modes:
+        found.append(
+            Refusal(
+                code=RefusalCode.MODE_CHANGED,
+                detail=f'{len(modes)} mode change(s) without "executable" in allowed_entries:'
+                f" {entries.shown(modes)}",
+            )
+        )
+    return found
 
 
 def candidate_ref(task_id: str, step_id: str, fence: int) -> str:
@@ -250,10 +286,16 @@ class Mirrors:
         return sha
 
     async def check_candidate(
-        self, url: str, base_sha: str, candidate_sha: str, allowed_paths: Sequence[str]
+        self,
+        url: str,
+        base_sha: str,
+        candidate_sha: str,
+        allowed_paths: Sequence[str],
+        allowed_entries: Collection[str] = ("file",),
     ) -> list[Refusal]:
         """Every reason the mirror of `url` gives to refuse `candidate_sha` as the work done on
-        `base_sha` under `allowed_paths`; an empty list means the candidate passes."""
+        `base_sha` under `allowed_paths` and `allowed_entries` (`entries.py`); an empty list
+        means the candidate passes."""
         mirror = self.path(url)
         known = (
             SHA.fullmatch(candidate_sha) is not None
@@ -301,7 +343,7 @@ class Mirrors:
                     paths=outside,
                 )
             )
-        return refusals
+        return refusals + await _entry_refusals(mirror, base_sha, candidate_sha, allowed_entries)
 
     async def branch_head(
         self, url: str, branch: str, *, env: Mapping[str, str] | None = None

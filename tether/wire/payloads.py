@@ -215,6 +215,12 @@ class McpServer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     command: Annotated[tuple[NonEmpty, ...], msgspec.Meta(min_length=1, max_length=64)]
 
 
+# The kinds of tree entry a candidate may hold, by git mode: "file" a regular file (100644),
+# "executable" one with its x bit (100755, or a mode changed either way), "symlink" a symlink
+# (120000) whose target stays inside the tree, "submodule" a gitlink (160000).
+ENTRY_KINDS: Final = ("file", "executable", "symlink", "submodule")
+
+
 class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The payload of the built-in `agent` kind: a tool loop over `messages` (runner/agent/loop.py).
 
@@ -227,7 +233,9 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     each of the task's checks and each `setup` command (600 s when left out). `setup` are
     command lines run in the worktree before the first model call, after the repository's own
     (runner/agent/setup.py). `mcp_servers` are started for the step and their tools offered
-    beside the built-in ones. A key not here is refused, never ignored.
+    beside the built-in ones. `allowed_entries` are the kinds of entry a candidate may add
+    or change (`ENTRY_KINDS`): regular files only when left out. A key not here is
+    refused, never ignored.
     """
 
     messages: Annotated[tuple[ChatMessage, ...], msgspec.Meta(min_length=1)]
@@ -242,9 +250,16 @@ class AgentPayload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     )
     mcp_servers: Annotated[tuple[McpServer, ...], msgspec.Meta(max_length=MCP_SERVERS_MAX)] = ()
     setup: tuple[NonEmpty, ...] = ()
+    allowed_entries: tuple[str, ...] = ("file",)
 
     def __post_init__(self) -> None:
         _check_tool_answers(self.messages)
+        for i, entry in enumerate(self.allowed_entries):
+            if entry not in ENTRY_KINDS:
+                raise _at(
+                    f"allowed_entries[{i}]",
+                    f"{entry!r} is not a kind of entry; the kinds are {', '.join(ENTRY_KINDS)}",
+                )
         names = [server.name for server in self.mcp_servers]
         for i, name in enumerate(names):
             if name in names[:i]:
