@@ -165,12 +165,12 @@ class Cluster:
             return False
 
     def start_supervisor(self, **settings: str) -> Proc:
-        """`serve` on the cluster's port, with `settings` added to its environment."""
+        """`serve` on the cluster's port, with `settings` added to its environment (they may
+        override the short lease)."""
         argv = [*program("tether-supervisor"), "serve", "--db", str(self.db)]
         argv += ["--host", "127.0.0.1", "--port", str(self.sup_port)]
-        env = environment(
-            TETHER_LEASE_TTL_S=str(TTL_S), TETHER_ACCEPT_WINDOW_S=str(ACCEPT_S), **settings
-        )
+        lease = {"TETHER_LEASE_TTL_S": str(TTL_S), "TETHER_ACCEPT_WINDOW_S": str(ACCEPT_S)}
+        env = environment(**{**lease, **settings})
         proc = self.start("supervisor", argv, env)
         wait_for(lambda: self._up(f"{self.url}/healthz", proc), "the supervisor", 20, self)
         return proc
