@@ -9,9 +9,11 @@ reading with 10 `agent` steps in flight (issue 12); after it come the rest of th
 a check's 10 MB artifact upload. `--smoke` windows are too short to mean anything: they only
 prove the suite still runs (the test suite does this). After the steps/s: the supervisor's CPU
 per committed step at 64 (issue 17), and at the end, before the peers, where that CPU goes
-(`bench.cpu`). Last, the PostgreSQL section (`bench.pg`, issue 14): tether with one and three
-supervisors on a PostgreSQL database, and procrastinate and DBOS on the same server; skipped
-with one line when no server answers (`BENCH_PG` names it) or with `--no-pg`.
+(`bench.cpu`). Then, on a supervisor of its own, a preemption notice -> another runner holding
+the agent step, and the turns lost (`bench.preemption`, issue 27). Last, the PostgreSQL
+section (`bench.pg`, issue 14): tether with one and three supervisors on a PostgreSQL
+database, and procrastinate and DBOS on the same server; skipped with one line when no server
+answers (`BENCH_PG` names it) or with `--no-pg`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from bench import (
     overhead,
     peers_run,
     pg,
+    preemption,
     profile_groups,
     renewals,
     report,
@@ -75,21 +78,24 @@ class Plan:
     cpu_s: float  # window of each supervisor CPU per step reading
     cpu_runs: int  # readings (the median is the figure)
     profile_s: float  # window of the profiled run
+    preemption_rounds: int  # notices sent, one agent step each
     pg: pg.Plan  # the PostgreSQL section
 
 
 FULL = Plan(disk_s=5, gc_tasks=2000, idle_window_s=25, steps_s=15, bare_s=10, overhead_s=20,
             renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000), agent_hold_s=2.0,
             lease_files=10_000, lease_runs=5, checkpoint_files=10_000, checkpoint_rounds=10,
-            upload_rounds=5, cpu_s=8, cpu_runs=3, profile_s=5, pg=pg.FULL)  # fmt: skip
+            upload_rounds=5, cpu_s=8, cpu_runs=3, profile_s=5, preemption_rounds=5,
+            pg=pg.FULL)  # fmt: skip
 QUICK = Plan(disk_s=1.5, gc_tasks=600, idle_window_s=4, steps_s=3, bare_s=3, overhead_s=4,
              renew_s=3, peers_s=None, claim_depths=(100, 1000), agent_hold_s=1.0,
              lease_files=2_000, lease_runs=3, checkpoint_files=1_000, checkpoint_rounds=5,
-             upload_rounds=3, cpu_s=3, cpu_runs=3, profile_s=3, pg=pg.QUICK)  # fmt: skip
+             upload_rounds=3, cpu_s=3, cpu_runs=3, profile_s=3, preemption_rounds=2,
+             pg=pg.QUICK)  # fmt: skip
 SMOKE = Plan(disk_s=0.2, gc_tasks=100, idle_window_s=1, steps_s=0.5, bare_s=0.5, overhead_s=1,
              renew_s=0.5, peers_s=None, claim_depths=(100,), agent_hold_s=0.5, lease_files=200,
              lease_runs=2, checkpoint_files=100, checkpoint_rounds=2, upload_rounds=1, cpu_s=0.5,
-             cpu_runs=1, profile_s=1, pg=pg.SMOKE)  # fmt: skip
+             cpu_runs=1, profile_s=1, preemption_rounds=1, pg=pg.SMOKE)  # fmt: skip
 
 
 def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> dict[str, Any]:
@@ -248,6 +254,9 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
                     say(f"peer {n}: {p['steps_per_s']:.0f}/s {p['by_concurrency']}")
             else:
                 say(f"peers skipped: no {peers_run.PEERS_PYTHON} (make bench builds it)")
+    notice = preemption.measure(workdir, rounds=plan.preemption_rounds)
+    r["preemption"] = dataclasses.asdict(notice)
+    say(preemption.describe(notice))
     r["disk_commits_per_s_end"] = disk.commits_per_s(workdir, plan.disk_s)
     say(f"disk bound again at the end: {r['disk_commits_per_s_end']:.0f} commits/s")
     if postgres:

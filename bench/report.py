@@ -385,6 +385,15 @@ def agent_rows(results: dict[str, Any]) -> list[str]:
             f" {up['rounds']})"
         )
         rows.append(_row(name, f"{up['median_s']:.2f} s, {up['mb_per_s']:.0f} MB/s"))
+    notice = results.get("preemption")
+    if notice:
+        name = (
+            f"preemption notice (AWS shape, poll {notice['poll_s']:g} s) -> another runner holding"
+            f" the agent step, p50 / max of {notice['rounds']}; turns lost"
+        )
+        value = f"{notice['p50_held_s']:.2f} / {notice['max_held_s']:.2f} s; {notice['turns_lost']}"
+        met = notice["max_held_s"] <= notice["target_s"] and notice["turns_lost"] == 0
+        rows.append(_row(name, value, "", f"<= {notice['target_s']:g} s; 0", yes[met]))
     return rows
 
 

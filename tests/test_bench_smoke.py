@@ -79,6 +79,10 @@ def test_the_benchmark_suite_runs_and_writes_every_figure(tmp_path: Path) -> Non
     assert checkpoint["rounds"] == 2
     assert "git bundle" in checkpoint["breakdown_ms"]  # a changed checkpoint made its bundle
     assert figures["agent_upload"]["mb_per_s"] > 0
+    notice = figures["preemption"]  # a notice handed the agent step on, with its target
+    assert (notice["rounds"], notice["succeeded"]) == (1, 1)
+    assert notice["max_held_s"] > 0
+    assert "| preemption notice (AWS shape, poll 2 s) -> another runner holding" in done.stdout
     for reading in ("overhead", "overhead_paced"):  # both overhead readings ran on real steps
         taken = figures[reading]
         assert taken["steps"] > 0, reading
