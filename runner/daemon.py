@@ -278,51 +278,59 @@ class Runner:
             await self.wait_until(lambda: len(self._in_flight) < concurrency)
             if self.preempted is not None:
                 await anyio.sleep_forever()  # until shutdown cancels the claiming
-            # After the slot: the step that freed it may just have paused claiming.
-            await self._wait_unpaused()
-            if self._token_stale:
-                await self._reload_token()
-            if self._pool is None:
-                try:
-                    await self._introduce()
-                except NotASupervisor as exc:
-                    log.error(f"cannot start: {exc.detail}")  # noqa: TRY400 (no traceback)
-                    self.exit_code = NOT_A_SUPERVISOR_EXIT
+            # A preemption notice cancels whatever this round waits for (a pause, the
+            # supervisor's first answer, a claim), so nothing more is claimed after it.
+            with anyio.CancelScope() as self._claim_call:
+                if not await self._claim_round(steps, concurrency):
                     return
-                except TokenRejected as exc:
-                    self._answered_once()
-                    self.token_rejected(exc.detail)
-                    continue
-                except Exception:  # a bug here must pause claiming, not end the steps in flight
-                    log.exception("asking the supervisor failed unexpectedly; again after a pause")
-                    await self._clock.sleep(self._backoff_max_s)
-                    continue
-            # Quick replies at start and after a pause: READY=1, and `claiming resumed`.
-            wait_s = 0.0 if self._resuming else self._settings.claim_wait_s
-            free = concurrency - len(self._in_flight)
-            leases: list[Lease] = []
+
+    async def _claim_round(self, steps: anyio.abc.TaskGroup, concurrency: int) -> bool:
+        """Claim for the free slots once and start what comes; False when the runner must
+        stop (`supervisor_url` is not a supervisor's)."""
+        # After the slot: the step that freed it may just have paused claiming.
+        await self._wait_unpaused()
+        if self._token_stale:
+            await self._reload_token()
+        if self._pool is None:
             try:
-                self._claiming = free
-                with anyio.CancelScope() as self._claim_call:
-                    leases = await self._claim(free, wait_s)
+                await self._introduce()
+            except NotASupervisor as exc:
+                log.error(f"cannot start: {exc.detail}")  # noqa: TRY400 (no traceback)
+                self.exit_code = NOT_A_SUPERVISOR_EXIT
+                return False
             except TokenRejected as exc:
+                self._answered_once()
                 self.token_rejected(exc.detail)
-                continue
-            except SupervisorRefused as exc:
-                log.error("claim refused by the supervisor", error=exc.detail)  # noqa: TRY400
-                await self._clock.sleep(self._backoff_max_s)
-                continue
+                return True
             except Exception:  # a bug here must pause claiming, not end the steps in flight
-                log.exception("claim failed unexpectedly; claiming again after a pause")
+                log.exception("asking the supervisor failed unexpectedly; again after a pause")
                 await self._clock.sleep(self._backoff_max_s)
-                continue
-            finally:
-                self._claiming = 0
-            if self._resuming:
-                self._resuming = False
-                log.info("claiming resumed", after=self._pause_why, pool=self._pool)
-            for lease in leases:
-                self._start(steps, lease)
+                return True
+        # Quick replies at start and after a pause: READY=1, and `claiming resumed`.
+        wait_s = 0.0 if self._resuming else self._settings.claim_wait_s
+        free = concurrency - len(self._in_flight)
+        try:
+            self._claiming = free
+            leases = await self._claim(free, wait_s)
+        except TokenRejected as exc:
+            self.token_rejected(exc.detail)
+            return True
+        except SupervisorRefused as exc:
+            log.error("claim refused by the supervisor", error=exc.detail)  # noqa: TRY400
+            await self._clock.sleep(self._backoff_max_s)
+            return True
+        except Exception:  # a bug here must pause claiming, not end the steps in flight
+            log.exception("claim failed unexpectedly; claiming again after a pause")
+            await self._clock.sleep(self._backoff_max_s)
+            return True
+        finally:
+            self._claiming = 0
+        if self._resuming:
+            self._resuming = False
+            log.info("claiming resumed", after=self._pause_why, pool=self._pool)
+        for lease in leases:
+            self._start(steps, lease)
+        return True
 
     def _retrying(self) -> AsyncRetrying:
         """Retries of a call to the supervisor while it cannot be reached, with backoff.

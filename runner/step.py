@@ -123,7 +123,7 @@ class StepRun:
         self.wind_down = WindDown()
         self._preempted: Preempted | None = None
         self._preempt_by = 0.0  # when, on the runner's clock, preempted work is cancelled
-        self._preempt_asked = anyio.Event()
+        self._attempt_tasks: anyio.abc.TaskGroup | None = None  # while the attempt runs
         self._key_in_use: str | None = None
         # Token counts of every model answer this attempt got, sent with a release.
         self.spent: dict[str, int] = {}
@@ -179,10 +179,10 @@ class StepRun:
         self._preempted = Preempted(why)
         self._preempt_by = until
         self.wind_down.request(self._preempted)
-        self._preempt_asked.set()
+        if self._attempt_tasks is not None:
+            self._attempt_tasks.start_soon(self._cut_at_preemption_deadline)
 
     async def _cut_at_preemption_deadline(self) -> None:
-        await self._preempt_asked.wait()
         await self._clock.sleep(self._preempt_by - self._clock.now())
         if self.phase in (Phase.STARTING, Phase.WORKING):
             self._scope.cancel()
@@ -203,8 +203,13 @@ class StepRun:
         with self._scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.keeper.run)
-                tg.start_soon(self._cut_at_preemption_deadline)
-                await self._attempt()
+                self._attempt_tasks = tg
+                try:
+                    if self._preempted is not None:  # asked before the attempt began
+                        tg.start_soon(self._cut_at_preemption_deadline)
+                    await self._attempt()
+                finally:
+                    self._attempt_tasks = None
                 tg.cancel_scope.cancel()
         if self.phase is Phase.DONE:
             return

@@ -266,6 +266,29 @@ async def test_a_notice_stops_claiming_and_releases_a_step_past_its_window_preem
     assert rig.exit_code == 0
 
 
+async def test_a_notice_while_the_supervisor_is_unreachable_means_no_claim_after(
+    tmp_path: Path,
+) -> None:
+    """The notice comes while the runner still waits for the supervisor's first answer (or
+    sits out a pause): that wait is cancelled with the claim, so nothing is claimed after."""
+    sup = FakeSupervisor()
+    sup.down = True
+    sup.offer(make_lease("step-1"))
+    rig = make_rig(tmp_path, supervisor=sup)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.serve)
+            await sup.until(lambda: len(sup.of("whoami")) >= 2)  # retrying with backoff
+            rig.runner.preempt(notice(100.0), LoopClock().now())
+            asked = len(sup.of("whoami"))
+            sup.down = False
+            await anyio.sleep(0.5)  # backoff_max_s is 0.05: it would have asked again
+            rig.runner.request_shutdown()
+    assert len(sup.of("whoami")) == asked
+    assert sup.of("claim") == []
+    assert rig.exit_code == 0
+
+
 async def test_a_chat_step_whose_answer_comes_inside_the_window_reports_it(
     tmp_path: Path,
 ) -> None:
