@@ -88,7 +88,7 @@ def asked_turns(cluster: Cluster) -> list[int]:
 
 
 def metric(cluster: Cluster, name: str) -> float:
-    text = httpx.get(f"{cluster.url}/metrics", trust_env=False).text
+    text = cluster.scrape()
     [value] = [line.split()[-1] for line in text.splitlines() if line.startswith(f"{name} ")]
     return float(value)
 
