@@ -464,6 +464,8 @@ async def test_a_check_log_reads_as_escaped_text_for_its_tenant_only(
     assert answer.status_code == 200, answer.text
     text = await page(client, f"/ui/tasks/{task['id']}")
     assert f'href="/ui/artifacts/{digest}"' in text
+    # No verifier re-ran the check: the page says whose word it is, never "verified".
+    assert "checks: attested by runner " in text
     shown = await page(client, f"/ui/artifacts/{digest}")
     assert "&lt;script&gt;alert(&#x27;x&#x27;)" in shown or "&lt;script&gt;alert('x')" in shown
     assert "<script>alert" not in shown
