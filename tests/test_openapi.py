@@ -159,3 +159,14 @@ async def test_the_document_is_served_without_a_token(api: ApiHarness) -> None:
     assert response.json() == expected
     again = await api.client.get(openapi.PATH)
     assert again.content == response.content
+
+
+def test_the_verifier_fields_are_in_the_document(doc: dict[str, Any]) -> None:
+    """Issue 22: a task's verifier, who vouches for its checks, and the review's `checks`."""
+    schemas = doc["components"]["schemas"]
+    assert schemas["TaskCreate"]["properties"]["verify"]["anyOf"][0] == {
+        "$ref": "#/components/schemas/VerifySpec"
+    }
+    assert schemas["VerifySpec"]["required"] == ["pool"]
+    assert {"verify_pool", "checks_standing"} <= set(schemas["TaskDetail"]["properties"])
+    assert {"checks", "verify_pool"} <= set(schemas["ReviewRecord"]["required"])
