@@ -98,7 +98,7 @@ async def test_a_release_counts_its_usage_once(ledger: SqliteLedger) -> None:
 
 
 async def test_a_renew_says_when_the_budget_is_spent_and_the_task_waits_for_more(
-    ledger: SqliteLedger,
+    ledger: SqliteLedger, clock: FakeClock
 ) -> None:
     await ledger.set_budget("acme", 10)
     first = await queued_task(ledger, "a")
@@ -107,6 +107,9 @@ async def test_a_renew_says_when_the_budget_is_spent_and_the_task_waits_for_more
     assert spender.task_id == first
     assert (await ledger.renew(waiter.step_id, waiter.fence)).budget_exhausted is False
     await ledger.report(report_for(spender, usage={"total_tokens": 10}))
+    # The runner's next renew, one interval on: a renew within half an interval of the last
+    # written is answered from memory, and a spent budget is no event of the waiter's task.
+    clock.advance(5)
     assert (await ledger.renew(waiter.step_id, waiter.fence)).budget_exhausted is True
     await ledger.release(
         waiter.step_id, waiter.fence, ReleaseReason.OPERATOR, True, "budget", None, {}

@@ -32,6 +32,8 @@ class _LedgerCounters(Collector):
         for name, value, text in [
             ("tether_leases_granted_total", counts.leases_granted, "Leases granted."),
             ("tether_leases_renewed_total", counts.leases_renewed, "Lease renewals accepted."),
+            ("tether_renewals_remembered_total", counts.renewals_remembered,
+             "Of those, renewals answered from memory, without a ledger write."),
             ("tether_leases_expired_total", counts.leases_expired, "Leases expired by the reaper."),
             ("tether_leases_released_total", counts.leases_released, "Leases released by runners."),
             ("tether_leases_preempted_total", counts.leases_preempted,

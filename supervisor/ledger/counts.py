@@ -16,6 +16,8 @@ from tether.wire import ErrorCode, Outcome
 class LedgerCounts:
     leases_granted: int = 0
     leases_renewed: int = 0
+    renewals_remembered: int = 0
+    """Of those renewals, the ones answered from memory, without a write (`RenewalMemory`)."""
     leases_released: int = 0
     leases_preempted: int = 0
     """Of those released, the ones a runner gave back on its cloud's preemption notice."""

@@ -14,6 +14,7 @@ from tether.supervisor.ledger import repositories, runners
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.renewal_memory import WrittenRenewal
 from tether.supervisor.ledger.states import AttemptState, StepState, TaskState, transition
 from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
 from tether.wire import ReleaseReason
@@ -323,22 +324,42 @@ def renew(
     """Extend a lease of `token_id`'s by one TTL from now; say whether the task was cancelled
     meanwhile, and whether its tenant's budget is spent (the runner then releases the step
     uncounted)."""
+    return renew_lease(tx, step_id, fence, pool, token_id=token_id).renewal
+
+
+def renew_lease(
+    tx: Tx, step_id: str, fence: int, pool: str | None = None, *, token_id: str | None = None
+) -> WrittenRenewal:
+    """`renew`, saying what it wrote: the deadline, for the store's `RenewalMemory`."""
     tx.request = "renew"
     step = held_step(tx, step_id, fence, token_id, pool)
     require_current(tx, step, fence)
     cfg = tx.config
     if step["task_state"] == TaskState.CANCELLED:
-        return Renewal(ttl_s=0.0, renew_every_s=cfg.renew_every_s, cancelled=True)
-    if step["state"] != StepState.LEASED:
+        renewal = Renewal(ttl_s=0.0, renew_every_s=cfg.renew_every_s, cancelled=True)
+        deadline = None
+    elif step["state"] != StepState.LEASED:
         raise StaleFence(f"step {step_id} is {step['state']}; the lease is over").about(
             task_id=step["task_id"], step_id=step_id, fence=fence
         )
-    tx.run("extend_lease", (tx.now + cfg.lease_ttl_s, step_id))
-    return Renewal(
-        ttl_s=cfg.lease_ttl_s,
-        renew_every_s=cfg.renew_every_s,
-        cancelled=False,
-        budget_exhausted=budget_exhausted(tx, step["tenant"]),
+    else:
+        deadline = tx.now + cfg.lease_ttl_s
+        tx.run("extend_lease", (deadline, step_id))
+        renewal = Renewal(
+            ttl_s=cfg.lease_ttl_s,
+            renew_every_s=cfg.renew_every_s,
+            cancelled=False,
+            budget_exhausted=budget_exhausted(tx, step["tenant"]),
+        )
+    return WrittenRenewal(
+        step_id=step_id,
+        fence=fence,
+        token_id=token_id,
+        pool=pool,
+        task_id=step["task_id"],
+        at=tx.now,
+        deadline=deadline,
+        renewal=renewal,
     )
 
 

@@ -69,6 +69,7 @@ from tether.supervisor.ledger.counts import LedgerCounts
 from tether.supervisor.ledger.decisions import log_decisions
 from tether.supervisor.ledger.errors import Refused, StorageError
 from tether.supervisor.ledger.outbox import Answer, Outgoing
+from tether.supervisor.ledger.renewal_memory import RenewalMemory
 from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
 from tether.supervisor.ledger.verification import Evidence
 from tether.supervisor.ledger.views import RunnerRow, TaskSearch
@@ -112,6 +113,7 @@ class LedgerStore:
         self.clock = clock
         self.new_id = new_id
         self.counters = LedgerCounts()
+        self.renewals = RenewalMemory(self.config.renew_every_s / 2)
         # One wake-up per pool: work queued for one pool never wakes the others' claims.
         self._work: defaultdict[str, Broadcast] = defaultdict(Broadcast)
         self._events = Broadcast()
@@ -129,7 +131,7 @@ class LedgerStore:
             db=write_db, config=self.config, clock=self.clock, new_id=self.new_id, backend=backend
         )
         try:
-            async with backend.reads() as reads, backend.listen(self._fire):
+            async with backend.reads() as reads, backend.listen(self._heard):
                 self._reads = reads
                 writer = Writer(transactions.run, self._committed, max_batch=self.max_batch)
                 self._writer = writer
@@ -170,11 +172,21 @@ class LedgerStore:
             # The batch may have committed with its answer lost (the connection dropped after
             # COMMIT): it tells nothing of what it woke, and this process's listener drops
             # its own notification. A spurious wake-up costs a look; a missed one, a wait.
+            self.renewals.forget_all()
             self._fire(EVERYTHING)
         else:
+            # Before any other request runs: a renewal after a cancel is written, not recalled.
+            self.renewals.committed((o.value for o in outcomes), result.touched_tasks)
             self._fire(Wakeup(frozenset(result.woken_pools), bool(result.touched_tasks)))
         # Here, not in the rules: only a committed decision is logged.
         log_decisions(result.notes)
+
+    def _heard(self, wakeup: Wakeup) -> None:
+        """Another supervisor's commit: its events may be about a task whose renewals this one
+        remembers (a cancel on a shared database), so it forgets them all."""
+        if wakeup.events:
+            self.renewals.forget_all()
+        self._fire(wakeup)
 
     def _fire(self, wakeup: Wakeup) -> None:
         """Wake the claims, event watches and the dispatcher that `wakeup` concerns: after
@@ -313,11 +325,18 @@ class LedgerStore:
     async def renew(
         self, step_id: str, fence: int, pool: str | None = None, *, token_id: str | None = None
     ) -> Renewal:
-        renewal = await self.write(
-            lambda tx: fencing.renew(tx, step_id, fence, pool, token_id=token_id)
+        """`fencing.renew`, or the answer of this lease's last renewal written when it was
+        less than half a renew interval ago (`RenewalMemory`): no write, the same deadline."""
+        remembered = self.renewals.answer(step_id, fence, token_id, pool, self.clock())
+        if remembered is not None:
+            self.counters.leases_renewed += 1
+            self.counters.renewals_remembered += 1
+            return remembered
+        written = await self.write(
+            lambda tx: fencing.renew_lease(tx, step_id, fence, pool, token_id=token_id)
         )
         self.counters.leases_renewed += 1
-        return renewal
+        return written.renewal
 
     async def release(
         self,
