@@ -109,6 +109,10 @@ class MTask:
     runs: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
+# Each runner claims with its own token of the pool (a lease is its token's alone).
+TOKENS = {"r0": "tok-r0", "r1": "tok-r1"}
+
+
 class Refusal(Exception):
     def __init__(self, code: str) -> None:
         super().__init__(code)
@@ -127,6 +131,7 @@ class Model:
         self.keys: dict[str, str] = {}
         self.heads: dict[str, str] = {}  # recorded by the ledger
         self.real = "sha0"  # the repository's head: what the adapters read
+        self.holders: dict[tuple[str, int], str] = {}  # (step, fence) -> the token granted it
 
     def step(self, step_id: str) -> tuple[MTask, MStep]:
         task = self.tasks[step_id.rsplit(".", 1)[0]]
@@ -189,7 +194,7 @@ class Model:
             if s.state not in ("committed", "failed"):
                 s.state, s.deadline, s.accept = "cancelled", None, None
 
-    def claim(self) -> list[str]:
+    def claim(self, token: str) -> list[str]:
         for task in self.tasks.values():  # creation order
             if task.state not in ("QUEUED", "RUNNING"):
                 continue
@@ -197,11 +202,18 @@ class Model:
                 if s.state == "queued":
                     self.fence += 1
                     s.state, s.fence, s.attempt = "leased", self.fence, s.attempt + 1
+                    self.holders[(s.id, self.fence)] = token
                     s.deadline, s.accept = self.now + CONFIG.lease_ttl_s, self.now + 10.0
                     if task.state == "QUEUED":
                         task.state = "RUNNING"
                     return [s.id]
         return []
+
+    def held(self, step_id: str, fence: int, token: str) -> None:
+        """A lease belongs to the token that claimed it: any other token, or a fence the step
+        never had, is answered as an unknown step."""
+        if self.holders.get((step_id, fence)) != token:
+            raise Refusal("not_found")
 
     def current(self, step_id: str, fence: int) -> tuple[MTask, MStep]:
         task, s = self.step(step_id)
@@ -214,7 +226,8 @@ class Model:
             raise Refusal("stale_fence")
         return task, s
 
-    def renew(self, step_id: str, fence: int) -> bool:
+    def renew(self, step_id: str, fence: int, token: str) -> bool:
+        self.held(step_id, fence, token)
         task, s = self.current(step_id, fence)
         if task.state == "CANCELLED":
             return True
@@ -223,7 +236,10 @@ class Model:
         s.deadline, s.accept = self.now + CONFIG.lease_ttl_s, None
         return False
 
-    def release(self, step_id: str, fence: int, reason: ReleaseReason, retryable: bool) -> None:
+    def release(
+        self, step_id: str, fence: int, token: str, reason: ReleaseReason, retryable: bool
+    ) -> None:
+        self.held(step_id, fence, token)
         task, s = self.current(step_id, fence)
         if task.state == "CANCELLED":
             return
@@ -246,7 +262,8 @@ class Model:
         s.state, s.fence, s.deadline, s.accept = "failed", None, None, None
         self.move(task, "FAILED")
 
-    def report(self, rep: Report) -> Outcome:
+    def report(self, rep: Report, token: str) -> Outcome:
+        self.held(rep.step_id, rep.fence, token)
         task, s = self.step(rep.step_id)
         if rep.payload_hash != s.payload_hash:
             raise Refusal("payload_drift")
@@ -399,8 +416,10 @@ class LedgerVersusModel(RuleBasedStateMachine):
 
     @rule(runner=st.sampled_from(["r0", "r1"]))
     def claim(self, runner: str) -> None:
+        token = TOKENS[runner]
         leases, expected = self.both(
-            lambda tx: fencing.claim(tx, runner, "default", 1), self.model.claim
+            lambda tx: fencing.claim(tx, runner, "default", 1, token_id=token),
+            lambda: self.model.claim(token),
         )
         assert [x.step_id for x in leases] == expected
         self.leases += [(x.step_id, x.fence) for x in leases]
@@ -417,13 +436,21 @@ class LedgerVersusModel(RuleBasedStateMachine):
         stale = data.draw(st.sampled_from([False, False, True])) or not live
         return data.draw(st.sampled_from(self.leases if stale else live))
 
+    def caller(self, data: st.DataObject, step_id: str, fence: int) -> str:
+        """Mostly the token the lease was granted to, sometimes the pool's other runner token
+        (one that would take the lease over)."""
+        holder = self.model.holders[(step_id, fence)]
+        intruder = data.draw(st.sampled_from([False, False, False, True]))
+        return next(t for t in TOKENS.values() if t != holder) if intruder else holder
+
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
     def renew(self, data: st.DataObject) -> None:
         step_id, fence = self.pick_lease(data)
+        token = self.caller(data, step_id, fence)
         value, cancelled = self.both(
-            lambda tx: fencing.renew(tx, step_id, fence, "default"),
-            lambda: self.model.renew(step_id, fence),
+            lambda tx: fencing.renew(tx, step_id, fence, "default", token_id=token),
+            lambda: self.model.renew(step_id, fence, token),
         )
         assert value is None or value.cancelled == cancelled
 
@@ -431,9 +458,12 @@ class LedgerVersusModel(RuleBasedStateMachine):
     @rule(data=st.data(), reason=st.sampled_from(list(ReleaseReason)), retryable=st.booleans())
     def release(self, data: st.DataObject, reason: ReleaseReason, retryable: bool) -> None:
         step_id, fence = self.pick_lease(data)
+        token = self.caller(data, step_id, fence)
         self.both(
-            lambda tx: fencing.release(tx, step_id, fence, reason, retryable, "t", "default"),
-            lambda: self.model.release(step_id, fence, reason, retryable),
+            lambda tx: fencing.release(
+                tx, step_id, fence, reason, retryable, "t", "default", token_id=token
+            ),
+            lambda: self.model.release(step_id, fence, token, reason, retryable),
         )
 
     @precondition(lambda self: self.leases)
@@ -443,11 +473,15 @@ class LedgerVersusModel(RuleBasedStateMachine):
     )  # fmt: skip
     def report(self, data: st.DataObject, drift: bool, evidence: str) -> None:
         step_id, fence = self.pick_lease(data)
-        self.report_as(step_id, fence, drift, evidence)
+        self.report_as(step_id, fence, drift, evidence, self.caller(data, step_id, fence))
 
-    def report_as(self, step_id: str, fence: int, drift: bool, evidence: str) -> None:
+    def report_as(
+        self, step_id: str, fence: int, drift: bool, evidence: str, token: str | None = None
+    ) -> None:
         """`evidence`: "full" (a candidate, lint passing), "failing" (lint exits 1),
-        "partial" (a candidate, no check run) or "none" (no candidate)."""
+        "partial" (a candidate, no check run) or "none" (no candidate). `token`: the lease
+        holder's unless given."""
+        token = token or self.model.holders[(step_id, fence)]
         task, s = self.model.step(step_id)
         candidate = None if evidence == "none" else f"c{fence}"
         exit_code = {"full": 0, "failing": 1}.get(evidence)
@@ -462,7 +496,8 @@ class LedgerVersusModel(RuleBasedStateMachine):
         )  # fmt: skip
         seen = Evidence(head_sha=self.model.real) if task.spec.repository else None
         outcome, expected = self.both(
-            lambda tx: effects.report(tx, rep, "default", seen), lambda: self.model.report(rep)
+            lambda tx: effects.report(tx, rep, "default", seen, token_id=token),
+            lambda: self.model.report(rep, token),
         )
         assert outcome == expected
 
