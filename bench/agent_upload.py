@@ -26,10 +26,8 @@ from bench import seed
 from bench.procs import children
 from bench.stack import Stack
 from tether.clocks import LoopClock
-from tether.runner.lease import Lease
 from tether.runner.services import SupervisorServices
 from tether.runner.supervisor_client import SupervisorClient
-from tether.wire import records as messages
 
 POOL = "agent-upload"
 MB = 1_000_000
@@ -44,22 +42,20 @@ class Upload:
     mb_per_s: float  # size over the median
 
 
-def _lease() -> Lease:
-    """The services are an attempt's; an upload uses none of the lease but its fence."""
-    granted = messages.Lease(
-        step_id="bench-upload.0", task_id="bench-upload", name="check", kind="agent",
-        attempt=1, fence=1, payload={}, payload_hash="0" * 64, ttl_s=30.0, renew_every_s=10.0,
-    )  # fmt: skip
-    return Lease.held(granted, answered_at=0.0)
-
-
 async def _upload_all(url: str, token: str, files: list[Path]) -> list[float]:
+    """Claim the pool's one queued step and upload `files` for its lease, renewed before each
+    (an upload names the lease it is for, and the lease must be live and this token's)."""
     clock = LoopClock()
     client = SupervisorClient(base_url=url, token=token, clock=clock, timeout_s=60.0)
-    services = SupervisorServices(client, _lease(), clock=clock)
     spans = []
     try:
+        leases = await client.claim("bench-upload", 1, wait_s=10.0)
+        if not leases:
+            raise RuntimeError(f"no step of pool {POOL} to upload for")
+        [lease] = leases
+        services = SupervisorServices(client, lease, clock=clock)
         for path in files:
+            await client.renew(lease.step_id, lease.fence)
             started = time.perf_counter()
             await services.upload(path)
             spans.append(time.perf_counter() - started)
@@ -79,8 +75,10 @@ def run(stack: Stack, *, size_mb: float = 10.0, rounds: int = 5) -> Upload:
             path = folder / f"check-{index}.log"
             path.write_bytes(os.urandom(int(size_mb * MB)))
             files.append(path)
+        seed.create_tasks(stack.db, POOL, 1, approve=True)
         spans = anyio.run(_upload_all, stack.supervisor_url, token, files)
     finally:
+        seed.cancel_pool(stack.db, POOL)
         shutil.rmtree(folder, ignore_errors=True)
     median = statistics.median(spans)
     return Upload(size_mb=size_mb, rounds=rounds, median_s=median, max_s=max(spans),
