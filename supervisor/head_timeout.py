@@ -22,11 +22,16 @@ authenticated, read by the app (`max_body_bytes`, the routes' own waits).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+if TYPE_CHECKING:  # the api package imports this module when its app is made
+    from tether.supervisor.api.refusal_log import RefusalLog
 
 
 class HeadTimeouts(Collector):
@@ -43,16 +48,39 @@ class HeadTimeouts(Collector):
         )
 
 
+class _RefusalLines(logging.LoggerAdapter[logging.Logger]):
+    """uvicorn's connection logger, whose warnings (a malformed request, an unsupported
+    upgrade: anyone can send one without a token) obey the refusal log's per-address limit."""
+
+    def __init__(self, logger: logging.Logger, refusals: RefusalLog, client: str | None) -> None:
+        super().__init__(logger)
+        self._refusals = refusals
+        self._client = client
+
+    @property
+    def level(self) -> int:  # uvicorn reads its logger's level before a trace line
+        return self.logger.level
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self._refusals.may_log(self._client):
+            self.logger.warning(msg, *args, **kwargs)
+
+
 class HeadTimeoutProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol that closes a connection whose request head is not complete
-    `head_timeout_s` after the connection was made or its next request's first byte arrived."""
+    `head_timeout_s` after the connection was made or its next request's first byte arrived,
+    and logs the malformed requests of one client address at most `refusal_log.PER_SECOND` a
+    second (the rest counted with the refused tokens)."""
 
     head_timeout_s: float = 5.0
     tally: HeadTimeouts = HeadTimeouts()
+    refusals: RefusalLog  # given by `head_timeout_protocol`
     _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        client = self.client[0] if self.client else None
+        self.logger = _RefusalLines(self.logger, self.refusals, client)  # type: ignore[assignment]
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -84,9 +112,13 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def head_timeout_protocol(timeout_s: float, tally: HeadTimeouts) -> type[HeadTimeoutProtocol]:
+def head_timeout_protocol(
+    timeout_s: float, tally: HeadTimeouts, refusals: RefusalLog
+) -> type[HeadTimeoutProtocol]:
     """The protocol class for uvicorn's `http` setting: closes after `timeout_s`, counted in
-    `tally`."""
+    `tally`; malformed requests' lines limited by `refusals`."""
     return type(
-        "HeadTimeoutProtocol", (HeadTimeoutProtocol,), {"head_timeout_s": timeout_s, "tally": tally}
+        "HeadTimeoutProtocol",
+        (HeadTimeoutProtocol,),
+        {"head_timeout_s": timeout_s, "tally": tally, "refusals": refusals},
     )

@@ -154,7 +154,9 @@ def server_config(app: Starlette, settings: SupervisorSettings) -> uvicorn.Confi
     its httptools protocol with a bound on reading a request's head (`head_timeout`)."""
     return uvicorn.Config(
         app,
-        http=head_timeout_protocol(settings.header_read_timeout_s, app.state.head_timeouts),
+        http=head_timeout_protocol(
+            settings.header_read_timeout_s, app.state.head_timeouts, app.state.refusal_log
+        ),
         host=settings.host,
         port=settings.port,
         log_config=None,

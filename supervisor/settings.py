@@ -32,6 +32,7 @@ class SupervisorSettings:
     # A connection whose request head (line and headers) is not complete this long after it
     # was made, or after its next request began, is closed (supervisor/head_timeout.py).
     header_read_timeout_s: float = 5.0
+    body_read_timeout_s: float = 30.0
     synchronous: str = "FULL"
     claim_wait_max_s: float = 30.0
     events_wait_max_s: float = 60.0
@@ -68,6 +69,7 @@ class SupervisorSettings:
         for name in (
             "lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s",
             "runner_seen_window_s", "effect_hold_s", "header_read_timeout_s",
+            "body_read_timeout_s",
             "artifact_keep_unreferenced_s", "artifact_collect_every_s", "ui_session_ttl_s",
         ):  # fmt: skip
             require_positive(name, getattr(self, name))

@@ -29,6 +29,7 @@ from tether.clocks import LoopClock
 from tether.runner.errors import SupervisorUnreachable
 from tether.runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, ShardedPools, pooled_transport
 from tether.runner.supervisor_client import SupervisorClient
+from tether.supervisor.api.refusal_log import RefusalLog
 from tether.supervisor.head_timeout import HeadTimeouts
 from tether.supervisor.server import TIMEOUT_KEEP_ALIVE_S, server_config
 from tether.supervisor.settings import SupervisorSettings
@@ -155,6 +156,7 @@ async def test_a_client_expiry_below_the_servers_keep_alive_never_meets_the_race
 def test_the_runner_lets_go_of_idle_supervisor_connections_well_before_the_supervisor() -> None:
     app = Starlette()
     app.state.head_timeouts = HeadTimeouts()  # as create_app gives every app
+    app.state.refusal_log = RefusalLog()
     config = server_config(app, SupervisorSettings())
     assert config.timeout_keep_alive == TIMEOUT_KEEP_ALIVE_S
     # Margin for the round trip and a slow answer: the client's idle clock starts later.

@@ -17,6 +17,7 @@ import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 
 from tether.clocks import WallClock
 from tether.supervisor import ui
@@ -33,6 +34,7 @@ from tether.supervisor.api.bindings import UnboundSteps
 from tether.supervisor.api.errors import (
     ApiError,
     on_api_error,
+    on_client_gone,
     on_http_exception,
     on_ledger_error,
     on_repository_unavailable,
@@ -106,6 +108,7 @@ def create_app(
             LedgerError: on_ledger_error,
             RepositoryUnavailable: on_repository_unavailable,
             HTTPException: on_http_exception,
+            ClientDisconnect: on_client_gone,
             Exception: on_unexpected,
         },
         middleware=[Middleware(RefuseNul)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import structlog
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tether.supervisor.ledger import LedgerError, StorageError
@@ -77,6 +77,14 @@ async def on_http_exception(_request: Request, exc: Exception) -> Response:
         413: ErrorCode.BODY_TOO_LARGE,
     }.get(exc.status_code, ErrorCode.BAD_REQUEST)
     return error_response(code, str(exc.detail))
+
+
+async def on_client_gone(_request: Request, exc: Exception) -> Response:
+    """The client closed its connection before its request was read whole: nobody is there to
+    answer, and nothing is logged (a client needs no token to do this, so a line each would let
+    anyone fill the disk)."""
+    assert isinstance(exc, ClientDisconnect)
+    return error_response(ErrorCode.BAD_REQUEST, "the client closed the connection")
 
 
 async def on_unexpected(request: Request, exc: Exception) -> Response:

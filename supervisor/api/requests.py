@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import TypeVar
 
+import anyio
 from starlette.requests import Request
 
 from tether.supervisor.api.errors import ApiError
@@ -27,7 +28,21 @@ def _invalid(detail: str) -> ApiError:
 
 
 async def body_bytes(request: Request, limit: int) -> bytes:
-    """The request's body, refusing one over `limit` bytes before reading it all."""
+    """The request's body, refusing one over `limit` bytes before reading it all, or one that
+    has not arrived whole within `body_read_timeout_s`: the login form is read before any
+    token is checked, so a client that sends a head and then trickles (or withholds) its body
+    must not hold a connection for as long as it likes."""
+    deadline: float = request.app.state.settings.body_read_timeout_s
+    try:
+        with anyio.fail_after(deadline):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        raise ApiError(
+            ErrorCode.BAD_REQUEST, f"the body did not arrive within {deadline:g} s"
+        ) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
