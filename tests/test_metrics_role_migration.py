@@ -1,4 +1,4 @@
-"""Migration 0017 (the `metrics` token role) on a SQLite ledger that already holds tokens and
+"""Migration 0016 (the `metrics` token role) on a SQLite ledger that already holds tokens and
 status-page sessions referencing them: every row stays, the foreign keys hold, and a metrics
 token can then be made."""
 
@@ -13,7 +13,7 @@ from tether.supervisor.ledger import schema
 def test_tokens_and_their_sessions_survive_the_metrics_role(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
     db.execute("PRAGMA foreign_keys = ON")
-    before = [(v, script) for v, script in schema.migrations() if v < 17]
+    before = [(v, script) for v, script in schema.migrations() if v < 16]
     for version, script in before:
         db.execute("BEGIN IMMEDIATE")
         for statement in schema._statements(script):
