@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import overhead, peers_run, seed, steps
+from bench import overhead, peers_run, pg_roundtrips, seed, steps
 from bench import pgdb as server
 from bench.procs import Children, children
-from bench.report import say
+from bench.report import ROUND_TRIPS_TARGET, say
 from bench.stack import Stack
 from tether.supervisor.ledger import LedgerConfig
 from tether.supervisor.ledger.pg_schema import connect
@@ -49,12 +49,36 @@ class Plan:
     overhead_s: float
     kill_s: float | None  # the kill reading's window before the kill and after it; None: skip
     peers_s: float | None  # each peer's window per concurrency; None: skip
+    roundtrip_steps: int  # steps counted by `bench.pg_roundtrips`
 
 
-FULL = Plan(probe_s=3, concurrencies=(64, 256), steps_s=15, overhead_s=10, kill_s=6, peers_s=5)
-QUICK = Plan(probe_s=1, concurrencies=(64, 256), steps_s=3, overhead_s=3, kill_s=3, peers_s=None)
-SMOKE = Plan(probe_s=0.2, concurrencies=(64,), steps_s=0.5, overhead_s=0.5, kill_s=None,
-             peers_s=None)  # fmt: skip
+FULL = Plan(
+    probe_s=3,
+    concurrencies=(64, 256),
+    steps_s=15,
+    overhead_s=10,
+    kill_s=6,
+    peers_s=5,
+    roundtrip_steps=2000,
+)
+QUICK = Plan(
+    probe_s=1,
+    concurrencies=(64, 256),
+    steps_s=3,
+    overhead_s=3,
+    kill_s=3,
+    peers_s=None,
+    roundtrip_steps=500,
+)
+SMOKE = Plan(
+    probe_s=0.2,
+    concurrencies=(64,),
+    steps_s=0.5,
+    overhead_s=0.5,
+    kill_s=None,
+    peers_s=None,
+    roundtrip_steps=100,
+)
 
 
 def measure(
@@ -74,6 +98,10 @@ def measure(
     say(f"PostgreSQL: {r['commits_per_s']:.0f} single-row commits/s"
         f" (synchronous_commit={r['synchronous_commit']})")  # fmt: skip
     fsync_ms = 1000 / max(1.0, r["commits_per_s"])
+    trips = pg_roundtrips.measure(url, steps=plan.roundtrip_steps, workers=SLOTS)
+    r["round_trips"] = pg_roundtrips.figures(trips, SLOTS)
+    per_step = f"{trips.per_step:.1f} round trips per committed step"
+    say(f"PostgreSQL: {per_step} (target <= {ROUND_TRIPS_TARGET})")
     for count in SUPERVISORS:
         with server.scratch(url, f"tether{count}") as db:
             folder = workdir / f"pg-{count}"

@@ -264,6 +264,20 @@ def table(results: dict[str, Any]) -> str:
 
 
 PG_TARGETS = {"dbos_pg": 2.0, "procrastinate": 1.0}  # issue 14: one supervisor, end to end
+ROUND_TRIPS_TARGET = 12  # issue 28: the writer's round trips per committed step, PostgreSQL
+
+
+def round_trips_row(f: dict[str, Any], columns: int = 5) -> str:
+    """`bench.pg_roundtrips`' row with its target; `columns` the table's (5 or 6)."""
+    met = "PASS" if f["per_step"] <= ROUND_TRIPS_TARGET else "MISS"
+    steps = max(1, f["steps"])
+    kinds = ", ".join(f"{k} {v / steps:.1f}" for k, v in sorted(f["by_kind"].items()))
+    blanks = "  |" * (columns - 4)
+    return (
+        f"| PostgreSQL round trips per committed step (the writer's, {f['workers']} loops in"
+        f" process: claim, then result + eager grant; per step: {kinds}) | {f['per_step']:.1f}"
+        f" |{blanks} <= {ROUND_TRIPS_TARGET} | {met} |"
+    )
 
 
 def pg_table(pg: dict[str, Any]) -> str:
@@ -285,6 +299,8 @@ def pg_table(pg: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
         f"| single-row commits on the server | {pg['commits_per_s']:,.0f}/s |  |  |  |  |",
     ]
+    if "round_trips" in pg:
+        lines.append(round_trips_row(pg["round_trips"], columns=6))
     for count, figures in pg["tether"].items():
         who = "1 supervisor" if count == "1" else f"{count} supervisors"
         for c, v in figures["steps_per_s"].items():

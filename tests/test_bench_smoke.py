@@ -113,6 +113,11 @@ def check_postgresql_section(pg: dict[str, Any], table: str, progress: str) -> N
         assert f"PostgreSQL: skipped: {pg['skipped']}" in table
         return
     assert pg["commits_per_s"] > 0
+    trips = pg["round_trips"]  # the writer's round trips per committed step, with its target
+    assert trips["steps"] == 100
+    assert trips["per_step"] > 0
+    assert "| PostgreSQL round trips per committed step" in table
+    assert "| <= 12 | PASS |" in table or "| <= 12 | MISS |" in table
     for count, who in (("1", "1 supervisor"), ("3", "3 supervisors")):
         tether = pg["tether"][count]
         assert tether["steps_per_s"]["64"] > 0, count
