@@ -4,7 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PYTEST_ARGS ?=
+# The tests on two workers (pytest-xdist): the real-process drills one after another on one of
+# them (tests/conftest.py), the rest beside them. `make test PYTEST_ARGS=` runs them serially.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv bench-runner-venv litellm-venv clean
 

@@ -111,26 +111,29 @@ def explore(
     seed: int,
     plant: str | None = None,
     jobs: int = 1,
+    first: int = 0,
     trace_out: TextIO | None = None,
     db: str | None = None,
 ) -> Exploration:
-    """Run `schedules` schedules of run `seed`; on PostgreSQL when `db` is a server's URL."""
+    """Run `schedules` schedules of run `seed` from schedule `first` on (one share of a run
+    split over several processes or machines); on PostgreSQL when `db` is a server's URL."""
     started = time.perf_counter()
     run_digest = hashlib.sha256()
     count = 0
     found: Found | None = None
     with scratch_root() as root, _databases(db) as prefix:
         chunks = [
-            Job(root=root, run_seed=seed, start=start, stop=min(start + CHUNK, schedules),
-                plant=plant, keep_traces=trace_out is not None, db=db, prefix=prefix)
-            for start in range(0, schedules, CHUNK)
+            Job(root=root, run_seed=seed, start=start,
+                stop=min(start + CHUNK, first + schedules), plant=plant,
+                keep_traces=trace_out is not None, db=db, prefix=prefix)
+            for start in range(first, first + schedules, CHUNK)
         ]  # fmt: skip
         with _results(chunks, jobs) as results:
             for chunk in results:
                 for offset, digest in enumerate(chunk.digests):
                     run_digest.update(digest.encode())
                     if trace_out is not None:
-                        index = count + offset
+                        index = first + count + offset
                         print(f"-- schedule {index} seed {schedule_seed(seed, index)}",
                               file=trace_out)  # fmt: skip
                         print("\n".join(chunk.traces[offset]), file=trace_out)
@@ -197,6 +200,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _index(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a schedule index, not {text!r}") from None
+    if not 0 <= value < MAX_SCHEDULES:
+        raise argparse.ArgumentTypeError(f"expected 0..{MAX_SCHEDULES - 1}, not {value}")
+    return value
+
+
 def _seed(text: str) -> int:
     try:
         return parse_seed(text)
@@ -239,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
         " --schedules 1 --seed S replays the schedule whose seed is S",
     )  # fmt: skip
     ex.add_argument(
+        "--first", type=_index, default=0, metavar="I",
+        help="start at schedule I of the run (default 0): runs I to I+N-1, so one run can be"
+        " split into shares that together explore every schedule",
+    )  # fmt: skip
+    ex.add_argument(
         "--plant", choices=sorted(PLANTS), default=None, metavar="BUG",
         help="switch off one ledger check, to prove the explorer catches it",
     )  # fmt: skip
@@ -275,15 +293,19 @@ def main(argv: list[str]) -> int:
             print(f"{PROG}: error: --replay names one schedule; drop --schedules and --seed",
                   file=sys.stderr)  # fmt: skip
             return USAGE_EXIT
+        if args.first:
+            print(f"{PROG}: error: --replay names one schedule; drop --first", file=sys.stderr)
+            return USAGE_EXIT
         args.schedules, args.seed, args.trace = 1, args.replay, True
     schedules: int = DEFAULT_SCHEDULES if args.schedules is None else args.schedules
     seed: int = fresh_seed() if args.seed is None else args.seed
     plant: str | None = args.plant
     db: str | None = args.db
     on = f", on {_redact(db)}" if db else ""
+    share = f", from schedule {args.first}" if args.first else ""
     print(
         f"chaos explore: {schedules} schedules, seed {seed}, plant {plant or 'none'},"
-        f" jobs {args.jobs}{on}",
+        f" jobs {args.jobs}{share}{on}",
         flush=True,
     )
     try:
@@ -292,6 +314,7 @@ def main(argv: list[str]) -> int:
             seed=seed,
             plant=plant,
             jobs=args.jobs,
+            first=args.first,
             trace_out=sys.stdout if args.trace else None,
             db=db,
         )
@@ -303,7 +326,7 @@ def main(argv: list[str]) -> int:
     rate = result.count / result.wall_s if result.wall_s > 0 else 0.0
     violations = 0 if result.found is None else 1
     print(
-        f"explored {result.count} schedules (seed {seed}) in {result.wall_s:.1f}s:"
+        f"explored {result.count} schedules (seed {seed}{share}) in {result.wall_s:.1f}s:"
         f" {rate:.0f} schedules/s, {violations} violating"
         + (" (stopped at the first)" if violations else "")
     )

@@ -60,6 +60,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# `make test` runs the suite on two workers (pytest-xdist, `--dist loadgroup`). The real-process
+# tests (marked `slow`: they kill, pause and time supervisors and runners) run in this one
+# group, on one worker one after another, so that no two of them share the machine's cores;
+# a slow test with a group of its own (the explorer's shares) is spread like any other.
+DRILLS = "drills"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(DRILLS))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """`backend` per storage in modules marked `backends`, but for `sqlite_only` tests."""
     if "backend" not in metafunc.fixturenames:

@@ -18,6 +18,7 @@ from tether.sim.plants import PLANTS
 ROOT = Path(__file__).resolve().parent.parent
 CLI_SCRIPT = Path(sys.executable).parent / "tether-supervisor"
 CI_SCHEDULES = 10_000
+CI_SHARES = 4  # the CI run in shares of 2,500 (`--first`), none left out
 # The ledger invariant (`tether-supervisor check`'s name for it) each planted bug breaks.
 PLANT_CAUGHT_BY = {
     "stale-fence": "no-stale-commit",
@@ -82,6 +83,9 @@ def report_body(output: str) -> list[str]:
         (["explore", "--seed", "-3"], "--seed"),
         (["explore", "--plant", "gremlin"], "--plant"),
         (["explore", "--jobs", "0"], "--jobs"),
+        (["explore", "--first", "-1"], "--first"),
+        (["explore", "--first", "two"], "--first"),
+        (["explore", "--replay", "5", "--first", "2"], "--first"),
         (["explore", "--bogus"], "unrecognized"),
         (["explore", "--replay", "5", "--seed", "5"], "--replay"),
         ([], "required"),
@@ -118,6 +122,21 @@ def test_same_seed_same_digest_any_jobs_other_seed_other_digest() -> None:
         assert re.search(r"^explored 60 schedules \(seed [56]\) in [0-9.]+s", proc.stdout, re.M)
     assert digest(one.stdout) == digest(again.stdout)
     assert digest(one.stdout) != digest(other.stdout)
+
+
+def test_shares_of_a_run_together_run_its_schedules() -> None:
+    """`--first`: two shares of a run trace exactly the schedules, in order, of the whole."""
+
+    def schedules(proc: subprocess.CompletedProcess[str]) -> list[str]:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return [line for line in proc.stdout.splitlines() if line.startswith("-- schedule")]
+
+    whole = run("explore", "--schedules", "6", "--seed", "5", "--trace", "--jobs", "1")
+    head = run("explore", "--schedules", "4", "--seed", "5", "--trace", "--jobs", "1")
+    tail = run("explore", "--schedules", "2", "--seed", "5", "--first", "4", "--trace")
+    assert len(schedules(whole)) == 6
+    assert schedules(head) + schedules(tail) == schedules(whole)
+    assert "explored 2 schedules (seed 5, from schedule 4)" in tail.stdout
 
 
 def test_digest_covers_every_schedule() -> None:
@@ -170,21 +189,31 @@ def test_planted_bug_is_caught_and_its_replay_reproduces_it(plant: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "share",
+    [pytest.param(n, marks=pytest.mark.xdist_group(f"explorer-{n}")) for n in range(CI_SHARES)],
+)
 def test_ci_explores_ten_thousand_schedules_without_a_violation(
-    capsys: pytest.CaptureFixture[str],
+    share: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """One of `CI_SHARES` shares of the 10,000-schedule run (`--first`): together they run
+    every schedule of it, and `make test` runs the shares side by side on its workers."""
     seed = os.environ.get("TETHER_CHAOS_SEED", str(CI_SEED))
-    # Every core: the suite runs one test at a time, and with effects one process takes
-    # 250-370 s of the run (the output and digest are the same whatever the number of jobs).
-    jobs = str(os.cpu_count() or 1)
-    proc = run(
-        "explore", "--schedules", str(CI_SCHEDULES), "--seed", seed, "--jobs", jobs, timeout=580
-    )
+    size = CI_SCHEDULES // CI_SHARES
+    # The cores this test has: every one when the suite runs one test at a time, else its
+    # worker's share (the output and digest are the same whatever the number of jobs).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    jobs = str(max(1, (os.cpu_count() or 1) // workers))
+    assert size * CI_SHARES == CI_SCHEDULES  # no schedule left out
+    first = str(share * size)
+    args = ("--schedules", str(size), "--first", first, "--seed", seed, "--jobs", jobs)
+    proc = run("explore", *args, timeout=580)
     with capsys.disabled():
         print(f"\n{proc.stdout.strip()}\n{proc.stderr.strip()}".rstrip())
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    shown = f", from schedule {share * size}" if share else ""
     assert re.search(
-        rf"^explored {CI_SCHEDULES} schedules \(seed {seed}\) in [0-9.]+s: .*0 violating$",
+        rf"^explored {size} schedules \(seed {seed}{shown}\) in [0-9.]+s: .*0 violating$",
         proc.stdout,
         re.M,
     ), proc.stdout
