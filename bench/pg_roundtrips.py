@@ -101,9 +101,12 @@ async def _drive(ledger: Any, pool: str, workers: int) -> int:
         while leases:
             lease = leases[0]
             report = Report(
-                step_id=lease.step_id, fence=lease.fence, payload_hash=lease.payload_hash,
-                output={"text": "ok"}, usage={"total_tokens": 1},
-            )  # fmt: skip
+                step_id=lease.step_id,
+                fence=lease.fence,
+                payload_hash=lease.payload_hash,
+                output={"text": "ok"},
+                usage={"total_tokens": 1},
+            )
             granted: list[list[Lease]] = []
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ledger.report, report, pool)
