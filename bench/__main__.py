@@ -35,6 +35,7 @@ from bench import (
     claimcost,
     cpu,
     disk,
+    features,
     groupcommit,
     idle,
     machine,
@@ -243,6 +244,9 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
             ms_per_step=r["supervisor_cpu_per_step_ms"],
         )  # fmt: skip
         say(f"supervisor profiled ({r['supervisor_profile']['profiler']})")
+
+        pairs = 1 if mode == "smoke" else 3  # each feature off and on, alternating (issue 28)
+        r["features"] = features.measure(stack, seconds=min(plan.steps_s, 8.0), pairs=pairs)
 
         stack.stop_supervisor()
         if peers and plan.peers_s is not None:

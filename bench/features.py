@@ -26,10 +26,9 @@ from typing import Any
 
 from bench import machine, seed, steps
 from bench.procs import children
-from bench.report import say
+from bench.report import feature_rows, say
 from bench.stack import Stack
 
-TARGET_COST = 0.05  # issue 28: a feature costs at most 5 % of steps/s
 CONCURRENCY = 64
 
 
@@ -64,39 +63,32 @@ def window(stack: Stack, switch: Switch, on: bool, *, seconds: float, label: str
 
 
 def measure(stack: Stack, *, seconds: float, pairs: int) -> dict[str, Any]:
-    """Each switch's arms, alternated `pairs` times; the figures by feature name."""
+    """Each switch's arms, alternated `pairs` times; the figures by feature name. The stack's
+    runners log at `info` meanwhile."""
     out: dict[str, Any] = {}
-    for switch in SWITCHES:
-        rates: dict[str, list[float]] = {"off": [], "on": []}
-        window(stack, switch, True, seconds=seconds, label="-feature-warm-up")  # not counted
-        for n in range(pairs):
-            order = (False, True) if n % 2 == 0 else (True, False)
-            for on in order:
-                arm = "on" if on else "off"
-                label = f"-feature-{switch.variable.lower()}-{arm}-{n}"
-                rates[arm].append(window(stack, switch, on, seconds=seconds, label=label))
-        without, with_ = statistics.median(rates["off"]), statistics.median(rates["on"])
-        cost = 1 - with_ / without if without > 0 and with_ > 0 else None
-        out[switch.name] = {**rates, "off_median": without, "on_median": with_, "cost": cost}
-        shown = {arm: [round(r) for r in values] for arm, values in rates.items()}
-        say(f"{switch.name}: off {without:.0f}/s, on {with_:.0f}/s; windows {shown}")
+    level, stack.runner_log_level = stack.runner_log_level, "info"
+    try:
+        for switch in SWITCHES:
+            out[switch.name] = _arms(stack, switch, seconds=seconds, pairs=pairs)
+    finally:
+        stack.runner_log_level = level
     return out
 
 
-def rows(features: dict[str, Any]) -> list[str]:
-    """One table row per feature (5 columns), with issue 28's target."""
-    lines = []
-    for name, f in features.items():
-        cost = f["cost"]
-        met = "" if cost is None else "PASS" if cost <= TARGET_COST else "MISS"
-        shown = "-" if cost is None else f"{cost:+.1%}"
-        lines.append(
-            f"| {name}: committed steps/s at {CONCURRENCY} off / on (median of"
-            f" {len(f['off'])} alternating windows each, runners at log level info)"
-            f" | {f['off_median']:,.0f} / {f['on_median']:,.0f}/s; cost {shown} |"
-            f"  | <= {TARGET_COST:.0%} | {met} |"
-        )
-    return lines
+def _arms(stack: Stack, switch: Switch, *, seconds: float, pairs: int) -> dict[str, Any]:
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    window(stack, switch, True, seconds=seconds, label="-feature-warm-up")  # not counted
+    for n in range(pairs):
+        order = (False, True) if n % 2 == 0 else (True, False)
+        for on in order:
+            arm = "on" if on else "off"
+            label = f"-feature-{switch.variable.lower()}-{arm}-{n}"
+            rates[arm].append(window(stack, switch, on, seconds=seconds, label=label))
+    without, with_ = statistics.median(rates["off"]), statistics.median(rates["on"])
+    cost = 1 - with_ / without if without > 0 and with_ > 0 else None
+    shown = {arm: [round(r) for r in values] for arm, values in rates.items()}
+    say(f"{switch.name}: off {without:.0f}/s, on {with_:.0f}/s; windows {shown}")
+    return {**rates, "off_median": without, "on_median": with_, "cost": cost}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         db = workdir / "ledger.db"
         seed.create_tasks(db, "warm", 1, approve=False)
         with children(workdir) as kids:
-            stack = Stack(kids=kids, workdir=workdir, db=db, runner_log_level="info")
+            stack = Stack(kids=kids, workdir=workdir, db=db)
             stack.start_supervisor()
             stack.start_model(latency_s=0.0)
             found = measure(stack, seconds=seconds, pairs=pairs)
@@ -126,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"machine: {info['nproc']} cores; load average at start {info['loadavg_at_start'][0]:.2f}"
     )
-    print("\n".join(rows(found)))
+    print("\n".join(feature_rows({"features": found})))
     return 0
 
 

@@ -227,6 +227,7 @@ def table(results: dict[str, Any]) -> str:
                           yes[busy <= 64]))  # fmt: skip
     lines += cpu_rows(results)
     lines += agent_rows(results)
+    lines += feature_rows(results)
     if "supervisor_rss_mb" in results:
         rss = results["supervisor_rss_mb"]
         lines.append(_row("supervisor RSS under load (max)", f"{rss:.0f} MB"))
@@ -261,6 +262,25 @@ def table(results: dict[str, Any]) -> str:
             )
         )
     return "\n".join(lines)
+
+
+FEATURE_COST_TARGET = 0.05  # issue 28: a round-3 feature costs at most 5 % of steps/s
+
+
+def feature_rows(results: dict[str, Any]) -> list[str]:
+    """`bench.features`: one row per feature (5 columns), with issue 28's target."""
+    lines = []
+    for name, f in results.get("features", {}).items():
+        cost = f["cost"]
+        met = "" if cost is None else "PASS" if cost <= FEATURE_COST_TARGET else "MISS"
+        shown = "-" if cost is None else f"{cost:+.1%}"
+        lines.append(
+            f"| {name}: committed steps/s at 64 off / on (median of"
+            f" {len(f['off'])} alternating windows each, runners at log level info)"
+            f" | {f['off_median']:,.0f} / {f['on_median']:,.0f}/s; cost {shown} |"
+            f"  | <= {FEATURE_COST_TARGET:.0%} | {met} |"
+        )
+    return lines
 
 
 PG_TARGETS = {"dbos_pg": 2.0, "procrastinate": 1.0}  # issue 14: one supervisor, end to end

@@ -98,6 +98,9 @@ def test_the_benchmark_suite_runs_and_writes_every_figure(tmp_path: Path) -> Non
     assert profile["steps"] > 0
     assert sum(g["share"] for g in profile["groups"]) == pytest.approx(1.0)
     assert "by group (own time):" in done.stdout
+    shipping = figures["features"]["log shipping"]  # off and on, one window each (issue 28)
+    assert len(shipping["off"]) == len(shipping["on"]) == 1
+    assert "| log shipping: committed steps/s at 64 off / on" in done.stdout
     assert figures["peer_steps_per_s"] == {}  # --smoke skips the peers
     assert figures["ratio_to_peer"] == {}
     check_postgresql_section(figures["pg"], done.stdout, done.stderr)
