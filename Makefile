@@ -4,9 +4,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-# The tests on two workers (pytest-xdist): the real-process drills one after another on one of
-# them (tests/conftest.py), the rest beside them. `make test PYTEST_ARGS=` runs them serially.
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# Serial by default. `make test PYTEST_ARGS="-n 2 --dist loadgroup"` runs the tests on two
+# pytest-xdist workers, the real-process drills one after another on one of them
+# (tests/conftest.py); not the default until it has been shown reliable (docs/contributing.md).
+PYTEST_ARGS ?=
 
 .PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv bench-runner-venv litellm-venv clean
 
