@@ -44,7 +44,8 @@ from tether.runner.agent import (
 )
 from tether.runner.agent import cgroups as cg
 from tether.runner.agent.confine import CommandLimits, Confiner, host_cgroups
-from tether.runner.agent.sandbox import detect_sandbox
+from tether.runner.agent.errors import WorktreeTooLarge
+from tether.runner.agent.sandbox import detect_sandbox, private_tmp
 from tether.runner.errors import StepRejected
 from tether.runner.kinds import StepContext
 
@@ -178,6 +179,25 @@ async def test_an_oversized_write_stops_at_the_file_size_limit(
         assert "File too large" in body["output"], (sandbox.name, body)
         assert (workspace.tree / "big.bin").stat().st_size <= TIGHT.max_file_mb * 1024 * 1024
         (workspace.tree / "big.bin").unlink()
+
+
+async def test_what_a_command_writes_to_tmp_counts_toward_the_worktree_limit(
+    workspace: Workspace,  # noqa: F811
+) -> None:
+    """Under bubblewrap /tmp is a folder on disk beside HOME (`private_tmp`), not a tmpfs:
+    memory no rlimit counts. Found by attack: 3 x 700 MB in a tmpfs /tmp passed a 256 MB
+    memory limit where no cgroup bounds the command."""
+    [*_, sandbox] = await sandboxes()
+    if not isinstance(sandbox, Bubblewrap):
+        pytest.skip("bubblewrap is not installed or cannot create namespaces here")
+    fill = py("for n in range(3): open(f'/tmp/fill-{n}.bin', 'wb').write(b'x' * 3 * 1024 * 1024)")
+    limits = CommandLimits(max_file_mb=4, worktree_max_mb=8)
+    box = toolbox(workspace, fill, sandbox=sandbox, confiner=Confiner(limits, cgroups=lambda: None))
+    with pytest.raises(WorktreeTooLarge, match="worktree_too_large: "):
+        await box.call("run", json.dumps({"command": fill}))
+    written = {p.name for p in private_tmp(workspace.home).iterdir()}
+    assert {"fill-0.bin", "fill-1.bin", "fill-2.bin"} <= written  # on disk, outside the tree
+    assert not (workspace.tree / "fill-0.bin").exists()
 
 
 async def test_a_cpu_spinner_is_stopped_at_its_cpu_limit(

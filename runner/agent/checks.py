@@ -24,7 +24,7 @@ import structlog
 from tether.runner import tracing
 from tether.runner.agent.command import run_command
 from tether.runner.agent.confine import Confiner, check_workspace_size
-from tether.runner.agent.sandbox import Sandbox
+from tether.runner.agent.sandbox import Sandbox, private_tmp
 from tether.runner.agent.workspace import Workspace
 from tether.wire.records import CheckRun, CheckSpec
 
@@ -125,10 +125,13 @@ async def _check(
     try:
         run = await _run_one(spec, workspace.tree, home, path, sandbox, limits, confiner)
         await check_workspace_size(
-            (workspace.tree, home), confiner.limits, after=f"check {spec.name!r}"
+            (workspace.tree, home, private_tmp(home)),
+            confiner.limits,
+            after=f"check {spec.name!r}",
         )
     finally:
-        await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, home, True))
+        for folder in (home, private_tmp(home)):
+            await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, folder, True))
     digest = await upload(path)
     log.info("check ran", check=spec.name, exit_code=run[0], duration_s=run[1], log=digest)
     return CheckRun(log=digest, exit_code=run[0], duration_s=run[1])

@@ -68,16 +68,25 @@ class NoSandbox:
         return list(argv)
 
 
+def private_tmp(home: Path) -> Path:
+    """The folder a command under bubblewrap sees as /tmp: beside its HOME, on disk, so what
+    it writes there counts toward `worktree_max_mb` (the size check measures it with the
+    worktree and HOME) and toward no process's memory; its parent is not the command's to
+    write, so it cannot be swapped for a link elsewhere."""
+    return home.with_name(f"{home.name}.tmp")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Bubblewrap:
     """bubblewrap with the worktree and HOME the only writable paths and no network.
 
     The command sees read-only /usr, /bin, /lib*, /sbin and /etc (with /etc/tether hidden), a
-    private /tmp, /proc and /dev, and the caller's further read-only paths (a toolchain outside
-    /usr, e.g. a virtualenv). `--unshare-all` gives it its own network namespace with only a
-    loopback, and its own PID namespace, so everything it started dies with it. The mirror is
-    not mounted, so `git` run inside does not find the repository (the worktree's `.git` file
-    points into the mirror), and that `.git` is read-only.
+    private /tmp (`private_tmp`, on disk), /proc and /dev, and the caller's further read-only
+    paths (a toolchain outside /usr, e.g. a virtualenv). `--unshare-all` gives it its own
+    network namespace with only a loopback, and its own PID namespace, so everything it
+    started dies with it. The mirror is not mounted, so `git` run inside does not find the
+    repository (the worktree's `.git` file points into the mirror), and that `.git` is
+    read-only.
     """
 
     bwrap: str
@@ -105,7 +114,11 @@ class Bubblewrap:
         for folder in _HIDDEN:
             if Path(folder).is_dir():
                 args += ["--tmpfs", folder]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108 (private)
+        # /tmp on disk, beside HOME: a tmpfs would be memory no rlimit counts and no size
+        # check sees, and a command's HOME is its own to replace with a symlink.
+        tmp = private_tmp(home)
+        tmp.mkdir(exist_ok=True)
+        args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(tmp), "/tmp"]  # noqa: S108
         for path in self.read_only:
             args += ["--ro-bind-try", str(path), str(path)]
         args += ["--bind", str(tree), str(tree), "--bind", str(home), str(home)]

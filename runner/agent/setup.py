@@ -28,7 +28,7 @@ from tether.runner.agent.checks import CheckLimits, CheckLog
 from tether.runner.agent.command import run_command
 from tether.runner.agent.confine import Confiner, check_workspace_size
 from tether.runner.agent.errors import SetupFailed
-from tether.runner.agent.sandbox import Sandbox
+from tether.runner.agent.sandbox import Sandbox, private_tmp
 from tether.runner.agent.workspace import Workspace
 
 log = structlog.get_logger(__name__)
@@ -82,7 +82,11 @@ async def run_setup(
     if failure is not None:
         log.warning("setup failed", failure=failure, log=digest)
         raise SetupFailed(f"setup_failed: {failure} (log {digest})")
-    await check_workspace_size((workspace.tree, workspace.home), confiner.limits, after="setup")
+    await check_workspace_size(
+        (workspace.tree, workspace.home, private_tmp(workspace.home)),
+        confiner.limits,
+        after="setup",
+    )
     workspace.kept = await workspace.untracked()
     log.info("setup ran", commands=len(commands), duration_s=duration_s, log=digest)
     return SetupRun(

@@ -31,7 +31,7 @@ from tether.runner.agent.errors import ToolError, ToolFailed, ToolRefused
 from tether.runner.agent.mcp import McpTools
 from tether.runner.agent.patch import patch_paths
 from tether.runner.agent.paths import Confinement, normalize_prefix
-from tether.runner.agent.sandbox import NoSandbox, Sandbox
+from tether.runner.agent.sandbox import NoSandbox, Sandbox, private_tmp
 
 log = structlog.get_logger(__name__)
 
@@ -315,7 +315,9 @@ class ToolBox:
             raise ToolFailed("command_not_found", str(exc)) from exc
         # Past `worktree_max_mb` the step fails here (WorktreeTooLarge is not a tool error).
         await check_workspace_size(
-            (self.tree, self.home), self.confiner.limits, after=f"`{args.command}`"
+            (self.tree, self.home, private_tmp(self.home)),
+            self.confiner.limits,
+            after=f"`{args.command}`",
         )
         body: dict[str, Any] = {
             "command": args.command,
