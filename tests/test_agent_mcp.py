@@ -18,10 +18,11 @@ import pytest
 
 from tests.agent_repos import make_origin
 from tests.agent_services import ScriptedChat, call, lease_repository
+from tests.test_agent_tools import bubblewrap  # noqa: F401 (the fixture)
 from tether.runner.agent import AgentKind, NoSandbox
 from tether.runner.agent.confine import CommandLimits
 from tether.runner.agent.mcp import McpUnavailable
-from tether.runner.agent.sandbox import Bubblewrap, Sandbox, detect_sandbox
+from tether.runner.agent.sandbox import Bubblewrap, Sandbox
 from tether.runner.errors import LeaseLost, LostBecause, OperatorProblem, StepRejected
 from tether.runner.kinds import StepContext, StepOutput
 from tether.wire import ReleaseReason
@@ -29,7 +30,6 @@ from tether.wire.payloads import AgentPayload, read_payload
 
 SERVER = (Path(__file__).resolve().parents[1] / "examples" / "mcp_stdio_server.py").read_text()
 ASK = [{"role": "user", "content": "Use the repository's tools."}]
-PYTHON_TREES = (Path(sys.prefix), Path(sys.base_prefix))
 
 
 def payload(*servers: dict[str, Any]) -> dict[str, Any]:
@@ -63,16 +63,9 @@ async def run_step(
     return await kind(ctx)
 
 
-@pytest.fixture
-async def bubblewrap() -> Bubblewrap:
-    found = await detect_sandbox(PYTHON_TREES)
-    if not isinstance(found, Bubblewrap):
-        pytest.skip("bubblewrap is not installed or cannot create namespaces here")
-    return found
-
-
 async def test_a_repositorys_own_server_is_called_inside_bubblewrap(
-    tmp_path: Path, bubblewrap: Bubblewrap
+    tmp_path: Path,
+    bubblewrap: Bubblewrap,  # noqa: F811
 ) -> None:
     secret = tmp_path / "runner-token"  # a runner's file, outside the worktree
     secret.write_text("tok-runner-123")
@@ -104,7 +97,8 @@ async def test_a_repositorys_own_server_is_called_inside_bubblewrap(
 
 
 async def test_a_server_runs_under_the_command_limits(
-    tmp_path: Path, bubblewrap: Bubblewrap
+    tmp_path: Path,
+    bubblewrap: Bubblewrap,  # noqa: F811
 ) -> None:
     chat = ScriptedChat(
         [call("mcp__repo__write", path="small.bin", size=1000),

@@ -19,7 +19,7 @@ import pytest
 from tests.agent_repos import make_origin, sh
 from tests.test_hostile_tree import FILES, PYTHON
 from tests.test_repos_mirror import Origin
-from tests.test_runner_processes import POOL, TENANT, Cluster, environment, program, wait_for
+from tests.test_runner_processes import POOL, Cluster, wait_for
 from tether.runner.agent import RepoCache, ToolBox
 from tether.supervisor.repos import Mirrors, RefusalCode
 from tether.wire.payloads import check_payload
@@ -159,26 +159,7 @@ def entries_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
     repository, base = make_origin(tmp_path / "origin", FILES)
     cluster = Cluster(tmp_path)
     try:
-        added = subprocess.run(
-            [
-                *program("tether-supervisor"),
-                "repo",
-                "add",
-                "app",
-                "--url",
-                str(repository),
-                "--tenant",
-                TENANT,
-                "--db",
-                str(cluster.db),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-            env=environment(),
-        )
-        assert added.returncode == 0, added.stderr
+        cluster.add_repository("app", repository)
         cluster.start_supervisor()
         cluster.start_model()
         yield cluster, base

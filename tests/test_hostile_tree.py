@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from tests.agent_repos import make_origin
-from tests.test_runner_processes import POOL, TENANT, Cluster, environment, program, wait_for
+from tests.test_runner_processes import POOL, Cluster, wait_for
 from tether.runner.agent import RepoCache, ToolBox, Workspace, detect_sandbox
 from tether.runner.agent.command import run_command
 from tether.runner.agent.confine import Confiner
@@ -219,26 +219,7 @@ def hostile_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
     origin, base = make_origin(tmp_path / "origin", FILES)
     cluster = Cluster(tmp_path)
     try:
-        added = subprocess.run(
-            [
-                *program("tether-supervisor"),
-                "repo",
-                "add",
-                "app",
-                "--url",
-                str(origin),
-                "--tenant",
-                TENANT,
-                "--db",
-                str(cluster.db),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-            env=environment(),
-        )
-        assert added.returncode == 0, added.stderr
+        cluster.add_repository("app", origin)
         cluster.start_supervisor()
         cluster.start_model()
         yield cluster, base

@@ -151,6 +151,15 @@ class Cluster:
         )  # fmt: skip
         return done.stdout.strip()
 
+    def add_repository(self, name: str, url: str | Path, tenant: str = TENANT) -> None:
+        """`repo add NAME --url URL` for `tenant`, as an operator does before serving."""
+        argv = [*program("tether-supervisor"), "repo", "add", name, "--url", str(url)]
+        done = subprocess.run(
+            [*argv, "--tenant", tenant, "--db", str(self.db)],
+            capture_output=True, text=True, timeout=60, check=False, env=environment(),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> Proc:
         proc = Proc(name, argv, env, self.folder)
         self.procs.append(proc)

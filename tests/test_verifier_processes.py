@@ -13,7 +13,6 @@ the lying runner's task succeeds and is pushed: its checks were only `attested b
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ import pytest
 from examples.demo_agent import sandbox_environment
 from examples.demo_repo import BUGGY, FIXED, TEST_COMMAND, Repository, git_text, make_repository
 
-from .test_runner_processes import Cluster, environment, program, wait_for
+from .test_runner_processes import Cluster, environment, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -43,15 +42,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield made
     finally:
         made.stop_all()
-
-
-def add_repository(cluster: Cluster, repo: Repository) -> None:
-    argv = [*program("tether-supervisor"), "repo", "add", "calc", "--url", str(repo.bare)]
-    argv += ["--tenant", "acme", "--db", str(cluster.db)]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=60, check=False, env=environment()
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def script_the_agent(cluster: Cluster, content: str) -> None:
@@ -139,7 +129,7 @@ def token_of(task: dict[str, Any], kind: str) -> str:
 
 def setting_up(cluster: Cluster, tmp_path: Path) -> tuple[Repository, dict[str, str]]:
     repo = make_repository(tmp_path / "repo")
-    add_repository(cluster, repo)
+    cluster.add_repository("calc", repo.bare, tenant="acme")
     cluster.start_supervisor()
     cluster.start_model()
     return repo, sandbox_environment(tmp_path)
