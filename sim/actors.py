@@ -33,6 +33,11 @@ TENANTS = ("acme", "globex")
 REPOSITORIES = ("repo0", "repo1")  # each tenant added both at setup (`repo add`)
 CHECKS = ("lint", "test")
 TURN_TOKENS = 10  # what one turn of a simulated agent spends
+# The pool's runner tokens: runner i claims with the i-th (round robin), and every report of
+# an attempt goes with the token that claimed it. The intruder holds another of them and
+# claims nothing (hazard `lease-takeover`).
+RUNNER_TOKENS = ("token-a", "token-b")
+INTRUDER = "intruder"
 
 
 _plan_hashes: dict[int, tuple[TaskSpec, str]] = {}
@@ -73,6 +78,7 @@ class Message:
     sender: str
     incarnation: int
     kind: Kind
+    token: str | None = None  # the runner token a runner's request goes with
     order: int = -1
     spec: TaskSpec | None = None
     tenant: str = ""
@@ -141,22 +147,33 @@ class Message:
         if self.kind is k.BUDGET:
             return lambda tx: operator.set_budget(tx, self.tenant, self.tokens)
         if self.kind is k.CLAIM:
-            return lambda tx: fencing.claim(tx, self.sender, POOL, self.capacity, kinds=KINDS)
+            return lambda tx: fencing.claim(
+                tx, self.sender, POOL, self.capacity, token_id=self.token, kinds=KINDS
+            )
         if self.kind is k.GRANT:
             reported, want = list(self.leases), self.want
             return lambda tx: fencing.claim_after_results(
-                tx, reported, self.sender, POOL, want, kinds=KINDS
+                tx, reported, self.sender, POOL, want, token_id=self.token, kinds=KINDS
             )
         if self.kind is k.RENEW:
-            return lambda tx: fencing.renew(tx, self.step_id, self.fence, POOL)
+            return lambda tx: fencing.renew(tx, self.step_id, self.fence, POOL, token_id=self.token)
         if self.kind is k.RELEASE:
             return lambda tx: fencing.release(
-                tx, self.step_id, self.fence, self.reason, self.retryable, "chaos", POOL
+                tx,
+                self.step_id,
+                self.fence,
+                self.reason,
+                self.retryable,
+                "chaos",
+                POOL,
+                token_id=self.token,
             )
         if self.kind is k.CHECKPOINT:
             assert self.checkpoint is not None
             cp = self.checkpoint
-            return lambda tx: checkpoints.checkpoint(tx, self.step_id, cp, POOL)
+            return lambda tx: checkpoints.checkpoint(
+                tx, self.step_id, cp, POOL, token_id=self.token
+            )
         if self.kind is k.GATE:
             return lambda tx: outbox.open_gate(
                 tx, self.tenant, self.task_id, self.step_name, self.digest, OPERATOR
@@ -167,7 +184,7 @@ class Message:
             )
         assert self.report is not None
         rep, evidence = self.report, self.evidence
-        return lambda tx: effects.report(tx, rep, POOL, evidence)
+        return lambda tx: effects.report(tx, rep, POOL, evidence, token_id=self.token)
 
     @property
     def subject(self) -> tuple[str, str]:
@@ -416,10 +433,12 @@ class Held:
 
 @dataclasses.dataclass
 class RunnerActor:
-    """A runner process as the explorer plays it: the leases it holds, and which incarnation
-    of it is alive (answers to an earlier, crashed one are dropped)."""
+    """A runner process as the explorer plays it: the token it claims and reports with, the
+    leases it holds, and which incarnation of it is alive (answers to an earlier, crashed one
+    are dropped)."""
 
     id: str
+    token: str
     incarnation: int = 0
     held: dict[str, Held] = dataclasses.field(default_factory=dict)
 

@@ -10,10 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tether.sim import dispatch
-from tether.sim.actors import OPERATOR, TURN_TOKENS, HeldPhase, Kind, Message, RunnerActor
+from tether.sim.actors import (
+    INTRUDER,
+    OPERATOR,
+    RUNNER_TOKENS,
+    TURN_TOKENS,
+    HeldPhase,
+    Kind,
+    Message,
+    RunnerActor,
+)
 from tether.sim.dispatch import DispatcherActor, InHand
 from tether.sim.observer import TERMINAL_NAMES
 from tether.sim.world import World
+from tether.supervisor.ledger.errors import NotFound
 from tether.supervisor.ledger.identity import step_id_for
 from tether.wire.records import Checkpoint, Lease, Report
 
@@ -210,7 +220,8 @@ def fenced_out_attempt_pushes_late(world: World, *, taken: bool | None = None) -
     """A runner fenced out of a step that then committed under another fence wakes and
     reports its candidate: its bundle makes only its own ref, never moves the committed one,
     and the report is refused. Or (`taken`) it names the committed fence with another commit:
-    the mirror refuses the ref, and the ledger answers it as a replay."""
+    the mirror refuses the ref, and the ledger answers it as a replay (from the committing
+    token) or `not_found` (from another)."""
     obs = world.observer
     ghosts = [
         (runner, lease) for runner, lease in world.grants
@@ -269,6 +280,53 @@ def checkpoint_after_fenced_out(world: World) -> bool:
         " its lease over"
     )
     world.deliver([world.send_checkpoint(runner, -1, lease.step_id, cp)])
+    return True
+
+
+def lease_takeover(world: World, *, holder: RunnerActor | None = None) -> bool:
+    """Another runner token of the pool, knowing the fence of a live lease it never claimed,
+    renews, checkpoints, reports and releases it: each is refused `not_found` and changes
+    nothing (docs/design.md, Fencing and leases), and the holder's own report then goes
+    through as if the intruder had never spoken."""
+    obs = world.observer
+    working = [
+        (runner, step_id)
+        for runner in ([holder] if holder is not None else world.runners)
+        for step_id, held in sorted(runner.held.items())
+        if held.phase is not HeldPhase.NEW
+        and (live := obs.leases.get(step_id)) is not None
+        and live.fence == held.lease.fence
+    ]
+    if not working:
+        return False
+    runner, step_id = world.rng.choice(working)
+    lease = runner.held[step_id].lease
+    token = next(t for t in RUNNER_TOKENS if t != runner.token)
+    world.log(f"hazard: lease-takeover of {step_id} fence {lease.fence} by {INTRUDER} ({token})")
+    forged = Report(
+        step_id=step_id,
+        fence=lease.fence,
+        payload_hash=lease.payload_hash,
+        output={"step": step_id, "taken by": INTRUDER},
+        usage={"total_tokens": 1},
+    )
+    fields = {"step_id": step_id, "fence": lease.fence, "token": token}
+    moves = [
+        world.send(INTRUDER, 0, Kind.RENEW, **fields),
+        world.send(INTRUDER, 0, Kind.CHECKPOINT, checkpoint=late_checkpoint(lease, 1), **fields),
+        world.send(INTRUDER, 0, Kind.REPORT, report=forged, token=token),
+        world.send(INTRUDER, 0, Kind.RELEASE, **fields),
+    ]
+    for move in moves:
+        [error] = world.deliver([move])
+        if not isinstance(error, NotFound):
+            world.flag(
+                f"lease-holder: {INTRUDER}'s {move.kind} of {step_id} under fence {lease.fence}"
+                f" was answered {type(error).__name__ if error else 'ok'}, not not_found"
+            )
+    [error] = world.deliver([world.act(runner, step_id, finish=True)])
+    if isinstance(error, NotFound):
+        world.flag(f"lease-holder: {runner.id}'s own report of {step_id} refused not_found")
     return True
 
 
@@ -385,6 +443,7 @@ HAZARDS: dict[str, Callable[[World], bool]] = {
     "base-moves": base_moves_between_steps,
     "late-push": fenced_out_attempt_pushes_late,
     "stale-checkpoint": checkpoint_after_fenced_out,
+    "lease-takeover": lease_takeover,
     "crash-before-send": lambda world: crash_around_send(world, when="before"),
     "crash-after-send": lambda world: crash_around_send(world, when="after"),
     "crash-mid-batch": crash_mid_batch,

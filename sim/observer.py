@@ -37,6 +37,7 @@ EFFECT_KINDS = LedgerConfig().effect_kinds  # plan steps the supervisor delivers
 class ShadowLease:
     task_id: str
     runner: str
+    token: str | None  # the runner token the attempt was granted to
     fence: int
     deadline: float
     accept_deadline: float | None
@@ -198,7 +199,7 @@ class Observer:
 
     # -- runner answers -----------------------------------------------------------------------
 
-    def granted(self, lease: Lease, runner: str, now: float) -> None:
+    def granted(self, lease: Lease, runner: str, token: str | None, now: float) -> None:
         step = lease.step_id
         live = self.leases.get(step)
         if live is not None:
@@ -244,6 +245,7 @@ class Observer:
         self.leases[step] = ShadowLease(
             task_id=lease.task_id,
             runner=runner,
+            token=token,
             fence=lease.fence,
             deadline=now + self.config.lease_ttl_s,
             accept_deadline=now + self.config.accept_window_s,
@@ -388,6 +390,7 @@ class Observer:
         self,
         rep: Report,
         runner: str,
+        token: str | None,
         outcome: Outcome | None,
         error: LedgerError | None,
         now: float,
@@ -412,11 +415,16 @@ class Observer:
                 f" {self.applied[step].fence} and {rep.fence})"
             )
         live = self.leases.pop(step, None)
-        if live is None or live.fence != rep.fence or live.runner != runner:
+        if live is None or live.fence != rep.fence:
             current = "none (lease ended)" if live is None else f"{live.fence} ({live.runner})"
             self.violation(
                 f"no-stale-commit: {step} committed under fence {rep.fence} from {runner}; the"
                 f" current fence was {current}"
+            )
+        elif live.token != token:
+            self.violation(
+                f"lease-holder: {step} committed under fence {rep.fence} from {runner} with"
+                f" {token}; the attempt was granted to {live.runner} with {live.token}"
             )
         elif _lapsed(live, now):  # over on the supervisor's clock, reaped or not
             self.violation(

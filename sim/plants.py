@@ -26,9 +26,10 @@ from tether.supervisor.ledger import (
     states,
     verification,
 )
+from tether.supervisor.ledger.errors import NotFound
 from tether.supervisor.ledger.identity import Created, TaskSpec
 from tether.supervisor.ledger.states import TERMINAL, TaskState
-from tether.supervisor.ledger.tx import Tx
+from tether.supervisor.ledger.tx import Row, Statements, Tx
 from tether.supervisor.ledger.verification import Problem
 from tether.wire import effect_key
 
@@ -103,6 +104,17 @@ def gates_open_themselves(tx: Tx, step: sqlite3.Row) -> None:
     tx.db.execute(opened, (tx.now, tx.now, step["id"]))
 
 
+def leases_held_by_any_token(
+    s: Statements, step_id: str, fence: int, token_id: str | None, pool: str | None = None
+) -> Row:
+    """lease-takeover: a result is taken from any runner token of the pool that names the
+    fence, not only from the token the attempt was granted to."""
+    step = s.one("held_step_with_task", (fence, step_id))
+    if step is None or (pool is not None and step["pool"] != pool) or step["held_fence"] is None:
+        raise NotFound(f"no step {step_id}")
+    return step
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Plant:
     """`replacement` stands in for `module.name`; `drop_index` is dropped from the ledger file
@@ -142,6 +154,7 @@ PLANTS: dict[str, Plant] = {
     ),
     "double-send": Plant(module=outbox, name="_maybe_sent", replacement=sends_never_recorded),
     "ungated": Plant(module=outbox, name="make_due", replacement=gates_open_themselves),
+    "lease-takeover": Plant(module=effects, name="held_step", replacement=leases_held_by_any_token),
 }
 
 

@@ -199,6 +199,15 @@ def stale_checkpoint(world: World) -> None:
         finish(world, b, step_id)
 
 
+def lease_takeover(world: World) -> None:
+    """Runner a (one token) works step 0; an intruder with the pool's other token renews,
+    checkpoints, reports and releases it under a's fence; then a reports it."""
+    submit(world)
+    a = world.runners[0]
+    work(world, a)
+    assert hazards.lease_takeover(world, holder=a)
+
+
 def forged(code: Finding) -> Callable[[World], None]:
     """Step 0 is honest; every result after it is forged the way the adapters call `code`."""
 
@@ -297,6 +306,7 @@ SCENARIOS: dict[str, Callable[[World], None]] = {
     "late-push/own-ref": late_push(taken=False),
     "late-push/taken": late_push(taken=True),
     "stale-checkpoint": stale_checkpoint,
+    "lease-takeover": lease_takeover,
     **{f"forged/{code}": forged(code) for code in FORGERIES},
     "effects/crash-before-send/keyed": crash_around_send("before"),
     "effects/crash-after-send/keyed": crash_around_send("after"),

@@ -29,7 +29,7 @@ HAZARD_EAGERNESS = {
     "cancel-vs-commit": 0.5, "fenced-renew": 0.03, "consumer-replay": 0.05,
     "crash-around-key": 0.03, "base-moves": 0.05, "late-push": 0.1, "stale-checkpoint": 0.05,
     "crash-before-send": 0.15, "crash-after-send": 0.15, "crash-mid-batch": 0.5,
-    "cancel-vs-delivery": 0.15,
+    "cancel-vs-delivery": 0.15, "lease-takeover": 0.03,
 }  # fmt: skip
 
 # chance that a runner's report asks for the next leases (eager dispatch), and that its renew

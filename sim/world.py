@@ -17,6 +17,7 @@ from typing import Any
 from tether.sim.actors import (
     OPERATOR,
     REPOSITORIES,
+    RUNNER_TOKENS,
     TENANTS,
     TURN_TOKENS,
     Held,
@@ -97,7 +98,10 @@ class World:
         self.rng = rng
         self.habits = habits
         self.operator = Operator(orders)
-        self.runners = [RunnerActor(f"r{i}") for i in range(runners)]
+        self.runners = [
+            RunnerActor(f"r{i}", token=RUNNER_TOKENS[i % len(RUNNER_TOKENS)])
+            for i in range(runners)
+        ]
         self.queue: list[Message] = []
         self.in_flight: set[tuple[str, str]] = set()
         self.observer = Observer(harness.config)
@@ -182,7 +186,10 @@ class World:
     # -- the network --------------------------------------------------------------------------
 
     def send(self, sender: str, incarnation: int, kind: Kind, **fields: Any) -> Message:
+        """Put a request on the network; a runner's goes with its token unless `token` says."""
         self._messages += 1
+        if "token" not in fields:
+            fields["token"] = next((r.token for r in self.runners if r.id == sender), None)
         msg = Message(
             id=self._messages, sender=sender, incarnation=incarnation, kind=kind, **fields
         )
@@ -223,9 +230,9 @@ class World:
 
     def deliver(
         self, msgs: Sequence[Message], *, lose_answers: bool = False, keep: bool = False
-    ) -> None:
+    ) -> list[BaseException | None]:
         """Deliver `msgs` to the supervisor as one group-commit batch, in this order (each
-        request's parts together, as its rules are queued)."""
+        request's parts together, as its rules are queued); return each part's refusal."""
         if not keep:
             for msg in msgs:
                 self._gone(msg)
@@ -269,6 +276,7 @@ class World:
             before = len(self.violations)
             self.check_refs()
             self._flag_new(before)
+        return [o.error for o in outcomes]
 
     def _observe(self, msg: Message, value: Any, error: BaseException | None) -> None:
         obs, k = self.observer, Kind
@@ -279,7 +287,9 @@ class World:
         elif error is not None:
             if msg.kind is k.REPORT and isinstance(error, LedgerError):
                 assert msg.report is not None
-                obs.reported(msg.report, msg.sender, None, error, self.h.now, msg.evidence)
+                obs.reported(
+                    msg.report, msg.sender, msg.token, None, error, self.h.now, msg.evidence
+                )
             elif msg.kind is k.CHECKPOINT and isinstance(error, LedgerError):
                 assert msg.checkpoint is not None
                 obs.checkpointed(msg.step_id, msg.checkpoint, error, self.h.now)
@@ -296,7 +306,7 @@ class World:
                 obs.eager_granted(msg.sender, msg.leases, msg.want, value)
             for lease in value:
                 self.grants.append((msg.sender, lease))
-                obs.granted(lease, msg.sender, self.h.now)
+                obs.granted(lease, msg.sender, msg.token, self.h.now)
         elif msg.kind is k.CHECKPOINT:
             assert msg.checkpoint is not None
             obs.checkpointed(msg.step_id, msg.checkpoint, None, self.h.now)
@@ -306,7 +316,9 @@ class World:
             obs.released(msg.step_id, msg.fence, msg.reason, msg.retryable)
         elif msg.kind is k.REPORT:
             assert msg.report is not None
-            obs.reported(msg.report, msg.sender, Outcome(value), None, self.h.now, msg.evidence)
+            obs.reported(
+                msg.report, msg.sender, msg.token, Outcome(value), None, self.h.now, msg.evidence
+            )
         elif msg.kind is k.GATE:
             [row] = self.h.query("SELECT digest FROM outbox WHERE step_id = ?", (msg.step_id,))
             obs.gate_opened(msg.step_id, msg.digest, row[0])

@@ -113,6 +113,7 @@ def test_crash_around_the_key_insert_returns_the_existing_task(when: str) -> Non
         ("consumer-replay", "double-effect", "effect-key-is-identity"),
         ("forged/path_not_allowed", "evidence-ignored", "success-is-verified"),
         ("stale-checkpoint", "stale-checkpoint", "stale-checkpoint"),
+        ("lease-takeover", "lease-takeover", "lease-holder"),
     ],
 )
 def test_a_planted_bug_turns_its_history_into_a_violation(
@@ -137,6 +138,7 @@ def test_every_hazard_is_reachable_from_random_schedules() -> None:
         "checkpoint": "stale-checkpoint",
         **{name: name for name in ("crash-before-send", "crash-after-send", "crash-mid-batch")},
         "cancel-vs-delivery": "cancel-vs-delivery",
+        "lease-takeover": "lease-takeover",
     }
     seen: set[str] = set()
     with scratch_root() as root, Workspace(root) as workspace:
@@ -242,7 +244,8 @@ def test_a_late_push_naming_the_committed_fence_cannot_move_its_ref() -> None:
         assert world.violations == []
         assert world.repos.refs["refs/tether/T1/T1.0/2"] == "c2"
         [late] = [x for x in world.trace if "report T1.0 fence 2 payload" in x and "late" in x]
-        assert "problems bundle_refused -> replayed" in late
+        # fence 2 was granted to r1's token: to r0 it is a lease it never held
+        assert "problems bundle_refused -> refused not_found" in late
         assert world.h.query("SELECT candidate_sha FROM steps WHERE id = 'T1.0'")[0][0] == "c2"
 
 
@@ -260,6 +263,28 @@ def test_a_stale_checkpoint_is_refused_and_the_next_attempt_resumes_from_the_las
         # every turn's tokens counted once: a's two accepted turns, b's one turn and result
         [used] = world.h.query("SELECT tokens_used FROM tenants WHERE name = 'acme'")
         assert used[0] >= 20 + 20
+
+
+def test_a_lease_taken_over_by_another_token_is_refused_and_its_holder_commits() -> None:
+    """The intruder (the pool's other token, fence known) renews, checkpoints, reports and
+    releases runner r0's lease: all refused `not_found`; r0's own report commits."""
+    with played("lease-takeover") as world:
+        assert world.violations == []
+        moves = [x for x in world.trace if "deliver m" in x and " intruder " in x]
+        assert [x.split(" intruder ", 1)[1].split(" ", 1)[0] for x in moves] == [
+            "renew",
+            "checkpoint",
+            "report",
+            "release",
+        ]
+        assert all(x.endswith("-> refused not_found") for x in moves), moves
+        [row] = world.h.query("SELECT fence, output_json FROM steps WHERE id = 'T1.0'")
+        assert row["fence"] == 1
+        assert "intruder" not in row["output_json"]
+        [attempt] = world.h.query("SELECT token_id, state FROM attempts WHERE fence = 1")
+        assert tuple(attempt) == ("token-a", "committed")
+        assert world.h.query("SELECT COUNT(*) FROM checkpoints")[0][0] == 0
+        assert world.observer.states == {"T1": "SUCCEEDED"}
 
 
 def test_random_schedules_drive_eager_grants_and_batched_renewals() -> None:
