@@ -53,7 +53,9 @@ async def test_last_use_is_written_on_first_use_then_at_most_once_a_minute(
     await use_operator()
     assert last_used(api)["operator:acme"] == start + LAST_USE_EVERY_S
     # Only the token that was used: the others were never seen.
-    assert [v for k, v in last_used(api).items() if k != "operator:acme"] == [None, None, None]
+    others = [v for k, v in last_used(api).items() if k != "operator:acme"]
+    assert others
+    assert others == [None] * len(others)
 
     shown = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start + LAST_USE_EVERY_S))
     listing = admin.list_tokens(api.path)
