@@ -22,7 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.test_runner_processes import POOL, Cluster, Proc, environment, free_port, wait_for
+from tests.test_model_apis_processes import submit
+from tests.test_runner_processes import Cluster, Proc, environment, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -62,25 +63,12 @@ def start_metadata(cluster: Cluster, port: int) -> Proc:
 
 def submit_agent(cluster: Cluster) -> str:
     messages = [{"role": "user", "content": "Write the two notes."}]
-    plan = {
-        "steps": [
-            {
-                "name": "notes",
-                "kind": "agent",
-                "payload": {"messages": messages, "allowed_commands": []},
-            }
-        ]
+    step = {
+        "name": "notes",
+        "kind": "agent",
+        "payload": {"messages": messages, "allowed_commands": []},
     }
-    body = {"idempotency_key": f"agent-{cluster.sup_port}", "plan": plan, "pool": POOL}
-    task = cluster.http.post("/v1/tasks", json=body)
-    assert task.status_code == 201, task.text
-    approved = cluster.http.post(
-        f"/v1/tasks/{task.json()['id']}/approve",
-        json={"plan_hash": task.json()["plan_hash"], "base_sha": None},
-    )
-    assert approved.status_code == 200, approved.text
-    task_id: str = task.json()["id"]
-    return task_id
+    return submit(cluster, f"agent-{cluster.sup_port}", step)
 
 
 def asked_turns(cluster: Cluster) -> list[int]:

@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 from tether.supervisor import admin, service
 from tether.supervisor.ledger.outbox import Delivered, Unanswered
+from tether.supervisor.ledger.views import RUNNER_ONLINE_S
 
 from .agent_repos import make_origin
 from .api_tasks import submitted
@@ -310,7 +311,7 @@ async def test_the_runners_page_shows_each_runner_online_or_offline_and_the_queu
     assert re.search(r"<td><code>default</code></td>\s*<td>1</td>\s*<td>1</td>", text)
     assert "1 of 1 online" in text
     assert (await web.report(lease)).status_code == 200
-    clock.advance(121)  # past RUNNER_RECENT_S, holding no lease
+    clock.advance(RUNNER_ONLINE_S + 1)  # no claim within the window, holding no lease
     part = await client.get("/ui/runners-fragment")
     strict_fragment(part.text)
     assert runner_rows(part.text)["box-1"][:4] == ["offline", "default", "chat", "0"]
