@@ -21,7 +21,8 @@ import httpx
 from tether.clocks import LoopClock
 from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
-from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.model_client import ModelClient
 from tether.runner.settings import RunnerSettings
 from tether.runner.supervisor_client import SupervisorClient

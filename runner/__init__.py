@@ -8,7 +8,8 @@ and sniffio, which httpcore looks for on every request (see pyproject.toml).
 """
 
 from tether.runner.daemon import Runner
-from tether.runner.kinds import KindRegistry, StepContext, StepKind, StepOutput
+from tether.runner.kinds.base import StepContext, StepKind, StepOutput
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.settings import RunnerSettings
 
 __all__ = ["KindRegistry", "Runner", "RunnerSettings", "StepContext", "StepKind", "StepOutput"]

@@ -29,7 +29,7 @@ from tether.runner import tracing
 from tether.runner.credentials import SecretMissing, SecretSource
 from tether.runner.daemon import Runner
 from tether.runner.http import SUPERVISOR_KEEPALIVE_EXPIRY_S, pooled_transport
-from tether.runner.kinds import KindRegistry
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.log_shipping import LogBuffer
 from tether.runner.models import MODEL_APIS, ModelClient, wire_api
 from tether.runner.preemption import metadata_client, source_for

@@ -36,7 +36,7 @@ from tether.runner.errors import (
     TokenRejected,
 )
 from tether.runner.keeper import RenewalBatcher
-from tether.runner.kinds import KindRegistry
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.lease import Lease
 from tether.runner.log_shipping import LogBuffer, LogShipper
 from tether.runner.model_client import ModelClient

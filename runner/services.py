@@ -1,6 +1,7 @@
-"""What the supervisor does for one step beyond its lease (`tether.runner.kinds.StepServices`): the
-artifact store and the step's checkpoints, over the runner's one `SupervisorClient` and bound
-to the lease's step and fence (docs/design.md, Artifacts; issue 12, item 7).
+"""What the supervisor does for one step beyond its lease
+(`tether.runner.kinds.base.StepServices`): the artifact store and the step's checkpoints, over
+the runner's one `SupervisorClient` and bound to the lease's step and fence (docs/design.md,
+Artifacts; issue 12, item 7).
 
 Files are hashed in a worker thread and sent in chunks of `CHUNK_BYTES`, and downloads are
 written as they arrive, so a step never holds a bundle or a log in memory: the runner keeps

@@ -52,7 +52,8 @@ from tether.runner.errors import (
     TransientFailure,
 )
 from tether.runner.keeper import LeaseKeeper, RenewalBatcher
-from tether.runner.kinds import KindRegistry, StepContext, StepOutput, WindDown
+from tether.runner.kinds.base import StepContext, StepOutput, WindDown
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.lease import Lease
 from tether.runner.model_client import Completion, ModelClient
 from tether.runner.results import ResultSender

@@ -15,7 +15,7 @@ from tests.test_runner_fakes import MODEL_KEY, FakeModel, FakeSupervisor, Rig, s
 from tether.clocks import LoopClock
 from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
-from tether.runner.kinds import KindRegistry
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.model_client import ModelClient
 from tether.runner.supervisor_client import SupervisorClient
 

@@ -12,7 +12,7 @@ from tests.agent_repos import make_origin, sh
 from tests.agent_services import FakeServices, ScriptedChat, call, lease_repository
 from tether.runner.agent import AgentKind, NoSandbox
 from tether.runner.agent.checks import TIMED_OUT_EXIT_CODE, CheckLimits
-from tether.runner.kinds import StepContext
+from tether.runner.kinds.base import StepContext
 from tether.wire.records import LeaseRepository
 
 ASK = [{"role": "user", "content": "Make the test pass."}]

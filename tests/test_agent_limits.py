@@ -47,7 +47,7 @@ from tether.runner.agent.confine import CommandLimits, Confiner, host_cgroups
 from tether.runner.agent.errors import WorktreeTooLarge
 from tether.runner.agent.sandbox import detect_sandbox, private_tmp
 from tether.runner.errors import StepRejected
-from tether.runner.kinds import StepContext
+from tether.runner.kinds.base import StepContext
 
 FORKS = 600
 BALLOON_MB = 1536

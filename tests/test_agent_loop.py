@@ -23,7 +23,8 @@ from tether.clocks import LoopClock
 from tether.runner.agent import AgentKind, NoSandbox
 from tether.runner.agent.loop import TRANSCRIPT_ENTRIES_MAX, TRANSCRIPT_TEXT_MAX
 from tether.runner.errors import StepRejected
-from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.model_client import Completion, ModelClient
 from tether.wire.payloads import BUILT_IN_KINDS
 from tether.wire.records import LeaseRepository

@@ -24,7 +24,7 @@ from tether.runner.agent.confine import CommandLimits
 from tether.runner.agent.mcp import McpUnavailable
 from tether.runner.agent.sandbox import Bubblewrap, Sandbox
 from tether.runner.errors import LeaseLost, LostBecause, OperatorProblem, StepRejected
-from tether.runner.kinds import StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
 from tether.wire import ReleaseReason
 from tether.wire.payloads import AgentPayload, read_payload
 

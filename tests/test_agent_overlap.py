@@ -23,7 +23,7 @@ from tether.runner.agent import AgentKind, NoSandbox, WorkspaceFailed
 from tether.runner.agent import checkpoints as checkpoints_module
 from tether.runner.agent import workspace as workspace_module
 from tether.runner.errors import SupervisorUnreachable
-from tether.runner.kinds import StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
 from tether.runner.model_client import Completion
 from tether.wire.records import Checkpoint, LeaseRepository, ResumePoint
 

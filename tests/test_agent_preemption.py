@@ -18,7 +18,7 @@ from tests.agent_services import USAGE, FakeServices, ScriptedChat, call
 from tether.runner.agent import AgentKind, NoSandbox
 from tether.runner.agent.checkpoints import unanswered_calls
 from tether.runner.errors import Preempted
-from tether.runner.kinds import StepContext, WindDown
+from tether.runner.kinds.base import StepContext, WindDown
 from tether.runner.model_client import Completion
 from tether.wire.records import ResumePoint
 

@@ -20,7 +20,7 @@ from tests.agent_services import USAGE, FakeServices, ScriptedChat, call, lease_
 from tests.test_agent_overlap import HangingChat
 from tether.runner.agent import AgentKind, NoSandbox
 from tether.runner.errors import LeaseLost, LostBecause
-from tether.runner.kinds import StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
 from tether.wire.records import LeaseRepository, ResumePoint
 
 ASK = [{"role": "user", "content": "Make the test pass."}]

@@ -26,7 +26,8 @@ from tether.runner.agent.sandbox_policy import refusal
 from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
 from tether.runner.errors import OperatorProblem
-from tether.runner.kinds import KindRegistry, StepContext
+from tether.runner.kinds.base import StepContext
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.model_client import ModelClient
 from tether.runner.supervisor_client import SupervisorClient
 from tether.wire import ReleaseReason

@@ -21,7 +21,7 @@ from tether.runner.agent import AgentKind, Bubblewrap, Sandbox
 from tether.runner.agent.errors import SetupFailed
 from tether.runner.agent.sandbox import detect_sandbox
 from tether.runner.errors import LeaseLost, LostBecause
-from tether.runner.kinds import StepContext
+from tether.runner.kinds.base import StepContext
 from tether.runner.settings import RunnerSettings
 from tether.settings import SettingsError, load_settings
 from tether.wire.payloads import AgentPayload, read_payload

@@ -16,7 +16,8 @@ from tether.clocks import LoopClock
 from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
 from tether.runner.errors import TransientFailure
-from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.model_client import ModelClient
 from tether.runner.supervisor_client import SupervisorClient
 from tether.supervisor import admin

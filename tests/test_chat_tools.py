@@ -15,7 +15,7 @@ from examples.standin_model import create_app, read_scenario
 from tether.clocks import LoopClock
 from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
-from tether.runner.kinds import KindRegistry
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.model_client import ModelClient
 from tether.runner.models import wire_api
 from tether.runner.supervisor_client import SupervisorClient

@@ -22,7 +22,8 @@ import pytest
 
 from tether.clocks import LoopClock
 from tether.runner.agent import AgentKind, NoSandbox
-from tether.runner.kinds import StepContext, run_chat
+from tether.runner.kinds.base import StepContext
+from tether.runner.kinds.chat import run_chat
 from tether.runner.models import MODEL_APIS, Completion, ModelClient, wire_api
 
 from .test_runner_processes import free_port

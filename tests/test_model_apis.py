@@ -25,7 +25,8 @@ from tether.runner.errors import (
     StepUnsupported,
     TransientFailure,
 )
-from tether.runner.kinds import StepContext, run_chat
+from tether.runner.kinds.base import StepContext
+from tether.runner.kinds.chat import run_chat
 from tether.runner.models import MODEL_APIS, Completion, ModelClient, WireApi, wire_api
 from tether.runner.models.anthropic import ANTHROPIC_VERSION, AnthropicMessages
 from tether.runner.models.responses import Responses

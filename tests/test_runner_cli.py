@@ -19,7 +19,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 import tether.runner
 from tether.runner.cli import main
-from tether.runner.kinds import KindRegistry
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.settings import RunnerSettings
 from tether.settings import SettingsError, load_settings
 

@@ -23,7 +23,7 @@ import httpx
 
 from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
-from tether.runner.kinds import KindRegistry
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.model_client import ModelClient
 from tether.runner.models import wire_api
 from tether.runner.settings import RunnerSettings

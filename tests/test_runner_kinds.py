@@ -8,14 +8,9 @@ from typing import Any
 import pytest
 
 from tether.runner.errors import StepRejected, StepUnsupported
-from tether.runner.kinds import (
-    ENTRY_POINT_GROUP,
-    KindRegistry,
-    StepContext,
-    StepOutput,
-    chat_request,
-    run_chat,
-)
+from tether.runner.kinds.base import StepContext, StepKind, StepOutput, WindDown
+from tether.runner.kinds.chat import chat_request, run_chat
+from tether.runner.kinds.registry import ENTRY_POINT_GROUP, KindRegistry
 from tether.runner.lease import EarlierOutput
 from tether.runner.model_client import Completion
 from tether.wire.payloads import CalledFunction, ToolCall
@@ -114,6 +109,18 @@ def test_a_deployment_adds_kinds_in_code_or_by_entry_point(monkeypatch: pytest.M
 
     monkeypatch.setattr("importlib.metadata.entry_points", entry_points)
     assert KindRegistry.default().names() == ["agent", "chat", "echo-ep", "verify"]
+
+
+def test_a_kind_written_against_the_package_names_is_served() -> None:
+    """A kind's author imports the interface from `tether.runner.kinds` (the names docs/ give);
+    they are `base`'s own, so such a kind is one the registry serves."""
+    from tether.runner import kinds
+
+    assert kinds.StepContext is StepContext
+    assert kinds.StepKind is StepKind
+    assert kinds.StepOutput is StepOutput
+    assert kinds.WindDown is WindDown
+    assert KindRegistry([("echo", _echo)]).get("echo") is _echo
 
 
 # -- tool calls (issue 12, item 1) ---------------------------------------------------------

@@ -202,7 +202,7 @@ async def test_a_step_kinds_own_lines_checkpoint_and_resuming_carry_the_steps_id
     The attempt resuming from an earlier one's checkpoint names that one as `from_fence`, so
     its `fence` stays the attempt's own."""
     from tether.runner.agent import AgentKind, NoSandbox
-    from tether.runner.kinds import KindRegistry
+    from tether.runner.kinds.registry import KindRegistry
 
     agent = AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox())
     rig = make_rig(tmp_path, kinds=KindRegistry([("agent", agent)]))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from tests.test_runner_fakes import make_lease, make_rig
 from tests.test_runner_steps import run_until, step_outcomes
-from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
+from tether.runner.kinds.registry import KindRegistry
 from tether.wire.codec import decode
 from tether.wire.records import ReleaseRequest
 

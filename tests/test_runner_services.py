@@ -35,7 +35,8 @@ from tether.runner.errors import (
     SupervisorRefused,
     SupervisorUnreachable,
 )
-from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
+from tether.runner.kinds.registry import KindRegistry
 from tether.runner.lease import Lease
 from tether.runner.services import CHUNK_BYTES, SupervisorServices
 from tether.runner.supervisor_client import SupervisorClient

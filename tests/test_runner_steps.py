@@ -21,7 +21,8 @@ from tests.test_runner_fakes import (
     make_lease,
     make_rig,
 )
-from tether.runner.kinds import KindRegistry, StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
+from tether.runner.kinds.registry import KindRegistry
 from tether.wire import content_hash
 
 

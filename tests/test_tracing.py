@@ -20,7 +20,7 @@ from tests.agent_repos import make_origin
 from tests.agent_services import FakeServices, ScriptedChat, call, lease_repository
 from tether import tracing
 from tether.runner.agent import AgentKind, NoSandbox
-from tether.runner.kinds import StepContext
+from tether.runner.kinds.base import StepContext
 from tether.tracing import TraceParent, parse_traceparent, trace_id_of, wanted
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ import pytest
 from examples.standin_model import create_app, read_scenario
 from tether import tracing
 from tether.runner.agent import AgentKind, NoSandbox
-from tether.runner.kinds import KindRegistry
+from tether.runner.kinds.registry import KindRegistry
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.dispatcher import Dispatcher
 from tether.supervisor.effects.registry import EffectKinds

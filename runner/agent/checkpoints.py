@@ -38,7 +38,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from tether.runner import tracing
 from tether.runner.agent.workspace import Snapshot, Workspace
 from tether.runner.errors import LeaseLost, RunnerError
-from tether.runner.kinds import StepServices
+from tether.runner.kinds.base import StepServices
 from tether.wire import canonical_json
 from tether.wire.payloads import ToolCall
 from tether.wire.records import Checkpoint, ResumePoint

@@ -44,7 +44,7 @@ from tether.runner.agent.setup import SetupRun, run_setup
 from tether.runner.agent.tools import ToolBox, ToolLimits, ToolResult
 from tether.runner.agent.workspace import CleanupRecord, RepoCache, Workspace, tree_size
 from tether.runner.errors import StepRejected
-from tether.runner.kinds import ChatModel, StepContext, StepOutput, WindDown
+from tether.runner.kinds.base import ChatModel, StepContext, StepOutput, WindDown
 from tether.runner.models import USAGE_KEYS, Completion
 from tether.wire.payloads import AgentPayload, ToolCall, plain, read_payload
 from tether.wire.records import CheckRun, LeaseRepository

@@ -21,7 +21,7 @@ import structlog
 from tether.runner.agent.checks import run_checks
 from tether.runner.agent.setup import run_setup
 from tether.runner.errors import StepRejected
-from tether.runner.kinds import StepContext, StepOutput
+from tether.runner.kinds.base import StepContext, StepOutput
 from tether.wire.payloads import VerifyPayload, read_payload
 
 if TYPE_CHECKING:
