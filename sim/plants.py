@@ -23,7 +23,7 @@ from tether.supervisor.ledger import (
     identity,
     outbox,
     queries,
-    states,
+    transitions,
     verification,
 )
 from tether.supervisor.ledger.errors import NotFound
@@ -43,7 +43,7 @@ def effects_keyed_by_attempt(tx: Tx, step: sqlite3.Row, rep: Report) -> str | No
     return effect_key(rep.step_id, tx.new_id())
 
 
-_require_allowed = states.require_allowed
+_require_allowed = transitions.require_allowed
 
 
 def ended_tasks_move_on(task_id: str, current: TaskState, target: TaskState) -> None:
@@ -134,7 +134,7 @@ PLANTS: dict[str, Plant] = {
         module=effects, name="effect_identity", replacement=effects_keyed_by_attempt
     ),
     "terminal-overwrite": Plant(
-        module=states, name="require_allowed", replacement=ended_tasks_move_on
+        module=transitions, name="require_allowed", replacement=ended_tasks_move_on
     ),
     "key-reuse": Plant(
         module=identity,

@@ -23,8 +23,8 @@ from tether.supervisor.ledger import (
     TaskState,
     TerminalState,
 )
-from tether.supervisor.ledger.states import transition
 from tether.supervisor.ledger.store import LedgerStore, open_ledger
+from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, ReleaseReason
 from tether.wire.records import Lease

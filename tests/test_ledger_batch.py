@@ -23,7 +23,7 @@ from tether.supervisor.ledger import (
 )
 from tether.supervisor.ledger.batch import RuleCrashed
 from tether.supervisor.ledger.identity import create_task
-from tether.supervisor.ledger.states import transition
+from tether.supervisor.ledger.transitions import transition
 
 from .conftest import Sim, count, make_spec
 

@@ -17,7 +17,7 @@ from tether.supervisor.ledger import (
     TaskState,
     TerminalState,
 )
-from tether.supervisor.ledger.states import transition
+from tether.supervisor.ledger.transitions import transition
 from tether.wire import ReleaseReason
 
 from .conftest import FakeClock, count, make_spec, queued_task, report_for

@@ -1,4 +1,4 @@
-"""The review record's stamps: `states.transition` sets approved_at, started_at and finished_at
+"""The review record's stamps: `transitions.transition` sets approved_at, started_at and finished_at
 when a task first enters the state that stamps each, and a later move never overwrites one."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from tether.supervisor.ledger import TaskState
 from tether.supervisor.ledger.identity import create_task
-from tether.supervisor.ledger.states import transition
+from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import Tx
 
 from .conftest import FakeClock, Sim, make_spec

@@ -1,5 +1,5 @@
 """The task state machine of docs/design.md, every one of the 8x8 (from, to) pairs, each applied by
-`states.transition` inside a real ledger transaction (`execute_batch`)."""
+`transitions.transition` inside a real ledger transaction (`execute_batch`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tether.supervisor.ledger import (
     TerminalState,
 )
 from tether.supervisor.ledger.identity import create_task
-from tether.supervisor.ledger.states import transition
+from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import Tx
 
 from .conftest import Sim, make_spec, own_sql

@@ -20,7 +20,8 @@ from tether.supervisor.ledger.fencing import (
 )
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.operator import observe_head
-from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
+from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
+from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import Row, Tx, dumps
 from tether.supervisor.ledger.verification import Evidence, verify
 from tether.wire import Outcome, effect_key

@@ -15,7 +15,8 @@ from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.renewal_memory import WrittenRenewal
-from tether.supervisor.ledger.states import AttemptState, StepState, TaskState, transition
+from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
+from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
 from tether.wire import ReleaseReason
 from tether.wire.payloads import VERIFY_KIND

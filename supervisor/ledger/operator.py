@@ -16,7 +16,8 @@ from tether.supervisor.ledger.fencing import fail_task, withdraw_effects
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.prefixes import resolve_plan_hash
-from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState, transition
+from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
+from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import ALL_POOLS, Row, Statements, Tx, dumps, loads
 from tether.supervisor.ledger.verification import review_verdict, stale_base
 from tether.wire.records import Budget

@@ -25,7 +25,8 @@ from tether.supervisor.ledger.errors import (
 )
 from tether.supervisor.ledger.fencing import fail_step, fail_task, find_step
 from tether.supervisor.ledger.journal import append_event
-from tether.supervisor.ledger.states import TERMINAL, TaskState, transition
+from tether.supervisor.ledger.states import TERMINAL, TaskState
+from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import EFFECTS, Row, Statements, Tx, dumps, loads
 from tether.supervisor.ledger.verification import Finding, candidate_sha, findings
 from tether.wire import content_hash, effect_key, templates

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Literal
 
+from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
+
 Dialect = Literal["sqlite", "postgresql"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
 
@@ -45,9 +47,6 @@ class Query:
 
 
 def _enums() -> Mapping[str, type[enum.Enum]]:
-    # Here, not at the top: states.py imports tx.py, which imports this module.
-    from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
-
     return {"TaskState": TaskState, "StepState": StepState, "AttemptState": AttemptState}
 
 
