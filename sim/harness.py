@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from tether.sim.plants import Plant
 from tether.supervisor.ledger import queries, reaper
-from tether.supervisor.ledger.backends import Backend, SqliteBackend, WriteConnection
+from tether.supervisor.ledger.backend_protocol import Backend, WriteConnection
+from tether.supervisor.ledger.backends import SqliteBackend
 from tether.supervisor.ledger.batch import Rule, RuleOutcome, Transactions
 from tether.supervisor.ledger.queries import Dialect
 from tether.supervisor.ledger.schema import open_ledger_file

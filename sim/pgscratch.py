@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from tether.supervisor.ledger import pg_schema
-from tether.supervisor.ledger.backends import WriteConnection
+from tether.supervisor.ledger.backend_protocol import WriteConnection
 from tether.supervisor.ledger.pg_schema import PgRow
 from tether.supervisor.ledger.postgres import PgConnection, PostgresBackend
 from tether.supervisor.ledger.queries import Dialect

@@ -33,13 +33,8 @@ from tether.supervisor.ledger import (
     views,
 )
 from tether.supervisor.ledger import queries as named_queries
-from tether.supervisor.ledger.backends import (
-    Backend,
-    LedgerUrlError,
-    SqliteBackend,
-    WriteConnection,
-    open_backend,
-)
+from tether.supervisor.ledger.backend_protocol import Backend, WriteConnection
+from tether.supervisor.ledger.backends import LedgerUrlError, SqliteBackend, open_backend
 from tether.supervisor.ledger.batch import Transactions
 from tether.supervisor.ledger.operator import budget_of, set_budget, set_verify_pool
 from tether.supervisor.ledger.schema import connect, integrity_problems, newest_migration

@@ -24,7 +24,8 @@ from tether.supervisor.api import create_app, drain
 from tether.supervisor.effects.addresses import Resolver, system_resolver
 from tether.supervisor.head_timeout import head_timeout_protocol
 from tether.supervisor.ledger import LedgerError
-from tether.supervisor.ledger.backends import Backend, LedgerUrlError, open_backend
+from tether.supervisor.ledger.backend_protocol import Backend
+from tether.supervisor.ledger.backends import LedgerUrlError, open_backend
 from tether.supervisor.settings import SupervisorSettings
 
 log = structlog.get_logger("tether.supervisor")

@@ -28,7 +28,8 @@ from tether.supervisor.ledger import (
     Tx,
     queries,
 )
-from tether.supervisor.ledger.backends import SQLITE, Backend, SqliteBackend, WriteConnection
+from tether.supervisor.ledger.backend_protocol import Backend, WriteConnection
+from tether.supervisor.ledger.backends import SQLITE, SqliteBackend
 from tether.supervisor.ledger.batch import RuleOutcome, Transactions
 from tether.supervisor.ledger.queries import to_pyformat
 from tether.supervisor.ledger.schema import open_ledger_file

@@ -28,7 +28,8 @@ from tether.supervisor.ledger import (
     TaskSpec,
     postgres,
 )
-from tether.supervisor.ledger.backends import EVERYTHING, LedgerUrlError, Wakeup, open_backend
+from tether.supervisor.ledger.backend_protocol import EVERYTHING, Wakeup
+from tether.supervisor.ledger.backends import LedgerUrlError, open_backend
 from tether.supervisor.ledger.pg_schema import connect
 from tether.supervisor.ledger.postgres import CHANNEL, PostgresBackend
 from tether.supervisor.ledger.store import LedgerStore, open_ledger

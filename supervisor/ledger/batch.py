@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tether.supervisor.ledger import queries
-from tether.supervisor.ledger.backends import SQLITE, Backend, Wakeup, WriteConnection
+from tether.supervisor.ledger.backend_protocol import Backend, Wakeup, WriteConnection
+from tether.supervisor.ledger.backends import SQLITE
 from tether.supervisor.ledger.decisions import Decision, Note
 from tether.supervisor.ledger.errors import LedgerError, Refused, StorageError
 from tether.supervisor.ledger.journal import record_rejection, settle

@@ -41,7 +41,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from tether.supervisor.ledger import pg_schema, queries
-from tether.supervisor.ledger.backends import EVERYTHING, Fire, Reads, Wakeup, WriteConnection
+from tether.supervisor.ledger.backend_protocol import (
+    EVERYTHING,
+    Fire,
+    Reads,
+    Wakeup,
+    WriteConnection,
+)
 from tether.supervisor.ledger.errors import StorageError
 from tether.supervisor.ledger.pg_schema import PgRow
 from tether.supervisor.ledger.queries import Dialect

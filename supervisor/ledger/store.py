@@ -56,14 +56,8 @@ from tether.supervisor.ledger import (
     ui_sessions,
     views,
 )
-from tether.supervisor.ledger.backends import (
-    EVERYTHING,
-    Backend,
-    Reads,
-    SqliteBackend,
-    Wakeup,
-    open_backend,
-)
+from tether.supervisor.ledger.backend_protocol import EVERYTHING, Backend, Reads, Wakeup
+from tether.supervisor.ledger.backends import SqliteBackend, open_backend
 from tether.supervisor.ledger.batch import BatchResult, RuleOutcome, Transactions, random_id
 from tether.supervisor.ledger.counts import LedgerCounts
 from tether.supervisor.ledger.decisions import log_decisions
