@@ -19,11 +19,12 @@ from tether.supervisor.ledger.errors import (
     PayloadDrift,
     StaleFence,
 )
-from tether.supervisor.ledger.fencing import UNCOUNTED_RELEASES, tokens_spent
+from tether.supervisor.ledger.fencing import UNCOUNTED_RELEASES
 from tether.supervisor.ledger.identity import Created, StepSpec, TaskSpec, step_id_for
 from tether.supervisor.ledger.outbox import Outgoing
 from tether.supervisor.ledger.reaper import ALIVE_GRACE_S, ALIVE_PER_S
 from tether.supervisor.ledger.states import TERMINAL, TaskState
+from tether.supervisor.ledger.steps import tokens_spent
 from tether.supervisor.ledger.tx import LedgerConfig
 from tether.supervisor.ledger.verification import Evidence, Finding
 from tether.wire import Outcome, ReleaseReason, content_hash
@@ -650,7 +651,7 @@ def _failed(why: str, codes: Iterable[Finding]) -> Expectation:
 
 def _lapsed(lease: ShadowLease, now: float) -> bool:
     """Past its deadline, or never acknowledged within the acceptance window (the ledger's
-    rule, `fencing._lapsed`, restated from the shadow's own bookkeeping)."""
+    rule, `steps.lapsed`, restated from the shadow's own bookkeeping)."""
     accept = lease.accept_deadline
     return lease.deadline <= now or (accept is not None and accept <= now)
 

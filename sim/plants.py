@@ -19,10 +19,10 @@ from tether.supervisor.ledger import (
     Report,
     checkpoints,
     effects,
-    fencing,
     identity,
     outbox,
     queries,
+    steps,
     transitions,
     verification,
 )
@@ -145,7 +145,7 @@ PLANTS: dict[str, Plant] = {
     "unverified-success": Plant(
         module=effects, name="verify", replacement=success_needs_no_evidence
     ),
-    "lapsed-lease": Plant(module=fencing, name="lapsed", replacement=leases_never_lapse),
+    "lapsed-lease": Plant(module=steps, name="lapsed", replacement=leases_never_lapse),
     "evidence-ignored": Plant(
         module=verification, name="problems_of", replacement=evidence_ignored
     ),

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 from tether.supervisor.ledger.errors import QuotaExceeded, StaleFence
-from tether.supervisor.ledger.fencing import held_step, lapsed
 from tether.supervisor.ledger.states import StepState
+from tether.supervisor.ledger.steps import held_step, lapsed
 from tether.supervisor.ledger.tokens import Principal, Role
 from tether.supervisor.ledger.tx import Statements, Tx
 
@@ -47,7 +47,7 @@ def upload_tenant(
 ) -> Upload:
     """What an upload by `who` is recorded for. A runner names the lease (step id, fence) it
     uploads for: `NotFound` unless the step is of its pool and that lease was granted to its
-    token (`fencing.held_step`, as for every rule about a lease), `StaleFence` unless the
+    token (`steps.held_step`, as for every rule about a lease), `StaleFence` unless the
     fence is the step's current one and the lease is live."""
     if who.role is Role.OPERATOR:
         return Upload(tenant=who.scope)

@@ -4,7 +4,7 @@ fence so a replayed attempt resumes there instead of paying for those turns agai
 
 A checkpoint is a write like a result: refused as `stale_fence`, and recorded, unless its fence
 is the step's current one and the step is leased. The step keeps only its latest one; a turn
-never goes back. The attempt's usage is charged by delta like a result's (`fencing.charge`).
+never goes back. The attempt's usage is charged by delta like a result's (`steps.charge`).
 The next grant of the step carries it as `Lease.resume` (`fencing.resume_point`).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, StaleFence
-from tether.supervisor.ledger.fencing import about_step, charge, held_step, require_current
 from tether.supervisor.ledger.states import StepState
+from tether.supervisor.ledger.steps import about_step, charge, held_step, require_current
 from tether.supervisor.ledger.tx import Tx, dumps
 from tether.wire.records import Checkpoint, Checkpointed
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 from tether.supervisor.ledger import outbox, verifier
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
-from tether.supervisor.ledger.fencing import (
+from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.operator import observe_head
+from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
+from tether.supervisor.ledger.steps import (
     about_step,
     charge,
     end_attempt,
     held_step,
     require_current,
 )
-from tether.supervisor.ledger.journal import append_event
-from tether.supervisor.ledger.operator import observe_head
-from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import Row, Tx, dumps
 from tether.supervisor.ledger.verification import Evidence, verify

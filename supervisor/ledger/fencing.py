@@ -12,10 +12,17 @@ from collections.abc import Collection, Mapping, Sequence
 
 from tether.supervisor.ledger import repositories, runners
 from tether.supervisor.ledger.decisions import Decision
-from tether.supervisor.ledger.errors import InvalidRequest, NotFound, StaleFence
+from tether.supervisor.ledger.errors import InvalidRequest, StaleFence
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.renewal_memory import WrittenRenewal
 from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
+from tether.supervisor.ledger.steps import (
+    about_step,
+    charge,
+    end_attempt,
+    held_step,
+    require_current,
+)
 from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
 from tether.wire import ReleaseReason
@@ -35,9 +42,6 @@ from tether.wire.records import (
 UNCOUNTED_RELEASES = frozenset(
     {ReleaseReason.OPERATOR, ReleaseReason.SHUTDOWN, ReleaseReason.PREEMPTED}
 )
-
-# A tenant's running total saturates here rather than overflow SQLite's 64-bit integer.
-TOKENS_CEILING = 2**62
 
 
 def next_fence(tx: Tx) -> int:
@@ -210,37 +214,6 @@ def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
     )  # fmt: skip
 
 
-def find_step(s: Statements, step_id: str, pool: str | None) -> Row:
-    """The step with its task's state, tenant and pool; `NotFound` outside the runner's pool."""
-    step = s.one("step_with_task", (step_id,))
-    if step is None or (pool is not None and step["pool"] != pool):
-        raise NotFound(f"no step {step_id}")
-    return step
-
-
-def held_step(
-    s: Statements, step_id: str, fence: int, token_id: str | None, pool: str | None = None
-) -> Row:
-    """The step (as `find_step` reads it), if an attempt of it was granted under `fence` to
-    the token `token_id` (None: a lease claimed without a token, in process); else
-    `NotFound`, the answer an unknown step gets.
-
-    A lease belongs to the token that claimed it: every rule about a lease (renew, release,
-    result, checkpoint) and every read a report's evidence needs asks this first, so another
-    runner token of the same pool, knowing or guessing the fence, learns nothing and changes
-    nothing. Whether the fence is still current is `require_current`'s question, asked after.
-    """
-    step = s.one("held_step_with_task", (fence, step_id))
-    if (
-        step is None
-        or (pool is not None and step["pool"] != pool)
-        or step["held_fence"] is None
-        or step["held_token_id"] != token_id
-    ):
-        raise NotFound(f"no step {step_id}")
-    return step
-
-
 def binding_of_lease(
     s: Statements, step_id: str, fence: int, token_id: str | None, pool: str | None
 ) -> repositories.Binding | None:
@@ -249,68 +222,6 @@ def binding_of_lease(
     holder's is ever imported under the attempt's ref."""
     held_step(s, step_id, fence, token_id, pool)
     return repositories.binding_of_step(s, step_id, pool)
-
-
-def require_current(tx: Tx, step: Row, fence: int) -> None:
-    """`StaleFence` unless `fence` is the current token of `step` (a row already read)."""
-    about = {"task_id": step["task_id"], "step_id": step["id"], "fence": fence}
-    if step["fence"] != fence:
-        raise StaleFence(f"fence {fence} is not step {step['id']}'s current token").about(**about)
-    if step["state"] == StepState.LEASED and lapsed(step, tx.now):
-        raise StaleFence(f"the lease on step {step['id']} under fence {fence} has lapsed").about(
-            **about
-        )
-
-
-def lapsed(step: Row, now: float) -> bool:
-    """Past its deadline, or never acknowledged within the acceptance window.
-
-    A runner acknowledges a lease by its first renew (half a renew interval after the claim
-    reply reached it) or by its result, whichever comes first; a lease never acknowledged
-    within `accept_window_s` (its claim reply was lost on the wire) is reaped early instead of
-    stranding its step for a whole TTL.
-    """
-    accept = step["accept_deadline"]
-    return bool(step["lease_deadline"] <= now or (accept is not None and accept <= now))
-
-
-def tokens_spent(usage: Mapping[str, int]) -> int:
-    """The tokens a usage record counts: `total_tokens`, else prompt plus completion."""
-    if "total_tokens" in usage:
-        return max(0, int(usage["total_tokens"]))
-    return max(0, int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)))
-
-
-def charge(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
-    """Charge the tenant for what the attempt under `fence` spent, as its running total
-    `usage` tells, and return how many tokens were added: the increase over what was counted
-    for that attempt before (0 for a repeat or a smaller total).
-
-    Called before the fence is checked: should the rule be refused (a fenced-out result, a
-    late release or checkpoint), the same count runs again after the rollback
-    (`Tx.after_refusal`), so tokens an attempt spent are counted whether or not it commits
-    (docs/design.md, Budgets). Checkpoints, results and releases all charge this way, so a
-    checkpoint of 100 tokens and a result of 150 charge 150 in all.
-    """
-    tx.after_refusal.append(lambda later: _count(later, step, fence, usage))
-    return _count(tx, step, fence, usage)
-
-
-def _count(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
-    """Raise the total counted for the attempt of `step` under `fence` to `usage`, and the
-    tenant's spent total by the difference, when `usage` counts more than was counted."""
-    if not usage:
-        return 0
-    row = tx.one("attempt_usage", (fence, step["id"]))
-    if row is None:
-        return 0
-    before = tokens_spent(loads(row["usage_json"]) or {})
-    spent = tokens_spent(usage) - before
-    if spent <= 0:
-        return 0
-    tx.run("set_attempt_usage", (dumps(dict(usage)), fence, step["id"]))
-    tx.run("charge_tenant_tokens", (spent, TOKENS_CEILING, step["tenant"]))
-    return spent
 
 
 def budget_exhausted(tx: Tx, tenant: str) -> bool:
@@ -402,27 +313,6 @@ def release(
         return
     counted = reason not in UNCOUNTED_RELEASES
     requeue(tx, step, counted=counted, why=f"released ({reason})")
-
-
-def about_step(tx: Tx, step: Row) -> dict[str, object]:
-    """The fields of a decision's log line about `step` (a row of `find_step` or the reaper):
-    its task, tenant and pool, and the attempt it was last leased under with its token (read
-    with `find_step`'s row; looked up for the reaper's)."""
-    if "lease_token_id" in step.keys():  # noqa: SIM118 - `in` a row looks at its values
-        token_id = step["lease_token_id"]
-    else:
-        attempt = tx.one("attempt_token", (step["fence"],))
-        token_id = None if attempt is None else attempt["token_id"]
-    return {
-        "task_id": step["task_id"], "step_id": step["id"], "attempt": step["attempt"],
-        "fence": step["fence"], "runner_id": step["runner_id"], "token_id": token_id,
-        "tenant": step["tenant"], "pool": step["pool"],
-    }  # fmt: skip
-
-
-def end_attempt(tx: Tx, step_id: str, fence: int, state: AttemptState, reason: str) -> None:
-    """Close a live attempt. An attempt that already ended keeps how it ended."""
-    tx.run("end_live_attempt", (state.value, reason, tx.now, step_id, fence))
 
 
 def requeue(tx: Tx, step: Row, *, counted: bool, why: str) -> None:

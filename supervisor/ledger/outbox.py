@@ -23,9 +23,10 @@ from tether.supervisor.ledger.errors import (
     NotFound,
     TerminalState,
 )
-from tether.supervisor.ledger.fencing import fail_step, fail_task, find_step
+from tether.supervisor.ledger.fencing import fail_step, fail_task
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.states import TERMINAL, TaskState
+from tether.supervisor.ledger.steps import find_step
 from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import EFFECTS, Row, Statements, Tx, dumps, loads
 from tether.supervisor.ledger.verification import Finding, candidate_sha, findings

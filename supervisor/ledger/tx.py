@@ -106,7 +106,7 @@ class Tx:
     # What the rule does ("renew", "result", ...), named in the log line of its refusal.
     request: str = "request"
     # Writes that stand even if the rule is refused: the batch runs them after rolling the
-    # rule back, beside its rejection (the tokens a fenced-out attempt spent; `fencing.charge`).
+    # rule back, beside its rejection (the tokens a fenced-out attempt spent; `steps.charge`).
     after_refusal: list[Callable[[Tx], object]] = dataclasses.field(default_factory=list)
     # The latest event each task was given in this rule, written to `tasks.last_seq` once
     # when the rule ends (`journal.settle`) rather than once per event; emptied when the rule
