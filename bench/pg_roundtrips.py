@@ -1,14 +1,23 @@
-"""PostgreSQL round trips per committed step (issue 28; target <= 12): what the ledger's one
-writer thread sends the server for each step it commits, on its serialized connection.
+"""PostgreSQL round trips per committed step (issue 28; target <= 12): how often the ledger's
+one writer thread sends the server something and waits for its answer, for each step it
+commits, on its serialized connection.
 
 The ledger runs in this process on a scratch database of the server (`LedgerStore` on its
 PostgreSQL backend, the supervisor's own rules and writer), driven in the runner's shape
 without HTTP: `workers` loops each claim one lease, then report its result with an eager
 grant queued right behind it (`claim_after`, as `POST /v1/steps/results` does), so both rules
-share a group-commit batch. While the loops run, psycopg's `Cursor.execute` and `executemany`
-are wrapped here to count the calls made on the writer thread (`ledger-writer`): each is one
-round trip (an `executemany` is pipelined by psycopg: counted once). The supervisor's code is
-not touched. `python -m bench.pg_roundtrips [--steps N] [--workers W]` takes it alone.
+share a group-commit batch. The supervisor's code is not touched.
+
+The figure is read off the wire: libpq's own trace of the writer's connection (`PQtrace`,
+switched on here at the connection's first statement on the writer thread) lists every
+protocol message in the order sent and received, and a round trip is a run of messages the
+client sent followed by the server's answer. A statement sent alone is one; statements
+pipelined together (psycopg's pipeline mode, an `executemany`) share one, however many they
+are. Beside it, by kind, what the writer asked psycopg for (psycopg's `Cursor.execute`,
+`executemany` and pipeline calls wrapped here): statements sent alone (begin, commit,
+savepoint, other), `executemany` calls, and in pipeline mode the statements queued and the
+waits for their answers. `python -m bench.pg_roundtrips [--steps N] [--workers W]` takes it
+alone.
 """
 
 from __future__ import annotations
@@ -17,13 +26,18 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import os
+import re
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import psycopg
+from psycopg import pq
 
 from bench import pgdb as server
 from bench.ledgers import PgLedger
@@ -37,8 +51,8 @@ WRITER_THREAD = "ledger-writer"  # tether.supervisor.ledger.writer names its thr
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RoundTrips:
     steps: int
-    round_trips: int
-    by_kind: dict[str, int]  # BEGIN, COMMIT, SAVEPOINT/RELEASE, executemany, other statements
+    round_trips: int  # read off the wire (libpq's trace)
+    by_kind: dict[str, int]  # what the writer asked psycopg for; see the module
     seconds: float
 
     @property
@@ -46,9 +60,7 @@ class RoundTrips:
         return self.round_trips / self.steps if self.steps else 0.0
 
 
-def _kind(query: Any, many: bool) -> str:
-    if many:
-        return "executemany"
+def _kind(query: Any) -> str:
     text = query if isinstance(query, str) else str(query)
     head = text.lstrip().split(None, 1)[0].upper() if text.strip() else ""
     if head in ("BEGIN;", "BEGIN"):
@@ -60,29 +72,115 @@ def _kind(query: Any, many: bool) -> str:
     return "statement"
 
 
+# A message's line in libpq's trace: direction (F: the client sent it, B: the server), length.
+# A statement's text may hold newlines, so its later lines are told apart by this shape.
+_MESSAGE = re.compile(r"([FB])\t\d+\t")
+
+
+def turns(trace: Path) -> int:
+    """Round trips in a libpq trace: each run of messages the client sent (`F`) that the
+    server's messages (`B`) follow."""
+    count, sending = 0, False
+    with trace.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            message = _MESSAGE.match(line)
+            if message is None:
+                continue
+            if message.group(1) == "F":
+                sending = True
+            elif sending:
+                count, sending = count + 1, False
+    return count
+
+
 @contextlib.contextmanager
-def counted() -> Iterator[collections.Counter[str]]:
-    """Count the writer thread's round trips by kind while entered."""
+def counted(trace: Path) -> Iterator[collections.Counter[str]]:
+    """Trace the writer's connection into `trace` and count what the writer thread asks
+    psycopg for, by kind, while entered. `untrace` (below) flushes the trace."""
     seen: collections.Counter[str] = collections.Counter()
+    traced: set[int] = set()
+    inner = threading.local()  # inside an executemany made outside a pipeline
     execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+    sync, leave = psycopg.Pipeline.sync, psycopg.Pipeline.__exit__
+    fetch = psycopg.Cursor._fetch_pipeline
+
+    def on_writer(cursor: Any) -> bool:
+        if threading.current_thread().name != WRITER_THREAD:
+            return False
+        pgconn = cursor.connection.pgconn
+        if id(pgconn) not in traced:
+            traced.add(id(pgconn))
+            pgconn.trace(os.open(trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            _TRACED.append(pgconn)
+        return True
 
     def counting_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name == WRITER_THREAD:
-            seen[_kind(query, False)] += 1
+        if on_writer(self):
+            pipelined = self.connection._pipeline is not None
+            seen["pipelined" if pipelined else _kind(query)] += 1
         return execute(self, query, *args, **kwargs)
 
     def counting_executemany(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name == WRITER_THREAD:
-            seen[_kind(query, True)] += 1
-        return executemany(self, query, *args, **kwargs)
+        if not on_writer(self):
+            return executemany(self, query, *args, **kwargs)
+        if self.connection._pipeline is not None:
+            seen["pipelined"] += 1
+            return executemany(self, query, *args, **kwargs)
+        seen["executemany"] += 1
+        inner.many = True
+        try:
+            return executemany(self, query, *args, **kwargs)
+        finally:
+            inner.many = False
 
-    psycopg.Cursor.execute = counting_execute  # type: ignore[method-assign]
-    psycopg.Cursor.executemany = counting_executemany  # type: ignore[method-assign]
+    def counting_sync(self: Any) -> Any:
+        if threading.current_thread().name == WRITER_THREAD:
+            seen["pipeline sync"] += 1
+        return sync(self)
+
+    def counting_exit(self: Any, *args: Any) -> Any:
+        if threading.current_thread().name == WRITER_THREAD and not getattr(inner, "many", False):
+            seen["pipeline sync"] += 1
+        return leave(self, *args)
+
+    def counting_fetch(self: Any) -> Any:
+        pipeline = self.connection._pipeline
+        if (
+            threading.current_thread().name == WRITER_THREAD
+            and pipeline is not None
+            and not self.pgresult
+            and pipeline.result_queue
+        ):
+            seen["pipeline read"] += 1
+        return fetch(self)
+
+    patches = {
+        (psycopg.Cursor, "execute"): counting_execute,
+        (psycopg.Cursor, "executemany"): counting_executemany,
+        (psycopg.Cursor, "_fetch_pipeline"): counting_fetch,
+        (psycopg.Pipeline, "sync"): counting_sync,
+        (psycopg.Pipeline, "__exit__"): counting_exit,
+    }
+    originals = {key: getattr(*key) for key in patches}
+    for (cls, name), patched in patches.items():
+        setattr(cls, name, patched)
     try:
         yield seen
     finally:
-        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
-        psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
+        for (cls, name), original in originals.items():
+            setattr(cls, name, original)
+
+
+_TRACED: list[Any] = []  # the writer connections traced, to flush (`untrace`) at the end
+
+
+def untrace() -> None:
+    """Stop tracing every connection `counted` traced; libpq flushes the trace then."""
+    while _TRACED:
+        pgconn = _TRACED.pop()
+        with contextlib.suppress(Exception):  # a connection lost meanwhile has nothing to flush
+            pgconn.untrace()
 
 
 async def _grant(ledger: Any, lease: Lease, runner: str, pool: str, out: list[Any]) -> None:
@@ -123,19 +221,21 @@ async def _drive(ledger: Any, pool: str, workers: int) -> int:
 def measure(url: str, *, steps: int, workers: int = 64) -> RoundTrips:
     """Round trips per committed step on the server of `url`, in a scratch database."""
     pool = "roundtrips"
-    with server.scratch(url, "roundtrips") as db:
+    with server.scratch(url, "roundtrips") as db, tempfile.TemporaryDirectory() as scratch:
         PgLedger(db).create_tasks(pool, steps, approve=True)
         with psycopg.connect(db, autocommit=True) as conn:
             conn.execute("ANALYZE")  # as bench.pg: the claim's plan on a fresh table
+        trace = Path(scratch) / "writer.trace"
 
         async def main() -> RoundTrips:
             async with open_ledger(db) as ledger:
-                with counted() as seen:
+                with counted(trace) as seen:
                     start = time.perf_counter()
                     done = await _drive(ledger, pool, workers)
                     seconds = time.perf_counter() - start
+                    untrace()  # the writer is idle: every rule has been answered
             return RoundTrips(
-                steps=done, round_trips=sum(seen.values()), by_kind=dict(seen), seconds=seconds
+                steps=done, round_trips=turns(trace), by_kind=dict(seen), seconds=seconds
             )
 
         return anyio.run(main)

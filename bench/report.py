@@ -294,9 +294,9 @@ def round_trips_row(f: dict[str, Any], columns: int = 5) -> str:
     kinds = ", ".join(f"{k} {v / steps:.1f}" for k, v in sorted(f["by_kind"].items()))
     blanks = "  |" * (columns - 4)
     return (
-        f"| PostgreSQL round trips per committed step (the writer's, {f['workers']} loops in"
-        f" process: claim, then result + eager grant; per step: {kinds}) | {f['per_step']:.1f}"
-        f" |{blanks} <= {ROUND_TRIPS_TARGET} | {met} |"
+        f"| PostgreSQL round trips per committed step (the writer's, off the wire; {f['workers']}"
+        f" loops in process: claim, then result + eager grant; per step, what the writer asked"
+        f" psycopg for: {kinds}) | {f['per_step']:.1f} |{blanks} <= {ROUND_TRIPS_TARGET} | {met} |"
     )
 
 
