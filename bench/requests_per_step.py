@@ -26,6 +26,7 @@ from tether.runner.kinds.registry import KindRegistry
 from tether.runner.model_client import ModelClient
 from tether.runner.settings import RunnerSettings
 from tether.runner.supervisor_client import SupervisorClient
+from tether.wire.records import WantLeases
 
 
 class Counted(httpx.AsyncBaseTransport):
@@ -38,6 +39,13 @@ class Counted(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.seen[request.url.path.rstrip("/").rsplit("/", 1)[-1]] += 1
         return await self._inner.handle_async_request(request)
+
+
+class RunnerBeforeEagerDispatch(Runner):
+    """A runner as before eager dispatch: its results ask for no leases."""
+
+    def _eager_want(self, results: int) -> WantLeases | None:
+        return None
 
 
 def chat(k: int) -> dict[str, Any]:
@@ -91,7 +99,7 @@ async def measure(steps: int, concurrency: int, work_s: float, *, eager: bool) -
                 model_key_file=key,
             )  # fmt: skip
             clock = LoopClock()
-            runner = Runner(
+            runner = (Runner if eager else RunnerBeforeEagerDispatch)(
                 settings=settings,
                 supervisor=SupervisorClient(
                     base_url="http://s", token=runner_token, clock=clock, transport=counted
@@ -101,8 +109,6 @@ async def measure(steps: int, concurrency: int, work_s: float, *, eager: bool) -
                 kinds=KindRegistry([("chat", instant)]),  # answers at once, no model
                 clock=clock,
             )
-            if not eager:
-                runner._results.wanting = None  # as a runner before eager dispatch
             async with anyio.create_task_group() as tg:
                 tg.start_soon(runner.run)
                 await runner.wait_until(lambda: done >= steps)

@@ -85,9 +85,9 @@ class Runner:
     ) -> None:
         self._settings = settings
         self._supervisor = supervisor
-        self._results = ResultSender(supervisor)
-        self._results.wanting = self._eager_want
-        self._results.on_leases = self._start_eager
+        self._results = ResultSender(
+            supervisor, wanting=self._eager_want, on_leases=self._start_eager
+        )
         self._model = model
         self._model_key = model_key
         self._token = token

@@ -43,15 +43,20 @@ class ResultSender(SharedRequests[_Pending, Outcome]):
     item_name = "result"
 
     def __init__(
-        self, client: SupervisorClient, *, per_request: int = RESULTS_PER_REQUEST_MAX
+        self,
+        client: SupervisorClient,
+        *,
+        per_request: int = RESULTS_PER_REQUEST_MAX,
+        wanting: Wanting | None = None,
+        on_leases: Callable[[list[Lease]], None] = lambda _leases: None,
     ) -> None:
         super().__init__(per_request)
         self._client = client
+        self._wanting = wanting
+        self._on_leases = on_leases
         self.batch_route = True  # False once the supervisor said it has no such route
         self.requests = 0
         self.results = 0
-        self.wanting: Wanting | None = None
-        self.on_leases: Callable[[list[Lease]], None] = lambda _leases: None
 
     async def report(self, step_id: str, report: ResultReport) -> Outcome:
         """Report one step's result; return or raise as `SupervisorClient.report` does.
@@ -78,7 +83,7 @@ class ResultSender(SharedRequests[_Pending, Outcome]):
         self.results += len(batch)
         if self.batch_route:
             items = [(p.step_id, p.encoded) for p in batch]
-            want = None if self.wanting is None else self.wanting(len(batch))
+            want = None if self._wanting is None else self._wanting(len(batch))
             try:
                 if want is None:
                     return await self._client.report_many(items)
@@ -88,7 +93,7 @@ class ResultSender(SharedRequests[_Pending, Outcome]):
                     self.batch_route = False
             else:
                 if leases:  # started before any of these steps hears its answer
-                    self.on_leases(leases)
+                    self._on_leases(leases)
                 return answers
         singles: list[Answer] = [SupervisorUnreachable("no answer") for _ in batch]
 
