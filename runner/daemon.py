@@ -11,8 +11,6 @@ good and hands every step on (`Runner.preempt`).
 from __future__ import annotations
 
 import collections
-import enum
-import math
 from collections.abc import Callable
 
 import anyio
@@ -43,6 +41,7 @@ from tether.runner.model_client import ModelClient
 from tether.runner.preemption import Notice, NoticeSource, PreemptionWatch, where
 from tether.runner.results import ResultSender
 from tether.runner.settings import RunnerSettings
+from tether.runner.state import RunnerPhase, RunnerState
 from tether.runner.step import StepRun
 from tether.runner.supervisor_client import SupervisorClient
 from tether.sdnotify import Notifier
@@ -59,14 +58,11 @@ NOT_A_SUPERVISOR_EXIT = 2
 PREEMPTION_RESERVE_S = 10.0
 
 
-class Link(enum.StrEnum):
-    UNKNOWN = "unknown"
-    UP = "up"
-    DOWN = "down"
-
-
 class Runner:
-    """The daemon. Build it inside the event loop (it holds anyio primitives), then `run()`."""
+    """The daemon. Build it inside the event loop (it holds anyio primitives), then `run()`.
+
+    Its state is one `RunnerState` (runner/state.py), replaced by each transition; the rest
+    are its collaborators and the steps in flight."""
 
     def __init__(
         self,
@@ -110,18 +106,9 @@ class Runner:
         self._root_scope: anyio.CancelScope | None = None
         self._in_flight: dict[tuple[str, int], StepRun] = {}
         self._steps: anyio.abc.TaskGroup | None = None
-        self._claiming = 0  # slots the claim on its way asks for
         self.eager_leases = 0  # leases that came with results, not claims
         self._changed = Broadcast()
-        self._link = Link.UNKNOWN
-        self._link_down_at = 0.0
-        self._answered = False
-        self._pool: str | None = None  # known once the supervisor said whose token this is
-        self._resuming = False
-        self._paused_until = -math.inf
-        self._pause_next_s = settings.pause_initial_s
-        self._pause_why = ""
-        self._token_stale = False
+        self._state = RunnerState(next_pause_s=settings.pause_initial_s)
         self._watch: PreemptionWatch | None = None
         if preemption is not None:
             self._watch = PreemptionWatch(
@@ -131,10 +118,6 @@ class Runner:
                 on_notice=self.preempt,
                 where=where(settings.preemption, settings.preemption_url),
             )
-        self.preempted: Notice | None = None
-        self._preempt_by = 0.0  # when, on the runner's clock, preempted work is cancelled
-        self.stopping = False
-        self.exit_code = 0
         # The last steps started, finished or not: for tests and a debugger. Bounded, because a
         # runner lives for months and each step holds its lease (payload, earlier outputs).
         self.recent_steps: collections.deque[StepRun] = collections.deque(maxlen=RECENT_STEPS)
@@ -170,8 +153,16 @@ class Runner:
             if self.log_shipper is not None:
                 await self.log_shipper.flush()  # the steps' last lines
             root.cancel_scope.cancel()
-        log.info("runner stopped", exit_code=self.exit_code)
-        return self.exit_code
+        log.info("runner stopped", exit_code=self._state.exit_code)
+        return self._state.exit_code
+
+    @property
+    def state(self) -> RunnerState:
+        return self._state
+
+    @property
+    def stopping(self) -> bool:
+        return self._state.stopping
 
     def request_shutdown(self) -> None:
         """Stop claiming; in-flight steps get `shutdown_grace_s`, then are released; a step
@@ -180,9 +171,9 @@ class Runner:
         A claim reply cut off mid-flight is not lost: its leases go back to the queue through
         the supervisor's accept window.
         """
-        if self.stopping:
+        if self._state.stopping:
             return
-        self.stopping = True
+        self._state = self._state.stop()
         log.info(
             "shutting down: claiming stopped",
             in_flight=len(self._in_flight),
@@ -202,13 +193,13 @@ class Runner:
         none) is cancelled. Every lease not reported is released `preempted`: requeued at
         once and not counted. The runner then serves nothing more until it is stopped.
         """
-        if self.preempted is not None or self.stopping:
+        if self._state.phase is not RunnerPhase.SERVING:
             return
-        self.preempted = notice
         if notice.left_s is None:
-            self._preempt_by = heard_at + self._settings.shutdown_grace_s
+            cancel_at = heard_at + self._settings.shutdown_grace_s
         else:
-            self._preempt_by = heard_at + max(0.0, notice.left_s - PREEMPTION_RESERVE_S)
+            cancel_at = heard_at + max(0.0, notice.left_s - PREEMPTION_RESERVE_S)
+        self._state = self._state.preempt(notice, cancel_at)
         log.warning(
             "preemption notice: claiming stopped; steps checkpoint and are released",
             provider=notice.provider,
@@ -220,15 +211,14 @@ class Runner:
         self._claim_call.cancel()
         why = f"{notice.provider} reclaims the server ({notice.action})"
         for step in list(self._in_flight.values()):
-            step.preempt(self._preempt_by, why)
+            step.preempt(cancel_at, why)
         self._update_status()
         self._notify_changed()
 
     def force_stop(self, exit_code: int) -> None:
         """Exit at once, releasing nothing: the leases expire on the supervisor."""
         log.warning("second signal: exiting now; unreleased leases will expire")
-        self.stopping = True
-        self.exit_code = exit_code
+        self._state = self._state.force_stop(exit_code)
         self._claim_scope.cancel()
         if self._root_scope is not None:
             self._root_scope.cancel()
@@ -276,7 +266,7 @@ class Runner:
         concurrency = self._settings.concurrency
         while True:
             await self.wait_until(lambda: len(self._in_flight) < concurrency)
-            if self.preempted is not None:
+            if self._state.preemption is not None:
                 await anyio.sleep_forever()  # until shutdown cancels the claiming
             # A preemption notice cancels whatever this round waits for (a pause, the
             # supervisor's first answer, a claim), so nothing more is claimed after it.
@@ -289,14 +279,14 @@ class Runner:
         stop (`supervisor_url` is not a supervisor's)."""
         # After the slot: the step that freed it may just have paused claiming.
         await self._wait_unpaused()
-        if self._token_stale:
+        if self._state.token_stale:
             await self._reload_token()
-        if self._pool is None:
+        if self._state.pool is None:
             try:
                 await self._introduce()
             except NotASupervisor as exc:
                 log.error(f"cannot start: {exc.detail}")  # noqa: TRY400 (no traceback)
-                self.exit_code = NOT_A_SUPERVISOR_EXIT
+                self._state = self._state.cannot_start(NOT_A_SUPERVISOR_EXIT)
                 return False
             except TokenRejected as exc:
                 self._answered_once()
@@ -307,10 +297,10 @@ class Runner:
                 await self._clock.sleep(self._backoff_max_s)
                 return True
         # Quick replies at start and after a pause: READY=1, and `claiming resumed`.
-        wait_s = 0.0 if self._resuming else self._settings.claim_wait_s
+        wait_s = 0.0 if self._state.resuming else self._settings.claim_wait_s
         free = concurrency - len(self._in_flight)
         try:
-            self._claiming = free
+            self._state = self._state.claiming(free)
             leases = await self._claim(free, wait_s)
         except TokenRejected as exc:
             self.token_rejected(exc.detail)
@@ -324,10 +314,10 @@ class Runner:
             await self._clock.sleep(self._backoff_max_s)
             return True
         finally:
-            self._claiming = 0
-        if self._resuming:
-            self._resuming = False
-            log.info("claiming resumed", after=self._pause_why, pool=self._pool)
+            self._state = self._state.claiming(0)
+        if self._state.resuming:
+            self._state = self._state.claim_answered()
+            log.info("claiming resumed", after=self._state.pause.why, pool=self._state.pool)
         for lease in leases:
             self._start(steps, lease)
         return True
@@ -361,7 +351,7 @@ class Runner:
             with attempt:
                 identity = await self._supervisor.whoami()
         self._link_up()
-        self._pool = identity.pool
+        self._state = self._state.introduced(identity.pool)
         log.info(
             "supervisor answered; claiming",
             pool=identity.pool,
@@ -383,11 +373,9 @@ class Runner:
         """What a request carrying `results` results asks for beside them: the slots they free
         and the free slots no claim is asking for; None while the runner claims nothing
         (stopping, paused, its token or pool not yet known)."""
-        if self.stopping or self.preempted is not None or self.paused or self._token_stale:
+        if not self._state.takes_leases(self._clock.now()):
             return None
-        if self._pool is None:
-            return None
-        free = self._settings.concurrency - len(self._in_flight) - self._claiming + results
+        free = self._settings.concurrency - len(self._in_flight) - self._state.claim_asks + results
         if free < 1:
             return None
         return WantLeases(
@@ -405,28 +393,25 @@ class Runner:
             self._start(self._steps, lease)
 
     def _answered_once(self) -> None:
-        if not self._answered:
-            self._answered = True
+        if not self._state.answered:
+            self._state = self._state.supervisor_answered()
             self._notifier.ready()
 
     def _link_down(self, retry_state: RetryCallState) -> None:
-        if self._link is Link.DOWN:
+        if self._state.down_since is not None:
             return
         outcome = retry_state.outcome
         error = str(outcome.exception()) if outcome is not None else ""
         log.warning("supervisor unreachable; retrying with backoff", error=error)
-        self._link = Link.DOWN
-        self._link_down_at = self._clock.now()
+        self._state = self._state.link_down(self._clock.now())
         self._update_status()
 
     def _link_up(self) -> None:
         self._answered_once()
-        if self._link is Link.DOWN:
-            log.info(
-                "supervisor reachable again",
-                down_s=round(self._clock.now() - self._link_down_at, 3),
-            )
-        self._link = Link.UP
+        down_since = self._state.down_since
+        if down_since is not None:
+            log.info("supervisor reachable again", down_s=round(self._clock.now() - down_since, 3))
+        self._state = self._state.link_up()
         self._update_status()
 
     def _start(self, steps: anyio.abc.TaskGroup, lease: Lease) -> None:
@@ -443,8 +428,9 @@ class Runner:
             results=self._results,
             renewals=self._renewals,
         )
-        if self.preempted is not None:  # it came after the notice: released without work
-            step.preempt(self._preempt_by, "the server is being reclaimed")
+        preemption = self._state.preemption
+        if preemption is not None:  # it came after the notice: released without work
+            step.preempt(preemption.cancel_at, "the server is being reclaimed")
         key = (lease.step_id, lease.fence)
         self._in_flight[key] = step
         self.recent_steps.append(step)
@@ -466,16 +452,16 @@ class Runner:
 
     @property
     def paused(self) -> bool:
-        return self._clock.now() < self._paused_until
+        return self._state.paused(self._clock.now())
 
     async def _wait_unpaused(self) -> None:
         if not self.paused:
             return
-        while (left := self._paused_until - self._clock.now()) > 0:
+        while (left := self._state.pause.until - self._clock.now()) > 0:
             await self._clock.sleep(left)
         # The first claim after a pause does not wait; `claiming resumed` is logged once the
         # supervisor accepts it, not when a token it still refuses is about to pause again.
-        self._resuming = True
+        self._state = self._state.pause_waited_out()
         self._update_status()
 
     def _pause(self, seconds: float, why: str, action: str | None) -> bool:
@@ -488,8 +474,7 @@ class Runner:
         """
         if self.paused:
             return False
-        self._paused_until = self._clock.now() + seconds
-        self._pause_why = why
+        self._state = self._state.paused_until(self._clock.now() + seconds, why)
         message = f"claiming paused for {seconds:g}s: {why}"
         if action:
             message += f". Operator action: {action}"
@@ -498,27 +483,27 @@ class Runner:
         return True
 
     def operator_problem(self, problem: OperatorProblem) -> None:
-        if self._pause(self._pause_next_s, problem.detail, problem.action):
-            self._pause_next_s = min(2 * self._pause_next_s, self._settings.pause_max_s)
+        if self._pause(self._state.next_pause_s, problem.detail, problem.action):
+            self._state = self._state.pause_grown(self._settings.pause_max_s)
 
     def token_rejected(self, detail: str) -> None:
         where = self._token.describe() if self._token is not None else "the runner's token file"
-        self._token_stale = True
+        self._state = self._state.token_refused()
         if self._token is not None:
             self._token.invalidate()
         action = (
             "create a runner token (tether-supervisor token create --role runner ...) and"
             f" write it to {where}; the runner re-reads it"
         )
-        if self._pause(self._pause_next_s, f"supervisor rejected the runner token ({detail})",
-                       action):  # fmt: skip
-            self._pause_next_s = min(2 * self._pause_next_s, self._settings.pause_max_s)
+        why = f"supervisor rejected the runner token ({detail})"
+        if self._pause(self._state.next_pause_s, why, action):
+            self._state = self._state.pause_grown(self._settings.pause_max_s)
 
     def rate_limited(self, seconds: float) -> None:
         self._pause(seconds, "the model provider asked to wait (Retry-After)", None)
 
     def step_succeeded(self) -> None:
-        self._pause_next_s = self._settings.pause_initial_s
+        self._state = self._state.pause_reset(self._settings.pause_initial_s)
 
     async def _reload_token(self) -> None:
         if self._token is None:
@@ -530,18 +515,8 @@ class Runner:
             return
         if token:
             self._supervisor.set_token(token)
-            self._pool = None  # a new token may serve another pool: ask again, and log it
-        self._token_stale = False
+        self._state = self._state.token_read_again(replaced=bool(token))
 
     def _update_status(self) -> None:
-        if self.stopping:
-            state = "stopping"
-        elif self.preempted is not None:
-            state = f"preempted ({self.preempted.provider}): claiming nothing more"
-        elif self._link is Link.DOWN:
-            state = "supervisor unreachable"
-        elif self.paused:
-            state = f"paused: {self._pause_why}"
-        else:
-            state = "claiming"
+        state = self._state.describe(self._clock.now())
         self._notifier.status(f"{len(self._in_flight)} steps in flight; {state}")
