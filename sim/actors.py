@@ -18,7 +18,7 @@ from random import Random
 from typing import Any
 
 from tether.sim.repos import ALLOWED, BASE
-from tether.supervisor.ledger import checkpoints, effects, fencing, identity, operator, outbox
+from tether.supervisor.ledger import checkpoints, effects, fencing, identity, operator, outbox_gates
 from tether.supervisor.ledger.identity import Created, StepSpec, TaskSpec
 from tether.supervisor.ledger.tx import Tx
 from tether.supervisor.ledger.verification import Evidence
@@ -175,11 +175,11 @@ class Message:
                 tx, self.step_id, cp, POOL, token_id=self.token
             )
         if self.kind is k.GATE:
-            return lambda tx: outbox.open_gate(
+            return lambda tx: outbox_gates.open_gate(
                 tx, self.tenant, self.task_id, self.step_name, self.digest, OPERATOR
             )
         if self.kind is k.RESOLVE:
-            return lambda tx: outbox.resolve(
+            return lambda tx: outbox_gates.resolve(
                 tx, self.tenant, self.task_id, self.step_name, self.happened, OPERATOR
             )
         assert self.report is not None

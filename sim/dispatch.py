@@ -1,14 +1,14 @@
 """The supervisor's dispatcher as the explorer plays it: what supervisor/effects/dispatcher.py
 does, one step per schedule event, through the ledger's own outbox rules.
 
-A dispatcher takes effects (`outbox.take`); for each it holds, its next step is one of:
+A dispatcher takes effects (`outbox_delivery.take`); for each it holds, its next step is one of:
 `begin_attempt` (the durable "about to send"), the send to the effect's receiver, or
 `record_attempt` with the answer. An answer that ends the effect (delivered, refused, or an
 unkeyed one that may have sent) drops it from the dispatcher's hand; any other is tried again
 by a later step, or given up (`give_up`) once the delivery deadline has passed. A refusal by
 the ledger drops the effect quietly, as the real dispatcher does. The supervisor may die
 between any two steps (`World.restart` forgets every dispatcher's hand); a graceful shutdown
-hands each held effect back (`outbox.release`) first.
+hands each held effect back (`outbox_delivery.release`) first.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from tether.sim.receivers import describe_answer
-from tether.supervisor.ledger import outbox
+from tether.supervisor.ledger import outbox_delivery
 from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def outgoing(taken: list[Outgoing]) -> str:
 def take(world: World, d: DispatcherActor, limit: int) -> None:
     value, _ = world.call(
         f"{d.holder} take x{limit}",
-        lambda tx: outbox.take(tx, d.holder, limit),
+        lambda tx: outbox_delivery.take(tx, d.holder, limit),
         describe=lambda v: outgoing(v) or "nothing",
     )
     for out in value or ():
@@ -85,7 +85,7 @@ def begin(world: World, d: DispatcherActor, hand: InHand) -> None:
         return
     value, error = world.call(
         f"{d.holder} begin {out.effect_id} digest {out.digest[:8]}",
-        lambda tx: outbox.begin_attempt(tx, out.effect_id, d.holder, out.digest),
+        lambda tx: outbox_delivery.begin_attempt(tx, out.effect_id, d.holder, out.digest),
         describe=lambda v: f"attempt {v}",
     )
     if error is not None:
@@ -116,7 +116,7 @@ def record(world: World, d: DispatcherActor, hand: InHand) -> None:
     label = f"{d.holder} record {out.effect_id} attempt {attempt} {describe_answer(answer)}"
     _, error = world.call(
         label,
-        lambda tx: outbox.record_attempt(tx, out.effect_id, attempt, d.holder, answer),
+        lambda tx: outbox_delivery.record_attempt(tx, out.effect_id, attempt, d.holder, answer),
         seen=seen,
     )
     ends = isinstance(answer, Delivered | Refused) or (
@@ -128,7 +128,9 @@ def record(world: World, d: DispatcherActor, hand: InHand) -> None:
             # The same answer reaches the dispatcher twice: the second record is refused.
             _, again = world.call(
                 f"{label} (duplicate answer)",
-                lambda tx: outbox.record_attempt(tx, out.effect_id, attempt, d.holder, answer),
+                lambda tx: outbox_delivery.record_attempt(
+                    tx, out.effect_id, attempt, d.holder, answer
+                ),
             )
             if again is None:
                 world.flag(f"duplicate-answer: {out.effect_id} attempt {attempt} recorded twice")
@@ -140,7 +142,7 @@ def give_up(world: World, d: DispatcherActor, hand: InHand, why: str) -> None:
     out = hand.out
     world.call(
         f"{d.holder} give up {out.effect_id}: {why}",
-        lambda tx: outbox.give_up(tx, out.effect_id, d.holder, why),
+        lambda tx: outbox_delivery.give_up(tx, out.effect_id, d.holder, why),
     )
     del d.hand[out.effect_id]
 
@@ -162,7 +164,7 @@ def shutdown(world: World) -> None:
         for effect_id in sorted(d.hand):
             world.call(
                 f"{d.holder} release {effect_id} (shutdown)",
-                functools.partial(outbox.release, effect_id=effect_id, holder=d.holder),
+                functools.partial(outbox_delivery.release, effect_id=effect_id, holder=d.holder),
             )
         d.hand.clear()
     world.restart()

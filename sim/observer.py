@@ -444,7 +444,7 @@ class Observer:
     def _maybe_complete(self, task_id: str, spec: TaskSpec) -> None:
         """Once every runner step is committed, what verification must decide: at once when
         every effect step is delivered too, or when it fails (the first effect never becomes
-        due: `outbox.make_due` verifies first); else once the effects are delivered."""
+        due: `lifecycle.make_due` verifies first); else once the effects are delivered."""
         if task_id in self.expected_end or task_id in self.first_terminal:
             return
         if not all(s in self.applied for s in self._steps(task_id, spec, effects=False)):

@@ -20,7 +20,8 @@ from tether.supervisor.ledger import (
     checkpoints,
     effects,
     identity,
-    outbox,
+    lifecycle,
+    outbox_rows,
     queries,
     steps,
     transitions,
@@ -82,12 +83,12 @@ def sends_never_recorded(attempts: list[sqlite3.Row]) -> bool:
     """double-send: the dispatcher ignores the recorded send. An attempt begun and never
     answered no longer counts as maybe sent, so an unkeyed effect whose dispatcher died
     mid-send goes back to `open` (not `uncertain`) and is sent again under the same gate
-    opening. (`outbox._maybe_sent` is the one check between a recorded send and a second
+    opening. (`outbox_rows.maybe_sent` is the one check between a recorded send and a second
     one: a lapsed hold alone changes nothing for a keyed receiver, which dedups by key.)"""
     return False
 
 
-_make_due = outbox.make_due
+_make_due = lifecycle.make_due
 
 
 def gates_open_themselves(tx: Tx, step: sqlite3.Row) -> None:
@@ -143,7 +144,7 @@ PLANTS: dict[str, Plant] = {
         drop_index="tasks_idempotency",
     ),
     "unverified-success": Plant(
-        module=effects, name="verify", replacement=success_needs_no_evidence
+        module=lifecycle, name="verify", replacement=success_needs_no_evidence
     ),
     "lapsed-lease": Plant(module=steps, name="lapsed", replacement=leases_never_lapse),
     "evidence-ignored": Plant(
@@ -152,8 +153,8 @@ PLANTS: dict[str, Plant] = {
     "stale-checkpoint": Plant(
         module=checkpoints, name="require_current", replacement=checkpoints_skip_the_fence
     ),
-    "double-send": Plant(module=outbox, name="_maybe_sent", replacement=sends_never_recorded),
-    "ungated": Plant(module=outbox, name="make_due", replacement=gates_open_themselves),
+    "double-send": Plant(module=outbox_rows, name="maybe_sent", replacement=sends_never_recorded),
+    "ungated": Plant(module=lifecycle, name="make_due", replacement=gates_open_themselves),
     "lease-takeover": Plant(module=effects, name="held_step", replacement=leases_held_by_any_token),
 }
 

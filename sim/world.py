@@ -419,8 +419,8 @@ class World:
         return value, error if isinstance(error, LedgerError) else None
 
     def outbox_ready(self, count: int = 1) -> bool:
-        """Whether `outbox.take` would find at least `count` effects now: ready ones of live
-        tasks, or held ones whose hold lapsed (read without a transaction)."""
+        """Whether `outbox_delivery.take` would find at least `count` effects now: ready ones of
+        live tasks, or held ones whose hold lapsed (read without a transaction)."""
         [row] = self.h.query(
             "SELECT COUNT(*) FROM outbox o JOIN tasks t ON t.id = o.task_id WHERE"
             " (o.state IN ('due', 'open') AND o.not_before <= ? AND t.state NOT IN"

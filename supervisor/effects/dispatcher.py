@@ -55,12 +55,11 @@ from tether.clocks import WallClock
 from tether.supervisor import tracing
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.registry import Deliverer, EffectKinds, RetryLater
-from tether.supervisor.ledger.errors import LedgerError, StorageError
+from tether.supervisor.ledger.errors import EffectNotHeld, LedgerError, StorageError
 from tether.supervisor.ledger.errors import Refused as LedgerRefusal
 from tether.supervisor.ledger.outbox import (
     Answer,
     Delivered,
-    EffectNotHeld,
     Outgoing,
     Refused,
     Unanswered,

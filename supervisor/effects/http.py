@@ -1,7 +1,7 @@
 """The built-in `http` effect kind: one HTTP request per attempt, with `Idempotency-Key`
 (docs/design.md, Effects).
 
-The rendered request is `{"method", "url", "headers", "body", ...}` (`outbox.render_request`:
+The rendered request is `{"method", "url", "headers", "body", ...}` (`outbox_render.render_request`:
 the URL filled by position, header values checked); header values may still hold
 `{{ credential.<name> }}` placeholders (tether/wire/templates.py), replaced here at send time
 by the credential's value (never stored, never logged; masked in the answer kept,

@@ -11,7 +11,7 @@ A deliverer answers `Delivered`, `Refused` or `Unanswered` (supervisor.ledger.ou
 dispatcher waits at least that long and records it as a plain `Unanswered`.
 
 What a registered kind is handed (`Outgoing.request`, rendered once when the step fell due,
-`outbox.render_request`): its step's payload less `keyed` and `deadline_s`, where a string
+`outbox_render.render_request`): its step's payload less `keyed` and `deadline_s`, where a string
 that is exactly one `{{ steps.<step>.output[.path] }}` became that output's JSON value and a
 placeholder inside a longer string became its text as it is -- not percent-encoded, not
 checked for line breaks: a value is a model's words, and the deliverer, which alone knows

@@ -8,10 +8,11 @@ the step is committed and the event appended. A report for a step already commit
 
 from __future__ import annotations
 
-from tether.supervisor.ledger import outbox, verifier
+from tether.supervisor.ledger import verifier
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
 from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.lifecycle import advance
 from tether.supervisor.ledger.operator import observe_head
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.steps import (
@@ -21,9 +22,8 @@ from tether.supervisor.ledger.steps import (
     held_step,
     require_current,
 )
-from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import Row, Tx, dumps
-from tether.supervisor.ledger.verification import Evidence, verify
+from tether.supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, effect_key
 from tether.wire.records import Report
 
@@ -155,32 +155,3 @@ def _committed_attempt(tx: Tx, step: Row) -> dict[str, object]:
             token_id=row["token_id"],
         )  # fmt: skip
     return about
-
-
-def advance(tx: Tx, step: Row, task_state: TaskState | None = None) -> None:
-    """Start the step after `step` (just committed; a row of `find_step`): queue it, or make
-    an effect step due (`outbox.start`); when every step is committed, verify and end the
-    task. Before an effect falls due and before the task ends, a task that names a verifier
-    waits for one to re-run its checks at the candidate (`verifier.ask_verifier`).
-    `task_state`: the task's state if the rule knows it is still the one it read."""
-    task_id, pool = step["task_id"], step["pool"]
-    about = {"task_id": task_id, "tenant": step["tenant"], "pool": pool}
-    pending = tx.one("first_uncommitted_step", (task_id, StepState.COMMITTED.value))
-    if pending is not None:
-        if pending["state"] == StepState.WAITING:
-            # An effect falls due only once a verifier, if the task names one, agreed.
-            effect = pending["kind"] in tx.config.effect_kinds
-            if not (effect and verifier.ask_verifier(tx, step)):
-                outbox.start(tx, pending["id"])
-        return
-    if verifier.ask_verifier(tx, step):
-        return
-    transition(tx, task_id, TaskState.VERIFYING, current=task_state)
-    failure = verify(tx, task_id)  # reads only
-    verifying = TaskState.VERIFYING
-    if failure is None:
-        transition(tx, task_id, TaskState.SUCCEEDED, current=verifying)
-        tx.note(Decision.VERIFIED, **about, state=TaskState.SUCCEEDED.value)
-    else:
-        transition(tx, task_id, TaskState.FAILED, reason=failure, current=verifying)
-        tx.note(Decision.FAILED, **about, reason=failure)

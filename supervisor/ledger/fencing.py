@@ -14,6 +14,7 @@ from tether.supervisor.ledger import repositories, runners
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, StaleFence
 from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.lifecycle import fail_step, requeue
 from tether.supervisor.ledger.renewal_memory import WrittenRenewal
 from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
 from tether.supervisor.ledger.steps import (
@@ -313,67 +314,3 @@ def release(
         return
     counted = reason not in UNCOUNTED_RELEASES
     requeue(tx, step, counted=counted, why=f"released ({reason})")
-
-
-def requeue(tx: Tx, step: Row, *, counted: bool, why: str) -> None:
-    """Put a step back in the queue with the same step id, or fail its task when it has used up
-    its attempts. The old fence stops being current here."""
-    burned = step["burned"] + (1 if counted else 0)
-    if burned >= tx.config.max_attempts:
-        tx.run("set_step_burned", (burned, step["id"]))
-        fail_step(
-            tx, step, f"step {step['name']} used {burned} of {tx.config.max_attempts} attempts"
-        )
-        return
-    tx.run("requeue_step", (StepState.QUEUED.value, burned, step["id"]))
-    append_event(
-        tx, step["task_id"], "step_requeued", step["task_state"],
-        {"step_id": step["id"], "attempt": step["attempt"], "why": why, "counted": counted},
-    )  # fmt: skip
-    tx.note(Decision.REQUEUED, **about_step(tx, step), why=why, counted=counted, burned=burned)
-    tx.wake(step["pool"])
-
-
-def fail_step(tx: Tx, step: Row, reason: str) -> None:
-    """Fail the step and its task (`step` a row of `find_step` or the reaper)."""
-    tx.run("fail_step", (StepState.FAILED.value, step["id"]))
-    transition(tx, step["task_id"], TaskState.FAILED, reason=reason)
-    tx.note(Decision.FAILED, **about_step(tx, step), reason=reason)
-
-
-def fail_task(tx: Tx, task: Row, reason: str) -> None:
-    """Fail `task` (a row of `tasks`, not ended) with `reason`, ending its live attempts as
-    cancel does: a runner holding one learns at its next renew or result that the step is no
-    longer its own (`StaleFence`). Its unfinished steps are cancelled, a leased one failed."""
-    from tether.supervisor.ledger.outbox import OutboxState  # the outbox builds on this module
-
-    task_id = task["id"]
-    tx.run(
-        "fail_live_attempts_of_task",
-        (AttemptState.FAILED.value, reason[:500], tx.now, AttemptState.LEASED.value, task_id),
-    )
-    transition(tx, task_id, TaskState.FAILED, reason=reason)
-    withdraw_effects(tx, task_id)
-    # An effect step being sent or uncertain keeps its state: the dispatcher or an operator
-    # records what happened.
-    tx.run(
-        "end_steps_of_failed_task",
-        (
-            StepState.LEASED.value, StepState.FAILED.value, StepState.CANCELLED.value, task_id,
-            StepState.COMMITTED.value, StepState.FAILED.value,
-            OutboxState.SENDING.value, OutboxState.UNCERTAIN.value,
-        ),
-    )  # fmt: skip
-    tx.note(
-        Decision.FAILED, task_id=task_id, tenant=task["tenant"], pool=task["pool"], reason=reason
-    )
-
-
-def withdraw_effects(tx: Tx, task_id: str) -> None:
-    """Settle the effects of a task that has just ended (`outbox.end_with_task`): withdrawn
-    when nothing of them can have been sent, else `uncertain` for an operator. Call it after
-    the task's state moved and before its other steps are cancelled (`outbox.NOT_IN_DELIVERY`
-    then keeps an uncertain effect's step as it is)."""
-    from tether.supervisor.ledger import outbox  # the outbox builds on this module
-
-    outbox.end_with_task(tx, task_id)

@@ -4,7 +4,7 @@ set and read a tenant's token budget. Every rule here checks ownership: another 
 
 from __future__ import annotations
 
-from tether.supervisor.ledger import identity, names, outbox
+from tether.supervisor.ledger import identity, names
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import (
     InvalidRequest,
@@ -12,8 +12,8 @@ from tether.supervisor.ledger.errors import (
     NotFound,
     StaleBase,
 )
-from tether.supervisor.ledger.fencing import fail_task, withdraw_effects
 from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.lifecycle import fail_task, start, withdraw_effects
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.prefixes import resolve_plan_hash
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
@@ -76,7 +76,7 @@ def approve(
         Decision.APPROVED, task_id=task_id, tenant=tenant, pool=task["pool"], plan_hash=plan_hash,
         base_sha=base_sha,
     )  # fmt: skip
-    outbox.start(tx, identity.step_id_for(task_id, 0))
+    start(tx, identity.step_id_for(task_id, 0))
 
 
 def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:

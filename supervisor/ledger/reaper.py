@@ -10,7 +10,7 @@ since that stamp, less `ALIVE_GRACE_S` (`refresh_after_restart`).
 from __future__ import annotations
 
 from tether.supervisor.ledger.decisions import Decision
-from tether.supervisor.ledger.fencing import requeue
+from tether.supervisor.ledger.lifecycle import requeue
 from tether.supervisor.ledger.states import AttemptState
 from tether.supervisor.ledger.steps import about_step, end_attempt
 from tether.supervisor.ledger.tx import Tx

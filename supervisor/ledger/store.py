@@ -48,7 +48,8 @@ from tether.supervisor.ledger import (
     invariants,
     logs,
     operator,
-    outbox,
+    outbox_delivery,
+    outbox_gates,
     prefixes,
     reaper,
     repositories,
@@ -390,23 +391,27 @@ class LedgerStore:
     # -- effects: the dispatcher ------------------------------------------------------------
 
     async def take_effects(self, holder: str, limit: int) -> list[Outgoing]:
-        """Take up to `limit` effects to deliver (lapsed holds first); see `outbox.take`."""
-        return await self.write(lambda tx: outbox.take(tx, holder, limit))
+        """Take up to `limit` effects to deliver (lapsed holds first): `outbox_delivery.take`."""
+        return await self.write(lambda tx: outbox_delivery.take(tx, holder, limit))
 
     async def begin_attempt(self, effect_id: str, holder: str, digest: str) -> int:
         """Record that an attempt is about to be sent; return its number."""
-        return await self.write(lambda tx: outbox.begin_attempt(tx, effect_id, holder, digest))
+        return await self.write(
+            lambda tx: outbox_delivery.begin_attempt(tx, effect_id, holder, digest)
+        )
 
     async def record_attempt(
         self, effect_id: str, attempt: int, holder: str, answer: Answer
     ) -> None:
-        await self.write(lambda tx: outbox.record_attempt(tx, effect_id, attempt, holder, answer))
+        await self.write(
+            lambda tx: outbox_delivery.record_attempt(tx, effect_id, attempt, holder, answer)
+        )
 
     async def give_up(self, effect_id: str, holder: str, reason: str) -> None:
-        await self.write(lambda tx: outbox.give_up(tx, effect_id, holder, reason))
+        await self.write(lambda tx: outbox_delivery.give_up(tx, effect_id, holder, reason))
 
     async def release_effect(self, effect_id: str, holder: str) -> None:
-        await self.write(lambda tx: outbox.release(tx, effect_id, holder))
+        await self.write(lambda tx: outbox_delivery.release(tx, effect_id, holder))
 
     async def wait_for_effects(self, timeout_s: float) -> None:
         """Return when an effect may have become ready to take, or after `timeout_s`."""
@@ -418,12 +423,16 @@ class LedgerStore:
     async def open_gate(
         self, tenant: str, task_id: str, step_name: str, digest: str, by: str
     ) -> None:
-        await self.write(lambda tx: outbox.open_gate(tx, tenant, task_id, step_name, digest, by))
+        await self.write(
+            lambda tx: outbox_gates.open_gate(tx, tenant, task_id, step_name, digest, by)
+        )
 
     async def resolve_effect(
         self, tenant: str, task_id: str, step_name: str, happened: bool, by: str
     ) -> None:
-        await self.write(lambda tx: outbox.resolve(tx, tenant, task_id, step_name, happened, by))
+        await self.write(
+            lambda tx: outbox_gates.resolve(tx, tenant, task_id, step_name, happened, by)
+        )
 
     # -- reads --------------------------------------------------------------------------------
 

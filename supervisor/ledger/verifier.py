@@ -29,7 +29,7 @@ def ask_verifier(tx: Tx, step: Row) -> bool:
     """Add a verify step for the candidate of the task of `step` (a row of `find_step`) when
     the task names a verifier pool, its evidence holds nothing against it so far, and no
     verifier has reported at that candidate; True when one was added (the task waits for it).
-    Called where an effect would fall due or the task would end (`effects.advance`)."""
+    Called where an effect would fall due or the task would end (`lifecycle.advance`)."""
     if not step["verify_pool"] or not step["repository"]:
         return False  # read with the step: a task without a verifier pays no read here
     task_id = step["task_id"]
