@@ -184,7 +184,7 @@ def untrace() -> None:
 
 
 async def _grant(ledger: Any, lease: Lease, runner: str, pool: str, out: list[Any]) -> None:
-    """The eager grant queued behind `lease`'s result (`EagerGrant` in the results route)."""
+    """The eager grant queued behind `lease`'s result (`usecases.grants.EagerGrant`)."""
     out.append(await ledger.claim_after([(lease.step_id, lease.fence)], runner, pool, 1))
 
 

@@ -1,12 +1,12 @@
-"""The result route's shortcut for chat steps (`tether.supervisor.api.bindings`): a step the claim
-granted without a repository reports with no binding read; every other step's binding is
-read, so a forgotten one only costs that read, never its evidence."""
+"""The result route's shortcut for chat steps (`tether.supervisor.usecases.unbound`): a step
+the claim granted without a repository reports with no binding read; every other step's
+binding is read, so a forgotten one only costs that read, never its evidence."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tether.supervisor.api.bindings import UnboundSteps
+from tether.supervisor.usecases.unbound import UnboundSteps
 from tether.wire.records import Lease, LeaseRepository
 
 from .conftest import ApiHarness

@@ -338,8 +338,9 @@ def test_the_runner_and_the_supervisor_use_the_same_classes() -> None:
     import tether.supervisor.api.runner_routes as routes
     from tether.supervisor import ledger
     from tether.supervisor.ledger import effects, fencing
+    from tether.supervisor.usecases import reports
 
-    assert ledger.Report is effects.Report is routes.Report is m.Report
+    assert ledger.Report is effects.Report is reports.Report is m.Report
     assert ledger.Renewal is fencing.Renewal is client.Renewal is m.Renewal
     assert ledger.Lease is fencing.Lease is m.Lease
     assert issubclass(tether.runner.lease.Lease, m.Lease)

@@ -30,7 +30,6 @@ from tether.supervisor.api import (
     runner_routes,
 )
 from tether.supervisor.api.auth import TokenCache
-from tether.supervisor.api.bindings import UnboundSteps
 from tether.supervisor.api.errors import (
     ApiError,
     on_api_error,
@@ -52,6 +51,7 @@ from tether.supervisor.repos import Mirrors
 from tether.supervisor.repos.evidence import RepositoryUnavailable
 from tether.supervisor.service import running_ledger
 from tether.supervisor.settings import SupervisorSettings
+from tether.supervisor.usecases.unbound import UnboundSteps
 
 
 def create_app(
