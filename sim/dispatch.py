@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from tether.sim.receivers import describe_answer
 from tether.supervisor.ledger import outbox_delivery
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
 
 if TYPE_CHECKING:
     from tether.sim.world import World
@@ -119,7 +119,7 @@ def record(world: World, d: DispatcherActor, hand: InHand) -> None:
         lambda tx: outbox_delivery.record_attempt(tx, out.effect_id, attempt, d.holder, answer),
         seen=seen,
     )
-    ends = isinstance(answer, Delivered | Refused) or (
+    ends = isinstance(answer, Delivered | Undeliverable) or (
         isinstance(answer, Unanswered) and not out.keyed and answer.sent
     )
     if error is not None or ends:

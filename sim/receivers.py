@@ -15,7 +15,7 @@ import dataclasses
 import enum
 
 from tether.sim.repos import Repos
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
 
 
 class Fault(enum.StrEnum):
@@ -63,7 +63,7 @@ class Receivers:
         if out.kind == "git.push":
             answer = self._push(out)
         elif fault is Fault.REFUSE:
-            return Refused(
+            return Undeliverable(
                 status=422, detail="422 the receiver refused it", code="receiver_refused"
             )
         elif out.keyed:
@@ -93,7 +93,7 @@ class Receivers:
         if head == candidate:
             return Delivered(status=None, detail=f"{name} at {candidate} already", replayed=True)
         if head != expected:
-            return Refused(
+            return Undeliverable(
                 status=None, detail=f"{name} is at {head}, not {expected}", code="branch_moved"
             )
         self.repos.push(out.tenant, name, candidate)
@@ -110,6 +110,6 @@ class Receivers:
 def describe_answer(answer: Answer) -> str:
     if isinstance(answer, Delivered):
         return f"delivered{' (replayed)' if answer.replayed else ''} {answer.detail}"
-    if isinstance(answer, Refused):
+    if isinstance(answer, Undeliverable):
         return f"refused {answer.code}"
     return f"unanswered ({'maybe sent' if answer.sent else 'not sent'}) {answer.detail}"

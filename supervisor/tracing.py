@@ -20,7 +20,7 @@ import msgspec
 from cachetools import LRUCache
 
 from tether import tracing as _tracing
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable
 from tether.tracing import NO_SPAN, OpenSpan, Span, TraceParent, parse_traceparent
 from tether.wire.records import Lease
 
@@ -134,7 +134,7 @@ def effect_answered(span: Span, attempt: int, answer: Answer) -> None:
     span.set(attempt=attempt, outcome=type(answer).__name__.lower(), status_code=answer.status)
     if isinstance(answer, Delivered):
         span.set(replayed=answer.replayed)
-    elif isinstance(answer, Refused):
+    elif isinstance(answer, Undeliverable):
         span.set(code=answer.code)
     else:
         span.set(sent=answer.sent)

@@ -15,7 +15,7 @@ from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.http import HttpDeliverer
 from tether.supervisor.ledger.destinations import Address, Destinations
 from tether.supervisor.ledger.errors import EffectNotHeld, GateMismatch
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
 from tether.wire import content_hash
 
 # Every name answers 127.0.0.1, which these tests' deliverers may reach: a request an
@@ -132,11 +132,11 @@ class FakeOutbox:
         self, effect_id: str, attempt: int, holder: str, answer: Answer
     ) -> None:
         row = self._held(effect_id, holder)
-        assert type(answer) in (Delivered, Refused, Unanswered), answer
+        assert type(answer) in (Delivered, Undeliverable, Unanswered), answer
         row.attempts[attempt - 1] = answer
         if isinstance(answer, Delivered):
             row.state = "delivered"
-        elif isinstance(answer, Refused):
+        elif isinstance(answer, Undeliverable):
             row.state, row.reason = "failed", answer.code
         self.log.append(("record", effect_id))
 

@@ -26,7 +26,7 @@ from tether.supervisor.effects.dispatcher import RECORD_TRIES, Dispatcher
 from tether.supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
 from tether.supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
 from tether.supervisor.ledger.errors import StorageError
-from tether.supervisor.ledger.outbox import Answer, Delivered, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Undeliverable, Unanswered
 from tether.supervisor.service import running_ledger
 from tether.supervisor.settings import SupervisorSettings
 
@@ -93,7 +93,7 @@ async def test_unanswered_is_tried_again_until_an_answer(outbox: FakeOutbox) -> 
 
 
 async def test_a_refusal_fails_the_effect_at_once(outbox: FakeOutbox) -> None:
-    refused = Refused(status=404, detail="HTTP 404", code="receiver_refused")
+    refused = Undeliverable(status=404, detail="HTTP 404", code="receiver_refused")
     script = Scripted([refused])
     outbox.add(outgoing(deadline_at=soon()))
     async with running(dispatcher(outbox, script)):

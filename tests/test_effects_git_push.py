@@ -16,7 +16,7 @@ import pytest
 
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.git_push import GitPushDeliverer, credential_environment
-from tether.supervisor.ledger.outbox import Delivered, Refused
+from tether.supervisor.ledger.outbox import Delivered, Undeliverable
 from tether.supervisor.repos.mirror import Mirrors
 
 from .agent_repos import add_commit, make_origin, sh
@@ -102,7 +102,7 @@ async def test_a_branch_someone_moved_is_never_overwritten(
     answer = await GitPushDeliverer(world.mirrors).deliver(
         outgoing(world.request(), kind="git.push"), secrets
     )
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, Undeliverable)
     assert answer.code == "branch_moved"
     assert moved in answer.detail
     assert world.head() == moved
@@ -112,7 +112,7 @@ async def test_a_missing_branch_is_a_moved_branch(world: World, secrets: Credent
     answer = await GitPushDeliverer(world.mirrors).deliver(
         outgoing(world.request(branch="release"), kind="git.push"), secrets
     )
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, Undeliverable)
     assert answer.code == "branch_moved"
     with pytest.raises(subprocess.CalledProcessError):
         world.head("release")
@@ -126,7 +126,7 @@ async def test_a_candidate_that_does_not_descend_is_not_fast_forward(
     answer = await GitPushDeliverer(world.mirrors).deliver(
         outgoing(world.request(expected=moved), kind="git.push"), secrets
     )
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, Undeliverable)
     assert answer.code == "not_fast_forward"
     assert world.head() == moved
 
@@ -144,7 +144,7 @@ async def test_a_lease_found_stale_at_the_push_is_a_moved_branch(
     answer = await GitPushDeliverer(world.mirrors).deliver(
         outgoing(world.request(), kind="git.push"), secrets
     )
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, Undeliverable)
     assert answer.code == "branch_moved"
     assert "stale" in answer.detail
     assert world.head() == moved
@@ -154,7 +154,7 @@ async def test_a_missing_credential_pushes_nothing(world: World, secrets: Creden
     answer = await GitPushDeliverer(world.mirrors).deliver(
         outgoing(world.request(credential="absent"), kind="git.push"), secrets
     )
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, Undeliverable)
     assert answer.code == "credential_missing"
     assert world.head() == world.base
 

@@ -20,7 +20,7 @@ from examples.receiver import create_app
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.http import HttpDeliverer, retry_after
 from tether.supervisor.effects.registry import RetryLater
-from tether.supervisor.ledger.outbox import Delivered, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Delivered, Undeliverable, Unanswered
 
 from .effects_fakes import http_deliverer, loopback_resolver, outgoing
 
@@ -76,7 +76,7 @@ async def test_the_key_and_the_credential_go_with_the_request_and_are_masked_in_
     assert seen[0].headers["Authorization"] == f"Bearer {TOKEN}"
     assert seen[0].headers.get_list("Idempotency-Key") == ["key-e1"]
     assert seen[0].read() == b'{"v":1}'
-    assert answer == Refused(
+    assert answer == Undeliverable(
         status=422, detail="HTTP 422: bad token Bearer ****", code="receiver_refused"
     )
 
@@ -90,7 +90,7 @@ async def test_a_missing_credential_refuses_without_sending(secrets: Credentials
 
     headers = {"Authorization": "{{ credential.absent }}"}
     answer = await mocked(never).deliver(outgoing(request(headers=headers)), secrets)
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, Undeliverable)
     assert answer.code == "credential_missing"
     assert sent == []
 
@@ -111,8 +111,8 @@ async def test_a_missing_credential_refuses_without_sending(secrets: Credentials
             RetryLater(detail="HTTP 429: ok", sent=True, status=429, retry_after_s=7.0),
         ),
         (503, {}, Unanswered(detail="HTTP 503: ok", sent=True, status=503)),
-        (301, {}, Refused(status=301, detail="HTTP 301: ok", code="receiver_refused")),
-        (404, {}, Refused(status=404, detail="HTTP 404: ok", code="receiver_refused")),
+        (301, {}, Undeliverable(status=301, detail="HTTP 301: ok", code="receiver_refused")),
+        (404, {}, Undeliverable(status=404, detail="HTTP 404: ok", code="receiver_refused")),
     ],
 )
 async def test_answers_are_classified(
@@ -191,7 +191,7 @@ async def test_a_destination_refused_at_send_sends_nothing(secrets: Credentials)
     client = httpx.AsyncClient(transport=httpx.MockTransport(recording(seen)))
     deliverer = HttpDeliverer(client, resolver=loopback_resolver)  # 127.0.0.1 not listed
     answer = await deliverer.deliver(outgoing(request(url="http://hooks.test/d")), secrets)
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, Undeliverable)
     assert answer.code == "destination_refused"
     assert "hooks.test resolved to 127.0.0.1" in answer.detail
     assert seen == []
@@ -209,7 +209,7 @@ async def test_a_credential_http_cannot_carry_is_refused_unsent_and_unnamed(
     answer = await mocked(recording(seen)).deliver(
         outgoing(request(headers=headers), keyed=False), Credentials(folder)
     )
-    assert isinstance(answer, Refused)  # not Unanswered(sent=True): never `uncertain`
+    assert isinstance(answer, Undeliverable)  # not Unanswered(sent=True): never `uncertain`
     assert answer.code == "effect_render_failed"
     assert "header Authorization" in answer.detail
     assert "tok" not in answer.detail
@@ -226,7 +226,7 @@ async def test_encoded_echoes_of_a_credential_are_masked(secrets: Credentials) -
     headers = {"Authorization": "Bearer {{ credential.hook }}"}
     deliverer = mocked(lambda _: httpx.Response(400, text=" | ".join(echoes)))
     answer = await deliverer.deliver(outgoing(request(headers=headers)), secrets)
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, Undeliverable)
     for echo in echoes:
         assert echo not in answer.detail, echo
     assert answer.detail.count("****") == len(echoes)

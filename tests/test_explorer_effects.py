@@ -16,7 +16,7 @@ from tether.sim.repos import BASE, Repos
 from tether.sim.scenarios import SCENARIOS, effect_order, played
 from tether.sim.schedule import CONFIG
 from tether.sim.world import World
-from tether.supervisor.ledger.outbox import Delivered, Outgoing, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Delivered, Outgoing, Undeliverable, Unanswered
 
 EFFECT_SCENARIOS = [name for name in SCENARIOS if name.startswith("effects/")]
 
@@ -63,7 +63,7 @@ def test_an_unkeyed_receiver_applies_every_request_and_nothing_it_never_got() ->
     busy = receivers.receive(out, Fault.BUSY)
     assert isinstance(busy, Unanswered)
     assert (busy.sent, busy.status) == (True, 503)
-    assert isinstance(receivers.receive(out, Fault.REFUSE), Refused)
+    assert isinstance(receivers.receive(out, Fault.REFUSE), Undeliverable)
     assert receivers.applied("http", False, "T1.1") == 0
     receivers.receive(out, Fault.NONE)
     receivers.receive(out, Fault.LOST)
@@ -83,7 +83,7 @@ def test_a_push_moves_the_branch_only_from_the_value_it_expects() -> None:
     assert replay.replayed
     repos.push("acme", "repo0", "elsewhere")
     moved = receivers.receive(push, Fault.NONE)
-    assert isinstance(moved, Refused)
+    assert isinstance(moved, Undeliverable)
     assert moved.code == "branch_moved"
     assert receivers.pushes == {"T1.1": 1}
     # An operator reverts the branch to the expected value: a retry moves it again, which

@@ -11,7 +11,7 @@ import pytest
 
 from tether.supervisor.ledger import InvalidRequest, SqliteLedger, StepSpec, TaskSpec
 from tether.supervisor.ledger.errors import EffectNotGated, EffectNotHeld, GateMismatch
-from tether.supervisor.ledger.outbox import Delivered, OutboxState, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Delivered, OutboxState, Undeliverable, Unanswered
 from tether.supervisor.ledger.repositories import add_repository
 from tether.supervisor.ledger.store import LedgerStore
 from tether.supervisor.ledger.verification import Evidence
@@ -223,7 +223,7 @@ async def test_a_refused_answer_fails_the_step_and_the_task_with_its_code(
     task_id = await approved(ledger, spec_with(("deploy", "http", http())))
     [out] = await ledger.take_effects("d1", 8)
     attempt = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
-    answer = Refused(status=403, detail="forbidden", code="receiver_refused")
+    answer = Undeliverable(status=403, detail="forbidden", code="receiver_refused")
     await ledger.record_attempt(out.effect_id, attempt, "d1", answer)
     view = await ledger.task(task_id)
     assert (view["state"], view["reason"]) == ("FAILED", "receiver_refused: forbidden")

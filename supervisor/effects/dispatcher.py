@@ -3,14 +3,14 @@
 
 It takes effects (`take_effects`), and for each, in its own task, repeats an attempt until an
 answer ends it: `begin_attempt` (the durable "about to send") -> the kind's deliverer ->
-`record_attempt`. `Delivered` and `Refused` end the effect, and so does an unkeyed attempt that
-may have sent (the ledger makes it `uncertain`). Any other `Unanswered` is tried again after an
-exponential backoff with full jitter, at least as long as the receiver's `Retry-After`, until
-the next attempt would start after the effect's delivery deadline: then `give_up`. At shutdown
-an effect in hand is handed back (`release_effect`). A refusal by the ledger (`EffectNotHeld`:
-the task was cancelled, or another dispatcher took the effect over) ends that effect quietly
-with one log line. Log lines name the effect id, kind, attempt and status, never a credential,
-a header value, a request or a receiver's body.
+`record_attempt`. `Delivered` and `Undeliverable` end the effect, and so does an unkeyed
+attempt that may have sent (the ledger makes it `uncertain`). Any other `Unanswered` is tried
+again after an exponential backoff with full jitter, at least as long as the receiver's
+`Retry-After`, until the next attempt would start after the effect's delivery deadline: then
+`give_up`. At shutdown an effect in hand is handed back (`release_effect`). A refusal by the
+ledger (`EffectNotHeld`: the task was cancelled, or another dispatcher took the effect over)
+ends that effect quietly with one log line. Log lines name the effect id, kind, attempt and
+status, never a credential, a header value, a request or a receiver's body.
 
 The numbers, and why (the hold, `effect_hold_s`, is 60 s by default; only `begin_attempt`
 refreshes it, so an attempt plus the wait before the next must stay well inside it, or
@@ -61,7 +61,7 @@ from tether.supervisor.ledger.outbox import (
     Answer,
     Delivered,
     Outgoing,
-    Refused,
+    Undeliverable,
     Unanswered,
 )
 
@@ -278,6 +278,6 @@ def _plain(answer: Answer) -> Answer:
 def _facts(answer: Answer) -> dict[str, object]:
     if isinstance(answer, Delivered):
         return {"replayed": answer.replayed}
-    if isinstance(answer, Refused):
+    if isinstance(answer, Undeliverable):
         return {"code": answer.code}
     return {"sent": answer.sent}

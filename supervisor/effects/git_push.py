@@ -6,8 +6,8 @@ first reads the branch (`git ls-remote`):
 
     at `candidate`                     Delivered(replayed=True): an earlier attempt (or someone)
                                        already moved it there; nothing is pushed
-    at neither (or absent)             Refused `branch_moved`: never an overwrite
-    at `expected`, candidate not a     Refused `not_fast_forward`
+    at neither (or absent)             Undeliverable `branch_moved`: never an overwrite
+    at `expected`, candidate not a     Undeliverable `not_fast_forward`
       descendant of it
     at `expected`                      `git push --force-with-lease=refs/heads/<branch>:<expected>
                                        <candidate>:refs/heads/<branch>`; a lease the remote
@@ -19,9 +19,9 @@ task and imported it into its own mirror) gets it from the reporting step's bund
 artifact store (`SharedCandidates`) before the push is refused `unknown_candidate`.
 
 A remote that cannot be reached is Unanswered (retried until the deadline); a refusal by the
-remote for another reason (a hook, a protected branch) is Refused `push_rejected`. A remote
+remote for another reason (a hook, a protected branch) is Undeliverable `push_rejected`. A remote
 reached over the network is first resolved once and checked against the supervisor's
-`effect_allowed_hosts` (Refused `destination_refused`, nothing run), and git is held to the
+`effect_allowed_hosts` (Undeliverable `destination_refused`, nothing run), and git is held to the
 address checked (supervisor/effects/addresses.py).
 
 A credential for the push reaches git only through its environment, from a private folder
@@ -62,7 +62,7 @@ from tether.supervisor.effects.addresses import (
 )
 from tether.supervisor.effects.credentials import CredentialMissing, Credentials
 from tether.supervisor.ledger.destinations import PUBLIC_HOSTS, Destinations, remote_destination
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
 from tether.supervisor.repos.candidates import SharedCandidates
 from tether.supervisor.repos.mirror import BundleRefused, MirrorError, Mirrors, PushRejected
 
@@ -106,7 +106,7 @@ class GitPushDeliverer:
         try:
             remote = remote_destination(url)
         except ValueError as exc:
-            return Refused(status=None, detail=str(exc), code="destination_refused")
+            return Undeliverable(status=None, detail=str(exc), code="destination_refused")
         if remote is None:
             return GitPin()
         scheme, host, port = remote
@@ -115,7 +115,7 @@ class GitPushDeliverer:
                 self.destinations, out.tenant, host, port, self.resolver
             )
         except DestinationRefused as exc:
-            return Refused(status=None, detail=str(exc), code="destination_refused")
+            return Undeliverable(status=None, detail=str(exc), code="destination_refused")
         except NotResolved as exc:
             return Unanswered(detail=f"not connected: {exc}", sent=False)
         return git_pin(scheme, host, port, address)
@@ -128,7 +128,7 @@ class GitPushDeliverer:
         try:
             value = None if credential is None else secrets.read(str(credential))
         except CredentialMissing as exc:
-            return Refused(status=None, detail=str(exc), code="credential_missing")
+            return Undeliverable(status=None, detail=str(exc), code="credential_missing")
         pin = await self._pin(out, url)
         if not isinstance(pin, GitPin):
             return pin
@@ -142,7 +142,7 @@ class GitPushDeliverer:
                 return _replayed(branch, candidate)
             if at != expected:
                 where = "does not exist" if at is None else f"is at {at}"
-                return Refused(
+                return Undeliverable(
                     status=None,
                     detail=f"branch {branch} {where}, not at the approved base {expected}",
                     code="branch_moved",
@@ -160,7 +160,7 @@ class GitPushDeliverer:
                     descends = await self.mirrors.is_ancestor(url, expected, candidate)
                 why = "" if missing is None else f" ({missing})"
             if descends is None:
-                return Refused(
+                return Undeliverable(
                     status=None,
                     detail=(
                         f"the mirror lacks the candidate {candidate} or the base {expected}{why}"
@@ -168,7 +168,7 @@ class GitPushDeliverer:
                     code="unknown_candidate",
                 )
             if not descends:
-                return Refused(
+                return Undeliverable(
                     status=None,
                     detail=f"candidate {candidate} does not descend from {branch} at {expected}",
                     code="not_fast_forward",
@@ -185,16 +185,16 @@ class GitPushDeliverer:
         self, exc: PushRejected, url: str, branch: str, candidate: str, env: dict[str, str]
     ) -> Answer:
         if exc.reason == "non-fast-forward":
-            return Refused(status=None, detail=str(exc), code="not_fast_forward")
+            return Undeliverable(status=None, detail=str(exc), code="not_fast_forward")
         if exc.reason != "stale":
-            return Refused(status=None, detail=str(exc), code="push_rejected")
+            return Undeliverable(status=None, detail=str(exc), code="push_rejected")
         try:  # the branch moved between the read and the push: to the candidate, or away
             at = await self.mirrors.branch_head(url, branch, env=env)
         except MirrorError as again:
             return Unanswered(detail=str(again), sent=True)
         if at == candidate:
             return _replayed(branch, candidate)
-        return Refused(status=None, detail=str(exc), code="branch_moved")
+        return Undeliverable(status=None, detail=str(exc), code="branch_moved")
 
 
 def _replayed(branch: str, candidate: str) -> Delivered:

@@ -15,14 +15,14 @@ How an answer is classified:
 
     2xx                                Delivered (replayed when `Idempotent-Replayed: true`)
     408, 429, 5xx                      Unanswered(sent=True), RetryLater when `Retry-After`
-    any other status (3xx, 4xx)        Refused `receiver_refused`
+    any other status (3xx, 4xx)        Undeliverable `receiver_refused`
     no connection (connect error or    Unanswered(sent=False): nothing reached the receiver
       timeout, no pooled connection,
       a name not resolved)
     any other transport failure        Unanswered(sent=True): it may have been applied
-    a destination not allowed          Refused `destination_refused`, nothing sent
-    a named credential missing         Refused `credential_missing`, nothing sent
-    a step placeholder left unfilled,  Refused `effect_render_failed`, nothing sent
+    a destination not allowed          Undeliverable `destination_refused`, nothing sent
+    a named credential missing         Undeliverable `credential_missing`, nothing sent
+    a step placeholder left unfilled,  Undeliverable `effect_render_failed`, nothing sent
       a header value HTTP cannot carry
       (a credential's line break), a
       request the client cannot build
@@ -56,7 +56,7 @@ from tether.supervisor.ledger.destinations import (
     HostRefused,
     http_destination,
 )
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Refused, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
 from tether.wire.templates import TemplateError, fill_credentials, header_value_problem
 
 KEY_HEADER: Final = "Idempotency-Key"
@@ -95,22 +95,24 @@ class HttpDeliverer:
             url = httpx.URL(str(request["url"]))
             host, port = http_destination(str(request["url"]))
         except HostRefused as exc:
-            return Refused(status=None, detail=str(exc), code="destination_refused")
+            return Undeliverable(status=None, detail=str(exc), code="destination_refused")
         except (httpx.InvalidURL, ValueError) as exc:
-            return Refused(status=None, detail=f"bad URL: {redact(str(exc))}", code="invalid_url")
+            return Undeliverable(
+                status=None, detail=f"bad URL: {redact(str(exc))}", code="invalid_url"
+            )
         try:
             headers, used = resolve_headers(request.get("headers") or {}, secrets)
         except CredentialMissing as exc:
-            return Refused(status=None, detail=str(exc), code="credential_missing")
+            return Undeliverable(status=None, detail=str(exc), code="credential_missing")
         except TemplateError as exc:
-            return Refused(status=None, detail=str(exc), code="effect_render_failed")
+            return Undeliverable(status=None, detail=str(exc), code="effect_render_failed")
         headers[KEY_HEADER] = out.effect_key
         try:
             address = await checked_address(
                 self.destinations, out.tenant, host, port, self.resolver
             )
         except DestinationRefused as exc:
-            return Refused(status=None, detail=str(exc), code="destination_refused")
+            return Undeliverable(status=None, detail=str(exc), code="destination_refused")
         except NotResolved as exc:
             return Unanswered(detail=f"not connected: {exc}", sent=False)
         extensions: dict[str, str] = {}
@@ -127,7 +129,7 @@ class HttpDeliverer:
             )  # fmt: skip
         except (httpx.HTTPError, ValueError, TypeError) as exc:
             detail = f"the request cannot be built: {_name(exc, used)}"
-            return Refused(status=None, detail=detail, code="effect_render_failed")
+            return Undeliverable(status=None, detail=detail, code="effect_render_failed")
         try:
             response = await self.client.send(built, stream=True, follow_redirects=False)
             try:
@@ -137,7 +139,9 @@ class HttpDeliverer:
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             return Unanswered(detail=f"not connected: {_name(exc, used)}", sent=False)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-            return Refused(status=None, detail=f"bad URL: {_name(exc, used)}", code="invalid_url")
+            return Undeliverable(
+                status=None, detail=f"bad URL: {_name(exc, used)}", code="invalid_url"
+            )
         except httpx.HTTPError as exc:
             return Unanswered(detail=f"no answer: {_name(exc, used)}", sent=True)
         return self.classify(response, text)
@@ -153,7 +157,7 @@ class HttpDeliverer:
             if after is not None:
                 return RetryLater(detail=detail, sent=True, status=status, retry_after_s=after)
             return Unanswered(detail=detail, sent=True, status=status)
-        return Refused(status=status, detail=detail, code="receiver_refused")
+        return Undeliverable(status=status, detail=detail, code="receiver_refused")
 
 
 def resolve_headers(

@@ -51,8 +51,9 @@ class Delivered:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Refused:
-    """The receiver refused it for good: the step fails with `code`."""
+class Undeliverable:
+    """It fails for good: the receiver refused it, or the deliverer would not send it (a
+    destination not allowed, a credential missing); the step fails with `code`."""
 
     status: int | None
     detail: str
@@ -68,7 +69,7 @@ class Unanswered:
     status: int | None = None
 
 
-Answer = Delivered | Refused | Unanswered
+Answer = Delivered | Undeliverable | Unanswered
 
 
 # Rows an ending task settles at once (`end_with_task`): no dispatcher holds them.

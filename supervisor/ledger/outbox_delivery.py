@@ -12,7 +12,13 @@ from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import EffectNotHeld, GateMismatch
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.lifecycle import advance, fail_step
-from tether.supervisor.ledger.outbox import Answer, Delivered, OutboxState, Outgoing, Refused
+from tether.supervisor.ledger.outbox import (
+    Answer,
+    Delivered,
+    OutboxState,
+    Outgoing,
+    Undeliverable,
+)
 from tether.supervisor.ledger.states import TERMINAL, TaskState
 from tether.supervisor.ledger.steps import find_step
 from tether.supervisor.ledger.tx import EFFECTS, Row, Statements, Tx, dumps, loads
@@ -143,7 +149,7 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
         "answer_delivery",
         (
             tx.now, kind, sent, answer.status, answer.detail[:DETAIL_MAX],
-            answer.code if isinstance(answer, Refused) else None, effect_id, attempt,
+            answer.code if isinstance(answer, Undeliverable) else None, effect_id, attempt,
         ),
     )  # fmt: skip
     if isinstance(answer, Delivered):
@@ -152,7 +158,7 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
             "replayed": answer.replayed, "attempt": attempt,
         }  # fmt: skip
         deliver(tx, row, observation)
-    elif isinstance(answer, Refused):
+    elif isinstance(answer, Undeliverable):
         outbox_rows.set_state(tx, effect_id, OutboxState.FAILED)
         fail_effect(tx, row, f"{answer.code}: {answer.detail[:DETAIL_MAX]}")
     elif row["state"] == OutboxState.UNCERTAIN:
@@ -180,7 +186,7 @@ DETAIL_MAX = 2048
 def _answer_columns(answer: Answer) -> tuple[str, int]:
     if isinstance(answer, Delivered):
         return "delivered", 1
-    if isinstance(answer, Refused):
+    if isinstance(answer, Undeliverable):
         return "refused", 1
     return "unanswered", int(answer.sent)
 
