@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from tether.sim.receivers import describe_answer
 from tether.supervisor.ledger import outbox_delivery
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Unanswered, Undeliverable
 
 if TYPE_CHECKING:
     from tether.sim.world import World

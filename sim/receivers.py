@@ -15,7 +15,7 @@ import dataclasses
 import enum
 
 from tether.sim.repos import Repos
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Unanswered, Undeliverable
 
 
 class Fault(enum.StrEnum):

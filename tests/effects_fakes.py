@@ -15,7 +15,7 @@ from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.http import HttpDeliverer
 from tether.supervisor.ledger.destinations import Address, Destinations
 from tether.supervisor.ledger.errors import EffectNotHeld, GateMismatch
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Unanswered, Undeliverable
 from tether.wire import content_hash
 
 # Every name answers 127.0.0.1, which these tests' deliverers may reach: a request an

@@ -26,7 +26,7 @@ from tether.supervisor.effects.dispatcher import RECORD_TRIES, Dispatcher
 from tether.supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
 from tether.supervisor.ledger import SqliteLedger, StepSpec, TaskSpec
 from tether.supervisor.ledger.errors import StorageError
-from tether.supervisor.ledger.outbox import Answer, Delivered, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Unanswered, Undeliverable
 from tether.supervisor.service import running_ledger
 from tether.supervisor.settings import SupervisorSettings
 

@@ -20,7 +20,7 @@ from examples.receiver import create_app
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.http import HttpDeliverer, retry_after
 from tether.supervisor.effects.registry import RetryLater
-from tether.supervisor.ledger.outbox import Delivered, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Delivered, Unanswered, Undeliverable
 
 from .effects_fakes import http_deliverer, loopback_resolver, outgoing
 

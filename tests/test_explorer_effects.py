@@ -16,7 +16,7 @@ from tether.sim.repos import BASE, Repos
 from tether.sim.scenarios import SCENARIOS, effect_order, played
 from tether.sim.schedule import CONFIG
 from tether.sim.world import World
-from tether.supervisor.ledger.outbox import Delivered, Outgoing, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Delivered, Outgoing, Unanswered, Undeliverable
 
 EFFECT_SCENARIOS = [name for name in SCENARIOS if name.startswith("effects/")]
 

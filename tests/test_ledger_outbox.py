@@ -11,7 +11,7 @@ import pytest
 
 from tether.supervisor.ledger import InvalidRequest, SqliteLedger, StepSpec, TaskSpec
 from tether.supervisor.ledger.errors import EffectNotGated, EffectNotHeld, GateMismatch
-from tether.supervisor.ledger.outbox import Delivered, OutboxState, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Delivered, OutboxState, Unanswered, Undeliverable
 from tether.supervisor.ledger.repositories import add_repository
 from tether.supervisor.ledger.store import LedgerStore
 from tether.supervisor.ledger.verification import Evidence

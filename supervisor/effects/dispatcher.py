@@ -61,8 +61,8 @@ from tether.supervisor.ledger.outbox import (
     Answer,
     Delivered,
     Outgoing,
-    Undeliverable,
     Unanswered,
+    Undeliverable,
 )
 
 log = structlog.get_logger("tether.effects")

@@ -62,7 +62,7 @@ from tether.supervisor.effects.addresses import (
 )
 from tether.supervisor.effects.credentials import CredentialMissing, Credentials
 from tether.supervisor.ledger.destinations import PUBLIC_HOSTS, Destinations, remote_destination
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Unanswered, Undeliverable
 from tether.supervisor.repos.candidates import SharedCandidates
 from tether.supervisor.repos.mirror import BundleRefused, MirrorError, Mirrors, PushRejected
 

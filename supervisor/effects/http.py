@@ -56,7 +56,7 @@ from tether.supervisor.ledger.destinations import (
     HostRefused,
     http_destination,
 )
-from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Undeliverable, Unanswered
+from tether.supervisor.ledger.outbox import Answer, Delivered, Outgoing, Unanswered, Undeliverable
 from tether.wire.templates import TemplateError, fill_credentials, header_value_problem
 
 KEY_HEADER: Final = "Idempotency-Key"
