@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from tether.sim.actors import plan_hash
 from tether.sim.receivers import Receivers
@@ -28,7 +27,7 @@ from tether.supervisor.ledger.steps import tokens_spent
 from tether.supervisor.ledger.tx import LedgerConfig
 from tether.supervisor.ledger.verification import Evidence, Finding
 from tether.wire import Outcome, ReleaseReason, content_hash
-from tether.wire.records import Checkpoint, Lease, Renewal, Report
+from tether.wire.records import Checkpoint, Event, Lease, Renewal, Report
 
 TERMINAL_NAMES = frozenset(s.value for s in TERMINAL)
 EFFECT_KINDS = LedgerConfig().effect_kinds  # plan steps the supervisor delivers itself
@@ -672,17 +671,17 @@ class Consumer:
     last_seq: int = 0
     state: str | None = None
 
-    def apply(self, events: Sequence[dict[str, Any]]) -> list[str]:
+    def apply(self, events: Sequence[Event]) -> list[str]:
         """Apply a delivery; return what went wrong, if anything."""
         problems: list[str] = []
         for event in events:
-            if event["seq"] <= self.last_seq:
+            if event.seq <= self.last_seq:
                 continue
-            self.last_seq = event["seq"]
-            if self.state in TERMINAL_NAMES and event["state"] != self.state:
+            self.last_seq = event.seq
+            if self.state in TERMINAL_NAMES and event.state != self.state:
                 problems.append(
-                    f"consumer: {self.task_id} view moved from {self.state} to {event['state']}"
-                    f" at seq {event['seq']}"
+                    f"consumer: {self.task_id} view moved from {self.state} to {event.state}"
+                    f" at seq {event.seq}"
                 )
-            self.state = event["state"]
+            self.state = event.state
         return problems

@@ -691,7 +691,7 @@ class World:
         consumer = self.consumer(task_id)
         start = self.rng.randrange(consumer.last_seq + 1) if after is None else after
         events = views.events_after(self.h.reads, task_id, start)
-        events = [e for e in events if e["seq"] <= consumer.last_seq]
+        events = [e for e in events if e.seq <= consumer.last_seq]
         events = events + self.rng.sample(events, len(events) // 2)
         self.rng.shuffle(events)
         before = len(self.violations)

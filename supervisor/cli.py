@@ -13,11 +13,14 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.cli import USAGE_EXIT, Parser, fail
 from tether.settings import SettingsError, config_file_from, load_settings, read_secret
 from tether.supervisor.ledger.states import TaskState
+
+if TYPE_CHECKING:
+    from tether.wire.records import TaskDetail
 
 PROG = "tether-supervisor"
 LEDGER = "ledger: a file, sqlite:///path or postgresql://..."
@@ -473,19 +476,19 @@ def _task(args: argparse.Namespace) -> int:
     with _operator_session(args) as client:
         if args.task_command == "submit":
             body = oc.load_task_file(Path(args.file))
-            task, created = client.submit(body)
+            answered, created = client.submit(body)
+            task = oc.view_of(answered)
             if not created:
-                print(
-                    f"existing task {task['id']} (state {task['state']}) returned", file=sys.stderr
-                )
+                print(f"existing task {task.id} (state {task.state}) returned", file=sys.stderr)
             if args.approve:
                 # The base SHA the file declares is the one to approve unless told otherwise.
                 base_sha = args.base_sha or body.get("base_sha")
-                task = client.approve(task["id"], oc.plan_hash_of(body), base_sha)
+                answered = client.approve(task.id, oc.plan_hash_of(body), base_sha)
+                task = oc.view_of(answered)
             if args.wait:
-                print(f"task {task['id']} is {task['state']}", file=sys.stderr)
-                return _watch(client, task["id"])
-            _print_json(task)
+                print(f"task {task.id} is {task.state}", file=sys.stderr)
+                return _watch(client, task.id)
+            _print_json(answered)
         elif args.task_command == "approve":
             return _approve(client, args)
         elif args.task_command == "cancel":
@@ -495,7 +498,7 @@ def _task(args: argparse.Namespace) -> int:
         elif args.task_command == "gate":
             return _gate(client, args)
         elif args.task_command == "show" and args.plan:
-            print(_plan_text(client.show(args.task_id)))
+            print(_plan_text(client.view(args.task_id)))
         elif args.task_command == "show":
             shown = client.show(args.task_id)
             _print_json(shown)
@@ -515,11 +518,11 @@ def _task(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_text(task: Any) -> str:
+def _plan_text(task: TaskDetail) -> str:
     """A task view's plan laid out to read; one line and exit 1 if the view has none."""
     from tether.supervisor.plan_reading import plan_text, task_plan
 
-    reading = task_plan(task) if isinstance(task, dict) else None
+    reading = task_plan(task)
     if reading is None:
         fail(PROG, "the supervisor's task view carries no plan (a supervisor older than it)")
     return plan_text(reading)
@@ -530,7 +533,7 @@ def _approve(client: Any, args: argparse.Namespace) -> int:
     question is skipped with `--yes`, or for a script that names the hash (`--plan-hash`, the
     form scripts relied on before the question existed); a script that names neither is
     told to, since nobody can read the plan there."""
-    task = client.show(args.task_id)
+    task = client.view(args.task_id)
     interactive = sys.stdin.isatty()
     if not args.yes and not interactive and args.plan_hash is None:
         fail(
@@ -541,13 +544,13 @@ def _approve(client: Any, args: argparse.Namespace) -> int:
     if not args.yes and interactive:
         print(_plan_text(task))
         try:
-            answer = input(f"approve task {task['id']} with plan {task['plan_hash']}? [y/N] ")
+            answer = input(f"approve task {task.id} with plan {task.plan_hash}? [y/N] ")
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
-            fail(PROG, f"not approved: task {task['id']} stays {task['state']}")
-    plan_hash = args.plan_hash or task["plan_hash"]
-    _print_json(client.approve(task["id"], plan_hash, args.base_sha))
+            fail(PROG, f"not approved: task {task.id} stays {task.state}")
+    plan_hash = args.plan_hash or task.plan_hash
+    _print_json(client.approve(task.id, plan_hash, args.base_sha))
     return 0
 
 

@@ -29,15 +29,17 @@ from tether.wire.records import (
     CandidateDiffView,
     EffectHappened,
     EffectView,
+    Event,
+    Events,
     GateOpen,
     PoolsAnswer,
     Record,
     ReviewDecision,
-    StepView,
+    StepDetail,
+    TaskDetail,
     TaskLogs,
     TaskPage,
     TaskSummary,
-    TaskView,
     WaitingFor,
 )
 
@@ -169,8 +171,8 @@ class OperatorClient:
         """The task view as the supervisor sent it, every field kept (`task show` prints it)."""
         return self._call("GET", f"/v1/tasks/{task_id}")
 
-    def view(self, task_id: str) -> TaskView:
-        return self._read(f"/v1/tasks/{task_id}", TaskView)
+    def view(self, task_id: str) -> TaskDetail:
+        return self._read(f"/v1/tasks/{task_id}", TaskDetail)
 
     def tasks(self, state: str | None = None, limit: int = 50) -> Iterator[TaskSummary]:
         """Every task of the tenant, newest first, following the pages' `next` cursors."""
@@ -213,13 +215,9 @@ class OperatorClient:
         path = f"/v1/tasks/{urllib.parse.quote(task_id, safe='')}/logs"
         return self._read(path, TaskLogs, after_seq=after_seq, after_line=after_line)
 
-    def events(self, task_id: str, after: int, wait_s: float) -> list[dict[str, Any]]:
-        body = self._call(
-            "GET", f"/v1/tasks/{task_id}/events", params={"after": after, "wait": wait_s}
-        )
-        if not isinstance(body, dict) or not isinstance(body.get("events"), list):
-            raise ClientError("not a tether supervisor's answer: no 'events' list")
-        return list(body["events"])
+    def events(self, task_id: str, after: int, wait_s: float) -> tuple[Event, ...]:
+        path = f"/v1/tasks/{task_id}/events"
+        return self._read(path, Events, after=after, wait=wait_s).events
 
 
 def unreachable_line(url: str, exc: Exception) -> str:
@@ -263,7 +261,7 @@ def _step_path(task_id: str, step: str, action: str) -> str:
     return f"/v1/tasks/{urllib.parse.quote(task_id, safe='')}/steps/{quoted}/{action}"
 
 
-def effect_of(task: TaskView, step_name: str) -> tuple[StepView, EffectView]:
+def effect_of(task: TaskDetail, step_name: str) -> tuple[StepDetail, EffectView]:
     """The step named `step_name` and its effect; `ClientError` if it is no effect yet."""
     step = next((s for s in task.steps if s.name == step_name), None)
     if step is None:
@@ -277,7 +275,7 @@ def effect_of(task: TaskView, step_name: str) -> tuple[StepView, EffectView]:
     return step, step.effect
 
 
-def gate_text(step: StepView, effect: EffectView) -> str:
+def gate_text(step: StepDetail, effect: EffectView) -> str:
     """What `task gate` shows: the request exactly as it will be sent (a credential only as
     its `{{ credential.<name> }}` placeholder, never its value), its digest, and where the
     effect stands."""
@@ -332,10 +330,10 @@ def plan_hash_of(body: dict[str, Any]) -> str:
     return plan_hash(steps, verify)
 
 
-def view_of(raw: Any) -> TaskView:
+def view_of(raw: Any) -> TaskDetail:
     """A task view already read as JSON (`show`), as its record."""
     try:
-        return msgspec.convert(raw, TaskView)
+        return msgspec.convert(raw, TaskDetail)
     except msgspec.ValidationError as exc:
         raise ClientError(f"not a tether supervisor's task view: {exc}") from None
 
@@ -395,7 +393,7 @@ def task_line(task: TaskSummary) -> str:
     of any length, revealed so it cannot hide characters)."""
     steps = f"{task.steps_committed}/{task.steps_total}"
     waits = task.waiting_for.reason if task.waiting_for is not None else "-"
-    key = "-" if task.idempotency_key is None else reveal(task.idempotency_key)
+    key = reveal(task.idempotency_key)
     return _TASK_COLUMNS.format(
         id=task.id, state=task.state, created=task.created_at, steps=steps, waits=waits, key=key
     )
@@ -418,7 +416,7 @@ def status_lines(answer: PoolsAnswer) -> list[str]:
     return lines
 
 
-def pick_step(task: TaskView, which: str | None) -> StepView:
+def pick_step(task: TaskDetail, which: str | None) -> StepDetail:
     """The step `which` names (a step name, id or 0-based position), or the last committed."""
     if which is None:
         committed = [s for s in task.steps if s.state == "committed"]
@@ -432,7 +430,7 @@ def pick_step(task: TaskView, which: str | None) -> StepView:
     raise ClientError(f"task {task.id} has no step {which!r} (steps: {names}; or 0-based)")
 
 
-def output_text(step: StepView) -> str:
+def output_text(step: StepDetail) -> str:
     """A step's output to print: a chat step's text, any other output as JSON (so is a chat
     answer that called tools instead of writing text: its `tool_calls` are what it said)."""
     if step.state != "committed":
@@ -444,13 +442,11 @@ def output_text(step: StepView) -> str:
     return json.dumps(out, indent=2, sort_keys=True)
 
 
-def describe(
-    event: dict[str, Any], names: dict[str, str] | None = None, took: float | None = None
-) -> str:
+def describe(event: Event, names: dict[str, str] | None = None, took: float | None = None) -> str:
     """One readable line per event: steps by name (by id when the name is not known), and
     `took`, the seconds since the step's lease or the task's creation, when given."""
-    stamp = str(event.get("at") or "-")
-    data = event.get("data") or {}
+    stamp = event.at or "-"
+    data = event.data or {}
     parts = []
     if "step_id" in data:
         parts.append(f"step={(names or {}).get(data['step_id'], data['step_id'])}")
@@ -462,7 +458,7 @@ def describe(
     if took is not None:
         parts.append(f"took={took:.1f}s")
     details = " ".join(parts)
-    return f"{event['seq']:>6} {stamp} {event['state']:<9} {event['kind']:<14} {details}".rstrip()
+    return f"{event.seq:>6} {stamp} {event.state:<9} {event.kind:<14} {details}".rstrip()
 
 
 def _epoch(at: Any) -> float:
@@ -478,25 +474,25 @@ class _Story:
     """What `watch` remembers to make its lines readable: step names, when each step's last
     lease began, and the last waiting line shown."""
 
-    def __init__(self, task: TaskView) -> None:
+    def __init__(self, task: TaskDetail) -> None:
         self.created_at = _epoch(task.created_at)
         self.names = {s.id: s.name for s in task.steps}
         self.leased_at: dict[str, float] = {}
         self.shown: tuple[Any, ...] | None = None
         self.waiting = False
 
-    def line(self, event: dict[str, Any]) -> str:
-        data, at = event.get("data") or {}, _epoch(event.get("at"))
+    def line(self, event: Event) -> str:
+        data, at = event.data or {}, _epoch(event.at)
         step_id, took = data.get("step_id"), None
-        if event["kind"] == "step_leased" and step_id is not None:
+        if event.kind == "step_leased" and step_id is not None:
             self.leased_at[step_id] = at
         elif step_id in self.leased_at:
             took = at - self.leased_at.pop(step_id)
-        elif event["kind"] == "state" and event["state"] in TERMINAL_STATES:
+        elif event.kind == "state" and event.state in TERMINAL_STATES:
             took = at - self.created_at
         return describe(event, self.names, took)
 
-    def wait_line(self, task: TaskView) -> str | None:
+    def wait_line(self, task: TaskDetail) -> str | None:
         """The waiting line to print if what the task waits for changed, else None."""
         key = _waiting_key(task.waiting_for)
         self.waiting = key is not None
@@ -556,10 +552,10 @@ def watch(
             wait_s = poll / 2  # and ask again at once
             continue
         for event in batch:
-            if event["seq"] <= last:
+            if event.seq <= last:
                 continue  # already shown: never move the view backwards
-            last = event["seq"]
+            last = event.seq
             print(story.line(event), file=out, flush=True)
-            if event["kind"] == "state" and event["state"] in TERMINAL_STATES:
-                return str(event["state"])
+            if event.kind == "state" and event.state in TERMINAL_STATES:
+                return event.state
         task = retrying(client.view, task_id)

@@ -18,6 +18,7 @@ from typing import Any, Final
 from tether.git import redact
 from tether.supervisor.shown import reveal, reveal_json, shown_header
 from tether.wire.payloads import EFFECT_KINDS
+from tether.wire.records import EffectView, PlanView, TaskDetail
 
 # Payload fields laid out as parts of their own; the rest are listed as settings.
 _MESSAGES: Final = "messages"
@@ -114,7 +115,7 @@ def _settings(fields: Mapping[str, Any]) -> Part | None:
     return Part("Settings", entries) if entries else None
 
 
-def step_parts(kind: str, payload: Any, effect: Mapping[str, Any] | None = None) -> list[Part]:
+def step_parts(kind: str, payload: Any, effect: EffectView | None = None) -> list[Part]:
     """The parts of one step: for a chat or agent step its messages, tools, allowed commands
     and paths; for an effect its request (as rendered, once `effect` holds it; else as the
     plan wrote it); then every other field as a setting."""
@@ -123,7 +124,7 @@ def step_parts(kind: str, payload: Any, effect: Mapping[str, Any] | None = None)
     parts: list[Part] = []
     rest = dict(payload)
     if kind in EFFECT_KINDS:
-        rendered = effect.get("request") if effect else None
+        rendered = effect.request if effect else None
         source = rendered if isinstance(rendered, dict) else payload
         label = "Request as rendered" if rendered is not None else "Request (rendered when due)"
         parts.append(Part(label, _request(kind, source)))
@@ -148,37 +149,33 @@ def step_parts(kind: str, payload: Any, effect: Mapping[str, Any] | None = None)
     return [*parts, *([settings] if settings else [])]
 
 
-def read_plan(
-    plan: Mapping[str, Any], effects: Mapping[str, Mapping[str, Any] | None] | None = None
-) -> PlanReading:
+def read_plan(plan: PlanView, effects: Mapping[str, EffectView] | None = None) -> PlanReading:
     """The plan of a task view (`plan`), with each effect step's request as rendered so far
     (`effects`, by step name)."""
     effects = effects or {}
     steps = tuple(
         StepReading(
             number=number,
-            name=reveal(str(step.get("name", ""))),
-            kind=reveal(str(step.get("kind", ""))),
-            payload_hash=str(step.get("payload_hash", "")),
-            parts=tuple(
-                step_parts(str(step.get("kind")), step.get("payload"), effects.get(step["name"]))
-            ),
+            name=reveal(step.name),
+            kind=reveal(step.kind),
+            payload_hash=step.payload_hash,
+            parts=tuple(step_parts(step.kind, step.payload, effects.get(step.name))),
         )
-        for number, step in enumerate(plan.get("steps") or (), start=1)
+        for number, step in enumerate(plan.steps, start=1)
     )
     parts = []
-    paths = plan.get("allowed_paths") or ()
-    if paths:
-        parts.append(Part("Allowed paths of the candidate", tuple(_text(p) for p in paths)))
-    checks = plan.get("checks") or ()
-    if checks:
+    if plan.allowed_paths:
+        parts.append(
+            Part("Allowed paths of the candidate", tuple(_text(p) for p in plan.allowed_paths))
+        )
+    if plan.checks:
         parts.append(
             Part(
                 "Checks run at the candidate",
-                tuple(f"{_text(c.get('name'))}: {_text(c.get('command'))}" for c in checks),
+                tuple(f"{_text(c.name)}: {_text(c.command)}" for c in plan.checks),
             )
         )
-    return PlanReading(hash=str(plan.get("hash", "")), steps=steps, parts=tuple(parts))
+    return PlanReading(hash=plan.hash, steps=steps, parts=tuple(parts))
 
 
 def _indented(text: str, by: str) -> str:
@@ -200,15 +197,10 @@ def plan_text(reading: PlanReading) -> str:
     return "\n".join(lines)
 
 
-def task_plan(task: Mapping[str, Any]) -> PlanReading | None:
+def task_plan(task: TaskDetail) -> PlanReading | None:
     """The plan of a task view as read, with its effects rendered so far; None from a
     supervisor whose view carries no plan."""
-    plan = task.get("plan")
-    if not isinstance(plan, dict):
+    if task.plan is None:
         return None
-    effects = {
-        str(step.get("name")): step.get("effect")
-        for step in task.get("steps") or ()
-        if isinstance(step, dict) and step.get("effect")
-    }
-    return read_plan(plan, effects)
+    effects = {step.name: step.effect for step in task.steps if step.effect is not None}
+    return read_plan(task.plan, effects)

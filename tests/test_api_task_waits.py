@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from tether.wire.records import PoolsAnswer, TaskPage, TaskView
+from tether.wire.records import PoolsAnswer, TaskDetail, TaskPage
 
 from .conftest import ApiHarness, raw_db
 
@@ -144,7 +144,7 @@ async def test_the_list_gives_each_tasks_progress_and_wait(api: ApiHarness) -> N
 
 async def test_the_task_view_is_the_operators_record(api: ApiHarness) -> None:
     task = await api.queued("k", steps=2)
-    record = msgspec.convert(await view(api, task["id"]), TaskView)
+    record = msgspec.convert(await view(api, task["id"]), TaskDetail)
     assert [s.name for s in record.steps] == ["s0", "s1"]
     assert record.waiting_for is not None
     assert record.waiting_for.pool == "default"

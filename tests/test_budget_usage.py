@@ -12,6 +12,7 @@ import anyio
 import httpx
 import pytest
 
+from tests.plain import plain
 from tether.clocks import LoopClock
 from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner
@@ -62,7 +63,7 @@ async def test_a_fenced_out_result_counts_its_usage_once(
     assert await ledger.report(report_for(new, usage={"total_tokens": 3})) is Outcome.APPLIED
     assert await ledger.report(report_for(new, usage={"total_tokens": 3})) is Outcome.REPLAYED
     assert (await ledger.budget("acme")).spent == 10
-    view = await ledger.task(new.task_id)
+    view = plain(await ledger.task(new.task_id))
     assert [a["usage"] for a in view["steps"][0]["attempts"]] == [
         {"total_tokens": 7},
         {"total_tokens": 3},
@@ -92,7 +93,7 @@ async def test_a_release_counts_its_usage_once(ledger: SqliteLedger) -> None:
             lease.step_id, lease.fence, ReleaseReason.TRANSIENT, True, "x", None, usage
         )
     assert (await ledger.budget("acme")).spent == 5
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["budget"] == {"tenant": "acme", "spent": 5, "budget": None, "left": None}
     [attempt] = view["steps"][0]["attempts"]
     assert (attempt["state"], attempt["usage"]) == ("released", usage)
@@ -116,7 +117,7 @@ async def test_a_renew_says_when_the_budget_is_spent_and_the_task_waits_for_more
         waiter.step_id, waiter.fence, ReleaseReason.OPERATOR, True, "budget", None, {}
     )
     assert await ledger.claim("r1", "default", 1, 0) == []
-    view = await ledger.task(second)
+    view = plain(await ledger.task(second))
     assert view["waiting_for"]["reason"] == "budget"
     assert view["budget"] == {"tenant": "acme", "spent": 10, "budget": 10, "left": 0}
     await ledger.set_budget("acme", 100)

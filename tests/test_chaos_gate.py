@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import (
     IdempotencyConflict,
     LedgerConfig,
@@ -166,14 +167,14 @@ async def late_running_event(gate: Gate) -> list[Expect]:
     task_id = await queued_task(gate.ledger, "late-running")
     lease = await claim_one(gate.ledger, "runner-a")
     assert await gate.ledger.report(result(lease)) is Outcome.APPLIED
-    last_seq = (await gate.ledger.task(task_id))["seq"]
+    last_seq = plain(await gate.ledger.task(task_id))["seq"]
     with pytest.raises(StaleFence):
         await gate.ledger.renew(lease.step_id, lease.fence)
     with pytest.raises(StaleFence):
         await gate.ledger.release(lease.step_id, lease.fence, ReleaseReason.TRANSIENT, True, "late")
     with pytest.raises(TerminalState):
         await gate.ledger.write(lambda tx: transition(tx, task_id, TaskState.RUNNING))
-    view = await gate.ledger.task(task_id)
+    view = plain(await gate.ledger.task(task_id))
     assert view["seq"] == last_seq  # nothing was appended to the journal
     assert [r["code"] for r in view["rejections"]] == ["stale_fence", "stale_fence", "terminal"]
     return [Expect(task_id, TaskState.SUCCEEDED)]
@@ -192,7 +193,7 @@ async def expired_lease(gate: Gate) -> list[Expect]:
     with pytest.raises(StaleFence):
         await gate.ledger.report(result(old))
     assert await gate.ledger.report(result(new)) is Outcome.APPLIED
-    rejected = (await gate.ledger.task(task_id))["rejections"]
+    rejected = plain(await gate.ledger.task(task_id))["rejections"]
     assert [(r["code"], r["fence"]) for r in rejected] == [("stale_fence", old.fence)] * 2
     return [Expect(task_id, TaskState.SUCCEEDED)]
 
@@ -206,7 +207,7 @@ async def changed_base(gate: Gate) -> list[Expect]:
     # The base moves mid-step: the supervisor reads the new head when the result arrives.
     report = result(lease, **ran("cand1"))
     assert await gate.ledger.report(report, evidence=Evidence(head_sha="sha1")) is Outcome.APPLIED
-    view = await gate.ledger.task(task_id)
+    view = plain(await gate.ledger.task(task_id))
     assert view["reason"] == "stale_base: approved sha0, repository repo is at sha1"
     # A webhook telling the same fails a second task on the old base at once, mid-step too.
     other = make_spec("changed-base-2", repository="repo", base_sha="sha1", checks=check_specs())
@@ -235,7 +236,7 @@ async def cancel_success_race(gate: Gate) -> list[Expect]:
             with pytest.raises(TerminalState):
                 await ledger.cancel("acme", task_id, "too late")
             expects.append(Expect(task_id, TaskState.SUCCEEDED))
-        assert [r["code"] for r in (await ledger.task(task_id))["rejections"]] == ["terminal"]
+        assert [r["code"] for r in plain(await ledger.task(task_id))["rejections"]] == ["terminal"]
 
     task_id = await queued_task(ledger, "race-together")
     lease = await claim_one(ledger, "runner-a")
@@ -295,7 +296,7 @@ async def test_chaos_gate(trial: str, ledger_db: Path | str, clock: FakeClock) -
         )
         assert expects
         for expect in expects:
-            view = await ledger.task(expect.task_id)
+            view = plain(await ledger.task(expect.task_id))
             assert view["state"] == expect.state, view
             for step in view["steps"]:
                 assert effects[step["id"]] == (1 if step["state"] == "committed" else 0), step

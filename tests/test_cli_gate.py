@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .test_cli_task_commands import Script, run, task_json, token_file
+from .test_cli_task_commands import STEP_FIELDS, Script, run, task_json, token_file
 
 __all__ = ["token_file"]  # the fixture, used by name
 
@@ -28,7 +28,8 @@ def gated_view(state: str = "gated") -> dict[str, Any]:
         "kind": "http", "keyed": False, "state": state, "request": REQUEST, "digest": DIGEST,
         "key": "k" * 64, "deliveries": [],
     }  # fmt: skip
-    step = {"id": "t1.0", "name": "deploy", "kind": "http", "state": "due", "effect": effect}
+    step = {"id": "t1.0", "name": "deploy", "kind": "http", "state": "due", "effect": effect,
+            **STEP_FIELDS}  # fmt: skip
     return task_json("RUNNING", 3, steps=[step])
 
 
@@ -102,7 +103,7 @@ def test_happened_sends_the_operator_s_word(
 def test_gate_on_a_step_with_no_effect_says_so(
     monkeypatch: pytest.MonkeyPatch, token_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    step = {"id": "t1.0", "name": "deploy", "kind": "chat", "state": "queued"}
+    step = {"id": "t1.0", "name": "deploy", "kind": "chat", "state": "queued", **STEP_FIELDS}
     script = Script([task_json("RUNNING", 2, steps=[step])])
     assert run(monkeypatch, script, argv(token_file)) == 1
     [line] = capsys.readouterr().err.strip().splitlines()

@@ -14,6 +14,7 @@ import pytest
 
 from tether.supervisor import operator_client as oc
 from tether.supervisor.ledger import StepSpec, TaskSpec
+from tether.wire.records import Event
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -111,7 +112,12 @@ def task_json(state: str, seq: int, **extra: Any) -> dict[str, Any]:
     """A task view as the supervisor sends it, with the fields the client reads."""
     return {
         "id": "t1",
+        "tenant": "acme",
+        "idempotency_key": "k1",
         "state": state,
+        "plan_hash": "h" * 64,
+        "base_sha": None,
+        "repository": None,
         "seq": seq,
         "pool": "default",
         "created_at": "1970-01-01T00:00:00.000Z",
@@ -167,7 +173,8 @@ def test_watch_after_the_end_of_an_ended_task_returns_at_once() -> None:
 
 
 def test_describe_is_one_readable_line() -> None:
-    line = oc.describe(event(12, "step_requeued", "RUNNING", step_id="t1.0", why="lease expired"))
+    requeued = event(12, "step_requeued", "RUNNING", step_id="t1.0", why="lease expired")
+    line = oc.describe(Event(**requeued))
     assert "\n" not in line
     assert line.split()[0] == "12"
     assert "RUNNING" in line
@@ -178,18 +185,19 @@ def test_describe_is_one_readable_line() -> None:
 def test_describe_names_a_committed_steps_candidate_and_a_moved_head() -> None:
     committed = event(13, "step_committed", "RUNNING", step_id="t1.0", fence=7,
                       candidate_sha="c" * 40, effect_key="e" * 64)  # fmt: skip
-    line = oc.describe(committed, {"t1.0": "fix"})
+    line = oc.describe(Event(**committed), {"t1.0": "fix"})
     assert "step=fix fence=7 candidate_sha=" + "c" * 40 in line
     assert "effect_key" not in line
-    chat = oc.describe(event(14, "step_committed", "RUNNING", step_id="t1.1", candidate_sha=None))
+    chat_step = event(14, "step_committed", "RUNNING", step_id="t1.1", candidate_sha=None)
+    chat = oc.describe(Event(**chat_step))
     assert "candidate_sha" not in chat
-    moved = oc.describe(event(15, "base_changed", "RUNNING", head_sha="f" * 40))
+    moved = oc.describe(Event(**event(15, "base_changed", "RUNNING", head_sha="f" * 40)))
     assert "head_sha=" + "f" * 40 in moved
 
 
 def test_events_without_an_events_list_is_a_client_error() -> None:
     http = client(lambda _request: httpx.Response(200, json={"tasks": []}))
-    with pytest.raises(oc.ClientError, match="no 'events' list"):
+    with pytest.raises(oc.ClientError, match="not a tether supervisor's answer: 'events'"):
         http.events("t1", 0, 0.0)
 
 

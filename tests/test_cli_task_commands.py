@@ -25,9 +25,17 @@ RUNNER_WAIT = {"reason": "runner", "pool": "gpu", "kind": "chat", "last_seen_s":
                "pool_last_seen_s": None}  # fmt: skip
 
 
+# What every task view and summary holds besides what a test varies.
+TASK_FIELDS: dict[str, Any] = {
+    "tenant": "acme", "idempotency_key": "k1", "plan_hash": "h" * 64, "base_sha": None,
+    "repository": None,
+}  # fmt: skip
+
+
 def task_json(state: str, seq: int, **extra: Any) -> dict[str, Any]:
     return {
         "id": "t1",
+        **TASK_FIELDS,
         "state": state,
         "seq": seq,
         "pool": "gpu",
@@ -168,8 +176,17 @@ def test_no_url_anywhere_is_a_usage_error(
 # -- task output -------------------------------------------------------------------------------
 
 
+# What every step of a task view holds besides what a test varies.
+STEP_FIELDS: dict[str, Any] = {
+    "payload_hash": "p" * 64, "effect_key": None, "fence": None, "candidate_sha": None,
+}  # fmt: skip
+
+
 def step(i: int, name: str, kind: str, state: str, output: Any = None) -> dict[str, Any]:
-    return {"id": f"t1.{i}", "name": name, "kind": kind, "state": state, "output": output}
+    return {
+        "id": f"t1.{i}", "name": name, "kind": kind, "state": state, "output": output,
+        **STEP_FIELDS,
+    }  # fmt: skip
 
 
 STEPS = [
@@ -217,7 +234,8 @@ def test_task_list_follows_the_cursor_one_line_per_task(
     monkeypatch: pytest.MonkeyPatch, token_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def page(request: httpx.Request) -> dict[str, Any]:
-        summary = {"pool": "gpu", "seq": 1, "created_at": iso(0.0), "steps_total": 2}
+        summary = {**TASK_FIELDS, "pool": "gpu", "seq": 1, "created_at": iso(0.0),
+                   "steps_total": 2}  # fmt: skip
         if "cursor" not in request.url.params:
             first = {**summary, "id": "t9", "state": "QUEUED", "steps_committed": 1,
                      "waiting_for": RUNNER_WAIT, "idempotency_key": "deploy-7"}  # fmt: skip
@@ -232,7 +250,7 @@ def test_task_list_follows_the_cursor_one_line_per_task(
     assert [line.split() for line in lines] == [
         ["ID", "STATE", "CREATED", "STEPS", "WAITING-FOR", "KEY"],
         ["t9", "QUEUED", "1970-01-01T00:00:00.000Z", "1/2", "runner", "deploy-7"],
-        ["t1", "SUCCEEDED", "1970-01-01T00:00:00.000Z", "2/2", "-", "-"],
+        ["t1", "SUCCEEDED", "1970-01-01T00:00:00.000Z", "2/2", "-", "k1"],
     ]
     assert lines[1].index("deploy-7") == lines[0].index("KEY")  # the columns line up
     params = [dict(r.url.params) for r in script.requests]

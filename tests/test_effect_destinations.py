@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.plain import plain
 from tether.git import git_env
 from tether.settings import SettingsError, load_settings
 from tether.supervisor.effects.addresses import (
@@ -237,7 +238,7 @@ async def test_create_refuses_an_internal_http_destination_naming_the_rule(
     detail = refused.value.detail
     assert detail.startswith("'plan.steps[0].payload.url': step 'ping': destination")
     assert "169.254.169.254 is a link-local address" in detail
-    assert (await ledger.list_tasks("acme", None, None, 10))["tasks"] == []
+    assert plain(await ledger.list_tasks("acme", None, None, 10))["tasks"] == []
 
 
 async def test_create_refuses_a_push_to_an_internal_remote(ledger: SqliteLedger) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from examples.processes import child_environment, free_port
 from examples.receiver import ReceiverState, create_app
+from tests.plain import plain
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.dispatcher import RECORD_TRIES, Dispatcher
 from tether.supervisor.effects.registry import EffectKindError, EffectKinds, RetryLater
@@ -342,7 +343,7 @@ def real_dispatcher(ledger: Any, receiver: Any, clock: FakeClock, **extra: Any) 
 
 
 async def task_state(ledger: SqliteLedger, task_id: str) -> str:
-    state: str = (await ledger.task(task_id))["state"]
+    state: str = plain(await ledger.task(task_id))["state"]
     return state
 
 
@@ -412,7 +413,7 @@ async def test_a_supervisor_killed_after_sending_sends_again_with_the_same_key(
     counts = receiver_counts(tmp_path / "receiver.db")
     assert (counts["requests"], counts["applied"], counts["replayed"]) == (2, 1, 1)
     assert list(counts["by_key"].values()) == [2]  # one key, sent twice
-    deploy = next(s for s in (await ledger.task(task_id))["steps"] if s["name"] == "deploy")
+    deploy = next(s for s in plain(await ledger.task(task_id))["steps"] if s["name"] == "deploy")
     assert deploy["output"]["replayed"] is True
     assert count(ledger_path, "deliveries") == 2
     assert count(ledger_path, "effects", "step_id = ?", (deploy["id"],)) == 1
@@ -504,7 +505,7 @@ async def test_a_keyed_effect_never_connected_past_its_deadline_fails_the_task(
         clock.advance(301)  # past the step's deadline_s (300 by default)
         await until_task(ledger, task_id, "FAILED")
     assert outbox_state(ledger_path) == "failed"
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert "delivery_deadline" in json.dumps(view)
 
 
@@ -519,11 +520,11 @@ async def test_a_keyed_effect_that_may_have_reached_its_receiver_by_the_deadline
         await until(lambda: len(script.calls) >= 2)
         clock.advance(301)
         await until(lambda: outbox_state(ledger_path) == "uncertain")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "RUNNING"
     assert view["waiting_for"]["reason"] == "uncertain"
     await ledger.resolve_effect("acme", task_id, "deploy", False, "alice")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"] == "delivery_deadline: an operator (alice) said it did not happen"
 

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.effects.dispatcher import Dispatcher
 from tether.supervisor.effects.git_push import GitPushDeliverer
@@ -64,7 +65,7 @@ async def test_a_keyed_effect_released_mid_send_then_cancelled_is_uncertain(
     assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.DUE
     await ledger.cancel("acme", task_id, "stop")
     assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.UNCERTAIN
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "CANCELLED"
     assert (await step_of(ledger, task_id, "deploy"))["state"] == "due"  # not "cancelled"
     assert await ledger.violations() == []
@@ -95,7 +96,7 @@ async def test_a_real_dispatcher_shut_down_mid_send_then_a_cancel_leaves_it_unce
             tg.cancel_scope.cancel()  # SIGTERM: the effect is handed back
     await ledger.cancel("acme", task_id, "stop")
     assert outbox(ledger_path, f"{task_id}.1")["state"] == OutboxState.UNCERTAIN
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert "uncertain" in json.dumps(view["steps"][1]["effect"])
     assert await ledger.violations() == []
 
@@ -109,7 +110,7 @@ async def test_a_failed_task_s_keyed_effect_that_may_have_sent_is_uncertain(
     await ledger.begin_attempt(out.effect_id, "d1", out.digest)
     await ledger.release_effect(out.effect_id, "d1")
     await ledger.set_repository_head("acme", "repo", "someone-else")  # fails it stale_base
-    assert (await ledger.task(task_id))["state"] == "FAILED"
+    assert plain(await ledger.task(task_id))["state"] == "FAILED"
     assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.UNCERTAIN
     assert await ledger.violations() == []
 
@@ -134,9 +135,9 @@ async def test_a_keyed_effect_unanswered_after_a_send_at_its_deadline_is_uncerta
 ) -> None:
     task_id, effect_id = await uncertain_deploy(ledger)
     assert outbox(ledger_path, effect_id)["state"] == OutboxState.UNCERTAIN
-    assert (await ledger.task(task_id))["waiting_for"]["reason"] == "uncertain"
+    assert plain(await ledger.task(task_id))["waiting_for"]["reason"] == "uncertain"
     await ledger.resolve_effect("acme", task_id, "deploy", True, "alice")
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+    assert plain(await ledger.task(task_id))["state"] == "SUCCEEDED"
     assert await ledger.violations() == []
 
 
@@ -155,7 +156,7 @@ async def test_two_outputs_building_a_credential_placeholder_fail_the_effect_uns
     )
     await run_chat(ledger, "{")
     await run_chat(ledger, "{ credential.deploy_token }}")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("effect_render_failed: payload.headers.X-Note: ")
     assert count(ledger_path, "outbox") == 0
@@ -173,7 +174,7 @@ async def test_a_runner_step_after_a_push_is_refused_at_create(ledger: SqliteLed
     )  # fmt: skip
     with pytest.raises(InvalidRequest, match=r"'plan\.steps\[2\]'.*after the git\.push step"):
         await ledger.create_task(spec)
-    assert (await ledger.list_tasks("acme", None, None, 10))["tasks"] == []
+    assert plain(await ledger.list_tasks("acme", None, None, 10))["tasks"] == []
 
 
 async def test_a_head_report_of_the_task_s_own_push_does_not_fail_it(
@@ -188,13 +189,13 @@ async def test_a_head_report_of_the_task_s_own_push_does_not_fail_it(
     n = await ledger.begin_attempt(push.effect_id, "d1", push.digest)
     await ledger.record_attempt(push.effect_id, n, "d1", Delivered(status=None, detail="moved"))
     await ledger.set_repository_head("acme", "repo", "cand1")  # the forge's push webhook
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert (view["state"], view["reason"]) == ("RUNNING", None)
     assert events(ledger_path, "base_changed")[-1]["head_sha"] == "cand1"  # still recorded
     assert outbox(ledger_path, f"{task_id}.2")["state"] == OutboxState.DUE
     # Another head is a moved base still.
     await ledger.set_repository_head("acme", "repo", "theirs")
-    assert (await ledger.task(task_id))["reason"].startswith("stale_base: ")
+    assert plain(await ledger.task(task_id))["reason"].startswith("stale_base: ")
 
 
 @pytest.fixture
@@ -239,10 +240,10 @@ async def test_push_then_deploy_with_a_webhook_between_succeeds_on_a_real_reposi
     [deploy] = await ledger.take_effects("d1", 8)
     m = await ledger.begin_attempt(deploy.effect_id, "d1", deploy.digest)
     await ledger.record_attempt(deploy.effect_id, m, "d1", Delivered(status=201, detail="ok"))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert (view["state"], view["reason"]) == ("SUCCEEDED", None)
     assert await ledger.violations() == []
-    record = await ledger.review(task_id, "acme")
+    record = plain(await ledger.review(task_id, "acme"))
     assert record["repository_head"]["value"] == candidate
 
 
@@ -285,7 +286,7 @@ async def test_an_unkeyed_answer_arriving_after_its_hold_lapsed_settles_it(
         await ledger.record_attempt(out.effect_id, n, "d2", Delivered(status=201, detail="ok"))
     await ledger.record_attempt(out.effect_id, n, "d1", Delivered(status=201, detail="ok"))
     assert outbox(ledger_path, out.effect_id)["state"] == OutboxState.DELIVERED
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+    assert plain(await ledger.task(task_id))["state"] == "SUCCEEDED"
     with pytest.raises(EffectNotHeld):  # once
         await ledger.record_attempt(out.effect_id, n, "d1", Delivered(status=201, detail="ok"))
     assert await ledger.violations() == []
@@ -348,7 +349,7 @@ async def test_a_second_no_is_refused_and_a_keyed_no_on_a_live_task_fails_it(
 ) -> None:
     task_id, effect_id = await uncertain_deploy(ledger)
     await ledger.resolve_effect("acme", task_id, "deploy", False, "bob")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert (view["state"], view["reason"]) == (
         "FAILED", "delivery_deadline: an operator (bob) said it did not happen",
     )  # fmt: skip

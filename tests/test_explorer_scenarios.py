@@ -14,7 +14,7 @@ from tether.sim.repos import FORGERIES
 from tether.sim.scenarios import SCENARIOS, played
 from tether.sim.schedule import FaultPlan, run_schedule
 from tether.sim.seeds import parse_seed, schedule_seed
-from tether.wire.records import Report
+from tether.wire.records import Event, Report
 
 
 def rejections(world: object) -> list[tuple[str, int | None]]:
@@ -77,13 +77,19 @@ def test_consumer_replaying_old_seqs_after_success_keeps_its_view() -> None:
 
 
 def test_consumer_model_ignores_old_seqs_and_reports_regressions() -> None:
+    def events(*seq_states: tuple[int, str]) -> list[Event]:
+        at = "1970-01-01T00:00:00.000Z"
+        return [
+            Event(seq=seq, task_id="T1", kind="state", state=state, data=None, at=at)
+            for seq, state in seq_states
+        ]
+
     consumer = Consumer("T1")
-    done = [{"seq": 1, "state": "PLANNED"}, {"seq": 5, "state": "SUCCEEDED"}]
-    assert consumer.apply(done) == []
-    assert consumer.apply([{"seq": 3, "state": "RUNNING"}, {"seq": 5, "state": "RUNNING"}]) == []
+    assert consumer.apply(events((1, "PLANNED"), (5, "SUCCEEDED"))) == []
+    assert consumer.apply(events((3, "RUNNING"), (5, "RUNNING"))) == []
     assert (consumer.state, consumer.last_seq) == ("SUCCEEDED", 5)
     # A journal that moved on from a terminal state is what the consumer must report.
-    [problem] = consumer.apply([{"seq": 6, "state": "RUNNING"}])
+    [problem] = consumer.apply(events((6, "RUNNING")))
     assert "moved from SUCCEEDED to RUNNING" in problem
 
 

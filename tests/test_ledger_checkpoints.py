@@ -10,6 +10,7 @@ import hashlib
 import pytest
 from structlog.testing import capture_logs
 
+from tests.plain import plain
 from tether.supervisor.ledger import InvalidRequest, Lease, SqliteLedger, StaleFence
 from tether.wire import ReleaseReason
 from tether.wire.records import Checkpoint, Checkpointed, ResumePoint
@@ -55,7 +56,7 @@ async def test_a_checkpoint_is_accepted_and_shown_on_its_step(ledger: SqliteLedg
     assert answer == Checkpointed(turn=1)
     [line] = [line for line in logs if line["event"] == "step checkpointed"]
     assert (line["step_id"], line["fence"], line["turn"]) == (lease.step_id, lease.fence, 1)
-    step = (await ledger.task(task_id))["steps"][0]
+    step = plain(await ledger.task(task_id))["steps"][0]
     assert step["checkpoint"] == {"turn": 1, "fence": lease.fence}
 
 
@@ -79,7 +80,7 @@ async def test_a_turn_never_goes_back(ledger: SqliteLedger) -> None:
     await ledger.checkpoint(lease.step_id, turn(lease, 3))
     with pytest.raises(InvalidRequest, match="go back"):
         await ledger.checkpoint(lease.step_id, turn(lease, 2))
-    assert (await ledger.task(task_id))["steps"][0]["checkpoint"]["turn"] == 3
+    assert plain(await ledger.task(task_id))["steps"][0]["checkpoint"]["turn"] == 3
 
 
 async def test_a_bundle_comes_with_its_commit(ledger: SqliteLedger) -> None:
@@ -100,7 +101,7 @@ async def test_a_stale_checkpoint_is_refused_recorded_and_still_charged(
     new = await claim_one(ledger)
     with pytest.raises(StaleFence):
         await ledger.checkpoint(old.step_id, turn(old, 1, usage={"total_tokens": 7}))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["steps"][0]["checkpoint"] is None
     assert [(r["code"], r["fence"]) for r in view["rejections"]] == [("stale_fence", old.fence)]
     assert await spent(ledger) == 7  # what the fenced-out attempt spent still counts

@@ -15,6 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.conftest import FakeClock, Sim, ledger_rows, make_spec, queued_task, report_for
+from tests.plain import plain
 from tests.test_ledger_verification import add_repo
 from tether.supervisor.ledger import Report, SqliteLedger, StaleFence, StorageError, TerminalState
 from tether.supervisor.ledger.batch import execute_batch
@@ -110,7 +111,7 @@ async def test_the_token_that_claimed_is_recorded_on_the_attempt_and_shown_in_th
     [lease] = await ledger.claim("r1", "default", 1, 0, token_id=TOKEN)
     [row] = ledger_rows(ledger, "SELECT token_id FROM attempts WHERE fence = ?", (lease.fence,))
     assert row[0] == TOKEN
-    [step] = (await ledger.task(task_id))["steps"]
+    [step] = plain(await ledger.task(task_id))["steps"]
     assert [a["token_id"] for a in step["attempts"]] == [TOKEN]
 
 

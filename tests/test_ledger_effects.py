@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import (
     InvalidRequest,
     Lease,
@@ -44,7 +45,7 @@ async def test_a_replayed_report_answers_replayed_and_adds_no_effect(
         assert await ledger.report(report_for(lease, output=output)) is Outcome.REPLAYED
     assert count(ledger, "effects") == 1
     assert count(ledger, "events") == events
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["steps"][0]["output"] == "first"
     assert view["state"] == "RUNNING"
     assert view["rejections"] == []
@@ -56,7 +57,7 @@ async def test_the_effect_key_is_sha256_of_step_id_and_payload_hash(
     task_id = await queued_task(ledger)
     lease = await claim_one(ledger)
     await ledger.report(report_for(lease))
-    [step] = (await ledger.task(task_id))["steps"]
+    [step] = plain(await ledger.task(task_id))["steps"]
     canonical = json.dumps([lease.step_id, lease.payload_hash], separators=(",", ":"))
     expected = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     assert step["effect_key"] == expected == effect_key(lease.step_id, lease.payload_hash)
@@ -81,7 +82,7 @@ async def test_cancel_then_success_one_terminal_outcome_the_report_is_the_reject
     await ledger.cancel("acme", task_id, "race")
     with pytest.raises(TerminalState):
         await ledger.report(report_for(lease))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "CANCELLED"
     assert count(ledger, "effects") == 0
     assert [(r["code"], r["step_id"]) for r in view["rejections"]] == [("terminal", lease.step_id)]
@@ -96,7 +97,7 @@ async def test_success_then_cancel_one_terminal_outcome_the_cancel_is_the_reject
     await ledger.report(report_for(lease))
     with pytest.raises(TerminalState):
         await ledger.cancel("acme", task_id, "race")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "SUCCEEDED"
     assert count(ledger, "effects") == 1
     assert [r["code"] for r in view["rejections"]] == ["terminal"]
@@ -120,7 +121,7 @@ async def test_cancel_and_success_submitted_together_end_exactly_once(
         async with anyio.create_task_group() as tg:
             tg.start_soon(attempt, ledger.report, report_for(lease))
             tg.start_soon(attempt, ledger.cancel, "acme", task_id, "race")
-        view = await ledger.task(task_id)
+        view = plain(await ledger.task(task_id))
         assert errors == ["terminal"]
         assert view["state"] in {"SUCCEEDED", "CANCELLED"}
         assert len(await terminal_events(ledger, task_id)) == 1
@@ -131,7 +132,7 @@ async def test_cancel_and_success_submitted_together_end_exactly_once(
 async def terminal_events(ledger: SqliteLedger, task_id: str) -> list[str]:
     return [
         e["state"]
-        for e in await ledger.events(task_id, None, 0, 0)
+        for e in plain(await ledger.events(task_id, None, 0, 0))
         if e["kind"] == "state" and e["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}
     ]
 
@@ -142,12 +143,12 @@ async def test_a_spent_budget_holds_leases_back_without_failing_tasks(
     await ledger.set_budget("acme", 5)
     first = await queued_task(ledger, "k1")
     await ledger.report(report_for(await claim_one(ledger), usage={"total_tokens": 5}))
-    assert (await ledger.task(first))["state"] == "SUCCEEDED"
+    assert plain(await ledger.task(first))["state"] == "SUCCEEDED"
     waiting = await queued_task(ledger, "k2")
     other = await queued_task(ledger, "k3", tenant="globex")
     # Only the other tenant's work is handed out; acme's task waits in QUEUED.
     assert [lease.task_id for lease in await ledger.claim("r1", "default", 5, 0)] == [other]
-    assert (await ledger.task(waiting))["state"] == "QUEUED"
+    assert plain(await ledger.task(waiting))["state"] == "QUEUED"
     await ledger.set_budget("acme", 100)
     [lease] = await ledger.claim("r1", "default", 5, 0)
     assert lease.task_id == waiting

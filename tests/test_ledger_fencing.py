@@ -11,6 +11,7 @@ import anyio
 import msgspec
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import (
     InvalidRequest,
     Lease,
@@ -50,7 +51,7 @@ def asleep(ledger: SqliteLedger) -> anyio.Event:
 
 
 async def fences_ever(ledger: SqliteLedger, *task_ids: str) -> list[int]:
-    views = [await ledger.task(t) for t in task_ids]
+    views = [plain(await ledger.task(t)) for t in task_ids]
     return [a["fence"] for v in views for s in v["steps"] for a in s["attempts"]]
 
 
@@ -91,7 +92,7 @@ async def test_steps_of_a_task_run_in_order_and_carry_earlier_outputs(
     await ledger.report(report_for(second, output="two"))
     third = await claim_one(ledger)
     assert [o.output for o in third.outputs] == [{"patch": "one"}, "two"]
-    assert (await ledger.task(task_id))["state"] == "RUNNING"
+    assert plain(await ledger.task(task_id))["state"] == "RUNNING"
 
 
 async def test_a_lease_tells_durations_never_deadlines(ledger: SqliteLedger) -> None:
@@ -204,7 +205,7 @@ async def test_stale_fences_are_refused_recorded_and_change_nothing(
     assert await ledger.expire() == 1
     new = await claim_one(ledger)
     assert new.fence > old.fence
-    before = await ledger.task(task_id)
+    before = plain(await ledger.task(task_id))
     events_before = count(ledger, "events")
     with pytest.raises(StaleFence):
         await ledger.renew(old.step_id, old.fence)
@@ -217,7 +218,7 @@ async def test_stale_fences_are_refused_recorded_and_change_nothing(
     # lease belonged to its token).
     with pytest.raises(NotFound):
         await ledger.renew(old.step_id, new.fence + 1000)
-    after = await ledger.task(task_id)
+    after = plain(await ledger.task(task_id))
     # The one write that stands: the fenced-out result's tokens count toward the budget, once
     # (docs/design.md, Budgets).
     assert after["budget"]["spent"] == before["budget"]["spent"] + 3
@@ -241,14 +242,14 @@ async def test_stale_fences_are_refused_recorded_and_change_nothing(
 async def test_payload_drift_is_refused_recorded_and_changes_nothing(ledger: SqliteLedger) -> None:
     task_id = await queued_task(ledger)
     lease = await claim_one(ledger)
-    before = await ledger.task(task_id)
+    before = plain(await ledger.task(task_id))
     drifted = report_for(lease)
     drifted = type(drifted)(
         step_id=lease.step_id, fence=lease.fence, payload_hash="f" * 64, output="x"
     )
     with pytest.raises(PayloadDrift):
         await ledger.report(drifted)
-    after = await ledger.task(task_id)
+    after = plain(await ledger.task(task_id))
     assert after["steps"] == before["steps"]
     assert after["state"] == "RUNNING"
     assert [(r["code"], r["fence"]) for r in after["rejections"]] == [
@@ -267,7 +268,7 @@ async def test_operator_shutdown_and_preempted_releases_never_burn_the_step(
     for _ in range(12):  # more than max_attempts (5)
         lease = await claim_one(ledger)
         await ledger.release(lease.step_id, lease.fence, reason, True, "quota exhausted")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "RUNNING"
     assert view["steps"][0]["state"] == "queued"
     assert [a["state"] for a in view["steps"][0]["attempts"]] == ["released"] * 12
@@ -281,9 +282,9 @@ async def test_transient_releases_count_and_exhaust_max_attempts(ledger: SqliteL
     for attempt in range(1, 6):
         lease = await claim_one(ledger)
         assert lease.attempt == attempt
-        assert (await ledger.task(task_id))["state"] == "RUNNING"
+        assert plain(await ledger.task(task_id))["state"] == "RUNNING"
         await ledger.release(lease.step_id, lease.fence, ReleaseReason.TRANSIENT, True, "503")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert "5 of 5 attempts" in view["reason"]
     assert view["steps"][0]["state"] == "failed"
@@ -297,10 +298,10 @@ async def test_uncounted_releases_do_not_reset_the_count(ledger: SqliteLedger) -
         lease = await claim_one(ledger)
         reason = ReleaseReason.TRANSIENT if i % 2 else ReleaseReason.OPERATOR
         await ledger.release(lease.step_id, lease.fence, reason, True, "flaky")
-    assert (await ledger.task(task_id))["state"] == "RUNNING"  # 4 counted so far
+    assert plain(await ledger.task(task_id))["state"] == "RUNNING"  # 4 counted so far
     lease = await claim_one(ledger)
     await ledger.release(lease.step_id, lease.fence, ReleaseReason.TRANSIENT, True, "flaky")
-    assert (await ledger.task(task_id))["state"] == "FAILED"
+    assert plain(await ledger.task(task_id))["state"] == "FAILED"
 
 
 async def test_a_non_retryable_release_fails_the_task_with_its_reason(
@@ -311,7 +312,7 @@ async def test_a_non_retryable_release_fails_the_task_with_its_reason(
     await ledger.release(
         lease.step_id, lease.fence, ReleaseReason.INVALID, False, "model answered 400"
     )
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert "model answered 400" in view["reason"]
     assert [s["state"] for s in view["steps"]] == ["failed", "skipped"]  # never to run
@@ -326,7 +327,7 @@ async def test_expiries_count_toward_max_attempts(ledger: SqliteLedger, clock: F
         await claim_one(ledger)
         clock.advance(31)
         assert await ledger.expire() == 1
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert [a["state"] for a in view["steps"][0]["attempts"]] == ["expired"] * 5
 
@@ -370,7 +371,7 @@ async def test_renewing_keeps_a_lease_alive_past_the_original_ttl(
         assert (renewal.ttl_s, renewal.cancelled) == (30, False)
         assert await ledger.expire() == 0
     assert await ledger.report(report_for(lease)) is Outcome.APPLIED
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+    assert plain(await ledger.task(task_id))["state"] == "SUCCEEDED"
 
 
 async def test_the_reaper_requeues_the_same_step_as_a_new_attempt_under_a_new_fence(
@@ -384,7 +385,7 @@ async def test_the_reaper_requeues_the_same_step_as_a_new_attempt_under_a_new_fe
     assert await ledger.next_deadline() == clock.now + 30
     clock.advance(30)
     assert await ledger.expire() == 1
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "RUNNING"
     assert [a["state"] for a in view["steps"][1]["attempts"]] == ["expired"]
     assert view["steps"][1]["state"] == "queued"
@@ -420,7 +421,7 @@ async def test_a_preempted_release_requeues_at_once_uncounted_from_its_checkpoin
         assert again.resume is not None
         assert (again.resume.turn, again.resume.fence) == (2, lease.fence)
         assert await ledger.report(report_for(again)) is Outcome.APPLIED
-        view = await ledger.task(task_id)
+        view = plain(await ledger.task(task_id))
         assert view["state"] == "SUCCEEDED"
         attempts = view["steps"][0]["attempts"]
         assert [(a["runner_id"], a["state"]) for a in attempts] == [
@@ -438,7 +439,7 @@ async def test_max_attempts_comes_from_the_config(ledger_db: Path | str, clock: 
         task_id = await queued_task(ledger)
         lease = await claim_one(ledger)
         await ledger.release(lease.step_id, lease.fence, ReleaseReason.TRANSIENT, True, "503")
-        assert (await ledger.task(task_id))["state"] == "FAILED"
+        assert plain(await ledger.task(task_id))["state"] == "FAILED"
 
 
 @pytest.mark.parametrize("wake_by", ["commit", "release", "expiry"])

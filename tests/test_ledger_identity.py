@@ -8,6 +8,7 @@ import dataclasses
 import anyio
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import (
     Created,
     IdempotencyConflict,
@@ -33,7 +34,7 @@ async def test_same_plan_answers_the_same_task(ledger: SqliteLedger) -> None:
     again = await ledger.create_task(make_spec(steps=2))
     assert first.created is True
     assert again == Created(task_id=first.task_id, created=False)
-    view = await ledger.task(first.task_id)
+    view = plain(await ledger.task(first.task_id))
     assert view["state"] == "PLANNED"
     assert [s["id"] for s in view["steps"]] == [f"{first.task_id}.0", f"{first.task_id}.1"]
 
@@ -66,7 +67,7 @@ async def test_another_plan_under_the_key_is_a_conflict_and_writes_nothing(
         await ledger.create_task(other)  # type: ignore[arg-type]
     assert first.task_id in caught.value.detail
     assert sizes(ledger) == before
-    assert (await ledger.task(first.task_id))["plan_hash"] == make_spec().plan_hash
+    assert plain(await ledger.task(first.task_id))["plan_hash"] == make_spec().plan_hash
 
 
 async def test_fifty_concurrent_duplicate_creates_make_one_task(ledger: SqliteLedger) -> None:
@@ -91,8 +92,8 @@ async def test_another_tenant_with_the_same_key_gets_its_own_task(ledger: Sqlite
     theirs = await ledger.create_task(make_spec("shared-key", tenant="globex"))
     assert theirs.created is True
     assert theirs.task_id != ours.task_id
-    assert (await ledger.task(theirs.task_id))["tenant"] == "globex"
-    assert (await ledger.task(ours.task_id))["tenant"] == "acme"
+    assert plain(await ledger.task(theirs.task_id))["tenant"] == "globex"
+    assert plain(await ledger.task(ours.task_id))["tenant"] == "acme"
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import NotFound, SqliteLedger
 
 from .conftest import FakeClock, make_spec, queued_task, report_for
@@ -30,35 +31,35 @@ async def test_seq_strictly_increases_across_the_whole_ledger(
     seen: list[int] = []
     for key in ("d", "e", "f"):
         task_id = await queued_task(ledger, key)
-        seen.append((await ledger.task(task_id))["seq"])
+        seen.append(plain(await ledger.task(task_id))["seq"])
         [lease] = await ledger.claim("r1", "default", 1, 0)
         await ledger.report(report_for(lease))
-        seen.append((await ledger.task(lease.task_id))["seq"])
+        seen.append(plain(await ledger.task(lease.task_id))["seq"])
     assert seen == sorted(set(seen))
     for task_id in (first, second):
-        events = await ledger.events(task_id, None, 0, 0)
+        events = plain(await ledger.events(task_id, None, 0, 0))
         assert [e["seq"] for e in events] == sorted({e["seq"] for e in events})
-        view = await ledger.task(task_id)
+        view = plain(await ledger.task(task_id))
         assert view["seq"] == events[-1]["seq"]
         assert events[-1]["state"] == view["state"] == "SUCCEEDED"
 
 
 async def test_after_returns_only_later_events(ledger: SqliteLedger) -> None:
     task_id = await queued_task(ledger)
-    everything = await ledger.events(task_id, None, 0, 0)
+    everything = plain(await ledger.events(task_id, None, 0, 0))
     assert [e["state"] for e in everything] == ["PLANNED", "APPROVED", "QUEUED"]
     middle = everything[1]["seq"]
-    assert await ledger.events(task_id, None, middle, 0) == everything[2:]
-    assert await ledger.events(task_id, None, everything[-1]["seq"], 0) == []
+    assert plain(await ledger.events(task_id, None, middle, 0)) == everything[2:]
+    assert plain(await ledger.events(task_id, None, everything[-1]["seq"], 0)) == []
     # A consumer that replays an older seq gets nothing at or below what it asked for.
-    assert all(e["seq"] > middle for e in await ledger.events(task_id, None, middle, 0))
+    assert all(e["seq"] > middle for e in plain(await ledger.events(task_id, None, middle, 0)))
 
 
 async def test_events_belong_to_their_tenant(ledger: SqliteLedger) -> None:
     task_id = await queued_task(ledger)
-    assert len(await ledger.events(task_id, "acme", 0, 0)) == 3
+    assert len(plain(await ledger.events(task_id, "acme", 0, 0))) == 3
     try:
-        await ledger.events(task_id, "globex", 0, 0)
+        plain(await ledger.events(task_id, "globex", 0, 0))
     except NotFound:
         pass
     else:
@@ -67,7 +68,7 @@ async def test_events_belong_to_their_tenant(ledger: SqliteLedger) -> None:
 
 async def test_the_long_poll_wakes_on_a_new_event(ledger: SqliteLedger) -> None:
     task_id = await queued_task(ledger)
-    last = (await ledger.events(task_id, None, 0, 0))[-1]["seq"]
+    last = plain(await ledger.events(task_id, None, 0, 0))[-1]["seq"]
     waiting = anyio.Event()
     original = ledger._events.wait
 
@@ -79,7 +80,7 @@ async def test_the_long_poll_wakes_on_a_new_event(ledger: SqliteLedger) -> None:
     got: list[dict[str, Any]] = []
 
     async def poll() -> None:
-        got.extend(await ledger.events(task_id, None, last, 60))
+        got.extend(plain(await ledger.events(task_id, None, last, 60)))
 
     with anyio.fail_after(10):  # far below the 60 s wait: only the wake-up can end it in time
         async with anyio.create_task_group() as tg:
@@ -97,7 +98,7 @@ async def test_a_commit_between_the_look_and_the_sleep_still_wakes_the_long_poll
     """The poller reads nothing; before it goes to sleep a commit lands (and fires its wake-up).
     It must not then sleep through that event for the whole wait."""
     task_id = await queued_task(ledger)
-    last = (await ledger.events(task_id, None, 0, 0))[-1]["seq"]
+    last = plain(await ledger.events(task_id, None, 0, 0))[-1]["seq"]
     original = ledger.read
     interfered = False
 
@@ -111,15 +112,15 @@ async def test_a_commit_between_the_look_and_the_sleep_still_wakes_the_long_poll
 
     ledger.read = read_then_commit  # type: ignore[method-assign]
     with anyio.fail_after(10):  # far below the 60 s wait
-        got = await ledger.events(task_id, None, last, 60)
+        got = plain(await ledger.events(task_id, None, last, 60))
     assert interfered
     assert [e["state"] for e in got] == ["CANCELLED"]
 
 
 async def test_the_long_poll_answers_empty_after_wait_s(ledger: SqliteLedger) -> None:
     task_id = await queued_task(ledger)
-    last = (await ledger.events(task_id, None, 0, 0))[-1]["seq"]
+    last = plain(await ledger.events(task_id, None, 0, 0))[-1]["seq"]
     started = anyio.current_time()
     with anyio.fail_after(10):
-        assert await ledger.events(task_id, None, last, 0.05) == []
+        assert plain(await ledger.events(task_id, None, last, 0.05)) == []
     assert anyio.current_time() - started >= 0.05  # it did wait, then answered empty

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import (
     InvalidRequest,
     InvalidTransition,
@@ -27,21 +28,23 @@ pytestmark = pytest.mark.backends
 
 
 async def state_events(ledger: SqliteLedger, task_id: str) -> list[str]:
-    return [e["state"] for e in await ledger.events(task_id, None, 0, 0) if e["kind"] == "state"]
+    return [
+        e["state"] for e in plain(await ledger.events(task_id, None, 0, 0)) if e["kind"] == "state"
+    ]
 
 
 async def rejections(ledger: SqliteLedger, task_id: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = (await ledger.task(task_id))["rejections"]
+    rows: list[dict[str, Any]] = plain(await ledger.task(task_id))["rejections"]
     return rows
 
 
 async def test_plan_mismatch_is_refused_and_changes_nothing(ledger: SqliteLedger) -> None:
     spec = make_spec()
     task_id = (await ledger.create_task(spec)).task_id
-    before = await ledger.task(task_id)
+    before = plain(await ledger.task(task_id))
     with pytest.raises(PlanMismatch):
         await ledger.approve("acme", task_id, "0" * 64, None)
-    after = await ledger.task(task_id)
+    after = plain(await ledger.task(task_id))
     assert after == before
     assert after["state"] == "PLANNED"
     assert count(ledger, "events") == 1
@@ -52,10 +55,10 @@ async def test_approve_binds_the_base_and_queues_with_two_events(ledger: SqliteL
     spec = make_spec(repository="repo", base_sha="declared")
     task_id = (await ledger.create_task(spec)).task_id
     await ledger.approve("acme", task_id, spec.plan_hash, "base1", "base1")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "QUEUED"
     assert view["base_sha"] == "base1"
-    events = await ledger.events(task_id, None, 0, 0)
+    events = plain(await ledger.events(task_id, None, 0, 0))
     assert [(e["kind"], e["state"]) for e in events] == [
         ("state", "PLANNED"),
         ("state", "APPROVED"),
@@ -72,10 +75,10 @@ async def test_repeating_the_same_approval_is_answered_as_done(ledger: SqliteLed
     spec = make_spec(repository="repo")
     task_id = (await ledger.create_task(spec)).task_id
     await ledger.approve("acme", task_id, spec.plan_hash, "base1", "base1")
-    before = await ledger.events(task_id, None, 0, 0)
+    before = plain(await ledger.events(task_id, None, 0, 0))
     await ledger.approve("acme", task_id, spec.plan_hash, "base1", "base1")
-    assert await ledger.events(task_id, None, 0, 0) == before
-    assert (await ledger.task(task_id))["rejections"] == []
+    assert plain(await ledger.events(task_id, None, 0, 0)) == before
+    assert plain(await ledger.task(task_id))["rejections"] == []
 
 
 async def test_approving_again_with_another_base_is_refused(ledger: SqliteLedger) -> None:
@@ -85,7 +88,7 @@ async def test_approving_again_with_another_base_is_refused(ledger: SqliteLedger
     await ledger.approve("acme", task_id, spec.plan_hash, "base1", "base1")
     with pytest.raises(InvalidTransition):
         await ledger.approve("acme", task_id, spec.plan_hash, "base2", "base2")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert (view["state"], view["base_sha"]) == ("QUEUED", "base1")
     assert [r["code"] for r in view["rejections"]] == ["invalid_transition"]
 
@@ -96,7 +99,7 @@ async def test_a_repository_task_needs_a_base_sha(ledger: SqliteLedger) -> None:
     task_id = (await ledger.create_task(spec)).task_id
     with pytest.raises(InvalidRequest):
         await ledger.approve("acme", task_id, spec.plan_hash, None, "base1")
-    assert (await ledger.task(task_id))["state"] == "PLANNED"
+    assert plain(await ledger.task(task_id))["state"] == "PLANNED"
     assert await state_events(ledger, task_id) == ["PLANNED"]
 
 
@@ -107,7 +110,7 @@ async def test_another_tenant_cannot_see_or_touch_the_task(ledger: SqliteLedger)
         await ledger.approve("globex", task_id, spec.plan_hash, None)
     with pytest.raises(NotFound):
         await ledger.cancel("globex", task_id, "mine now")
-    assert (await ledger.task(task_id))["state"] == "PLANNED"
+    assert plain(await ledger.task(task_id))["state"] == "PLANNED"
 
 
 async def planned(ledger: SqliteLedger) -> str:
@@ -140,9 +143,9 @@ async def test_cancel_ends_a_task_that_has_not_ended(
     ledger: SqliteLedger, make: Any, state: str
 ) -> None:
     task_id = await make(ledger)
-    assert (await ledger.task(task_id))["state"] == state
+    assert plain(await ledger.task(task_id))["state"] == state
     await ledger.cancel("acme", task_id, "changed my mind")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "CANCELLED"
     assert view["reason"] == "changed my mind"
     # A step that was leased is cancelled; one that never ran is shown as skipped.
@@ -157,10 +160,10 @@ async def test_cancelling_an_ended_task_is_refused_and_recorded(ledger: SqliteLe
     task_id = await queued_task(ledger)
     [lease] = await ledger.claim("r1", "default", 1, 0)
     await ledger.report(report_for(lease))
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+    assert plain(await ledger.task(task_id))["state"] == "SUCCEEDED"
     with pytest.raises(TerminalState):
         await ledger.cancel("acme", task_id, "too late")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "SUCCEEDED"
     assert [r["code"] for r in view["rejections"]] == ["terminal"]
     with pytest.raises(TerminalState):
@@ -180,10 +183,10 @@ async def test_a_running_step_learns_of_the_cancel_at_renew_and_its_result_is_re
     clock.advance(1)
     with pytest.raises(TerminalState):
         await ledger.report(report_for(lease))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "CANCELLED"
     assert view["steps"][0]["effect_key"] is None
     assert [(r["code"], r["fence"]) for r in view["rejections"]] == [("terminal", lease.fence)]
     # A release after the cancel is answered quietly: the runner was going to stop anyway.
     await ledger.release(lease.step_id, lease.fence, ReleaseReason.SHUTDOWN, True, "bye")
-    assert (await ledger.task(task_id))["state"] == "CANCELLED"
+    assert plain(await ledger.task(task_id))["state"] == "CANCELLED"

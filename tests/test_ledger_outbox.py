@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import InvalidRequest, SqliteLedger, StepSpec, TaskSpec
 from tether.supervisor.ledger.errors import EffectNotGated, EffectNotHeld, GateMismatch
 from tether.supervisor.ledger.outbox import Delivered, OutboxState, Unanswered, Undeliverable
@@ -59,7 +60,7 @@ def outbox(ledger: LedgerStore, step_id: str) -> dict[str, Any]:
 
 
 async def step_of(ledger: SqliteLedger, task_id: str, name: str) -> dict[str, Any]:
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     found: dict[str, Any] = next(s for s in view["steps"] if s["name"] == name)
     return found
 
@@ -98,7 +99,7 @@ async def test_an_effect_step_is_never_granted_to_a_runner(ledger: SqliteLedger)
     task_id = await approved(ledger, spec_with(("deploy", "http", http())))
     assert await ledger.claim("r1", "default", 4, 0, kinds=("http", "git.push", "chat")) == []
     assert count(ledger, "attempts") == 0
-    assert (await ledger.task(task_id))["state"] == "RUNNING"
+    assert plain(await ledger.task(task_id))["state"] == "RUNNING"
     assert outbox(ledger, f"{task_id}.0")["state"] == OutboxState.DUE
 
 
@@ -131,7 +132,7 @@ async def test_a_path_missing_at_due_time_fails_the_step_and_sends_nothing(
     )
     task_id = await approved(ledger, spec)
     await run_chat(ledger, {"version": 1})
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("effect_render_failed: ")
     assert "'missing'" in view["reason"]
@@ -168,7 +169,7 @@ async def test_a_push_renders_the_candidate_and_the_approved_base(ledger: Sqlite
     await ledger.record_attempt(
         out.effect_id, attempt, "d1", Delivered(status=None, detail="pushed", replayed=True)
     )
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "SUCCEEDED"
     assert (await step_of(ledger, task_id, "push"))["output"]["replayed"] is True
     assert await ledger.violations() == []
@@ -179,7 +180,7 @@ async def test_evidence_that_fails_verification_never_makes_the_effect_due(
 ) -> None:
     task_id = await bound(ledger, ("code", "chat", {}), ("push", "git.push", {"branch": "main"}))
     await run_chat(ledger, "patched", **ran("cand1", exit_code=1))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("check_failed: ")
     assert count(ledger, "outbox") == 0
@@ -189,7 +190,7 @@ async def test_a_push_with_no_candidate_fails_no_candidate(ledger: SqliteLedger)
     await ledger.write(lambda tx: add_repository(tx, "acme", "repo", URL))
     spec = spec_with(("push", "git.push", {"branch": "main"}), repository="repo", base_sha=BASE)
     task_id = await approved(ledger, spec, BASE)
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("no_candidate: ")
 
@@ -225,7 +226,7 @@ async def test_a_refused_answer_fails_the_step_and_the_task_with_its_code(
     attempt = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
     answer = Undeliverable(status=403, detail="forbidden", code="receiver_refused")
     await ledger.record_attempt(out.effect_id, attempt, "d1", answer)
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert (view["state"], view["reason"]) == ("FAILED", "receiver_refused: forbidden")
     assert (await step_of(ledger, task_id, "deploy"))["state"] == "failed"
 
@@ -275,7 +276,7 @@ async def test_a_keyed_effect_past_its_deadline_fails_delivery_deadline(
     attempt = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
     await ledger.record_attempt(out.effect_id, attempt, "d1", Unanswered(detail="x", sent=False))
     await ledger.give_up(out.effect_id, "d1", "300 s passed")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert (view["state"], view["reason"]) == ("FAILED", "delivery_deadline: 300 s passed")
 
 
@@ -300,7 +301,7 @@ async def test_an_unkeyed_effect_waits_for_its_gate_and_the_gate_binds_the_diges
     ledger: SqliteLedger,
 ) -> None:
     task_id, digest = await gated_effect(ledger)
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["waiting_for"] == {"reason": "gate", "step": "deploy", "digest": digest}
     assert await ledger.take_effects("d1", 8) == []
     before = outbox(ledger, f"{task_id}.0")
@@ -313,7 +314,7 @@ async def test_an_unkeyed_effect_waits_for_its_gate_and_the_gate_binds_the_diges
     [out] = await ledger.take_effects("d1", 8)
     attempt = await ledger.begin_attempt(out.effect_id, "d1", digest)
     await ledger.record_attempt(out.effect_id, attempt, "d1", Delivered(status=201, detail=""))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "SUCCEEDED"
     effect = view["steps"][0]["effect"]
     assert (effect["gate"]["opened_by"], effect["keyed"]) == ("alice", False)
@@ -331,7 +332,7 @@ async def test_a_gate_opening_allows_one_send(ledger: SqliteLedger) -> None:
     assert (await step_of(ledger, task_id, "deploy"))["effect"]["state"] == "uncertain"
     with pytest.raises(EffectNotHeld):
         await ledger.begin_attempt(out.effect_id, "d1", digest)
-    assert (await ledger.task(task_id))["waiting_for"]["reason"] == "uncertain"
+    assert plain(await ledger.task(task_id))["waiting_for"]["reason"] == "uncertain"
 
 
 async def test_an_unkeyed_holder_that_vanishes_after_beginning_leaves_it_uncertain(
@@ -361,12 +362,12 @@ async def test_happened_no_reopens_the_gate_once_and_yes_records_it_done(
     with pytest.raises(EffectNotGated, match="already re-opened once"):
         await ledger.resolve_effect("acme", task_id, "deploy", False, "bob")
     await ledger.resolve_effect("acme", task_id, "deploy", True, "bob")
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "SUCCEEDED"
     effect = view["steps"][0]["effect"]
     assert (effect["resolved"]["by"], effect["resolved"]["happened"]) == ("bob", True)
     assert count(ledger, "effects") == 1
-    record = await ledger.review(task_id)
+    record = plain(await ledger.review(task_id))
     [marked] = record["effects"]["value"]
     assert (marked["keyed"], marked["resolved"]["by"]) == (False, "bob")
     assert await ledger.violations() == []
@@ -391,7 +392,7 @@ async def test_cancel_while_sending_ends_the_task_and_the_delivery_is_still_reco
     attempt = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
     await ledger.cancel("acme", task_id, "stop")
     await ledger.record_attempt(out.effect_id, attempt, "d1", Delivered(status=200, detail="ok"))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "CANCELLED"
     assert view["steps"][0]["state"] == "committed"
     assert view["steps"][0]["effect"]["state"] == "delivered"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import (
     IntegrityCheckFailed,
     NotFound,
@@ -35,11 +36,11 @@ async def test_a_reopened_ledger_has_lost_nothing(ledger_db: Path | str, clock: 
         midway = await queued_task(ledger, "midway", steps=2)
         [lease] = await ledger.claim("r1", "default", 1, 0)
         await ledger.report(report_for(lease))
-        before = {t: await ledger.task(t) for t in (done, midway)}
-        events = {t: await ledger.events(t, None, 0, 0) for t in (done, midway)}
+        before = {t: plain(await ledger.task(t)) for t in (done, midway)}
+        events = {t: plain(await ledger.events(t, None, 0, 0)) for t in (done, midway)}
     async with open_ledger(ledger_db, clock) as ledger:
-        assert {t: await ledger.task(t) for t in (done, midway)} == before
-        assert {t: await ledger.events(t, None, 0, 0) for t in (done, midway)} == events
+        assert {t: plain(await ledger.task(t)) for t in (done, midway)} == before
+        assert {t: plain(await ledger.events(t, None, 0, 0)) for t in (done, midway)} == events
         assert before[done]["state"] == "SUCCEEDED"
         # The committed step replays; the next step is still there to run.
         assert await ledger.report(report_for(lease)) is Outcome.REPLAYED
@@ -117,7 +118,7 @@ async def test_open_leases_are_moved_later_by_the_time_no_supervisor_served(
         assert await ledger.expire() == 0
         assert (await ledger.renew(lease.step_id, lease.fence)).cancelled is False
         assert await ledger.report(report_for(lease)) is Outcome.APPLIED
-        assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+        assert plain(await ledger.task(task_id))["state"] == "SUCCEEDED"
 
 
 async def test_an_unacknowledged_lease_keeps_its_acceptance_window_across_an_outage(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import (
     IdempotencyConflict,
     InvalidRequest,
@@ -99,7 +100,7 @@ async def test_a_candidate_with_passing_checks_and_clean_evidence_succeeds(
 ) -> None:
     task_id = await repo_task(ledger)
     await run_step(ledger, **ran())
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert (view["state"], view["reason"]) == ("SUCCEEDED", None)
     [step] = view["steps"]
     assert step["candidate_sha"] == "cand1"
@@ -129,12 +130,12 @@ async def test_a_problem_the_evidence_found_fails_the_task_by_its_name(
     task_id = await repo_task(ledger)
     problem = Problem(code=code, detail="what the adapter saw")
     await run_step(ledger, Evidence(head_sha=BASE, problems=(problem,)), **ran())
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"] == f"{code}: what the adapter saw"
     assert view["steps"][0]["problems"] == [{"code": code.value, "detail": "what the adapter saw"}]
     assert view["findings"] == [{"code": code.value, "detail": "what the adapter saw"}]
-    record = await ledger.review(task_id)
+    record = plain(await ledger.review(task_id))
     assert f"{code}: what the adapter saw" in record["unresolved_questions"]["value"]
     assert await ledger.violations() == []
 
@@ -142,7 +143,7 @@ async def test_a_problem_the_evidence_found_fails_the_task_by_its_name(
 async def test_no_candidate_fails_no_candidate(ledger: SqliteLedger) -> None:
     task_id = await repo_task(ledger)
     await run_step(ledger)
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"] == "no_candidate: no step reported a candidate"
 
@@ -150,7 +151,7 @@ async def test_no_candidate_fails_no_candidate(ledger: SqliteLedger) -> None:
 async def test_a_check_without_a_run_fails_missing_check(ledger: SqliteLedger) -> None:
     task_id = await repo_task(ledger)
     await run_step(ledger, **ran(checks=("tests",)))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"] == "missing_check: no run of check 'lint' at cand1"
 
@@ -161,7 +162,7 @@ async def test_runs_at_an_earlier_candidate_do_not_verify_the_final_one(
     task_id = await repo_task(ledger, steps=2)
     await run_step(ledger, **ran("cand1"))
     await run_step(ledger, candidate_sha="cand2", bundle=digest("bundle cand2"))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert [f["code"] for f in view["findings"]] == ["missing_check", "missing_check"]
     assert view["reason"] == "missing_check: no run of check 'tests' at cand2"
@@ -170,7 +171,7 @@ async def test_runs_at_an_earlier_candidate_do_not_verify_the_final_one(
 async def test_a_check_that_exited_non_zero_fails_check_failed(ledger: SqliteLedger) -> None:
     task_id = await repo_task(ledger, checks=("tests",))
     await run_step(ledger, **ran(checks=("tests",), exit_code=1))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     log = digest("tests at cand1")
     assert view["reason"] == f"check_failed: check 'tests' exited 1 at cand1 (log {log})"
@@ -187,7 +188,7 @@ async def test_expected_checks_without_commands_are_reported_by_the_step_kind(
     assert lease.repository is not None
     assert lease.repository.checks == ()
     await ledger.report(report_for(lease, **ran(checks=("deploy",))), evidence=AT_BASE)
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+    assert plain(await ledger.task(task_id))["state"] == "SUCCEEDED"
 
 
 async def test_a_head_off_the_base_at_a_commit_commits_the_step_and_fails_stale_base(
@@ -196,7 +197,7 @@ async def test_a_head_off_the_base_at_a_commit_commits_the_step_and_fails_stale_
     task_id = await repo_task(ledger, steps=2)
     _, outcome = await run_step(ledger, Evidence(head_sha="base2"), **ran())
     assert outcome is Outcome.APPLIED
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"] == "stale_base: approved base1, repository repo is at base2"
     assert [s["state"] for s in view["steps"]] == ["committed", "skipped"]
@@ -209,7 +210,7 @@ async def test_a_repository_step_s_result_needs_evidence(ledger: SqliteLedger) -
     lease = await claim_one(ledger)
     with pytest.raises(InvalidRequest, match="evidence"):
         await ledger.report(report_for(lease, **ran()))
-    assert (await ledger.task(task_id))["steps"][0]["state"] == "leased"
+    assert plain(await ledger.task(task_id))["steps"][0]["state"] == "leased"
     assert await ledger.report(report_for(lease, **ran()), evidence=AT_BASE) is Outcome.APPLIED
 
 
@@ -229,7 +230,7 @@ async def test_runs_bundles_and_artifacts_must_name_their_candidate(
     lease = await claim_one(ledger)
     with pytest.raises(InvalidRequest, match="candidate_sha"):
         await ledger.report(report_for(lease, **fields), evidence=AT_BASE)
-    assert (await ledger.task(task_id))["steps"][0]["state"] == "leased"
+    assert plain(await ledger.task(task_id))["steps"][0]["state"] == "leased"
 
 
 async def test_a_task_without_a_repository_verifies_as_before(ledger: SqliteLedger) -> None:
@@ -237,7 +238,7 @@ async def test_a_task_without_a_repository_verifies_as_before(ledger: SqliteLedg
     lease = await claim_one(ledger)
     fields = {"candidate_sha": "c1", "artifacts": {"notes": digest("n")}}
     await ledger.report(report_for(lease, **fields))
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert (view["state"], view["findings"]) == ("SUCCEEDED", [])
     assert lease.repository is None
 
@@ -258,7 +259,7 @@ async def test_the_review_record_shows_runs_removal_records_and_problems(
     await run_step(
         ledger, Evidence(head_sha=BASE, problems=(problem,)), output={"cleanup": cleanup}, **fields
     )
-    record = await ledger.review(task_id)
+    record = plain(await ledger.review(task_id))
     assert record["observed_checks"] == {
         "kind": "observation",
         "value": {"tests": {"log": digest("tests at cand1"), "exit_code": 0}, "lint": None},
@@ -288,29 +289,29 @@ async def test_approving_a_base_that_is_not_the_head_is_refused_stale_base(
     ledger: SqliteLedger,
 ) -> None:
     task_id, plan_hash = await approvable(ledger)
-    before = await ledger.task(task_id)
+    before = plain(await ledger.task(task_id))
     with pytest.raises(StaleBase, match="base2") as refused:
         await ledger.approve("acme", task_id, plan_hash, BASE, "base2")
     assert refused.value.code is ErrorCode.STALE_BASE
-    assert await ledger.task(task_id) == before
+    assert plain(await ledger.task(task_id)) == before
     assert before["state"] == "PLANNED"
     await ledger.approve("acme", task_id, plan_hash, "base2", "base2")
-    assert (await ledger.task(task_id))["state"] == "QUEUED"
+    assert plain(await ledger.task(task_id))["state"] == "QUEUED"
 
 
 async def test_approving_a_repository_task_needs_the_head_read(ledger: SqliteLedger) -> None:
     task_id, plan_hash = await approvable(ledger)
     with pytest.raises(InvalidRequest, match="head"):
         await ledger.approve("acme", task_id, plan_hash, BASE)
-    assert (await ledger.task(task_id))["state"] == "PLANNED"
+    assert plain(await ledger.task(task_id))["state"] == "PLANNED"
 
 
 async def test_a_repeated_approval_is_done_whatever_the_head_now(ledger: SqliteLedger) -> None:
     task_id, plan_hash = await approvable(ledger)
     await ledger.approve("acme", task_id, plan_hash, BASE, BASE)
-    before = await ledger.events(task_id, None, 0, 0)
+    before = plain(await ledger.events(task_id, None, 0, 0))
     await ledger.approve("acme", task_id, plan_hash, BASE, BASE)
-    assert await ledger.events(task_id, None, 0, 0) == before
+    assert plain(await ledger.events(task_id, None, 0, 0)) == before
 
 
 # -- the webhook ------------------------------------------------------------------------------
@@ -327,7 +328,7 @@ async def test_a_moved_head_fails_the_approved_tasks_of_the_repository_at_once(
     other = (await ledger.create_task(other_spec)).task_id
     await ledger.approve("acme", other, other_spec.plan_hash, BASE, BASE)
     await ledger.set_repository_head("acme", "repo", "base2")
-    view = await ledger.task(running)
+    view = plain(await ledger.task(running))
     assert view["state"] == "FAILED"
     assert view["reason"] == "stale_base: approved base1, repository repo is at base2"
     assert view["steps"][0]["attempts"][0]["state"] == "failed"
@@ -335,9 +336,9 @@ async def test_a_moved_head_fails_the_approved_tasks_of_the_repository_at_once(
         await ledger.renew(lease.step_id, lease.fence)
     with pytest.raises(TerminalState):  # or at its result
         await ledger.report(report_for(lease, **ran()), evidence=AT_BASE)
-    assert (await ledger.task(planned))["state"] == "PLANNED"  # not approved: nothing bound
-    assert (await ledger.task(other))["state"] == "QUEUED"
-    events = await ledger.events(planned, None, 0, 0)
+    assert plain(await ledger.task(planned))["state"] == "PLANNED"  # not approved: nothing bound
+    assert plain(await ledger.task(other))["state"] == "QUEUED"
+    events = plain(await ledger.events(planned, None, 0, 0))
     assert [e["data"] for e in events if e["kind"] == "base_changed"] == [{"head_sha": "base2"}]
     assert await ledger.violations() == []
 
@@ -347,7 +348,7 @@ async def test_a_head_reported_at_the_approved_base_fails_nothing(ledger: Sqlite
     await ledger.set_repository_head("acme", "repo", BASE)
     await ledger.set_repository_head("globex", "repo", "elsewhere")  # another tenant's repo
     await run_step(ledger, **ran())
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+    assert plain(await ledger.task(task_id))["state"] == "SUCCEEDED"
 
 
 # -- leases carry what the approval bound --------------------------------------------------
@@ -376,7 +377,7 @@ async def test_each_step_starts_at_the_latest_earlier_candidate(ledger: SqliteLe
 
 async def test_the_checks_names_are_the_expected_checks(ledger: SqliteLedger) -> None:
     task_id = await repo_task(ledger, checks=("tests", "lint"))
-    assert (await ledger.review(task_id))["expected_checks"]["value"] == ["tests", "lint"]
+    assert plain(await ledger.review(task_id))["expected_checks"]["value"] == ["tests", "lint"]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import InvalidRequest, Lease, SqliteLedger, TaskSpec
 from tether.supervisor.ledger.errors import NotFound
 from tether.supervisor.ledger.verification import Evidence
@@ -69,7 +70,7 @@ async def test_the_verify_step_goes_to_the_verifier_pool_only_and_holds_the_task
 ) -> None:
     task_id = await verified_task(ledger, ("code", "chat", {}), PUSH)
     await make_candidate(ledger)
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "RUNNING"
     assert view["verify_pool"] == VERIFY_POOL
     verify = view["steps"][-1]
@@ -98,7 +99,7 @@ async def test_a_verifier_that_agrees_lets_the_effect_fall_due_and_the_task_succ
 ) -> None:
     task_id = await verified_task(ledger, ("code", "chat", {}), PUSH)
     await make_candidate(ledger)
-    assert "attested by runner tok-maker" in (await ledger.task(task_id))["checks_standing"]
+    assert "attested by runner tok-maker" in plain(await ledger.task(task_id))["checks_standing"]
     [lease] = await claim_verify(ledger)
     outcome = await ledger.report(
         verifier_report(lease, 0), VERIFY_POOL, Evidence(head_sha=BASE), token_id=CHECKER
@@ -106,7 +107,7 @@ async def test_a_verifier_that_agrees_lets_the_effect_fall_due_and_the_task_succ
     assert outcome is Outcome.APPLIED
     [out] = await ledger.take_effects("d1", 8)
     assert out.request["candidate"] == "cand1"
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["checks_standing"] == (
         f"verified by runner {CHECKER} of pool {VERIFY_POOL!r}; attested by runner {MAKER}"
     )
@@ -122,14 +123,14 @@ async def test_a_verifier_that_disagrees_fails_the_task_check_disputed_naming_bo
     await ledger.report(
         verifier_report(lease, 1), VERIFY_POOL, Evidence(head_sha=BASE), token_id=CHECKER
     )
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("check_disputed: ")
     assert MAKER in view["reason"]
     assert CHECKER in view["reason"]
     assert view["checks_standing"].startswith("disputed: check_disputed: ")
     assert count(ledger, "outbox") == 0  # the push never fell due
-    review = await ledger.review(task_id)
+    review = plain(await ledger.review(task_id))
     assert review["verdict"]["acceptable"] is False
     assert review["checks"]["value"].startswith("disputed: ")
     assert await ledger.violations() == []
@@ -138,12 +139,12 @@ async def test_a_verifier_that_disagrees_fails_the_task_check_disputed_naming_bo
 async def test_a_verifier_guards_the_end_of_a_task_without_effects(ledger: SqliteLedger) -> None:
     task_id = await verified_task(ledger, ("code", "chat", {}))
     await make_candidate(ledger)
-    assert (await ledger.task(task_id))["state"] == "RUNNING"
+    assert plain(await ledger.task(task_id))["state"] == "RUNNING"
     [lease] = await claim_verify(ledger)
     await ledger.report(
         verifier_report(lease, 0), VERIFY_POOL, Evidence(head_sha=BASE), token_id=CHECKER
     )
-    assert (await ledger.task(task_id))["state"] == "SUCCEEDED"
+    assert plain(await ledger.task(task_id))["state"] == "SUCCEEDED"
 
 
 async def test_a_candidate_failing_its_own_checks_fails_without_asking_a_verifier(
@@ -151,7 +152,7 @@ async def test_a_candidate_failing_its_own_checks_fails_without_asking_a_verifie
 ) -> None:
     task_id = await verified_task(ledger, ("code", "chat", {}))
     await make_candidate(ledger, exit_code=1)
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "FAILED"
     assert view["reason"].startswith("check_failed: ")
     assert [s["kind"] for s in view["steps"]] == ["chat"]
@@ -168,7 +169,7 @@ async def test_a_verify_report_for_another_candidate_is_refused(ledger: SqliteLe
             Evidence(head_sha=BASE),
             token_id=CHECKER,
         )
-    assert (await ledger.task(task_id))["state"] == "RUNNING"
+    assert plain(await ledger.task(task_id))["state"] == "RUNNING"
 
 
 async def test_without_a_verifier_the_checks_are_attested_by_the_runner(
@@ -176,10 +177,10 @@ async def test_without_a_verifier_the_checks_are_attested_by_the_runner(
 ) -> None:
     task_id = await verified_task(ledger, ("code", "chat", {}), verify=None)
     await make_candidate(ledger)
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "SUCCEEDED"
     assert view["checks_standing"] == f"attested by runner {MAKER}"
-    assert (await ledger.review(task_id))["checks"]["value"] == f"attested by runner {MAKER}"
+    assert plain(await ledger.review(task_id))["checks"]["value"] == f"attested by runner {MAKER}"
 
 
 async def test_a_tenant_default_verifier_applies_to_tasks_with_checks(
@@ -187,9 +188,9 @@ async def test_a_tenant_default_verifier_applies_to_tasks_with_checks(
 ) -> None:
     await ledger.set_verify_pool("acme", VERIFY_POOL)
     task_id = await verified_task(ledger, ("code", "chat", {}), verify=None)
-    assert (await ledger.task(task_id))["verify_pool"] == VERIFY_POOL
-    plain = (await ledger.create_task(spec_with(("c", "chat", {}), key="plain"))).task_id
-    assert (await ledger.task(plain))["verify_pool"] is None
+    assert plain(await ledger.task(task_id))["verify_pool"] == VERIFY_POOL
+    unverified = (await ledger.create_task(spec_with(("c", "chat", {}), key="plain"))).task_id
+    assert plain(await ledger.task(unverified))["verify_pool"] is None
 
 
 @pytest.mark.parametrize(

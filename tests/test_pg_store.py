@@ -38,6 +38,7 @@ from tether.supervisor.settings import SupervisorSettings
 
 from . import pgdb
 from .conftest import FakeClock, make_spec, queued_task, report_for
+from .plain import plain
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +67,7 @@ async def test_a_task_runs_end_to_end_on_postgresql(pg_url: str, clock: FakeCloc
             [lease] = await ledger.claim("r1", "default", 4, 0)
             assert lease.name == name
             assert await ledger.report(report_for(lease)) == "applied"
-        view = await ledger.task(created.task_id)
+        view = plain(await ledger.task(created.task_id))
         assert view["state"] == "SUCCEEDED"
         assert [s["state"] for s in view["steps"]] == ["committed", "committed"]
         assert await ledger.violations() == []
@@ -135,12 +136,12 @@ async def test_an_event_watch_on_one_store_sees_commits_made_through_another(
 ) -> None:
     async with stores(pg_url, clock) as (a, b):
         task_id = await queued_task(a)
-        seen = await a.events(task_id, None, 0, 0)
+        seen = plain(await a.events(task_id, None, 0, 0))
         after = seen[-1]["seq"]
         found: list[dict[str, Any]] = []
 
         async def watch_on_a() -> None:
-            found.extend(await a.events(task_id, None, after, 20))
+            found.extend(plain(await a.events(task_id, None, after, 20)))
 
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
@@ -245,9 +246,9 @@ async def test_after_every_session_is_lost_reads_and_the_next_write_reconnect_un
         assert killed is not None
         assert killed[0] >= 4  # the writer, the listener, two readers at least
         for _ in range(postgres.READ_CONNECTIONS + 1):
-            assert (await ledger.task(task_id))["state"] == "QUEUED"
+            assert plain(await ledger.task(task_id))["state"] == "QUEUED"
         await ledger.cancel("acme", task_id, "no longer wanted")
-        assert (await ledger.task(task_id))["state"] == "CANCELLED"
+        assert plain(await ledger.task(task_id))["state"] == "CANCELLED"
         assert ledger.is_open
 
 
@@ -278,7 +279,7 @@ async def test_a_write_that_cannot_reconnect_is_a_storage_error_and_the_next_one
         assert ledger.is_open  # a storage error fails the batch, not the writer
         monkeypatch.setattr(backend, "live", reconnect)
         await ledger.cancel("acme", task_id, "no longer wanted")  # on a new connection
-        assert (await ledger.task(task_id))["state"] == "CANCELLED"
+        assert plain(await ledger.task(task_id))["state"] == "CANCELLED"
 
 
 async def test_a_lost_listener_reconnects_and_wakes_its_waiting_claims(

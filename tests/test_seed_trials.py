@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.plain import plain
 from tether.supervisor.ledger import Report, SqliteLedger
 from tether.wire import Outcome
 
@@ -12,7 +13,7 @@ from .conftest import FakeClock, queued_task
 
 
 async def effects_of(ledger: SqliteLedger, task_id: str) -> int:
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     return sum(1 for s in view["steps"] if s["effect_key"])
 
 
@@ -63,7 +64,7 @@ async def test_seed_trial(
 
     assert replay is replay_outcome
     assert await effects_of(ledger, task_id) == 1
-    view = await ledger.task(task_id)
+    view = plain(await ledger.task(task_id))
     assert view["state"] == "SUCCEEDED"
     assert view["steps"][0]["state"] == "committed"
     assert await ledger.violations() == []

@@ -133,8 +133,9 @@ RECORDS: list[m.Record] = [
     m.ReviewDecision(decision="accept", note="fine"),
     m.RepositoryHead(sha="e" * 40),
     m.Budget(tenant="acme", spent=12, budget=None, left=None),
-    m.TaskView(
-        id="t", state="QUEUED", pool="gpu", seq=3, created_at="1970-01-01T00:00:01.500Z",
+    m.TaskDetail(
+        id="t", tenant="acme", idempotency_key="k", state="QUEUED", plan_hash="p" * 64,
+        base_sha=None, repository=None, pool="gpu", seq=3, created_at="1970-01-01T00:00:01.500Z",
         waiting_for=m.WaitingFor(reason="runner", pool="gpu", kind="chat", pool_last_seen_s=4.0),
         plan=m.PlanView(
             hash="p" * 64,
@@ -148,8 +149,9 @@ RECORDS: list[m.Record] = [
             checks=(m.CheckSpec(name="tests", command="pytest -q"),),
         ),
         steps=(
-            m.StepView(
-                id="t.0", name="draft", kind="chat", state="queued", output=None,
+            m.StepDetail(
+                id="t.0", name="draft", kind="chat", state="queued", payload_hash="h" * 64,
+                effect_key=None, fence=7, output=None, candidate_sha=None,
                 attempts=(
                     m.AttemptView(
                         attempt=1, fence=7, runner_id="r1", state="expired",
@@ -158,15 +160,17 @@ RECORDS: list[m.Record] = [
                     ),
                 ),
             ),
-            m.StepView(
-                id="t.1", name="fix", kind="agent", state="committed", candidate_sha="c" * 40,
+            m.StepDetail(
+                id="t.1", name="fix", kind="agent", state="committed", payload_hash="i" * 64,
+                effect_key="f" * 64, fence=8, candidate_sha="c" * 40,
                 bundle="b" * 64,
                 checks=(m.CheckRunView(name="tests", log="d" * 64, exit_code=1, duration_s=0.5),),
                 problems=(m.ProblemView(code="check_failed", detail="tests exited 1"),),
                 checkpoint=m.CheckpointView(turn=2, fence=8),
             ),
-            m.StepView(
-                id="t.2", name="deploy", kind="http", state="committed",
+            m.StepDetail(
+                id="t.2", name="deploy", kind="http", state="committed", payload_hash="j" * 64,
+                effect_key="k" * 64, fence=9, candidate_sha=None,
                 effect=m.EffectView(
                     kind="http", keyed=False, state="delivered", digest="e" * 64, key="k" * 64,
                     request={"method": "POST", "url": "https://x.example/",
@@ -184,15 +188,24 @@ RECORDS: list[m.Record] = [
         ),
         budget=m.Budget(tenant="acme", spent=9, budget=10, left=1),
         findings=(m.ProblemView(code="check_failed", detail="tests exited 1"),),
+        rejections=(m.Rejection(step_id="t.0", fence=6, code="stale_fence", detail="old"),),
     ),
     m.TaskPage(
         tasks=(
             m.TaskSummary(
-                id="t", state="PLANNED", pool="gpu", seq=1, created_at="1970-01-01T00:00:01.500Z",
+                id="t", tenant="acme", idempotency_key="k", state="PLANNED", plan_hash="p" * 64,
+                base_sha="b" * 40, repository="calc", pool="gpu", seq=1,
+                created_at="1970-01-01T00:00:01.500Z",
                 waiting_for=m.WaitingFor(reason="approval"), steps_committed=0, steps_total=2,
             ),
         ),
         next="41",
+    ),
+    m.Events(
+        events=(
+            m.Event(seq=1, task_id="t", kind="state", state="PLANNED", data={"n": 1},
+                    at="1970-01-01T00:00:01.500Z"),
+        ),
     ),
     m.PoolsAnswer(
         pools=(
@@ -219,7 +232,8 @@ def test_every_message_class_has_a_round_trip_above() -> None:
         if isinstance(c, type) and issubclass(c, m.Record) and c is not m.Record
     }  # fmt: skip
     inside_others = {m.EarlierOutput, m.Plan, m.PlanStep, m.ItemAnswer}
-    inside_others |= {m.WaitingFor, m.StepView, m.AttemptView, m.TaskSummary, m.PoolStatus}
+    inside_others |= {m.WaitingFor, m.StepDetail, m.AttemptView, m.TaskSummary, m.PoolStatus}
+    inside_others |= {m.TaskHeader, m.Rejection, m.Event}
     inside_others |= {m.RunnerSeen, m.LeaseRepository, m.CheckSpec, m.ResumePoint, m.CheckRun}
     inside_others |= {
         m.CheckRunView,

@@ -118,13 +118,13 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         method="POST", path="/v1/tasks", name="create_task", tag="operator", roles=OPERATOR,
         summary="Create a task from its plan (201), or find the one this key created (200).",
-        body=m.TaskCreate, answers={201: a.TaskDetail, 200: a.TaskDetail},
+        body=m.TaskCreate, answers={201: m.TaskDetail, 200: m.TaskDetail},
         errors=(E.IDEMPOTENCY_CONFLICT, E.FORBIDDEN),
     ),
     Operation(
         method="GET", path="/v1/tasks", name="list_tasks", tag="operator", roles=OPERATOR,
         summary="The tenant's tasks, newest first, a page at a time.",
-        answers={200: a.TaskListing}, errors=(E.INVALID_FIELD,),
+        answers={200: m.TaskPage}, errors=(E.INVALID_FIELD,),
         query=(
             Param(name="state", description="Only tasks in this state.",
                   schema={"type": "string", "enum": [s.value for s in TaskState]}),
@@ -137,23 +137,23 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         method="GET", path="/v1/tasks/{task_id}", name="get_task", tag="operator",
         roles=OPERATOR, summary="A task with its steps, attempts, rejections and budget.",
-        answers={200: a.TaskDetail}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
+        answers={200: m.TaskDetail}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
     ),
     Operation(
         method="POST", path="/v1/tasks/{task_id}/approve", name="approve", tag="operator",
         roles=OPERATOR, summary="Approve the plan by its hash (and the base commit it binds).",
-        body=m.Approval, answers={200: a.TaskDetail},
+        body=m.Approval, answers={200: m.TaskDetail},
         errors=(*_TASK_WRITE, E.PLAN_MISMATCH, E.STALE_BASE), params=(TASK_ID,),
     ),
     Operation(
         method="POST", path="/v1/tasks/{task_id}/cancel", name="cancel", tag="operator",
         roles=OPERATOR, summary="Cancel a task that has not ended.",
-        body=m.Cancel, answers={200: a.TaskDetail}, errors=_TASK_WRITE, params=(TASK_ID,),
+        body=m.Cancel, answers={200: m.TaskDetail}, errors=_TASK_WRITE, params=(TASK_ID,),
     ),
     Operation(
         method="GET", path="/v1/tasks/{task_id}/events", name="events", tag="operator",
         roles=OPERATOR, summary="The task's events after `after`, waiting up to `wait` s for one.",
-        answers={200: a.Events}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
+        answers={200: m.Events}, errors=(E.NOT_FOUND, E.INVALID_FIELD), params=(TASK_ID,),
         query=(
             Param(name="after", description="The last `seq` already seen.",
                   schema={"type": "integer", "minimum": 0, "maximum": 2**62, "default": 0}),
@@ -189,14 +189,14 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         method="POST", path="/v1/tasks/{task_id}/steps/{step_name}/gate", name="open_gate",
         tag="operator", roles=OPERATOR,
         summary="Open an unkeyed effect's gate for exactly the request with this digest.",
-        body=m.GateOpen, answers={200: a.TaskDetail},
+        body=m.GateOpen, answers={200: m.TaskDetail},
         errors=(*_TASK_WRITE, E.GATE_MISMATCH), params=(TASK_ID, STEP_NAME),
     ),
     Operation(
         method="POST", path="/v1/tasks/{task_id}/steps/{step_name}/happened",
         name="effect_happened", tag="operator", roles=OPERATOR,
         summary="Say whether an uncertain effect happened (`no` re-opens its gate, once).",
-        body=m.EffectHappened, answers={200: a.TaskDetail}, errors=_TASK_WRITE,
+        body=m.EffectHappened, answers={200: m.TaskDetail}, errors=_TASK_WRITE,
         params=(TASK_ID, STEP_NAME),
     ),
     Operation(

@@ -11,14 +11,15 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from tether.supervisor.api.auth import require
-from tether.supervisor.api.errors import error_response
+from tether.supervisor.api.errors import error_response, record_response
 from tether.supervisor.ledger import Ledger, LedgerError, Role
 from tether.supervisor.ledger.views import RUNNER_RECENT_S
 from tether.wire import ErrorCode, Outcome
+from tether.wire.answers import Alive, Ready
 
 
 class _LedgerCounters(Collector):
@@ -130,7 +131,7 @@ async def healthz(request: Request) -> Response:
     ledger: Ledger | None = getattr(request.app.state, "ledger", None)
     if ledger is not None and not ledger.is_open:
         return error_response(ErrorCode.UNAVAILABLE, "the ledger is closed; the supervisor stops")
-    return JSONResponse({"status": "ok"})
+    return record_response(Alive(status="ok"))
 
 
 async def readyz(request: Request) -> Response:
@@ -139,7 +140,7 @@ async def readyz(request: Request) -> Response:
         await ledger.queue_depth()
     except (LedgerError, RuntimeError) as exc:
         return error_response(ErrorCode.UNAVAILABLE, f"the ledger is not readable: {exc}")
-    return JSONResponse({"status": "ready"})
+    return record_response(Ready(status="ready"))
 
 
 async def metrics(request: Request) -> Response:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from collections import defaultdict
 from http import HTTPStatus
 from typing import Any, Final
@@ -126,12 +127,40 @@ def _bound(
             fields[field]["maximum"] = getattr(settings, setting)
 
 
+_MODULE_PATH = re.compile(r"\b\w+(?:\.\w+)+\.(?=\w)")
+
+
+def _short_names(schemas: dict[str, Any]) -> dict[str, Any]:
+    """`schemas` with each generic record's schema (`Observation[str | None]`) named after its
+    parameters' short names: msgspec names it after their module paths. Every `$ref` follows."""
+    renamed: dict[str, str] = {}
+    for name, schema in schemas.items():
+        title = schema.get("title", name)
+        if "[" in title:
+            short = _MODULE_PATH.sub("", title)
+            schema["title"] = short
+            renamed[name] = re.sub(r"\W+", "_", short).strip("_")
+    if len(set(renamed.values())) != len(renamed) or set(renamed.values()) & set(schemas):
+        raise ValueError(f"two schemas would share a short name: {sorted(renamed.values())}")
+    refs = {REF.format(name=old): REF.format(name=new) for old, new in renamed.items()}
+
+    def follow(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: refs.get(v, v) if k == "$ref" else follow(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [follow(v) for v in value]
+        return value
+
+    return {renamed.get(name, name): follow(schema) for name, schema in schemas.items()}
+
+
 def document(
     settings: SupervisorSettings, operations: tuple[Operation, ...] = OPERATIONS
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`, with the limits `settings` set."""
     records = _records(operations)
-    refs, schemas = msgspec.json.schema_components(records, ref_template=REF)
+    refs, generated = msgspec.json.schema_components(records, ref_template=REF)
+    schemas = _short_names(generated)
     _bound(schemas, operations, settings)
     builder = _Builder(dict(zip(records, refs, strict=True)), settings)
     paths: defaultdict[str, dict[str, Any]] = defaultdict(dict)

@@ -3,22 +3,20 @@ the pools it may use and its token budget."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from tether.supervisor.api import requests as rq
 from tether.supervisor.api.auth import may_use_pool, require, require_pool_access
-from tether.supervisor.api.errors import ApiError
+from tether.supervisor.api.errors import ApiError, record_response
 from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
 from tether.supervisor.ledger.identity import credentials_named
 from tether.supervisor.repos.evidence import read_head
 from tether.wire import ErrorCode
-from tether.wire.codec import encode
+from tether.wire.answers import HeadMoved
 from tether.wire.payloads import EFFECT_KINDS
 from tether.wire.records import (
     MAX_TEXT,
@@ -26,6 +24,8 @@ from tether.wire.records import (
     Cancel,
     CheckSpec,
     EffectHappened,
+    Event,
+    Events,
     GateOpen,
     PoolsAnswer,
     RepositoryHead,
@@ -88,7 +88,7 @@ async def create_task(request: Request) -> Response:
     require_credentials(request, spec)
     created = await _ledger(request).create_task(spec)
     view = await _ledger(request).task(created.task_id, who.scope)
-    return JSONResponse(view, status_code=201 if created.created else 200)
+    return record_response(view, status=201 if created.created else 200)
 
 
 async def list_tasks(request: Request) -> Response:
@@ -103,12 +103,14 @@ async def list_tasks(request: Request) -> Response:
     page = await _ledger(request).list_tasks(
         who.scope, request.query_params.get("state"), cursor, limit
     )
-    return JSONResponse(page)
+    return record_response(page)
 
 
 async def get_task(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
-    return JSONResponse(await _ledger(request).task(await _task_id(request, who.scope), who.scope))
+    return record_response(
+        await _ledger(request).task(await _task_id(request, who.scope), who.scope)
+    )
 
 
 async def pools(request: Request) -> Response:
@@ -119,15 +121,14 @@ async def pools(request: Request) -> Response:
     shared = request.app.state.settings.shared_pool_names
     found = await _ledger(request).pools(also={*shared, who.scope})
     usable = tuple(p for p in found if may_use_pool(who.scope, p.pool, shared))
-    return Response(encode(PoolsAnswer(pools=usable)), media_type="application/json")
+    return record_response(PoolsAnswer(pools=usable))
 
 
 async def budget(request: Request) -> Response:
     """The caller's tenant's tokens spent, budget and what is left (`tether-supervisor budget
     --show` reads the same)."""
     who = await require(request, Role.OPERATOR)
-    found = await _ledger(request).budget(who.scope)
-    return Response(encode(found), media_type="application/json")
+    return record_response(await _ledger(request).budget(who.scope))
 
 
 async def approve(request: Request) -> Response:
@@ -140,7 +141,7 @@ async def approve(request: Request) -> Response:
     binding = await ledger.binding_of_task(who.scope, task_id)
     head = None if binding is None else await read_head(request.app.state.mirrors, binding)
     await ledger.approve(who.scope, task_id, ask.plan_hash, ask.base_sha, head)
-    return JSONResponse(await _ledger(request).task(task_id, who.scope))
+    return record_response(await _ledger(request).task(task_id, who.scope))
 
 
 async def cancel(request: Request) -> Response:
@@ -148,7 +149,7 @@ async def cancel(request: Request) -> Response:
     ask = await rq.read(request, Cancel)
     task_id = await _task_id(request, who.scope)
     await _ledger(request).cancel(who.scope, task_id, ask.reason[:MAX_TEXT] or "cancelled")
-    return JSONResponse(await _ledger(request).task(task_id, who.scope))
+    return record_response(await _ledger(request).task(task_id, who.scope))
 
 
 async def events(request: Request) -> Response:
@@ -157,7 +158,7 @@ async def events(request: Request) -> Response:
     after = rq.query_int(request, "after", default=0, low=0, high=2**62)
     wait = rq.query_float(request, "wait", default=0.0, low=0.0, high=settings.events_wait_max_s)
     polls: LongPolls = request.app.state.long_polls
-    found: list[dict[str, Any]] = []
+    found: list[Event] = []
     ledger, task_id = _ledger(request), await _task_id(request, who.scope)
     with polls.until_drained() as scope:
         found = await unless_disconnected(
@@ -165,7 +166,7 @@ async def events(request: Request) -> Response:
             scope,
             lambda: ledger.events(task_id, who.scope, after, 0.0 if polls.draining else wait),
         )
-    return JSONResponse({"events": found})
+    return record_response(Events(events=tuple(found)))
 
 
 async def task_log(request: Request) -> Response:
@@ -175,14 +176,15 @@ async def task_log(request: Request) -> Response:
     after_seq = rq.query_int(request, "after_seq", default=0, low=0, high=2**62)
     after_line = rq.query_int(request, "after_line", default=0, low=0, high=2**62)
     task_id = await _task_id(request, who.scope)
-    found = await _ledger(request).task_log(task_id, who.scope, after_seq, after_line)
-    return Response(encode(found), media_type="application/json")
+    return record_response(
+        await _ledger(request).task_log(task_id, who.scope, after_seq, after_line)
+    )
 
 
 async def review(request: Request) -> Response:
     who = await require(request, Role.OPERATOR)
     task_id = await _task_id(request, who.scope)
-    return JSONResponse(await _ledger(request).review(task_id, who.scope))
+    return record_response(await _ledger(request).review(task_id, who.scope))
 
 
 async def record_review(request: Request) -> Response:
@@ -190,7 +192,7 @@ async def record_review(request: Request) -> Response:
     ask = await rq.read(request, ReviewDecision)
     task_id = await _task_id(request, who.scope)
     await _ledger(request).record_review(who.scope, task_id, ask.decision, ask.note[:MAX_TEXT])
-    return JSONResponse(await _ledger(request).review(task_id, who.scope))
+    return record_response(await _ledger(request).review(task_id, who.scope))
 
 
 async def open_gate(request: Request) -> Response:
@@ -200,7 +202,7 @@ async def open_gate(request: Request) -> Response:
     ask = await rq.read(request, GateOpen)
     task_id, step = await _task_id(request, who.scope), request.path_params["step_name"]
     await _ledger(request).open_gate(who.scope, task_id, step, ask.digest, who.token_id)
-    return JSONResponse(await _ledger(request).task(task_id, who.scope))
+    return record_response(await _ledger(request).task(task_id, who.scope))
 
 
 async def effect_happened(request: Request) -> Response:
@@ -209,7 +211,7 @@ async def effect_happened(request: Request) -> Response:
     ask = await rq.read(request, EffectHappened)
     task_id, step = await _task_id(request, who.scope), request.path_params["step_name"]
     await _ledger(request).resolve_effect(who.scope, task_id, step, ask.happened, who.token_id)
-    return JSONResponse(await _ledger(request).task(task_id, who.scope))
+    return record_response(await _ledger(request).task(task_id, who.scope))
 
 
 async def repository_head(request: Request) -> Response:
@@ -217,7 +219,7 @@ async def repository_head(request: Request) -> Response:
     sha = (await rq.read(request, RepositoryHead)).sha
     name = request.path_params["name"]
     await _ledger(request).set_repository_head(who.scope, name, sha)
-    return JSONResponse({"repository": name, "head_sha": sha})
+    return record_response(HeadMoved(repository=name, head_sha=sha))
 
 
 ROUTES = [

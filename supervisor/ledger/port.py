@@ -8,7 +8,7 @@ store class.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from tether.supervisor.ledger.artifacts import ArtifactOwner
 from tether.supervisor.ledger.artifacts import Forgotten as ForgottenArtifacts
@@ -21,17 +21,21 @@ from tether.supervisor.ledger.tokens import NewToken, Principal
 from tether.supervisor.ledger.verification import Evidence
 from tether.supervisor.ledger.views import RunnerRow, TaskSearch
 from tether.wire import Outcome, ReleaseReason
+from tether.wire.answers import ReviewRecord
 from tether.wire.records import (
     Budget,
     Checkpoint,
     Checkpointed,
+    Event,
     Lease,
     LogLine,
     LogLinesKept,
     PoolStatus,
     Renewal,
     Report,
+    TaskDetail,
     TaskLogs,
+    TaskPage,
 )
 
 
@@ -129,7 +133,7 @@ class Ledger(Protocol):
     ) -> None: ...
     async def next_deadline(self) -> float | None: ...
     async def resolve_task_id(self, tenant: str, given: str) -> str: ...
-    async def task(self, task_id: str, tenant: str | None = None) -> dict[str, Any]: ...
+    async def task(self, task_id: str, tenant: str | None = None) -> TaskDetail: ...
     async def list_tasks(
         self,
         tenant: str,
@@ -137,14 +141,14 @@ class Ledger(Protocol):
         cursor: int | None,
         limit: int,
         search: TaskSearch | None = None,
-    ) -> dict[str, Any]: ...
+    ) -> TaskPage: ...
     async def events(
         self, task_id: str, tenant: str | None, after: int, wait_s: float
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[Event]: ...
     async def task_log(
         self, task_id: str, tenant: str | None, after_seq: int, after_line: int
     ) -> TaskLogs: ...
-    async def review(self, task_id: str, tenant: str | None = None) -> dict[str, Any]: ...
+    async def review(self, task_id: str, tenant: str | None = None) -> ReviewRecord: ...
     async def queue_depth(self) -> dict[str, int]: ...
     async def pools(self, also: Collection[str] = ()) -> list[PoolStatus]: ...
     async def runners(self) -> list[RunnerRow]: ...

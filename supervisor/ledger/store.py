@@ -71,17 +71,21 @@ from tether.supervisor.ledger.views import RunnerRow, TaskSearch
 from tether.supervisor.ledger.writer import Writer
 from tether.wire import Outcome as ResultOutcome
 from tether.wire import ReleaseReason
+from tether.wire.answers import ReviewRecord
 from tether.wire.records import (
     Budget,
     Checkpoint,
     Checkpointed,
+    Event,
     Lease,
     LogLine,
     LogLinesKept,
     PoolStatus,
     Renewal,
     Report,
+    TaskDetail,
     TaskLogs,
+    TaskPage,
 )
 
 T = TypeVar("T")
@@ -440,7 +444,7 @@ class LedgerStore:
         """The full id of the tenant's task `given` names, by its id or a unique prefix."""
         return await self.read(lambda db: prefixes.resolve_task_id(db, tenant, given))
 
-    async def task(self, task_id: str, tenant: str | None = None) -> dict[str, Any]:
+    async def task(self, task_id: str, tenant: str | None = None) -> TaskDetail:
         now = self.clock()
         return await self.read(lambda db: views.task_view(db, task_id, tenant, now=now))
 
@@ -451,7 +455,7 @@ class LedgerStore:
         cursor: int | None,
         limit: int,
         search: TaskSearch | None = None,
-    ) -> dict[str, Any]:
+    ) -> TaskPage:
         now = self.clock()
         return await self.read(
             lambda db: views.list_tasks(db, tenant, state, cursor, limit, now=now, search=search)
@@ -459,7 +463,7 @@ class LedgerStore:
 
     async def events(
         self, task_id: str, tenant: str | None, after: int, wait_s: float
-    ) -> list[dict[str, Any]]:
+    ) -> list[Event]:
         """Events after `after`; if none yet, wait up to `wait_s` for one."""
         await self.task_exists(task_id, tenant)
         deadline = anyio.current_time() + max(0.0, wait_s)
@@ -479,7 +483,7 @@ class LedgerStore:
     async def task_exists(self, task_id: str, tenant: str | None) -> None:
         await self.read(lambda db: views._task_row(db, tenant, task_id))
 
-    async def review(self, task_id: str, tenant: str | None = None) -> dict[str, Any]:
+    async def review(self, task_id: str, tenant: str | None = None) -> ReviewRecord:
         return await self.read(lambda db: views.review(db, task_id, tenant))
 
     async def queue_depth(self) -> dict[str, int]:

@@ -8,25 +8,49 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from tether.clocks import iso
-from tether.supervisor.ledger import operator
+from tether.supervisor.ledger import operator, view_rows
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.tx import Row, Statements, loads
 from tether.supervisor.ledger.verification import (
+    Problem,
     check_runs_at,
     checks_standing,
     findings,
     problems_of,
     review_verdict,
 )
+from tether.wire.answers import (
+    CleanupProof,
+    EffectReview,
+    Expectation,
+    Observation,
+    ReviewerDecision,
+    ReviewRecord,
+    Verdict,
+    WorkspaceRemoval,
+)
 from tether.wire.payloads import VERIFY_KIND
-from tether.wire.records import PoolStatus, RunnerSeen
+from tether.wire.records import (
+    Budget,
+    EffectView,
+    Event,
+    GateView,
+    PoolStatus,
+    ProblemView,
+    ResolvedView,
+    RunnerSeen,
+    TaskDetail,
+    TaskPage,
+    WaitingFor,
+)
 
 PAGE_MAX = 200
+T = TypeVar("T")
 
 # A runner counts as seen recently (status, /metrics) if it claimed within this: an idle runner
 # claims at least every `claim_wait_max_s` (30 s by default), so two minutes is four missed
@@ -63,23 +87,7 @@ def _task_row(s: Statements, tenant: str | None, task_id: str) -> Row:
     return row
 
 
-def _summary(row: Row) -> dict[str, Any]:
-    return {
-        "id": row["id"],
-        "tenant": row["tenant"],
-        "idempotency_key": row["idempotency_key"],
-        "state": row["state"],
-        "reason": row["reason"],
-        "plan_hash": row["plan_hash"],
-        "base_sha": row["approved_base_sha"] or row["declared_base_sha"],
-        "repository": row["repository"],
-        "pool": row["pool"],
-        "seq": row["last_seq"],
-        "created_at": iso(row["created_at"]),
-    }
-
-
-def waiting_for(s: Statements, task: Row, now: float) -> dict[str, Any] | None:
+def waiting_for(s: Statements, task: Row, now: float) -> WaitingFor | None:
     """What keeps the task's next step from running, or None when a step runs, the task is
     verifying, or it has ended. `reason` is one of:
 
@@ -100,7 +108,7 @@ def waiting_for(s: Statements, task: Row, now: float) -> dict[str, Any] | None:
     """
     state = TaskState(task["state"])
     if state is TaskState.PLANNED:
-        return {"reason": "approval"}
+        return WaitingFor(reason="approval")
     if state not in (TaskState.QUEUED, TaskState.RUNNING):
         return None
     operator_word = s.one(
@@ -109,7 +117,7 @@ def waiting_for(s: Statements, task: Row, now: float) -> dict[str, Any] | None:
     )
     if operator_word is not None:
         reason = "gate" if operator_word["state"] == OutboxState.GATED else "uncertain"
-        return {"reason": reason, "step": operator_word["name"], "digest": operator_word["digest"]}
+        return WaitingFor(reason=reason, step=operator_word["name"], digest=operator_word["digest"])
     step = s.one("next_step_in_line", (task["id"], StepState.QUEUED.value, StepState.LEASED.value))
     if step is None or step["state"] == StepState.LEASED:
         return None
@@ -119,38 +127,47 @@ def waiting_for(s: Statements, task: Row, now: float) -> dict[str, Any] | None:
         and spending["token_budget"] is not None
         and spending["tokens_used"] >= spending["token_budget"]
     ):
-        return {
-            "reason": "budget", "tenant": task["tenant"], "spent": spending["tokens_used"],
-            "budget": spending["token_budget"],
-        }  # fmt: skip
+        return WaitingFor(
+            reason="budget", tenant=task["tenant"], spent=spending["tokens_used"],
+            budget=spending["token_budget"],
+        )  # fmt: skip
     # A verify step waits for a runner of the task's verifier pool.
     pool = task["verify_pool"] if step["kind"] == VERIFY_KIND else task["pool"]
     seen = s.one("runners_last_seen", (step["kind"], pool))
     assert seen is not None  # an aggregate without GROUP BY: always one row
-    return {
-        "reason": "runner", "pool": pool, "kind": step["kind"],
-        "last_seen_s": _ago(now, seen["this_kind"]),
-        "pool_last_seen_s": _ago(now, seen["any_kind"]),
-    }  # fmt: skip
+    return WaitingFor(
+        reason="runner", pool=pool, kind=step["kind"],
+        last_seen_s=_ago(now, seen["this_kind"]),
+        pool_last_seen_s=_ago(now, seen["any_kind"]),
+    )  # fmt: skip
 
 
-def tenant_budget(s: Statements, tenant: str) -> dict[str, Any] | None:
+def tenant_budget(s: Statements, tenant: str) -> Budget | None:
     """The tenant's `Budget` (`operator.budget_of`) as a task view shows it; None for a
     tenant the ledger holds no row for."""
     try:
-        found = operator.budget_of(s, tenant)
+        return operator.budget_of(s, tenant)
     except NotFound:
         return None
-    return {"tenant": tenant, "spent": found.spent, "budget": found.budget, "left": found.left}
 
 
 def _ago(now: float, at: float | None) -> float | None:
     return None if at is None else round(max(0.0, now - at), 1)
 
 
-def task_view(
-    s: Statements, task_id: str, tenant: str | None = None, *, now: float
-) -> dict[str, Any]:
+def _by_step(pairs: Iterable[tuple[str, T]]) -> dict[str, tuple[T, ...]]:
+    """Values grouped by the step id beside each, in order."""
+    grouped: dict[str, list[T]] = {}
+    for step_id, value in pairs:
+        grouped.setdefault(step_id, []).append(value)
+    return {step_id: tuple(values) for step_id, values in grouped.items()}
+
+
+def _problems(found: Iterable[Problem]) -> tuple[ProblemView, ...]:
+    return tuple(ProblemView(code=p.code.value, detail=p.detail) for p in found)
+
+
+def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: float) -> TaskDetail:
     """The task with its steps, attempts, fences, last sequence number and what it waits for.
     Attempts' times are ISO 8601 (UTC); a failed or cancelled task's unrun steps are
     `skipped`. Each step shows its candidate, bundle, check runs, the problems the
@@ -158,115 +175,58 @@ def task_view(
     `findings` are what verification holds against the task (`verification.findings`)."""
     row = _task_row(s, tenant, task_id)
     steps = s.all("steps_of_task_view", (task_id,))
-    attempts: dict[str, list[dict[str, Any]]] = {}
-    for a in s.all("attempts_of_task", (task_id,)):
-        attempts.setdefault(a["step_id"], []).append(
-            {
-                "attempt": a["attempt"], "fence": a["fence"], "runner_id": a["runner_id"],
-                "token_id": a["token_id"], "state": a["state"], "reason": a["reason"],
-                "granted_at": iso(a["granted_at"]), "ended_at": iso(a["ended_at"]),
-                "usage": loads(a["usage_json"]),
-            }
-        )  # fmt: skip
-    checks: dict[str, list[dict[str, Any]]] = {}
-    for c in s.all("check_runs_of_task", (task_id,)):
-        checks.setdefault(c["step_id"], []).append(
-            {
-                "name": c["name"], "log": c["log_digest"], "exit_code": c["exit_code"],
-                "duration_s": c["duration_s"],
-            }
-        )  # fmt: skip
-    held = {
-        r["step_id"]: {"turn": r["turn"], "fence": r["fence"]}
-        for r in s.all("checkpoints_of_task", (task_id,))
-    }
+    attempts = _by_step(
+        (a["step_id"], view_rows.attempt(a)) for a in s.all("attempts_of_task", (task_id,))
+    )
+    checks = _by_step(
+        (c["step_id"], view_rows.check_run(c)) for c in s.all("check_runs_of_task", (task_id,))
+    )
+    held = {r["step_id"]: view_rows.checkpoint(r) for r in s.all("checkpoints_of_task", (task_id,))}
     effects = effect_views(s, task_id)
-    rejections = [
-        {"step_id": r["step_id"], "fence": r["fence"], "code": r["code"], "detail": r["detail"]}
-        for r in s.all("rejections_of_task", (task_id,))
-    ]
-    return {
-        **_summary(row),
-        "plan": plan_of(row, steps),
-        "waiting_for": waiting_for(s, row, now),
-        "budget": tenant_budget(s, row["tenant"]),
-        "steps": [
-            {
-                "id": step["id"], "name": step["name"], "kind": step["kind"],
-                "state": shown_state(step["task_state"], step["attempt"] == 0, step["state"]),
-                "payload_hash": step["payload_hash"], "effect_key": step["effect_key"],
-                "fence": step["fence"], "output": loads(step["output_json"]),
-                "candidate_sha": step["candidate_sha"], "bundle": step["bundle"],
-                "checks": checks.get(step["id"], []),
-                "problems": [p.as_dict() for p in problems_of(step["evidence_json"])],
-                "checkpoint": held.get(step["id"]), "attempts": attempts.get(step["id"], []),
-                "effect": effects.get(step["id"]),
-            }
+    return view_rows.task_detail(
+        row,
+        plan=view_rows.plan(row, steps),
+        waiting_for=waiting_for(s, row, now),
+        budget=tenant_budget(s, row["tenant"]),
+        steps=tuple(
+            view_rows.step_detail(
+                step,
+                state=shown_state(step["task_state"], step["attempt"] == 0, step["state"]),
+                checks=checks.get(step["id"], ()),
+                problems=_problems(problems_of(step["evidence_json"])),
+                checkpoint=held.get(step["id"]),
+                attempts=attempts.get(step["id"], ()),
+                effect=effects.get(step["id"]),
+            )
             for step in steps
-        ],
-        "findings": [p.as_dict() for p in findings(s, row)],
-        "verify_pool": row["verify_pool"],
-        "checks_standing": checks_standing(s, row),
-        "rejections": rejections,
-    }  # fmt: skip
+        ),
+        findings=_problems(findings(s, row)),
+        checks_standing=checks_standing(s, row),
+        rejections=tuple(view_rows.rejection(r) for r in s.all("rejections_of_task", (task_id,))),
+    )
 
 
-def plan_of(task: Row, steps: list[Row]) -> dict[str, Any]:
-    """The plan as it was submitted, for the operator who approves it: each step's name, kind
-    and payload beside its `payload_hash` (the plan hash is over these), and the task's own
-    declarations the runner acts on: the paths a candidate may touch and the checks it runs."""
-    return {
-        "hash": task["plan_hash"],
-        "steps": [
-            {
-                "name": step["name"],
-                "kind": step["kind"],
-                "payload_hash": step["payload_hash"],
-                "payload": loads(step["payload_json"]),
-            }
-            for step in steps
-        ],
-        "allowed_paths": loads(task["allowed_paths_json"]),
-        "checks": loads(task["checks_json"]),
-    }
-
-
-def effect_views(s: Statements, task_id: str) -> dict[str, dict[str, Any]]:
-    """The task's effects by step id, as `tether.wire.records.EffectView`: the request as rendered
-    (credentials appear only as their `{{ credential.<name> }}` placeholders, never their
-    values), its digest and key, every delivery attempt, the last gate opening and the
-    operator's word on an uncertain effect."""
-    deliveries: dict[str, list[dict[str, Any]]] = {}
-    for d in s.all("deliveries_of_task", (task_id,)):
-        deliveries.setdefault(d["step_id"], []).append(
-            {
-                "attempt": d["attempt"], "started_at": iso(d["started_at"]),
-                "ended_at": iso(d["ended_at"]), "answer": d["answer"],
-                "sent": None if d["sent"] is None else bool(d["sent"]), "status": d["status"],
-                "detail": d["detail"], "error": d["error"], "opening": d["opening"],
-            }
-        )  # fmt: skip
-    gates: dict[str, dict[str, Any]] = {}
-    resolved: dict[str, dict[str, Any]] = {}
+def effect_views(s: Statements, task_id: str) -> dict[str, EffectView]:
+    """The task's effects by step id: the request as rendered (credentials appear only as
+    their `{{ credential.<name> }}` placeholders, never their values), its digest and key,
+    every delivery attempt, the last gate opening and the operator's word on an uncertain
+    effect."""
+    deliveries = _by_step(
+        (d["step_id"], view_rows.delivery(d)) for d in s.all("deliveries_of_task", (task_id,))
+    )
+    gates: dict[str, GateView] = {}
+    resolved: dict[str, ResolvedView] = {}
     for a in s.all("effect_decisions_of_task", (task_id,)):
         if a["action"] == "open":
-            gates[a["step_id"]] = {
-                "opened_by": a["by"], "opened_at": iso(a["at"]), "digest": a["digest"],
-            }  # fmt: skip
+            gates[a["step_id"]] = view_rows.gate_opening(a)
         else:
-            resolved[a["step_id"]] = {
-                "by": a["by"], "at": iso(a["at"]), "happened": a["action"] == "happened",
-            }  # fmt: skip
+            resolved[a["step_id"]] = view_rows.resolution(a)
     return {
-        o["step_id"]: {
-            "kind": o["kind"], "keyed": bool(o["keyed"]), "state": o["state"],
-            "request": loads(o["request_json"]), "digest": o["digest"], "key": o["effect_key"],
-            "deadline_at": iso(o["deadline_at"]), "openings": o["openings"],
-            "deliveries": deliveries.get(o["step_id"], []),
-            "gate": gates.get(o["step_id"]), "resolved": resolved.get(o["step_id"]),
-        }
+        o["step_id"]: view_rows.effect(
+            o, deliveries.get(o["step_id"], ()), gates.get(o["step_id"]), resolved.get(o["step_id"])
+        )
         for o in s.all("outbox_of_task", (task_id,))
-    }  # fmt: skip
+    }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -291,7 +251,7 @@ def list_tasks(
     *,
     now: float,
     search: TaskSearch | None = None,
-) -> dict[str, Any]:
+) -> TaskPage:
     """The tenant's tasks, newest first, each with its steps committed and in all and what it
     waits for; `next` is the cursor for the following page."""
     if state is not None and state not in TaskState.__members__:
@@ -314,33 +274,17 @@ def list_tasks(
         rows = s.all("tenant_tasks_in_state_page", (committed, tenant, state, cursor, limit + 1))
     more = len(rows) > limit
     rows = rows[:limit]
-    return {
-        "tasks": [
-            {
-                **_summary(r), "steps_committed": r["steps_committed"],
-                "steps_total": r["steps_total"], "waiting_for": waiting_for(s, r, now),
-            }
-            for r in rows
-        ],
-        "next": str(rows[-1]["created_order"]) if more else None,
-    }  # fmt: skip
+    return TaskPage(
+        tasks=tuple(view_rows.task_summary(r, waiting_for(s, r, now)) for r in rows),
+        next=str(rows[-1]["created_order"]) if more else None,
+    )
 
 
-def events_after(s: Statements, task_id: str, after: int, limit: int = 500) -> list[dict[str, Any]]:
-    return [
-        {
-            "seq": r["seq"], "task_id": r["task_id"], "kind": r["kind"], "state": r["state"],
-            "data": loads(r["data_json"]), "at": iso(r["at"]),
-        }
-        for r in s.all("events_after", (task_id, after, limit))
-    ]  # fmt: skip
+def events_after(s: Statements, task_id: str, after: int, limit: int = 500) -> list[Event]:
+    return [view_rows.event(r) for r in s.all("events_after", (task_id, after, limit))]
 
 
-def _field(value: Any, kind: str) -> dict[str, Any]:
-    return {"value": value, "kind": kind}
-
-
-def review(s: Statements, task_id: str, tenant: str | None = None) -> dict[str, Any]:
+def review(s: Statements, task_id: str, tenant: str | None = None) -> ReviewRecord:
     """The review record (docs/design.md, Review record). `expectation`: declared before the
     run; `observation`: recorded by the ledger or observed by the supervisor and its runners.
     `verdict` is `verification.review_verdict`."""
@@ -348,12 +292,9 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> dict[str, 
     state = TaskState(task["state"])
     verdict = review_verdict(s, task)
     runs = check_runs_at(s, task_id, verdict.candidate_sha)
-    expected = loads(task["expected_checks_json"])
+    expected: tuple[str, ...] = tuple(loads(task["expected_checks_json"]))
     observed_checks = {
-        name: None
-        if name not in runs
-        else {"log": runs[name]["log_digest"], "exit_code": runs[name]["exit_code"]}
-        for name in expected
+        name: view_rows.observed_check(runs[name]) if name in runs else None for name in expected
     }
     attempts = s.all("attempts_by_state_of_task", (task_id,))
     counted = s.one("rejection_count_of_task", (task_id,))
@@ -365,89 +306,77 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> dict[str, 
     questions += [
         f"effect {names[step_id]!r} is uncertain: an operator must say whether it happened"
         for step_id, effect in effects.items()
-        if effect["state"] == OutboxState.UNCERTAIN
+        if effect.state == OutboxState.UNCERTAIN
     ]
     if rejected:
         questions.append(f"{rejected} rejected attempt(s) recorded; see the task's rejections")
     if state not in TERMINAL:
         questions.append(f"task is still {state}")
 
-    return {
-        "task_id": task_id,
-        "owner": _field(task["owner"], "expectation"),
-        "repository": _field(task["repository"], "expectation"),
-        "base_commit": _field(
-            task["approved_base_sha"] or task["declared_base_sha"], "expectation"
-        ),
-        "repository_head": _field(verdict.head_sha, "observation"),
-        "candidate_sha": _field(verdict.candidate_sha, "observation"),
-        "requirement_revision": _field(task["requirement_revision"], "expectation"),
-        "allowed_paths": _field(loads(task["allowed_paths_json"]), "expectation"),
-        "start_time": _field(iso(task["started_at"]), "observation"),
-        "stop_time": _field(iso(task["finished_at"]), "observation"),
-        "expected_checks": _field(expected, "expectation"),
-        "observed_checks": _field(observed_checks, "observation"),
+    return ReviewRecord(
+        task_id=task_id,
+        owner=Expectation(value=task["owner"]),
+        repository=Expectation(value=task["repository"]),
+        base_commit=Expectation(value=view_rows.base_sha(task)),
+        repository_head=Observation(value=verdict.head_sha),
+        candidate_sha=Observation(value=verdict.candidate_sha),
+        requirement_revision=Expectation(value=task["requirement_revision"]),
+        allowed_paths=Expectation(value=tuple(loads(task["allowed_paths_json"]))),
+        start_time=Observation(value=iso(task["started_at"])),
+        stop_time=Observation(value=iso(task["finished_at"])),
+        expected_checks=Expectation(value=expected),
+        observed_checks=Observation(value=observed_checks),
         # Who vouches for them: `attested by runner <token>` unless a verifier re-ran them.
-        "checks": _field(checks_standing(s, task), "observation"),
-        "verify_pool": _field(task["verify_pool"], "expectation"),
-        "observed_terminal_state": _field(
-            state.value if state in TERMINAL else None, "observation"
+        checks=Observation(value=checks_standing(s, task)),
+        verify_pool=Expectation(value=task["verify_pool"]),
+        observed_terminal_state=Observation(value=state.value if state in TERMINAL else None),
+        reviewer_decision=Observation(value=_decision(loads(task["reviewer_decision"]))),
+        cleanup_proof=Observation(
+            value=CleanupProof(
+                live_leases=verdict.live_leases,
+                attempts_by_state={r["state"]: r["n"] for r in attempts},
+                removed=removal_records(s, task_id),
+            )
         ),
-        "reviewer_decision": _field(_decision(loads(task["reviewer_decision"])), "observation"),
-        "cleanup_proof": _field(
-            {
-                "live_leases": verdict.live_leases,
-                "attempts_by_state": {r["state"]: r["n"] for r in attempts},
-                "removed": removal_records(s, task_id),
-            },
-            "observation",
-        ),
-        "effects": _field(
-            [
-                {
-                    "step": names[step_id],
-                    "kind": e["kind"],
-                    "keyed": e["keyed"],
-                    "state": e["state"],
-                    "digest": e["digest"],
-                    "key": e["key"],
-                    "deliveries": e["deliveries"],
-                    "gate": e["gate"],
-                    "resolved": e["resolved"],
-                }
+        effects=Observation(
+            value=tuple(
+                EffectReview(
+                    step=names[step_id],
+                    kind=e.kind,
+                    keyed=e.keyed,
+                    state=e.state,
+                    digest=e.digest,
+                    key=e.key,
+                    deliveries=e.deliveries,
+                    gate=e.gate,
+                    resolved=e.resolved,
+                )
                 for step_id, e in sorted(effects.items(), key=lambda item: _position(item[0]))
-            ],
-            "observation",
+            )
         ),
-        "unresolved_questions": _field(questions, "observation"),
-        "verdict": {"acceptable": verdict.acceptable, "reasons": list(verdict.reasons)},
-    }
+        unresolved_questions=Observation(value=tuple(questions)),
+        verdict=Verdict(acceptable=verdict.acceptable, reasons=verdict.reasons),
+    )
 
 
-def _decision(recorded: Any) -> Any:
-    """The reviewer's recorded decision with its time (`at`) as ISO 8601."""
-    if isinstance(recorded, dict) and isinstance(recorded.get("at"), int | float):
-        return {**recorded, "at": iso(float(recorded["at"]))}
-    return recorded
+def _decision(recorded: Any) -> ReviewerDecision | None:
+    """The reviewer's decision as `operator.record_review` stored it, its time as ISO 8601."""
+    if recorded is None:
+        return None
+    return ReviewerDecision(
+        decision=recorded["decision"], note=recorded["note"], at=iso(recorded["at"])
+    )
 
 
 def _position(step_id: str) -> int:
     return int(step_id.rsplit(".", 1)[1])
 
 
-_REMOVAL_FIELDS = ("path", "bytes_removed", "files_removed", "gone")
-
-
-def removal_records(s: Statements, task_id: str) -> list[dict[str, Any]]:
+def removal_records(s: Statements, task_id: str) -> tuple[WorkspaceRemoval, ...]:
     """The runners' records of removing their workspaces, from the committed outputs that hold
     one (an `agent` step's `cleanup`: path, bytes and files removed, gone), by step."""
-    found: list[dict[str, Any]] = []
-    for row in s.all("step_outputs_in_state", (task_id, StepState.COMMITTED.value)):
-        output = loads(row["output_json"])
-        cleanup = output.get("cleanup") if isinstance(output, dict) else None
-        if isinstance(cleanup, dict):
-            found.append({"step_id": row["id"], **{k: cleanup.get(k) for k in _REMOVAL_FIELDS}})
-    return found
+    rows = s.all("step_outputs_in_state", (task_id, StepState.COMMITTED.value))
+    return tuple(r for r in map(view_rows.workspace_removal, rows) if r is not None)
 
 
 def queue_depth(s: Statements) -> dict[str, int]:

@@ -74,16 +74,20 @@ class SharedCandidates:
         if self.ledger is None:
             return "the ledger is not open"
         task = await self.ledger.task(task_id)
-        reported = [s for s in task["steps"] if s["candidate_sha"] == sha and s["bundle"]]
+        reported = [
+            (s, s.bundle, s.fence)
+            for s in task.steps
+            if s.candidate_sha == sha and s.bundle and s.fence is not None
+        ]
         if not reported:
             return f"no step of task {task_id} reported {sha} with a bundle"
-        step = reported[-1]
+        step, bundle, fence = reported[-1]
         try:
             imported = await import_candidate(
-                mirrors, self.artifacts, url, step["bundle"], task_id, step["id"], step["fence"]
+                mirrors, self.artifacts, url, bundle, task_id, step.id, fence
             )
         except FileNotFoundError:
-            return f"the bundle {step['bundle']} is not in the artifact store"
+            return f"the bundle {bundle} is not in the artifact store"
         if imported != sha:
-            return f"the bundle {step['bundle']} carries {imported}, not {sha}"
+            return f"the bundle {bundle} carries {imported}, not {sha}"
         return None

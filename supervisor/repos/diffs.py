@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from tether.git import GitError, git
 from tether.supervisor.repos.mirror import HARDENED, SHA
-from tether.wire.records import CandidateDiffView, FileChangeView
+from tether.wire.records import CandidateDiffView, FileChangeView, TaskDetail
 
 # What the diff answer carries of the patch; the rest is cut and `truncated` says so.
 PATCH_MAX_BYTES: Final = 512 * 1024
@@ -73,36 +72,32 @@ def branch_of(task_id: str) -> str:
     return f"tether/{task_id}"
 
 
-def pick(task: Mapping[str, Any], step: str | None) -> Candidate:
+def pick(task: TaskDetail, step: str | None) -> Candidate:
     """The candidate of the step `step` names (its name, id or 0-based position), or of the
     last step that has one, against the task's approved base."""
-    steps = [s for s in task.get("steps") or () if isinstance(s, dict)]
+    steps = task.steps
     if step is None:
-        found = [s for s in steps if s.get("candidate_sha")]
+        found = [s for s in steps if s.candidate_sha]
         if not found:
-            raise CandidateError(f"task {task['id']} has no candidate ({task['state']})")
+            raise CandidateError(f"task {task.id} has no candidate ({task.state})")
         chosen = found[-1]
     else:
-        named = [s for s in steps if step in (s.get("name"), s.get("id"))]
+        named = [s for s in steps if step in (s.name, s.id)]
         if not named and step.isdigit() and int(step) < len(steps):
             named = [steps[int(step)]]
         if not named:
-            names = ", ".join(repr(s.get("name")) for s in steps)
-            raise CandidateError(f"task {task['id']} has no step {step!r} (steps: {names})")
+            names = ", ".join(repr(s.name) for s in steps)
+            raise CandidateError(f"task {task.id} has no step {step!r} (steps: {names})")
         chosen = named[0]
-        if not chosen.get("candidate_sha"):
-            raise CandidateError(
-                f"step {chosen.get('name')!r} of task {task['id']} has no candidate"
-                f" ({chosen.get('state')})"
-            )
-    base = task.get("base_sha")
-    if not base or not SHA.fullmatch(str(base)):
-        raise CandidateError(f"task {task['id']} has no approved base to compare with")
+    if not chosen.candidate_sha:
+        raise CandidateError(
+            f"step {chosen.name!r} of task {task.id} has no candidate ({chosen.state})"
+        )
+    base = task.base_sha
+    if not base or not SHA.fullmatch(base):
+        raise CandidateError(f"task {task.id} has no approved base to compare with")
     return Candidate(
-        task_id=str(task["id"]),
-        step=str(chosen.get("name")),
-        base_sha=str(base),
-        candidate_sha=str(chosen["candidate_sha"]),
+        task_id=task.id, step=chosen.name, base_sha=base, candidate_sha=chosen.candidate_sha
     )
 
 

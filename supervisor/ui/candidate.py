@@ -13,6 +13,7 @@ from starlette.requests import Request
 from tether.supervisor.ledger import Ledger, Principal
 from tether.supervisor.repos import diffs
 from tether.supervisor.shown import reveal
+from tether.wire.records import TaskDetail
 
 PAGE_FILES: Final = 50
 PAGE_LINES: Final = 2000
@@ -29,19 +30,17 @@ def _cache(request: Request) -> OrderedDict[tuple[str, diffs.Candidate], diffs.C
     return found
 
 
-async def shown_diff(
-    request: Request, who: Principal, task: dict[str, Any]
-) -> dict[str, Any] | None:
+async def shown_diff(request: Request, who: Principal, task: TaskDetail) -> dict[str, Any] | None:
     """The diff as the page lays it out, None for a task without a candidate; `error` says
     why a candidate the ledger names cannot be shown."""
-    if not task.get("repository"):
+    if not task.repository:
         return None
     try:
         chosen = diffs.pick(task, None)
     except diffs.CandidateError:
         return None
     ledger: Ledger = request.app.state.ledger
-    binding = await ledger.binding_of_task(who.scope, task["id"])
+    binding = await ledger.binding_of_task(who.scope, task.id)
     if binding is None:
         return None
     mirror = request.app.state.mirrors.path(binding.url)

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
+
 from tether.git import redact
 from tether.supervisor.shown import reveal, reveal_all, reveal_json, shown_header
+from tether.wire.records import EffectView
 
 WAITING: Final = frozenset({"gated", "uncertain"})
 # Each outbox state in words, beside the state's name: the page never relies on colour.
@@ -59,14 +62,14 @@ def shown_request(kind: str, request: Any) -> dict[str, Any]:
     return shown
 
 
-def shown_effect(effect: dict[str, Any] | None) -> dict[str, Any] | None:
+def shown_effect(effect: EffectView | None) -> dict[str, Any] | None:
     """The effect of a step's view with its request laid out (`shown`) and whether an
     operator's word is awaited (`waiting`: its gate, or whether it happened)."""
     if effect is None:
         return None
     return {
-        **effect,
-        "shown": shown_request(str(effect.get("kind")), effect.get("request")),
-        "waiting": effect.get("state") in WAITING,
-        "meaning": MEANING.get(str(effect.get("state")), ""),
+        **msgspec.structs.asdict(effect),
+        "shown": shown_request(effect.kind, effect.request),
+        "waiting": effect.state in WAITING,
+        "meaning": MEANING.get(effect.state, ""),
     }

@@ -9,9 +9,8 @@ finds nothing, so a client that went away is noticed within one poll.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Final
 
 import anyio
 from starlette.requests import Request
@@ -22,15 +21,17 @@ from tether.supervisor.api.longpoll import LongPolls
 from tether.supervisor.ledger import Principal
 from tether.supervisor.ui import pages
 from tether.supervisor.ui.guard import signed
+from tether.wire.codec import encode
+from tether.wire.records import Event
 
 STREAM_S: Final = 300.0
 POLL_S: Final = 15.0
 RETRY_MS: Final = 2000
 
 
-def frame(event: dict[str, Any]) -> bytes:
+def frame(event: Event) -> bytes:
     """One event as an SSE message: its seq as the id, the event as JSON data (one line)."""
-    return f"id: {event['seq']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+    return b"id: %d\ndata: %b\n\n" % (event.seq, encode(event))
 
 
 def _resume_after(request: Request) -> int:
@@ -58,7 +59,7 @@ async def _events(request: Request, who: Principal) -> Response:
         found = first
         while True:
             for event in found:
-                after = max(after, int(event["seq"]))
+                after = max(after, event.seq)
                 yield frame(event)
             if not found:
                 yield b": idle\n\n"

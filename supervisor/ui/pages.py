@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,6 +21,9 @@ from tether.supervisor.ui.candidate import shown_diff
 from tether.supervisor.ui.effects import shown_effect
 from tether.supervisor.ui.guard import signed
 from tether.wire import ErrorCode
+from tether.wire.answers import Expectation, Observation, ReviewRecord
+from tether.wire.codec import encode
+from tether.wire.records import Record
 
 PAGE_SIZE: Final = 50
 SEARCH_MAX: Final = 200
@@ -56,20 +60,36 @@ def carries_data(value: Any) -> bool:
     return value is not None and value not in ({}, [], "")
 
 
-def extras(record: dict[str, Any], shown: frozenset[str]) -> dict[str, Any]:
-    """The fields of `record` no template names, those carrying data only."""
-    return {k: v for k, v in record.items() if k not in shown and carries_data(v)}
+def plain(value: Any) -> Any:
+    """A record's value as its JSON reads: mappings and lists, for the `value` macro."""
+    return msgspec.json.decode(encode(value))
 
 
-def review_parts(review: dict[str, Any]) -> dict[str, Any]:
+def _fields(record: Record) -> dict[str, Any]:
+    """A record's fields by name, in order; their values as they are."""
+    return msgspec.structs.asdict(record)
+
+
+def extras(record: Record, shown: frozenset[str]) -> dict[str, Any]:
+    """The fields of `record` no template names, those carrying data only, as plain data (the
+    `value` macro lays out mappings and lists)."""
+    found = {k: plain(v) for k, v in _fields(record).items() if k not in shown}
+    return {k: v for k, v in found.items() if carries_data(v)}
+
+
+def review_parts(review: ReviewRecord) -> dict[str, Any]:
     """The review record split for the page: what was declared before the run, what the ledger
-    recorded, and the verdict."""
-    fields = {k: v for k, v in review.items() if isinstance(v, dict) and "kind" in v}
+    recorded (values as plain data, for the `record` macro), and the verdict."""
+    fields = _fields(review)
     return {
-        "expectations": {k: v["value"] for k, v in fields.items() if v["kind"] == "expectation"},
-        "observations": {k: v["value"] for k, v in fields.items() if v["kind"] != "expectation"},
-        "checks": (fields.get("observed_checks") or {}).get("value") or {},
-        "verdict": review.get("verdict") or {},
+        "expectations": {
+            k: plain(v.value) for k, v in fields.items() if isinstance(v, Expectation)
+        },
+        "observations": {
+            k: plain(v.value) for k, v in fields.items() if isinstance(v, Observation)
+        },
+        "checks": plain(review.observed_checks.value),
+        "verdict": review.verdict,
     }
 
 
@@ -91,23 +111,25 @@ async def task_context(request: Request, who: Principal, task_id: str) -> dict[s
     task = await ledger.task(task_id, who.scope)
     review = await ledger.review(task_id, who.scope)
     shipped = await lines_by_fence(ledger, task_id, who.scope)
+    # Each step and attempt with what the page adds to it: where it is, its fields no template
+    # names, an attempt's shipped lines, the effect's request laid out, the transcript.
     steps = [
         {
-            **step,
+            **_fields(step),
             "anchor": f"step-{number}",
             "extra": extras(step, STEP_SHOWN),
             "attempts": [
                 {
-                    **attempt,
+                    **_fields(attempt),
                     "extra": extras(attempt, ATTEMPT_SHOWN),
-                    "log": shipped.get(attempt.get("fence", -1), []),
+                    "log": shipped.get(attempt.fence, []),
                 }
-                for attempt in step.get("attempts", [])
+                for attempt in step.attempts
             ],
-            "effect": shown_effect(step.get("effect")),
-            **_output_parts(step.get("output")),
+            "effect": shown_effect(step.effect),
+            **_output_parts(step.output),
         }
-        for number, step in enumerate(task.get("steps", []), start=1)
+        for number, step in enumerate(task.steps, start=1)
     ]
     return {
         "who": who,
@@ -117,7 +139,7 @@ async def task_context(request: Request, who: Principal, task_id: str) -> dict[s
         "anchors": {step["name"]: step["anchor"] for step in steps},
         "task_extra": extras(task, TASK_SHOWN),
         "review": review_parts(review),
-        "ended": render.is_ended(task["state"]),
+        "ended": render.is_ended(task.state),
         "plan": task_plan(task),
         "diff": await shown_diff(request, who, task),
     }
@@ -171,14 +193,14 @@ async def _listing(request: Request, who: Principal) -> dict[str, Any]:
     )
     cursor = _cursor(request)
     found = await ledger_of(request).list_tasks(who.scope, state, cursor, limit, search)
-    short = render.short_ids([t["id"] for t in found["tasks"]])
+    short = render.short_ids([t.id for t in found.tasks])
     keep = {
         "state": state, "q": search.text, "repository": search.repository, "pool": search.pool,
         "limit": None if limit == PAGE_SIZE else limit,
     }  # fmt: skip
     return {
-        "who": who, "tasks": [{**t, "short_id": short[t["id"]]} for t in found["tasks"]],
-        "next": found["next"], "keep": {k: v for k, v in keep.items() if v is not None},
+        "who": who, "tasks": [{**_fields(t), "short_id": short[t.id]} for t in found.tasks],
+        "next": found.next, "keep": {k: v for k, v in keep.items() if v is not None},
         "cursor": cursor, **keep,
     }  # fmt: skip
 

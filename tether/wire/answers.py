@@ -1,88 +1,81 @@
-"""Records for the answers the supervisor's routes still build as plain dicts from the ledger's
-views: the whole task view, the events page, the review record, a repository head, health.
-
-`tether.wire.records` holds the records a client reads (`TaskView` names only what the CLI
-needs); these name every field the supervisor sends, so the OpenAPI document
-(`tether.supervisor.api.openapi`) describes all of it. The schemathesis test holds the live
-answers to them.
+"""Records of the answers no client reads back into a record: the review record, a
+repository's head, health. The OpenAPI document (`tether.supervisor.api.openapi`) describes
+them as it does every record of `tether.wire.records`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
-from tether.wire.records import Record, StepView, TaskSummary, TaskView
+from tether.wire.records import DeliveryView, GateView, Record, ResolvedView
 
-
-class Rejection(Record, frozen=True, kw_only=True):
-    """A refused write of a task's step: its fence and the error code it got."""
-
-    step_id: str | None
-    fence: int | None
-    code: str
-    detail: str
+T = TypeVar("T")
 
 
-class StepDetail(StepView, frozen=True, kw_only=True):
-    """A step with its fences, hashes and what its result reported, as the task view shows it."""
+class Expectation(Record, Generic[T], frozen=True, kw_only=True):
+    """A review record's entry declared before the run."""
 
-    payload_hash: str
-    effect_key: str | None
-    fence: int | None
-    candidate_sha: str | None
+    value: T
+    kind: Literal["expectation"] = "expectation"
 
 
-class TaskListed(TaskSummary, frozen=True, kw_only=True):
-    """An entry of `GET /v1/tasks`: the summary with what it was created with."""
+class Observation(Record, Generic[T], frozen=True, kw_only=True):
+    """A review record's entry recorded by the ledger or observed by the supervisor and its
+    runners."""
 
-    tenant: str
-    idempotency_key: str
-    plan_hash: str
-    base_sha: str | None
-    repository: str | None
+    value: T
+    kind: Literal["observation"] = "observation"
 
 
-class TaskDetail(TaskView, frozen=True, kw_only=True):
-    """`GET /v1/tasks/{task_id}` and the answer of every operator write on a task."""
+class ObservedCheck(Record, frozen=True, kw_only=True):
+    """An expected check as a runner ran it at the candidate: its log's digest, exit code."""
 
-    tenant: str
-    idempotency_key: str
-    plan_hash: str
-    base_sha: str | None
-    repository: str | None
-    steps: tuple[StepDetail, ...] = ()
-    rejections: tuple[Rejection, ...] = ()
+    log: str
+    exit_code: int
 
 
-class TaskListing(Record, frozen=True, kw_only=True):
-    """`GET /v1/tasks`: a page of tasks, newest first; `next` is the cursor of the next page."""
+class WorkspaceRemoval(Record, frozen=True, kw_only=True):
+    """A runner's record of removing a step's workspace (an `agent` step's `cleanup`). The
+    values are as the runner's output holds them: an output is not checked against a shape."""
 
-    tasks: tuple[TaskListed, ...]
-    next: str | None
+    step_id: str
+    path: Any
+    bytes_removed: Any
+    files_removed: Any
+    gone: Any
 
 
-class Event(Record, frozen=True, kw_only=True):
-    """One entry of a task's journal; `at` is the supervisor's clock, ISO 8601 in UTC."""
+class CleanupProof(Record, frozen=True, kw_only=True):
+    """What shows nothing of the task is left running: its leases still live, its attempts by
+    the state they ended in, and the runners' records of removing their workspaces."""
 
-    seq: int
-    task_id: str
+    live_leases: int
+    attempts_by_state: dict[str, int]
+    removed: tuple[WorkspaceRemoval, ...]
+
+
+class EffectReview(Record, frozen=True, kw_only=True):
+    """An effect of the task as the review record shows it: the `EffectView` of its `step`
+    without its request."""
+
+    step: str
     kind: str
+    keyed: bool
     state: str
-    data: Any
-    at: str
+    digest: str
+    key: str
+    deliveries: tuple[DeliveryView, ...]
+    gate: GateView | None
+    resolved: ResolvedView | None
 
 
-class Events(Record, frozen=True, kw_only=True):
-    """`GET /v1/tasks/{task_id}/events`: at most 500 events after `after`, in order."""
+class ReviewerDecision(Record, frozen=True, kw_only=True):
+    """The reviewer's decision as recorded, `at` in ISO 8601 (its fields in the order the
+    ledger stores them)."""
 
-    events: tuple[Event, ...]
-
-
-class ReviewField(Record, frozen=True, kw_only=True):
-    """A review record's entry: declared before the run, or recorded by the ledger."""
-
-    value: Any
-    kind: Literal["expectation", "observation"]
+    at: str | None
+    decision: str
+    note: str
 
 
 class Verdict(Record, frozen=True, kw_only=True):
@@ -96,24 +89,25 @@ class ReviewRecord(Record, frozen=True, kw_only=True):
     """`GET /v1/tasks/{task_id}/review` (docs/design.md, Review record)."""
 
     task_id: str
-    owner: ReviewField
-    repository: ReviewField
-    base_commit: ReviewField
-    repository_head: ReviewField
-    candidate_sha: ReviewField
-    requirement_revision: ReviewField
-    allowed_paths: ReviewField
-    start_time: ReviewField
-    stop_time: ReviewField
-    expected_checks: ReviewField
-    observed_checks: ReviewField
-    checks: ReviewField  # who vouches for them: "attested by runner <token>", or a verifier
-    verify_pool: ReviewField
-    observed_terminal_state: ReviewField
-    reviewer_decision: ReviewField
-    cleanup_proof: ReviewField
-    effects: ReviewField
-    unresolved_questions: ReviewField
+    owner: Expectation[str | None]
+    repository: Expectation[str | None]
+    base_commit: Expectation[str | None]
+    repository_head: Observation[str | None]
+    candidate_sha: Observation[str | None]
+    requirement_revision: Expectation[str | None]
+    allowed_paths: Expectation[tuple[str, ...]]
+    start_time: Observation[str | None]
+    stop_time: Observation[str | None]
+    expected_checks: Expectation[tuple[str, ...]]
+    observed_checks: Observation[dict[str, ObservedCheck | None]]
+    # Who vouches for them: `attested by runner <token>` unless a verifier re-ran them.
+    checks: Observation[str | None]
+    verify_pool: Expectation[str | None]
+    observed_terminal_state: Observation[str | None]
+    reviewer_decision: Observation[ReviewerDecision | None]
+    cleanup_proof: Observation[CleanupProof]
+    effects: Observation[tuple[EffectReview, ...]]
+    unresolved_questions: Observation[tuple[str, ...]]
     verdict: Verdict
 
 

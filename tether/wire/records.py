@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Final
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from tether.wire import RESULTS_PER_REQUEST_MAX, Outcome, ReleaseReason
 from tether.wire.payloads import check_payload
@@ -502,27 +503,32 @@ class RepositoryHead(Record, frozen=True, kw_only=True):
 
 
 # -- what the operator reads (docs/design.md, Operator API) --------------------------------
-# The supervisor's replies to the operator's reads. The CLI reads them into these records; a
-# field the supervisor adds later is ignored, so an older CLI keeps working.
+# The supervisor's replies to the operator's reads: the ledger's views build these records,
+# the routes write them, the status page shows them and the CLI reads them back. A field the
+# supervisor adds later is ignored, so an older CLI keeps working; a field with a default is
+# one a supervisor older than the field did not send.
 
 
 class WaitingFor(Record, frozen=True, kw_only=True):
-    """Why a task's next step is not running: `reason` is `approval`, `gate` (the effect
-    `step` waits for an operator to open its gate for `digest`), `uncertain` (the effect
-    `step` may have been sent; an operator says whether it happened), `budget` (the tenant's
-    `spent` >= `budget`) or `runner` (a runner of `pool` serving `kind`; `last_seen_s` since
-    one last claimed, `pool_last_seen_s` since any runner of the pool did; null: never)."""
+    """Why a task's next step is not running. `reason` says which fields it carries:
+    `approval` none; `gate` (the effect `step` waits for an operator to open its gate for
+    `digest`) and `uncertain` (the effect `step` may have been sent; an operator says whether
+    it happened) `step` and `digest`; `budget` the `tenant` that has spent `spent` >= `budget`;
+    `runner` the `pool` and `kind` a runner must serve, with `last_seen_s` since such a runner
+    last claimed and `pool_last_seen_s` since any runner of the pool did (null: never).
+
+    A field its reason does not carry is left out of the JSON (unset), never null."""
 
     reason: str
-    step: str | None = None
-    digest: str | None = None
-    pool: str | None = None
-    kind: str | None = None
-    last_seen_s: float | None = None
-    pool_last_seen_s: float | None = None
-    tenant: str | None = None
-    spent: int | None = None
-    budget: int | None = None
+    step: str | UnsetType = UNSET
+    digest: str | UnsetType = UNSET
+    pool: str | UnsetType = UNSET
+    kind: str | UnsetType = UNSET
+    last_seen_s: float | UnsetType | None = UNSET
+    pool_last_seen_s: float | UnsetType | None = UNSET
+    tenant: str | UnsetType = UNSET
+    spent: int | UnsetType = UNSET
+    budget: int | UnsetType = UNSET
 
 
 class Budget(Record, frozen=True, kw_only=True):
@@ -542,9 +548,9 @@ class AttemptView(Record, frozen=True, kw_only=True):
     attempt: int
     fence: int
     runner_id: str
+    token_id: str | None = None
     state: str
     reason: str | None = None
-    token_id: str | None = None
     granted_at: str | None = None
     ended_at: str | None = None
     usage: dict[str, int] | None = None
@@ -624,24 +630,37 @@ class EffectView(Record, frozen=True, kw_only=True):
     resolved: ResolvedView | None = None
 
 
-class StepView(Record, frozen=True, kw_only=True):
-    """A step as `GET /v1/tasks/{task_id}` shows it; `state` is `skipped` for a failed or
-    cancelled task's steps that never ran. A step of a repository-bound task also shows its
-    candidate, the digest of its bundle, its check runs, the problems the supervisor's evidence
-    found against its result, and its last checkpoint."""
+class StepDetail(Record, frozen=True, kw_only=True):
+    """A step as `GET /v1/tasks/{task_id}` shows it, with its payload's hash, its effect key,
+    the fence of its last lease and what its result reported. `state` is `skipped` for a
+    failed or cancelled task's steps that never ran. A step of a repository-bound task also
+    shows its candidate, the digest of its bundle, its check runs, the problems the
+    supervisor's evidence found against its result, and its last checkpoint."""
 
     id: str
     name: str
     kind: str
     state: str
+    payload_hash: str
+    effect_key: str | None
+    fence: int | None
     output: Any = None
-    attempts: tuple[AttemptView, ...] = ()
-    candidate_sha: str | None = None
+    candidate_sha: str | None
     bundle: str | None = None
     checks: tuple[CheckRunView, ...] = ()
     problems: tuple[ProblemView, ...] = ()
     checkpoint: CheckpointView | None = None
+    attempts: tuple[AttemptView, ...] = ()
     effect: EffectView | None = None
+
+
+class Rejection(Record, frozen=True, kw_only=True):
+    """A refused write of a task's step: its fence and the error code it got."""
+
+    step_id: str | None
+    fence: int | None
+    code: str
+    detail: str
 
 
 class FileChangeView(Record, frozen=True, kw_only=True):
@@ -687,43 +706,74 @@ class PlanView(Record, frozen=True, kw_only=True):
     checks: tuple[CheckSpec, ...] = ()
 
 
-class TaskSummary(Record, frozen=True, kw_only=True):
-    """A task as `GET /v1/tasks` lists it (`steps_committed` and `steps_total` only there);
+class TaskHeader(Record, frozen=True, kw_only=True):
+    """The fields every read of a task starts with: who submitted it and with what key, where
+    it stands, its plan's hash, the base it binds and the last sequence number of its events.
     `created_at` is ISO 8601 in UTC, as every time on the wire."""
 
     id: str
+    tenant: str
+    idempotency_key: str
     state: str
+    reason: str | None = None
+    plan_hash: str
+    base_sha: str | None
+    repository: str | None
     pool: str
     seq: int
     created_at: str
-    idempotency_key: str | None = None  # null from a supervisor older than the field
-    reason: str | None = None
-    waiting_for: WaitingFor | None = None
+
+
+class TaskSummary(TaskHeader, frozen=True, kw_only=True):
+    """A task as `GET /v1/tasks` lists it: its steps committed and in all, and what it waits
+    for."""
+
     steps_committed: int | None = None
     steps_total: int | None = None
+    waiting_for: WaitingFor | None = None
 
 
-class TaskView(TaskSummary, frozen=True, kw_only=True):
-    """`GET /v1/tasks/{task_id}`: the task with its plan as submitted, its steps, its tenant's
-    token budget, and what verification holds against it (`findings`, empty unless it failed
-    on evidence). `plan` is null from a supervisor older than it."""
+class TaskDetail(TaskHeader, frozen=True, kw_only=True):
+    """`GET /v1/tasks/{task_id}`, and the answer of every operator write on a task: the task
+    with its plan as submitted, what it waits for, its tenant's token budget, its steps, what
+    verification holds against it (`findings`, empty unless it failed on evidence) and its
+    refused writes. `plan` is null from a supervisor older than it."""
 
     plan: PlanView | None = None
-    steps: tuple[StepView, ...] = ()
+    waiting_for: WaitingFor | None = None
     budget: Budget | None = None
+    steps: tuple[StepDetail, ...] = ()
     findings: tuple[ProblemView, ...] = ()
     # The pool whose runners re-run the checks (docs/design.md, Verification), and who vouches
     # for the checks at the candidate: `attested by runner <token>` (the runner that made it,
     # alone), `verified by runner <token> of pool <pool>`, or `disputed: ...`.
     verify_pool: str | None = None
     checks_standing: str | None = None
+    rejections: tuple[Rejection, ...] = ()
 
 
 class TaskPage(Record, frozen=True, kw_only=True):
     """`GET /v1/tasks`: a page of tasks, newest first; `next` is the cursor of the next page."""
 
     tasks: tuple[TaskSummary, ...]
-    next: str | None = None
+    next: str | None
+
+
+class Event(Record, frozen=True, kw_only=True):
+    """One entry of a task's journal; `at` is the supervisor's clock, ISO 8601 in UTC."""
+
+    seq: int
+    task_id: str
+    kind: str
+    state: str
+    data: Any
+    at: str
+
+
+class Events(Record, frozen=True, kw_only=True):
+    """`GET /v1/tasks/{task_id}/events`: at most 500 events after `after`, in order."""
+
+    events: tuple[Event, ...]
 
 
 class RunnerSeen(Record, frozen=True, kw_only=True):
