@@ -2,10 +2,11 @@
 
 Failure domains (docs/design.md, Failure domains), one module each: `identity` (payload drift),
 `effects` (ack lost, replay), `fencing` (the clock: stale tokens), `reaper` (the substrate
-vanished). `states` holds the task state machine, `journal` the event log, `verification` the
-success gate and the review verdict. `batch` is the one way rules run (a transaction per batch
-of rules); `store` runs them behind one writer with group commit and logs each committed
-decision (`decisions`); `port` is the interface adapters use.
+vanished). `states` holds the task state machine (`transitions` applies it), `journal` the event
+log, `verification` the success gate and the review verdict; `steps` and `lifecycle` are what
+the rules share (the layers: docs/contributing.md, Where code lives). `batch` is the one way
+rules run (a transaction per batch of rules); `store` runs them behind one writer with group
+commit and logs each committed decision (`decisions`); `port` is the interface adapters use.
 """
 
 from tether.supervisor.ledger.errors import (
