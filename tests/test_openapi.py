@@ -18,7 +18,8 @@ from starlette.routing import Route
 
 from tests.conftest import ApiHarness
 from tether.supervisor.api import create_app, openapi
-from tether.supervisor.api.contract import OPERATIONS, Operation, Raw
+from tether.supervisor.api.contract import OPERATIONS
+from tether.supervisor.api.operation import Declared, Raw
 from tether.supervisor.ledger import Role
 from tether.supervisor.settings import SupervisorSettings
 from tether.wire import ERRORS, ErrorCode
@@ -28,7 +29,7 @@ from tether.wire import records as messages
 @pytest.fixture
 def doc(tmp_path: Path) -> dict[str, Any]:
     settings = SupervisorSettings(db=tmp_path / "x.db", events_wait_max_s=7.5, claim_wait_max_s=2.5)
-    built = openapi.document(settings)
+    built = openapi.document(settings, OPERATIONS)
     loaded: dict[str, Any] = json.loads(msgspec.json.encode(built))
     return loaded
 
@@ -78,14 +79,14 @@ def test_a_broken_document_is_refused_by_the_same_validation(doc: dict[str, Any]
     assert list(jsonschema_rs.Draft202012Validator(OPENAPI_31).iter_errors(doc))
 
 
-def _op(doc: dict[str, Any], op: Operation) -> dict[str, Any]:
+def _op(doc: dict[str, Any], op: Declared) -> dict[str, Any]:
     described: dict[str, Any] = doc["paths"][op.path][op.method.lower()]
     return described
 
 
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: f"{op.method} {op.path}")
 def test_each_operation_states_its_token_body_parameters_and_answers(
-    doc: dict[str, Any], op: Operation
+    doc: dict[str, Any], op: Declared
 ) -> None:
     described = _op(doc, op)
     assert described["operationId"] == op.name
@@ -155,7 +156,7 @@ async def test_the_document_is_served_without_a_token(api: ApiHarness) -> None:
     response = await api.client.get(openapi.PATH)
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
-    expected = json.loads(msgspec.json.encode(openapi.document(api.app.state.settings)))
+    expected = json.loads(msgspec.json.encode(openapi.document(api.app.state.settings, OPERATIONS)))
     assert response.json() == expected
     again = await api.client.get(openapi.PATH)
     assert again.content == response.content

@@ -18,18 +18,13 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect
+from starlette.routing import Route
 
 from tether.clocks import WallClock
 from tether.supervisor import ui
-from tether.supervisor.api import (
-    artifact_routes,
-    candidate_routes,
-    health,
-    openapi,
-    operator_routes,
-    runner_routes,
-)
+from tether.supervisor.api import health
 from tether.supervisor.api.auth import TokenCache
+from tether.supervisor.api.contract import OPERATIONS
 from tether.supervisor.api.errors import (
     ApiError,
     on_api_error,
@@ -95,12 +90,10 @@ def create_app(
 
     app = Starlette(
         routes=[
-            *operator_routes.ROUTES,
-            *candidate_routes.ROUTES,
-            *runner_routes.ROUTES,
-            *artifact_routes.ROUTES,
-            *health.ROUTES,
-            *openapi.ROUTES,
+            *(
+                Route(op.path, op.endpoint(), methods=[op.method], name=op.name)
+                for op in OPERATIONS
+            ),
             *ui.ROUTES,
         ],
         exception_handlers={
@@ -115,6 +108,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.operations = OPERATIONS  # what the app serves, and its document describes
     app.state.long_polls = LongPolls()
     app.state.mirrors = Mirrors(settings.mirror_root)
     app.state.unbound_steps = UnboundSteps()

@@ -16,10 +16,9 @@ from __future__ import annotations
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 from tether.supervisor.api.auth import require
-from tether.supervisor.api.errors import ApiError, record_response
+from tether.supervisor.api.errors import ApiError
 from tether.supervisor.artifacts import DigestMismatch, InvalidDigest, TooLarge, check_digest
 from tether.supervisor.artifacts.collector import DigestLocks
 from tether.supervisor.artifacts.port import Artifacts
@@ -71,7 +70,7 @@ def _quota_error(refusal: Exception) -> ApiError:
     return ApiError(ErrorCode.QUOTA_EXCEEDED, str(refusal))
 
 
-async def put_artifact(request: Request) -> Response:
+async def put_artifact(request: Request) -> ArtifactStored:
     who = await require(request, Role.RUNNER, Role.OPERATOR)
     digest = _digest(request)
     lease = _lease(request, who)
@@ -118,7 +117,7 @@ async def put_artifact(request: Request) -> Response:
             tenant=upload_for.tenant or None,
             token_id=who.token_id,
         )
-    return record_response(ArtifactStored(digest=digest, size=upload.size, created=created))
+    return ArtifactStored(digest=digest, size=upload.size, created=created)
 
 
 def visible_to(tenant: str, owner: ArtifactOwner) -> bool:
@@ -153,9 +152,3 @@ async def get_artifact(request: Request) -> Response:
         media_type="application/octet-stream",
         headers={"content-length": str(size)},
     )
-
-
-ROUTES = [
-    Route("/v1/artifacts/{digest}", put_artifact, methods=["PUT"]),
-    Route("/v1/artifacts/{digest}", get_artifact, methods=["GET"]),
-]

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError
 from tether.supervisor.ledger import Ledger, Role
 from tether.supervisor.repos import Mirrors, diffs
 from tether.wire import ErrorCode
-from tether.wire.codec import encode
+from tether.wire.records import CandidateDiffView
 
 
 async def chosen(request: Request) -> tuple[Mirrors, str, diffs.Candidate]:
@@ -33,13 +32,13 @@ async def chosen(request: Request) -> tuple[Mirrors, str, diffs.Candidate]:
     return request.app.state.mirrors, binding.url, candidate
 
 
-async def candidate_diff(request: Request) -> Response:
+async def candidate_diff(request: Request) -> CandidateDiffView:
     mirrors, url, candidate = await chosen(request)
     try:
         found = await diffs.diff(mirrors.path(url), candidate)
     except diffs.CandidateError as exc:
         raise ApiError(ErrorCode.NOT_FOUND, str(exc)) from None
-    return Response(encode(found.view()), media_type="application/json")
+    return found.view()
 
 
 async def candidate_bundle(request: Request) -> Response:
@@ -49,9 +48,3 @@ async def candidate_bundle(request: Request) -> Response:
     except diffs.CandidateError as exc:
         raise ApiError(ErrorCode.NOT_FOUND, str(exc)) from None
     return Response(data, media_type="application/octet-stream")
-
-
-ROUTES = [
-    Route("/v1/tasks/{task_id}/candidate", candidate_diff, methods=["GET"]),
-    Route("/v1/tasks/{task_id}/candidate/bundle", candidate_bundle, methods=["GET"]),
-]

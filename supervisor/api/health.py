@@ -12,10 +12,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from tether.supervisor.api.auth import require
-from tether.supervisor.api.errors import error_response, record_response
+from tether.supervisor.api.errors import ApiError
 from tether.supervisor.ledger import Ledger, LedgerError, Role
 from tether.supervisor.ledger.views import RUNNER_RECENT_S
 from tether.wire import ErrorCode, Outcome
@@ -126,31 +125,24 @@ class Metrics:
         return generate_latest(self._registry)
 
 
-async def healthz(request: Request) -> Response:
+async def healthz(request: Request) -> Alive:
     """Alive: the process replies and its ledger is open (its writer has not died)."""
     ledger: Ledger | None = getattr(request.app.state, "ledger", None)
     if ledger is not None and not ledger.is_open:
-        return error_response(ErrorCode.UNAVAILABLE, "the ledger is closed; the supervisor stops")
-    return record_response(Alive(status="ok"))
+        raise ApiError(ErrorCode.UNAVAILABLE, "the ledger is closed; the supervisor stops")
+    return Alive(status="ok")
 
 
-async def readyz(request: Request) -> Response:
+async def readyz(request: Request) -> Ready:
     ledger: Ledger = request.app.state.ledger
     try:
         await ledger.queue_depth()
     except (LedgerError, RuntimeError) as exc:
-        return error_response(ErrorCode.UNAVAILABLE, f"the ledger is not readable: {exc}")
-    return record_response(Ready(status="ready"))
+        raise ApiError(ErrorCode.UNAVAILABLE, f"the ledger is not readable: {exc}") from None
+    return Ready(status="ready")
 
 
 async def metrics(request: Request) -> Response:
     await require(request, Role.METRICS)
     exposition: Metrics = request.app.state.metrics
     return Response(await exposition.exposition(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
-
-
-ROUTES = [
-    Route("/healthz", healthz, methods=["GET"]),
-    Route("/readyz", readyz, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
-]

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document of the v1 API, built from the routes' declarations
+"""The OpenAPI 3.1 document of the v1 API, built from the operations the app serves
 (`tether.supervisor.api.contract`) and their records' JSON Schemas, and served at
 `GET /v1/openapi.json` without a token: it is the contract, it holds no data."""
 
@@ -7,15 +7,15 @@ from __future__ import annotations
 import importlib.metadata
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any, Final
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from tether.supervisor.api.contract import OPERATIONS, Answer, Body, Operation, Param, Raw
+from tether.supervisor.api.operation import Answer, Body, Declared, Param, Raw
 from tether.supervisor.settings import SupervisorSettings
 from tether.wire import ERRORS, ErrorCode
 from tether.wire.records import ErrorBody, Record
@@ -32,7 +32,7 @@ DESCRIPTION: Final = (
 )
 
 
-def _records(operations: tuple[Operation, ...]) -> list[type[Record]]:
+def _records(operations: Sequence[Declared]) -> list[type[Record]]:
     """Every record the operations read or answer with, ErrorBody first, each once."""
     found: dict[type[Record], None] = {ErrorBody: None}
     for op in operations:
@@ -86,7 +86,7 @@ class _Builder:
             for status, named in sorted(by_status.items())
         }  # fmt: skip
 
-    def operation(self, op: Operation) -> dict[str, Any]:
+    def operation(self, op: Declared) -> dict[str, Any]:
         errors = self._errors(op.codes)
         clash = set(errors) & {str(status) for status in op.answers}
         if clash:
@@ -114,7 +114,7 @@ class _Builder:
 
 
 def _bound(
-    schemas: dict[str, Any], operations: tuple[Operation, ...], settings: SupervisorSettings
+    schemas: dict[str, Any], operations: Sequence[Declared], settings: SupervisorSettings
 ) -> None:
     """Give each body field whose maximum is a setting (`Operation.bound_by`) that maximum."""
     for op in operations:
@@ -130,7 +130,7 @@ def _bound(
 _MODULE_PATH = re.compile(r"\b\w+(?:\.\w+)+\.(?=\w)")
 
 
-def _short_names(schemas: dict[str, Any]) -> dict[str, Any]:
+def short_names(schemas: dict[str, Any]) -> dict[str, Any]:
     """`schemas` with each generic record's schema (`Observation[str | None]`) named after its
     parameters' short names: msgspec names it after their module paths. Every `$ref` follows."""
     renamed: dict[str, str] = {}
@@ -154,13 +154,11 @@ def _short_names(schemas: dict[str, Any]) -> dict[str, Any]:
     return {renamed.get(name, name): follow(schema) for name, schema in schemas.items()}
 
 
-def document(
-    settings: SupervisorSettings, operations: tuple[Operation, ...] = OPERATIONS
-) -> dict[str, Any]:
+def document(settings: SupervisorSettings, operations: Sequence[Declared]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`, with the limits `settings` set."""
     records = _records(operations)
     refs, generated = msgspec.json.schema_components(records, ref_template=REF)
-    schemas = _short_names(generated)
+    schemas = short_names(generated)
     _bound(schemas, operations, settings)
     builder = _Builder(dict(zip(records, refs, strict=True)), settings)
     paths: defaultdict[str, dict[str, Any]] = defaultdict(dict)
@@ -183,13 +181,11 @@ def document(
 
 
 async def openapi_json(request: Request) -> Response:
-    """The document for this supervisor's settings, built once per app."""
+    """The document of the operations the app serves (`app.state.operations`), for this
+    supervisor's settings, built once per app."""
     state = request.app.state
     built: bytes | None = getattr(state, "openapi_json", None)
     if built is None:
-        built = msgspec.json.encode(document(state.settings))
+        built = msgspec.json.encode(document(state.settings, state.operations))
         state.openapi_json = built
     return Response(built, media_type="application/json")
-
-
-ROUTES = [Route(PATH, openapi_json, methods=["GET"])]

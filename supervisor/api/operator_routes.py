@@ -4,23 +4,23 @@ the pools it may use and its token budget."""
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from tether.supervisor.api import requests as rq
 from tether.supervisor.api.auth import may_use_pool, require, require_pool_access
-from tether.supervisor.api.errors import ApiError, record_response
+from tether.supervisor.api.errors import ApiError
 from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
+from tether.supervisor.api.operation import Answered
 from tether.supervisor.effects.credentials import Credentials
 from tether.supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
 from tether.supervisor.ledger.identity import credentials_named
 from tether.supervisor.repos.evidence import read_head
 from tether.wire import ErrorCode
-from tether.wire.answers import HeadMoved
+from tether.wire.answers import HeadMoved, ReviewRecord
 from tether.wire.payloads import EFFECT_KINDS
 from tether.wire.records import (
     MAX_TEXT,
     Approval,
+    Budget,
     Cancel,
     CheckSpec,
     EffectHappened,
@@ -31,6 +31,9 @@ from tether.wire.records import (
     RepositoryHead,
     ReviewDecision,
     TaskCreate,
+    TaskDetail,
+    TaskLogs,
+    TaskPage,
 )
 
 
@@ -78,7 +81,7 @@ def require_credentials(request: Request, spec: TaskSpec) -> None:
         )
 
 
-async def create_task(request: Request) -> Response:
+async def create_task(request: Request) -> Answered[TaskDetail]:
     who = await require(request, Role.OPERATOR)
     spec = task_spec(who.scope, await rq.read(request, TaskCreate))
     shared = request.app.state.settings.shared_pool_names
@@ -88,10 +91,10 @@ async def create_task(request: Request) -> Response:
     require_credentials(request, spec)
     created = await _ledger(request).create_task(spec)
     view = await _ledger(request).task(created.task_id, who.scope)
-    return record_response(view, status=201 if created.created else 200)
+    return Answered(view, 201 if created.created else 200)
 
 
-async def list_tasks(request: Request) -> Response:
+async def list_tasks(request: Request) -> TaskPage:
     who = await require(request, Role.OPERATOR)
     cursor_raw = request.query_params.get("cursor")
     cursor = None
@@ -103,17 +106,15 @@ async def list_tasks(request: Request) -> Response:
     page = await _ledger(request).list_tasks(
         who.scope, request.query_params.get("state"), cursor, limit
     )
-    return record_response(page)
+    return page
 
 
-async def get_task(request: Request) -> Response:
+async def get_task(request: Request) -> TaskDetail:
     who = await require(request, Role.OPERATOR)
-    return record_response(
-        await _ledger(request).task(await _task_id(request, who.scope), who.scope)
-    )
+    return await _ledger(request).task(await _task_id(request, who.scope), who.scope)
 
 
-async def pools(request: Request) -> Response:
+async def pools(request: Request) -> PoolsAnswer:
     """The queues and recent runners of the pools the caller's tenant may use: the shared
     pools and its own, listed even when empty. A shared pool's counts include other tenants'
     steps (its runners serve them all), never their tasks."""
@@ -121,17 +122,17 @@ async def pools(request: Request) -> Response:
     shared = request.app.state.settings.shared_pool_names
     found = await _ledger(request).pools(also={*shared, who.scope})
     usable = tuple(p for p in found if may_use_pool(who.scope, p.pool, shared))
-    return record_response(PoolsAnswer(pools=usable))
+    return PoolsAnswer(pools=usable)
 
 
-async def budget(request: Request) -> Response:
+async def budget(request: Request) -> Budget:
     """The caller's tenant's tokens spent, budget and what is left (`tether-supervisor budget
     --show` reads the same)."""
     who = await require(request, Role.OPERATOR)
-    return record_response(await _ledger(request).budget(who.scope))
+    return await _ledger(request).budget(who.scope)
 
 
-async def approve(request: Request) -> Response:
+async def approve(request: Request) -> TaskDetail:
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, Approval)
     task_id = await _task_id(request, who.scope)
@@ -141,18 +142,18 @@ async def approve(request: Request) -> Response:
     binding = await ledger.binding_of_task(who.scope, task_id)
     head = None if binding is None else await read_head(request.app.state.mirrors, binding)
     await ledger.approve(who.scope, task_id, ask.plan_hash, ask.base_sha, head)
-    return record_response(await _ledger(request).task(task_id, who.scope))
+    return await _ledger(request).task(task_id, who.scope)
 
 
-async def cancel(request: Request) -> Response:
+async def cancel(request: Request) -> TaskDetail:
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, Cancel)
     task_id = await _task_id(request, who.scope)
     await _ledger(request).cancel(who.scope, task_id, ask.reason[:MAX_TEXT] or "cancelled")
-    return record_response(await _ledger(request).task(task_id, who.scope))
+    return await _ledger(request).task(task_id, who.scope)
 
 
-async def events(request: Request) -> Response:
+async def events(request: Request) -> Events:
     who = await require(request, Role.OPERATOR)
     settings = request.app.state.settings
     after = rq.query_int(request, "after", default=0, low=0, high=2**62)
@@ -166,75 +167,55 @@ async def events(request: Request) -> Response:
             scope,
             lambda: ledger.events(task_id, who.scope, after, 0.0 if polls.draining else wait),
         )
-    return record_response(Events(events=tuple(found)))
+    return Events(events=tuple(found))
 
 
-async def task_log(request: Request) -> Response:
+async def task_log(request: Request) -> TaskLogs:
     """The task's journal and its runners' lines after the cursor, merged in the owned box's
     order (`ledger.logs.task_log`); `tether-supervisor logs` pages through it."""
     who = await require(request, Role.OPERATOR)
     after_seq = rq.query_int(request, "after_seq", default=0, low=0, high=2**62)
     after_line = rq.query_int(request, "after_line", default=0, low=0, high=2**62)
     task_id = await _task_id(request, who.scope)
-    return record_response(
-        await _ledger(request).task_log(task_id, who.scope, after_seq, after_line)
-    )
+    return await _ledger(request).task_log(task_id, who.scope, after_seq, after_line)
 
 
-async def review(request: Request) -> Response:
+async def review(request: Request) -> ReviewRecord:
     who = await require(request, Role.OPERATOR)
     task_id = await _task_id(request, who.scope)
-    return record_response(await _ledger(request).review(task_id, who.scope))
+    return await _ledger(request).review(task_id, who.scope)
 
 
-async def record_review(request: Request) -> Response:
+async def record_review(request: Request) -> ReviewRecord:
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, ReviewDecision)
     task_id = await _task_id(request, who.scope)
     await _ledger(request).record_review(who.scope, task_id, ask.decision, ask.note[:MAX_TEXT])
-    return record_response(await _ledger(request).review(task_id, who.scope))
+    return await _ledger(request).review(task_id, who.scope)
 
 
-async def open_gate(request: Request) -> Response:
+async def open_gate(request: Request) -> TaskDetail:
     """Open an unkeyed effect's gate for the digest of the request the operator was shown.
     `task submit --approve` never opens a gate: only this does."""
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, GateOpen)
     task_id, step = await _task_id(request, who.scope), request.path_params["step_name"]
     await _ledger(request).open_gate(who.scope, task_id, step, ask.digest, who.token_id)
-    return record_response(await _ledger(request).task(task_id, who.scope))
+    return await _ledger(request).task(task_id, who.scope)
 
 
-async def effect_happened(request: Request) -> Response:
+async def effect_happened(request: Request) -> TaskDetail:
     """An operator's word on an uncertain effect: it happened, or (once) it did not."""
     who = await require(request, Role.OPERATOR)
     ask = await rq.read(request, EffectHappened)
     task_id, step = await _task_id(request, who.scope), request.path_params["step_name"]
     await _ledger(request).resolve_effect(who.scope, task_id, step, ask.happened, who.token_id)
-    return record_response(await _ledger(request).task(task_id, who.scope))
+    return await _ledger(request).task(task_id, who.scope)
 
 
-async def repository_head(request: Request) -> Response:
+async def repository_head(request: Request) -> HeadMoved:
     who = await require(request, Role.OPERATOR)
     sha = (await rq.read(request, RepositoryHead)).sha
     name = request.path_params["name"]
     await _ledger(request).set_repository_head(who.scope, name, sha)
-    return record_response(HeadMoved(repository=name, head_sha=sha))
-
-
-ROUTES = [
-    Route("/v1/tasks", create_task, methods=["POST"]),
-    Route("/v1/tasks", list_tasks, methods=["GET"]),
-    Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
-    Route("/v1/tasks/{task_id}/approve", approve, methods=["POST"]),
-    Route("/v1/tasks/{task_id}/cancel", cancel, methods=["POST"]),
-    Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
-    Route("/v1/tasks/{task_id}/logs", task_log, methods=["GET"]),
-    Route("/v1/tasks/{task_id}/review", review, methods=["GET"]),
-    Route("/v1/tasks/{task_id}/review", record_review, methods=["POST"]),
-    Route("/v1/tasks/{task_id}/steps/{step_name}/gate", open_gate, methods=["POST"]),
-    Route("/v1/tasks/{task_id}/steps/{step_name}/happened", effect_happened, methods=["POST"]),
-    Route("/v1/repositories/{name}/head", repository_head, methods=["PUT"]),
-    Route("/v1/pools", pools, methods=["GET"]),
-    Route("/v1/budget", budget, methods=["GET"]),
-]
+    return HeadMoved(repository=name, head_sha=sha)

@@ -14,11 +14,9 @@ from collections.abc import Callable
 
 import structlog
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from tether.supervisor.api.auth import require
-from tether.supervisor.api.errors import ApiError, ledger_error_code, record_response
+from tether.supervisor.api.errors import ApiError, ledger_error_code
 from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
 from tether.supervisor.api.requests import read
 from tether.supervisor.artifacts.port import Artifacts
@@ -31,17 +29,23 @@ from tether.wire import ERRORS, ErrorCode
 from tether.wire.records import (
     MAX_TEXT,
     Checkpoint,
+    Checkpointed,
     ClaimAnswer,
     ClaimRequest,
     ItemAnswer,
     LogLines,
+    LogLinesKept,
     Released,
     ReleaseRequest,
+    Renewal,
     RenewalItem,
     Renewals,
+    RenewalsAnswer,
     RenewRequest,
     Result,
+    ResultAnswer,
     Results,
+    ResultsAnswer,
     RunnerIdentity,
 )
 
@@ -69,14 +73,14 @@ def _draining(request: Request) -> Callable[[], bool]:
     return lambda: polls.draining
 
 
-async def whoami(request: Request) -> Response:
+async def whoami(request: Request) -> RunnerIdentity:
     """The pool and token id behind the caller's runner token: a runner asks at start, to know
     that it talks to a supervisor and to name its pool in its first line."""
     who = await require(request, Role.RUNNER)
-    return record_response(RunnerIdentity(pool=who.scope, token_id=who.token_id))
+    return RunnerIdentity(pool=who.scope, token_id=who.token_id)
 
 
-async def claim(request: Request) -> Response:
+async def claim(request: Request) -> ClaimAnswer | None:
     """The leases the ledger grants the caller's runner, waited for up to `wait_s` (a long
     poll that ends on drain or hang-up), as `grants.hand_out` lets them go."""
     who = await require(request, Role.RUNNER)
@@ -103,20 +107,20 @@ async def claim(request: Request) -> Response:
             )
     leases = await grants.hand_out(parts, leases, ask.runner_id, who.scope)
     if not leases:
-        return Response(status_code=204)
-    return record_response(ClaimAnswer(leases=tuple(leases)))
+        return None  # 204, no body
+    return ClaimAnswer(leases=tuple(leases))
 
 
-async def renew(request: Request) -> Response:
+async def renew(request: Request) -> Renewal:
     who = await require(request, Role.RUNNER)
     ask = await read(request, RenewRequest)
     renewal = await _ledger(request).renew(
         request.path_params["step_id"], ask.fence, who.scope, token_id=who.token_id
     )
-    return record_response(renewal)
+    return renewal
 
 
-async def renewals(request: Request) -> Response:
+async def renewals(request: Request) -> RenewalsAnswer:
     """`renew` for many leases of one runner at once (`renewals.renew_many`): each gets its
     own answer, in order, a refused one the status, code and detail the single route would
     have sent. A malformed request refuses them all before anything is renewed."""
@@ -132,10 +136,10 @@ async def renewals(request: Request) -> Response:
         )
 
     answer = await renew_many(_ledger(request), who, held, refusal=refusal)
-    return record_response(answer)
+    return answer
 
 
-async def release(request: Request) -> Response:
+async def release(request: Request) -> Released:
     who = await require(request, Role.RUNNER)
     ask = await read(request, ReleaseRequest)
     await _ledger(request).release(
@@ -148,10 +152,10 @@ async def release(request: Request) -> Response:
         ask.usage,
         token_id=who.token_id,
     )
-    return record_response(Released())
+    return Released()
 
 
-async def result(request: Request) -> Response:
+async def result(request: Request) -> ResultAnswer:
     who = await require(request, Role.RUNNER)
     ask = await read(request, Result)
     answer = await reports.report_one(
@@ -162,7 +166,7 @@ async def result(request: Request) -> Response:
         draining=_draining(request),
         traceparent=request.headers.get("traceparent"),
     )
-    return record_response(answer)
+    return answer
 
 
 def _item_error(
@@ -176,7 +180,7 @@ def _item_error(
     return ItemAnswer(step_id=step_id, status=ERRORS[code].status, error=code.value, detail=detail)
 
 
-async def results(request: Request) -> Response:
+async def results(request: Request) -> ResultsAnswer:
     """`result` for many steps at once (`reports.report_many`): each gets its own reply, in
     order: an outcome, or the status, code and detail the single route would have sent. A
     malformed item refuses the whole request before anything is applied."""
@@ -193,10 +197,10 @@ async def results(request: Request) -> Response:
         traceparent=request.headers.get("traceparent"),
         refusal=functools.partial(_item_error, request),
     )
-    return record_response(answer)
+    return answer
 
 
-async def checkpoint(request: Request) -> Response:
+async def checkpoint(request: Request) -> Checkpointed:
     """An `agent` step's state after a completed turn, under the attempt's fence. Its
     transcript and bundle must be bytes a runner of the caller's pool uploaded (else
     `invalid_field` naming which); the ledger decides whether the fence may write it."""
@@ -213,10 +217,10 @@ async def checkpoint(request: Request) -> Response:
     done = await _ledger(request).checkpoint(
         request.path_params["step_id"], ask, who.scope, token_id=who.token_id
     )
-    return record_response(done)
+    return done
 
 
-async def log_lines(request: Request) -> Response:
+async def log_lines(request: Request) -> LogLinesKept:
     """Lines a runner wrote about its attempts, kept on the owned box (`ledger.logs`): only
     under fences granted to the caller's token. A line refused for another token's fence is
     counted in the answer and in one warning, never kept."""
@@ -228,17 +232,4 @@ async def log_lines(request: Request) -> Response:
             "log lines refused: their fence was not granted to this token",
             refused=kept.refused, token_id=who.token_id, pool=who.scope,
         )  # fmt: skip
-    return record_response(kept)
-
-
-ROUTES = [
-    Route("/v1/runner", whoami, methods=["GET"]),
-    Route("/v1/leases/claim", claim, methods=["POST"]),
-    Route("/v1/leases/renewals", renewals, methods=["POST"]),
-    Route("/v1/leases/{step_id}/renew", renew, methods=["POST"]),
-    Route("/v1/leases/{step_id}/release", release, methods=["POST"]),
-    Route("/v1/steps/results", results, methods=["POST"]),
-    Route("/v1/steps/{step_id}/result", result, methods=["POST"]),
-    Route("/v1/steps/{step_id}/checkpoint", checkpoint, methods=["PUT"]),
-    Route("/v1/logs", log_lines, methods=["POST"]),
-]
+    return kept
