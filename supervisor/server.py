@@ -21,6 +21,7 @@ from tether.logs import configure_logging
 from tether.sdnotify import Notifier
 from tether.supervisor import writer_lock
 from tether.supervisor.api import create_app, drain
+from tether.supervisor.api.health import Openness
 from tether.supervisor.effects.addresses import Resolver, system_resolver
 from tether.supervisor.head_timeout import head_timeout_protocol
 from tether.supervisor.ledger import LedgerError
@@ -84,7 +85,7 @@ async def _stop_if_the_ledger_closes(server: uvicorn.Server, app: Starlette) -> 
     it: stop instead, with exit 1, so that the service manager restarts the supervisor."""
     while not server.should_exit:
         await anyio.sleep(LEDGER_CHECK_EVERY_S)
-        ledger = getattr(app.state, "ledger", None)
+        ledger: Openness | None = getattr(app.state, "ledger", None)
         if server.started and ledger is not None and not ledger.is_open and not server.should_exit:
             log.error("the ledger closed while serving; stopping so that it is restarted")
             app.state.failed = True

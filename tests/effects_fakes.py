@@ -1,5 +1,5 @@
 """Stand-ins for the effects tests: an `Outgoing` builder, a scripted deliverer and an in-memory
-ledger port that keeps the dispatcher's side of the outbox rules (docs/design.md, Effects)."""
+`EffectsPort` that keeps the dispatcher's side of the outbox rules (docs/design.md, Effects)."""
 
 from __future__ import annotations
 

@@ -208,7 +208,7 @@ class _CountingLedger:
 
 async def test_the_cache_spares_the_ledger_until_its_lifetime_ends() -> None:
     ledger, clock = _CountingLedger(), MonotonicClock()
-    cache = auth.TokenCache(ledger, timer=clock.monotonic)  # type: ignore[arg-type]
+    cache = auth.TokenCache(ledger, timer=clock.monotonic)
     assert await cache.principal("s") is None
     clock.now += auth.CACHE_S - 0.01
     assert await cache.principal("s") is None

@@ -636,7 +636,7 @@ async def effects(
     tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[ApiHarness]:
     """The status page with a credentials folder; deliveries are driven by hand through the
-    ledger's port (`IdleDispatcher`), so nothing reaches the network."""
+    ledger's effects methods (`IdleDispatcher`), so nothing reaches the network."""
     monkeypatch.setattr(service, "Dispatcher", IdleDispatcher)
     folder = tmp_path / "credentials"
     folder.mkdir()

@@ -40,7 +40,7 @@ async def sign_in(client: httpx.AsyncClient, secret: str) -> httpx.Response:
 
 class IdleDispatcher:
     """Stands in for the supervisor's dispatcher where a test drives deliveries through the
-    ledger's port by hand: nothing may reach the network."""
+    ledger's effects methods by hand: nothing may reach the network."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass

@@ -1,4 +1,4 @@
-"""The supervisor's HTTP app (docs/design.md, Wire protocol v1): thin routes over the ledger port.
+"""The supervisor's HTTP app (docs/design.md, Wire protocol v1): thin routes over the ledger store.
 
 The app's lifespan opens the artifact store (files beside a SQLite ledger, the database of a
 PostgreSQL one: `artifacts.opening`) and the ledger, and starts the reaper; tests enter it

@@ -22,7 +22,7 @@ from tether.supervisor.api.errors import ApiError
 from tether.supervisor.artifacts import DigestMismatch, InvalidDigest, TooLarge, check_digest
 from tether.supervisor.artifacts.collector import DigestLocks
 from tether.supervisor.artifacts.port import Artifacts
-from tether.supervisor.ledger import Ledger, Principal, Role
+from tether.supervisor.ledger import LedgerStore, Principal, Role
 from tether.supervisor.ledger.artifacts import ArtifactOwner, quota_problem
 from tether.supervisor.ledger.errors import QuotaExceeded
 from tether.wire import ErrorCode
@@ -75,7 +75,7 @@ async def put_artifact(request: Request) -> ArtifactStored:
     digest = _digest(request)
     lease = _lease(request, who)
     store: Artifacts = request.app.state.artifacts
-    ledger: Ledger = request.app.state.ledger
+    ledger: LedgerStore = request.app.state.ledger
     quota: int = request.app.state.settings.artifact_quota_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -136,7 +136,7 @@ def readable_by(who: Principal, owner: ArtifactOwner) -> bool:
 async def get_artifact(request: Request) -> Response:
     who: Principal = await require(request, Role.OPERATOR, Role.RUNNER)
     digest = _digest(request)
-    ledger: Ledger = request.app.state.ledger
+    ledger: LedgerStore = request.app.state.ledger
     owners = await ledger.artifact_owners(digest)
     if not any(readable_by(who, owner) for owner in owners) and not (
         who.role is Role.RUNNER and await ledger.verifies_bundle(digest, who.scope)

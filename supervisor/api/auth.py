@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from cachetools import TTLCache
@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from tether.supervisor.api.errors import ApiError
 from tether.supervisor.api.refusal_log import RefusalLog
-from tether.supervisor.ledger import Ledger, Principal, Role
+from tether.supervisor.ledger import Principal, Role
 from tether.wire import ErrorCode
 
 CACHE_S = 1.0
@@ -30,6 +30,12 @@ CACHE_ENTRIES = 10_000
 log = structlog.get_logger("tether.api")
 
 
+class TokenLookup(Protocol):
+    """What a `TokenCache` asks of the ledger: the principal behind a secret, if any."""
+
+    async def authenticate(self, secret: str) -> Principal | None: ...
+
+
 class TokenCache:
     """The principal behind each recently seen secret (None for an unknown or revoked one),
     kept `lifetime_s` on the `timer` clock. A hit in `cachetools.TTLCache` costs about 1 µs
@@ -37,7 +43,7 @@ class TokenCache:
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: TokenLookup,
         lifetime_s: float = CACHE_S,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError
-from tether.supervisor.ledger import Ledger, Role
+from tether.supervisor.ledger import LedgerStore, Role
 from tether.supervisor.repos import Mirrors, diffs
 from tether.wire import ErrorCode
 from tether.wire.records import CandidateDiffView
@@ -19,7 +19,7 @@ async def chosen(request: Request) -> tuple[Mirrors, str, diffs.Candidate]:
     """The caller's task the path names (by id or unique prefix), its candidate the `step`
     query names (default: the last step with one) and the mirror of its repository."""
     who = await require(request, Role.OPERATOR)
-    ledger: Ledger = request.app.state.ledger
+    ledger: LedgerStore = request.app.state.ledger
     task_id = await ledger.resolve_task_id(who.scope, request.path_params["task_id"])
     binding = await ledger.binding_of_task(who.scope, task_id)
     if binding is None:

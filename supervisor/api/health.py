@@ -5,6 +5,7 @@ the `metrics` role, which reads nothing else."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -15,16 +16,24 @@ from starlette.responses import Response
 
 from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError
-from tether.supervisor.ledger import Ledger, LedgerError, Role
+from tether.supervisor.ledger import LedgerError, LedgerStore, Role
 from tether.supervisor.ledger.views import RUNNER_RECENT_S
 from tether.wire import ErrorCode, Outcome
 from tether.wire.answers import Alive, Ready
 
 
+class Openness(Protocol):
+    """All that `/healthz` (and the server's watch, `server._stop_if_the_ledger_closes`) asks
+    of the ledger: whether it is still open. The tests' stand-in ledgers have only this."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+
 class _LedgerCounters(Collector):
     """The ledger's in-memory counts (`LedgerCounts`) as Prometheus counters, read at scrape."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerStore) -> None:
         self._ledger = ledger
 
     def collect(self) -> Iterator[Metric]:
@@ -63,7 +72,7 @@ class Metrics:
     ledger file when scraped. A failed or cancelled task's unrun steps count as `skipped`, never
     as waiting or queued."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerStore) -> None:
         self._ledger = ledger
         self._registry = CollectorRegistry()
         self._registry.register(_LedgerCounters(ledger))
@@ -127,14 +136,14 @@ class Metrics:
 
 async def healthz(request: Request) -> Alive:
     """Alive: the process replies and its ledger is open (its writer has not died)."""
-    ledger: Ledger | None = getattr(request.app.state, "ledger", None)
+    ledger: Openness | None = getattr(request.app.state, "ledger", None)
     if ledger is not None and not ledger.is_open:
         raise ApiError(ErrorCode.UNAVAILABLE, "the ledger is closed; the supervisor stops")
     return Alive(status="ok")
 
 
 async def readyz(request: Request) -> Ready:
-    ledger: Ledger = request.app.state.ledger
+    ledger: LedgerStore = request.app.state.ledger
     try:
         await ledger.queue_depth()
     except (LedgerError, RuntimeError) as exc:

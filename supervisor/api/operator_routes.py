@@ -11,7 +11,7 @@ from tether.supervisor.api.errors import ApiError
 from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
 from tether.supervisor.api.operation import Answered
 from tether.supervisor.effects.credentials import Credentials
-from tether.supervisor.ledger import Ledger, Role, StepSpec, TaskSpec
+from tether.supervisor.ledger import LedgerStore, Role, StepSpec, TaskSpec
 from tether.supervisor.ledger.identity import credentials_named
 from tether.supervisor.repos.evidence import read_head
 from tether.wire import ErrorCode
@@ -37,8 +37,8 @@ from tether.wire.records import (
 )
 
 
-def _ledger(request: Request) -> Ledger:
-    ledger: Ledger = request.app.state.ledger
+def _ledger(request: Request) -> LedgerStore:
+    ledger: LedgerStore = request.app.state.ledger
     return ledger
 
 

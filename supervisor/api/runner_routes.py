@@ -20,7 +20,7 @@ from tether.supervisor.api.errors import ApiError, ledger_error_code
 from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
 from tether.supervisor.api.requests import read
 from tether.supervisor.artifacts.port import Artifacts
-from tether.supervisor.ledger import Lease, Ledger, LedgerError, Role
+from tether.supervisor.ledger import Lease, LedgerError, LedgerStore, Role
 from tether.supervisor.repos.evidence import PoolArtifacts, RepositoryUnavailable
 from tether.supervisor.usecases import grants, reports
 from tether.supervisor.usecases.parts import Parts
@@ -52,8 +52,8 @@ from tether.wire.records import (
 log = structlog.get_logger("tether.api")
 
 
-def _ledger(request: Request) -> Ledger:
-    ledger: Ledger = request.app.state.ledger
+def _ledger(request: Request) -> LedgerStore:
+    ledger: LedgerStore = request.app.state.ledger
     return ledger
 
 

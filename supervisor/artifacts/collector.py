@@ -24,7 +24,7 @@ import structlog
 
 from tether.clocks import WallClock
 from tether.supervisor.artifacts.port import Artifacts
-from tether.supervisor.ledger import Ledger, StorageError
+from tether.supervisor.ledger import LedgerStore, StorageError
 
 log = structlog.get_logger("tether.supervisor")
 
@@ -58,7 +58,7 @@ class Collected:
 
 
 async def collect(
-    ledger: Ledger, store: Artifacts, locks: DigestLocks, *, keep_s: float, now: float
+    ledger: LedgerStore, store: Artifacts, locks: DigestLocks, *, keep_s: float, now: float
 ) -> Collected:
     """Remove what nothing has named for `keep_s` before `now`; logged when anything went."""
     rows = digests = size = 0
@@ -81,7 +81,7 @@ async def collect(
 
 
 async def collect_forever(
-    ledger: Ledger,
+    ledger: LedgerStore,
     store: Artifacts,
     locks: DigestLocks,
     *,

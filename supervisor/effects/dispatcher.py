@@ -77,7 +77,8 @@ RECORD_BACKOFF_S: Final = 0.25
 
 
 class EffectsPort(Protocol):
-    """The ledger methods the dispatcher calls (supervisor.ledger.port.Ledger has them)."""
+    """The ledger methods the dispatcher calls (`LedgerStore` has them; the effects tests'
+    `FakeOutbox` keeps them in memory)."""
 
     async def take_effects(self, holder: str, limit: int) -> list[Outgoing]: ...
     async def begin_attempt(self, effect_id: str, holder: str, digest: str) -> int: ...

@@ -6,7 +6,7 @@ vanished). `states` holds the task state machine (`transitions` applies it), `jo
 log, `verification` the success gate and the review verdict; `steps` and `lifecycle` are what
 the rules share (the layers: docs/contributing.md, Where code lives). `batch` is the one way
 rules run (a transaction per batch of rules); `store` runs them behind one writer with group
-commit and logs each committed decision (`decisions`); `port` is the interface adapters use.
+commit and logs each committed decision (`decisions`); its `LedgerStore` is what adapters use.
 """
 
 from tether.supervisor.ledger.errors import (
@@ -26,10 +26,9 @@ from tether.supervisor.ledger.errors import (
     TerminalState,
 )
 from tether.supervisor.ledger.identity import Created, StepSpec, TaskSpec
-from tether.supervisor.ledger.port import Ledger
 from tether.supervisor.ledger.repositories import Binding
 from tether.supervisor.ledger.states import ALLOWED, TERMINAL, AttemptState, StepState, TaskState
-from tether.supervisor.ledger.store import SqliteLedger
+from tether.supervisor.ledger.store import LedgerStore, SqliteLedger
 from tether.supervisor.ledger.tokens import Principal, Role
 from tether.supervisor.ledger.tx import LedgerConfig, Tx
 from tether.supervisor.ledger.verification import Evidence, Finding, Problem
@@ -48,9 +47,9 @@ __all__ = [
     "InvalidRequest",
     "InvalidTransition",
     "Lease",
-    "Ledger",
     "LedgerConfig",
     "LedgerError",
+    "LedgerStore",
     "NotFound",
     "PayloadDrift",
     "PlanMismatch",

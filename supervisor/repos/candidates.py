@@ -9,7 +9,7 @@ import structlog
 
 from tether.git import redact
 from tether.supervisor.artifacts.port import Artifacts
-from tether.supervisor.ledger import Ledger
+from tether.supervisor.ledger import LedgerStore
 from tether.supervisor.repos.mirror import MirrorError, Mirrors
 
 log = structlog.get_logger("tether.supervisor")
@@ -40,7 +40,7 @@ class SharedCandidates:
 
     def __init__(self, artifacts: Artifacts) -> None:
         self.artifacts = artifacts
-        self.ledger: Ledger | None = None
+        self.ledger: LedgerStore | None = None
 
     async def restore(self, mirrors: Mirrors, url: str) -> int:
         """Import into the mirror of `url` (just made: new, or anew after damage) every

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tether.supervisor.artifacts import Held
 from tether.supervisor.artifacts.port import Artifacts
-from tether.supervisor.ledger import Ledger, Role
+from tether.supervisor.ledger import LedgerStore, Role
 from tether.supervisor.ledger.repositories import Binding
 from tether.supervisor.ledger.verification import Evidence, Finding, Problem
 from tether.supervisor.repos.candidates import import_candidate
@@ -48,7 +48,7 @@ class PoolArtifacts:
     """The artifact store as one pool's runners may name it in a report: a digest counts
     only when a runner of `pool` uploaded it and its bytes still hash to it."""
 
-    def __init__(self, store: Artifacts, ledger: Ledger, pool: str) -> None:
+    def __init__(self, store: Artifacts, ledger: LedgerStore, pool: str) -> None:
         self.store = store
         self.ledger = ledger
         self.pool = pool
@@ -78,7 +78,7 @@ class PoolArtifacts:
 async def gather(
     mirrors: Mirrors,
     store: Artifacts,
-    ledger: Ledger,
+    ledger: LedgerStore,
     binding: Binding,
     rep: Result,
     *,

@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Final
 
-from tether.supervisor.ledger import Ledger
+from tether.supervisor.ledger import LedgerStore
 from tether.supervisor.shown import fields_text, one_line
 
 # Lines a page shows at most, all attempts together; `tether-supervisor logs` prints them all.
 PAGE_LINES_MAX: Final = 4_000
 
 
-async def lines_by_fence(ledger: Ledger, task_id: str, tenant: str) -> dict[int, list[Any]]:
+async def lines_by_fence(ledger: LedgerStore, task_id: str, tenant: str) -> dict[int, list[Any]]:
     """Each attempt's shipped lines, by its fence, in the order they arrived."""
     found: defaultdict[int, list[Any]] = defaultdict(list)
     after_seq = after_line = shown = 0

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from starlette.requests import Request
 
-from tether.supervisor.ledger import Ledger, Principal
+from tether.supervisor.ledger import LedgerStore, Principal
 from tether.supervisor.repos import diffs
 from tether.supervisor.shown import reveal
 from tether.wire.records import TaskDetail
@@ -39,7 +39,7 @@ async def shown_diff(request: Request, who: Principal, task: TaskDetail) -> dict
         chosen = diffs.pick(task, None)
     except diffs.CandidateError:
         return None
-    ledger: Ledger = request.app.state.ledger
+    ledger: LedgerStore = request.app.state.ledger
     binding = await ledger.binding_of_task(who.scope, task.id)
     if binding is None:
         return None

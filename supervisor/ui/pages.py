@@ -1,5 +1,5 @@
 """The status page's reads: the tenant's tasks, one task, and the part of a task page that
-live updates replace. Everything comes through the ledger port, as the API's reads do."""
+live updates replace. Everything comes through the ledger store, as the API's reads do."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.responses import Response
 from tether.supervisor.api import requests as rq
 from tether.supervisor.api.auth import may_use_pool
 from tether.supervisor.api.errors import ApiError
-from tether.supervisor.ledger import Ledger, Principal
+from tether.supervisor.ledger import LedgerStore, Principal
 from tether.supervisor.ledger.views import PAGE_MAX, TaskSearch
 from tether.supervisor.plan_reading import task_plan
 from tether.supervisor.ui import render, transcript
@@ -50,8 +50,8 @@ ATTEMPT_SHOWN: Final = frozenset(
 )  # fmt: skip
 
 
-def ledger_of(request: Request) -> Ledger:
-    ledger: Ledger = request.app.state.ledger
+def ledger_of(request: Request) -> LedgerStore:
+    ledger: LedgerStore = request.app.state.ledger
     return ledger
 
 

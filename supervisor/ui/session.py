@@ -24,7 +24,7 @@ from starlette.responses import Response
 from tether.supervisor.api import requests as rq
 from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError
-from tether.supervisor.ledger import Ledger, Principal, Role
+from tether.supervisor.ledger import LedgerStore, Principal, Role
 from tether.wire import ErrorCode
 
 COOKIE = "tether_ui"
@@ -67,8 +67,8 @@ async def operator_for(request: Request, secret: str) -> Principal:
     return await require(_as_bearer(request, secret), Role.OPERATOR)
 
 
-def _ledger(request: Request) -> Ledger:
-    ledger: Ledger = request.app.state.ledger
+def _ledger(request: Request) -> LedgerStore:
+    ledger: LedgerStore = request.app.state.ledger
     return ledger
 
 

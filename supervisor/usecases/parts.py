@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tether.supervisor.artifacts.port import Artifacts
-from tether.supervisor.ledger import Ledger
+from tether.supervisor.ledger import LedgerStore
 from tether.supervisor.repos import Mirrors
 from tether.supervisor.usecases.unbound import UnboundSteps
 
@@ -15,7 +15,7 @@ class Parts:
     """The ledger, the repositories' mirrors, the artifact store and the steps this process
     granted unbound (`UnboundSteps`)."""
 
-    ledger: Ledger
+    ledger: LedgerStore
     mirrors: Mirrors
     artifacts: Artifacts
     unbound: UnboundSteps

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import anyio
 
-from tether.supervisor.ledger import Ledger, LedgerError, Principal
+from tether.supervisor.ledger import LedgerError, LedgerStore, Principal
 from tether.wire.records import LeaseRef, RenewalItem, RenewalsAnswer
 
 # The item an answer carries for a renewal the single route would have refused, by step id.
@@ -14,7 +14,7 @@ Refusal = Callable[[str, LedgerError], RenewalItem]
 
 
 async def renew_many(
-    ledger: Ledger, who: Principal, held: tuple[LeaseRef, ...], *, refusal: Refusal
+    ledger: LedgerStore, who: Principal, held: tuple[LeaseRef, ...], *, refusal: Refusal
 ) -> RenewalsAnswer:
     """Each lease of `held` renewed by the same ledger rule as one alone, started together so
     that they reach the writer together (one transaction); each gets its own answer, in
