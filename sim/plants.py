@@ -1,9 +1,11 @@
 """Planted bugs: each one swaps a single ledger function for a broken copy while a run lasts,
 to prove the explorer catches the check's absence (`chaos explore --plant NAME`).
 
-The ledger knows nothing of them: `planted` sets a module attribute that a rule calls through,
-and puts the original back when the run ends, whatever happens. A plant that no longer finds its
-attribute raises instead of silently planting nothing.
+The ledger knows nothing of them, but it declares where they may go: each rule module lists in
+`SEAMS` the names its rules call through the module's globals, and `planted` swaps only a
+declared name, putting the original back when the run ends, whatever happens. A plant whose
+name is not a declared seam, or that no longer finds its attribute, raises instead of silently
+planting nothing.
 """
 
 from __future__ import annotations
@@ -175,6 +177,8 @@ def planted(name: str | None) -> Iterator[Plant | None]:
     if plant is None:
         yield None
         return
+    if plant.name not in getattr(plant.module, "SEAMS", frozenset()):
+        raise ValueError(f"{plant.module.__name__}.{plant.name} is not a seam its module declares")
     original = getattr(plant.module, plant.name)  # AttributeError: the plant lost its target
     setattr(plant.module, plant.name, plant.replacement)
     try:

@@ -8,6 +8,8 @@ the step is committed and the event appended. A report for a step already commit
 
 from __future__ import annotations
 
+from typing import Final
+
 from tether.supervisor.ledger import verifier
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, PayloadDrift, TerminalState
@@ -26,6 +28,10 @@ from tether.supervisor.ledger.tx import Row, Tx, dumps
 from tether.supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, effect_key
 from tether.wire.records import Report
+
+# The names a planted bug of the schedule explorer may swap while a run lasts
+# (`tether.sim.plants`): the rules here call each through this module's globals.
+SEAMS: Final = frozenset({"effect_identity", "held_step", "require_current"})
 
 
 def effect_identity(tx: Tx, step: Row, rep: Report) -> str | None:

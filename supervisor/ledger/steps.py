@@ -5,10 +5,15 @@ an attempt spent to its tenant (docs/design.md, Fencing and leases, Budgets)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from tether.supervisor.ledger.errors import NotFound, StaleFence
 from tether.supervisor.ledger.states import AttemptState, StepState
 from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
+
+# The names a planted bug of the schedule explorer may swap while a run lasts
+# (`tether.sim.plants`): the rules here call each through this module's globals.
+SEAMS: Final = frozenset({"lapsed"})
 
 # A tenant's running total saturates here rather than overflow SQLite's 64-bit integer.
 TOKENS_CEILING = 2**62

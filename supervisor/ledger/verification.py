@@ -11,10 +11,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from tether.supervisor.ledger.states import TERMINAL, StepState, TaskState
 from tether.supervisor.ledger.tx import Row, Statements, Tx, loads
+
+# The names a planted bug of the schedule explorer may swap while a run lasts
+# (`tether.sim.plants`): the rules here call each through this module's globals.
+SEAMS: Final = frozenset({"problems_of"})
 
 
 class Finding(enum.StrEnum):
