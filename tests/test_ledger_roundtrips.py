@@ -36,10 +36,10 @@ STEP_BUDGET = 26  # 36 before the cuts of issue 14
 
 @contextlib.contextmanager
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
-    """Count the named statements rules run (`Tx.one`, `all`, `run`, and `many` given rows)
+    """Count the named statements rules run (`Tx.one`, `all`, `run`, `count`, and `many` given rows)
     while entered."""
     seen: collections.Counter[str] = collections.Counter()
-    for method in ("one", "all", "run", "many"):
+    for method in ("one", "all", "run", "count", "many"):
         original = getattr(Tx, method)
 
         def counting(

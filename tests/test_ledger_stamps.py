@@ -34,8 +34,8 @@ def test_each_stamp_is_set_once_when_its_state_is_entered(sim: Sim, clock: FakeC
         at[target] = clock.now
         reason = "checks failed" if target is S.FAILED else None
 
-        def move(tx: Tx, target: TaskState = target, reason: str | None = reason) -> int:
-            return transition(tx, task_id, target, reason=reason)
+        def move(tx: Tx, target: TaskState = target, reason: str | None = reason) -> None:
+            transition(tx, task_id, target, reason=reason)
 
         sim.run(move)
     assert stamps(sim, task_id) == (

@@ -70,7 +70,8 @@ def test_allowed_transition_moves_and_appends_a_later_event(
 ) -> None:
     task_id = task_in(sim, current)
     before = sim.execute("SELECT MAX(seq) FROM events").fetchone()[0]
-    seq = sim.run(lambda tx: transition(tx, task_id, target, reason="why"))
+    sim.run(lambda tx: transition(tx, task_id, target, reason="why"))
+    seq = sim.execute("SELECT MAX(seq) FROM events").fetchone()[0]
     assert seq > before
     row = sim.execute("SELECT state, last_seq FROM tasks WHERE id = ?", (task_id,)).fetchone()
     assert (row["state"], row["last_seq"]) == (target.value, seq)

@@ -87,7 +87,7 @@ def record_upload(
     if refusal is not None:
         raise refusal
     row = (digest, who.role.value, who.scope, upload.tenant, upload.step_id, size)
-    return tx.run("record_artifact_owner", (*row, who.token_id, tx.now)) == 1
+    return tx.count("record_artifact_owner", (*row, who.token_id, tx.now)) == 1
 
 
 def owners(s: Statements, digest: str) -> list[ArtifactOwner]:

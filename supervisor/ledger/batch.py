@@ -96,7 +96,7 @@ def execute_batch(
                 settle(tx)
             except Refused as exc:
                 db.execute("ROLLBACK TO rule")
-                tx.last_seqs.clear()  # the events were rolled back with the rule
+                tx.evented.clear()  # the events were rolled back with the rule
                 outcome.error = _after_refusal(db, tx, backend) or exc
                 if outcome.error is exc and exc.recorded:
                     task_id = record_rejection(
@@ -109,7 +109,7 @@ def execute_batch(
                 outcome.error = _failure_of(exc, backend)
             else:
                 woken |= tx.woken_pools
-                touched |= tx.last_seqs.keys()
+                touched |= tx.evented
                 notes += tx.notes
             if index + 1 < len(rules):
                 savepoints.execute("RELEASE rule; SAVEPOINT rule" if joined else "RELEASE rule")

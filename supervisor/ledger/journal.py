@@ -12,20 +12,21 @@ from typing import Any
 from tether.supervisor.ledger.tx import Tx, dumps
 
 
-def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str, Any]) -> int:
-    row = tx.one("append_event", (task_id, kind, str(state), dumps(dict(data)), tx.now))
-    assert row is not None
-    seq = int(row["seq"])
-    tx.last_seqs[task_id] = seq
-    return seq
+def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str, Any]) -> None:
+    """Append one event of `task_id`'s. Its sequence number is not read back: the write asks
+    nothing of the server, so on PostgreSQL it rides the rule's next round trip (docs/design.md,
+    The ledger on disk)."""
+    tx.run("append_event", (task_id, kind, str(state), dumps(dict(data)), tx.now))
+    tx.evented.add(task_id)
 
 
 def settle(tx: Tx) -> None:
-    """Record on each task the sequence number of the latest event the rule gave it: one
-    write per task and rule (a grant appends two events, a last result three). The batch calls
-    it as the rule ends, inside the rule's savepoint; nothing reads `last_seq` in a rule."""
-    for task_id, seq in tx.last_seqs.items():
-        tx.run("set_task_last_seq", (seq, task_id))
+    """Record on each task the sequence number of the latest event the rule gave it, read from
+    the journal by the write itself: one write per task and rule (a grant appends two events,
+    a last result three). The batch calls it as the rule ends, inside the rule's savepoint;
+    nothing reads `last_seq` in a rule."""
+    for task_id in tx.evented:
+        tx.run("set_task_last_seq", (task_id, task_id))
 
 
 def record_rejection(

@@ -67,10 +67,10 @@ def refresh_after_restart(tx: Tx) -> int:
     row = tx.one("last_alive")
     if row is None:
         fresh = (tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s)
-        changed = tx.run("refresh_leases", fresh)
+        changed = tx.count("refresh_leases", fresh)
     else:
         unattended = tx.now - row["value"] / ALIVE_PER_S - ALIVE_GRACE_S
-        changed = tx.run("extend_leases", (unattended, unattended)) if unattended > 0 else 0
+        changed = tx.count("extend_leases", (unattended, unattended)) if unattended > 0 else 0
     tx.run("stamp_alive", (int(tx.now * ALIVE_PER_S),))
     tx.run("raise_fence_floor", (int(tx.now * FENCE_FLOOR_PER_S),))
     return changed

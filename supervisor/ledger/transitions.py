@@ -54,10 +54,9 @@ def transition(
     reason: str | None = None,
     data: Mapping[str, Any] | None = None,
     current: TaskState | None = None,
-) -> int:
-    """Move a task to `target` and append its event; return the event's sequence number.
-    `current`: the state the rule read in this transaction and has not changed since, saving
-    the read."""
+) -> None:
+    """Move a task to `target` and append its event. `current`: the state the rule read in
+    this transaction and has not changed since, saving the read."""
     if current is None:
         current = task_state(tx, task_id)
     require_allowed(task_id, current, target)
@@ -69,4 +68,4 @@ def transition(
     payload = {"from": current.value, **(data or {})}
     if reason:
         payload["reason"] = reason
-    return append_event(tx, task_id, "state", target, payload)
+    append_event(tx, task_id, "state", target, payload)

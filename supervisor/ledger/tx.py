@@ -100,7 +100,7 @@ class Tx:
     sql: Mapping[str, str] = dataclasses.field(default_factory=lambda: queries.texts("sqlite"))
     # Set by rules so the store can wake long-pollers after the commit is durable: the pools
     # whose claims may now find work (ALL_POOLS for every pool). The tasks given events are
-    # the keys of `last_seqs`.
+    # `evented`.
     woken_pools: set[str] = dataclasses.field(default_factory=set)
     notes: list[Note] = dataclasses.field(default_factory=list)
     # What the rule does ("renew", "result", ...), named in the log line of its refusal.
@@ -108,10 +108,10 @@ class Tx:
     # Writes that stand even if the rule is refused: the batch runs them after rolling the
     # rule back, beside its rejection (the tokens a fenced-out attempt spent; `steps.charge`).
     after_refusal: list[Callable[[Tx], object]] = dataclasses.field(default_factory=list)
-    # The latest event each task was given in this rule, written to `tasks.last_seq` once
-    # when the rule ends (`journal.settle`) rather than once per event; emptied when the rule
-    # is rolled back.
-    last_seqs: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The tasks given events in this rule: their `tasks.last_seq` is written once when the
+    # rule ends (`journal.settle`) rather than once per event; emptied when the rule is rolled
+    # back.
+    evented: set[str] = dataclasses.field(default_factory=set)
 
     def wake(self, pool: str) -> None:
         """Claims waiting in `pool` may find work once this transaction is durable."""
@@ -131,14 +131,21 @@ class Tx:
         rows: list[Row] = self.db.execute(self.sql[name], params).fetchall()
         return rows
 
-    def run(self, name: str, params: Sequence[Any] = ()) -> int:
+    def run(self, name: str, params: Sequence[Any] = ()) -> None:
+        """Run the write `name`. It asks nothing back, so on PostgreSQL it is sent with the
+        rule's next statement that does (`count`, a read, the rule's end)."""
+        self.db.execute(self.sql[name], params)
+
+    def count(self, name: str, params: Sequence[Any] = ()) -> int:
         """Run the write `name`; return the number of rows it changed."""
         count: int = self.db.execute(self.sql[name], params).rowcount
         return count
 
     def many(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Run the write `name` once per parameter row."""
-        self.db.executemany(self.sql[name], rows)
+        """Run the write `name` once per parameter row; nothing at all for no rows."""
+        rows = list(rows)
+        if rows:
+            self.db.executemany(self.sql[name], rows)
 
 
 _encode = msgspec.json.Encoder(order="sorted").encode

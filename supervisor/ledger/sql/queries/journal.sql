@@ -1,10 +1,10 @@
 -- name: append_event
 -- Append one event to the journal; its sequence number is the ledger-wide order.
-INSERT INTO events (task_id, kind, state, data_json, at) VALUES (?, ?, ?, ?, ?) RETURNING seq;
+INSERT INTO events (task_id, kind, state, data_json, at) VALUES (?, ?, ?, ?, ?);
 
 -- name: set_task_last_seq
--- Record on the task the sequence number of its latest event.
-UPDATE tasks SET last_seq = ? WHERE id = ?;
+-- Record on a task the sequence number of its latest event (`events_by_task` finds it).
+UPDATE tasks SET last_seq = (SELECT MAX(seq) FROM events WHERE task_id = ?) WHERE id = ?;
 
 -- name: task_of_step
 -- The task a step belongs to.
