@@ -25,7 +25,7 @@ from psycopg import sql
 from tether.supervisor.ledger import pg_schema
 from tether.supervisor.ledger.backend_protocol import WriteConnection
 from tether.supervisor.ledger.pg_schema import PgRow
-from tether.supervisor.ledger.postgres import PgConnection, PostgresBackend
+from tether.supervisor.ledger.postgres import PgConnection, PostgresBackend, Queued
 from tether.supervisor.ledger.queries import Dialect
 
 PREFIX = "tether_chaos_"
@@ -58,24 +58,40 @@ def drop_run(server: str, prefix: str) -> None:
 class CountingConnection(PgConnection):
     """The write connection, counting the rows its writes changed: what SQLite's
     `total_changes` tells the explorer (whether an event can have changed what the
-    invariants read)."""
+    invariants read). A statement pipelined in a batch (`PostgresBackend.pipeline`) has no
+    row count until its answer came back, so each statement's cursor is kept and counted
+    when `changed` is read, between batches."""
 
-    __slots__ = ("changed",)
+    __slots__ = ("_changed", "_sent")
 
     def __init__(self, conn: psycopg.Connection[PgRow]) -> None:
         super().__init__(conn)
-        self.changed = 0
+        self._changed = 0
+        self._sent: list[psycopg.Cursor[PgRow]] = []
 
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[PgRow]:
-        cursor = self.conn.execute(sql, parameters)
-        if cursor.rowcount > 0 and (cursor.statusmessage or "").startswith(_WRITES):
-            self.changed += cursor.rowcount
-        return cursor
+    def execute(
+        self, sql: str, parameters: Sequence[Any] = (), /
+    ) -> psycopg.Cursor[PgRow] | Queued:
+        result = super().execute(sql, parameters)
+        self._sent.append(result.cursor if isinstance(result, Queued) else result)
+        return result
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
         rows = list(parameters)
         super().executemany(sql, rows)
-        self.changed += len(rows)
+        self._changed += len(rows)
+
+    def count_from_zero(self) -> None:
+        self._changed = 0
+        self._sent.clear()
+
+    @property
+    def changed(self) -> int:
+        for cursor in self._sent:
+            if cursor.rowcount > 0 and (cursor.statusmessage or "").startswith(_WRITES):
+                self._changed += cursor.rowcount
+        self._sent.clear()
+        return self._changed
 
 
 def emptying(conn: psycopg.Connection[PgRow]) -> sql.Composed:
@@ -167,7 +183,7 @@ class PgWorkspace:
             if row is not None:
                 self._dropped[drop_index] = row[0]
                 conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(drop_index)))
-        db.changed = 0
+        db.count_from_zero()
         return db
 
     def changes(self, db: WriteConnection) -> int:

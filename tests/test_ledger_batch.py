@@ -23,9 +23,9 @@ from tether.supervisor.ledger import (
 )
 from tether.supervisor.ledger.batch import RuleCrashed
 from tether.supervisor.ledger.identity import create_task
-from tether.supervisor.ledger.transitions import transition
+from tether.supervisor.ledger.transitions import task_state, transition
 
-from .conftest import Sim, count, make_spec
+from .conftest import Sim, count, make_spec, own_sql
 
 pytestmark = pytest.mark.backends
 
@@ -107,6 +107,42 @@ def test_a_storage_failure_inside_a_rule_is_a_storage_error_not_a_bug(sim: Sim) 
     assert isinstance(mistake.error, RuleCrashed)  # an SQL mistake is a bug, not the storage
     assert after.error is None
     assert sim.execute("SELECT owner FROM tasks WHERE owner = 'half-written'").fetchone() is None
+
+
+def test_a_write_whose_error_comes_back_in_a_later_rule_fails_its_own_rule_alone(
+    sim: Sim,
+) -> None:
+    """On PostgreSQL a write that asks nothing back goes to the server with the next statement
+    that does, here the next rule's read, and its error comes back with that read's answer:
+    the batch runs again with each statement sent alone, and only the rule that wrote fails.
+    On SQLite the write fails where it is made."""
+    task_id = sim.run(lambda tx: create_task(tx, make_spec("a"))).task_id
+    calls: list[str] = []
+
+    def write_then_break_a_constraint(tx: Tx) -> None:
+        calls.append("writer")
+        tx.db.execute(
+            own_sql(tx, "UPDATE tasks SET owner = 'half-written' WHERE id = ?"), (task_id,)
+        )
+        tx.db.execute(own_sql(tx, "UPDATE tasks SET state = NULL WHERE id = ?"), (task_id,))
+
+    def read_the_task(tx: Tx) -> str:
+        calls.append("reader")
+        return str(task_state(tx, task_id))
+
+    broken, read, created = sim.batch(
+        write_then_break_a_constraint, read_the_task, lambda tx: create_task(tx, make_spec("b"))
+    )
+    assert isinstance(broken.error, RuleCrashed)
+    assert read.error is None
+    assert read.value == "PLANNED"
+    assert created.error is None
+    keys = [r[0] for r in sim.execute("SELECT idempotency_key FROM tasks ORDER BY created_order")]
+    assert keys == ["a", "b"]
+    assert sim.execute("SELECT owner FROM tasks WHERE owner = 'half-written'").fetchone() is None
+    # Pipelined, the error came back in the reader: the first run was rolled back whole.
+    ran_twice = ["writer", "reader", "writer", "reader"]
+    assert calls == (ran_twice if sim.on_postgresql else ["writer", "reader"])
 
 
 def crash_after_writing(tx: Tx) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 from tether.supervisor.ledger.queries import Dialect
@@ -51,6 +51,15 @@ class WriteConnection(Connection, Protocol):
     savepoints on one)."""
 
     def cursor(self) -> Cursor: ...
+
+
+class Pipeline(Protocol):
+    """The statements a batch queued on the writer's connection (`Backend.pipeline`)."""
+
+    @property
+    def lost(self) -> bool:
+        """Whether the connection is gone: nothing to roll back, nothing to run again on."""
+        ...
 
 
 class Reads(Protocol):
@@ -99,6 +108,13 @@ class Backend(Protocol):
         ...
 
     def in_transaction(self, db: WriteConnection) -> bool: ...
+
+    def pipeline(self, db: WriteConnection) -> AbstractContextManager[Pipeline | None]:
+        """While entered, a statement sent on `db` that asks nothing back (`Tx.run`) is
+        queued and goes to the server with the next one that does, which waits for every
+        answer before it; leaving sends what is left and raises the first error. None where
+        each statement runs as it is sent (SQLite)."""
+        ...
 
     def is_driver_error(self, exc: BaseException) -> bool:
         """Whether `exc` came from the database driver (the batch then fails, the writer not)."""

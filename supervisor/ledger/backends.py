@@ -63,6 +63,9 @@ class SqliteBackend:
     def joins_statements(self) -> bool:
         return False  # sqlite3 runs one statement per execute
 
+    def pipeline(self, db: WriteConnection) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()  # no server: each statement runs as it is sent
+
     def exists(self) -> bool:
         return self.path.exists()
 

@@ -9,13 +9,20 @@ returns, i.e. once the batch is durable, and only then are the batch's decisions
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tether.supervisor.ledger import queries
-from tether.supervisor.ledger.backend_protocol import Backend, Wakeup, WriteConnection
+from tether.supervisor.ledger.backend_protocol import (
+    Backend,
+    Cursor,
+    Pipeline,
+    Wakeup,
+    WriteConnection,
+)
 from tether.supervisor.ledger.backends import SQLITE
 from tether.supervisor.ledger.decisions import Decision, Note
 from tether.supervisor.ledger.errors import LedgerError, Refused, StorageError
@@ -72,52 +79,52 @@ def execute_batch(
     """Run `rules` in one transaction and commit it. With `commit=False` the transaction is
     rolled back instead, leaving what a crash just before `COMMIT` leaves: nothing. A batch
     that woke anything tells other processes inside its transaction (`Backend.announce`), so
-    that they hear of it only if it commits."""
+    that they hear of it only if it commits.
+
+    Where the backend pipelines (`Backend.pipeline`: PostgreSQL), the rules' writes are sent
+    with their next read, and a statement's error comes back with the answers of the reads
+    after it, perhaps in a later rule's: which rule it belongs to cannot be told, so the
+    batch is rolled back and run again with each statement sent alone, where a failing rule
+    is rolled back alone as always. Nothing of the first run was committed or answered."""
+    result = _run(db, rules, make_tx, commit=commit, backend=backend, pipelined=True)
+    if result is None:
+        result = _run(db, rules, make_tx, commit=commit, backend=backend, pipelined=False)
+        assert result is not None
+    return result
+
+
+def _run(
+    db: WriteConnection,
+    rules: Sequence[Rule],
+    make_tx: Callable[[], Tx],
+    *,
+    commit: bool,
+    backend: Backend,
+    pipelined: bool,
+) -> BatchResult | None:
+    """`execute_batch` once; None when a pipelined run met an error before `COMMIT` on a
+    connection still there (it is rolled back then): run it again unpipelined."""
     outcomes = [RuleOutcome() for _ in rules]
+    notes: list[Note] = []
     woken: set[str] = set()
     touched: set[str] = set()
-    notes: list[Note] = []
-    savepoints = db.cursor()  # one cursor for the statements every rule runs: cheaper
-    # Where one execute may carry several statements, one rule's savepoint is released and
-    # the next one's taken in one round trip; COMMIT releases the last one.
-    joined = backend.joins_statements
-    begun = False
+    pipe: Pipeline | None = None
+    begun = committing = False
     try:
         backend.begin(db)
         begun = True
-        if rules:
-            savepoints.execute("SAVEPOINT rule")
-        for index, (rule, outcome) in enumerate(zip(rules, outcomes, strict=True)):
-            tx = make_tx()
-            if index and not joined:
-                savepoints.execute("SAVEPOINT rule")
-            try:
-                outcome.value = rule(tx)
-                settle(tx)
-            except Refused as exc:
-                db.execute("ROLLBACK TO rule")
-                tx.evented.clear()  # the events were rolled back with the rule
-                outcome.error = _after_refusal(db, tx, backend) or exc
-                if outcome.error is exc and exc.recorded:
-                    task_id = record_rejection(
-                        tx, code=exc.code.value, detail=exc.detail,
-                        task_id=exc.task_id, step_id=exc.step_id, fence=exc.fence,
-                    )  # fmt: skip
-                    notes.append(_refusal_note(tx, exc, task_id))
-            except Exception as exc:  # a bug in one rule fails that rule alone, not its batch
-                db.execute("ROLLBACK TO rule")
-                outcome.error = _failure_of(exc, backend)
-            else:
-                woken |= tx.woken_pools
-                touched |= tx.evented
-                notes += tx.notes
-            if index + 1 < len(rules):
-                savepoints.execute("RELEASE rule; SAVEPOINT rule" if joined else "RELEASE rule")
-        wakeup = Wakeup(frozenset(woken), bool(touched))
-        if commit and wakeup:
-            backend.announce(db, wakeup)
+        with backend.pipeline(db) if pipelined else contextlib.nullcontext() as pipe:
+            queued = pipe is not None
+            woken, touched = _run_rules(db, rules, make_tx, outcomes, notes, backend, queued)
+            wakeup = Wakeup(frozenset(woken), bool(touched))
+            if commit and wakeup:
+                backend.announce(db, wakeup)
+        committing = True
         db.execute("COMMIT" if commit else "ROLLBACK")
     except BaseException as exc:
+        if pipe is not None and not committing and backend.is_driver_error(exc) and not pipe.lost:
+            _roll_back(db, backend)
+            return None
         _roll_back(db, backend)
         failure = StorageError(f"the ledger could not commit: {exc}")
         failure.__cause__ = exc
@@ -131,6 +138,59 @@ def execute_batch(
     return BatchResult(outcomes, woken, touched, notes)
 
 
+def _run_rules(
+    db: WriteConnection,
+    rules: Sequence[Rule],
+    make_tx: Callable[[], Tx],
+    outcomes: list[RuleOutcome],
+    notes: list[Note],
+    backend: Backend,
+    queued: bool,
+) -> tuple[set[str], set[str]]:
+    """Each rule in its savepoint, its outcome set in `outcomes` and its decisions added to
+    `notes`; the pools the committed ones woke and the tasks they gave events. `queued`:
+    statements are pipelined, so a driver error is raised for `execute_batch` to run the
+    batch again (see there)."""
+    woken: set[str] = set()
+    touched: set[str] = set()
+    # Where one execute may carry several statements, one rule's savepoint is released and
+    # the next one's taken in one round trip; COMMIT releases the last one. Queued, each
+    # statement goes alone, the round trip shared anyway.
+    joined = backend.joins_statements and not queued
+    savepoints: Cursor = db if queued else db.cursor()  # one cursor for every rule: cheaper
+    if rules:
+        savepoints.execute("SAVEPOINT rule")
+    for index, (rule, outcome) in enumerate(zip(rules, outcomes, strict=True)):
+        tx = make_tx()
+        if index and not joined:
+            savepoints.execute("SAVEPOINT rule")
+        try:
+            outcome.value = rule(tx)
+            settle(tx)
+        except Refused as exc:
+            db.execute("ROLLBACK TO rule")
+            tx.evented.clear()  # the events were rolled back with the rule
+            outcome.error = _after_refusal(db, tx, backend, queued) or exc
+            if outcome.error is exc and exc.recorded:
+                task_id = record_rejection(
+                    tx, code=exc.code.value, detail=exc.detail,
+                    task_id=exc.task_id, step_id=exc.step_id, fence=exc.fence,
+                )  # fmt: skip
+                notes.append(_refusal_note(tx, exc, task_id))
+        except Exception as exc:  # a bug in one rule fails that rule alone, not its batch
+            if queued and backend.is_driver_error(exc):
+                raise  # perhaps another rule's statement: the batch runs again unpipelined
+            db.execute("ROLLBACK TO rule")
+            outcome.error = _failure_of(exc, backend)
+        else:
+            woken |= tx.woken_pools
+            touched |= tx.evented
+            notes += tx.notes
+        if index + 1 < len(rules):
+            savepoints.execute("RELEASE rule; SAVEPOINT rule" if joined else "RELEASE rule")
+    return woken, touched
+
+
 def _roll_back(db: WriteConnection, backend: Backend) -> None:
     """Roll back a failed batch, if its connection still can: a lost one has nothing open."""
     try:
@@ -141,14 +201,19 @@ def _roll_back(db: WriteConnection, backend: Backend) -> None:
             raise
 
 
-def _after_refusal(db: WriteConnection, tx: Tx, backend: Backend) -> LedgerError | None:
+def _after_refusal(
+    db: WriteConnection, tx: Tx, backend: Backend, queued: bool
+) -> LedgerError | None:
     """Run the writes a refused rule keeps (`Tx.after_refusal`) after its rollback. One that
-    fails is a bug: everything the rule wrote is rolled back and its failure returned."""
+    fails is a bug: everything the rule wrote is rolled back and its failure returned
+    (`queued`: a driver error is raised, as `_run_rules` does)."""
     try:
         for write in tx.after_refusal:
             write(tx)
         settle(tx)
     except Exception as exc:
+        if queued and backend.is_driver_error(exc):
+            raise
         db.execute("ROLLBACK TO rule")
         return _failure_of(exc, backend)
     return None

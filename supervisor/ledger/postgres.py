@@ -2,12 +2,15 @@
 database.
 
 Writes: one psycopg 3 sync connection on the store's writer thread, the same group commit as
-on SQLite (a batch = one transaction, a savepoint per rule). Batches from every supervisor on
-the database are serialized by `pg_advisory_xact_lock(LEDGER_LOCK)` taken right after BEGIN,
-in READ COMMITTED: the rules were written for one writer (read, decide, write) and keep that
-reasoning here without a lock audit of each, and the event journal's `seq` becomes visible in
-order (commit order = seq order under the lock). The price: supervisors' batches never
-overlap, each holding the lock for the one batch it runs. Measured (bench/pgwriters.py, the
+on SQLite (a batch = one transaction, a savepoint per rule), its statements pipelined
+(`PostgresBackend.pipeline`): a write that asks nothing back goes with the next statement
+that does, so a step's two rules cost their reads' round trips, not one per statement.
+Batches from every supervisor on the database are serialized by
+`pg_advisory_xact_lock(LEDGER_LOCK)` taken right after BEGIN, in READ COMMITTED: the rules
+were written for one writer (read, decide, write) and keep that reasoning here without a lock
+audit of each, and the event journal's `seq` becomes visible in order (commit order = seq
+order under the lock). The price: supervisors' batches never overlap, each holding the lock
+for the one batch it runs. Measured (bench/pgwriters.py, the
 2-core machine running the server too, 32 workers per supervisor looping claim -> result):
 1 supervisor 307 steps/s at 19 batches/s, 3 supervisors 384 steps/s at 24 batches/s, 32
 rules per batch; more supervisors add the Python work done outside the lock, not writes.
@@ -28,7 +31,7 @@ import contextlib
 import dataclasses
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -44,6 +47,7 @@ from tether.supervisor.ledger import pg_schema, queries
 from tether.supervisor.ledger.backend_protocol import (
     EVERYTHING,
     Fire,
+    Pipeline,
     Reads,
     Wakeup,
     WriteConnection,
@@ -77,15 +81,21 @@ READ_WAIT_S = 10.0  # how long a read waits for a pooled connection before it fa
 
 
 class PgConnection:
-    """psycopg's connection with the DB-API surface the ledger's rules use (`executemany`)."""
+    """psycopg's connection with the DB-API surface the ledger's rules use (`executemany`).
+    While the writer pipelines a batch (`PostgresBackend.pipeline`), a statement's row count
+    waits for its answer (`Queued`)."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "pipeline")
 
     def __init__(self, conn: psycopg.Connection[PgRow]) -> None:
         self.conn = conn
+        self.pipeline: psycopg.Pipeline | None = None
 
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[PgRow]:
-        return self.conn.execute(sql, parameters)
+    def execute(
+        self, sql: str, parameters: Sequence[Any] = (), /
+    ) -> psycopg.Cursor[PgRow] | Queued:
+        cursor = self.conn.execute(sql, parameters)
+        return cursor if self.pipeline is None else Queued(cursor, self.pipeline)
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
         with self.conn.cursor() as cursor:
@@ -93,6 +103,42 @@ class PgConnection:
 
     def cursor(self) -> psycopg.Cursor[PgRow]:
         return self.conn.cursor()
+
+
+class Queued:
+    """A statement sent in pipeline mode: its rows are fetched as psycopg fetches them (a
+    read waits for the answers to everything queued before it); its row count is known once
+    the pipeline is synced, which reading it does."""
+
+    __slots__ = ("cursor", "pipeline")
+
+    def __init__(self, cursor: psycopg.Cursor[PgRow], pipeline: psycopg.Pipeline) -> None:
+        self.cursor = cursor
+        self.pipeline = pipeline
+
+    def fetchone(self) -> PgRow | None:
+        return self.cursor.fetchone()
+
+    def fetchall(self) -> list[PgRow]:
+        return self.cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        self.pipeline.sync()
+        return self.cursor.rowcount
+
+
+class _Pipelined:
+    """`Pipeline` (the backend protocol's) over psycopg's connection."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: psycopg.Connection[PgRow]) -> None:
+        self.conn = conn
+
+    @property
+    def lost(self) -> bool:
+        return self.conn.closed or self.conn.broken
 
 
 def _pg(db: WriteConnection) -> psycopg.Connection[PgRow]:
@@ -197,6 +243,23 @@ class PostgresBackend:
     def in_transaction(self, db: WriteConnection) -> bool:
         status = _pg(db).info.transaction_status
         return status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+    @contextlib.contextmanager
+    def pipeline(self, db: WriteConnection) -> Iterator[Pipeline | None]:
+        """psycopg's pipeline mode: the rules' writes ride their next read's round trip. On
+        an error the pipeline is synced before psycopg leaves it, so that psycopg has no
+        answer left to fail on (it would log each)."""
+        assert isinstance(db, PgConnection)
+        with db.conn.pipeline() as pipeline:
+            db.pipeline = pipeline
+            try:
+                yield _Pipelined(db.conn)
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):
+                    pipeline.sync()
+                raise
+            finally:
+                db.pipeline = None
 
     def is_driver_error(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.Error)
