@@ -78,7 +78,17 @@ def claim(
         if not kinds:
             return []
     rows = tx.all("claim_queued_steps", (pool, dumps(list(kinds)), token_id, capacity))
-    return [_grant(tx, row, runner_id, token_id) for row in rows]
+    granted: set[str] = set()
+    leases = []
+    for row in rows:
+        # Each row holds its task's columns as the claim read them; a task granted a step
+        # already in this claim (a task has one queued step: never, but not assumed) is read
+        # again, its state having moved.
+        task = row if row["task_id"] not in granted else tx.one("task_for_lease", (row["task_id"],))
+        assert task is not None
+        leases.append(_grant(tx, row, task, runner_id, token_id))
+        granted.add(row["task_id"])
+    return leases
 
 
 def claim_after_results(
@@ -116,7 +126,9 @@ def claim_after_results(
     return claim(tx, runner_id, pool, grant, token_id=token_id, kinds=kinds)
 
 
-def _grant(tx: Tx, step: Row, runner_id: str, token_id: str | None) -> Lease:
+def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -> Lease:
+    """Lease `step` to the runner under a new fence. `task`: what a lease carries of the step's
+    task (`task_for_lease`'s columns, which a claim's rows hold too)."""
     fence = next_fence(tx)
     attempt = step["attempt"] + 1
     cfg = tx.config
@@ -132,9 +144,7 @@ def _grant(tx: Tx, step: Row, runner_id: str, token_id: str | None) -> Lease:
         (step["id"], attempt, fence, runner_id, token_id, AttemptState.LEASED.value, tx.now),
     )
     task_id = step["task_id"]
-    task = tx.one("task_for_lease", (task_id,))
-    assert task is not None
-    state = TaskState(task["state"])
+    state = TaskState(task["task_state"])
     if state is TaskState.QUEUED:
         transition(tx, task_id, TaskState.RUNNING, current=state)
         state = TaskState.RUNNING

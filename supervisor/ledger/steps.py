@@ -97,13 +97,12 @@ def charge(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
 
 def _count(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
     """Raise the total counted for the attempt of `step` under `fence` to `usage`, and the
-    tenant's spent total by the difference, when `usage` counts more than was counted."""
-    if not usage:
+    tenant's spent total by the difference, when `usage` counts more than was counted.
+    `step` is `held_step`'s row for `fence`: it holds what was counted when the rule began,
+    which is what there is again after the rule is rolled back (`charge`)."""
+    if not usage or step["held_fence"] != fence:
         return 0
-    row = tx.one("attempt_usage", (fence, step["id"]))
-    if row is None:
-        return 0
-    before = tokens_spent(loads(row["usage_json"]) or {})
+    before = tokens_spent(loads(step["held_usage_json"]) or {})
     spent = tokens_spent(usage) - before
     if spent <= 0:
         return 0

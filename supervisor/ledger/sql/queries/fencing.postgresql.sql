@@ -3,8 +3,10 @@
 SELECT nextval('fences') AS value;
 
 -- name: claim_queued_steps
--- Queued steps of the kinds given (a JSON array) of a pool (a verify step's is its task's verifier pool, and it goes to no runner token given that holds an attempt of another step of its task) in live tasks whose tenant has budget left, oldest task first, each row locked; a step another transaction holds is skipped. Under the writer's advisory lock nothing is ever skipped: the row lock keeps two writers that ever ran without it (a future change, a manual session) from granting one step twice.
-SELECT s.* FROM steps s JOIN tasks t ON t.id = s.task_id
+-- Queued steps, each with what a lease carries of its task (`task_for_lease`, its state as task_state), of the kinds given (a JSON array) of a pool (a verify step's is its task's verifier pool, and it goes to no runner token given that holds an attempt of another step of its task) in live tasks whose tenant has budget left, oldest task first, each row locked; a step another transaction holds is skipped. Under the writer's advisory lock nothing is ever skipped: the row lock keeps two writers that ever ran without it (a future change, a manual session) from granting one step twice.
+SELECT s.*, t.state AS task_state, t.tenant, t.pool, t.repository, t.approved_base_sha,
+    t.allowed_paths_json, t.checks_json, t.verify_pool
+FROM steps s JOIN tasks t ON t.id = s.task_id
 LEFT JOIN tenants b ON b.name = t.tenant
 WHERE s.state = {StepState.QUEUED} AND t.state IN ({TaskState.QUEUED}, {TaskState.RUNNING})
     AND (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) = ?

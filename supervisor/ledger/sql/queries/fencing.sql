@@ -16,8 +16,8 @@ INSERT INTO attempts (step_id, attempt, fence, runner_id, token_id, state, grant
 VALUES (?, ?, ?, ?, ?, ?, ?);
 
 -- name: task_for_lease
--- What a lease carries of its task: state, tenant, pool and what its approval binds.
-SELECT state, tenant, pool, repository, approved_base_sha, allowed_paths_json, checks_json,
+-- What a lease carries of its task: state, tenant, pool and what its approval binds (the claim's rows hold the same).
+SELECT state AS task_state, tenant, pool, repository, approved_base_sha, allowed_paths_json, checks_json,
     verify_pool
 FROM tasks WHERE id = ?;
 
@@ -42,10 +42,6 @@ SELECT s.*, t.state AS task_state, t.tenant,
     t.repository, t.approved_base_sha, t.verify_pool, a.token_id AS lease_token_id
 FROM steps s JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence
 WHERE s.id = ?;
-
--- name: attempt_usage
--- The usage counted so far for a step's attempt under a fence.
-SELECT usage_json FROM attempts WHERE fence = ? AND step_id = ?;
 
 -- name: set_attempt_usage
 -- Record the usage counted for a step's attempt under a fence.
@@ -97,10 +93,11 @@ WHERE task_id = ? AND state NOT IN (?, ?)
     AND id NOT IN (SELECT step_id FROM outbox WHERE state IN (?, ?));
 
 -- name: held_step_with_task
--- `step_with_task`, with the fence and runner token of the step's attempt under a given fence (NULL when the step never had that fence).
+-- `step_with_task`, with the fence, runner token and usage counted of the step's attempt under a given fence (NULL when the step never had that fence).
 SELECT s.*, t.state AS task_state, t.tenant,
     (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) AS pool,
-    t.repository, t.approved_base_sha, t.verify_pool, a.token_id AS lease_token_id, h.fence AS held_fence, h.token_id AS held_token_id
+    t.repository, t.approved_base_sha, t.verify_pool, a.token_id AS lease_token_id, h.fence AS held_fence, h.token_id AS held_token_id,
+    h.usage_json AS held_usage_json
 FROM steps s JOIN tasks t ON t.id = s.task_id LEFT JOIN attempts a ON a.fence = s.fence
     LEFT JOIN attempts h ON h.step_id = s.id AND h.fence = ?
 WHERE s.id = ?;
