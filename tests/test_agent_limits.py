@@ -10,16 +10,19 @@ memory, `WRITE_MB` on disk), so that without the limits it ends too, only bigger
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from tests.agent_repos import make_origin
 from tests.agent_services import FakeServices, ScriptedChat, call, lease_repository
@@ -41,6 +44,7 @@ from tether.runner.agent import (
     ToolBox,
     ToolLimits,
     Workspace,
+    confine,
 )
 from tether.runner.agent import cgroups as cg
 from tether.runner.agent.confine import CommandLimits, Confiner, host_cgroups
@@ -325,6 +329,61 @@ def test_a_delegated_cgroup_v2_is_used_with_the_runner_moved_into_a_leaf(
     assert (folder / "pids.max").read_text() == "32"
     assert (folder / "memory.max").read_text() == str(256 * 1024 * 1024)
     assert group.procs == (folder / "cgroup.procs",)
+
+
+async def test_a_root_command_whose_cgroup_cannot_be_made_is_refused_not_run_unbounded(
+    workspace: Workspace,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host offers cgroups, but this command's cannot be made (here its parent is gone,
+    as after a sweep): as root nothing else bounds its processes, so it is not run, and the
+    model and the log are told why. Where rlimits bound processes (not root) it runs."""
+    broken = cg.Cgroups(1, {"pids": workspace.home.parent / "gone"})
+    confiner = Confiner(TIGHT, cgroups=lambda: broken)
+    command = "touch ran"
+    box = toolbox(workspace, command, sandbox=NoSandbox(), confiner=confiner)
+    monkeypatch.setattr(confine, "rlimits_bound_processes", lambda: False)
+    with capture_logs() as logged:
+        result, body = await call_tool(box, "run", command=command)
+    assert (result.ok, body["error"]) == (False, "command_unbounded"), body
+    assert "could not make this command's cgroup (No such file or directory)" in body["detail"]
+    assert not (workspace.tree / "ran").exists()
+    assert [e["log_level"] for e in logged if e["event"].startswith("command refused")] == ["error"]
+    monkeypatch.setattr(confine, "rlimits_bound_processes", lambda: True)
+    with capture_logs() as logged:
+        result, body = await call_tool(box, "run", command=command)
+    assert (result.ok, body["exit_code"]) == (True, 0), body
+    assert (workspace.tree / "ran").exists()
+    assert any(e["event"].startswith("no cgroup for this command") for e in logged), logged
+
+
+def test_commands_asking_at_once_share_one_cgroups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Concurrent steps' first commands ask for the host's cgroups from two threads at once:
+    one `Cgroups` answers both, so their command cgroups never share a name (two each named
+    their first `cmd-<pid>-1`, and the second command ran without one)."""
+
+    def slow_find() -> tuple[cg.Cgroups, str]:
+        time.sleep(0.2)
+        return cg.Cgroups(1, {}), "imitated"
+
+    monkeypatch.setattr(cg, "find_cgroups", slow_find)
+    confine._find_host_cgroups.cache_clear()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(lambda _: host_cgroups(), range(2))
+    finally:
+        confine._find_host_cgroups.cache_clear()  # the next test finds the real ones
+    assert first is second
+
+
+def test_a_command_cgroup_name_left_by_an_earlier_process_is_skipped(tmp_path: Path) -> None:
+    """A killed runner's command cgroup stays until swept, and a later runner may get its
+    pid: the name it left is taken, the next one is used."""
+    found = cg.Cgroups(2, {"pids": tmp_path})
+    (tmp_path / f"cmd-{os.getpid()}-1").mkdir()
+    group = found.create(max_processes=32, max_memory_bytes=256 * 1024 * 1024)
+    assert group.folders == (tmp_path / f"cmd-{os.getpid()}-2",)
+    assert (tmp_path / f"cmd-{os.getpid()}-2" / "pids.max").read_text() == "32"
 
 
 def test_no_usable_cgroup_is_said_with_the_reason(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 CONTROLLERS = ("pids", "memory")
 _KILL_ROUNDS = 200  # rounds of SIGKILL over cgroup.procs before giving up on removal
+_NAME_TRIES = 100  # command cgroup names tried before creation gives up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +98,19 @@ class Cgroups:
         return tuple(sorted(self.parents))
 
     def create(self, *, max_processes: int, max_memory_bytes: int) -> CommandCgroup:
-        """A new command cgroup with these limits; `OSError` when the host refuses."""
-        name = f"cmd-{os.getpid()}-{next(self._names)}"
+        """A new command cgroup with these limits; `OSError` when the host refuses. A name
+        already taken is skipped: a folder left by an earlier process that had this pid (a
+        killed runner's, not yet swept, since this runner's pid is alive) must not cost a
+        command its cgroup."""
+        for _ in range(_NAME_TRIES):
+            name = f"cmd-{os.getpid()}-{next(self._names)}"
+            try:
+                return self._create(name, max_processes, max_memory_bytes)
+            except FileExistsError:
+                continue
+        raise FileExistsError(errno.EEXIST, f"{_NAME_TRIES} command cgroup names in a row taken")
+
+    def _create(self, name: str, max_processes: int, max_memory_bytes: int) -> CommandCgroup:
         made: list[Path] = []
         try:
             for controller, parent in sorted(self.parents.items()):

@@ -7,8 +7,10 @@ What bounds what:
 - processes: RLIMIT_NPROC, which counts every process of the command's user (so it is a
   ceiling shared with the runner's other commands) and which the kernel does not enforce for
   root, not even inside bubblewrap's user namespace (root there is root outside); and the
-  cgroup's `pids.max`, which holds for root too. A root runner with no usable cgroup has no
-  bound on processes but the wall-clock timeout.
+  cgroup's `pids.max`, which holds for root too. A root runner on a host with no usable
+  cgroup has no bound on processes but the wall-clock timeout (said once, at the first
+  command); on a host with cgroups, a root runner refuses a command whose own cgroup cannot
+  be made (`CommandUnbounded`) rather than run it unbounded.
 - memory: RLIMIT_AS (address space, per process: a runtime that reserves a large address
   space up front may need more than it uses), and the cgroup's memory limit for the whole
   command, where there is one.
@@ -29,6 +31,7 @@ import functools
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
@@ -36,7 +39,7 @@ import anyio
 import structlog
 
 from tether.runner.agent import cgroups as cg
-from tether.runner.agent.errors import WorktreeTooLarge
+from tether.runner.agent.errors import CommandUnbounded, WorktreeTooLarge
 
 log = structlog.get_logger(__name__)
 
@@ -95,9 +98,19 @@ class Confined:
         return None
 
 
-@functools.cache
+_finding = threading.Lock()
+
+
 def host_cgroups() -> cg.Cgroups | None:
-    """This runner's cgroups, found once per process (cgroup v2 moves the runner itself)."""
+    """This runner's cgroups, found once per process (cgroup v2 moves the runner itself).
+    Commands of concurrent steps ask from threads of their own at once: the lock keeps them
+    to one `Cgroups`, whose names never clash (two made each their `cmd-<pid>-1`)."""
+    with _finding:
+        return _find_host_cgroups()
+
+
+@functools.cache
+def _find_host_cgroups() -> cg.Cgroups | None:
     try:
         found, why = cg.find_cgroups()
     except OSError as exc:
@@ -139,7 +152,7 @@ class Confiner:
                     max_memory_bytes=self.limits.max_memory_mb * MB,
                 )
             except OSError as exc:
-                log.warning("no cgroup for this command", why=exc.strerror or str(exc))
+                self._without_cgroup(exc)
         options = ["--parent", str(os.getpid())]
         for name, (soft, hard) in self.limits.rlimits().items():
             options += ["--rlimit", f"{name}={soft}:{hard}"]
@@ -152,6 +165,24 @@ class Confiner:
             if group is not None:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(group.end)
+
+    def _without_cgroup(self, exc: OSError) -> None:
+        """A command's cgroup could not be made where the host offers cgroups: it runs on its
+        rlimits where they bound its processes, else it is refused (`CommandUnbounded`)."""
+        why = exc.strerror or str(exc)
+        if rlimits_bound_processes():
+            log.warning("no cgroup for this command: its rlimits bound it", why=why)
+            return
+        log.error("command refused: no cgroup for it, and as root nothing else bounds it", why=why)
+        raise CommandUnbounded(
+            f"command_unbounded: the runner could not make this command's cgroup ({why}), and"
+            " as root nothing else bounds how many processes it starts; it was not run"
+        )
+
+
+def rlimits_bound_processes() -> bool:
+    """Whether RLIMIT_NPROC holds for the runner's commands: not for root (see the module)."""
+    return os.geteuid() != 0
 
 
 def folder_bytes(folders: Sequence[Path]) -> int:

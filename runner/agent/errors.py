@@ -3,7 +3,10 @@ model gets back as an error.
 
     StepFailure (runner/errors.py)
     ├── TransientFailure
-    │   └── FetchFailed        the repository could not be fetched: retryable on any runner
+    │   ├── FetchFailed        the repository could not be fetched: retryable on any runner
+    │   └── CommandUnbounded   a root runner could not make a command's cgroup: the command
+    │                          is not run (the `run` tool tells the model; a check, setup or
+    │                          MCP server ends the step, retryable)
     ├── StepRejected
     │   ├── BaseNotFound       the approved base is not a commit of the repository: the task
     │   │                      cannot succeed as approved
@@ -26,6 +29,12 @@ from tether.runner.errors import StepFailure, StepRejected, TransientFailure
 
 class FetchFailed(TransientFailure):
     """The repository could not be fetched into the runner's mirror."""
+
+
+class CommandUnbounded(TransientFailure):
+    """A command's cgroup could not be made on a host that offers cgroups, and as root its
+    rlimits do not bound its processes: it was not run. The detail starts
+    `command_unbounded:`."""
 
 
 class BaseNotFound(StepRejected):

@@ -27,7 +27,7 @@ from tether.runner import tracing
 from tether.runner.agent import schemas
 from tether.runner.agent.command import run_command
 from tether.runner.agent.confine import Confiner, check_workspace_size
-from tether.runner.agent.errors import ToolError, ToolFailed, ToolRefused
+from tether.runner.agent.errors import CommandUnbounded, ToolError, ToolFailed, ToolRefused
 from tether.runner.agent.mcp import McpTools
 from tether.runner.agent.patch import patch_paths
 from tether.runner.agent.paths import Confinement, normalize_prefix
@@ -313,6 +313,9 @@ class ToolBox:
             )  # fmt: skip
         except FileNotFoundError as exc:
             raise ToolFailed("command_not_found", str(exc)) from exc
+        except CommandUnbounded as exc:
+            detail = exc.detail.removeprefix("command_unbounded: ")
+            raise ToolFailed("command_unbounded", detail) from exc
         # Past `worktree_max_mb` the step fails here (WorktreeTooLarge is not a tool error).
         await check_workspace_size(
             (self.tree, self.home, private_tmp(self.home)),
