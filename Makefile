@@ -4,10 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-# Serial by default. `make test PYTEST_ARGS="-n 2 --dist loadgroup"` runs the tests on two
-# pytest-xdist workers, the real-process drills one after another on one of them
-# (tests/conftest.py); not the default until it has been shown reliable (docs/contributing.md).
-PYTEST_ARGS ?=
+# The tests run on two pytest-xdist workers, the cgroup tests and the heaviest drills each one
+# after another on one of them (tests/conftest.py); `make test PYTEST_ARGS=` runs them serially.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv bench-runner-venv litellm-venv clean
 

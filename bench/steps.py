@@ -14,6 +14,7 @@ from bench.procs import CpuMeter, JsonLines, tree_rss_mb
 from bench.stack import Stack
 
 STARTUP_S = 1.5
+FIRST_STEP_S = 60.0  # the longest a run waits for its first committed step
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,11 +82,19 @@ def run(
     sup_pct = runners_pct = 0.0
     try:
         # Runners take about a second to start; the rate itself comes from ledger timestamps.
-        deadline = time.monotonic() + STARTUP_S + seconds
-        while time.monotonic() < deadline:
+        # On a loaded machine they may take longer than that: the window stays open until a
+        # first step has committed (at most FIRST_STEP_S), or a short one would hold none.
+        started = time.monotonic()
+        deadline = started + STARTUP_S + seconds
+        while True:
             time.sleep(0.5)
             rss = max(rss, *(tree_rss_mb(p.pid) for p in supervisors))
             if stack.ledger.steps_in_state(pool, "queued") == 0:
+                break
+            now = time.monotonic()
+            if now >= deadline and (
+                now >= started + FIRST_STEP_S or stack.ledger.succeeded(pool) > 0
+            ):
                 break
         sup_pct = sum(m.stop() for m in sup_cpu)
         runners_pct = sum(m.stop() for m in runner_cpu)

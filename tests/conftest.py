@@ -61,17 +61,38 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-# `make test` runs the suite on two workers (pytest-xdist, `--dist loadgroup`). The real-process
-# tests (marked `slow`: they kill, pause and time supervisors and runners) run in this one
-# group, on one worker one after another, so that no two of them share the machine's cores;
-# a slow test with a group of its own (the explorer's shares) is spread like any other.
-DRILLS = "drills"
+# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). The tests of
+# one group below run on one worker, one after another:
+# - "limits": tests/test_agent_limits.py, whose commands storm, balloon and spin into their
+#   limits in cgroups of the host's one hierarchy, and sweep it;
+# - "drills": the heaviest real-process drills, each a stream of work on several processes
+#   while supervisors are SIGKILLed or their disk loses power, timing leases and recoveries on
+#   the machine's two cores, and the benchmark's smoke run, which loads both cores itself.
+# Every other test, the other real-process tests (marked `slow`) and the explorer's four
+# shares among them, runs on whichever worker is free.
+GROUPS = {
+    "test_agent_limits.py": "limits",
+    "test_bench_smoke.py": "drills",
+    "test_chaos_supervisor_kill.py": "drills",
+    "test_effects_supervisor_kill.py": "drills",
+    "test_pg_supervisor_kill.py": "drills",
+    "test_power_loss.py": "drills",
+}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(DRILLS))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by GROUPS, by file name. xdist's own reads `xdist_group` marks
+    through a node id suffix that pytest 9.2 no longer takes (`Node.nodeid` is now made from
+    `_id`), so with it every test was spread, grouped or not."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return GROUPS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], nodeid)
+
+    return GroupScheduling(config, log)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

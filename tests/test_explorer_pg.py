@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tether.sim import explore as explore_module
+from tether.sim import pgscratch
 from tether.sim.explore import explore, main
 from tether.sim.pgscratch import PgWorkspace, scratch_server
 from tether.supervisor.ledger.pg_schema import connect
@@ -38,12 +39,24 @@ def scratch_databases(url: str, prefix: str = "tether_chaos_") -> list[str]:
     return sorted(row[0] for row in rows)
 
 
-def test_schedules_on_postgresql_find_no_violation(server: str) -> None:
-    before = scratch_databases(server)
+def test_schedules_on_postgresql_find_no_violation(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefixes: list[str] = []
+    made = pgscratch.run_prefix
+
+    def recorded() -> str:
+        prefixes.append(made())
+        return prefixes[-1]
+
+    monkeypatch.setattr(pgscratch, "run_prefix", recorded)
     result = explore(schedules=SCHEDULES, seed=CI_SEED, jobs=2, db=server)
     assert result.found is None, result.found
     assert result.count == SCHEDULES
-    assert scratch_databases(server) == before  # the workers' databases were dropped
+    # The workers' databases were dropped: this run's, by its prefix (other runs on the
+    # server, another test's or another checkout's, come and go meanwhile).
+    [prefix] = prefixes
+    assert scratch_databases(server, prefix) == []
 
 
 def test_same_seed_same_digest_on_postgresql_in_any_number_of_processes(

@@ -435,7 +435,7 @@ def test_three_supervisors_on_postgresql_sigkilled_under_load_lose_nothing(
         held = {int(e["fence"]) for r in runners for e in r.events("step leased")}
         assert held.isdisjoint(int(f) for f, _ in expired), (expired, "held by a runner")
         dropped = [(r.name, e) for r in runners for e in r.events("step dropped")]
-        assert dropped == []
+        assert dropped == [], [(name, e.get("because"), e.get("fence")) for name, e in dropped]
 
         # Every runner went on through the others: it switched, and after each kill it
         # committed again within a few renew intervals.
