@@ -39,6 +39,7 @@ def scratch_databases(url: str, prefix: str = "tether_chaos_") -> list[str]:
     return sorted(row[0] for row in rows)
 
 
+@pytest.mark.timeout(300)  # ~45 s alone; past 120 s beside the explorer's shares and a load
 def test_schedules_on_postgresql_find_no_violation(
     server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
