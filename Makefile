@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[supervisor,postgresql,fast,dev,otel,mcp]'
-	# supervisord's wheel, which tests/test_wheel_install.py installs beside tether's (offline).
+	# supervisord's wheel, which tests/packaging/test_wheel_install.py installs beside tether's (offline).
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: -d $(VENV)/wheels 'supervisor>=4.2'
 	touch $(STAMP)
 
@@ -54,7 +54,7 @@ demo-effects: $(STAMP)
 # records, the API's routes, the task commands); CI runs this after `make test`.
 OLDEST_PYTHON ?= /usr/bin/python3
 OLDEST_VENV ?= .venv-oldest
-OLDEST_SLICE ?= tests/test_wire_records.py tests/test_api_routes.py tests/test_cli_task_commands.py
+OLDEST_SLICE ?= tests/wire/test_wire_records.py tests/supervisor/api/test_api_routes.py tests/supervisor/test_cli_task_commands.py
 
 oldest-python:
 	$(MAKE) PYTHON=$(OLDEST_PYTHON) VENV=$(OLDEST_VENV) demo demo-agent demo-effects
@@ -73,7 +73,7 @@ $(PEERS_STAMP): bench/requirements-peers.txt
 
 bench-peers-venv: $(PEERS_STAMP)
 
-# LiteLLM's proxy, for tests/test_litellm_mock.py (skipped without it): 750 MB, its own venv.
+# LiteLLM's proxy, for tests/runner/test_litellm_mock.py (skipped without it): 750 MB, its own venv.
 LITELLM_VENV := bench/.litellm-venv
 LITELLM_STAMP := $(LITELLM_VENV)/.installed-stamp
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conftest import ApiHarness
+from tests.conftest import ApiHarness
 
 
 async def submitted(api: ApiHarness, body: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,14 @@ from typing import Any
 
 import pytest
 
+from tests.pgledger import (  # noqa: F401 - pg_ledger_database is a fixture
+    BACKENDS,
+    ledger_db_at,
+    pg_ledger_database,
+    records,
+    rows,
+)
+from tests.pgledger import Backend as BackendName
 from tether.supervisor.ledger import (
     LedgerConfig,
     Report,
@@ -37,15 +45,6 @@ from tether.supervisor.ledger.store import LedgerStore
 from tether.supervisor.ledger.store import open_ledger as open_ledger_at
 from tether.supervisor.ledger.tx import ReadSession
 
-from .pgledger import (  # noqa: F401 - pg_ledger_database is a fixture
-    BACKENDS,
-    ledger_db_at,
-    pg_ledger_database,
-    records,
-    rows,
-)
-from .pgledger import Backend as BackendName
-
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -63,8 +62,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). The tests of
 # one group below run on one worker, one after another:
-# - "limits": tests/test_agent_limits.py, whose commands storm, balloon and spin into their
-#   limits in cgroups of the host's one hierarchy, and sweep it;
+# - "limits": tests/runner/agent/test_agent_limits.py, whose commands storm, balloon and spin
+#   into their limits in cgroups of the host's one hierarchy, and sweep it;
 # - "drills": the heaviest real-process drills, each a stream of work on several processes
 #   while supervisors are SIGKILLed or their disk loses power, timing leases and recoveries on
 #   the machine's two cores, and the benchmark's smoke run, which loads both cores itself.
@@ -460,7 +459,8 @@ LAST_USE = ("tokens", "last_used_at")
 def ledger_snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table, to show that a refused request wrote nothing. A token's last
     use is left out: it is written when the token authenticates, whatever the request then
-    asks (tests/test_token_use.py); so are the status page's sessions (who signed in)."""
+    asks (tests/supervisor/ledger/test_token_use.py); so are the status page's sessions (who
+    signed in)."""
     db = raw_db(path)
     try:
         tables = [

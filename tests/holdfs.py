@@ -1,4 +1,4 @@
-"""A FUSE file system that loses what a power cut loses, for tests/test_power_loss.py.
+"""A FUSE file system that loses what a power cut loses, for tests/drills/test_power_loss.py.
 
 `python -m tests.holdfs BACKING MOUNTPOINT` mounts BACKING's files at MOUNTPOINT. Every operation
 passes through to BACKING at once (reads see every write), while the file system keeps apart

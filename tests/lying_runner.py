@@ -1,4 +1,4 @@
-"""A compromised runner for tests/test_verifier_processes.py: the real `tether-runner`, whose
+"""A compromised runner for tests/drills/test_verifier_processes.py: the real `tether-runner`, whose
 `agent` kind makes and uploads its candidate as an honest runner's does, but runs none of the
 task's checks: for each it uploads a log saying `1 passed` and reports exit code 0.
 

@@ -1,5 +1,5 @@
 """A reverse proxy that records every answer the supervisor acknowledged, for
-tests/test_power_loss.py: what operators and runners were told is in its record, whatever the
+tests/drills/test_power_loss.py: what operators and runners were told is in its record, whatever the
 supervisor's disk kept.
 
 `python -m tests.recording_proxy --port P --upstream URL --record FILE` forwards every request

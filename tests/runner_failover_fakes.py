@@ -1,6 +1,6 @@
 """Fakes for a runner with several supervisors on one ledger: `FakeSupervisor`s sharing their
 ledger state, and a runner wired to all of them. (A module of helpers for
-tests/test_runner_failover.py.)
+tests/runner/test_runner_failover.py.)
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import httpx
 
-from tests.test_runner_fakes import MODEL_KEY, FakeModel, FakeSupervisor, Rig, settings
+from tests.runner.test_runner_fakes import MODEL_KEY, FakeModel, FakeSupervisor, Rig, settings
 from tether.clocks import LoopClock
 from tether.runner.credentials import SecretSource
 from tether.runner.daemon import Runner

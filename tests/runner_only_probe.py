@@ -1,7 +1,7 @@
 """Import packages as a runner-only install would see them: every module named by --forbid is
 refused, as if its distribution were not installed.
 
-Run as a script by tests/test_runner_only_install.py, never imported: a module already
+Run as a script by tests/runner/test_runner_only_install.py, never imported: a module already
 imported when the refusing finder goes in would get past it, so this file imports the
 standard library only. Prints one JSON object on its last line: `failures`, a list of
 [module, error] pairs; `imported`, the modules walked; `helped`, the argv lists whose

@@ -1,5 +1,5 @@
 """`tether-supervisor serve` whose effects' names are answered by a script: a DNS server an
-attacker controls, for tests/test_effects_owned_side.py.
+attacker controls, for tests/supervisor/effects/test_effects_owned_side.py.
 
 Run as a program, never imported by the tests: the same `serve` the command line runs, its
 settings read the same way (defaults < `TETHER_*` < flags), with the resolver `serve` takes

@@ -1,5 +1,6 @@
 """`tether-supervisor` with a planted bug in what it makes durable, for the power-loss test
-(tests/test_power_loss.py), which must catch it: `python -m tests.serve_planted PLANT ARGS...`
+(tests/drills/test_power_loss.py), which must catch it:
+`python -m tests.serve_planted PLANT ARGS...`
 swaps one function of `tether.supervisor.durable` for a broken copy, then runs the CLI with
 ARGS. The production code knows nothing of it (as the explorer's plants, `tether.sim.plants`):
 the supervisor calls its helpers as `durable.NAME`, and this replaces the module's attribute.

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.test_runner_fakes import make_lease, make_rig
+from tests.runner.test_runner_fakes import make_lease, make_rig
 from tether.sdnotify import Notifier
 from tether.supervisor import server
 

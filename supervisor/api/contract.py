@@ -3,9 +3,9 @@ call it, the record it reads, what it answers per status, and the error codes it
 
 The app's routes (`tether.supervisor.api.app`) and the OpenAPI document
 (`tether.supervisor.api.openapi`, from these declarations and the records' JSON Schemas) are
-both made from `OPERATIONS`. tests/test_openapi.py holds each handler's return type to the
-record its operation declares, and tests/test_openapi_live.py runs schemathesis against a live
-supervisor to hold its answers to the document.
+both made from `OPERATIONS`. tests/supervisor/api/test_openapi.py holds each handler's return
+type to the record its operation declares, and tests/supervisor/api/test_openapi_live.py runs
+schemathesis against a live supervisor to hold its answers to the document.
 """
 
 from __future__ import annotations
