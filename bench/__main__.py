@@ -83,20 +83,72 @@ class Plan:
     pg: pg.Plan  # the PostgreSQL section
 
 
-FULL = Plan(disk_s=5, gc_tasks=2000, idle_window_s=25, steps_s=15, bare_s=10, overhead_s=20,
-            renew_s=10, peers_s=5, claim_depths=(100, 1000, 10_000), agent_hold_s=2.0,
-            lease_files=10_000, lease_runs=5, checkpoint_files=10_000, checkpoint_rounds=10,
-            upload_rounds=5, cpu_s=8, cpu_runs=3, profile_s=5, preemption_rounds=5,
-            pg=pg.FULL)  # fmt: skip
-QUICK = Plan(disk_s=1.5, gc_tasks=600, idle_window_s=4, steps_s=3, bare_s=3, overhead_s=4,
-             renew_s=3, peers_s=None, claim_depths=(100, 1000), agent_hold_s=1.0,
-             lease_files=2_000, lease_runs=3, checkpoint_files=1_000, checkpoint_rounds=5,
-             upload_rounds=3, cpu_s=3, cpu_runs=3, profile_s=3, preemption_rounds=2,
-             pg=pg.QUICK)  # fmt: skip
-SMOKE = Plan(disk_s=0.2, gc_tasks=100, idle_window_s=1, steps_s=0.5, bare_s=0.5, overhead_s=1,
-             renew_s=0.5, peers_s=None, claim_depths=(100,), agent_hold_s=0.5, lease_files=200,
-             lease_runs=2, checkpoint_files=100, checkpoint_rounds=2, upload_rounds=1, cpu_s=0.5,
-             cpu_runs=1, profile_s=1, preemption_rounds=1, pg=pg.SMOKE)  # fmt: skip
+FULL = Plan(
+    disk_s=5,
+    gc_tasks=2000,
+    idle_window_s=25,
+    steps_s=15,
+    bare_s=10,
+    overhead_s=20,
+    renew_s=10,
+    peers_s=5,
+    claim_depths=(100, 1000, 10_000),
+    agent_hold_s=2.0,
+    lease_files=10_000,
+    lease_runs=5,
+    checkpoint_files=10_000,
+    checkpoint_rounds=10,
+    upload_rounds=5,
+    cpu_s=8,
+    cpu_runs=3,
+    profile_s=5,
+    preemption_rounds=5,
+    pg=pg.FULL,
+)
+QUICK = Plan(
+    disk_s=1.5,
+    gc_tasks=600,
+    idle_window_s=4,
+    steps_s=3,
+    bare_s=3,
+    overhead_s=4,
+    renew_s=3,
+    peers_s=None,
+    claim_depths=(100, 1000),
+    agent_hold_s=1.0,
+    lease_files=2_000,
+    lease_runs=3,
+    checkpoint_files=1_000,
+    checkpoint_rounds=5,
+    upload_rounds=3,
+    cpu_s=3,
+    cpu_runs=3,
+    profile_s=3,
+    preemption_rounds=2,
+    pg=pg.QUICK,
+)
+SMOKE = Plan(
+    disk_s=0.2,
+    gc_tasks=100,
+    idle_window_s=1,
+    steps_s=0.5,
+    bare_s=0.5,
+    overhead_s=1,
+    renew_s=0.5,
+    peers_s=None,
+    claim_depths=(100,),
+    agent_hold_s=0.5,
+    lease_files=200,
+    lease_runs=2,
+    checkpoint_files=100,
+    checkpoint_rounds=2,
+    upload_rounds=1,
+    cpu_s=0.5,
+    cpu_runs=1,
+    profile_s=1,
+    preemption_rounds=1,
+    pg=pg.SMOKE,
+)
 
 
 def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> dict[str, Any]:
@@ -113,8 +165,11 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
     gc: dict[str, Any] = {}
     for side, on in (("off", False), ("on", True)):
         run = groupcommit.run(workdir / f"gc-{side}.db", batching=on, tasks=plan.gc_tasks)
-        gc[side] = {"steps_per_s": run.steps_per_s, "rules_per_batch": run.rules_per_batch,
-                    "steps": run.steps}  # fmt: skip
+        gc[side] = {
+            "steps_per_s": run.steps_per_s,
+            "rules_per_batch": run.rules_per_batch,
+            "steps": run.steps,
+        }
         say(f"group commit {side}: {run.steps_per_s:.0f} steps/s")
     r["group_commit"] = gc
 
@@ -138,8 +193,10 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
         r["idle_1000"] = dataclasses.asdict(idle_run)
         r["idle_1000_cpu_pct_while_10_approvals_per_s"] = idle_run.wake_cpu_pct
         r["idle_1000_ledger_rules_per_approval"] = idle_run.rules_per_approval
-        say(f"idle: {idle_run.cpu_pct:.1f}% cpu, {idle_run.rss_mb:.0f} MB, "
-            f"{idle_run.connections} connections")  # fmt: skip
+        say(
+            f"idle: {idle_run.cpu_pct:.1f}% cpu, {idle_run.rss_mb:.0f} MB, "
+            f"{idle_run.connections} connections"
+        )
 
         rss = runner_rss.run(stack)
         r["runner_rss_idle_mb"] = rss.idle_mb
@@ -148,40 +205,59 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
         r["runner_rss_100_mb"] = rss.in_flight_mb
         r["runner_rss_in_flight"] = rss.in_flight
         where = "as installed" if rss.idle_installed else "developers' venv"
-        say(f"runner rss: idle {rss.idle_mb:.0f} MB ({where}; developers' venv "
+        say(
+            f"runner rss: idle {rss.idle_mb:.0f} MB ({where}; developers' venv "
             f"{rss.idle_dev_venv_mb:.0f} MB), in flight ({rss.in_flight}) "
-            f"{rss.in_flight_mb:.0f} MB")  # fmt: skip
+            f"{rss.in_flight_mb:.0f} MB"
+        )
 
         agents = agent_rss.run(stack, hold_s=plan.agent_hold_s)
         r["runner_rss_10_agents_mb"] = agents.in_flight_mb
         r["agent_rss"] = dataclasses.asdict(agents)
-        say(f"runner rss, {agents.in_flight} agent steps in flight: {agents.in_flight_mb:.0f} MB "
+        say(
+            f"runner rss, {agents.in_flight} agent steps in flight: {agents.in_flight_mb:.0f} MB "
             f"({agents.with_children_mb:.0f} MB with its commands; {agents.model_calls} model "
-            f"calls, {agents.succeeded} steps succeeded)")  # fmt: skip
+            f"calls, {agents.succeeded} steps succeeded)"
+        )
         agent_path.measure(
-            r, stack, lease_files=plan.lease_files, lease_runs=plan.lease_runs,
-            checkpoint_files=plan.checkpoint_files, checkpoint_rounds=plan.checkpoint_rounds,
-            upload_rounds=plan.upload_rounds, say=say,
-        )  # fmt: skip
+            r,
+            stack,
+            lease_files=plan.lease_files,
+            lease_runs=plan.lease_runs,
+            checkpoint_files=plan.checkpoint_files,
+            checkpoint_rounds=plan.checkpoint_rounds,
+            upload_rounds=plan.upload_rounds,
+            say=say,
+        )
 
         r["steps_per_s"] = {}
         r["steps_detail"] = {}
         best = 100.0
         sup_rss = 0.0
         for c in CONCURRENCIES:
-            at = steps.run(stack, concurrency=c, seconds=plan.steps_s,
-                           tasks=steps.tasks_for(best, plan.steps_s))  # fmt: skip
+            at = steps.run(
+                stack,
+                concurrency=c,
+                seconds=plan.steps_s,
+                tasks=steps.tasks_for(best, plan.steps_s),
+            )
             r["steps_per_s"][str(c)] = at.steps_per_s
             r["steps_detail"][str(c)] = dataclasses.asdict(at)
             best = max(best, at.steps_per_s)
             sup_rss = max(sup_rss, at.supervisor_rss_max_mb)
             sup_pct = at.supervisor_cpu_pct
-            say(f"steps at {c}: {at.steps_per_s:.0f}/s ({at.steps} steps, "
-                f"{at.processes} runners, supervisor {sup_pct:.0f}% cpu)")  # fmt: skip
+            say(
+                f"steps at {c}: {at.steps_per_s:.0f}/s ({at.steps} steps, "
+                f"{at.processes} runners, supervisor {sup_pct:.0f}% cpu)"
+            )
         cpu_runs = []
         for reading in range(plan.cpu_runs):
-            taken = cpu.per_step(stack, seconds=plan.cpu_s, label=f"-cpu{reading}",
-                                 tasks=cpu.tasks_for(plan.cpu_s, best))  # fmt: skip
+            taken = cpu.per_step(
+                stack,
+                seconds=plan.cpu_s,
+                label=f"-cpu{reading}",
+                tasks=cpu.tasks_for(plan.cpu_s, best),
+            )
             cpu_runs.append(taken)
             say(cpu.describe(taken))
         cpu.record(r, cpu_runs)
@@ -198,9 +274,12 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
         r["supervisor_only_steps_per_s"] = bare
         say(f"supervisor only: {bare:.0f} steps/s")
         shared = steps.supervisor_only(
-            stack, seconds=plan.bare_s, tasks=steps.tasks_for(1500, plan.bare_s), concurrency=4,
+            stack,
+            seconds=plan.bare_s,
+            tasks=steps.tasks_for(1500, plan.bare_s),
+            concurrency=4,
             mode="steps-shared",
-        )  # fmt: skip
+        )
         r["supervisor_only_shared_steps_per_s"] = shared
         say(f"supervisor only, the runner's protocol: {shared:.0f} steps/s")
 
@@ -210,8 +289,10 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
         r["p99_overhead_ms"] = ov.p99_ms
         r["overhead_load_steps_per_s"] = ov.achieved_per_s
         r["overhead"] = dataclasses.asdict(ov)
-        say(f"overhead at {ov.achieved_per_s:.0f}/s: p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms"
-            f" ({ov.machine_busy_pct:.0f}% of the cores busy)")  # fmt: skip
+        say(
+            f"overhead at {ov.achieved_per_s:.0f}/s: p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms"
+            f" ({ov.machine_busy_pct:.0f}% of the cores busy)"
+        )
         paced = overhead.paced(stack, rate=peak / 2, seconds=plan.overhead_s, fsync_ms=fsync_ms)
         r["overhead_paced"] = dataclasses.asdict(paced)
         say(
@@ -219,8 +300,13 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
             f"answer ~{1000 * overhead.SLOTS / paced.offered_per_s:.0f} ms: p50 "
             f"{paced.p50_ms:.1f} p99 {paced.p99_ms:.1f} ms ({paced.machine_busy_pct:.0f}% busy)"
         )
-        low = overhead.run(stack, rate=min(100.0, peak / 4), seconds=plan.overhead_s,
-                           fsync_ms=fsync_ms, pool="low-load")  # fmt: skip
+        low = overhead.run(
+            stack,
+            rate=min(100.0, peak / 4),
+            seconds=plan.overhead_s,
+            fsync_ms=fsync_ms,
+            pool="low-load",
+        )
         r["overhead_low_load"] = dataclasses.asdict(low)
         say(f"overhead at {low.achieved_per_s:.0f}/s: p50 {low.p50_ms:.1f} p99 {low.p99_ms:.1f} ms")
 
@@ -235,14 +321,18 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
         r["steps_per_s_while_1000_renew"] = under.steps.steps_per_s
         r["renewals_paced"] = under.renewals
         sup_rss = max(sup_rss, under.steps.supervisor_rss_max_mb)
-        say(f"steps under 1,000 renewing leases: {under.steps.steps_per_s:.0f}/s; renewals "
-            f"{under.renewals['renews_per_s']:.0f}/s, {under.renewals['late']} late")  # fmt: skip
+        say(
+            f"steps under 1,000 renewing leases: {under.steps.steps_per_s:.0f}/s; renewals "
+            f"{under.renewals['renews_per_s']:.0f}/s, {under.renewals['late']} late"
+        )
         r["supervisor_rss_mb"] = sup_rss
 
         r["supervisor_profile"] = cpu.profile(
-            stack, seconds=plan.profile_s, tasks=cpu.tasks_for(plan.profile_s, best),
+            stack,
+            seconds=plan.profile_s,
+            tasks=cpu.tasks_for(plan.profile_s, best),
             ms_per_step=r["supervisor_cpu_per_step_ms"],
-        )  # fmt: skip
+        )
         say(f"supervisor profiled ({r['supervisor_profile']['profiler']})")
 
         pairs = 1 if mode == "smoke" else 3  # each feature off and on, alternating (issue 28)
@@ -299,13 +389,17 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = time.monotonic() - started
     print(f"\ntether benchmarks ({results['mode']}, {results['wall_s']:.0f} s)")
     m = results["machine"]
-    print(f"machine: {m['nproc']} cores, {m['memory_gib']} GiB, {m['cpu_model']};"
-          f" ledger on {m['ledger_filesystem']};"
-          f" Python {m['python']}, SQLite {m['sqlite']}")  # fmt: skip
+    print(
+        f"machine: {m['nproc']} cores, {m['memory_gib']} GiB, {m['cpu_model']};"
+        f" ledger on {m['ledger_filesystem']};"
+        f" Python {m['python']}, SQLite {m['sqlite']}"
+    )
     busy = "; ".join(m["busy_processes_at_start"]) or "none"
     print(f"load average at start {m['loadavg_at_start'][0]:.2f}; other busy processes: {busy}")
-    print(f"disk bound at the start {results['disk_commits_per_s']:,.0f} commits/s, at the end"
-          f" {results['disk_commits_per_s_end']:,.0f} (ratios use the start)\n")  # fmt: skip
+    print(
+        f"disk bound at the start {results['disk_commits_per_s']:,.0f} commits/s, at the end"
+        f" {results['disk_commits_per_s_end']:,.0f} (ratios use the start)\n"
+    )
     print(report.table(results))
     if "supervisor_profile" in results:
         print()

@@ -187,9 +187,14 @@ async def measure(
                 return paths
 
             save = Checkpointer(
-                services=services, fence=1, step_id="bench-step", workspace=ws,
-                paths=("src/",), start=Start(messages=messages), written=written,
-            )  # fmt: skip
+                services=services,
+                fence=1,
+                step_id="bench-step",
+                workspace=ws,
+                paths=("src/",),
+                start=Start(messages=messages),
+                written=written,
+            )
             count = 0
 
             async def checkpoint() -> tuple[Reading, Reading, Reading]:
@@ -220,7 +225,9 @@ async def measure(
         await tether_git("--version", cwd=Path.cwd())
         floor.append(time.perf_counter() - started)
     return CheckpointCost(
-        files=files, diff_bytes=diff_bytes, rounds=rounds,
+        files=files,
+        diff_bytes=diff_bytes,
+        rounds=rounds,
         changed_median_ms=_ms(statistics.median(r.wall_s for r in turn)),
         changed_max_ms=_ms(max(r.wall_s for r in turn)),
         changed_cpu_median_ms=_ms(statistics.median(r.cpu_s for r in turn)),
@@ -236,7 +243,7 @@ async def measure(
         breakdown_ms={**_medians(stage), **_medians(send)},
         stage_parts=tuple(_medians(stage)),
         git_process_ms=_ms(statistics.median(floor)),
-    )  # fmt: skip
+    )
 
 
 def _write_diff(tree: Path, diff_bytes: int) -> frozenset[str]:
@@ -299,7 +306,7 @@ def main() -> None:
     print("  a written turn's checkpoint, median by part:")
     for name, ms in cost.breakdown_ms.items():
         where = "stage" if name in cost.stage_parts else "send"
-        print(f"    {where:<6} {name:<44} {ms:6.1f} ms")  # fmt: skip
+        print(f"    {where:<6} {name:<44} {ms:6.1f} ms")
 
 
 if __name__ == "__main__":

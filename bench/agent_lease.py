@@ -70,9 +70,14 @@ def _spec(base: str, repository: str) -> Callable[[str, str], TaskSpec]:
 
 
 def run(
-    stack: Stack, *, files: int, runs: int, pool: str = POOL, cache_root: Path | None = None,
+    stack: Stack,
+    *,
+    files: int,
+    runs: int,
+    pool: str = POOL,
+    cache_root: Path | None = None,
     timeout_s: float = 300.0,
-) -> AgentLease:  # fmt: skip
+) -> AgentLease:
     """Measure on `stack`'s running supervisor, the runner's cache under `cache_root` (the work
     folder when None); `pool`'s token must exist before the supervisor started."""
     origin = stack.workdir / f"{pool}-origin"
@@ -83,8 +88,13 @@ def run(
     model = StampedModel()
     model.start()
     cache = Path(tempfile.mkdtemp(prefix=f"{pool}-cache-", dir=cache_root or stack.workdir))
-    aimed = Stack(kids=stack.kids, workdir=stack.workdir, db=stack.db,
-                  supervisor_url=stack.supervisor_url, model_url=model.url)  # fmt: skip
+    aimed = Stack(
+        kids=stack.kids,
+        workdir=stack.workdir,
+        db=stack.db,
+        supervisor_url=stack.supervisor_url,
+        model_url=model.url,
+    )
     env = {"CACHE_DIRECTORY": str(cache), "TETHER_COMMANDS_WITHOUT_SANDBOX": "1"}
     [runner] = aimed.start_runners(pool, pool, 1, 1, env=env)
     try:
@@ -113,9 +123,13 @@ def run(
         spans.append(asked - grants[key])
     cold, warm = spans[0], tuple(spans[1:])
     return AgentLease(
-        files=files, cold_s=cold, warm_s=warm, p50_s=statistics.median(warm), max_s=max(warm),
+        files=files,
+        cold_s=cold,
+        warm_s=warm,
+        p50_s=statistics.median(warm),
+        max_s=max(warm),
         cache_dir=str(cache),
-    )  # fmt: skip
+    )
 
 
 def _main() -> None:
@@ -124,8 +138,12 @@ def _main() -> None:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5, help="warm leases measured")
     parser.add_argument("--dir", type=Path, default=None, help="where the work folder goes")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="where the runner's cache"
-                        " goes (default: in the work folder)")  # fmt: skip
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where the runner's cache goes (default: in the work folder)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="tether-bench-lease-", dir=args.dir))
     try:

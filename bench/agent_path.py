@@ -28,31 +28,45 @@ POOLS = (agent_lease.POOL, agent_lease.TMPFS_POOL, agent_upload.POOL)  # tokens 
 
 
 def measure(
-    r: dict[str, Any], stack: Stack, *, lease_files: int, lease_runs: int,
-    checkpoint_files: int, checkpoint_rounds: int, upload_rounds: int,
+    r: dict[str, Any],
+    stack: Stack,
+    *,
+    lease_files: int,
+    lease_runs: int,
+    checkpoint_files: int,
+    checkpoint_rounds: int,
+    upload_rounds: int,
     say: Callable[[str], None],
-) -> None:  # fmt: skip
+) -> None:
     """Take the figures on `stack`'s supervisor (started after `POOLS`' tokens) into `r`."""
     lease = agent_lease.run(stack, files=lease_files, runs=lease_runs)
     r["agent_lease"] = dataclasses.asdict(lease)
     r["agent_lease_first_call_p50_s"] = lease.p50_s
     r["agent_lease_first_call_max_s"] = lease.max_s
-    say(f"lease -> first model call, {lease.files:,} files, warm mirror: p50 {lease.p50_s:.2f} s,"
-        f" max {lease.max_s:.2f} s (cold {lease.cold_s:.2f} s)")  # fmt: skip
+    say(
+        f"lease -> first model call, {lease.files:,} files, warm mirror: p50 {lease.p50_s:.2f} s,"
+        f" max {lease.max_s:.2f} s (cold {lease.cold_s:.2f} s)"
+    )
     if agent_lease.TMPFS.is_dir():
         tmpfs = agent_lease.run(
-            stack, files=lease_files, runs=lease_runs, pool=agent_lease.TMPFS_POOL,
+            stack,
+            files=lease_files,
+            runs=lease_runs,
+            pool=agent_lease.TMPFS_POOL,
             cache_root=agent_lease.TMPFS,
-        )  # fmt: skip
+        )
         r["agent_lease_tmpfs"] = dataclasses.asdict(tmpfs)
         say(f"same, the runner's cache on tmpfs: p50 {tmpfs.p50_s:.2f} s, max {tmpfs.max_s:.2f} s")
-    cost = anyio.run(agent_checkpoint.measure, checkpoint_files, 1_000_000, checkpoint_rounds,
-                     stack.workdir)  # fmt: skip
+    cost = anyio.run(
+        agent_checkpoint.measure, checkpoint_files, 1_000_000, checkpoint_rounds, stack.workdir
+    )
     r["agent_checkpoint"] = dataclasses.asdict(cost)
     r["agent_checkpoint_1mb_ms"] = cost.changed_median_ms
     parts = ", ".join(f"{name} {ms:.0f}" for name, ms in cost.breakdown_ms.items())
-    say(f"checkpoint, 1 MB diff, {cost.files:,} files: {cost.changed_median_ms:.0f} ms"
-        f" ({cost.changed_cpu_median_ms:.0f} ms CPU; ms by part: {parts})")  # fmt: skip
+    say(
+        f"checkpoint, 1 MB diff, {cost.files:,} files: {cost.changed_median_ms:.0f} ms"
+        f" ({cost.changed_cpu_median_ms:.0f} ms CPU; ms by part: {parts})"
+    )
     upload = agent_upload.run(stack, rounds=upload_rounds)
     r["agent_upload"] = dataclasses.asdict(upload)
     r["agent_upload_10mb_s"] = upload.median_s
@@ -78,13 +92,23 @@ def _main() -> None:
             r["runner_rss_10_agents_mb"] = agents.in_flight_mb
             r["agent_rss"] = dataclasses.asdict(agents)
             say(f"runner rss, 10 agent steps in flight: {agents.in_flight_mb:.0f} MB")
-            measure(r, stack, lease_files=10_000, lease_runs=5, checkpoint_files=10_000,
-                    checkpoint_rounds=10, upload_rounds=5, say=say)  # fmt: skip
+            measure(
+                r,
+                stack,
+                lease_files=10_000,
+                lease_runs=5,
+                checkpoint_files=10_000,
+                checkpoint_rounds=10,
+                upload_rounds=5,
+                say=say,
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     m = r["machine"]
-    print(f"machine: {m['nproc']} cores, {m['cpu_model']}; work folder on {m['ledger_filesystem']};"
-          f" load average at start {m['loadavg_at_start'][0]:.2f}")  # fmt: skip
+    print(
+        f"machine: {m['nproc']} cores, {m['cpu_model']}; work folder on {m['ledger_filesystem']};"
+        f" load average at start {m['loadavg_at_start'][0]:.2f}"
+    )
     print("| measurement | value | ratio to disk / naive ceiling | target | met |")
     print("|---|---|---|---|---|")
     print("\n".join(report.agent_rows(r)))

@@ -39,18 +39,33 @@ SAMPLE_S = 0.2
 COMMAND = "ls -la notes"
 SCENARIO: dict[str, Any] = {
     "turns": [
-        {"name": "write", "assistant_turns": 0,
-         "tool_calls": [{"name": "write_file",
-                         "arguments": {"path": "notes/plan.md", "content": "# plan\n" * 200}}]},
-        {"name": "look", "assistant_turns": 1,
-         "tool_calls": [{"name": "list_files", "arguments": {"path": ".", "recursive": True}},
-                        {"name": "read_file", "arguments": {"path": "notes/plan.md"}},
-                        {"name": "search", "arguments": {"pattern": "plan"}}]},
-        {"name": "run", "assistant_turns": 2,
-         "tool_calls": [{"name": "run", "arguments": {"command": COMMAND}}]},
+        {
+            "name": "write",
+            "assistant_turns": 0,
+            "tool_calls": [
+                {
+                    "name": "write_file",
+                    "arguments": {"path": "notes/plan.md", "content": "# plan\n" * 200},
+                }
+            ],
+        },
+        {
+            "name": "look",
+            "assistant_turns": 1,
+            "tool_calls": [
+                {"name": "list_files", "arguments": {"path": ".", "recursive": True}},
+                {"name": "read_file", "arguments": {"path": "notes/plan.md"}},
+                {"name": "search", "arguments": {"pattern": "plan"}},
+            ],
+        },
+        {
+            "name": "run",
+            "assistant_turns": 2,
+            "tool_calls": [{"name": "run", "arguments": {"command": COMMAND}}],
+        },
         {"name": "done", "assistant_turns": 3, "text": "done"},
     ]
-}  # fmt: skip
+}
 TURNS = len(SCENARIO["turns"])
 
 
@@ -86,8 +101,9 @@ def run(stack: Stack, *, hold_s: float, timeout_s: float = 120.0) -> AgentRss:
     stack.token(pool)
     script = stack.workdir / "agent-scenario.json"
     script.write_text(json.dumps(SCENARIO), encoding="utf-8")
-    model = Stack(kids=stack.kids, workdir=stack.workdir, db=stack.db,
-                  supervisor_url=stack.supervisor_url)  # fmt: skip
+    model = Stack(
+        kids=stack.kids, workdir=stack.workdir, db=stack.db, supervisor_url=stack.supervisor_url
+    )
     model.start_model(latency_s=hold_s, scenario=script)
     cache = stack.workdir / "agent-cache"
     env = {"CACHE_DIRECTORY": str(cache), "TETHER_COMMANDS_WITHOUT_SANDBOX": "1"}
@@ -118,9 +134,15 @@ def run(stack: Stack, *, hold_s: float, timeout_s: float = 120.0) -> AgentRss:
             stack.kids.stop(model.model)
         seed.cancel_pool(stack.db, pool)
     return AgentRss(
-        in_flight_mb=alone, with_children_mb=with_children, in_flight=leased, samples=samples,
-        hold_s=hold_s, model_calls=calls, succeeded=succeeded, sandbox=sandbox,
-    )  # fmt: skip
+        in_flight_mb=alone,
+        with_children_mb=with_children,
+        in_flight=leased,
+        samples=samples,
+        hold_s=hold_s,
+        model_calls=calls,
+        succeeded=succeeded,
+        sandbox=sandbox,
+    )
 
 
 def _main() -> None:

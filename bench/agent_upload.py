@@ -81,8 +81,9 @@ def run(stack: Stack, *, size_mb: float = 10.0, rounds: int = 5) -> Upload:
         seed.cancel_pool(stack.db, POOL)
         shutil.rmtree(folder, ignore_errors=True)
     median = statistics.median(spans)
-    return Upload(size_mb=size_mb, rounds=rounds, median_s=median, max_s=max(spans),
-                  mb_per_s=size_mb / median)  # fmt: skip
+    return Upload(
+        size_mb=size_mb, rounds=rounds, median_s=median, max_s=max(spans), mb_per_s=size_mb / median
+    )
 
 
 def _main() -> None:

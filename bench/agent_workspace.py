@@ -28,12 +28,18 @@ def make_origin(root: Path, files: int) -> str:
         path = root / "src" / f"d{index // 100:03d}" / f"f{index:05d}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"VALUE = {index}\n")
-    env = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b",
-           "GIT_COMMITTER_EMAIL": "b@b", "PATH": "/usr/bin:/bin"}  # fmt: skip
+    env = {
+        "GIT_AUTHOR_NAME": "b",
+        "GIT_AUTHOR_EMAIL": "b@b",
+        "GIT_COMMITTER_NAME": "b",
+        "GIT_COMMITTER_EMAIL": "b@b",
+        "PATH": "/usr/bin:/bin",
+    }
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "base"]):
         subprocess.run(["git", *args], cwd=root, env=env, check=True)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                          check=True, text=True)  # fmt: skip
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, check=True, text=True
+    )
     return head.stdout.strip()
 
 

@@ -56,8 +56,12 @@ class CpuPerStep:
         return self.steps / self.window_s if self.window_s > 0 else 0.0
 
     def asdict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "ms_per_step": self.ms_per_step,
-                "steps_per_s": self.steps_per_s, "cores": self.cpu_s / self.window_s}  # fmt: skip
+        return {
+            **dataclasses.asdict(self),
+            "ms_per_step": self.ms_per_step,
+            "steps_per_s": self.steps_per_s,
+            "cores": self.cpu_s / self.window_s,
+        }
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -71,9 +75,13 @@ def committed_between(db: Path, pool: str, start: float, end: float) -> int:
 
 
 def per_step(
-    stack: Stack, *, seconds: float, tasks: int, label: str = "-cpu",
+    stack: Stack,
+    *,
+    seconds: float,
+    tasks: int,
+    label: str = "-cpu",
     mark: Callable[[], None] | None = None,
-) -> CpuPerStep:  # fmt: skip
+) -> CpuPerStep:
     """The supervisor's CPU seconds / committed steps over `seconds` at concurrency 64;
     `mark` is called as the window starts and as it ends."""
     assert stack.supervisor is not None
@@ -94,8 +102,13 @@ def per_step(
         stack.kids.stop_all(procs, grace_s=10)
     committed = committed_between(stack.db, pool, start, end)
     seed.cancel_pool(stack.db, pool)
-    return CpuPerStep(concurrency=CONCURRENCY, runners=runners, steps=committed,
-                      cpu_s=cpu1 - cpu0, window_s=end - start)  # fmt: skip
+    return CpuPerStep(
+        concurrency=CONCURRENCY,
+        runners=runners,
+        steps=committed,
+        cpu_s=cpu1 - cpu0,
+        window_s=end - start,
+    )
 
 
 def profile(stack: Stack, *, seconds: float, tasks: int, ms_per_step: float) -> dict[str, Any]:
@@ -157,14 +170,19 @@ def record(r: dict[str, Any], runs: list[CpuPerStep]) -> None:
     ms = [run.ms_per_step for run in runs]
     middle = sorted(runs, key=lambda run: run.ms_per_step)[len(runs) // 2]
     r["supervisor_cpu_per_step_ms"] = statistics.median(ms)
-    r["supervisor_cpu"] = {**middle.asdict(), "runs": [run.asdict() for run in runs],
-                           "target_ms": TARGET_MS}  # fmt: skip
+    r["supervisor_cpu"] = {
+        **middle.asdict(),
+        "runs": [run.asdict() for run in runs],
+        "target_ms": TARGET_MS,
+    }
 
 
 def describe(run: CpuPerStep) -> str:
-    return (f"supervisor CPU per step at {run.concurrency}: {run.ms_per_step:.3f} ms"
-            f" ({run.steps} steps in {run.window_s:.1f} s, {run.steps_per_s:.0f}/s,"
-            f" {run.cpu_s / run.window_s:.2f} cores)")  # fmt: skip
+    return (
+        f"supervisor CPU per step at {run.concurrency}: {run.ms_per_step:.3f} ms"
+        f" ({run.steps} steps in {run.window_s:.1f} s, {run.steps_per_s:.0f}/s,"
+        f" {run.cpu_s / run.window_s:.2f} cores)"
+    )
 
 
 def _main() -> None:
@@ -196,14 +214,18 @@ def _main() -> None:
             record(r, runs)
             if not args.no_profile:
                 r["supervisor_profile"] = profile(
-                    stack, seconds=profile_s, tasks=tasks_for(profile_s),
+                    stack,
+                    seconds=profile_s,
+                    tasks=tasks_for(profile_s),
                     ms_per_step=r["supervisor_cpu_per_step_ms"],
-                )  # fmt: skip
+                )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     m = r["machine"]
-    print(f"machine: {m['nproc']} cores, {m['cpu_model']};"
-          f" load average at start {m['loadavg_at_start'][0]:.2f}")  # fmt: skip
+    print(
+        f"machine: {m['nproc']} cores, {m['cpu_model']};"
+        f" load average at start {m['loadavg_at_start'][0]:.2f}"
+    )
     print("\n".join(report.cpu_rows(r)))
     if "supervisor_profile" in r:
         print("\n".join(profile_groups.lines(r["supervisor_profile"])))

@@ -56,11 +56,14 @@ async def _drive(ledger: SqliteLedger, pool: str, workers: int) -> int:
             await ledger.renew(lease.step_id, lease.fence, pool)
             await ledger.report(
                 Report(
-                    step_id=lease.step_id, fence=lease.fence, payload_hash=lease.payload_hash,
-                    output={"text": "ok"}, usage={"total_tokens": 1},
+                    step_id=lease.step_id,
+                    fence=lease.fence,
+                    payload_hash=lease.payload_hash,
+                    output={"text": "ok"},
+                    usage={"total_tokens": 1},
                 ),
                 pool,
-            )  # fmt: skip
+            )
             done += 1
 
     async with anyio.create_task_group() as tg:

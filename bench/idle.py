@@ -58,11 +58,24 @@ def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
     before = tree_rss_mb(pid)
     proc = stack.kids.start(
         "load-idle",
-        [sys.executable, "-m", "bench.load", "idle", "--url", stack.supervisor_url,
-         "--token-file", str(token), "--pollers", str(POLLERS), "--wait", str(WAIT_S),
-         "--seconds", str(settle_s + window_s + WAKE_S + 20)],
+        [
+            sys.executable,
+            "-m",
+            "bench.load",
+            "idle",
+            "--url",
+            stack.supervisor_url,
+            "--token-file",
+            str(token),
+            "--pollers",
+            str(POLLERS),
+            "--wait",
+            str(WAIT_S),
+            "--seconds",
+            str(settle_s + window_s + WAKE_S + 20),
+        ],
         stdout_pipe=True,
-    )  # fmt: skip
+    )
     try:
         JsonLines(proc).next(60)
         deadline = time.monotonic() + settle_s + 10
@@ -87,10 +100,15 @@ def run(stack: Stack, *, window_s: float, settle_s: float = 3.0) -> Idle:
         stack.kids.stop(proc)
         seed.cancel_pool(stack.db, "wake")
     return Idle(
-        pollers=POLLERS, connections=connections, cpu_pct=cpu, rss_mb=rss,
-        rss_before_mb=before, window_s=window_s, wake_cpu_pct=wake_cpu,
+        pollers=POLLERS,
+        connections=connections,
+        cpu_pct=cpu,
+        rss_mb=rss,
+        rss_before_mb=before,
+        window_s=window_s,
+        wake_cpu_pct=wake_cpu,
         rules_per_approval=per_approval,
-    )  # fmt: skip
+    )
 
 
 def _rules(stack: Stack) -> int:

@@ -87,8 +87,12 @@ async def _step_rounds(
 
 
 def _result(lease: dict[str, Any]) -> dict[str, Any]:
-    return {"fence": lease["fence"], "payload_hash": lease["payload_hash"],
-            "output": {"text": "ok"}, "usage": {"total_tokens": 1}}  # fmt: skip
+    return {
+        "fence": lease["fence"],
+        "payload_hash": lease["payload_hash"],
+        "output": {"text": "ok"},
+        "usage": {"total_tokens": 1},
+    }
 
 
 async def _one_step(conn: RawConnection, i: int) -> int:
@@ -158,9 +162,13 @@ async def mode_renew_max(a: argparse.Namespace, token: str) -> dict[str, Any]:
     await run_workers(a.concurrency, worker)
     seconds = time.monotonic() - start
     return {
-        "renews": ok, "errors": errors, "seconds": seconds, "renews_per_s": ok / seconds,
-        "p50_ms": 1000 * pct(latencies, 0.5), "p99_ms": 1000 * pct(latencies, 0.99),
-    }  # fmt: skip
+        "renews": ok,
+        "errors": errors,
+        "seconds": seconds,
+        "renews_per_s": ok / seconds,
+        "p50_ms": 1000 * pct(latencies, 0.5),
+        "p99_ms": 1000 * pct(latencies, 0.99),
+    }
 
 
 async def mode_renew_paced(a: argparse.Namespace, token: str) -> dict[str, Any]:
@@ -214,10 +222,15 @@ async def mode_renew_paced(a: argparse.Namespace, token: str) -> dict[str, Any]:
     await run_workers(a.concurrency, worker)
     seconds = time.monotonic() - start
     return {
-        "renews": ok, "errors": errors, "late": late, "seconds": seconds,
-        "renews_per_s": ok / seconds, "p50_ms": 1000 * pct(latencies, 0.5),
-        "p99_ms": 1000 * pct(latencies, 0.99), "max_gap_s": max_gap,
-    }  # fmt: skip
+        "renews": ok,
+        "errors": errors,
+        "late": late,
+        "seconds": seconds,
+        "renews_per_s": ok / seconds,
+        "p50_ms": 1000 * pct(latencies, 0.5),
+        "p99_ms": 1000 * pct(latencies, 0.99),
+        "max_gap_s": max_gap,
+    }
 
 
 async def mode_idle(a: argparse.Namespace, token: str) -> dict[str, Any]:
@@ -300,9 +313,13 @@ async def mode_approve(a: argparse.Namespace, token: str) -> dict[str, Any]:
     await run_workers(a.concurrency, worker)
     seconds = time.monotonic() - start
     return {
-        "approved": approved, "errors": errors, "late": late, "seconds": seconds,
-        "approves_per_s": approved / seconds, "p99_ms": 1000 * pct(latencies, 0.99),
-    }  # fmt: skip
+        "approved": approved,
+        "errors": errors,
+        "late": late,
+        "seconds": seconds,
+        "approves_per_s": approved / seconds,
+        "p99_ms": 1000 * pct(latencies, 0.99),
+    }
 
 
 MODES = {

@@ -55,8 +55,17 @@ def run(stack: Stack, *, concurrency: int, seconds: float) -> float:
     one JSON line `{"calls", "seconds"}`; their rates are added.
     """
     n = processes_for(concurrency)
-    argv = [sys.executable, "-m", "bench.modelbound", "--url", stack.model_url,
-            "--concurrency", str(-(-concurrency // n)), "--seconds", str(seconds)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.modelbound",
+        "--url",
+        stack.model_url,
+        "--concurrency",
+        str(-(-concurrency // n)),
+        "--seconds",
+        str(seconds),
+    ]
     procs = [stack.kids.start(f"modelbound-{i}", argv, stdout_pipe=True) for i in range(n)]
     try:
         found = [JsonLines(proc).next(seconds + 30) for proc in procs]

@@ -88,9 +88,12 @@ def run(
     stack.ledger.cancel_pool(pool)
     window = (max(c for _, c in rows) - min(g for g, _ in rows)) if rows else 0.0
     return _summary(
-        [1000 * (c - g) for g, c in rows], rate=rate, fsync_ms=fsync_ms, busy=busy_pct,
+        [1000 * (c - g) for g, c in rows],
+        rate=rate,
+        fsync_ms=fsync_ms,
+        busy=busy_pct,
         achieved=len(rows) / window if window > 0 else 0.0,
-    )  # fmt: skip
+    )
 
 
 def paced(
@@ -140,5 +143,8 @@ def paced(
     committed = sum(1 for _, c, _ in rows if opened <= c < closed)
     return _summary(
         [1000 * (c - g - latency_for(m, hold, SPREAD)) for g, c, m in counted],
-        rate=rate, achieved=committed / (closed - opened), fsync_ms=fsync_ms, busy=busy_pct,
-    )  # fmt: skip
+        rate=rate,
+        achieved=committed / (closed - opened),
+        fsync_ms=fsync_ms,
+        busy=busy_pct,
+    )

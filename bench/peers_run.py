@@ -28,14 +28,47 @@ def run_all(kids: Children, workdir: Path, *, seconds: float) -> dict[str, dict[
     """Huey end to end; DBOS with its default SQLite engine; DBOS with a WAL engine."""
     conc = "1,16,64"
     plans: list[tuple[str, list[str], dict[str, str]]] = [
-        ("huey", [str(SCRIPTS / "huey_bench.py"), "--seconds", str(seconds),
-                  "--concurrency", conc, "--workers", "4"],
-         {"HUEY_BENCH_DB": str(workdir / "huey.db")}),
-        ("dbos", [str(SCRIPTS / "dbos_bench.py"), "--db", str(workdir / "dbos.sqlite"),
-                  "--seconds", str(seconds), "--concurrency", conc], {}),
-        ("dbos_wal", [str(SCRIPTS / "dbos_bench.py"), "--db", str(workdir / "dbos-wal.sqlite"),
-                      "--seconds", str(seconds), "--concurrency", conc, "--wal"], {}),
-    ]  # fmt: skip
+        (
+            "huey",
+            [
+                str(SCRIPTS / "huey_bench.py"),
+                "--seconds",
+                str(seconds),
+                "--concurrency",
+                conc,
+                "--workers",
+                "4",
+            ],
+            {"HUEY_BENCH_DB": str(workdir / "huey.db")},
+        ),
+        (
+            "dbos",
+            [
+                str(SCRIPTS / "dbos_bench.py"),
+                "--db",
+                str(workdir / "dbos.sqlite"),
+                "--seconds",
+                str(seconds),
+                "--concurrency",
+                conc,
+            ],
+            {},
+        ),
+        (
+            "dbos_wal",
+            [
+                str(SCRIPTS / "dbos_bench.py"),
+                "--db",
+                str(workdir / "dbos-wal.sqlite"),
+                "--seconds",
+                str(seconds),
+                "--concurrency",
+                conc,
+                "--wal",
+            ],
+            {},
+        ),
+    ]
     return _run(kids, plans, seconds)
 
 
@@ -45,11 +78,33 @@ def run_pg(kids: Children, server_url: str, *, seconds: float) -> dict[str, dict
     conc = "1,16,64"
     jobs = str(max(50, int(200 * seconds)))
     plans: list[tuple[str, list[str], dict[str, str]]] = [
-        ("procrastinate", [str(SCRIPTS / "procrastinate_bench.py"), "--pg-url", server_url,
-                           "--jobs", jobs, "--concurrency", conc], {}),
-        ("dbos_pg", [str(SCRIPTS / "dbos_bench.py"), "--pg-url", server_url,
-                     "--seconds", str(seconds), "--concurrency", conc], {}),
-    ]  # fmt: skip
+        (
+            "procrastinate",
+            [
+                str(SCRIPTS / "procrastinate_bench.py"),
+                "--pg-url",
+                server_url,
+                "--jobs",
+                jobs,
+                "--concurrency",
+                conc,
+            ],
+            {},
+        ),
+        (
+            "dbos_pg",
+            [
+                str(SCRIPTS / "dbos_bench.py"),
+                "--pg-url",
+                server_url,
+                "--seconds",
+                str(seconds),
+                "--concurrency",
+                conc,
+            ],
+            {},
+        ),
+    ]
     return _run(kids, plans, seconds)
 
 

@@ -95,8 +95,10 @@ def measure(
     r["synchronous_commit"] = server.synchronous_commit(url)
     with server.scratch(url, "probe") as probe:
         r["commits_per_s"] = server.commits_per_s(probe, plan.probe_s)
-    say(f"PostgreSQL: {r['commits_per_s']:.0f} single-row commits/s"
-        f" (synchronous_commit={r['synchronous_commit']})")  # fmt: skip
+    say(
+        f"PostgreSQL: {r['commits_per_s']:.0f} single-row commits/s"
+        f" (synchronous_commit={r['synchronous_commit']})"
+    )
     fsync_ms = 1000 / max(1.0, r["commits_per_s"])
     trips = pg_roundtrips.measure(url, steps=plan.roundtrip_steps, workers=SLOTS)
     r["round_trips"] = pg_roundtrips.figures(trips, SLOTS)
@@ -140,20 +142,31 @@ def tether(
             out["steps_per_s"][str(c)] = at.steps_per_s
             out["steps_detail"][str(c)] = dataclasses.asdict(at)
             best = max(best, at.steps_per_s)
-            say(f"PostgreSQL, {who}, steps at {c}: {at.steps_per_s:.0f}/s"
+            say(
+                f"PostgreSQL, {who}, steps at {c}: {at.steps_per_s:.0f}/s"
                 f" ({at.steps} steps, {at.processes} runners, supervisors"
-                f" {at.supervisor_cpu_pct:.0f}% cpu)")  # fmt: skip
-        ov = overhead.run(stack, rate=OVERHEAD_RATE, seconds=plan.overhead_s, fsync_ms=fsync_ms,
-                          pool=f"pg{count}-overhead")  # fmt: skip
+                f" {at.supervisor_cpu_pct:.0f}% cpu)"
+            )
+        ov = overhead.run(
+            stack,
+            rate=OVERHEAD_RATE,
+            seconds=plan.overhead_s,
+            fsync_ms=fsync_ms,
+            pool=f"pg{count}-overhead",
+        )
         out["overhead"] = dataclasses.asdict(ov)
-        say(f"PostgreSQL, {who}, overhead at {ov.achieved_per_s:.0f}/s:"
-            f" p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms")  # fmt: skip
+        say(
+            f"PostgreSQL, {who}, overhead at {ov.achieved_per_s:.0f}/s:"
+            f" p50 {ov.p50_ms:.1f} p99 {ov.p99_ms:.1f} ms"
+        )
         if count > 1 and plan.kill_s is not None:
             out["kill"] = kill_one(stack, seconds=plan.kill_s, rate=best)
             k = out["kill"]
-            say(f"PostgreSQL, {who}, one killed: {k['lost']} of {k['tasks']} tasks"
+            say(
+                f"PostgreSQL, {who}, one killed: {k['lost']} of {k['tasks']} tasks"
                 f" lost, longest pause after the kill {k['longest_pause_s']:.2f} s"
-                f" (renew interval {k['renew_every_s']:.0f} s)")  # fmt: skip
+                f" (renew interval {k['renew_every_s']:.0f} s)"
+            )
     finally:
         stack.stop_supervisor()
         if stack.model is not None:

@@ -64,9 +64,11 @@ async def supervise(url: str, start_at: float) -> tuple[int, int, int]:
                 leases = await ledger.claim(f"r{n}", "default", 1, 0)
                 for lease in leases:
                     rep = Report(
-                        step_id=lease.step_id, fence=lease.fence,
-                        payload_hash=lease.payload_hash, output="ok",
-                    )  # fmt: skip
+                        step_id=lease.step_id,
+                        fence=lease.fence,
+                        payload_hash=lease.payload_hash,
+                        output="ok",
+                    )
                     await ledger.report(rep)
                     steps += 1
 

@@ -44,14 +44,24 @@ ANSWER_AFTER_S = 0.5  # the held model answer arrives this long after the notice
 TIMEOUT_S = 60.0
 SCENARIO: dict[str, Any] = {
     "turns": [
-        {"name": "first", "assistant_turns": 0,
-         "tool_calls": [{"name": "write_file", "arguments": {"path": "a.md", "content": "a"}}]},
-        {"name": "held", "assistant_turns": 1, "hold_s": 600, "holds": 1,
-         "tool_calls": [{"name": "write_file", "arguments": {"path": "b.md", "content": "b"}},
-                        {"name": "list_files", "arguments": {"path": "."}}]},
+        {
+            "name": "first",
+            "assistant_turns": 0,
+            "tool_calls": [{"name": "write_file", "arguments": {"path": "a.md", "content": "a"}}],
+        },
+        {
+            "name": "held",
+            "assistant_turns": 1,
+            "hold_s": 600,
+            "holds": 1,
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "b.md", "content": "b"}},
+                {"name": "list_files", "arguments": {"path": "."}},
+            ],
+        },
         {"name": "done", "assistant_turns": 2, "text": "done"},
     ]
-}  # fmt: skip
+}
 
 
 def target_s(poll_s: float = POLL_S) -> float:

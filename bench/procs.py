@@ -47,9 +47,13 @@ class Children:
         self._logs: list[IO[bytes]] = []
 
     def start(
-        self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
         stdout_pipe: bool = False,
-    ) -> subprocess.Popen[bytes]:  # fmt: skip
+    ) -> subprocess.Popen[bytes]:
         log = (self.logdir / f"{name}.log").open("ab")
         self._logs.append(log)
         full_env = {**os.environ, **(env or {})}

@@ -64,9 +64,14 @@ def label(filename: str, line: int, function: str) -> str:
 
 
 def _summary(
-    source: str, groups: dict[str, float], own: dict[str, tuple[float, str]],
-    cumulative: dict[str, float], *, ms_per_step: float, steps: int,
-) -> dict[str, Any]:  # fmt: skip
+    source: str,
+    groups: dict[str, float],
+    own: dict[str, tuple[float, str]],
+    cumulative: dict[str, float],
+    *,
+    ms_per_step: float,
+    steps: int,
+) -> dict[str, Any]:
     """Shares of the groups' total (in any unit), each also as a part of `ms_per_step`."""
     total = sum(groups.values()) or 1e-9
 

@@ -64,9 +64,12 @@ async def seeded(ledger: LedgerStore) -> str:
     for _ in range(STEPS // 2):
         [lease] = await ledger.claim("bench", "default", 1, 0)
         report = Report(
-            step_id=lease.step_id, fence=lease.fence, payload_hash=lease.payload_hash,
-            output={"answer": "y" * 500}, usage={"total_tokens": 10},
-        )  # fmt: skip
+            step_id=lease.step_id,
+            fence=lease.fence,
+            payload_hash=lease.payload_hash,
+            output={"answer": "y" * 500},
+            usage={"total_tokens": 10},
+        )
         await ledger.report(report)
     return task_id
 

@@ -27,11 +27,26 @@ def _start_load(stack: Stack, mode: str, pool: str, seconds: float, concurrency:
     token = stack.token(pool)
     proc = stack.kids.start(
         f"load-{mode}",
-        [sys.executable, "-m", "bench.load", mode, "--url", stack.supervisor_url,
-         "--token-file", str(token), "--leases", str(LEASES), "--seconds", str(seconds),
-         "--concurrency", str(concurrency), "--period", "1"],
+        [
+            sys.executable,
+            "-m",
+            "bench.load",
+            mode,
+            "--url",
+            stack.supervisor_url,
+            "--token-file",
+            str(token),
+            "--leases",
+            str(LEASES),
+            "--seconds",
+            str(seconds),
+            "--concurrency",
+            str(concurrency),
+            "--period",
+            "1",
+        ],
         stdout_pipe=True,
-    )  # fmt: skip
+    )
     lines = JsonLines(proc)
     lines.next(60)  # every lease claimed and acknowledged
     return lines

@@ -203,10 +203,24 @@ def table(results: dict[str, Any]) -> str:
         lines.append(_row("steps/s at 64 while 1,000 leases renew every 1 s", value, r))
     if "idle_1000_cpu_pct" in results:
         cpu, rss = results["idle_1000_cpu_pct"], results["idle_1000_rss_mb"]
-        lines.append(_row("supervisor CPU, 1,000 idle long-polls", f"{cpu:.1f} % of a core",
-                          "", "<= 5 %", yes[cpu <= 5]))  # fmt: skip
-        lines.append(_row("supervisor RSS, 1,000 idle long-polls", f"{rss:.0f} MB", "",
-                          "<= 150 MB", yes[rss <= 150]))  # fmt: skip
+        lines.append(
+            _row(
+                "supervisor CPU, 1,000 idle long-polls",
+                f"{cpu:.1f} % of a core",
+                "",
+                "<= 5 %",
+                yes[cpu <= 5],
+            )
+        )
+        lines.append(
+            _row(
+                "supervisor RSS, 1,000 idle long-polls",
+                f"{rss:.0f} MB",
+                "",
+                "<= 150 MB",
+                yes[rss <= 150],
+            )
+        )
         wake = results.get("idle_1000_cpu_pct_while_10_approvals_per_s")
         if wake is not None:
             per = results["idle_1000_ledger_rules_per_approval"]
@@ -216,15 +230,33 @@ def table(results: dict[str, Any]) -> str:
         idle, busy = results["runner_rss_idle_mb"], results["runner_rss_100_mb"]
         if results.get("runner_rss_idle_installed"):
             dev = results["runner_rss_idle_dev_venv_mb"]
-            lines.append(_row("runner RSS idle, as installed (make bench-runner-venv)",
-                              f"{idle:.0f} MB", "", "<= 40 MB", yes[idle <= 40]))  # fmt: skip
-            lines.append(_row("runner RSS idle, developers' venv (rich, click loaded)",
-                              f"{dev:.0f} MB"))  # fmt: skip
+            lines.append(
+                _row(
+                    "runner RSS idle, as installed (make bench-runner-venv)",
+                    f"{idle:.0f} MB",
+                    "",
+                    "<= 40 MB",
+                    yes[idle <= 40],
+                )
+            )
+            lines.append(
+                _row("runner RSS idle, developers' venv (rich, click loaded)", f"{dev:.0f} MB")
+            )
         else:
-            lines.append(_row("runner RSS idle (developers' venv: run make bench-runner-venv)",
-                              f"{idle:.0f} MB", "", "<= 40 MB", yes[idle <= 40]))  # fmt: skip
-        lines.append(_row("runner RSS, 100 steps in flight", f"{busy:.0f} MB", "", "<= 64 MB",
-                          yes[busy <= 64]))  # fmt: skip
+            lines.append(
+                _row(
+                    "runner RSS idle (developers' venv: run make bench-runner-venv)",
+                    f"{idle:.0f} MB",
+                    "",
+                    "<= 40 MB",
+                    yes[idle <= 40],
+                )
+            )
+        lines.append(
+            _row(
+                "runner RSS, 100 steps in flight", f"{busy:.0f} MB", "", "<= 64 MB", yes[busy <= 64]
+            )
+        )
     lines += cpu_rows(results)
     lines += agent_rows(results)
     lines += feature_rows(results)
@@ -354,8 +386,9 @@ def pg_table(pg: dict[str, Any]) -> str:
     for name, rate in peers.items():
         by_c = pg["peers"][name]["by_concurrency"]
         spread = ", ".join(f"{c}: {v:,.0f}" for c, v in by_c.items())
-        lines.append(f"| peer {name} on PostgreSQL: steps/s, best ({spread}) | {rate:,.0f}/s"
-                     " |  |  |  |  |")  # fmt: skip
+        lines.append(
+            f"| peer {name} on PostgreSQL: steps/s, best ({spread}) | {rate:,.0f}/s |  |  |  |  |"
+        )
     return "\n".join(lines)
 
 

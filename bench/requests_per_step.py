@@ -78,9 +78,10 @@ async def measure(steps: int, concurrency: int, work_s: float, *, eager: bool) -
                 assert created.status_code == 201, created.text
                 task = created.json()
                 await http.post(
-                    f"/v1/tasks/{task['id']}/approve", headers=auth,
+                    f"/v1/tasks/{task['id']}/approve",
+                    headers=auth,
                     json={"plan_hash": task["plan_hash"]},
-                )  # fmt: skip
+                )
             counted.seen.clear()
             done = 0
 
@@ -94,10 +95,14 @@ async def measure(steps: int, concurrency: int, work_s: float, *, eager: bool) -
             key = Path(tmp) / "key"
             key.write_text("unused\n")
             settings = RunnerSettings(
-                supervisor_url="http://s", model_url="http://m/v1", model="m",
-                concurrency=concurrency, claim_wait_s=1.0, runner_id="bench",
+                supervisor_url="http://s",
+                model_url="http://m/v1",
+                model="m",
+                concurrency=concurrency,
+                claim_wait_s=1.0,
+                runner_id="bench",
                 model_key_file=key,
-            )  # fmt: skip
+            )
             clock = LoopClock()
             runner = (Runner if eager else RunnerBeforeEagerDispatch)(
                 settings=settings,

@@ -53,8 +53,9 @@ def run(stack: Stack, *, settle_s: float = 3.0) -> RunnerRss:
     pool = "rss-busy"
     seed.create_tasks(stack.db, pool, IN_FLIGHT, approve=True)
     stack.token(pool)
-    slow = Stack(kids=stack.kids, workdir=stack.workdir, db=stack.db,
-                 supervisor_url=stack.supervisor_url)  # fmt: skip
+    slow = Stack(
+        kids=stack.kids, workdir=stack.workdir, db=stack.db, supervisor_url=stack.supervisor_url
+    )
     slow.start_model(latency_s=MODEL_LATENCY_S)
     [busy] = slow.start_runners(pool, pool, IN_FLIGHT, 1)
     try:

@@ -65,9 +65,14 @@ def _run(db: sqlite3.Connection, rules: Sequence[Callable[[Tx], Any]]) -> list[A
 
 
 def create_tasks(
-    path: Path, pool: str, count: int, *, approve: bool,
-    make: Callable[[str, str], TaskSpec] = spec, base_sha: str | None = None,
-) -> list[tuple[str, str]]:  # fmt: skip
+    path: Path,
+    pool: str,
+    count: int,
+    *,
+    approve: bool,
+    make: Callable[[str, str], TaskSpec] = spec,
+    base_sha: str | None = None,
+) -> list[tuple[str, str]]:
     """Create `count` one-step tasks in `pool` (each `make(key, pool)`, a `chat` step unless
     told); approve them (queue them) if `approve`, repository-bound ones on `base_sha` (taken
     as the head the supervisor read). Return `(task_id, plan_hash)` of each, for approving

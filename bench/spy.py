@@ -27,10 +27,26 @@ def find() -> str | None:
 def start(program: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
     """Sample `pid` for `seconds` into `out` (raw collapsed stacks); wait with `finish`."""
     return subprocess.Popen(
-        [program, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-         "--rate", str(RATE_HZ), "--nonblocking", "--gil", "--format", "raw", "--output", str(out)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            program,
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(max(1, round(seconds))),
+            "--rate",
+            str(RATE_HZ),
+            "--nonblocking",
+            "--gil",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def finish(

@@ -69,22 +69,24 @@ class Stack:
             self.others.append(proc)
             self.other_urls.append(url)
 
-    def _serve(
-        self, name: str, profile: Path | None
-    ) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+    def _serve(self, name: str, profile: Path | None) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         program = [tool("tether-supervisor")]
-        env = {"TETHER_SYNCHRONOUS": "FULL", "TETHER_LOG_LEVEL": self.supervisor_log_level,
-               "TETHER_LEASE_TTL_S": str(self.lease_ttl_s)}  # fmt: skip
+        env = {
+            "TETHER_SYNCHRONOUS": "FULL",
+            "TETHER_LOG_LEVEL": self.supervisor_log_level,
+            "TETHER_LEASE_TTL_S": str(self.lease_ttl_s),
+        }
         if profile is not None:
             program = [sys.executable, "-m", "bench.profiled"]
             env["BENCH_PROFILE"] = str(profile)
         db = self.url or str(self.db)
         proc = self.kids.start(
-            name, [*program, "serve", "--db", db, "--port", str(port), "--host", "127.0.0.1"],
+            name,
+            [*program, "serve", "--db", db, "--port", str(port), "--host", "127.0.0.1"],
             env=env,
-        )  # fmt: skip
+        )
         wait_ready(f"{url}/readyz", proc)
         return proc, url
 
@@ -101,9 +103,17 @@ class Stack:
         script = [] if scenario is None else ["--scenario", str(scenario)]
         self.model = self.kids.start(
             f"model-{port}",
-            [sys.executable, "-m", "examples.standin_model", "--port", str(port),
-             "--latency", str(latency_s), *script],
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "examples.standin_model",
+                "--port",
+                str(port),
+                "--latency",
+                str(latency_s),
+                *script,
+            ],
+        )
         wait_ready(f"http://127.0.0.1:{port}/_admin/knobs", self.model)
 
     def set_model_latency(self, latency_s: float, spread: float = 0.0) -> None:
@@ -120,21 +130,40 @@ class Stack:
         return dest
 
     def approve_at(
-        self, name: str, tasks: list[tuple[str, str]], *, rate: float, seconds: float,
+        self,
+        name: str,
+        tasks: list[tuple[str, str]],
+        *,
+        rate: float,
+        seconds: float,
         concurrency: int,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """Approve `tasks` (`[task_id, plan_hash]` pairs) at `rate` per second, open loop, from
         one operator load process; return its summary once it is done feeding."""
         listing = self.workdir / f"{name}-tasks.json"
         listing.write_text(json.dumps(tasks))
         feeder = self.kids.start(
             name,
-            [sys.executable, "-m", "bench.load", "approve", "--url", self.supervisor_url,
-             "--token-file", str(self.token(seed.TENANT, role="operator")),
-             "--tasks", str(listing), "--rate", str(rate), "--seconds", str(seconds),
-             "--concurrency", str(concurrency)],
+            [
+                sys.executable,
+                "-m",
+                "bench.load",
+                "approve",
+                "--url",
+                self.supervisor_url,
+                "--token-file",
+                str(self.token(seed.TENANT, role="operator")),
+                "--tasks",
+                str(listing),
+                "--rate",
+                str(rate),
+                "--seconds",
+                str(seconds),
+                "--concurrency",
+                str(concurrency),
+            ],
             stdout_pipe=True,
-        )  # fmt: skip
+        )
         try:
             lines = JsonLines(feeder)
             lines.next(30)  # ready
@@ -143,9 +172,14 @@ class Stack:
             self.kids.stop(feeder)
 
     def start_runners(
-        self, name: str, pool: str, concurrency: int, processes: int,
-        env: dict[str, str] | None = None, program: str | None = None,
-    ) -> list[subprocess.Popen[bytes]]:  # fmt: skip
+        self,
+        name: str,
+        pool: str,
+        concurrency: int,
+        processes: int,
+        env: dict[str, str] | None = None,
+        program: str | None = None,
+    ) -> list[subprocess.Popen[bytes]]:
         """`processes` runners sharing `concurrency` between them (as evenly as possible),
         with `env` added to their environment. The pool's token must exist (`token(pool)`)
         before the supervisor starts. With several supervisors each runner gets all of them,
@@ -164,14 +198,29 @@ class Stack:
             procs.append(
                 self.kids.start(
                     runner_id,
-                    [program or tool("tether-runner"), "run", "--supervisor", supervisors,
-                     "--token-file", str(token), "--model-url", self.model_url,
-                     "--model", "standin", "--concurrency", str(share),
-                     "--runner-id", runner_id, "--log-level", self.runner_log_level,
-                     "--log-format", "json"],
+                    [
+                        program or tool("tether-runner"),
+                        "run",
+                        "--supervisor",
+                        supervisors,
+                        "--token-file",
+                        str(token),
+                        "--model-url",
+                        self.model_url,
+                        "--model",
+                        "standin",
+                        "--concurrency",
+                        str(share),
+                        "--runner-id",
+                        runner_id,
+                        "--log-level",
+                        self.runner_log_level,
+                        "--log-format",
+                        "json",
+                    ],
                     env=env,
                 ),
-            )  # fmt: skip
+            )
         return procs
 
 

@@ -59,9 +59,14 @@ def prepare(stack: Stack, *, concurrency: int, tasks: int, label: str = "") -> s
 
 
 def run(
-    stack: Stack, *, concurrency: int, seconds: float, tasks: int, label: str = "",
+    stack: Stack,
+    *,
+    concurrency: int,
+    seconds: float,
+    tasks: int,
+    label: str = "",
     prepared: str | None = None,
-) -> StepsRun:  # fmt: skip
+) -> StepsRun:
     """Run real runners for `seconds` on a pool seeded with `tasks` (or on `prepared`).
 
     The pool holds more queued one-step tasks than the run can finish. The runners stop with
@@ -104,10 +109,15 @@ def run(
     done = stack.ledger.succeeded(pool)
     stack.ledger.cancel_pool(pool)
     return StepsRun(
-        concurrency=concurrency, processes=len(procs), steps=steps, succeeded=done,
-        seconds=window, supervisor_rss_max_mb=rss, supervisor_cpu_pct=sup_pct,
+        concurrency=concurrency,
+        processes=len(procs),
+        steps=steps,
+        succeeded=done,
+        seconds=window,
+        supervisor_rss_max_mb=rss,
+        supervisor_cpu_pct=sup_pct,
         runners_cpu_pct=runners_pct,
-    )  # fmt: skip
+    )
 
 
 def supervisor_only(
@@ -120,11 +130,22 @@ def supervisor_only(
     pool = prepare(stack, concurrency=concurrency, tasks=tasks, label=f"-bare-{mode}")
     proc = stack.kids.start(
         f"load-{mode}",
-        [sys.executable, "-m", "bench.load", mode, "--url", stack.supervisor_url,
-         "--token-file", str(stack.token(pool)), "--seconds", str(seconds),
-         "--concurrency", str(concurrency)],
+        [
+            sys.executable,
+            "-m",
+            "bench.load",
+            mode,
+            "--url",
+            stack.supervisor_url,
+            "--token-file",
+            str(stack.token(pool)),
+            "--seconds",
+            str(seconds),
+            "--concurrency",
+            str(concurrency),
+        ],
         stdout_pipe=True,
-    )  # fmt: skip
+    )
     try:
         lines = JsonLines(proc)
         lines.next(30)

@@ -72,8 +72,13 @@ CHECKPOINT_TURN = 2  # read, then write: the kill comes after the write's checkp
 STALE_HOLD_S = 4.0  # the second run's first answer waits this long; the head moves meanwhile
 WITHOUT_SANDBOX = "TETHER_COMMANDS_WITHOUT_SANDBOX"
 CHECKS = {"tests": TEST_COMMAND}
-DECLARED = Declared(owner=OWNER, repository=REPOSITORY, requirement_revision=REQUIREMENT,
-                    allowed_paths=("src/",), checks=tuple(CHECKS))  # fmt: skip
+DECLARED = Declared(
+    owner=OWNER,
+    repository=REPOSITORY,
+    requirement_revision=REQUIREMENT,
+    allowed_paths=("src/",),
+    checks=tuple(CHECKS),
+)
 
 PLAN: dict[str, Any] = {
     "steps": [
@@ -100,13 +105,19 @@ def scenario(hold: str, hold_s: float) -> dict[str, Any]:
     turns already done, so a resumed loop gets the turns it has not had yet. Turn `hold`
     holds its first answer `hold_s` seconds."""
     turns: list[dict[str, Any]] = [
-        {"name": "read", "tool_calls": [
-            {"name": "read_file", "arguments": {"path": "src/calc.py"}}]},
-        {"name": "write", "tool_calls": [
-            {"name": "write_file", "arguments": {"path": "src/calc.py", "content": FIXED}}]},
+        {
+            "name": "read",
+            "tool_calls": [{"name": "read_file", "arguments": {"path": "src/calc.py"}}],
+        },
+        {
+            "name": "write",
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "src/calc.py", "content": FIXED}}
+            ],
+        },
         {"name": "test", "tool_calls": [{"name": "run", "arguments": {"command": TEST_COMMAND}}]},
         {"name": "done", "text": "Done: add() adds now, and the test passes."},
-    ]  # fmt: skip
+    ]
     for index, turn in enumerate(turns):
         turn["assistant_turns"] = index
         if turn["name"] == hold:
@@ -151,8 +162,9 @@ def sandbox_environment(folder: Path) -> dict[str, str]:
 def add_repository(db: Path, repo: Repository) -> None:
     """Register the demo's bare repository as `REPOSITORY` of `TENANT` (`tether-supervisor repo
     add`)."""
-    added = admin("repo", "add", REPOSITORY, "--url", str(repo.bare), "--tenant", TENANT,
-                  "--db", str(db))  # fmt: skip
+    added = admin(
+        "repo", "add", REPOSITORY, "--url", str(repo.bare), "--tenant", TENANT, "--db", str(db)
+    )
     if added.returncode != 0:
         raise DemoError(f"repo add failed: {added.stderr.strip()}")
     say(f"repo add     {REPOSITORY} --url {repo.bare} --tenant {TENANT}")
@@ -266,10 +278,15 @@ class Demo:
     def submit(self, key: str, base: str) -> str:
         body = {
             "idempotency_key": f"{key}-{os.getpid()}-{time.time_ns()}",
-            "plan": PLAN, "pool": POOL, "owner": OWNER, "repository": REPOSITORY,
-            "base_sha": base, "requirement_revision": REQUIREMENT,
-            "allowed_paths": list(DECLARED.allowed_paths), "checks": CHECKS,
-        }  # fmt: skip
+            "plan": PLAN,
+            "pool": POOL,
+            "owner": OWNER,
+            "repository": REPOSITORY,
+            "base_sha": base,
+            "requirement_revision": REQUIREMENT,
+            "allowed_paths": list(DECLARED.allowed_paths),
+            "checks": CHECKS,
+        }
         task = call(self.http, "POST", "/v1/tasks", json=body)
         approval = {"plan_hash": content_hash(PLAN), "base_sha": base}
         approved = call(self.http, "POST", f"/v1/tasks/{task['id']}/approve", json=approval)
@@ -363,20 +380,29 @@ def resume_proof(demo: Demo, killed: Kill, final: dict[str, Any]) -> None:
             f" {line['messages']:<2} digest {line['digest']}  {who}{held}"
         )
     turns = demo.answered_turns()
-    expect([a["turn"] for a in before] == ["read", "write", "test"],
-           f"the killed attempt asked {[a['turn'] for a in before]}")  # fmt: skip
-    expect([a["turn"] for a in after] == ["test", "done"],
-           f"the resumed attempt asked {[a['turn'] for a in after]}")  # fmt: skip
-    expect(all(a["turn_index"] >= CHECKPOINT_TURN for a in after),
-           "the resumed attempt asked for a turn its checkpoint held")  # fmt: skip
-    expect(after[0]["digest"] == before[-1]["digest"],
-           "the resumed attempt's first call differs from the killed attempt's last")  # fmt: skip
-    expect(turns.count("read") == 1 and turns.count("write") == 1,
-           f"turns answered: {turns}")  # fmt: skip
+    expect(
+        [a["turn"] for a in before] == ["read", "write", "test"],
+        f"the killed attempt asked {[a['turn'] for a in before]}",
+    )
+    expect(
+        [a["turn"] for a in after] == ["test", "done"],
+        f"the resumed attempt asked {[a['turn'] for a in after]}",
+    )
+    expect(
+        all(a["turn_index"] >= CHECKPOINT_TURN for a in after),
+        "the resumed attempt asked for a turn its checkpoint held",
+    )
+    expect(
+        after[0]["digest"] == before[-1]["digest"],
+        "the resumed attempt's first call differs from the killed attempt's last",
+    )
+    expect(turns.count("read") == 1 and turns.count("write") == 1, f"turns answered: {turns}")
     output = step["output"]
     resumed = output.get("resumed_from") or {}
-    expect(resumed == {"turn": CHECKPOINT_TURN, "fence": killed.fence},
-           f"the step's output says resumed_from {resumed}")  # fmt: skip
+    expect(
+        resumed == {"turn": CHECKPOINT_TURN, "fence": killed.fence},
+        f"the step's output says resumed_from {resumed}",
+    )
     say(
         f"resume proof: {winner['runner_id']} resumed from turn {resumed['turn']} of fence"
         f" {resumed['fence']} (its output's resumed_from); its calls all have turn_index >="
@@ -407,21 +433,31 @@ def stale_run(demo: Demo, repo: Repository) -> None:
     step = final["steps"][0]
     reason = str(final.get("reason") or "")
     expect(final["state"] == "FAILED", f"the second task ended {final['state']} ({reason})")
-    expect(reason.startswith("stale_base:") and repo.base in reason and moved in reason,
-           f"the second task failed with {reason!r}")  # fmt: skip
+    expect(
+        reason.startswith("stale_base:") and repo.base in reason and moved in reason,
+        f"the second task failed with {reason!r}",
+    )
     expect(step["state"] == "committed", f"its step is {step['state']}, not committed")
     expect(len(effects_by_step(demo.db).get(step["id"], [])) == 1, "its step has not one effect")
-    expect("stale_base" in {f["code"] for f in final.get("findings") or []},
-           f"findings {final.get('findings')}")  # fmt: skip
+    expect(
+        "stale_base" in {f["code"] for f in final.get("findings") or []},
+        f"findings {final.get('findings')}",
+    )
     say(f"task {task_id}  state FAILED  reason {reason}")
     say(
         f"  its step's result was recorded once (candidate {step['candidate_sha'][:12]}), and the"
         " task failed at that report: the head the supervisor read was not the approved base"
     )
     again = demo.http.post(
-        "/v1/tasks", json={"idempotency_key": f"demo-agent-late-{time.time_ns()}", "plan": PLAN,
-                           "repository": REPOSITORY, "allowed_paths": ["src/"], "pool": POOL},
-    )  # fmt: skip
+        "/v1/tasks",
+        json={
+            "idempotency_key": f"demo-agent-late-{time.time_ns()}",
+            "plan": PLAN,
+            "repository": REPOSITORY,
+            "allowed_paths": ["src/"],
+            "pool": POOL,
+        },
+    )
     expect(again.status_code == 201, f"creating a third task answered {again.status_code}")
     refused = demo.http.post(
         f"/v1/tasks/{again.json()['id']}/approve",

@@ -79,12 +79,17 @@ def plan(receiver_url: str) -> dict[str, Any]:
         "steps": [
             *AGENT_PLAN["steps"],
             {"name": "push", "kind": "git.push", "payload": {"branch": BRANCH}},
-            {"name": "deploy", "kind": "http",
-             "payload": {"url": f"{receiver_url}/deploy", "method": "POST",
-                         "body": {"service": "calc",
-                                  "commit": "{{ steps.fix.output.candidate_sha }}"}}},
+            {
+                "name": "deploy",
+                "kind": "http",
+                "payload": {
+                    "url": f"{receiver_url}/deploy",
+                    "method": "POST",
+                    "body": {"service": "calc", "commit": "{{ steps.fix.output.candidate_sha }}"},
+                },
+            },
         ]
-    }  # fmt: skip
+    }
 
 
 def hold_pushes(bare: Path, marker: Path) -> None:
@@ -128,10 +133,19 @@ class EffectsDemo:
         self.receiver_url = f"http://127.0.0.1:{receiver_port}"
         receiver = self.children.start(
             "receiver",
-            [sys.executable, "-m", "examples.receiver", "--port", str(receiver_port),
-             "--state", str(self.folder / "receiver.db"), "--delay-s", str(ANSWER_HOLD_S)],
+            [
+                sys.executable,
+                "-m",
+                "examples.receiver",
+                "--port",
+                str(receiver_port),
+                "--state",
+                str(self.folder / "receiver.db"),
+                "--delay-s",
+                str(ANSWER_HOLD_S),
+            ],
             child_environment(PYTHONPATH=str(CHECKOUT)),
-        )  # fmt: skip
+        )
         model = self.children.start(
             "stand-in-model",
             [sys.executable, "-m", "examples.standin_model", "--port", str(model_port)],
@@ -205,10 +219,15 @@ class EffectsDemo:
         body_plan = plan(self.receiver_url)
         body = {
             "idempotency_key": f"demo-effects-{os.getpid()}-{time.time_ns()}",
-            "plan": body_plan, "pool": POOL, "owner": OWNER, "repository": REPOSITORY,
-            "base_sha": base, "requirement_revision": DECLARED.requirement_revision,
-            "allowed_paths": list(DECLARED.allowed_paths), "checks": CHECKS,
-        }  # fmt: skip
+            "plan": body_plan,
+            "pool": POOL,
+            "owner": OWNER,
+            "repository": REPOSITORY,
+            "base_sha": base,
+            "requirement_revision": DECLARED.requirement_revision,
+            "allowed_paths": list(DECLARED.allowed_paths),
+            "checks": CHECKS,
+        }
         task = call(self.http, "POST", "/v1/tasks", json=body)
         approval = {"plan_hash": content_hash(body_plan), "base_sha": base}
         approved = call(self.http, "POST", f"/v1/tasks/{task['id']}/approve", json=approval)

@@ -21,11 +21,30 @@ from tether.supervisor.repos import Mirrors, candidate_ref
 
 # The review record's twelve fields (docs/design.md, Review record), then the three
 # observations issue 12 adds; the first six of the twelve are declared before the run.
-TWELVE = ("owner", "repository", "base_commit", "requirement_revision", "allowed_paths",
-          "start_time", "stop_time", "expected_checks", "observed_terminal_state",
-          "reviewer_decision", "cleanup_proof", "unresolved_questions")  # fmt: skip
-EXPECTATIONS = frozenset({"owner", "repository", "base_commit", "requirement_revision",
-                          "allowed_paths", "expected_checks"})  # fmt: skip
+TWELVE = (
+    "owner",
+    "repository",
+    "base_commit",
+    "requirement_revision",
+    "allowed_paths",
+    "start_time",
+    "stop_time",
+    "expected_checks",
+    "observed_terminal_state",
+    "reviewer_decision",
+    "cleanup_proof",
+    "unresolved_questions",
+)
+EXPECTATIONS = frozenset(
+    {
+        "owner",
+        "repository",
+        "base_commit",
+        "requirement_revision",
+        "allowed_paths",
+        "expected_checks",
+    }
+)
 ADDED = ("repository_head", "candidate_sha", "observed_checks")
 
 
@@ -58,8 +77,10 @@ def verified_candidate(final: dict[str, Any], repo: Repository, mirror_root: Pat
     expect(facts.changed == ("src/calc.py",), f"the candidate changed {facts.changed}")
     expect(facts.calc == FIXED, "src/calc.py at the candidate is not the fix")
     runs = {c["name"]: c for c in step["checks"]}
-    expect(set(runs) == {"tests"} and runs["tests"]["exit_code"] == 0,
-           f"check runs at the candidate: {step['checks']}")  # fmt: skip
+    expect(
+        set(runs) == {"tests"} and runs["tests"]["exit_code"] == 0,
+        f"check runs at the candidate: {step['checks']}",
+    )
     code, last = tests_at(mirror, candidate)
     expect(code == 0, f"the tests fail at the candidate: {last}")
     tests = runs["tests"]
@@ -68,8 +89,10 @@ def verified_candidate(final: dict[str, Any], repo: Repository, mirror_root: Pat
     say(f"candidate    {candidate}  (bundle {step['bundle'][:12]}, imported as {ref})")
     say(f"  descends from the base {repo.base[:12]}: yes (git merge-base --is-ancestor)")
     say(f'  changed: {", ".join(facts.changed)} (allowed_paths ["src/"])')
-    say(f"  check tests: exit code {tests['exit_code']} in {tests['duration_s']:.2f} s,"
-        f" log {tests['log']}")  # fmt: skip
+    say(
+        f"  check tests: exit code {tests['exit_code']} in {tests['duration_s']:.2f} s,"
+        f" log {tests['log']}"
+    )
     say(f"  the tests again, run by the demo on the mirror's copy: exit code {code}, {last!r}")
     return str(tests["log"])
 
@@ -98,13 +121,18 @@ def review_record(
         expect(record.get(name, {}).get("kind") == kind, f"review field {name} is not {kind}")
     value = {name: record[name]["value"] for name in TWELVE + ADDED}
     wanted = {
-        "owner": declared.owner, "repository": declared.repository, "base_commit": repo.base,
+        "owner": declared.owner,
+        "repository": declared.repository,
+        "base_commit": repo.base,
         "requirement_revision": declared.requirement_revision,
-        "allowed_paths": list(declared.allowed_paths), "expected_checks": list(declared.checks),
-        "observed_terminal_state": "SUCCEEDED", "unresolved_questions": [],
-        "repository_head": repo.base, "candidate_sha": candidate,
+        "allowed_paths": list(declared.allowed_paths),
+        "expected_checks": list(declared.checks),
+        "observed_terminal_state": "SUCCEEDED",
+        "unresolved_questions": [],
+        "repository_head": repo.base,
+        "candidate_sha": candidate,
         "observed_checks": {"tests": {"log": log, "exit_code": 0}},
-    }  # fmt: skip
+    }
     for name, want in wanted.items():
         expect(value[name] == want, f"review {name} is {value[name]!r}, not {want!r}")
     expect(bool(value["start_time"]) and bool(value["stop_time"]), "start or stop time missing")

@@ -30,10 +30,13 @@ FILES = {
     "README.md": "# calc\n\nAdds numbers (the tests say how well).\n",
 }
 _IDENTITY = {
-    "GIT_AUTHOR_NAME": "a colleague", "GIT_AUTHOR_EMAIL": "colleague@example.org",
-    "GIT_COMMITTER_NAME": "a colleague", "GIT_COMMITTER_EMAIL": "colleague@example.org",
-    "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
-}  # fmt: skip
+    "GIT_AUTHOR_NAME": "a colleague",
+    "GIT_AUTHOR_EMAIL": "colleague@example.org",
+    "GIT_COMMITTER_NAME": "a colleague",
+    "GIT_COMMITTER_EMAIL": "colleague@example.org",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+}
 
 
 def git(*args: str, cwd: Path, data: bytes | None = None) -> bytes:

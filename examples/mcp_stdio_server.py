@@ -15,19 +15,39 @@ from pathlib import Path
 from typing import Any
 
 TOOLS = [
-    {"name": "echo", "description": "Say the text back.",
-     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}},
-                     "required": ["text"]}},
-    {"name": "read", "description": "Read a file's text.",
-     "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}},
-                     "required": ["path"]}},
-    {"name": "write", "description": "Write a file of so many bytes.",
-     "inputSchema": {"type": "object",
-                     "properties": {"path": {"type": "string"}, "size": {"type": "integer"}},
-                     "required": ["path", "size"]}},
-    {"name": "fail", "description": "Always fails.",
-     "inputSchema": {"type": "object", "properties": {}}},
-]  # fmt: skip
+    {
+        "name": "echo",
+        "description": "Say the text back.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+        },
+    },
+    {
+        "name": "read",
+        "description": "Read a file's text.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    },
+    {
+        "name": "write",
+        "description": "Write a file of so many bytes.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "size": {"type": "integer"}},
+            "required": ["path", "size"],
+        },
+    },
+    {
+        "name": "fail",
+        "description": "Always fails.",
+        "inputSchema": {"type": "object", "properties": {}},
+    },
+]
 
 
 def call(name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
@@ -68,8 +88,11 @@ def answer(request: dict[str, Any]) -> dict[str, Any] | None:
     elif method == "ping":
         result = {}
     else:
-        return {"jsonrpc": "2.0", "id": ident,
-                "error": {"code": -32601, "message": f"no method {method}"}}  # fmt: skip
+        return {
+            "jsonrpc": "2.0",
+            "id": ident,
+            "error": {"code": -32601, "message": f"no method {method}"},
+        }
     return {"jsonrpc": "2.0", "id": ident, "result": result}
 
 

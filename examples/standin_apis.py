@@ -145,9 +145,11 @@ def read_responses(body: Any) -> Neutral:
         choice.get("type") != "function" or choice.get("name") not in declared
     ):
         raise Refusal(400, "invalid_request_error", f"tool_choice: {choice} names no tool")
-    raw = [{"type": "message", "role": "user", "content": request.input}] if isinstance(
-        request.input, str
-    ) else request.input  # fmt: skip
+    raw = (
+        [{"type": "message", "role": "user", "content": request.input}]
+        if isinstance(request.input, str)
+        else request.input
+    )
     messages: list[dict[str, Any]] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
@@ -163,14 +165,18 @@ def read_responses(body: Any) -> Neutral:
         if isinstance(read, FunctionCallOutput):
             if read.call_id not in open_calls:
                 raise Refusal(
-                    400, "invalid_request_error",
+                    400,
+                    "invalid_request_error",
                     f"No tool call found for function call output with call_id {read.call_id}.",
-                )  # fmt: skip
+                )
             open_calls.remove(read.call_id)
             messages.append({"role": "tool", "tool_call_id": read.call_id, "content": read.output})
         elif isinstance(read, FunctionCall):
-            call = {"id": read.call_id, "type": "function",
-                    "function": {"name": read.name, "arguments": read.arguments}}  # fmt: skip
+            call = {
+                "id": read.call_id,
+                "type": "function",
+                "function": {"name": read.name, "arguments": read.arguments},
+            }
             open_calls.append(read.call_id)
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -194,17 +200,26 @@ def responses_answer(completion: dict[str, Any]) -> dict[str, Any]:
     message = choice["message"]
     output: list[dict[str, Any]] = []
     if message.get("content"):
-        output.append({
-            "type": "message", "id": f"msg_{completion['id'][-16:]}", "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
-        })  # fmt: skip
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{completion['id'][-16:]}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+            }
+        )
     for call in message.get("tool_calls") or ():
-        output.append({
-            "type": "function_call", "id": f"fc_{call['id']}", "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-            "status": "completed",
-        })  # fmt: skip
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{call['id']}",
+                "call_id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
     usage = completion["usage"]
     incomplete = choice["finish_reason"] == "length"
     return {
@@ -255,8 +270,11 @@ class ToolResultBlock(msgspec.Struct, forbid_unknown_fields=True):
     cache_control: dict[str, Any] | None = None
 
 
-_BLOCKS: dict[str, type[Any]] = {"text": TextBlock, "tool_use": ToolUseBlock,
-                                 "tool_result": ToolResultBlock}  # fmt: skip
+_BLOCKS: dict[str, type[Any]] = {
+    "text": TextBlock,
+    "tool_use": ToolUseBlock,
+    "tool_result": ToolResultBlock,
+}
 
 
 class MessageParam(msgspec.Struct, forbid_unknown_fields=True):
@@ -392,10 +410,13 @@ def read_messages(body: Any, headers: Callable[[str], str | None]) -> Neutral:
         uses = [b for b in blocks if isinstance(b, ToolUseBlock)]
         if message.role == "assistant":
             calls = [
-                {"id": u.id, "type": "function",
-                 "function": {"name": u.name, "arguments": json.dumps(u.input)}}
+                {
+                    "id": u.id,
+                    "type": "function",
+                    "function": {"name": u.name, "arguments": json.dumps(u.input)},
+                }
                 for u in uses
-            ]  # fmt: skip
+            ]
             entry: dict[str, Any] = {"role": "assistant", "content": texts or None}
             if calls:
                 entry["tool_calls"] = calls
@@ -429,9 +450,14 @@ def messages_answer(completion: dict[str, Any]) -> dict[str, Any]:
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or ():
-        content.append({"type": "tool_use", "id": call["id"].replace("call_", "toolu_", 1),
-                        "name": call["function"]["name"],
-                        "input": _tool_input(call["function"]["arguments"])})  # fmt: skip
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call["id"].replace("call_", "toolu_", 1),
+                "name": call["function"]["name"],
+                "input": _tool_input(call["function"]["arguments"]),
+            }
+        )
     usage = completion["usage"]
     return {
         "id": f"msg_{completion['id'][-24:]}",

@@ -365,9 +365,9 @@ def _chat_body(body: Any, _request: Request) -> dict[str, Any]:
 
 def _neutral_body(read: Any) -> Callable[[Any, Request], dict[str, Any]]:
     def to_body(body: Any, request: Request) -> dict[str, Any]:
-        neutral = read(body) if read is standin_apis.read_responses else read(
-            body, request.headers.get
-        )  # fmt: skip
+        neutral = (
+            read(body) if read is standin_apis.read_responses else read(body, request.headers.get)
+        )
         out: dict[str, Any] = {"model": neutral.model, "messages": neutral.messages}
         if neutral.max_tokens is not None:
             out["max_tokens"] = neutral.max_tokens
@@ -379,14 +379,18 @@ def _neutral_body(read: Any) -> Callable[[Any, Request], dict[str, Any]]:
 _APIS = {
     "chat": _Api("chat", _chat_body, lambda c: c, _openai_error),
     "responses": _Api(
-        "responses", _neutral_body(standin_apis.read_responses), standin_apis.responses_answer,
+        "responses",
+        _neutral_body(standin_apis.read_responses),
+        standin_apis.responses_answer,
         _openai_error,
     ),
     "anthropic": _Api(
-        "anthropic", _neutral_body(standin_apis.read_messages), standin_apis.messages_answer,
+        "anthropic",
+        _neutral_body(standin_apis.read_messages),
+        standin_apis.messages_answer,
         _anthropic_error,
     ),
-}  # fmt: skip
+}
 
 
 def _misbehaviour(request: Request, k: Knobs, api: _Api = _APIS["chat"]) -> Response | None:

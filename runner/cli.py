@@ -126,9 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_EXIT
     assert token_value is not None
     model_key = SecretSource(
-        path=settings.model_key_file, credential="model-key", setting="model_key_file",
+        path=settings.model_key_file,
+        credential="model-key",
+        setting="model_key_file",
         optional=True,
-    )  # fmt: skip
+    )
     log_buffer = LogBuffer() if settings.ship_logs else None
     configure_logging(
         json_lines=settings.json_logs,
@@ -146,9 +148,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = event_loop_options()
     log.info("event loop", loop="uvloop" if options else "asyncio")
     return anyio.run(
-        serve, settings, token_value, token, model_key, kinds, None, None, log_buffer,
+        serve,
+        settings,
+        token_value,
+        token,
+        model_key,
+        kinds,
+        None,
+        None,
+        log_buffer,
         backend_options=options,
-    )  # fmt: skip
+    )
 
 
 def event_loop_options() -> dict[str, Any]:

@@ -232,9 +232,11 @@ class LeaseKeeper:
             try:
                 if self._renewals is not None:
                     renewal = await self._renewals.renew(
-                        self._lease.step_id, self._lease.fence, timeout_s=timeout_s,
+                        self._lease.step_id,
+                        self._lease.fence,
+                        timeout_s=timeout_s,
                         every_s=self.renew_every_s,
-                    )  # fmt: skip
+                    )
                 else:
                     renewal = await self._client.renew(
                         self._lease.step_id, self._lease.fence, timeout_s=timeout_s

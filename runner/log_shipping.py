@@ -96,10 +96,12 @@ def step_line(method: str, event_dict: MutableMapping[str, Any]) -> LogLine | No
         fields[str(key)[:FIELD_CHARS]] = _value(value)
     event = str(event_dict.get("event", ""))[:LOG_EVENT_MAX].replace("\x00", "\ufffd") or "-"
     return LogLine(
-        step_id=step_id.replace("\x00", "\ufffd"), fence=fence,
+        step_id=step_id.replace("\x00", "\ufffd"),
+        fence=fence,
         level={"exception": "error", "warn": "warning"}.get(level, level)[:16] or "info",
-        event=event, fields=fields,
-    )  # fmt: skip
+        event=event,
+        fields=fields,
+    )
 
 
 class _Attempt:
@@ -183,9 +185,12 @@ class LogBuffer:
 
 def _marker(key: tuple[str, int], dropped: int) -> LogLine:
     return LogLine(
-        step_id=key[0], fence=key[1], level="warning", event=DROPPED_EVENT,
+        step_id=key[0],
+        fence=key[1],
+        level="warning",
+        event=DROPPED_EVENT,
         fields={"dropped": dropped, "by": "runner"},
-    )  # fmt: skip
+    )
 
 
 class LogShipper:

@@ -316,8 +316,10 @@ class StepRun:
         if tries & (tries - 1) == 0:
             self.log.warning(
                 "model call failed; retrying with backoff",
-                error=why, tries=tries, retry_in_s=round(wait_s, 2),
-            )  # fmt: skip
+                error=why,
+                tries=tries,
+                retry_in_s=round(wait_s, 2),
+            )
 
     def _token_rejected(self, exc: TokenRejected) -> None:
         """The runner's token was refused: the runner stops claiming; this step is dropped."""

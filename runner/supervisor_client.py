@@ -172,9 +172,11 @@ def _renewal_of(item: RenewalItem, request: str) -> Renewal | Exception:
     if item.ttl_s is None or item.renew_every_s is None or item.cancelled is None:
         return SupervisorRefused(200, "bad_answer", "renewal has no ttl_s", request=said)
     return Renewal(
-        ttl_s=item.ttl_s, renew_every_s=item.renew_every_s, cancelled=item.cancelled,
+        ttl_s=item.ttl_s,
+        renew_every_s=item.renew_every_s,
+        cancelled=item.cancelled,
         budget_exhausted=bool(item.budget_exhausted),
-    )  # fmt: skip
+    )
 
 
 def _not_a_supervisor(base_url: str, response: httpx.Response) -> NotASupervisor:
@@ -239,18 +241,20 @@ class SupervisorClient:
         self._clock = clock
         self._timeout_s = timeout_s
         urls = _split_base_urls(base_url)
-        self.endpoints = Endpoints([
-            Endpoint(
-                url,
-                make_client(
-                    base_url=url,
-                    transport=_transport_for(transport, n, len(urls)),
-                    timeout=timeout_s,
-                    keepalive_expiry_s=SUPERVISOR_KEEPALIVE_EXPIRY_S,
-                ),
-            )
-            for n, url in enumerate(urls)
-        ])  # fmt: skip
+        self.endpoints = Endpoints(
+            [
+                Endpoint(
+                    url,
+                    make_client(
+                        base_url=url,
+                        transport=_transport_for(transport, n, len(urls)),
+                        timeout=timeout_s,
+                        keepalive_expiry_s=SUPERVISOR_KEEPALIVE_EXPIRY_S,
+                    ),
+                )
+                for n, url in enumerate(urls)
+            ]
+        )
         self._token = token
 
     @property
@@ -328,9 +332,10 @@ class SupervisorClient:
                     return response
                 code, _detail = _error_of(response)
                 self.endpoints.failed(
-                    endpoint, f"{method} {endpoint.url}{API_PREFIX}{path} answered"
-                    f" {response.status_code} {code}"
-                )  # fmt: skip
+                    endpoint,
+                    f"{method} {endpoint.url}{API_PREFIX}{path} answered"
+                    f" {response.status_code} {code}",
+                )
             if once:
                 break
         if response is not None:
@@ -388,9 +393,8 @@ class SupervisorClient:
             if isinstance(answer, NotASupervisor):
                 raise answer
         answered = [
-            (e, a) for e, a in zip(endpoints, answers, strict=True)
-            if isinstance(a, RunnerIdentity)
-        ]  # fmt: skip
+            (e, a) for e, a in zip(endpoints, answers, strict=True) if isinstance(a, RunnerIdentity)
+        ]
         if not answered:
             for answer in answers:
                 if isinstance(answer, TokenRejected):

@@ -66,9 +66,13 @@ def span(name: str, /, **attributes: Attribute | None) -> contextlib.AbstractCon
 
 
 def model_call(
-    *, provider: str, model: str, address: str, port: int | None,
+    *,
+    provider: str,
+    model: str,
+    address: str,
+    port: int | None,
     request: Mapping[str, StandardAttribute | None],
-) -> contextlib.AbstractContextManager[Span]:  # fmt: skip
+) -> contextlib.AbstractContextManager[Span]:
     """The CLIENT span of one model call, retries included: `chat <model>` with the GenAI
     conventions' request attributes; the caller adds the response's."""
     standard: dict[str, StandardAttribute | None] = {

@@ -98,9 +98,12 @@ def run_chunk(job: Job) -> Chunk:
             traces.append(result.trace)
         if result.violations:
             found = Found(
-                index=index, seed=seed, violations=result.violations, trace=result.trace,
+                index=index,
+                seed=seed,
+                violations=result.violations,
+                trace=result.trace,
                 snapshot=result.snapshot,
-            )  # fmt: skip
+            )
             return Chunk(digests=digests, found=found, traces=traces)
     return Chunk(digests=digests, found=None, traces=traces)
 
@@ -123,19 +126,27 @@ def explore(
     found: Found | None = None
     with scratch_root() as root, _databases(db) as prefix:
         chunks = [
-            Job(root=root, run_seed=seed, start=start,
-                stop=min(start + CHUNK, first + schedules), plant=plant,
-                keep_traces=trace_out is not None, db=db, prefix=prefix)
+            Job(
+                root=root,
+                run_seed=seed,
+                start=start,
+                stop=min(start + CHUNK, first + schedules),
+                plant=plant,
+                keep_traces=trace_out is not None,
+                db=db,
+                prefix=prefix,
+            )
             for start in range(first, first + schedules, CHUNK)
-        ]  # fmt: skip
+        ]
         with _results(chunks, jobs) as results:
             for chunk in results:
                 for offset, digest in enumerate(chunk.digests):
                     run_digest.update(digest.encode())
                     if trace_out is not None:
                         index = first + count + offset
-                        print(f"-- schedule {index} seed {schedule_seed(seed, index)}",
-                              file=trace_out)  # fmt: skip
+                        print(
+                            f"-- schedule {index} seed {schedule_seed(seed, index)}", file=trace_out
+                        )
                         print("\n".join(chunk.traces[offset]), file=trace_out)
                 count += len(chunk.digests)
                 if chunk.found is not None:
@@ -243,41 +254,63 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ex.add_argument(
-        "--schedules", type=_positive, default=None, metavar="N",
+        "--schedules",
+        type=_positive,
+        default=None,
+        metavar="N",
         help=f"how many schedules to run (default {DEFAULT_SCHEDULES})",
-    )  # fmt: skip
+    )
     ex.add_argument(
-        "--seed", type=_seed, default=None, metavar="S",
+        "--seed",
+        type=_seed,
+        default=None,
+        metavar="S",
         help="run seed (default: a fresh one, printed); schedule 0 uses S itself, so"
         " --schedules 1 --seed S replays the schedule whose seed is S",
-    )  # fmt: skip
+    )
     ex.add_argument(
-        "--first", type=_index, default=0, metavar="I",
+        "--first",
+        type=_index,
+        default=0,
+        metavar="I",
         help="start at schedule I of the run (default 0): runs I to I+N-1, so one run can be"
         " split into shares that together explore every schedule",
-    )  # fmt: skip
+    )
     ex.add_argument(
-        "--plant", choices=sorted(PLANTS), default=None, metavar="BUG",
+        "--plant",
+        choices=sorted(PLANTS),
+        default=None,
+        metavar="BUG",
         help="switch off one ledger check, to prove the explorer catches it",
-    )  # fmt: skip
+    )
     ex.add_argument(
-        "--jobs", type=_positive, default=os.cpu_count() or 1, metavar="J",
+        "--jobs",
+        type=_positive,
+        default=os.cpu_count() or 1,
+        metavar="J",
         help="worker processes (default: the CPU count); the output is the same",
-    )  # fmt: skip
+    )
     ex.add_argument(
-        "--replay", type=_seed, default=None, metavar="SEED",
+        "--replay",
+        type=_seed,
+        default=None,
+        metavar="SEED",
         help="run the one schedule whose seed is SEED and print its events: the same as"
         " --schedules 1 --seed SEED --trace",
-    )  # fmt: skip
+    )
     ex.add_argument(
-        "--db", type=_server, default=None, metavar="URL",
+        "--db",
+        type=_server,
+        default=None,
+        metavar="URL",
         help="run on PostgreSQL: a scratch database per worker on the server URL names,"
         " dropped afterwards (default: scratch SQLite files)",
-    )  # fmt: skip
+    )
     ex.add_argument(
-        "--trace", action="store_true",
+        "--trace",
+        action="store_true",
         help="print every schedule's ordered events, not only a violating one's",
-    )  # fmt: skip
+    )
     return parser
 
 
@@ -290,8 +323,10 @@ def main(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     if args.replay is not None:
         if args.schedules is not None or args.seed is not None:
-            print(f"{PROG}: error: --replay names one schedule; drop --schedules and --seed",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{PROG}: error: --replay names one schedule; drop --schedules and --seed",
+                file=sys.stderr,
+            )
             return USAGE_EXIT
         if args.first:
             print(f"{PROG}: error: --replay names one schedule; drop --first", file=sys.stderr)
@@ -336,8 +371,11 @@ def main(argv: list[str]) -> int:
 
 def _print_violation(found: Found, run_seed: int, plant: str | None, db: str | None) -> None:
     out = sys.stdout
-    print(f"VIOLATION in schedule {found.index} of run seed {run_seed}: schedule seed"
-          f" {found.seed}, plant {plant or 'none'}", file=out)  # fmt: skip
+    print(
+        f"VIOLATION in schedule {found.index} of run seed {run_seed}: schedule seed"
+        f" {found.seed}, plant {plant or 'none'}",
+        file=out,
+    )
     for violation in found.violations:
         print(f"  {violation}", file=out)
     print("events (fences as 'fence N' / 'fN', SHAs as 'base', 'head', 'candidate'):", file=out)

@@ -163,9 +163,12 @@ class Harness:
 
     def _transactions(self) -> Transactions:
         return Transactions(
-            db=self.db, config=self.config, clock=lambda: self.now, new_id=self.new_id,
+            db=self.db,
+            config=self.config,
+            clock=lambda: self.now,
+            new_id=self.new_id,
             backend=self.workspace.backend,
-        )  # fmt: skip
+        )
 
     def new_id(self) -> str:
         self._ids += 1

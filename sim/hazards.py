@@ -42,10 +42,12 @@ def completes_task(world: World, step_id: str) -> bool:
 def completing_reports(world: World) -> list[Message]:
     """Reports that would complete a task: queued ones, else one a working runner sends now."""
     queued = [
-        m for m in world.queue
-        if m.kind is Kind.REPORT and m.report is not None
+        m
+        for m in world.queue
+        if m.kind is Kind.REPORT
+        and m.report is not None
         and completes_task(world, m.report.step_id)
-    ]  # fmt: skip
+    ]
     if queued:
         return queued
     working = [
@@ -224,10 +226,12 @@ def fenced_out_attempt_pushes_late(world: World, *, taken: bool | None = None) -
     token) or `not_found` (from another)."""
     obs = world.observer
     ghosts = [
-        (runner, lease) for runner, lease in world.grants
+        (runner, lease)
+        for runner, lease in world.grants
         if lease.repository is not None
-        and (done := obs.applied.get(lease.step_id)) is not None and done.fence != lease.fence
-    ]  # fmt: skip
+        and (done := obs.applied.get(lease.step_id)) is not None
+        and done.fence != lease.fence
+    ]
     if not ghosts:
         return False
     runner, lease = world.rng.choice(ghosts)
@@ -236,14 +240,22 @@ def fenced_out_attempt_pushes_late(world: World, *, taken: bool | None = None) -
         taken = world.rng.random() < 0.5
     fence = committed if taken else lease.fence
     work = world.repos.work(
-        lease.step_id, fence, lease.repository, lease.payload.get("checks", []),
+        lease.step_id,
+        fence,
+        lease.repository,
+        lease.payload.get("checks", []),
         sha=f"c{lease.fence}late",
-    )  # fmt: skip
+    )
     rep = Report(
-        step_id=lease.step_id, fence=fence, payload_hash=lease.payload_hash,
-        output={"step": lease.step_id, "fence": lease.fence}, usage={"total_tokens": 1},
-        candidate_sha=work.candidate, bundle=work.bundle, checks=work.checks,
-    )  # fmt: skip
+        step_id=lease.step_id,
+        fence=fence,
+        payload_hash=lease.payload_hash,
+        output={"step": lease.step_id, "fence": lease.fence},
+        usage={"total_tokens": 1},
+        candidate_sha=work.candidate,
+        bundle=work.bundle,
+        checks=work.checks,
+    )
     world.log(
         f"hazard: late push of {lease.step_id} by fenced-out {runner} (fence {lease.fence}),"
         f" committed under fence {committed}" + (", naming that fence" if taken else "")
@@ -257,9 +269,11 @@ def late_checkpoint(lease: Lease, turns: int) -> Checkpoint:
     lease may be long over."""
     turn = (lease.resume.turn if lease.resume else 0) + turns
     return Checkpoint(
-        fence=lease.fence, turn=turn, transcript=f"t:{lease.step_id}:{lease.fence}:{turn}",
+        fence=lease.fence,
+        turn=turn,
+        transcript=f"t:{lease.step_id}:{lease.fence}:{turn}",
         usage={"total_tokens": TURN_TOKENS * turns},
-    )  # fmt: skip
+    )
 
 
 def checkpoint_after_fenced_out(world: World) -> bool:
@@ -267,10 +281,10 @@ def checkpoint_after_fenced_out(world: World) -> bool:
     under its old fence: refused as stale, and never the point a later attempt resumes from.
     (It is no longer the process that holds anything: its answer goes nowhere.)"""
     ghosts = [
-        (runner, lease) for runner, lease in world.grants
-        if (live := world.observer.leases.get(lease.step_id)) is None
-        or live.fence != lease.fence
-    ]  # fmt: skip
+        (runner, lease)
+        for runner, lease in world.grants
+        if (live := world.observer.leases.get(lease.step_id)) is None or live.fence != lease.fence
+    ]
     if not ghosts:
         return False
     runner, lease = world.rng.choice(ghosts)

@@ -182,9 +182,10 @@ class Observer:
                 # fail the task stale_base; either is an end the observer accepts.
                 continue
             self.expected_end[task_id] = Expectation(
-                state=TaskState.FAILED, why=f"stale base {base}, head {sha}",
+                state=TaskState.FAILED,
+                why=f"stale base {base}, head {sha}",
                 codes=frozenset({Finding.STALE_BASE.value}),
-            )  # fmt: skip
+            )
             for step_id in [s for s, lease in self.leases.items() if lease.task_id == task_id]:
                 del self.leases[step_id]
 
@@ -258,9 +259,10 @@ class Observer:
         unless one of them is committed under its fence, and at most `want` less one for each
         that is not. Run before `granted` sees its leases (which checks each like a claim's)."""
         accepted = sum(
-            1 for step, fence in reported if step in self.applied
-            and self.applied[step].fence == fence
-        )  # fmt: skip
+            1
+            for step, fence in reported
+            if step in self.applied and self.applied[step].fence == fence
+        )
         if leases and accepted == 0:
             self.violation(
                 f"eager-grant: {runner} granted {len(leases)} leases after results none of which"
@@ -291,8 +293,10 @@ class Observer:
         if not resume.transcript.startswith(f"t:{step}:"):
             self.violation(f"resume: {step} resumes from {resume.transcript}, another step's")
         elif held is None or (resume.fence, resume.turn, resume.transcript) != (
-            held.fence, held.turn, held.transcript
-        ):  # fmt: skip
+            held.fence,
+            held.turn,
+            held.transcript,
+        ):
             last = "none" if held is None else f"turn {held.turn} fence {held.fence}"
             self.violation(
                 f"resume: {step} resumes from turn {resume.turn} fence {resume.fence}; its last"
@@ -557,8 +561,11 @@ class Observer:
         codes: set[Finding] = set()
         used = {final[-1]}
         for check in spec.expected_checks:
-            runs = [(s, r.checks[check]) for s, r in zip(steps, reports, strict=True)
-                    if r.candidate_sha == candidate and check in r.checks]  # fmt: skip
+            runs = [
+                (s, r.checks[check])
+                for s, r in zip(steps, reports, strict=True)
+                if r.candidate_sha == candidate and check in r.checks
+            ]
             if not runs:
                 why.append(f"no run of {check} at candidate {candidate}")
                 codes.add(Finding.MISSING_CHECK)

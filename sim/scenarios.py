@@ -55,15 +55,26 @@ def effect_order(index: int, *kinds: str, repository: bool = False) -> Order:
     ("deploy" keyed http, "notify" unkeyed http, "push" git.push)."""
     rng = Random(index)
     base = order(1) if repository else None
-    s0 = StepSpec(name="s0", kind="chat", payload={"n": 0, "repo": repository, "last": True,
-                  "checks": ["lint"] if repository else []})  # fmt: skip
+    s0 = StepSpec(
+        name="s0",
+        kind="chat",
+        payload={
+            "n": 0,
+            "repo": repository,
+            "last": True,
+            "checks": ["lint"] if repository else [],
+        },
+    )
     effects = tuple(effect_step(rng, index, kind, after_s0=True) for kind in kinds)
     spec = TaskSpec(
-        tenant="acme", idempotency_key=f"effects{index}", steps=(s0, *effects),
-        repository="repo0" if repository else None, base_sha=BASE if repository else None,
+        tenant="acme",
+        idempotency_key=f"effects{index}",
+        steps=(s0, *effects),
+        repository="repo0" if repository else None,
+        base_sha=BASE if repository else None,
         allowed_paths=("src/",) if repository else (),
         expected_checks=("lint",) if repository else (),
-    )  # fmt: skip
+    )
     conflicting = base.conflicting if base else dataclasses.replace(spec, owner="someone-else")
     return Order(spec=spec, conflicting=conflicting)
 
@@ -76,9 +87,12 @@ def scenario_world(
         harness = Harness(workspace, config=CONFIG, plant=active)
         try:
             yield World(
-                harness, Random(seed), orders=orders or [order(steps)], runners=2,
+                harness,
+                Random(seed),
+                orders=orders or [order(steps)],
+                runners=2,
                 habits=Habits(release=0),
-            )  # fmt: skip
+            )
         finally:
             harness.close()
 

@@ -26,11 +26,19 @@ CONFIG = LedgerConfig(lease_ttl_s=30.0, accept_window_s=10.0, max_attempts=5, ef
 QUIESCENCE_TTLS = 4.0
 # chance per event that an armed hazard tries to play (it plays only if its situation exists)
 HAZARD_EAGERNESS = {
-    "cancel-vs-commit": 0.5, "fenced-renew": 0.03, "consumer-replay": 0.05,
-    "crash-around-key": 0.03, "base-moves": 0.05, "late-push": 0.1, "stale-checkpoint": 0.05,
-    "crash-before-send": 0.15, "crash-after-send": 0.15, "crash-mid-batch": 0.5,
-    "cancel-vs-delivery": 0.15, "lease-takeover": 0.03,
-}  # fmt: skip
+    "cancel-vs-commit": 0.5,
+    "fenced-renew": 0.03,
+    "consumer-replay": 0.05,
+    "crash-around-key": 0.03,
+    "base-moves": 0.05,
+    "late-push": 0.1,
+    "stale-checkpoint": 0.05,
+    "crash-before-send": 0.15,
+    "crash-after-send": 0.15,
+    "crash-mid-batch": 0.5,
+    "cancel-vs-delivery": 0.15,
+    "lease-takeover": 0.03,
+}
 
 # chance that a runner's report asks for the next leases (eager dispatch), and that its renew
 # carries its other leases too (batched renewals)
@@ -38,14 +46,31 @@ EAGER = 0.4
 TOGETHER = 0.5
 # event -> weight when on; faults are switched on per schedule by the plan
 NORMAL = {
-    "operator": 5.0, "create": 0.5, "cancel": 0.5, "head": 0.7, "budget": 0.3, "runner": 10.0,
-    "deliver": 14.0, "batch": 3.0, "tick": 2.5, "reap": 1.0, "poll": 1.0,
-    "dispatch": 6.0, "gate": 0.8, "resolve": 0.6,
-}  # fmt: skip
+    "operator": 5.0,
+    "create": 0.5,
+    "cancel": 0.5,
+    "head": 0.7,
+    "budget": 0.3,
+    "runner": 10.0,
+    "deliver": 14.0,
+    "batch": 3.0,
+    "tick": 2.5,
+    "reap": 1.0,
+    "poll": 1.0,
+    "dispatch": 6.0,
+    "gate": 0.8,
+    "resolve": 0.6,
+}
 FAULTS = {
-    "duplicate": 1.5, "lose": 0.8, "crash-runner": 0.5, "restart": 0.4, "crash-in-batch": 0.4,
-    "pause": 0.4, "replay-old": 0.6, "shutdown": 0.3,
-}  # fmt: skip
+    "duplicate": 1.5,
+    "lose": 0.8,
+    "crash-runner": 0.5,
+    "restart": 0.4,
+    "crash-in-batch": 0.4,
+    "pause": 0.4,
+    "replay-old": 0.6,
+    "shutdown": 0.3,
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,9 +159,13 @@ def _run_schedule(seed: int, workspace: Scratch, plant: Plant | None) -> Schedul
         workspace, config=dataclasses.replace(CONFIG, max_attempts=plan.max_attempts), plant=plant
     )
     world = World(
-        harness, rng, orders=make_orders(rng, plan.tasks), runners=plan.runners,
-        habits=plan.habits, dispatchers=plan.dispatchers,
-    )  # fmt: skip
+        harness,
+        rng,
+        orders=make_orders(rng, plan.tasks),
+        runners=plan.runners,
+        habits=plan.habits,
+        dispatchers=plan.dispatchers,
+    )
     try:
         world.log(plan.describe())
         _play(world, plan)

@@ -211,10 +211,15 @@ class World:
         if task is None or task["repository"] is None:
             return msg
         evidence: Evidence = self.repos.gather(
-            tenant=task["tenant"], repository=task["repository"],
-            approved_base=task["approved_base_sha"], step_id=rep.step_id, fence=rep.fence,
-            candidate=rep.candidate_sha, bundle=rep.bundle, checks=rep.checks,
-        )  # fmt: skip
+            tenant=task["tenant"],
+            repository=task["repository"],
+            approved_base=task["approved_base_sha"],
+            step_id=rep.step_id,
+            fence=rep.fence,
+            candidate=rep.candidate_sha,
+            bundle=rep.bundle,
+            checks=rep.checks,
+        )
         return dataclasses.replace(msg, evidence=evidence)
 
     def busy(self, sender: str, subject: str) -> bool:
@@ -433,9 +438,11 @@ class World:
         """What the network and the receiver make of one send (none, once faults stop)."""
         habits = self.habits
         for fault, chance in (
-            (Fault.UNREACHABLE, habits.unreachable), (Fault.BUSY, habits.busy),
-            (Fault.LOST, habits.lost), (Fault.REFUSE, habits.refuse),
-        ):  # fmt: skip
+            (Fault.UNREACHABLE, habits.unreachable),
+            (Fault.BUSY, habits.busy),
+            (Fault.LOST, habits.lost),
+            (Fault.REFUSE, habits.refuse),
+        ):
             if self._misbehaves(chance):
                 return fault
         return Fault.NONE
@@ -475,9 +482,15 @@ class World:
         if self._misbehaves(self.habits.wrong_plan):
             approved = plan_hash(order.conflicting)
         return self.send(
-            OPERATOR, 0, Kind.APPROVE, tenant=spec.tenant, task_id=order.task_id,
-            plan_hash=approved, base_sha=base, observed_head=head,
-        )  # fmt: skip
+            OPERATOR,
+            0,
+            Kind.APPROVE,
+            tenant=spec.tenant,
+            task_id=order.task_id,
+            plan_hash=approved,
+            base_sha=base,
+            observed_head=head,
+        )
 
     def cancel(self, index: int) -> Message | None:
         order = self.operator.orders[index]
@@ -518,9 +531,15 @@ class World:
         if self._misbehaves(self.habits.wrong_digest):
             digest = content_hash({"another request": digest})
         return self.send(
-            OPERATOR, 0, Kind.GATE, tenant=row["tenant"], task_id=row["task_id"],
-            step_id=row["step_id"], step_name=row["name"], digest=digest,
-        )  # fmt: skip
+            OPERATOR,
+            0,
+            Kind.GATE,
+            tenant=row["tenant"],
+            task_id=row["task_id"],
+            step_id=row["step_id"],
+            step_name=row["name"],
+            digest=digest,
+        )
 
     def resolve(self, row: Row) -> Message:
         """Say whether an uncertain effect happened, as its receiver's owner tells (a slip:
@@ -531,9 +550,15 @@ class World:
         elif not happened and row["said_no"]:
             return self.send(OPERATOR, 0, Kind.CANCEL, tenant=row["tenant"], task_id=row["task_id"])
         return self.send(
-            OPERATOR, 0, Kind.RESOLVE, tenant=row["tenant"], task_id=row["task_id"],
-            step_id=row["step_id"], step_name=row["name"], happened=happened,
-        )  # fmt: skip
+            OPERATOR,
+            0,
+            Kind.RESOLVE,
+            tenant=row["tenant"],
+            task_id=row["task_id"],
+            step_id=row["step_id"],
+            step_name=row["name"],
+            happened=happened,
+        )
 
     # -- runners ------------------------------------------------------------------------------
 
@@ -580,10 +605,12 @@ class World:
     def _idle(self, runner: RunnerActor, step_id: str, reporting: bool) -> list[Held]:
         """The runner's other leases it is not waiting on, reporting ones or the others."""
         return [
-            h for s, h in sorted(runner.held.items())
-            if s != step_id and not self.busy(runner.id, s)
+            h
+            for s, h in sorted(runner.held.items())
+            if s != step_id
+            and not self.busy(runner.id, s)
             and (h.phase is HeldPhase.REPORTING) == reporting
-        ]  # fmt: skip
+        ]
 
     def report_with_want(self, runner: RunnerActor, report: Report, want: int) -> Message:
         """One results request: `report` and every other ready result (sometimes a step that
@@ -616,12 +643,14 @@ class World:
         lease = held.lease
         changed = self.rng.random() < CHANGED_WORKTREE
         cp = Checkpoint(
-            fence=lease.fence, turn=held.turn,
+            fence=lease.fence,
+            turn=held.turn,
             transcript=f"t:{lease.step_id}:{lease.fence}:{held.turn}",
             bundle=f"w{lease.fence}.{held.turn}" if changed else None,
             sha=f"w{lease.fence}t{held.turn}" if changed else None,
-            usage={"total_tokens": held.spent}, step_usage={"total_tokens": held.step_tokens},
-        )  # fmt: skip
+            usage={"total_tokens": held.spent},
+            step_usage={"total_tokens": held.step_tokens},
+        )
         msg = self.send_checkpoint(runner.id, runner.incarnation, lease.step_id, cp)
         if self._misbehaves(DUPLICATE_CHECKPOINT):
             self.send_checkpoint(runner.id, runner.incarnation, lease.step_id, cp)
@@ -638,9 +667,14 @@ class World:
         reason = self.rng.choice(list(ReleaseReason))
         retryable = reason is not ReleaseReason.INVALID
         return self.send(
-            runner.id, runner.incarnation, Kind.RELEASE, step_id=held.lease.step_id,
-            fence=held.lease.fence, reason=reason, retryable=retryable,
-        )  # fmt: skip
+            runner.id,
+            runner.incarnation,
+            Kind.RELEASE,
+            step_id=held.lease.step_id,
+            fence=held.lease.fence,
+            reason=reason,
+            retryable=retryable,
+        )
 
     def _result(self, step_id: str, fence: int, payload: Any, held: Held) -> Report:
         """The attempt's result: its running usage with the last turn's, and for a
@@ -651,9 +685,12 @@ class World:
         usage = {"total_tokens": held.spent + TURN_TOKENS}
         if not payload.get("repo") or self._misbehaves(self.habits.sloppy):
             return Report(
-                step_id=step_id, fence=fence, payload_hash=payload_hash,
-                output={"step": step_id, "fence": fence}, usage=usage,
-            )  # fmt: skip
+                step_id=step_id,
+                fence=fence,
+                payload_hash=payload_hash,
+                output={"step": step_id, "fence": fence},
+                usage=usage,
+            )
         forgery = self.forgery
         if forgery is None and self._misbehaves(self.habits.forge):
             forgery = self.rng.choice(FORGERIES)
@@ -661,10 +698,15 @@ class World:
             step_id, fence, held.lease.repository, payload.get("checks", []), forgery
         )
         return Report(
-            step_id=step_id, fence=fence, payload_hash=payload_hash,
-            output={"step": step_id, "fence": fence}, usage=usage,
-            candidate_sha=work.candidate, bundle=work.bundle, checks=work.checks,
-        )  # fmt: skip
+            step_id=step_id,
+            fence=fence,
+            payload_hash=payload_hash,
+            output={"step": step_id, "fence": fence},
+            usage=usage,
+            candidate_sha=work.candidate,
+            bundle=work.bundle,
+            checks=work.checks,
+        )
 
     def crash_runner(self, runner: RunnerActor) -> None:
         held = ", ".join(f"{s} f{h.lease.fence}" for s, h in sorted(runner.held.items()))
@@ -682,8 +724,10 @@ class World:
         events = views.events_after(self.h.reads, task_id, after)
         for problem in consumer.apply(events):
             self.observer.violation(problem)
-        self.log(f"consumer {task_id} polls after seq {after}: {len(events)} events,"
-                 f" view {consumer.state} at seq {consumer.last_seq}")  # fmt: skip
+        self.log(
+            f"consumer {task_id} polls after seq {after}: {len(events)} events,"
+            f" view {consumer.state} at seq {consumer.last_seq}"
+        )
         self._flag_new(before)
 
     def replay_old(self, task_id: str, after: int | None = None) -> None:
@@ -703,8 +747,10 @@ class World:
                 f"consumer: replaying old seqs moved {task_id}'s view from {view} to"
                 f" {consumer.state}"
             )
-        self.log(f"consumer {task_id} gets {len(events)} old events (seq > {start}) again;"
-                 f" view stays {consumer.state}")  # fmt: skip
+        self.log(
+            f"consumer {task_id} gets {len(events)} old events (seq > {start}) again;"
+            f" view stays {consumer.state}"
+        )
         self._flag_new(before)
 
     # -- the end of a schedule ----------------------------------------------------------------

@@ -171,14 +171,17 @@ def list_tokens(path: Path | str) -> list[str]:
     return [
         " ".join(
             [
-                r.id, r.scope, r.role.value, _utc(r.created_at),
+                r.id,
+                r.scope,
+                r.role.value,
+                _utc(r.created_at),
                 *(["revoked"] if r.revoked else []),
                 f"name={r.name or '-'}",
                 f"last_used={'never' if r.last_used_at is None else _utc(r.last_used_at)}",
             ]
         )
         for r in records
-    ]  # fmt: skip
+    ]
 
 
 def revoke_token(path: Path | str, token: str) -> tokens.TokenRecord:

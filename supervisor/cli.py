@@ -219,9 +219,10 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
     logs.add_argument("task_id", metavar="TASK")
     logs.add_argument("--db", help=f"{LEDGER}, read directly instead of through --url")
     logs.add_argument(
-        "--follow", action="store_true",
+        "--follow",
+        action="store_true",
         help="go on until the task ends; exit 0 SUCCEEDED, 3 FAILED, 4 CANCELLED",
-    )  # fmt: skip
+    )
     logs.add_argument("--json", action="store_true", help="one JSON object per line")
 
     artifact = sub.add_parser("artifact", help="read the artifact store")
@@ -237,17 +238,26 @@ def build_parser() -> Parser:  # noqa: PLR0915 - one flat declaration of the CLI
         "migrate", help="copy a SQLite ledger into an empty PostgreSQL database, fences included"
     )
     migrate.add_argument(
-        "--from", dest="source", required=True, metavar="LEDGER",
+        "--from",
+        dest="source",
+        required=True,
+        metavar="LEDGER",
         help="the SQLite ledger: a path or sqlite:///path (stop its supervisor first)",
-    )  # fmt: skip
+    )
     migrate.add_argument(
-        "--to", dest="target", required=True, metavar="URL",
+        "--to",
+        dest="target",
+        required=True,
+        metavar="URL",
         help="the PostgreSQL database (postgresql://...): migrated if empty, refused otherwise",
-    )  # fmt: skip
+    )
     migrate.add_argument(
-        "--artifact-dir", dest="artifact_dir", metavar="DIR", default=None,
+        "--artifact-dir",
+        dest="artifact_dir",
+        metavar="DIR",
+        default=None,
         help="the SQLite ledger's artifact files (default: artifacts/ beside the ledger file)",
-    )  # fmt: skip
+    )
 
     chaos = sub.add_parser(
         "chaos", help="schedule exploration against the real ledger", add_help=False

@@ -376,9 +376,14 @@ def _waiting_key(waiting: WaitingFor | None) -> tuple[Any, ...] | None:
     if waiting is None:
         return None
     return (
-        waiting.reason, waiting.pool, waiting.kind, waiting.tenant, waiting.step,
-        waiting.last_seen_s is None, waiting.pool_last_seen_s is None,
-    )  # fmt: skip
+        waiting.reason,
+        waiting.pool,
+        waiting.kind,
+        waiting.tenant,
+        waiting.step,
+        waiting.last_seen_s is None,
+        waiting.pool_last_seen_s is None,
+    )
 
 
 _TASK_COLUMNS: Final = "{id:<32}  {state:<9}  {created:<24}  {steps:>5}  {waits:<11}  {key}"
@@ -451,10 +456,12 @@ def describe(event: Event, names: dict[str, str] | None = None, took: float | No
     if "step_id" in data:
         parts.append(f"step={(names or {}).get(data['step_id'], data['step_id'])}")
     parts += [
-        f"{k}={v}" for k, v in data.items() if k in {"attempt", "fence", "reason", "runner_id",
-                                                     "why", "head_sha", "from", "candidate_sha"}
+        f"{k}={v}"
+        for k, v in data.items()
+        if k
+        in {"attempt", "fence", "reason", "runner_id", "why", "head_sha", "from", "candidate_sha"}
         and v is not None
-    ]  # fmt: skip
+    ]
     if took is not None:
         parts.append(f"took={took:.1f}s")
     details = " ".join(parts)

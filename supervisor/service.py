@@ -106,10 +106,12 @@ def effect_kinds(
     built_ins = (
         HttpDeliverer(client, clock=clock, destinations=destinations, resolver=resolver),
         GitPushDeliverer(
-            mirrors or Mirrors(settings.mirror_root), candidates, destinations=destinations,
+            mirrors or Mirrors(settings.mirror_root),
+            candidates,
+            destinations=destinations,
             resolver=resolver,
         ),
-    )  # fmt: skip
+    )
     try:
         return EffectKinds.with_entry_points(built_ins)
     except EffectKindError as exc:

@@ -67,11 +67,18 @@ class SupervisorSettings:
 
     def __post_init__(self) -> None:
         for name in (
-            "lease_ttl_s", "accept_window_s", "claim_wait_max_s", "events_wait_max_s",
-            "runner_seen_window_s", "effect_hold_s", "header_read_timeout_s",
+            "lease_ttl_s",
+            "accept_window_s",
+            "claim_wait_max_s",
+            "events_wait_max_s",
+            "runner_seen_window_s",
+            "effect_hold_s",
+            "header_read_timeout_s",
             "body_read_timeout_s",
-            "artifact_keep_unreferenced_s", "artifact_collect_every_s", "ui_session_ttl_s",
-        ):  # fmt: skip
+            "artifact_keep_unreferenced_s",
+            "artifact_collect_every_s",
+            "ui_session_ttl_s",
+        ):
             require_positive(name, getattr(self, name))
         require_positive("max_attempts", self.max_attempts)
         require_positive("max_body_bytes", self.max_body_bytes)

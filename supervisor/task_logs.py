@@ -78,8 +78,12 @@ def entry_line(entry: TaskLogEntry) -> str:
     event, then the attempt and the fields as `key=value`."""
     who = "supervisor" if entry.source == "journal" else (entry.runner_id or "runner")
     parts = [entry.at, one_line(who), f"{entry.level:<7}", one_line(entry.event)]
-    about = {"state": entry.state, "step_id": entry.step_id, "attempt": entry.attempt,
-             "fence": entry.fence}  # fmt: skip
+    about = {
+        "state": entry.state,
+        "step_id": entry.step_id,
+        "attempt": entry.attempt,
+        "fence": entry.fence,
+    }
     parts.append(fields_text({k: v for k, v in about.items() if v is not None}))
     if entry.fields:
         parts.append(fields_text(entry.fields))

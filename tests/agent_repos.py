@@ -7,10 +7,13 @@ import subprocess
 from pathlib import Path
 
 IDENTITY = {
-    "GIT_AUTHOR_NAME": "origin", "GIT_AUTHOR_EMAIL": "origin@example.org",
-    "GIT_COMMITTER_NAME": "origin", "GIT_COMMITTER_EMAIL": "origin@example.org",
-    "GIT_AUTHOR_DATE": "@1700000000 +0000", "GIT_COMMITTER_DATE": "@1700000000 +0000",
-}  # fmt: skip
+    "GIT_AUTHOR_NAME": "origin",
+    "GIT_AUTHOR_EMAIL": "origin@example.org",
+    "GIT_COMMITTER_NAME": "origin",
+    "GIT_COMMITTER_EMAIL": "origin@example.org",
+    "GIT_AUTHOR_DATE": "@1700000000 +0000",
+    "GIT_COMMITTER_DATE": "@1700000000 +0000",
+}
 
 FILES = {
     "src/app.py": "def answer():\n    return 41\n",

@@ -14,9 +14,10 @@ async def submitted(api: ApiHarness, body: dict[str, Any]) -> dict[str, Any]:
     assert created.status_code == 201, created.text
     task = created.json()
     approved = await api.client.post(
-        f"/v1/tasks/{task['id']}/approve", headers=api.operator,
+        f"/v1/tasks/{task['id']}/approve",
+        headers=api.operator,
         json={"plan_hash": task["plan_hash"]},
-    )  # fmt: skip
+    )
     assert approved.status_code == 200, approved.text
     view: dict[str, Any] = approved.json()
     return view

@@ -270,9 +270,12 @@ class Sim:
     @property
     def transactions(self) -> Transactions:
         return Transactions(
-            db=self.db, config=self.config, clock=self.clock, new_id=self.new_id,
+            db=self.db,
+            config=self.config,
+            clock=self.clock,
+            new_id=self.new_id,
             backend=self.backend,
-        )  # fmt: skip
+        )
 
     @property
     def reads(self) -> ReadSession:

@@ -503,9 +503,13 @@ class HoldFS(mfusepy.Operations):  # type: ignore[misc]
 def main() -> None:
     backing, mountpoint = Path(sys.argv[1]).resolve(), sys.argv[2]
     mfusepy.FUSE(
-        HoldFS(backing), mountpoint, foreground=True, nothreads=True, hard_remove=True,
+        HoldFS(backing),
+        mountpoint,
+        foreground=True,
+        nothreads=True,
+        hard_remove=True,
         fsname="holdfs",
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -184,10 +184,18 @@ async def test_checks_are_spans_with_their_names_and_exit_codes(
     repo = lease_repository(str(origin), base, checks={"lint": CHECK, "tests": "true"})
     chat = ScriptedChat([call("write_file", path="src/app.py", content="x = 1\n")], "fixed")
     ctx = StepContext(
-        step_id="step-1", task_id="task-1", name="fix", attempt=1, fence=1,
+        step_id="step-1",
+        task_id="task-1",
+        name="fix",
+        attempt=1,
+        fence=1,
         payload={"messages": [{"role": "user", "content": "go"}], "allowed_commands": []},
-        outputs=(), default_model="m", chat=chat, repository=repo, services=FakeServices(),
-    )  # fmt: skip
+        outputs=(),
+        default_model="m",
+        chat=chat,
+        repository=repo,
+        services=FakeServices(),
+    )
     kind = AgentKind(
         cache_dir=tmp_path / "cache", sandbox=NoSandbox(), commands_without_sandbox=True
     )
@@ -201,8 +209,10 @@ async def test_checks_are_spans_with_their_names_and_exit_codes(
     each = {s.attributes["tether.check"]: s for s in spans if s.name == "tether.check"}
     assert checks.attributes["tether.checks"] == 2
     assert {name: s.attributes["tether.exit_code"] for name, s in each.items()} == {
-        "lint": 3, "tests": 0,
-    }  # fmt: skip
-    assert all(s.parent is not None and s.parent.span_id == checks.context.span_id
-               for s in each.values())  # fmt: skip
+        "lint": 3,
+        "tests": 0,
+    }
+    assert all(
+        s.parent is not None and s.parent.span_id == checks.context.span_id for s in each.values()
+    )
     assert {f"{s.context.trace_id:032x}" for s in spans} == {trace_id_of("task-1")}

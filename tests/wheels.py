@@ -10,9 +10,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Never copied into the build: the checkout's own virtual environments, caches and ledgers.
 _NOT_SOURCE = shutil.ignore_patterns(
-    ".git", ".venv", ".peers-venv", ".runner-venv", ".litellm-venv", "__pycache__", "*.egg-info",
-    "build", "site", ".*_cache", ".hypothesis", "*.db", "*.db-*",
-)  # fmt: skip
+    ".git",
+    ".venv",
+    ".peers-venv",
+    ".runner-venv",
+    ".litellm-venv",
+    "__pycache__",
+    "*.egg-info",
+    "build",
+    "site",
+    ".*_cache",
+    ".hypothesis",
+    "*.db",
+    "*.db-*",
+)
 
 
 def build_wheel(workdir: Path) -> Path:

@@ -33,9 +33,14 @@ def noop(i: int) -> int:
 
 def consumer(workers: int) -> None:
     c = huey.create_consumer(
-        workers=workers, worker_type="thread", periodic=False, initial_delay=0.001,
-        backoff=1.0, max_delay=0.001, check_worker_health=False,
-    )  # fmt: skip
+        workers=workers,
+        worker_type="thread",
+        periodic=False,
+        initial_delay=0.001,
+        backoff=1.0,
+        max_delay=0.001,
+        check_worker_health=False,
+    )
     c.run()  # until SIGINT (graceful) or SIGTERM
 
 
@@ -43,8 +48,10 @@ def start_consumer(db: str, workers: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HUEY_BENCH_DB": db}
     return subprocess.Popen(
         [sys.executable, __file__, "--consumer", "--workers", str(workers)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -117,14 +124,18 @@ def main() -> None:
     drained = drain(db, args.workers, args.drain) if args.drain else 0.0
     import huey as huey_pkg
 
-    print(json.dumps({
-        "peer": "huey",
-        "version": huey_pkg.__version__,
-        "config": f"SqliteHuey(fsync=True) WAL, thread consumer x{args.workers}",
-        "by_concurrency": by_c,
-        "steps_per_s": max(by_c.values()),
-        "drain_steps_per_s": drained,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "peer": "huey",
+                "version": huey_pkg.__version__,
+                "config": f"SqliteHuey(fsync=True) WAL, thread consumer x{args.workers}",
+                "by_concurrency": by_c,
+                "steps_per_s": max(by_c.values()),
+                "drain_steps_per_s": drained,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,10 +51,20 @@ def worker(url: str, queue: str, concurrency: int) -> None:
 
 def start_worker(url: str, queue: str, concurrency: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, __file__, "--worker", "--pg-url", url, "--queue", queue,
-         "--concurrency", str(concurrency)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--pg-url",
+            url,
+            "--queue",
+            queue,
+            "--concurrency",
+            str(concurrency),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -67,8 +77,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def wait_for(conn: psycopg.Connection, query: str, params: tuple[object, ...], want: int,
-             timeout_s: float) -> int:  # fmt: skip
+def wait_for(
+    conn: psycopg.Connection, query: str, params: tuple[object, ...], want: int, timeout_s: float
+) -> int:
     deadline = time.monotonic() + timeout_s
     got = 0
     while time.monotonic() < deadline:
@@ -104,8 +115,10 @@ def end_to_end(url: str, conn: psycopg.Connection, concurrency: int, jobs: int) 
             conn,
             "SELECT count(*) FROM procrastinate_jobs WHERE queue_name = %s"
             " AND status = 'succeeded'",
-            (queue,), jobs, 60 + jobs / 10,
-        )  # fmt: skip
+            (queue,),
+            jobs,
+            60 + jobs / 10,
+        )
     finally:
         stop(proc)
     row = conn.execute(
@@ -141,15 +154,21 @@ def main() -> None:
             for c in args.concurrency.split(","):
                 by_c[c] = end_to_end(url, conn, int(c), args.jobs)
             sync = conn.execute("SHOW synchronous_commit").fetchone()
-    print(json.dumps({
-        "peer": "procrastinate",
-        "version": importlib.metadata.version("procrastinate"),
-        "config": f"PostgreSQL (synchronous_commit={sync[0] if sync else '?'}), PsycopgConnector,"
-        f" worker process with concurrency C, async no-op task, {args.jobs} jobs deferred by"
-        " C coroutines",
-        "by_concurrency": by_c,
-        "steps_per_s": max(by_c.values()),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "peer": "procrastinate",
+                "version": importlib.metadata.version("procrastinate"),
+                "config": (
+                    f"PostgreSQL (synchronous_commit={sync[0] if sync else '?'}), "
+                    "PsycopgConnector, worker process with concurrency C, async no-op task, "
+                    f"{args.jobs} jobs deferred by C coroutines"
+                ),
+                "by_concurrency": by_c,
+                "steps_per_s": max(by_c.values()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -171,10 +171,12 @@ class Checkpointer:
         if self._queue is None:
             raise RuntimeError("a checkpoint outside Checkpointer.running()")
         item = _Turn(
-            turn=turn, messages=list(messages), usage=dict(usage),
+            turn=turn,
+            messages=list(messages),
+            usage=dict(usage),
             written=None if self._written is None else self._written(),
             deadline=anyio.current_time() + CHECKPOINT_TIMEOUT_S,
-        )  # fmt: skip
+        )
         self._in_flight += 1
         if self._settled.is_set():
             self._settled = anyio.Event()
@@ -307,9 +309,11 @@ class Checkpointer:
             return None
         previous = None if self._wip is None else self._wip.snapshot
         snap = await space.commit_tree(
-            item.tree, step_id=self._step_id, message=f"tether wip {self._step_id}",
+            item.tree,
+            step_id=self._step_id,
+            message=f"tether wip {self._step_id}",
             previous=previous,
-        )  # fmt: skip
+        )
         if snap is None:
             return None
         if self._wip is not None and snap is previous:

@@ -160,9 +160,15 @@ async def _run_one(
         # A fresh HOME of its own: nothing the agent's commands put in theirs (a
         # usercustomize.py, a config file) reaches the check.
         outcome = await run_command(
-            argv, tree=tree, home=home, sandbox=sandbox, timeout_s=limits.timeout_s,
-            output_cap=0, confiner=confiner, sink=out.write,
-        )  # fmt: skip
+            argv,
+            tree=tree,
+            home=home,
+            sandbox=sandbox,
+            timeout_s=limits.timeout_s,
+            output_cap=0,
+            confiner=confiner,
+            sink=out.write,
+        )
         if outcome.timed_out or outcome.exit_code is None:
             await out.finish(f"killed after the check timeout of {limits.timeout_s:g} s")
             return TIMED_OUT_EXIT_CODE, outcome.duration_s

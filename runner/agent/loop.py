@@ -151,9 +151,9 @@ class AgentKind:
         repo = ctx.repository
         prefixes = _allowed_prefixes(payload, repo)
         # Where snapshots look for changes: None when nothing may be written or no repository.
-        commit_paths = None if repo is None or not prefixes else (
-            () if "" in prefixes else prefixes
-        )  # fmt: skip
+        commit_paths = (
+            None if repo is None or not prefixes else (() if "" in prefixes else prefixes)
+        )
         setup = _setup_commands(payload, repo)
         sandbox = await self.sandbox()
         runs_commands = (
@@ -187,19 +187,31 @@ class AgentKind:
             async with self._mcp_servers(payload, space, sandbox, limits) as mcp_tools:
                 try:
                     box = ToolBox(
-                        space.tree, git=space.git, home=space.home, allowed_paths=prefixes,
-                        allowed_commands=payload.allowed_commands, sandbox=sandbox, limits=limits,
-                        confiner=self.confiner, ready=ready, mcp=mcp_tools,
+                        space.tree,
+                        git=space.git,
+                        home=space.home,
+                        allowed_paths=prefixes,
+                        allowed_commands=payload.allowed_commands,
+                        sandbox=sandbox,
+                        limits=limits,
+                        confiner=self.confiner,
+                        ready=ready,
+                        mcp=mcp_tools,
                         allowed_entries=payload.allowed_entries,
-                    )  # fmt: skip
+                    )
                 except ValueError as exc:
                     raise StepRejected(f"agent payload: {exc}") from None
                 checkpoints: AbstractAsyncContextManager[Checkpointer | None] = nullcontext()
                 if ctx.services is not None:
                     checkpointer = Checkpointer(
-                        services=ctx.services, fence=ctx.fence, step_id=ctx.step_id,
-                        workspace=space, paths=commit_paths, start=start, written=box.take_written,
-                    )  # fmt: skip
+                        services=ctx.services,
+                        fence=ctx.fence,
+                        step_id=ctx.step_id,
+                        workspace=space,
+                        paths=commit_paths,
+                        start=start,
+                        written=box.take_written,
+                    )
                     gates.append(checkpointer.staged)
                     checkpoints = checkpointer.running()
                 model = ctx.default_model if payload.model is msgspec.UNSET else payload.model
@@ -228,14 +240,22 @@ class AgentKind:
         if setup_run is not None:
             output["setup"] = setup_run.as_dict()
         log.info(
-            "agent step done", step_id=ctx.step_id, finish=str(result.finish),
-            turns=result.turns, tool_calls=result.tool_calls, tool_errors=result.tool_errors,
-            candidate_sha=candidate, workspace_gone=cleanup is not None and cleanup.gone,
-        )  # fmt: skip
+            "agent step done",
+            step_id=ctx.step_id,
+            finish=str(result.finish),
+            turns=result.turns,
+            tool_calls=result.tool_calls,
+            tool_errors=result.tool_errors,
+            candidate_sha=candidate,
+            workspace_gone=cleanup is not None and cleanup.gone,
+        )
         return StepOutput(
-            output=output, usage=result.usage, candidate_sha=candidate, bundle=bundle,
+            output=output,
+            usage=result.usage,
+            candidate_sha=candidate,
+            bundle=bundle,
             checks=checks,
-        )  # fmt: skip
+        )
 
     @asynccontextmanager
     async def _mcp_servers(
@@ -247,9 +267,13 @@ class AgentKind:
             await space.ready()  # a server starts in the worktree
         wrap = functools.partial(sandbox.wrap, tree=space.tree, home=space.home)
         async with mcp.serving(
-            payload.mcp_servers, tree=space.tree, home=space.home, wrap=wrap,
-            confiner=self.confiner, call_timeout_s=limits.run_timeout_s,
-        ) as tools:  # fmt: skip
+            payload.mcp_servers,
+            tree=space.tree,
+            home=space.home,
+            wrap=wrap,
+            confiner=self.confiner,
+            call_timeout_s=limits.run_timeout_s,
+        ) as tools:
             yield tools
 
     def _limits(self, payload: AgentPayload) -> tuple[ToolLimits, CheckLimits]:
@@ -328,9 +352,13 @@ class AgentKind:
                 await services.download(digest, into)
 
         async with self.cache.attempt(
-            url=repo.url, base_sha=repo.base_sha, start_sha=repo.start_sha, label=label,
-            start_bundle=fetch_start, checkout_beside=True,
-        ) as workspace:  # fmt: skip
+            url=repo.url,
+            base_sha=repo.base_sha,
+            start_sha=repo.start_sha,
+            label=label,
+            start_bundle=fetch_start,
+            checkout_beside=True,
+        ) as workspace:
             yield workspace
 
 

@@ -194,9 +194,11 @@ def _offered(server: str, listed: Sequence[Any]) -> list[McpTool]:
     offered = []
     for tool in listed:
         made = McpTool(
-            server=server, tool=str(tool.name), description=str(tool.description or ""),
+            server=server,
+            tool=str(tool.name),
+            description=str(tool.description or ""),
             schema=dict(tool.input_schema or {}),
-        )  # fmt: skip
+        )
         if _TOOL_NAME.fullmatch(made.name) is None:
             log.warning("mcp tool left out: its name is not a valid tool name", tool=made.name)
             continue

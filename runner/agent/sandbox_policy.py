@@ -58,8 +58,9 @@ class CommandPolicy:
                     "commands_without_sandbox is set: agent commands and checks run without a"
                     " sandbox, as the runner's own user; model-written code can read the"
                     " runner's credentials (runner token, model key) and reach the network",
-                    sandbox=sandbox.name, why=why,
-                )  # fmt: skip
+                    sandbox=sandbox.name,
+                    why=why,
+                )
             return
         if not runs_commands:
             return

@@ -74,24 +74,33 @@ def tool_schemas(allowed_commands: list[str]) -> list[Any]:
         _tool(
             "list_files",
             "List the files and folders under a folder of the repository (folders end in /).",
-            {"path": {**_PATH, "default": "."},
-             "recursive": {"type": "boolean", "default": False}},
+            {"path": {**_PATH, "default": "."}, "recursive": {"type": "boolean", "default": False}},
             [],
         ),
         _tool(
             "read_file",
             "Read a text file. Long files come in pieces: call again with the offset given.",
-            {"path": _PATH, "offset": {"type": "integer", "minimum": 0, "default": 0,
-                                       "description": "Byte offset to start reading at."}},
+            {
+                "path": _PATH,
+                "offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "default": 0,
+                    "description": "Byte offset to start reading at.",
+                },
+            },
             ["path"],
         ),
         _tool(
             "search",
             "Search the repository's text files for a fixed string, or a POSIX extended "
             "regular expression with regex=true. Returns path, line number and line.",
-            {"pattern": {"type": "string"}, "path": {**_PATH, "default": "."},
-             "regex": {"type": "boolean", "default": False},
-             "ignore_case": {"type": "boolean", "default": False}},
+            {
+                "pattern": {"type": "string"},
+                "path": {**_PATH, "default": "."},
+                "regex": {"type": "boolean", "default": False},
+                "ignore_case": {"type": "boolean", "default": False},
+            },
             ["pattern"],
         ),
         _tool(
@@ -114,4 +123,4 @@ def tool_schemas(allowed_commands: list[str]) -> list[Any]:
             {"command": {"type": "string", "enum": list(allowed_commands)}},
             ["command"],
         ),
-    ]  # fmt: skip
+    ]

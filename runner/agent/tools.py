@@ -153,9 +153,11 @@ class ToolBox:
             span.set(ok=result.ok, refused=result.refused, error_code=result.code)
             span.set_standard({"error.type": result.code})
             if span.recording and tracing.records_content():
-                arguments = arguments_json if isinstance(arguments_json, str) else (
-                    arguments_json.decode(errors="replace")
-                )  # fmt: skip
+                arguments = (
+                    arguments_json
+                    if isinstance(arguments_json, str)
+                    else (arguments_json.decode(errors="replace"))
+                )
                 span.set_standard(
                     {
                         "gen_ai.tool.call.arguments": arguments,
@@ -307,10 +309,14 @@ class ToolBox:
         self._written = None
         try:
             outcome = await run_command(
-                shlex.split(args.command), tree=self.tree, home=self.home,
-                sandbox=self.sandbox, timeout_s=self.limits.run_timeout_s,
-                output_cap=self.limits.run_output_bytes, confiner=self.confiner,
-            )  # fmt: skip
+                shlex.split(args.command),
+                tree=self.tree,
+                home=self.home,
+                sandbox=self.sandbox,
+                timeout_s=self.limits.run_timeout_s,
+                output_cap=self.limits.run_output_bytes,
+                confiner=self.confiner,
+            )
         except FileNotFoundError as exc:
             raise ToolFailed("command_not_found", str(exc)) from exc
         except CommandUnbounded as exc:

@@ -60,19 +60,31 @@ class VerifyKind:
         setup = repo.setup + payload.setup
         limits = self._agent.check_limits
         async with self._agent.cache.attempt(
-            url=repo.url, base_sha=repo.base_sha, start_sha=payload.candidate_sha,
-            label=f"{ctx.step_id}-{ctx.attempt}", start_bundle=fetch_start,
-        ) as workspace:  # fmt: skip
+            url=repo.url,
+            base_sha=repo.base_sha,
+            start_sha=payload.candidate_sha,
+            label=f"{ctx.step_id}-{ctx.attempt}",
+            start_bundle=fetch_start,
+        ) as workspace:
             setup_run = None
             if setup:  # the toolchain the making runner's checks saw (`SetupFailed` fails it)
                 setup_run = await run_setup(
-                    workspace, setup, sandbox=sandbox, confiner=self._agent.confiner,
-                    upload=services.upload, limits=limits,
-                )  # fmt: skip
+                    workspace,
+                    setup,
+                    sandbox=sandbox,
+                    confiner=self._agent.confiner,
+                    upload=services.upload,
+                    limits=limits,
+                )
             runs = await run_checks(
-                workspace, payload.candidate_sha, repo.checks, sandbox=sandbox,
-                upload=services.upload, limits=limits, confiner=self._agent.confiner,
-            )  # fmt: skip
+                workspace,
+                payload.candidate_sha,
+                repo.checks,
+                sandbox=sandbox,
+                upload=services.upload,
+                limits=limits,
+                confiner=self._agent.confiner,
+            )
         cleanup = workspace.cleanup
         output: dict[str, Any] = {
             "candidate_sha": payload.candidate_sha,
@@ -83,7 +95,9 @@ class VerifyKind:
         if setup_run is not None:
             output["setup"] = setup_run.as_dict()
         log.info(
-            "verify step done", step_id=ctx.step_id, candidate_sha=payload.candidate_sha,
+            "verify step done",
+            step_id=ctx.step_id,
+            candidate_sha=payload.candidate_sha,
             failed=sorted(name for name, run in runs.items() if run.exit_code != 0),
-        )  # fmt: skip
+        )
         return StepOutput(output=output, candidate_sha=payload.candidate_sha, checks=runs)

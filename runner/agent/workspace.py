@@ -131,9 +131,12 @@ class RepoCache:
         block and raises its `WorkspaceFailed` here, as `open` would have."""
         if not checkout_beside:
             workspace = await self.open(
-                url=url, base_sha=base_sha, label=label, start_sha=start_sha,
+                url=url,
+                base_sha=base_sha,
+                label=label,
+                start_sha=start_sha,
                 start_bundle=start_bundle,
-            )  # fmt: skip
+            )
             try:
                 yield workspace
             finally:
@@ -246,9 +249,14 @@ class RepoCache:
                         f"bundle {bundle.name} does not hold exactly the commit {sha}"
                     )
                 await git(
-                    "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", str(bundle),
-                    f"+{heads[1]}:refs/tether/fetched/{sha}", cwd=mirror,
-                )  # fmt: skip
+                    "fetch",
+                    "--quiet",
+                    "--no-tags",
+                    "--no-write-fetch-head",
+                    str(bundle),
+                    f"+{heads[1]}:refs/tether/fetched/{sha}",
+                    cwd=mirror,
+                )
             except GitError as exc:
                 raise WorkspaceFailed(f"cannot fetch bundle {bundle.name}: {exc}") from exc
 
@@ -318,9 +326,15 @@ class Workspace:
         async with self._cache._lock(self.mirror):
             try:
                 await git(
-                    "worktree", "add", "--detach", "--no-checkout", "--quiet", str(self.tree),
-                    self.start_sha, cwd=self.mirror,
-                )  # fmt: skip
+                    "worktree",
+                    "add",
+                    "--detach",
+                    "--no-checkout",
+                    "--quiet",
+                    str(self.tree),
+                    self.start_sha,
+                    cwd=self.mirror,
+                )
                 admin = await anyio.to_thread.run_sync(_worktree_git_dir, self.mirror, self.tree)
                 await anyio.Path(self.git.git_dir).symlink_to(admin)
             except (GitError, OSError) as exc:
@@ -408,10 +422,13 @@ class Workspace:
         try:
             date = commit_date(step_id)
             identity = {
-                "GIT_AUTHOR_NAME": AUTHOR_NAME, "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
-                "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_NAME": AUTHOR_NAME,
-                "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL, "GIT_COMMITTER_DATE": date,
-            }  # fmt: skip
+                "GIT_AUTHOR_NAME": AUTHOR_NAME,
+                "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
+                "GIT_AUTHOR_DATE": date,
+                "GIT_COMMITTER_NAME": AUTHOR_NAME,
+                "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL,
+                "GIT_COMMITTER_DATE": date,
+            }
             made = await self.git(
                 "commit-tree", tree, "-p", self.start_sha, "-m", message, env=identity
             )
@@ -450,9 +467,14 @@ class Workspace:
         try:
             await self.git("update-ref", _SNAPSHOT_REF, sha)
             await self.git(
-                *options, "bundle", "create", "--quiet", str(dest), _SNAPSHOT_REF,
+                *options,
+                "bundle",
+                "create",
+                "--quiet",
+                str(dest),
+                _SNAPSHOT_REF,
                 f"^{since or self.start_sha}",
-            )  # fmt: skip
+            )
         except GitError as exc:
             raise WorkspaceFailed(f"cannot write the bundle: {exc}") from exc
         return dest

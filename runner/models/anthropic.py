@@ -43,10 +43,16 @@ from tether.wire.payloads import ToolCall
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 8192
 
-_KNOWN = frozenset({"model", "messages", "tools", "tool_choice", "temperature", "top_p",
-                    "max_tokens", "stop"})  # fmt: skip
-_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
-         "model_context_window_exceeded": "length", "tool_use": "tool_calls"}  # fmt: skip
+_KNOWN = frozenset(
+    {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens", "stop"}
+)
+_STOP = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+}
 _CHOICE = {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}
 # A spent credit balance or spend limit comes back as a 400 `invalid_request_error` whose
 # message says so (Anthropic's errors documentation); it must not fail the task.
@@ -191,8 +197,13 @@ def _turns(messages: list[dict[str, Any]], api: str) -> tuple[str, list[dict[str
 def _blocks(message: dict[str, Any], i: int, api: str) -> list[dict[str, Any]]:
     content = message.get("content")
     if message["role"] == "tool":
-        return [{"type": "tool_result", "tool_use_id": message["tool_call_id"],
-                 "content": content or ""}]  # fmt: skip
+        return [
+            {
+                "type": "tool_result",
+                "tool_use_id": message["tool_call_id"],
+                "content": content or "",
+            }
+        ]
     blocks: list[dict[str, Any]] = []
     if content:
         blocks.append({"type": "text", "text": str(content)})
@@ -204,9 +215,9 @@ def _blocks(message: dict[str, Any], i: int, api: str) -> list[dict[str, Any]]:
             tool_input = None
         if not isinstance(tool_input, dict):
             raise unsupported(
-                api, f"messages[{i}]'s tool call {call['id']!r}, whose arguments are not a JSON"
-                " object",
-            )  # fmt: skip
+                api,
+                f"messages[{i}]'s tool call {call['id']!r}, whose arguments are not a JSON object",
+            )
         blocks.append(
             {"type": "tool_use", "id": call["id"], "name": function["name"], "input": tool_input}
         )

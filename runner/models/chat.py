@@ -39,9 +39,10 @@ def _read_tool_calls(raw: Any) -> tuple[tuple[ToolCall, ...], list[dict[str, Any
         if call.get("type", "function") != "function":
             raise Retryable(f"200 answer's tool_calls[{i}] is not a function call")
         calls.append(
-            read_call(call.get("id"), function.get("name"), function.get("arguments"),
-                      f"tool_calls[{i}]")
-        )  # fmt: skip
+            read_call(
+                call.get("id"), function.get("name"), function.get("arguments"), f"tool_calls[{i}]"
+            )
+        )
         other = {k: v for k, v in call.items() if k not in ("id", "type", "function")}
         other_function = {
             k: v for k, v in function.items() if k not in ("name", "arguments") and carries(v)

@@ -164,9 +164,12 @@ class ModelClient:
         )
         model = str(body.get("model", ""))
         with tracing.model_call(
-            provider=self.api.provider, model=model, address=self._host, port=self._port,
+            provider=self.api.provider,
+            model=model,
+            address=self._host,
+            port=self._port,
             request=genai.request_attributes(body, request),
-        ) as span:  # fmt: skip
+        ) as span:
             if span.recording and tracing.records_content():
                 span.set_standard(genai.input_content(body))
             completion = await self._chat(retrying, request, key, deadline)

@@ -77,8 +77,13 @@ def _call_part(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
 
 def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
     if message.get("role") == "tool":
-        return [{"type": "tool_call_response", "id": message.get("tool_call_id"),
-                 "response": _clip(message.get("content"))}]  # fmt: skip
+        return [
+            {
+                "type": "tool_call_response",
+                "id": message.get("tool_call_id"),
+                "response": _clip(message.get("content")),
+            }
+        ]
     parts: list[dict[str, Any]] = []
     if message.get("content"):
         parts.append({"type": "text", "content": _clip(message["content"])})

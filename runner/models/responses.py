@@ -44,18 +44,25 @@ def _items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role, content = message["role"], message.get("content")
         if role == "tool":
             items.append(
-                {"type": "function_call_output", "call_id": message["tool_call_id"],
-                 "output": content or ""}
-            )  # fmt: skip
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": content or "",
+                }
+            )
             continue
         if role != "assistant" or content:
             items.append({"type": "message", "role": role, "content": content or ""})
         for call in message.get("tool_calls") or ():
             function = call["function"]
             items.append(
-                {"type": "function_call", "call_id": call["id"], "name": function["name"],
-                 "arguments": function["arguments"]}
-            )  # fmt: skip
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": function["name"],
+                    "arguments": function["arguments"],
+                }
+            )
     return items
 
 
@@ -120,9 +127,10 @@ class Responses(WireApi):
             kind = item.get("type") if isinstance(item, dict) else None
             if kind == "function_call":
                 calls.append(
-                    read_call(item.get("call_id"), item.get("name"), item.get("arguments"),
-                              f"output[{i}]")
-                )  # fmt: skip
+                    read_call(
+                        item.get("call_id"), item.get("name"), item.get("arguments"), f"output[{i}]"
+                    )
+                )
             elif kind == "message":
                 _read_message(item, i, texts, refusals, others)
             elif kind is None:

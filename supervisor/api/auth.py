@@ -69,9 +69,14 @@ def refused(request: Request, code: ErrorCode, detail: str, **about: Any) -> Api
     lines: RefusalLog = request.app.state.refusal_log
     if lines.may_log(client):
         log.warning(
-            "access refused", code=code.value, detail=detail, method=request.method,
-            path=request.url.path, client=client, **about,
-        )  # fmt: skip
+            "access refused",
+            code=code.value,
+            detail=detail,
+            method=request.method,
+            path=request.url.path,
+            client=client,
+            **about,
+        )
     return ApiError(code, detail)
 
 
@@ -90,9 +95,13 @@ async def require(request: Request, role: Role, *or_roles: Role) -> Principal:
         article = "an" if role is Role.OPERATOR else "a"
         wanted = " or ".join(r.value for r in (role, *or_roles))
         raise refused(
-            request, ErrorCode.FORBIDDEN, f"this call needs {article} {wanted} token",
-            token_id=principal.token_id, role=principal.role.value, scope=principal.scope,
-        )  # fmt: skip
+            request,
+            ErrorCode.FORBIDDEN,
+            f"this call needs {article} {wanted} token",
+            token_id=principal.token_id,
+            role=principal.role.value,
+            scope=principal.scope,
+        )
     return principal
 
 
@@ -117,5 +126,7 @@ def require_pool_access(
         ErrorCode.FORBIDDEN,
         f"tenant {tenant!r} may not use pool {pool!r}: name a shared pool ({open_to}),"
         f" {tenant!r} or {tenant + '/<name>'!r}",
-        token_id=who.token_id, tenant=tenant, pool=pool,
-    )  # fmt: skip
+        token_id=who.token_id,
+        tenant=tenant,
+        pool=pool,
+    )

@@ -63,9 +63,11 @@ async def on_repository_unavailable(request: Request, exc: Exception) -> Respons
     recorded; the caller tries again later. Logged: the operator may have to fix the remote."""
     assert isinstance(exc, RepositoryUnavailable)
     log.warning(
-        "repository unavailable", path=request.url.path, repository=exc.repository,
+        "repository unavailable",
+        path=request.url.path,
+        repository=exc.repository,
         detail=exc.detail,
-    )  # fmt: skip
+    )
     return error_response(ErrorCode.UNAVAILABLE, exc.detail)
 
 

@@ -41,15 +41,21 @@ class _LedgerCounters(Collector):
         for name, value, text in [
             ("tether_leases_granted_total", counts.leases_granted, "Leases granted."),
             ("tether_leases_renewed_total", counts.leases_renewed, "Lease renewals accepted."),
-            ("tether_renewals_remembered_total", counts.renewals_remembered,
-             "Of those, renewals answered from memory, without a ledger write."),
+            (
+                "tether_renewals_remembered_total",
+                counts.renewals_remembered,
+                "Of those, renewals answered from memory, without a ledger write.",
+            ),
             ("tether_leases_expired_total", counts.leases_expired, "Leases expired by the reaper."),
             ("tether_leases_released_total", counts.leases_released, "Leases released by runners."),
-            ("tether_leases_preempted_total", counts.leases_preempted,
-             "Of those, leases released on a cloud's preemption notice."),
+            (
+                "tether_leases_preempted_total",
+                counts.leases_preempted,
+                "Of those, leases released on a cloud's preemption notice.",
+            ),
             ("tether_write_batches_total", counts.batches, "Group-commit transactions."),
             ("tether_write_rules_total", counts.batched_rules, "Rules run in those batches."),
-        ]:  # fmt: skip
+        ]:
             yield CounterMetricFamily(name, text, value=value)
         commits = CounterMetricFamily(
             "tether_commits_total", "Step results reported.", labels=["outcome"]
@@ -87,14 +93,16 @@ class Metrics:
             for name, text in [
                 ("tether_pool_queued", "Steps queued in the pool, waiting for a runner."),
                 ("tether_pool_in_flight", "Steps of the pool leased to a runner now."),
-                ("tether_pool_oldest_queued_seconds", "How long the pool's oldest queued step"
-                 " has waited (0 when none is queued)."),
+                (
+                    "tether_pool_oldest_queued_seconds",
+                    "How long the pool's oldest queued step has waited (0 when none is queued).",
+                ),
                 (
                     "tether_pool_runners_seen",
                     f"Runners that claimed in the pool in the last {RUNNER_RECENT_S:g} s.",
                 ),
             ]
-        }  # fmt: skip
+        }
         self._budget = Gauge(
             "tether_budget_tokens",
             "Tokens each tenant's attempts spent (kind=spent, committed or not) and its budget"

@@ -61,9 +61,12 @@ class _Builder:
         if param.bound_by is not None:
             schema["maximum"] = getattr(self._settings, param.bound_by)
         return {
-            "name": param.name, "in": where, "required": where == "path",
-            "description": param.description, "schema": schema,
-        }  # fmt: skip
+            "name": param.name,
+            "in": where,
+            "required": where == "path",
+            "description": param.description,
+            "schema": schema,
+        }
 
     def _answer(self, status: int, answer: Answer) -> dict[str, Any]:
         described: dict[str, Any] = {"description": HTTPStatus(status).phrase}
@@ -78,13 +81,19 @@ class _Builder:
         return {
             str(status): {
                 "description": f"{HTTPStatus(status).phrase}: {', '.join(named)}",
-                "content": {"application/json": {"schema": {"allOf": [
-                    self._refs[ErrorBody],
-                    {"type": "object", "properties": {"error": {"enum": named}}},
-                ]}}},
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "allOf": [
+                                self._refs[ErrorBody],
+                                {"type": "object", "properties": {"error": {"enum": named}}},
+                            ]
+                        }
+                    }
+                },
             }
             for status, named in sorted(by_status.items())
-        }  # fmt: skip
+        }
 
     def operation(self, op: Declared) -> dict[str, Any]:
         errors = self._errors(op.codes)

@@ -230,6 +230,8 @@ async def log_lines(request: Request) -> LogLinesKept:
     if kept.refused:
         log.warning(
             "log lines refused: their fence was not granted to this token",
-            refused=kept.refused, token_id=who.token_id, pool=who.scope,
-        )  # fmt: skip
+            refused=kept.refused,
+            token_id=who.token_id,
+            pool=who.scope,
+        )
     return kept

@@ -82,13 +82,19 @@ class PgArtifactStore:
         self.root = root
         self.max_bytes = max_bytes
         self._pool = AsyncConnectionPool(
-            url, min_size=0, max_size=CONNECTIONS, timeout=WAIT_S, open=False,
+            url,
+            min_size=0,
+            max_size=CONNECTIONS,
+            timeout=WAIT_S,
+            open=False,
             kwargs={
-                "autocommit": True, "connect_timeout": pg_schema.CONNECT_TIMEOUT_S,
+                "autocommit": True,
+                "connect_timeout": pg_schema.CONNECT_TIMEOUT_S,
                 **pg_schema.liveness(url),
             },
-            check=AsyncConnectionPool.check_connection, name="tether-artifacts",
-        )  # fmt: skip
+            check=AsyncConnectionPool.check_connection,
+            name="tether-artifacts",
+        )
 
     @property
     def _temp_dir(self) -> Path:

@@ -164,14 +164,18 @@ class Dispatcher:
             settled = True
             log.info(
                 "effect no longer held; left to the ledger",
-                effect_id=out.effect_id, kind=out.kind, error=exc.code,
-            )  # fmt: skip
+                effect_id=out.effect_id,
+                kind=out.kind,
+                error=exc.code,
+            )
         except LedgerError as exc:  # a storage error too: the hold lapses, the rules decide
             settled = True
             log.error(  # noqa: TRY400 - the code says it all
                 "the ledger refused an effect's record",
-                effect_id=out.effect_id, kind=out.kind, error=exc.code,
-            )  # fmt: skip
+                effect_id=out.effect_id,
+                kind=out.kind,
+                error=exc.code,
+            )
         finally:
             if not settled:  # cancelled (shutdown) with the effect in hand: hand it back
                 with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_BOUND_S):
@@ -257,8 +261,11 @@ class Dispatcher:
                     raise
                 log.warning(
                     "the ledger did not take an effect's answer; writing it again",
-                    effect_id=out.effect_id, kind=out.kind, attempt=attempt, error=exc.code,
-                )  # fmt: skip
+                    effect_id=out.effect_id,
+                    kind=out.kind,
+                    attempt=attempt,
+                    error=exc.code,
+                )
                 await anyio.sleep(self.record_backoff_s * 2 ** (tried - 1))
             else:
                 return

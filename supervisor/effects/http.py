@@ -124,9 +124,13 @@ class HttpDeliverer:
         body = request.get("body")
         try:  # nothing has left yet: a request that cannot be built was never sent
             built = self.client.build_request(
-                str(request.get("method", "POST")).upper(), url, headers=headers,
-                json=body, timeout=TIMEOUT, extensions=extensions,
-            )  # fmt: skip
+                str(request.get("method", "POST")).upper(),
+                url,
+                headers=headers,
+                json=body,
+                timeout=TIMEOUT,
+                extensions=extensions,
+            )
         except (httpx.HTTPError, ValueError, TypeError) as exc:
             detail = f"the request cannot be built: {_name(exc, used)}"
             return Undeliverable(status=None, detail=detail, code="effect_render_failed")

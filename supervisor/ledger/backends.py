@@ -27,11 +27,17 @@ T = TypeVar("T")
 # disk, an I/O error, a lock held too long, a read-only or damaged file.
 _STORAGE_CODES = frozenset(
     {
-        sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
-        sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_CANTOPEN,
-        sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_PROTOCOL,
     }
-)  # fmt: skip
+)
 
 
 class _SqliteReads:

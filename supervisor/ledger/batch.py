@@ -173,9 +173,13 @@ def _run_rules(
             outcome.error = _after_refusal(db, tx, backend, queued) or exc
             if outcome.error is exc and exc.recorded:
                 task_id = record_rejection(
-                    tx, code=exc.code.value, detail=exc.detail,
-                    task_id=exc.task_id, step_id=exc.step_id, fence=exc.fence,
-                )  # fmt: skip
+                    tx,
+                    code=exc.code.value,
+                    detail=exc.detail,
+                    task_id=exc.task_id,
+                    step_id=exc.step_id,
+                    fence=exc.fence,
+                )
                 notes.append(_refusal_note(tx, exc, task_id))
         except Exception as exc:  # a bug in one rule fails that rule alone, not its batch
             if queued and backend.is_driver_error(exc):
@@ -223,9 +227,13 @@ def _refusal_note(tx: Tx, exc: Refused, task_id: str | None) -> Note:
     """The log line of a recorded refusal: the task's tenant and pool, and the attempt its
     fence names, if any."""
     fields: dict[str, Any] = {
-        "request": tx.request, "code": exc.code.value, "detail": exc.detail,
-        "task_id": task_id, "step_id": exc.step_id, "fence": exc.fence,
-    }  # fmt: skip
+        "request": tx.request,
+        "code": exc.code.value,
+        "detail": exc.detail,
+        "task_id": task_id,
+        "step_id": exc.step_id,
+        "fence": exc.fence,
+    }
     if task_id is not None:
         task = tx.one("refusal_task", (task_id,))
         if task is not None:

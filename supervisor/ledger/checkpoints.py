@@ -55,9 +55,15 @@ def checkpoint(
     tx.run(
         "save_checkpoint",
         (
-            step_id, cp.fence, cp.turn, cp.transcript, cp.bundle, cp.sha,
-            dumps(dict(cp.step_usage)), tx.now,
+            step_id,
+            cp.fence,
+            cp.turn,
+            cp.transcript,
+            cp.bundle,
+            cp.sha,
+            dumps(dict(cp.step_usage)),
+            tx.now,
         ),
-    )  # fmt: skip
+    )
     tx.note(Decision.CHECKPOINTED, **about_step(tx, step), turn=cp.turn, tokens=spent)
     return Checkpointed(turn=cp.turn)

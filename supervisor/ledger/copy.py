@@ -131,9 +131,14 @@ def _copy(
         fence = _continue_fences(lite, pg)
         files, size = _copy_artifacts(pg, artifacts)
     return CopyReport(
-        source=source, target=target, version=version, rows=rows, fence=fence,
-        artifacts=files, artifact_bytes=size,
-    )  # fmt: skip
+        source=source,
+        target=target,
+        version=version,
+        rows=rows,
+        fence=fence,
+        artifacts=files,
+        artifact_bytes=size,
+    )
 
 
 def _columns_alike(

@@ -91,19 +91,30 @@ def report(
     tx.run(
         "insert_effect",
         (
-            key, rep.step_id, step["task_id"], rep.fence, rep.payload_hash, dumps(rep.output),
-            dumps(rep.usage), rep.candidate_sha, tx.now,
+            key,
+            rep.step_id,
+            step["task_id"],
+            rep.fence,
+            rep.payload_hash,
+            dumps(rep.output),
+            dumps(rep.usage),
+            rep.candidate_sha,
+            tx.now,
         ),
-    )  # fmt: skip
+    )
     tx.run(
         "commit_step",
         (
             # A verify step names no candidate of its own: it keeps the bundle it read.
-            StepState.COMMITTED.value, dumps(rep.output),
-            None if verifying else rep.candidate_sha, step["bundle"] if verifying else rep.bundle,
-            None if evidence is None else dumps(evidence.as_dict()), tx.now, rep.step_id,
+            StepState.COMMITTED.value,
+            dumps(rep.output),
+            None if verifying else rep.candidate_sha,
+            step["bundle"] if verifying else rep.bundle,
+            None if evidence is None else dumps(evidence.as_dict()),
+            tx.now,
+            rep.step_id,
         ),
-    )  # fmt: skip
+    )
     end_attempt(tx, rep.step_id, rep.fence, AttemptState.COMMITTED, "committed")
     tx.many(
         "record_step_artifact",
@@ -120,10 +131,17 @@ def report(
         ],
     )
     append_event(
-        tx, step["task_id"], "step_committed", step["task_state"],
-        {"step_id": rep.step_id, "fence": rep.fence, "effect_key": key,
-         "candidate_sha": rep.candidate_sha},
-    )  # fmt: skip
+        tx,
+        step["task_id"],
+        "step_committed",
+        step["task_state"],
+        {
+            "step_id": rep.step_id,
+            "fence": rep.fence,
+            "effect_key": key,
+            "candidate_sha": rep.candidate_sha,
+        },
+    )
     tx.note(Decision.COMMITTED, **about_step(tx, step), effect_key=key, tokens=spent)
     if verifying:
         verifier.note_dispute(tx, step)
@@ -157,7 +175,9 @@ def _committed_attempt(tx: Tx, step: Row) -> dict[str, object]:
     row = tx.one("committing_attempt", (step["id"],))
     if row is not None:
         about.update(
-            attempt=row["attempt"], fence=row["fence"], runner_id=row["runner_id"],
+            attempt=row["attempt"],
+            fence=row["fence"],
+            runner_id=row["runner_id"],
             token_id=row["token_id"],
-        )  # fmt: skip
+        )
     return about

@@ -135,10 +135,15 @@ def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -
     tx.run(
         "lease_step",
         (
-            StepState.LEASED.value, attempt, fence, runner_id,
-            tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s, step["id"],
+            StepState.LEASED.value,
+            attempt,
+            fence,
+            runner_id,
+            tx.now + cfg.lease_ttl_s,
+            tx.now + cfg.accept_window_s,
+            step["id"],
         ),
-    )  # fmt: skip
+    )
     tx.run(
         "insert_attempt",
         (step["id"], attempt, fence, runner_id, token_id, AttemptState.LEASED.value, tx.now),
@@ -149,13 +154,23 @@ def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -
         transition(tx, task_id, TaskState.RUNNING, current=state)
         state = TaskState.RUNNING
     append_event(
-        tx, task_id, "step_leased", state,
+        tx,
+        task_id,
+        "step_leased",
+        state,
         {"step_id": step["id"], "attempt": attempt, "fence": fence, "runner_id": runner_id},
-    )  # fmt: skip
+    )
     tx.note(
-        Decision.GRANTED, task_id=task_id, step_id=step["id"], attempt=attempt, fence=fence,
-        runner_id=runner_id, token_id=token_id, tenant=task["tenant"], pool=task["pool"],
-    )  # fmt: skip
+        Decision.GRANTED,
+        task_id=task_id,
+        step_id=step["id"],
+        attempt=attempt,
+        fence=fence,
+        runner_id=runner_id,
+        token_id=token_id,
+        tenant=task["tenant"],
+        pool=task["pool"],
+    )
     # A task's first step has no earlier outputs, and a verifier is handed none: the read is
     # skipped.
     verifying = step["verifies"] is not None
@@ -220,9 +235,13 @@ def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
     if row is None:
         return None
     return ResumePoint(
-        turn=row["turn"], fence=row["fence"], transcript=row["transcript"], bundle=row["bundle"],
-        sha=row["sha"], usage=loads(row["step_usage_json"]),
-    )  # fmt: skip
+        turn=row["turn"],
+        fence=row["fence"],
+        transcript=row["transcript"],
+        bundle=row["bundle"],
+        sha=row["sha"],
+        usage=loads(row["step_usage_json"]),
+    )
 
 
 def binding_of_lease(
@@ -316,9 +335,12 @@ def release(
         )
     end_attempt(tx, step_id, fence, AttemptState.RELEASED, f"{reason}: {detail}"[:500])
     tx.note(
-        Decision.RELEASED, **about_step(tx, step), reason=str(reason), retryable=retryable,
+        Decision.RELEASED,
+        **about_step(tx, step),
+        reason=str(reason),
+        retryable=retryable,
         tokens=spent,
-    )  # fmt: skip
+    )
     if not retryable:
         fail_step(tx, step, f"step {step['name']} failed ({reason}): {detail}"[:500])
         return

@@ -390,31 +390,54 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     tx.run(
         "insert_task",
         (
-            task_id, spec.tenant, spec.idempotency_key, plan_hash,
-            dumps(spec.plan), declared["repository"], declared["declared_base_sha"],
-            declared["requirement_revision"], declared["allowed_paths_json"],
-            declared["expected_checks_json"], declared["checks_json"], declared["owner"],
-            declared["pool"], verify_pool,
-            order["n"], tx.now,
+            task_id,
+            spec.tenant,
+            spec.idempotency_key,
+            plan_hash,
+            dumps(spec.plan),
+            declared["repository"],
+            declared["declared_base_sha"],
+            declared["requirement_revision"],
+            declared["allowed_paths_json"],
+            declared["expected_checks_json"],
+            declared["checks_json"],
+            declared["owner"],
+            declared["pool"],
+            verify_pool,
+            order["n"],
+            tx.now,
         ),
-    )  # fmt: skip
+    )
     tx.many(
         "insert_planned_step",
         [
             (
-                step_id_for(task_id, i), task_id, i, order["n"], s.name, s.kind, dumps(s.payload),
+                step_id_for(task_id, i),
+                task_id,
+                i,
+                order["n"],
+                s.name,
+                s.kind,
+                dumps(s.payload),
                 content_hash(s.payload),
             )
             for i, s in enumerate(spec.steps)
         ],
-    )  # fmt: skip
+    )
     tx.run("insert_tenant", (spec.tenant,))
     append_event(
-        tx, task_id, "state", TaskState.PLANNED,
+        tx,
+        task_id,
+        "state",
+        TaskState.PLANNED,
         {"plan_hash": plan_hash, "idempotency_key": spec.idempotency_key},
-    )  # fmt: skip
+    )
     tx.note(
-        Decision.CREATED, task_id=task_id, tenant=spec.tenant, pool=spec.pool,
-        plan_hash=plan_hash, steps=len(spec.steps),
-    )  # fmt: skip
+        Decision.CREATED,
+        task_id=task_id,
+        tenant=spec.tenant,
+        pool=spec.pool,
+        plan_hash=plan_hash,
+        steps=len(spec.steps),
+    )
     return Created(task_id=task_id, created=True)

@@ -39,9 +39,12 @@ def requeue(tx: Tx, step: Row, *, counted: bool, why: str) -> None:
         return
     tx.run("requeue_step", (StepState.QUEUED.value, burned, step["id"]))
     append_event(
-        tx, step["task_id"], "step_requeued", step["task_state"],
+        tx,
+        step["task_id"],
+        "step_requeued",
+        step["task_state"],
         {"step_id": step["id"], "attempt": step["attempt"], "why": why, "counted": counted},
-    )  # fmt: skip
+    )
     tx.note(Decision.REQUEUED, **about_step(tx, step), why=why, counted=counted, burned=burned)
     tx.wake(step["pool"])
 
@@ -69,11 +72,16 @@ def fail_task(tx: Tx, task: Row, reason: str) -> None:
     tx.run(
         "end_steps_of_failed_task",
         (
-            StepState.LEASED.value, StepState.FAILED.value, StepState.CANCELLED.value, task_id,
-            StepState.COMMITTED.value, StepState.FAILED.value,
-            OutboxState.SENDING.value, OutboxState.UNCERTAIN.value,
+            StepState.LEASED.value,
+            StepState.FAILED.value,
+            StepState.CANCELLED.value,
+            task_id,
+            StepState.COMMITTED.value,
+            StepState.FAILED.value,
+            OutboxState.SENDING.value,
+            OutboxState.UNCERTAIN.value,
         ),
-    )  # fmt: skip
+    )
     tx.note(
         Decision.FAILED, task_id=task_id, tenant=task["tenant"], pool=task["pool"], reason=reason
     )
@@ -160,20 +168,43 @@ def make_due(tx: Tx, step: Row) -> None:
     tx.run(
         "insert_due_effect",
         (
-            step["id"], step["task_id"], step["kind"],
-            effect_key(step["id"], step["payload_hash"]), int(keyed), dumps(request), digest,
-            state.value, deadline_s, tx.now + deadline_s if keyed else None, tx.now, tx.now,
+            step["id"],
+            step["task_id"],
+            step["kind"],
+            effect_key(step["id"], step["payload_hash"]),
+            int(keyed),
+            dumps(request),
+            digest,
+            state.value,
+            deadline_s,
+            tx.now + deadline_s if keyed else None,
+            tx.now,
+            tx.now,
         ),
-    )  # fmt: skip
+    )
     tx.run("mark_effect_step_due", (step["id"],))
     append_event(
-        tx, step["task_id"], "effect_due", TaskState.RUNNING,
-        {"step_id": step["id"], "kind": step["kind"], "keyed": keyed, "digest": digest,
-         "state": state.value},
-    )  # fmt: skip
+        tx,
+        step["task_id"],
+        "effect_due",
+        TaskState.RUNNING,
+        {
+            "step_id": step["id"],
+            "kind": step["kind"],
+            "keyed": keyed,
+            "digest": digest,
+            "state": state.value,
+        },
+    )
     tx.note(
-        Decision.EFFECT_DUE, task_id=step["task_id"], step_id=step["id"], kind=step["kind"],
-        keyed=keyed, state=state.value, tenant=step["tenant"], pool=step["pool"],
-    )  # fmt: skip
+        Decision.EFFECT_DUE,
+        task_id=step["task_id"],
+        step_id=step["id"],
+        kind=step["kind"],
+        keyed=keyed,
+        state=state.value,
+        tenant=step["tenant"],
+        pool=step["pool"],
+    )
     if keyed:
         tx.wake(EFFECTS)

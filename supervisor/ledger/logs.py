@@ -73,9 +73,15 @@ def _fields(fields: dict[str, Any]) -> str:
 
 def _row(tx: Tx, attempt: Row, level: str, event: str, fields_json: str) -> tuple[Any, ...]:
     return (
-        attempt["task_id"], attempt["step_id"], attempt["fence"], attempt["last_seq"],
-        level, event, fields_json, tx.now,
-    )  # fmt: skip
+        attempt["task_id"],
+        attempt["step_id"],
+        attempt["fence"],
+        attempt["last_seq"],
+        level,
+        event,
+        fields_json,
+        tx.now,
+    )
 
 
 def task_log(
@@ -110,19 +116,30 @@ def _event_entry(r: Row) -> TaskLogEntry:
     step_id = fields.get("step_id")
     fence = fields.get("fence")
     return TaskLogEntry(
-        source="journal", seq=r["seq"], at=iso(r["at"]), level="info",
-        event=r["kind"], state=r["state"],
+        source="journal",
+        seq=r["seq"],
+        at=iso(r["at"]),
+        level="info",
+        event=r["kind"],
+        state=r["state"],
         step_id=step_id if isinstance(step_id, str) else None,
         fence=fence if isinstance(fence, int) else None,
         fields={k: v for k, v in fields.items() if k not in ("step_id", "fence")},
-    )  # fmt: skip
+    )
 
 
 def _line_entry(r: Row) -> TaskLogEntry:
     fields = loads(r["fields_json"])
     return TaskLogEntry(
-        source="runner", seq=r["after_seq"], line=r["id"], at=iso(r["at"]),
-        level=r["level"], event=r["event"], step_id=r["step_id"], attempt=r["attempt"],
-        fence=r["fence"], runner_id=r["runner_id"],
+        source="runner",
+        seq=r["after_seq"],
+        line=r["id"],
+        at=iso(r["at"]),
+        level=r["level"],
+        event=r["event"],
+        step_id=r["step_id"],
+        attempt=r["attempt"],
+        fence=r["fence"],
+        runner_id=r["runner_id"],
         fields=fields if isinstance(fields, dict) else {},
-    )  # fmt: skip
+    )

@@ -73,9 +73,13 @@ def approve(
         observe_head(tx, tenant, repository, observed_head, approving=task_id)
     transition(tx, task_id, TaskState.QUEUED)
     tx.note(
-        Decision.APPROVED, task_id=task_id, tenant=tenant, pool=task["pool"], plan_hash=plan_hash,
+        Decision.APPROVED,
+        task_id=task_id,
+        tenant=tenant,
+        pool=task["pool"],
+        plan_hash=plan_hash,
         base_sha=base_sha,
-    )  # fmt: skip
+    )
     start(tx, identity.step_id_for(task_id, 0))
 
 
@@ -96,14 +100,21 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
     tx.run(
         "cancel_steps_of_task",
         (
-            StepState.CANCELLED.value, task_id, StepState.COMMITTED.value, StepState.FAILED.value,
-            OutboxState.SENDING.value, OutboxState.UNCERTAIN.value,
+            StepState.CANCELLED.value,
+            task_id,
+            StepState.COMMITTED.value,
+            StepState.FAILED.value,
+            OutboxState.SENDING.value,
+            OutboxState.UNCERTAIN.value,
         ),
-    )  # fmt: skip
+    )
     tx.note(
-        Decision.CANCELLED, task_id=task_id, tenant=tenant, pool=task["pool"],
+        Decision.CANCELLED,
+        task_id=task_id,
+        tenant=tenant,
+        pool=task["pool"],
         from_state=task["state"],
-    )  # fmt: skip
+    )
 
 
 def set_repository_head(tx: Tx, tenant: str, repository: str, sha: str) -> None:

@@ -36,11 +36,16 @@ def _held(tx: Tx, effect_id: str, holder: str) -> Row:
 
 def _to_outgoing(row: Row) -> Outgoing:
     return Outgoing(
-        effect_id=row["step_id"], task_id=row["task_id"], tenant=row["tenant"], kind=row["kind"],
-        effect_key=row["effect_key"], keyed=bool(row["keyed"]),
-        request=loads(row["request_json"]), digest=row["digest"],
+        effect_id=row["step_id"],
+        task_id=row["task_id"],
+        tenant=row["tenant"],
+        kind=row["kind"],
+        effect_key=row["effect_key"],
+        keyed=bool(row["keyed"]),
+        request=loads(row["request_json"]),
+        digest=row["digest"],
         deadline_at=math.inf if row["deadline_at"] is None else float(row["deadline_at"]),
-    )  # fmt: skip
+    )
 
 
 def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
@@ -70,10 +75,13 @@ def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
         taken += tx.all(
             "ready_effects",
             (
-                OutboxState.DUE.value, OutboxState.OPEN.value, tx.now,
-                *(s.value for s in TERMINAL), room,
+                OutboxState.DUE.value,
+                OutboxState.OPEN.value,
+                tx.now,
+                *(s.value for s in TERMINAL),
+                room,
             ),
-        )  # fmt: skip
+        )
     for row in taken:
         tx.run("hold_effect", (OutboxState.SENDING.value, holder, hold, row["step_id"]))
     return [_to_outgoing(row) for row in taken]
@@ -148,15 +156,23 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     tx.run(
         "answer_delivery",
         (
-            tx.now, kind, sent, answer.status, answer.detail[:DETAIL_MAX],
-            answer.code if isinstance(answer, Undeliverable) else None, effect_id, attempt,
+            tx.now,
+            kind,
+            sent,
+            answer.status,
+            answer.detail[:DETAIL_MAX],
+            answer.code if isinstance(answer, Undeliverable) else None,
+            effect_id,
+            attempt,
         ),
-    )  # fmt: skip
+    )
     if isinstance(answer, Delivered):
         observation = {
-            "status": answer.status, "detail": answer.detail[:DETAIL_MAX],
-            "replayed": answer.replayed, "attempt": attempt,
-        }  # fmt: skip
+            "status": answer.status,
+            "detail": answer.detail[:DETAIL_MAX],
+            "replayed": answer.replayed,
+            "attempt": attempt,
+        }
         deliver(tx, row, observation)
     elif isinstance(answer, Undeliverable):
         outbox_rows.set_state(tx, effect_id, OutboxState.FAILED)
@@ -200,21 +216,39 @@ def deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
     tx.run(
         "insert_delivered_effect",
         (
-            row["effect_key"], effect_id, row["task_id"], EFFECT_FENCE, step["payload_hash"],
-            dumps(observation), NO_USAGE, tx.now,
+            row["effect_key"],
+            effect_id,
+            row["task_id"],
+            EFFECT_FENCE,
+            step["payload_hash"],
+            dumps(observation),
+            NO_USAGE,
+            tx.now,
         ),
-    )  # fmt: skip
+    )
     tx.run("commit_delivered_step", (dumps(observation), tx.now, effect_id))
     append_event(
-        tx, row["task_id"], "step_committed", step["task_state"],
-        {"step_id": effect_id, "effect_key": row["effect_key"], "delivered": True,
-         "replayed": bool(observation.get("replayed"))},
-    )  # fmt: skip
+        tx,
+        row["task_id"],
+        "step_committed",
+        step["task_state"],
+        {
+            "step_id": effect_id,
+            "effect_key": row["effect_key"],
+            "delivered": True,
+            "replayed": bool(observation.get("replayed")),
+        },
+    )
     tx.note(
-        Decision.COMMITTED, task_id=row["task_id"], step_id=effect_id, kind=row["kind"],
-        effect_key=row["effect_key"], tenant=row["tenant"], pool=step["pool"],
+        Decision.COMMITTED,
+        task_id=row["task_id"],
+        step_id=effect_id,
+        kind=row["kind"],
+        effect_key=row["effect_key"],
+        tenant=row["tenant"],
+        pool=step["pool"],
         replayed=bool(observation.get("replayed")),
-    )  # fmt: skip
+    )
     if TaskState(step["task_state"]) not in TERMINAL:
         advance(tx, step)
 

@@ -59,19 +59,30 @@ def open_gate(tx: Tx, tenant: str, task_id: str, step_name: str, digest: str, by
     tx.run(
         "open_effect_gate",
         (
-            OutboxState.OPEN.value, row["openings"] + 1, digest, tx.now + row["deadline_s"],
-            tx.now, row["step_id"],
+            OutboxState.OPEN.value,
+            row["openings"] + 1,
+            digest,
+            tx.now + row["deadline_s"],
+            tx.now,
+            row["step_id"],
         ),
-    )  # fmt: skip
+    )
     _decided(tx, row, "open", by, digest)
     append_event(
-        tx, task_id, "gate_opened", row["task_state"],
+        tx,
+        task_id,
+        "gate_opened",
+        row["task_state"],
         {"step_id": row["step_id"], "digest": digest, "by": by},
-    )  # fmt: skip
+    )
     tx.note(
-        Decision.GATE_OPENED, task_id=task_id, step_id=row["step_id"], by=by, digest=digest,
+        Decision.GATE_OPENED,
+        task_id=task_id,
+        step_id=row["step_id"],
+        by=by,
+        digest=digest,
         tenant=tenant,
-    )  # fmt: skip
+    )
     tx.wake(EFFECTS)
 
 
@@ -93,10 +104,15 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
     if happened:
         _decided(tx, row, "happened", by, row["digest"])
         deliver(
-            tx, row,
-            {"status": None, "detail": f"an operator ({by}) said it happened", "replayed": False,
-             "by": by},
-        )  # fmt: skip
+            tx,
+            row,
+            {
+                "status": None,
+                "detail": f"an operator ({by}) said it happened",
+                "replayed": False,
+                "by": by,
+            },
+        )
         return
     if row["said_no"]:
         raise EffectNotGated(

@@ -42,10 +42,12 @@ def render_request(tx: Tx, step: Row, task: Row, payload: dict[str, Any]) -> dic
             raise NoCandidate("no step of the task reported a candidate to push")
         check_push(payload.get("branch"))
         return {
-            "url": remote.url, "branch": payload.get("branch"),
-            "expected": task["approved_base_sha"], "candidate": candidate,
+            "url": remote.url,
+            "branch": payload.get("branch"),
+            "expected": task["approved_base_sha"],
+            "candidate": candidate,
             "credential": payload.get("credential"),
-        }  # fmt: skip
+        }
     outputs = {
         r["name"]: loads(r["output_json"])
         for r in tx.all("committed_outputs_before", (task["id"], step["position"]))

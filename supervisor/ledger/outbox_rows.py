@@ -61,13 +61,20 @@ def maybe_sent(attempts: list[Row]) -> bool:
 def make_uncertain(tx: Tx, row: Row, why: str) -> None:
     set_state(tx, row["step_id"], OutboxState.UNCERTAIN)
     append_event(
-        tx, row["task_id"], "effect_uncertain", row["task_state"],
+        tx,
+        row["task_id"],
+        "effect_uncertain",
+        row["task_state"],
         {"step_id": row["step_id"], "why": why},
-    )  # fmt: skip
+    )
     tx.note(
-        Decision.EFFECT_UNCERTAIN, task_id=row["task_id"], step_id=row["step_id"],
-        kind=row["kind"], why=why, tenant=row["tenant"],
-    )  # fmt: skip
+        Decision.EFFECT_UNCERTAIN,
+        task_id=row["task_id"],
+        step_id=row["step_id"],
+        kind=row["kind"],
+        why=why,
+        tenant=row["tenant"],
+    )
 
 
 def settle_ended(tx: Tx, row: Row, why: str) -> None:
@@ -86,9 +93,12 @@ def withdraw(tx: Tx, row: Row, why: str, **data: Any) -> None:
     set_state(tx, row["step_id"], OutboxState.WITHDRAWN)
     tx.run("cancel_effect_step", (row["step_id"],))
     append_event(
-        tx, row["task_id"], "effect_withdrawn", row["task_state"],
+        tx,
+        row["task_id"],
+        "effect_withdrawn",
+        row["task_state"],
         {"step_id": row["step_id"], "why": why, **data},
-    )  # fmt: skip
+    )
 
 
 def end_with_task(tx: Tx, task_id: str) -> None:

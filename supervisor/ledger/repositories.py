@@ -184,11 +184,14 @@ def committed_candidates(s: Statements, url: str) -> list[Candidate]:
     """Every committed candidate (with a bundle) of the tasks of repositories read from `url`."""
     return [
         Candidate(
-            task_id=r["task_id"], step_id=r["step_id"], fence=r["fence"],
-            sha=r["candidate_sha"], bundle=r["bundle"],
+            task_id=r["task_id"],
+            step_id=r["step_id"],
+            fence=r["fence"],
+            sha=r["candidate_sha"],
+            bundle=r["bundle"],
         )
         for r in s.all("committed_candidates_of_url", (url,))
-    ]  # fmt: skip
+    ]
 
 
 def _find(s: Statements, tenant: str, name: str) -> Repository | None:

@@ -121,10 +121,15 @@ def about_step(tx: Tx, step: Row) -> dict[str, object]:
         attempt = tx.one("attempt_token", (step["fence"],))
         token_id = None if attempt is None else attempt["token_id"]
     return {
-        "task_id": step["task_id"], "step_id": step["id"], "attempt": step["attempt"],
-        "fence": step["fence"], "runner_id": step["runner_id"], "token_id": token_id,
-        "tenant": step["tenant"], "pool": step["pool"],
-    }  # fmt: skip
+        "task_id": step["task_id"],
+        "step_id": step["id"],
+        "attempt": step["attempt"],
+        "fence": step["fence"],
+        "runner_id": step["runner_id"],
+        "token_id": token_id,
+        "tenant": step["tenant"],
+        "pool": step["pool"],
+    }
 
 
 def end_attempt(tx: Tx, step_id: str, fence: int, state: AttemptState, reason: str) -> None:

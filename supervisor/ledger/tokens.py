@@ -97,9 +97,14 @@ def revoke_token(tx: Tx, token: str) -> TokenRecord:
 
 def _record(row: Row) -> TokenRecord:
     return TokenRecord(
-        id=row["id"], scope=row["scope"], role=Role(row["role"]), created_at=row["created_at"],
-        revoked=row["revoked_at"] is not None, name=row["name"], last_used_at=row["last_used_at"],
-    )  # fmt: skip
+        id=row["id"],
+        scope=row["scope"],
+        role=Role(row["role"]),
+        created_at=row["created_at"],
+        revoked=row["revoked_at"] is not None,
+        name=row["name"],
+        last_used_at=row["last_used_at"],
+    )
 
 
 def list_tokens(s: Statements) -> list[TokenRecord]:
@@ -112,9 +117,11 @@ def authenticate(s: Statements, secret: str) -> Principal | None:
     if row is None:
         return None
     return Principal(
-        token_id=row["id"], scope=row["scope"], role=Role(row["role"]),
+        token_id=row["id"],
+        scope=row["scope"],
+        role=Role(row["role"]),
         last_used_at=row["last_used_at"],
-    )  # fmt: skip
+    )
 
 
 def use_is_stale(principal: Principal, now: float) -> bool:

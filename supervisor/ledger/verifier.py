@@ -69,18 +69,33 @@ def _add_verify_step(tx: Tx, task: Row, sha: str, bundle: str, setup: list[str])
     tx.run(
         "insert_verify_step",
         (
-            step_id, task_id, position["n"], task["created_order"], VERIFY_STEP_NAME,
-            VERIFY_KIND, dumps(payload), content_hash(payload), sha, bundle,
+            step_id,
+            task_id,
+            position["n"],
+            task["created_order"],
+            VERIFY_STEP_NAME,
+            VERIFY_KIND,
+            dumps(payload),
+            content_hash(payload),
+            sha,
+            bundle,
         ),
-    )  # fmt: skip
+    )
     append_event(
-        tx, task_id, "verifier_asked", task["state"],
+        tx,
+        task_id,
+        "verifier_asked",
+        task["state"],
         {"step_id": step_id, "candidate_sha": sha, "pool": pool},
-    )  # fmt: skip
+    )
     tx.note(
-        Decision.VERIFIER_ASKED, task_id=task_id, step_id=step_id, candidate_sha=sha,
-        tenant=task["tenant"], pool=pool,
-    )  # fmt: skip
+        Decision.VERIFIER_ASKED,
+        task_id=task_id,
+        step_id=step_id,
+        candidate_sha=sha,
+        tenant=task["tenant"],
+        pool=pool,
+    )
     tx.wake(pool)
 
 
@@ -103,10 +118,16 @@ def note_dispute(tx: Tx, step: Row) -> None:
     disputes = verifier_findings(tx, task["id"], sha, expected, check_runs_at(tx, task["id"], sha))
     if disputes:
         tx.note(
-            Decision.CHECKS_DISPUTED, task_id=task["id"], step_id=step["id"], candidate_sha=sha,
-            tenant=task["tenant"], pool=task["verify_pool"], reason=disputes[0].reason,
-            maker_token=_maker_token(tx, task["id"], sha), verifier_token=_token(tx, step["id"]),
-        )  # fmt: skip
+            Decision.CHECKS_DISPUTED,
+            task_id=task["id"],
+            step_id=step["id"],
+            candidate_sha=sha,
+            tenant=task["tenant"],
+            pool=task["verify_pool"],
+            reason=disputes[0].reason,
+            maker_token=_maker_token(tx, task["id"], sha),
+            verifier_token=_token(tx, step["id"]),
+        )
 
 
 def _maker_token(s: Statements, task_id: str, sha: str) -> str | None:

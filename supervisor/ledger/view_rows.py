@@ -38,13 +38,21 @@ def base_sha(task: Row) -> str | None:
 def task_summary(task: Row, waiting_for: WaitingFor | None) -> TaskSummary:
     """A row of a tenant's page of tasks (`tenant_tasks_page` and its kin)."""
     return TaskSummary(
-        id=task["id"], tenant=task["tenant"], idempotency_key=task["idempotency_key"],
-        state=task["state"], reason=task["reason"], plan_hash=task["plan_hash"],
-        base_sha=base_sha(task), repository=task["repository"], pool=task["pool"],
-        seq=task["last_seq"], created_at=iso(task["created_at"]),
-        steps_committed=task["steps_committed"], steps_total=task["steps_total"],
+        id=task["id"],
+        tenant=task["tenant"],
+        idempotency_key=task["idempotency_key"],
+        state=task["state"],
+        reason=task["reason"],
+        plan_hash=task["plan_hash"],
+        base_sha=base_sha(task),
+        repository=task["repository"],
+        pool=task["pool"],
+        seq=task["last_seq"],
+        created_at=iso(task["created_at"]),
+        steps_committed=task["steps_committed"],
+        steps_total=task["steps_total"],
         waiting_for=waiting_for,
-    )  # fmt: skip
+    )
 
 
 def task_detail(
@@ -60,13 +68,26 @@ def task_detail(
 ) -> TaskDetail:
     """A row of `tasks` with what the task view read beside it."""
     return TaskDetail(
-        id=task["id"], tenant=task["tenant"], idempotency_key=task["idempotency_key"],
-        state=task["state"], reason=task["reason"], plan_hash=task["plan_hash"],
-        base_sha=base_sha(task), repository=task["repository"], pool=task["pool"],
-        seq=task["last_seq"], created_at=iso(task["created_at"]), plan=plan,
-        waiting_for=waiting_for, budget=budget, steps=steps, findings=findings,
-        verify_pool=task["verify_pool"], checks_standing=checks_standing, rejections=rejections,
-    )  # fmt: skip
+        id=task["id"],
+        tenant=task["tenant"],
+        idempotency_key=task["idempotency_key"],
+        state=task["state"],
+        reason=task["reason"],
+        plan_hash=task["plan_hash"],
+        base_sha=base_sha(task),
+        repository=task["repository"],
+        pool=task["pool"],
+        seq=task["last_seq"],
+        created_at=iso(task["created_at"]),
+        plan=plan,
+        waiting_for=waiting_for,
+        budget=budget,
+        steps=steps,
+        findings=findings,
+        verify_pool=task["verify_pool"],
+        checks_standing=checks_standing,
+        rejections=rejections,
+    )
 
 
 def plan(task: Row, steps: list[Row]) -> PlanView:
@@ -101,30 +122,47 @@ def step_detail(
 ) -> StepDetail:
     """A row of `steps_of_task_view`, in the `state` views show, with what was read beside it."""
     return StepDetail(
-        id=step["id"], name=step["name"], kind=step["kind"], state=state,
-        payload_hash=step["payload_hash"], effect_key=step["effect_key"], fence=step["fence"],
-        output=loads(step["output_json"]), candidate_sha=step["candidate_sha"],
-        bundle=step["bundle"], checks=checks, problems=problems, checkpoint=checkpoint,
-        attempts=attempts, effect=effect,
-    )  # fmt: skip
+        id=step["id"],
+        name=step["name"],
+        kind=step["kind"],
+        state=state,
+        payload_hash=step["payload_hash"],
+        effect_key=step["effect_key"],
+        fence=step["fence"],
+        output=loads(step["output_json"]),
+        candidate_sha=step["candidate_sha"],
+        bundle=step["bundle"],
+        checks=checks,
+        problems=problems,
+        checkpoint=checkpoint,
+        attempts=attempts,
+        effect=effect,
+    )
 
 
 def attempt(row: Row) -> AttemptView:
     """A row of `attempts_of_task`."""
     return AttemptView(
-        attempt=row["attempt"], fence=row["fence"], runner_id=row["runner_id"],
-        token_id=row["token_id"], state=row["state"], reason=row["reason"],
-        granted_at=iso(row["granted_at"]), ended_at=iso(row["ended_at"]),
+        attempt=row["attempt"],
+        fence=row["fence"],
+        runner_id=row["runner_id"],
+        token_id=row["token_id"],
+        state=row["state"],
+        reason=row["reason"],
+        granted_at=iso(row["granted_at"]),
+        ended_at=iso(row["ended_at"]),
         usage=loads(row["usage_json"]),
-    )  # fmt: skip
+    )
 
 
 def check_run(row: Row) -> CheckRunView:
     """A row of `check_runs_of_task`."""
     return CheckRunView(
-        name=row["name"], log=row["log_digest"], exit_code=row["exit_code"],
+        name=row["name"],
+        log=row["log_digest"],
+        exit_code=row["exit_code"],
         duration_s=row["duration_s"],
-    )  # fmt: skip
+    )
 
 
 def observed_check(row: Row) -> ObservedCheck:
@@ -147,11 +185,16 @@ def rejection(row: Row) -> Rejection:
 def delivery(row: Row) -> DeliveryView:
     """A row of `deliveries_of_task`."""
     return DeliveryView(
-        attempt=row["attempt"], started_at=iso(row["started_at"]),
-        ended_at=iso(row["ended_at"]), answer=row["answer"],
-        sent=None if row["sent"] is None else bool(row["sent"]), status=row["status"],
-        detail=row["detail"], error=row["error"], opening=row["opening"],
-    )  # fmt: skip
+        attempt=row["attempt"],
+        started_at=iso(row["started_at"]),
+        ended_at=iso(row["ended_at"]),
+        answer=row["answer"],
+        sent=None if row["sent"] is None else bool(row["sent"]),
+        status=row["status"],
+        detail=row["detail"],
+        error=row["error"],
+        opening=row["opening"],
+    )
 
 
 def gate_opening(row: Row) -> GateView:
@@ -172,11 +215,18 @@ def effect(
 ) -> EffectView:
     """A row of `outbox_of_task` with its deliveries and the operators' decisions on it."""
     return EffectView(
-        kind=row["kind"], keyed=bool(row["keyed"]), state=row["state"],
-        request=loads(row["request_json"]), digest=row["digest"], key=row["effect_key"],
-        deadline_at=iso(row["deadline_at"]), openings=row["openings"], deliveries=deliveries,
-        gate=gate, resolved=resolved,
-    )  # fmt: skip
+        kind=row["kind"],
+        keyed=bool(row["keyed"]),
+        state=row["state"],
+        request=loads(row["request_json"]),
+        digest=row["digest"],
+        key=row["effect_key"],
+        deadline_at=iso(row["deadline_at"]),
+        openings=row["openings"],
+        deliveries=deliveries,
+        gate=gate,
+        resolved=resolved,
+    )
 
 
 def workspace_removal(row: Row) -> WorkspaceRemoval | None:
@@ -187,14 +237,21 @@ def workspace_removal(row: Row) -> WorkspaceRemoval | None:
     if not isinstance(cleanup, dict):
         return None
     return WorkspaceRemoval(
-        step_id=row["id"], path=cleanup.get("path"), bytes_removed=cleanup.get("bytes_removed"),
-        files_removed=cleanup.get("files_removed"), gone=cleanup.get("gone"),
-    )  # fmt: skip
+        step_id=row["id"],
+        path=cleanup.get("path"),
+        bytes_removed=cleanup.get("bytes_removed"),
+        files_removed=cleanup.get("files_removed"),
+        gone=cleanup.get("gone"),
+    )
 
 
 def event(row: Row) -> Event:
     """A row of `events_after`."""
     return Event(
-        seq=row["seq"], task_id=row["task_id"], kind=row["kind"], state=row["state"],
-        data=loads(row["data_json"]), at=iso(row["at"]),
-    )  # fmt: skip
+        seq=row["seq"],
+        task_id=row["task_id"],
+        kind=row["kind"],
+        state=row["state"],
+        data=loads(row["data_json"]),
+        at=iso(row["at"]),
+    )

@@ -128,18 +128,22 @@ def waiting_for(s: Statements, task: Row, now: float) -> WaitingFor | None:
         and spending["tokens_used"] >= spending["token_budget"]
     ):
         return WaitingFor(
-            reason="budget", tenant=task["tenant"], spent=spending["tokens_used"],
+            reason="budget",
+            tenant=task["tenant"],
+            spent=spending["tokens_used"],
             budget=spending["token_budget"],
-        )  # fmt: skip
+        )
     # A verify step waits for a runner of the task's verifier pool.
     pool = task["verify_pool"] if step["kind"] == VERIFY_KIND else task["pool"]
     seen = s.one("runners_last_seen", (step["kind"], pool))
     assert seen is not None  # an aggregate without GROUP BY: always one row
     return WaitingFor(
-        reason="runner", pool=pool, kind=step["kind"],
+        reason="runner",
+        pool=pool,
+        kind=step["kind"],
         last_seen_s=_ago(now, seen["this_kind"]),
         pool_last_seen_s=_ago(now, seen["any_kind"]),
-    )  # fmt: skip
+    )
 
 
 def tenant_budget(s: Statements, tenant: str) -> Budget | None:
@@ -264,10 +268,22 @@ def list_tasks(
         rows = s.all(
             "tenant_tasks_search_page",
             (
-                committed, tenant, cursor, state, state, id_prefix, id_prefix, id_prefix, text,
-                search.repository, search.repository, search.pool, search.pool, limit + 1,
+                committed,
+                tenant,
+                cursor,
+                state,
+                state,
+                id_prefix,
+                id_prefix,
+                id_prefix,
+                text,
+                search.repository,
+                search.repository,
+                search.pool,
+                search.pool,
+                limit + 1,
             ),
-        )  # fmt: skip
+        )
     elif state is None:
         rows = s.all("tenant_tasks_page", (committed, tenant, cursor, limit + 1))
     else:
@@ -396,22 +412,27 @@ def pool_status(s: Statements, now: float, also: Iterable[str] = ()) -> list[Poo
         for r in s.all(
             "pool_queues",
             (
-                StepState.QUEUED.value, StepState.LEASED.value, StepState.QUEUED.value,
-                StepState.QUEUED.value, StepState.LEASED.value,
-                TaskState.QUEUED.value, TaskState.RUNNING.value,
+                StepState.QUEUED.value,
+                StepState.LEASED.value,
+                StepState.QUEUED.value,
+                StepState.QUEUED.value,
+                StepState.LEASED.value,
+                TaskState.QUEUED.value,
+                TaskState.RUNNING.value,
             ),
         )
-    }  # fmt: skip
+    }
     online = {(r.pool, r.runner_id) for r in runners(s, now) if r.online}
     seen: dict[str, list[RunnerSeen]] = {}
     for r in s.all("runners_seen_since", (now - RUNNER_RECENT_S,)):
         seen.setdefault(r["pool"], []).append(
             RunnerSeen(
-                runner_id=r["runner_id"], kinds=tuple(loads(r["kinds_json"])),
+                runner_id=r["runner_id"],
+                kinds=tuple(loads(r["kinds_json"])),
                 last_seen_s=_ago(now, r["last_seen"]) or 0.0,
                 online=(r["pool"], r["runner_id"]) in online,
             )
-        )  # fmt: skip
+        )
     pools = sorted(set(queues) | set(seen) | set(also))
     return [
         PoolStatus(
@@ -452,10 +473,15 @@ def runners(s: Statements, now: float) -> list[RunnerRow]:
     rows = s.all("runners_with_leases", (AttemptState.LEASED.value,))
     return [
         RunnerRow(
-            pool=r["pool"], runner_id=r["runner_id"], kinds=tuple(loads(r["kinds_json"])),
-            in_flight=int(r["in_flight"]), first_seen=r["first_seen"], last_seen=r["last_seen"],
-            last_seen_s=_ago(now, r["last_seen"]) or 0.0, token_name=r["token_name"],
+            pool=r["pool"],
+            runner_id=r["runner_id"],
+            kinds=tuple(loads(r["kinds_json"])),
+            in_flight=int(r["in_flight"]),
+            first_seen=r["first_seen"],
+            last_seen=r["last_seen"],
+            last_seen_s=_ago(now, r["last_seen"]) or 0.0,
+            token_name=r["token_name"],
             online=runner_online(now, r["last_seen"], int(r["in_flight"])),
         )
         for r in rows
-    ]  # fmt: skip
+    ]

@@ -58,14 +58,18 @@ class SharedCandidates:
             except (FileNotFoundError, MirrorError) as exc:
                 log.warning(
                     "a committed candidate could not be brought back into its mirror",
-                    repository=redact(url), task_id=c.task_id, step_id=c.step_id,
-                    candidate=c.sha, error=str(exc),
-                )  # fmt: skip
+                    repository=redact(url),
+                    task_id=c.task_id,
+                    step_id=c.step_id,
+                    candidate=c.sha,
+                    error=str(exc),
+                )
             else:
                 restored += 1
         if restored:
-            log.info("candidates brought back into a new mirror", repository=redact(url),
-                     count=restored)  # fmt: skip
+            log.info(
+                "candidates brought back into a new mirror", repository=redact(url), count=restored
+            )
         return restored
 
     async def bring(self, mirrors: Mirrors, url: str, task_id: str, sha: str) -> str | None:

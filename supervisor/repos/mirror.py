@@ -57,11 +57,15 @@ _NEUTRAL_CWD = Path("/")  # ls-remote needs no repository; "/" is never one we m
 # received objects kept as one pack, never loose; an automatic gc in the foreground, inside the
 # command and so before the folders are synced after it, never detached past it.
 HARDENED = (
-    "-c", "core.fsync=objects,derived-metadata,reference",
-    "-c", "core.fsyncMethod=fsync",
-    "-c", "transfer.unpackLimit=1",
-    "-c", "gc.autoDetach=false",
-)  # fmt: skip
+    "-c",
+    "core.fsync=objects,derived-metadata,reference",
+    "-c",
+    "core.fsyncMethod=fsync",
+    "-c",
+    "transfer.unpackLimit=1",
+    "-c",
+    "gc.autoDetach=false",
+)
 
 
 class MirrorError(Exception):
@@ -388,10 +392,17 @@ class Mirrors:
         # A push to a URL (no remote configured) writes nothing to the mirror; `_write` would
         # sync what it did if it ever did (remote-tracking refs).
         done = await _write(
-            mirror, "push", "--porcelain", "--no-verify", f"--force-with-lease={ref}:{expected}",
-            "--", url, f"{sha}:{ref}",
-            env=env, check=False,
-        )  # fmt: skip
+            mirror,
+            "push",
+            "--porcelain",
+            "--no-verify",
+            f"--force-with-lease={ref}:{expected}",
+            "--",
+            url,
+            f"{sha}:{ref}",
+            env=env,
+            check=False,
+        )
         if done.returncode == 0:
             return
         refused = [line for line in done.text.splitlines() if line.startswith("!")]

@@ -132,9 +132,12 @@ async def _happened(request: Request, who: Principal) -> Response:
             raise ApiError(ErrorCode.INVALID_FIELD, "'happened' must be yes or no")
         ask = _record({"happened": _SAID[said]}, EffectHappened)
         await pages.ledger_of(request).resolve_effect(
-            who.scope, request.path_params["task_id"], _step_of(fields), ask.happened,
+            who.scope,
+            request.path_params["task_id"],
+            _step_of(fields),
+            ask.happened,
             who.token_id,
-        )  # fmt: skip
+        )
 
     return await _act(request, who, act)
 

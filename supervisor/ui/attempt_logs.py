@@ -26,9 +26,13 @@ async def lines_by_fence(ledger: LedgerStore, task_id: str, tenant: str) -> dict
             if entry.source != "runner" or entry.fence is None:
                 continue
             found[entry.fence].append(
-                {"at": entry.at, "level": entry.level, "event": one_line(entry.event),
-                 "fields": fields_text(entry.fields)}
-            )  # fmt: skip
+                {
+                    "at": entry.at,
+                    "level": entry.level,
+                    "event": one_line(entry.event),
+                    "fields": fields_text(entry.fields),
+                }
+            )
             shown += 1
         after_seq, after_line = page.next_seq, page.next_line
     return dict(found)

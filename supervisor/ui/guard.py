@@ -59,9 +59,12 @@ def signed(handler: Handler, *, redirect: bool = True) -> Endpoint:
         except session.WriteRefused as exc:
             client = request.client.host if request.client else None
             log.warning(
-                "write refused", path=request.url.path, client=client, detail=exc.detail,
+                "write refused",
+                path=request.url.path,
+                client=client,
+                detail=exc.detail,
                 token_id=who.token_id,
-            )  # fmt: skip
+            )
             return render.message(request, "Refused", exc.detail, 403)
         except (ApiError, LedgerError) as exc:
             code, detail = refusal(exc, request.url.path)

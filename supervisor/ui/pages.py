@@ -31,23 +31,52 @@ SEARCH_MAX: Final = 200
 # key and its value, so a field the ledger adds appears without a template change.
 TASK_SHOWN: Final = frozenset(
     {
-        "id", "tenant", "idempotency_key", "state", "reason", "plan_hash", "base_sha",
-        "repository", "pool", "seq", "created_at", "waiting_for", "budget", "steps",
-        "rejections", "plan",
+        "id",
+        "tenant",
+        "idempotency_key",
+        "state",
+        "reason",
+        "plan_hash",
+        "base_sha",
+        "repository",
+        "pool",
+        "seq",
+        "created_at",
+        "waiting_for",
+        "budget",
+        "steps",
+        "rejections",
+        "plan",
     }
-)  # fmt: skip
+)
 STEP_SHOWN: Final = frozenset(
     {
-        "id", "name", "kind", "state", "payload_hash", "effect_key", "fence", "output",
-        "candidate_sha", "attempts", "effect",
+        "id",
+        "name",
+        "kind",
+        "state",
+        "payload_hash",
+        "effect_key",
+        "fence",
+        "output",
+        "candidate_sha",
+        "attempts",
+        "effect",
     }
-)  # fmt: skip
+)
 ATTEMPT_SHOWN: Final = frozenset(
     {
-        "attempt", "fence", "runner_id", "token_id", "state", "reason", "granted_at",
-        "ended_at", "usage",
+        "attempt",
+        "fence",
+        "runner_id",
+        "token_id",
+        "state",
+        "reason",
+        "granted_at",
+        "ended_at",
+        "usage",
     }
-)  # fmt: skip
+)
 
 
 def ledger_of(request: Request) -> LedgerStore:
@@ -195,14 +224,20 @@ async def _listing(request: Request, who: Principal) -> dict[str, Any]:
     found = await ledger_of(request).list_tasks(who.scope, state, cursor, limit, search)
     short = render.short_ids([t.id for t in found.tasks])
     keep = {
-        "state": state, "q": search.text, "repository": search.repository, "pool": search.pool,
+        "state": state,
+        "q": search.text,
+        "repository": search.repository,
+        "pool": search.pool,
         "limit": None if limit == PAGE_SIZE else limit,
-    }  # fmt: skip
+    }
     return {
-        "who": who, "tasks": [{**_fields(t), "short_id": short[t.id]} for t in found.tasks],
-        "next": found.next, "keep": {k: v for k, v in keep.items() if v is not None},
-        "cursor": cursor, **keep,
-    }  # fmt: skip
+        "who": who,
+        "tasks": [{**_fields(t), "short_id": short[t.id]} for t in found.tasks],
+        "next": found.next,
+        "keep": {k: v for k, v in keep.items() if v is not None},
+        "cursor": cursor,
+        **keep,
+    }
 
 
 async def _tasks(request: Request, who: Principal) -> Response:
@@ -219,9 +254,10 @@ async def _fleet(request: Request, who: Principal) -> dict[str, Any]:
     shared: frozenset[str] = request.app.state.settings.shared_pool_names
     ledger = ledger_of(request)
     pools = [
-        p for p in await ledger.pools(also={*shared, who.scope})
+        p
+        for p in await ledger.pools(also={*shared, who.scope})
         if may_use_pool(who.scope, p.pool, shared)
-    ]  # fmt: skip
+    ]
     usable = {p.pool for p in pools}
     seen = [r for r in await ledger.runners() if r.pool in usable]
     return {"who": who, "pools": pools, "runners": seen, "online": sum(r.online for r in seen)}

@@ -151,14 +151,21 @@ async def checked_form(request: Request) -> dict[str, str]:
 def keep(response: Response, request: Request, session_id: str) -> None:
     """Set the session cookie on `response`."""
     response.set_cookie(
-        COOKIE, session_id, path=PATH, httponly=True, samesite="strict",
+        COOKIE,
+        session_id,
+        path=PATH,
+        httponly=True,
+        samesite="strict",
         secure=request.url.scheme == "https",
-    )  # fmt: skip
+    )
 
 
 def forget(response: Response, request: Request) -> None:
     """Clear the session cookie on `response`."""
     response.delete_cookie(
-        COOKIE, path=PATH, httponly=True, samesite="strict",
+        COOKIE,
+        path=PATH,
+        httponly=True,
+        samesite="strict",
         secure=request.url.scheme == "https",
-    )  # fmt: skip
+    )

@@ -53,9 +53,13 @@ class EagerGrant:
     async def _grant(self, want: WantLeases, reported: list[tuple[str, int]]) -> None:
         try:
             self.leases = await self._parts.ledger.claim_after(
-                reported, want.runner_id, self._pool, want.leases,
-                token_id=self._token_id, kinds=want.kinds,
-            )  # fmt: skip
+                reported,
+                want.runner_id,
+                self._pool,
+                want.leases,
+                token_id=self._token_id,
+                kinds=want.kinds,
+            )
         except LedgerError as exc:  # the results stand; the runner's claim finds the work
             log.warning("eager grant failed", code=exc.code.value, detail=exc.detail)
 
@@ -95,9 +99,11 @@ async def on_current_heads(parts: Parts, leases: list[Lease], pool: str) -> list
             heads[url] = await read_head(parts.mirrors, binding)
         except RepositoryUnavailable as exc:
             log.warning(
-                "head not read at grant", repository=binding.repository, url=redact(url),
+                "head not read at grant",
+                repository=binding.repository,
+                url=redact(url),
                 detail=exc.detail,
-            )  # fmt: skip
+            )
 
     async with anyio.create_task_group() as tg:
         for lease in bound:

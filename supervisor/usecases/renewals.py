@@ -28,9 +28,12 @@ async def renew_many(
             answers[n] = refusal(lease.step_id, exc)
         else:
             answers[n] = RenewalItem(
-                step_id=lease.step_id, ttl_s=r.ttl_s, renew_every_s=r.renew_every_s,
-                cancelled=r.cancelled, budget_exhausted=r.budget_exhausted,
-            )  # fmt: skip
+                step_id=lease.step_id,
+                ttl_s=r.ttl_s,
+                renew_every_s=r.renew_every_s,
+                cancelled=r.cancelled,
+                budget_exhausted=r.budget_exhausted,
+            )
 
     async with anyio.create_task_group() as tg:
         for n, lease in enumerate(held):

@@ -46,9 +46,15 @@ async def evidence_for(parts: Parts, report: Report, pool: str, token_id: str) -
     if binding is None:
         return None
     return await gather(
-        parts.mirrors, parts.artifacts, ledger, binding, report,
-        step_id=report.step_id, fence=report.fence, pool=binding.pool,
-    )  # fmt: skip
+        parts.mirrors,
+        parts.artifacts,
+        ledger,
+        binding,
+        report,
+        step_id=report.step_id,
+        fence=report.fence,
+        pool=binding.pool,
+    )
 
 
 async def report_one(

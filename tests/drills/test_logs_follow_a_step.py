@@ -82,8 +82,10 @@ def test_one_steps_grant_expiry_replay_and_commit_read_from_both_logs(cluster: C
     assert (first["runner_id"], first["attempt"]) == ("runner-a", 1)
     for line in (expired, requeued):
         assert (line["step_id"], line["fence"], line["runner_id"]) == (
-            step_id, first["fence"], "runner-a",
-        )  # fmt: skip
+            step_id,
+            first["fence"],
+            "runner-a",
+        )
     assert expired["level"] == "warning"
     assert (second["runner_id"], second["attempt"], second["step_id"]) == ("runner-b", 2, step_id)
     assert second["fence"] > first["fence"]
@@ -109,8 +111,11 @@ def test_one_steps_grant_expiry_replay_and_commit_read_from_both_logs(cluster: C
     noisy.write_text("Traceback (most recent call last): not JSON\n" + sup.log_path.read_text())
     done = subprocess.run(
         [jq, "-cR", "--arg", "t", task_id, RECIPE, str(noisy), str(a.log_path), str(b.log_path)],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     followed = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["event"] for e in followed[: len(story)]] == decisions
     assert len(followed) == len(story) + len(about(a.log_path, task_id)) + len(

@@ -52,18 +52,30 @@ TENANT, POOL, REPOSITORY = "acme", "default", "app"
 MARK = "AGENT-STEP"  # in an agent step's prompt: what the stand-in's script answers
 SCRIPT = {
     "turns": [
-        {"name": "write", "assistant_turns": 0, "last_contains": MARK, "tool_calls": [
-            {"name": "write_file", "arguments": {"path": "src/work.txt", "content": "done\n"}}]},
+        {
+            "name": "write",
+            "assistant_turns": 0,
+            "last_contains": MARK,
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "src/work.txt", "content": "done\n"}}
+            ],
+        },
         {"name": "done", "assistant_turns": 1, "text": "Done."},
     ]
-}  # fmt: skip
+}
 AGENT_PLAN = {
     "steps": [
-        {"name": "fix", "kind": "agent", "payload": {
-            "messages": [{"role": "user", "content": f"{MARK}: write src/work.txt"}],
-            "allowed_commands": [], "max_turns": 4}},
+        {
+            "name": "fix",
+            "kind": "agent",
+            "payload": {
+                "messages": [{"role": "user", "content": f"{MARK}: write src/work.txt"}],
+                "allowed_commands": [],
+                "max_turns": 4,
+            },
+        },
     ]
-}  # fmt: skip
+}
 WAIT_S = 40.0  # for one cut point to be reached (they come within seconds, unloaded)
 # Where the power is cut: what the file system holds on, in this order (see tests/holdfs.py).
 CUTS: list[tuple[str, dict[str, Any]]] = [
@@ -71,13 +83,15 @@ CUTS: list[tuple[str, dict[str, Any]]] = [
     # A pack or a loose object (older supervisors let a small fetch write loose ones).
     ("mid-fetch", {"op": "write", "path": "mirrors/*/objects/*", "caller": "fetch"}),
     ("mid-unbundle", {"op": "write", "path": "mirrors/*/objects/*", "caller": "unbundle"}),
-    ("a candidate ref just renamed in",
-     {"op": "rename", "path": "mirrors/*/refs/tether/*", "after": True}),
+    (
+        "a candidate ref just renamed in",
+        {"op": "rename", "path": "mirrors/*/refs/tether/*", "after": True},
+    ),
     ("mid ledger commit", {"op": "write", "path": "ledger.db-wal", "skip": 25}),
     ("mid upload", {"op": "write", "path": "artifacts/tmp/upload-*"}),
     ("an artifact just linked in", {"op": "link", "path": "artifacts/sha256/*", "after": True}),
     ("any moment", {"skip": 400}),
-]  # fmt: skip
+]
 
 
 def why_no_fuse() -> str | None:
@@ -114,9 +128,13 @@ class Disk:
     def up(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.holdfs", str(self.backing), str(self.mount)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            cwd=CHECKOUT, env=environment(PYTHONPATH=str(CHECKOUT)),
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            cwd=CHECKOUT,
+            env=environment(PYTHONPATH=str(CHECKOUT)),
+        )
         assert self.proc.stdout is not None
         self.reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
         self.reader.start()
@@ -197,19 +215,27 @@ class World:
     def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
         log = (self.folder / f"{name}.log").open("ab")
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=environment(PYTHONPATH=str(CHECKOUT), **env), cwd=CHECKOUT,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environment(PYTHONPATH=str(CHECKOUT), **env),
+            cwd=CHECKOUT,
             start_new_session=True,  # its own process group: the supervisor's holds its git
-        )  # fmt: skip
+        )
         log.close()
         self.procs[name] = proc
         return proc
 
     def admin(self, *args: str) -> str:
         done = subprocess.run(
-            [*program("tether-supervisor"), *args], capture_output=True, text=True,
-            timeout=120, env=environment(), check=False,
-        )  # fmt: skip
+            [*program("tether-supervisor"), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=environment(),
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
@@ -276,9 +302,11 @@ class Load:
     def __init__(self, world: World, token: str) -> None:
         self.world = world
         self.http = httpx.Client(
-            base_url=world.url, headers={"Authorization": f"Bearer {token}"},
-            timeout=10.0, trust_env=False,
-        )  # fmt: skip
+            base_url=world.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10.0,
+            trust_env=False,
+        )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.numbers = itertools.count(1)
@@ -308,19 +336,31 @@ class Load:
         created = self.http.post("/v1/tasks", json=body)
         if created.status_code in (200, 201):
             task = created.json()
-            self.http.post(f"/v1/tasks/{task['id']}/approve",
-                           json={"plan_hash": task["plan_hash"], "base_sha": base})  # fmt: skip
+            self.http.post(
+                f"/v1/tasks/{task['id']}/approve",
+                json={"plan_hash": task["plan_hash"], "base_sha": base},
+            )
 
     def chat(self, n: int) -> None:
-        plan = {"steps": [{"name": "ask", "kind": "chat", "payload": {
-            "messages": [{"role": "user", "content": f"chat {n}"}]}}]}  # fmt: skip
+        plan = {
+            "steps": [
+                {
+                    "name": "ask",
+                    "kind": "chat",
+                    "payload": {"messages": [{"role": "user", "content": f"chat {n}"}]},
+                }
+            ]
+        }
         self.submit({"idempotency_key": f"chat-{n}", "plan": plan, "pool": POOL}, None)
 
     def agent(self, n: int) -> None:
         body = {
-            "idempotency_key": f"agent-{n}", "plan": AGENT_PLAN, "pool": POOL,
-            "repository": REPOSITORY, "allowed_paths": ["src/"],
-        }  # fmt: skip
+            "idempotency_key": f"agent-{n}",
+            "plan": AGENT_PLAN,
+            "pool": POOL,
+            "repository": REPOSITORY,
+            "allowed_paths": ["src/"],
+        }
         self.submit(body, self.world.repo.head())
 
     def close(self) -> None:
@@ -381,8 +421,9 @@ def lost(world: World) -> list[str]:
             results = [(path.split("/")[3], answer["outcome"], ack["request"]["fence"])]
         elif path == "/v1/steps/results":
             sent = {i["step_id"]: i.get("fence") for i in ack["request"].get("results", [])}
-            results = [(i["step_id"], i.get("outcome"), sent.get(i["step_id"]))
-                       for i in answer["results"]]  # fmt: skip
+            results = [
+                (i["step_id"], i.get("outcome"), sent.get(i["step_id"])) for i in answer["results"]
+            ]
         for step_id, outcome, fence in results:
             if outcome in ("applied", "replayed") and step_id not in effects:
                 problems.append(f"acknowledged result of {step_id} ({outcome}) is lost")
@@ -404,8 +445,12 @@ def lost(world: World) -> list[str]:
     problems += [f"a mirror was found damaged: {name}" for name in healed]
     check = subprocess.run(
         [*program("tether-supervisor"), "check", "--db", str(world.db)],
-        capture_output=True, text=True, timeout=120, env=environment(), check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+        check=False,
+    )
     if check.returncode != 0:
         problems.append(f"tether-supervisor check: {check.stdout.strip()} {check.stderr.strip()}")
     return problems
@@ -414,8 +459,11 @@ def lost(world: World) -> list[str]:
 def git(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["git", f"--git-dir={folder}", *args],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @contextlib.contextmanager
@@ -431,14 +479,33 @@ def world_on_fuse(folder: Path, plant: str | None) -> Iterator[tuple[World, Load
     world = World(folder=folder, disk=disk, repo=make_repository(folder / "git"), plant=plant)
     load: Load | None = None
     try:
-        operator = world.admin("token", "create", "--init", "--db", str(world.db),
-                               "--tenant", TENANT, "--role", "operator")  # fmt: skip
-        runner = world.admin("token", "create", "--db", str(world.db),
-                             "--tenant", POOL, "--role", "runner")  # fmt: skip
+        operator = world.admin(
+            "token",
+            "create",
+            "--init",
+            "--db",
+            str(world.db),
+            "--tenant",
+            TENANT,
+            "--role",
+            "operator",
+        )
+        runner = world.admin(
+            "token", "create", "--db", str(world.db), "--tenant", POOL, "--role", "runner"
+        )
         token_file = folder / "runner-token"
         token_file.write_text(runner + "\n")
-        world.admin("repo", "add", REPOSITORY, "--url", str(world.repo.bare),
-                    "--tenant", TENANT, "--db", str(world.db))  # fmt: skip
+        world.admin(
+            "repo",
+            "add",
+            REPOSITORY,
+            "--url",
+            str(world.repo.bare),
+            "--tenant",
+            TENANT,
+            "--db",
+            str(world.db),
+        )
         script = folder / "script.json"
         script.write_text(json.dumps(SCRIPT))
         model = world.start(
@@ -471,14 +538,29 @@ def world_on_fuse(folder: Path, plant: str | None) -> Iterator[tuple[World, Load
         world.supervisor()
         up(f"{world.url}/healthz", proxy, folder)
         for n in (1, 2):
-            world.start(f"runner-{n}", [
-                *program("tether-runner"), "run", "--supervisor", world.url,
-                "--runner-id", f"runner-{n}", "--token-file", str(token_file),
-                "--concurrency", "2", "--model", "stand-in",
-                "--model-url", f"http://127.0.0.1:{world.model_port}/v1",
-            ], TETHER_CLAIM_WAIT_S="1", TETHER_PAUSE_INITIAL_S="0.2",
-               TETHER_COMMANDS_WITHOUT_SANDBOX="true",
-               CACHE_DIRECTORY=str(folder / f"cache-{n}"))  # fmt: skip
+            world.start(
+                f"runner-{n}",
+                [
+                    *program("tether-runner"),
+                    "run",
+                    "--supervisor",
+                    world.url,
+                    "--runner-id",
+                    f"runner-{n}",
+                    "--token-file",
+                    str(token_file),
+                    "--concurrency",
+                    "2",
+                    "--model",
+                    "stand-in",
+                    "--model-url",
+                    f"http://127.0.0.1:{world.model_port}/v1",
+                ],
+                TETHER_CLAIM_WAIT_S="1",
+                TETHER_PAUSE_INITIAL_S="0.2",
+                TETHER_COMMANDS_WITHOUT_SANDBOX="true",
+                CACHE_DIRECTORY=str(folder / f"cache-{n}"),
+            )
         load = Load(world, operator)
         load.thread.start()
         yield world, load
@@ -543,8 +625,10 @@ def test_power_cuts_under_load_lose_nothing_acknowledged(tmp_path: Path) -> None
         assert not load.failures, load.failures
         acks = acknowledged(world.record)
         kinds = {a["path"].split("/")[2] for a in acks if a["path"].startswith("/v1/")}
-        print(f"{len(acks)} acknowledged answers ({sorted(kinds)}),"
-              f" {committed_candidates(world)} committed candidates")  # fmt: skip
+        print(
+            f"{len(acks)} acknowledged answers ({sorted(kinds)}),"
+            f" {committed_candidates(world)} committed candidates"
+        )
         assert committed_candidates(world) >= 1
         assert {"tasks", "leases", "steps", "artifacts"} <= kinds
 

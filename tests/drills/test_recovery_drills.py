@@ -135,8 +135,12 @@ def ready(cluster: Cluster) -> bool:
 def supervisor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*program("tether-supervisor"), *args],
-        capture_output=True, text=True, timeout=timeout, check=False, env=environment(),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=environment(),
+    )
 
 
 # ---- the drills -----------------------------------------------------------------------------
@@ -151,8 +155,10 @@ def test_drill_model_provider_outage_the_step_waits_and_completes_once(
     task_id = cluster.submit("during a provider outage")
     wait_for(
         lambda: cluster.model_stats()["by_status"].get("500", 0) >= 2,
-        "the provider's 500s", 15, cluster,
-    )  # fmt: skip
+        "the provider's 500s",
+        15,
+        cluster,
+    )
     (leased,) = cluster.attempts(task_id)
     assert leased["state"] == "leased"
     answered_500 = cluster.model_stats()["by_status"]["500"]
@@ -257,8 +263,10 @@ def test_drill_exhausted_quota_pauses_without_burning_until_the_quota_is_raised(
     task_id = cluster.submit("over quota")
     wait_for(
         lambda: len(released(cluster, task_id)) > MAX_ATTEMPTS,
-        f"more than {MAX_ATTEMPTS} operator releases", 25, cluster,
-    )  # fmt: skip
+        f"more than {MAX_ATTEMPTS} operator releases",
+        25,
+        cluster,
+    )
     paused = a.events("claiming paused")
     assert "quota exhausted" in paused[0]["event"]
     assert paused[0]["operator_action"].startswith("raise the provider quota")

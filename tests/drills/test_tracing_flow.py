@@ -68,20 +68,29 @@ async def run_task(api: ApiHarness, tmp_path: Path, model_app: Any, task_id: str
     )
 
 
-SCENARIO = {"turns": [
-    {"name": "look", "assistant_turns": 0,
-     "tool_calls": [{"name": "list_files", "arguments": {"path": "."}},
-                    {"name": "made_up_tool", "arguments": {"secret": SECRET_TEXT}}]},
-    {"name": "answer", "assistant_turns": 1, "text": f"done; {SECRET_TEXT}"},
-]}  # fmt: skip
+SCENARIO = {
+    "turns": [
+        {
+            "name": "look",
+            "assistant_turns": 0,
+            "tool_calls": [
+                {"name": "list_files", "arguments": {"path": "."}},
+                {"name": "made_up_tool", "arguments": {"secret": SECRET_TEXT}},
+            ],
+        },
+        {"name": "answer", "assistant_turns": 1, "text": f"done; {SECRET_TEXT}"},
+    ]
+}
 
 
 async def test_an_agent_task_is_one_trace_joined_across_runner_and_supervisor(
     api: ApiHarness, tmp_path: Path, exported: Any
 ) -> None:
     payload = {"messages": [{"role": "user", "content": SECRET_TEXT}], "allowed_commands": []}
-    plan = {"idempotency_key": "k", "plan": {"steps": [
-        {"name": "fix", "kind": "agent", "payload": payload}]}}  # fmt: skip
+    plan = {
+        "idempotency_key": "k",
+        "plan": {"steps": [{"name": "fix", "kind": "agent", "payload": payload}]},
+    }
     task = await submitted(api, plan)
     model_app = create_app(scenario=read_scenario(SCENARIO))
     view = await run_task(api, tmp_path, model_app, task["id"])
@@ -140,10 +149,14 @@ async def test_a_claim_carries_the_grants_traceparent_and_a_batch_finds_each_ste
         assert context is not None
         assert context.trace_id == trace_id_of(lease["task_id"])
     results = [
-        {"step_id": lease["step_id"], "fence": lease["fence"],
-         "payload_hash": lease["payload_hash"], "output": "done"}
+        {
+            "step_id": lease["step_id"],
+            "fence": lease["fence"],
+            "payload_hash": lease["payload_hash"],
+            "output": "done",
+        }
         for lease in leases
-    ]  # fmt: skip
+    ]
     header = {**api.runner, "traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}
     answer = await api.client.post("/v1/steps/results", headers=header, json={"results": results})
     assert answer.status_code == 200, answer.text
@@ -171,9 +184,13 @@ async def test_each_effect_attempt_is_a_span_in_its_tasks_trace(exported: Any) -
     outbox = FakeOutbox(clock=time.time)
     outbox.add(outgoing(deadline_at=time.time() + 60))
     dispatcher = Dispatcher(
-        outbox, EffectKinds([Scripted([busy, done])]), Credentials(None), hold_s=60.0,
-        retry_base_s=0.01, poll_s=0.05,
-    )  # fmt: skip
+        outbox,
+        EffectKinds([Scripted([busy, done])]),
+        Credentials(None),
+        hold_s=60.0,
+        retry_base_s=0.01,
+        poll_s=0.05,
+    )
     async with anyio.create_task_group() as tg:
         tg.start_soon(dispatcher.run)
         with anyio.fail_after(5):

@@ -46,10 +46,15 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def script_the_agent(cluster: Cluster, content: str) -> None:
     """The stand-in's agent: write `content` to src/calc.py, then say it is done."""
     turns = [
-        {"name": "write", "assistant_turns": 0, "tool_calls": [
-            {"name": "write_file", "arguments": {"path": "src/calc.py", "content": content}}]},
+        {
+            "name": "write",
+            "assistant_turns": 0,
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "src/calc.py", "content": content}}
+            ],
+        },
         {"name": "done", "assistant_turns": 1, "text": "Done: the test passes."},
-    ]  # fmt: skip
+    ]
     answer = httpx.post(
         f"{cluster.model_url}/_admin/scenario", json={"turns": turns}, trust_env=False
     )
@@ -67,9 +72,12 @@ def start_lying_runner(cluster: Cluster, sandbox: dict[str, str]) -> None:
     argv += ["--runner-id", "liar", "--token-file", str(cluster.runner_token_file)]
     argv += ["--model", "stand-in", "--model-url", f"{cluster.model_url}/v1"]
     env = environment(
-        TETHER_LOG_FORMAT="json", TETHER_CLAIM_WAIT_S="1", TETHER_PAUSE_INITIAL_S="0.5",
-        PYTHONPATH=str(CHECKOUT), **runner_env(cluster, "liar", sandbox),
-    )  # fmt: skip
+        TETHER_LOG_FORMAT="json",
+        TETHER_CLAIM_WAIT_S="1",
+        TETHER_PAUSE_INITIAL_S="0.5",
+        PYTHONPATH=str(CHECKOUT),
+        **runner_env(cluster, "liar", sandbox),
+    )
     proc = cluster.start("liar", argv, env)
     wait_for(lambda: proc.events("supervisor answered"), "the lying runner", 30, cluster)
 
@@ -83,16 +91,30 @@ def start_verifier(cluster: Cluster, sandbox: dict[str, str]) -> None:
 
 
 def submit(cluster: Cluster, repo: Repository, key: str, verify: bool) -> str:
-    plan = {"steps": [
-        {"name": "fix", "kind": "agent", "payload": {
-            "messages": [{"role": "user", "content": "Make the failing test pass."}],
-            "allowed_commands": [], "max_turns": 4, "check_timeout_s": 60}},
-        {"name": "push", "kind": "git.push", "payload": {"branch": "main"}},
-    ]}  # fmt: skip
+    plan = {
+        "steps": [
+            {
+                "name": "fix",
+                "kind": "agent",
+                "payload": {
+                    "messages": [{"role": "user", "content": "Make the failing test pass."}],
+                    "allowed_commands": [],
+                    "max_turns": 4,
+                    "check_timeout_s": 60,
+                },
+            },
+            {"name": "push", "kind": "git.push", "payload": {"branch": "main"}},
+        ]
+    }
     body: dict[str, Any] = {
-        "idempotency_key": key, "plan": plan, "pool": "default", "repository": "calc",
-        "base_sha": repo.base, "allowed_paths": ["src/"], "checks": {"tests": TEST_COMMAND},
-    }  # fmt: skip
+        "idempotency_key": key,
+        "plan": plan,
+        "pool": "default",
+        "repository": "calc",
+        "base_sha": repo.base,
+        "allowed_paths": ["src/"],
+        "checks": {"tests": TEST_COMMAND},
+    }
     if verify:
         body["verify"] = {"pool": VERIFY_POOL}
     task = cluster.http.post("/v1/tasks", json=body)

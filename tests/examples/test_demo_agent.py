@@ -53,8 +53,12 @@ def test_demo_agent_prints_a_checked_account_and_exits_zero() -> None:
     # very question the killed attempt was waiting on.
     calls = [m.groups() for m in CALL.finditer(out)]
     assert [(c[1], c[2]) for c in calls] == [
-        ("0", "read"), ("1", "write"), ("2", "test"), ("2", "test"), ("3", "done"),
-    ]  # fmt: skip
+        ("0", "read"),
+        ("1", "write"),
+        ("2", "test"),
+        ("2", "test"),
+        ("3", "done"),
+    ]
     killer, survivor = calls[0][5], calls[4][5]
     assert {c[5] for c in calls[:3]} == {killed.group(1)} == {killer}
     assert calls[3][5] == survivor != killer
@@ -123,11 +127,17 @@ def _kept_logs(stderr: str) -> str:
 def test_the_script_is_one_the_stand_in_takes_with_one_held_turn() -> None:
     script = read_scenario(scenario("test", 3600.0))
     assert [(t.name, t.assistant_turns) for t in script.turns] == [
-        ("read", 0), ("write", 1), ("test", 2), ("done", 3),
-    ]  # fmt: skip
+        ("read", 0),
+        ("write", 1),
+        ("test", 2),
+        ("done", 3),
+    ]
     assert [(t.hold_s, t.holds) for t in script.turns] == [
-        (0.0, None), (0.0, None), (3600.0, 1), (0.0, None),
-    ]  # fmt: skip
+        (0.0, None),
+        (0.0, None),
+        (3600.0, 1),
+        (0.0, None),
+    ]
     write = script.turns[1].tool_calls[0]
     assert write.name == "write_file"
     assert isinstance(write.arguments, dict)

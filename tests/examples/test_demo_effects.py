@@ -48,8 +48,9 @@ def test_demo_effects_prints_one_deploy_and_the_branch_at_the_candidate() -> Non
         assert lines[3] == "      recorded: replayed True on attempt 2"
     assert f"branch main already at {sha}" in ledger
 
-    assert re.search(rf"^deploys applied: 1  \(requests 2, .*replayed 1\) of commit {sha}$",
-                     out, re.MULTILINE)  # fmt: skip
+    assert re.search(
+        rf"^deploys applied: 1  \(requests 2, .*replayed 1\) of commit {sha}$", out, re.MULTILINE
+    )
     assert re.search(rf"^calc\.git main: {sha} = the verified candidate", out, re.MULTILINE)
     assert "tether-supervisor check: ok" in out
     assert out.rstrip().splitlines()[-1].startswith("demo-effects ok:")

@@ -196,14 +196,24 @@ async def test_the_runners_model_client_reads_the_stand_in_as_a_provider(knobs: 
 
 SCENARIO = {
     "turns": [
-        {"name": "look", "assistant_turns": 0,
-         "tool_calls": [{"name": "list_files", "arguments": {"path": "src/"}},
-                        {"name": "read_file", "arguments": '{"path": broken', "id": "fixed"}]},
-        {"name": "fix", "last_contains": "FAILED",
-         "tool_calls": [{"name": "write_file", "arguments": {"path": "src/a.py", "content": "x"}}]},
+        {
+            "name": "look",
+            "assistant_turns": 0,
+            "tool_calls": [
+                {"name": "list_files", "arguments": {"path": "src/"}},
+                {"name": "read_file", "arguments": '{"path": broken', "id": "fixed"},
+            ],
+        },
+        {
+            "name": "fix",
+            "last_contains": "FAILED",
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "src/a.py", "content": "x"}}
+            ],
+        },
         {"name": "done", "assistant_turns": 2, "text": "all tests pass"},
     ]
-}  # fmt: skip
+}
 TOOL_FN = {"name": "list_files", "parameters": {"type": "object"}}
 
 
@@ -211,8 +221,11 @@ def conversation(*results: str) -> dict[str, Any]:
     """A request after `len(results)` tool turns, each answered by one tool message."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "fix the test"}]
     for i, result in enumerate(results):
-        call = {"id": f"c{i}", "type": "function",
-                "function": {"name": "list_files", "arguments": "{}"}}  # fmt: skip
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "list_files", "arguments": "{}"},
+        }
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": result})
     return {
@@ -268,7 +281,7 @@ async def test_a_bad_scenario_is_refused_and_the_script_kept(http: httpx.AsyncCl
         ({"turns": [{"name": "a", "assistant_turns": -1, "text": "x"}]}, "$.turns[0]"),
         ({"turns": [{"name": "a", "tool_calls": [{"name": ""}]}]}, "$.turns[0].tool_calls[0]"),
         ([], "Expected `object`"),
-    ]:  # fmt: skip
+    ]:
         refused = await http.post("/_admin/scenario", json=bad)
         assert refused.status_code == 400, bad
         assert refused.json()["error"] == "invalid_field"
@@ -369,14 +382,21 @@ def test_it_runs_as_a_process(tmp_path: Path) -> None:
 CALC = "def add(a, b):\n    return a + b\n"
 FIX_SCENARIO = {
     "turns": [
-        {"name": "write", "assistant_turns": 0,
-         "tool_calls": [{"name": "write_file",
-                         "arguments": {"path": "src/calc.py", "content": CALC}}]},
-        {"name": "test", "assistant_turns": 1,
-         "tool_calls": [{"name": "run", "arguments": {"command": "python -m pytest -q"}}]},
+        {
+            "name": "write",
+            "assistant_turns": 0,
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "src/calc.py", "content": CALC}}
+            ],
+        },
+        {
+            "name": "test",
+            "assistant_turns": 1,
+            "tool_calls": [{"name": "run", "arguments": {"command": "python -m pytest -q"}}],
+        },
         {"name": "done", "assistant_turns": 2, "text": "done: the test passes"},
     ]
-}  # fmt: skip
+}
 CALC_TEST = "from src.calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
 
 
@@ -392,10 +412,13 @@ async def _agent_loop(
         return await client.chat(body, key=None, deadline=anyio.current_time() + 60)
 
     box = ToolBox(
-        tree, git=TreeGit(git_dir=tree.parent / "git", work_tree=tree),
-        home=tree.parent / "home", allowed_paths=["src/"],
-        allowed_commands=["python -m pytest -q"], sandbox=NoSandbox(),
-    )  # fmt: skip
+        tree,
+        git=TreeGit(git_dir=tree.parent / "git", work_tree=tree),
+        home=tree.parent / "home",
+        allowed_paths=["src/"],
+        allowed_commands=["python -m pytest -q"],
+        sandbox=NoSandbox(),
+    )
     try:
         result = await run_loop(
             chat, model="stand-in", messages=messages, box=box, max_turns=10, budget=None
@@ -462,12 +485,16 @@ def _messages_through_turn(transcript: list[dict[str, Any]], turn: int) -> list[
             if seen > turn:
                 break
             calls = [
-                {"id": c["id"], "type": "function",
-                 "function": {"name": c["name"], "arguments": c["arguments"]}}
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
                 for c in entry["tool_calls"]
-            ]  # fmt: skip
-            out.append({"role": "assistant", "content": entry["content"] or None,
-                        "tool_calls": calls})  # fmt: skip
+            ]
+            out.append(
+                {"role": "assistant", "content": entry["content"] or None, "tool_calls": calls}
+            )
         elif entry["role"] == "tool":
             out.append(
                 {"role": "tool", "tool_call_id": entry["tool_call_id"], "content": entry["content"]}

@@ -47,9 +47,13 @@ def test_the_benchmark_suite_runs_and_writes_every_figure(tmp_path: Path) -> Non
     out = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--smoke", "--dir", str(tmp_path / "work")],
-        cwd=ROOT, env={**os.environ, "BENCH_JSON": str(out)}, capture_output=True, text=True,
-        timeout=280, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "BENCH_JSON": str(out)},
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| committed steps/s, concurrency 64 (runners) |" in done.stdout
     for row in AGENT_ROWS:

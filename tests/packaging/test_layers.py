@@ -40,11 +40,23 @@ def imported_by_serve(tmp_path: Path, *entry: str) -> set[str]:
     trace = tmp_path / "importtime.log"
     with trace.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-X", "importtime", *entry, "serve", "--db", str(db),
-             "--port", str(port)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=CHECKOUT,
+            [
+                sys.executable,
+                "-X",
+                "importtime",
+                *entry,
+                "serve",
+                "--db",
+                str(db),
+                "--port",
+                str(port),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=CHECKOUT,
             env=clean_env(PYTHONPATH=str(CHECKOUT)),
-        )  # fmt: skip
+        )
     try:
         wait_up(proc, port, trace)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False) as http:

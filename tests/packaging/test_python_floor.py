@@ -37,8 +37,11 @@ def _link(source: str, target: str) -> None:
 def _version(python: Path) -> tuple[int, ...]:
     done = subprocess.run(
         [str(python), "-c", "import sys; print(*sys.version_info[:3])"],
-        capture_output=True, text=True, check=True, timeout=30,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     return tuple(int(part) for part in done.stdout.split())
 
 
@@ -69,7 +72,11 @@ def test_the_agent_demo_runs_on_debians_python(tmp_path: Path) -> None:
         path.chmod(0o755)
     done = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "examples.demo_agent"],
-        cwd=CHECKOUT, capture_output=True, text=True, timeout=280, check=False,
-    )  # fmt: skip
+        cwd=CHECKOUT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "python -m pytest -q exits 1 (1 failed" in done.stdout  # the base, checked out

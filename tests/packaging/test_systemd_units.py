@@ -160,8 +160,13 @@ def test_the_bwrap_drop_in_undoes_only_what_stops_bubblewrap() -> None:
     unit = _service("tether-runner.service")
     merged = _service(f"tether-runner.service+{BWRAP_DROP_IN}")
     changed = {key for key in merged if merged[key] != unit.get(key)}
-    blockers = {"RestrictNamespaces", "SystemCallFilter", "ProcSubset", "ProtectKernelTunables",
-                "ProtectKernelLogs"}  # fmt: skip
+    blockers = {
+        "RestrictNamespaces",
+        "SystemCallFilter",
+        "ProcSubset",
+        "ProtectKernelTunables",
+        "ProtectKernelLogs",
+    }
     assert changed == blockers
     assert merged["RestrictNamespaces"][-2:] == ["", "user mnt pid net ipc uts cgroup"]
     assert merged["SystemCallFilter"][-1] == "mount umount2 pivot_root capset"

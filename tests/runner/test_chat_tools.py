@@ -23,41 +23,82 @@ from tether.runner.model_client import ModelClient
 from tether.runner.models import wire_api
 from tether.runner.supervisor_client import SupervisorClient
 
-LIST_FILES = {"type": "function", "function": {
-    "name": "list_files", "description": "List the files under a folder.",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                   "required": ["path"]},
-}}  # fmt: skip
+LIST_FILES = {
+    "type": "function",
+    "function": {
+        "name": "list_files",
+        "description": "List the files under a folder.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What is under src/?"}]
 
 
 def step(payload: dict[str, Any]) -> dict[str, Any]:
-    return {"idempotency_key": "k", "plan": {"steps": [
-        {"name": "look", "kind": "chat", "payload": payload}]}}  # fmt: skip
+    return {
+        "idempotency_key": "k",
+        "plan": {"steps": [{"name": "look", "kind": "chat", "payload": payload}]},
+    }
 
 
 BAD_TOOLS: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("tool_choice_without_tools", {"messages": ASK, "tool_choice": "auto"},
-     ["'plan.steps[0].payload.tool_choice'", "needs `tools`", "'look'"]),
-    ("tool_choice_unknown_word", {"messages": ASK, "tools": [LIST_FILES], "tool_choice": "any"},
-     ["'plan.steps[0].payload.tool_choice'", "'any'"]),
-    ("tool_choice_undeclared", {"messages": ASK, "tools": [LIST_FILES],
-                                "tool_choice": {"type": "function", "function": {"name": "rm"}}},
-     ["'plan.steps[0].payload.tool_choice.function.name'", "'rm' is not a declared tool"]),
-    ("tool_type", {"messages": ASK, "tools": [{**LIST_FILES, "type": "code_interpreter"}]},
-     ["'plan.steps[0].payload.tools[0].type'", "'code_interpreter'"]),
-    ("tool_name", {"messages": ASK, "tools": [{"type": "function", "function": {"name": "ls -l"}}]},
-     ["'plan.steps[0].payload.tools[0].function.name'"]),
-    ("tool_key_typo", {"messages": ASK, "tools": [{"type": "function", "function": {
-        "name": "ls", "paramters": {}}}]},
-     ["`paramters`", "did you mean `parameters`"]),
-    ("schema_not_an_object", {"messages": ASK, "tools": [{"type": "function", "function": {
-        "name": "ls", "parameters": {"type": "string"}}}]},
-     ["'plan.steps[0].payload.tools[0].function'", "JSON Schema of type `object`"]),
-    ("tool_message_without_call", {"messages": [
-        *ASK, {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]},
-     ["'plan.steps[0].payload.messages[1].tool_call_id'", "answers no open call"]),
-]  # fmt: skip
+    (
+        "tool_choice_without_tools",
+        {"messages": ASK, "tool_choice": "auto"},
+        ["'plan.steps[0].payload.tool_choice'", "needs `tools`", "'look'"],
+    ),
+    (
+        "tool_choice_unknown_word",
+        {"messages": ASK, "tools": [LIST_FILES], "tool_choice": "any"},
+        ["'plan.steps[0].payload.tool_choice'", "'any'"],
+    ),
+    (
+        "tool_choice_undeclared",
+        {
+            "messages": ASK,
+            "tools": [LIST_FILES],
+            "tool_choice": {"type": "function", "function": {"name": "rm"}},
+        },
+        ["'plan.steps[0].payload.tool_choice.function.name'", "'rm' is not a declared tool"],
+    ),
+    (
+        "tool_type",
+        {"messages": ASK, "tools": [{**LIST_FILES, "type": "code_interpreter"}]},
+        ["'plan.steps[0].payload.tools[0].type'", "'code_interpreter'"],
+    ),
+    (
+        "tool_name",
+        {"messages": ASK, "tools": [{"type": "function", "function": {"name": "ls -l"}}]},
+        ["'plan.steps[0].payload.tools[0].function.name'"],
+    ),
+    (
+        "tool_key_typo",
+        {
+            "messages": ASK,
+            "tools": [{"type": "function", "function": {"name": "ls", "paramters": {}}}],
+        },
+        ["`paramters`", "did you mean `parameters`"],
+    ),
+    (
+        "schema_not_an_object",
+        {
+            "messages": ASK,
+            "tools": [
+                {"type": "function", "function": {"name": "ls", "parameters": {"type": "string"}}}
+            ],
+        },
+        ["'plan.steps[0].payload.tools[0].function'", "JSON Schema of type `object`"],
+    ),
+    (
+        "tool_message_without_call",
+        {"messages": [*ASK, {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]},
+        ["'plan.steps[0].payload.messages[1].tool_call_id'", "answers no open call"],
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -75,11 +116,16 @@ async def test_a_bad_tool_shape_is_refused_at_submit_naming_the_field(
     assert after == before
 
 
-SCENARIO = {"turns": [
-    {"name": "look", "assistant_turns": 0,
-     "tool_calls": [{"name": "list_files", "arguments": {"path": "src/"}}]},
-    {"name": "answer", "assistant_turns": 1, "text": "src/ holds a.py"},
-]}  # fmt: skip
+SCENARIO = {
+    "turns": [
+        {
+            "name": "look",
+            "assistant_turns": 0,
+            "tool_calls": [{"name": "list_files", "arguments": {"path": "src/"}}],
+        },
+        {"name": "answer", "assistant_turns": 1, "text": "src/ holds a.py"},
+    ]
+}
 
 
 async def run_steps(
@@ -107,19 +153,24 @@ async def run_steps(
     runner = Runner(
         settings=cfg,
         supervisor=SupervisorClient(
-            base_url=cfg.supervisor_url, token=api.secrets["runner"], clock=clock,
+            base_url=cfg.supervisor_url,
+            token=api.secrets["runner"],
+            clock=clock,
             transport=httpx.ASGITransport(app=api.app),
         ),
         model=ModelClient(
-            base_url=cfg.model_url, clock=clock, transport=httpx.ASGITransport(app=model_app),
+            base_url=cfg.model_url,
+            clock=clock,
+            transport=httpx.ASGITransport(app=model_app),
             api=wire_api(model_api),
         ),
         model_key=SecretSource(
             path=tmp_path / "model-key", credential="model-key", setting="model_key_file"
         ),
-        kinds=kinds or KindRegistry.default(entry_points=False), clock=clock,
+        kinds=kinds or KindRegistry.default(entry_points=False),
+        clock=clock,
         backoff_max_s=0.05,
-    )  # fmt: skip
+    )
     view: Any = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(runner.run)
@@ -162,10 +213,16 @@ async def test_a_step_given_the_tool_results_gets_the_models_next_turn(
     api: ApiHarness, tmp_path: Path
 ) -> None:
     model_app = create_app(scenario=read_scenario(SCENARIO))
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "list_files", "arguments": '{"path":"src/"}'}}  # fmt: skip
-    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "a.py"}]  # fmt: skip
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "list_files", "arguments": '{"path":"src/"}'},
+    }
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.py"},
+    ]
     payload = {"messages": messages, "tools": [LIST_FILES]}
     view = await run_steps(api, tmp_path, model_app, await approved_task(api, payload))
     assert view["state"] == "SUCCEEDED", view

@@ -26,18 +26,32 @@ PROMPT = "the launch code is 7H1S-1S-PR0MPT"
 FILE_TEXT = "7H1S-1S-F1LE-C0NTENT"
 ANSWER = "done; 7H1S-1S-ANSW3R"
 SECRETS = (PROMPT, "7H1S", FILE_TEXT, ANSWER)
-CONTENT_KEYS = {"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments",
-                "gen_ai.tool.call.result"}  # fmt: skip
+CONTENT_KEYS = {
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.result",
+}
 PROVIDERS = {"chat": "openai", "responses": "openai", "anthropic": "anthropic"}
 
-SCENARIO = {"turns": [
-    {"name": "write", "assistant_turns": 0,
-     "tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": FILE_TEXT}},
-                    {"name": "made_up", "arguments": {"x": PROMPT}}]},
-    {"name": "read", "assistant_turns": 1,
-     "tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]},
-    {"name": "answer", "assistant_turns": 2, "text": ANSWER},
-]}  # fmt: skip
+SCENARIO = {
+    "turns": [
+        {
+            "name": "write",
+            "assistant_turns": 0,
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "a.txt", "content": FILE_TEXT}},
+                {"name": "made_up", "arguments": {"x": PROMPT}},
+            ],
+        },
+        {
+            "name": "read",
+            "assistant_turns": 1,
+            "tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}],
+        },
+        {"name": "answer", "assistant_turns": 2, "text": ANSWER},
+    ]
+}
 
 
 @pytest.fixture
@@ -51,8 +65,11 @@ def exported() -> Iterator[Any]:
 
 async def run_agent(tmp_path: Path, api: str) -> None:
     kind = AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox(why="no commands"))
-    payload = {"messages": [{"role": "user", "content": PROMPT}], "allowed_commands": [],
-               "max_turns": 5}  # fmt: skip
+    payload = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "allowed_commands": [],
+        "max_turns": 5,
+    }
     with tracing.get("test").span("tether.step", task_id="t1"):
         done = await kind(
             context(bound(client(standin(SCENARIO), api)), payload, services=FakeServices())
@@ -87,12 +104,17 @@ async def test_model_and_tool_calls_are_genai_spans_without_the_conversations_te
         assert (attributes["server.address"], attributes["server.port"]) == ("standin", 80)
         assert attributes["tether.status_code"] == 200
     assert [s.attributes["gen_ai.response.finish_reasons"] for s in models] == [
-        ("tool_calls",), ("tool_calls",), ("stop",),
-    ]  # fmt: skip
+        ("tool_calls",),
+        ("tool_calls",),
+        ("stop",),
+    ]
     if api == "anthropic":  # the request's max_tokens, the runner's default here
         assert models[0].attributes["gen_ai.request.max_tokens"] == 8192
-    tools = [*spans["execute_tool write_file"], *spans["execute_tool read_file"],
-             *spans["execute_tool unknown"]]  # fmt: skip
+    tools = [
+        *spans["execute_tool write_file"],
+        *spans["execute_tool read_file"],
+        *spans["execute_tool unknown"],
+    ]
     assert len(tools) == 3
     for span in tools:
         assert span.attributes["gen_ai.operation.name"] == "execute_tool"

@@ -55,14 +55,28 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("litellm")
     (folder / "config.yaml").write_text(CONFIG)
     port = free_port()
-    env = {**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "NO_PROXY": "127.0.0.1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": MASTER_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "NO_PROXY": "127.0.0.1",
+    }
     log = (folder / "proxy.log").open("wb")
     process = subprocess.Popen(
-        [str(LITELLM), "--config", str(folder / "config.yaml"), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
+        [
+            str(LITELLM),
+            "--config",
+            str(folder / "config.yaml"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -88,9 +102,15 @@ def bound(url: str, api: str) -> ModelClient:
 
 def step(chat: object, payload: dict[str, object], model: str) -> StepContext:
     return StepContext(
-        step_id="s1", task_id="t1", name="ask", attempt=1, payload=payload, outputs=(),
-        default_model=model, chat=chat,  # type: ignore[arg-type]
-    )  # fmt: skip
+        step_id="s1",
+        task_id="t1",
+        name="ask",
+        attempt=1,
+        payload=payload,
+        outputs=(),
+        default_model=model,
+        chat=chat,  # type: ignore[arg-type]
+    )
 
 
 @pytest.mark.parametrize("api", MODEL_APIS)
@@ -102,9 +122,12 @@ async def test_each_api_runs_a_chat_step_against_litellms_mock(proxy: str, api: 
 
     try:
         done = await run_chat(
-            step(chat, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64},
-                 "stand-in")
-        )  # fmt: skip
+            step(
+                chat,
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64},
+                "stand-in",
+            )
+        )
     finally:
         await model.aclose()
     assert done.output["text"] == "mocked answer"
@@ -120,13 +143,18 @@ async def test_the_agent_tool_loop_runs_against_litellms_mocked_tool_calls(
         return await model.chat(body, key=MASTER_KEY, deadline=anyio.current_time() + 60)
 
     kind = AgentKind(cache_dir=tmp_path / "cache", sandbox=NoSandbox(why="no commands"))
-    payload = {"messages": [{"role": "user", "content": "look"}], "allowed_commands": [],
-               "max_turns": 2}  # fmt: skip
+    payload = {
+        "messages": [{"role": "user", "content": "look"}],
+        "allowed_commands": [],
+        "max_turns": 2,
+    }
     try:
         done = await kind(step(chat, payload, "tool-caller"))
     finally:
         await model.aclose()
     # The mock calls list_files every turn: the loop runs it and stops at max_turns.
     assert (done.output["finish"], done.output["tool_calls"], done.output["tool_errors"]) == (
-        "max_turns", 2, 0,
-    )  # fmt: skip
+        "max_turns",
+        2,
+        0,
+    )

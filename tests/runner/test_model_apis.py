@@ -46,14 +46,24 @@ from tether.settings import SettingsError, load_settings
 
 KEY = "sk-model-key-4f1c"
 
-AGENT_SCENARIO = {"turns": [
-    {"name": "look", "assistant_turns": 0,
-     "tool_calls": [{"name": "list_files", "arguments": {"path": "."}},
-                    {"name": "write_file", "arguments": {"path": "notes.txt", "content": "hi\n"}}]},
-    {"name": "check", "assistant_turns": 1,
-     "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
-    {"name": "answer", "assistant_turns": 2, "text": "notes.txt says hi"},
-]}  # fmt: skip
+AGENT_SCENARIO = {
+    "turns": [
+        {
+            "name": "look",
+            "assistant_turns": 0,
+            "tool_calls": [
+                {"name": "list_files", "arguments": {"path": "."}},
+                {"name": "write_file", "arguments": {"path": "notes.txt", "content": "hi\n"}},
+            ],
+        },
+        {
+            "name": "check",
+            "assistant_turns": 1,
+            "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}],
+        },
+        {"name": "answer", "assistant_turns": 2, "text": "notes.txt says hi"},
+    ]
+}
 
 
 def standin(scenario: dict[str, Any] | None = None, **knobs: Any) -> Any:
@@ -82,17 +92,29 @@ def bound(model: ModelClient, key: str | None = KEY) -> Callable[[dict[str, Any]
 
 def context(chat: Any, payload: dict[str, Any], **extra: Any) -> StepContext:
     return StepContext(
-        step_id="s1", task_id="t1", name="step", attempt=extra.pop("attempt", 1),
-        payload=payload, outputs=(), default_model="m", chat=chat, **extra,
-    )  # fmt: skip
+        step_id="s1",
+        task_id="t1",
+        name="step",
+        attempt=extra.pop("attempt", 1),
+        payload=payload,
+        outputs=(),
+        default_model="m",
+        chat=chat,
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("api", MODEL_APIS)
 async def test_a_chat_step_runs_under_each_api(api: str) -> None:
     app = standin()
-    payload = {"messages": [{"role": "system", "content": "Be brief."},
-                            {"role": "user", "content": "hello there"}],
-               "max_tokens": 50, "temperature": 0.2}  # fmt: skip
+    payload = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hello there"},
+        ],
+        "max_tokens": 50,
+        "temperature": 0.2,
+    }
     done = await run_chat(context(bound(client(app, api)), payload))
     assert done.output["text"].endswith("hello there")
     assert done.output["finish_reason"] == "stop"
@@ -115,17 +137,25 @@ async def test_an_agent_tool_loop_runs_under_each_api_with_one_neutral_transcrip
     done = await kind(context(bound(client(app, api)), payload, services=services))
     out = done.output
     assert (out["finish"], out["turns"], out["tool_calls"], out["tool_errors"]) == (
-        "answered", 3, 3, 0,
-    )  # fmt: skip
+        "answered",
+        3,
+        3,
+        0,
+    )
     assert out["text"] == "notes.txt says hi"
     assert [a["turn_index"] for a in app.state.asked] == [0, 1, 2]
     assert {a["api"] for a in app.state.asked} == {api}
     # The transcript and the checkpoints hold the same neutral messages under every API.
     roles = [(e["role"], [c["name"] for c in e.get("tool_calls", [])]) for e in out["transcript"]]
     assert roles == [
-        ("user", []), ("assistant", ["list_files", "write_file"]), ("tool", []), ("tool", []),
-        ("assistant", ["read_file"]), ("tool", []), ("assistant", []),
-    ]  # fmt: skip
+        ("user", []),
+        ("assistant", ["list_files", "write_file"]),
+        ("tool", []),
+        ("tool", []),
+        ("assistant", ["read_file"]),
+        ("tool", []),
+        ("assistant", []),
+    ]
     last = json.loads(services.store[services.checkpoints[-1].transcript])
     assert [m["role"] for m in last] == ["user", "assistant", "tool", "tool", "assistant", "tool"]
     assert all(c["type"] == "function" for c in last[1]["tool_calls"])
@@ -165,9 +195,13 @@ async def test_a_checkpointed_transcript_resumes_under_the_same_api(
         await kind(context(FailsAfter(bound(model), 1), payload, services=services))
     assert [c.turn for c in services.checkpoints] == [1]
     resumed = context(
-        bound(model), payload, services=services, attempt=2, fence=2,
+        bound(model),
+        payload,
+        services=services,
+        attempt=2,
+        fence=2,
         resume=services.resume_point(),
-    )  # fmt: skip
+    )
     done = await kind(resumed)
     assert done.output["resumed_from"] == {"turn": 1, "fence": 0}
     assert (done.output["finish"], done.output["turns"]) == ("answered", 3)
@@ -177,13 +211,24 @@ async def test_a_checkpointed_transcript_resumes_under_the_same_api(
 
 # -- the fakes catch a client that leaves the documented shape --------------------------------
 
-TOOL_ROUND = {"model": "m", "messages": [
-    {"role": "user", "content": "look"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "list_files", "arguments": '{"path": "."}'}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "[]"},
-]}  # fmt: skip
+TOOL_ROUND = {
+    "model": "m",
+    "messages": [
+        {"role": "user", "content": "look"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "list_files", "arguments": '{"path": "."}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "[]"},
+    ],
+}
 
 
 def planted(base: type[WireApi], change: Callable[[dict[str, Any]], None]) -> WireApi:
@@ -211,34 +256,63 @@ def _tool_result(wire: dict[str, Any]) -> dict[str, Any]:
 
 
 PLANTED: list[tuple[str, WireApi, str]] = [
-    ("anthropic_without_max_tokens",
-     planted(AnthropicMessages, lambda w: w.pop("max_tokens")), "max_tokens"),
+    (
+        "anthropic_without_max_tokens",
+        planted(AnthropicMessages, lambda w: w.pop("max_tokens")),
+        "max_tokens",
+    ),
     ("anthropic_without_version", NoVersion(), "anthropic-version: header is required"),
-    ("anthropic_tool_result_for_no_call",
-     planted(AnthropicMessages, lambda w: _tool_result(w).update(tool_use_id="toolu_x")),
-     "unexpected `tool_use_id`"),
-    ("anthropic_call_left_unanswered",
-     planted(AnthropicMessages, lambda w: w["messages"].pop()),
-     "`tool_use` ids were found without `tool_result` blocks"),
-    ("anthropic_empty_text_block",
-     planted(AnthropicMessages, lambda w: w["messages"][0]["content"].append(
-         {"type": "text", "text": ""})),
-     "text content blocks must be non-empty"),
-    ("anthropic_system_as_a_message",
-     planted(AnthropicMessages, lambda w: w["messages"].insert(
-         0, {"role": "system", "content": "x"})), "$.messages[0].role"),
-    ("responses_with_messages",
-     planted(Responses, lambda w: w.update(messages=w["input"])),
-     "Unrecognized request argument supplied: messages"),
-    ("responses_output_for_no_call",
-     planted(Responses, lambda w: _first(w["input"], "function_call_output").update(
-         call_id="call_x")), "No tool call found for function call output with call_id call_x"),
-    ("responses_call_left_unanswered",
-     planted(Responses, lambda w: w["input"].pop()), "No tool output found for function call"),
-    ("responses_nested_tool",
-     planted(Responses, lambda w: w.update(tools=[
-         {"type": "function", "function": {"name": "list_files"}}])), "tools"),
-]  # fmt: skip
+    (
+        "anthropic_tool_result_for_no_call",
+        planted(AnthropicMessages, lambda w: _tool_result(w).update(tool_use_id="toolu_x")),
+        "unexpected `tool_use_id`",
+    ),
+    (
+        "anthropic_call_left_unanswered",
+        planted(AnthropicMessages, lambda w: w["messages"].pop()),
+        "`tool_use` ids were found without `tool_result` blocks",
+    ),
+    (
+        "anthropic_empty_text_block",
+        planted(
+            AnthropicMessages,
+            lambda w: w["messages"][0]["content"].append({"type": "text", "text": ""}),
+        ),
+        "text content blocks must be non-empty",
+    ),
+    (
+        "anthropic_system_as_a_message",
+        planted(
+            AnthropicMessages, lambda w: w["messages"].insert(0, {"role": "system", "content": "x"})
+        ),
+        "$.messages[0].role",
+    ),
+    (
+        "responses_with_messages",
+        planted(Responses, lambda w: w.update(messages=w["input"])),
+        "Unrecognized request argument supplied: messages",
+    ),
+    (
+        "responses_output_for_no_call",
+        planted(
+            Responses, lambda w: _first(w["input"], "function_call_output").update(call_id="call_x")
+        ),
+        "No tool call found for function call output with call_id call_x",
+    ),
+    (
+        "responses_call_left_unanswered",
+        planted(Responses, lambda w: w["input"].pop()),
+        "No tool output found for function call",
+    ),
+    (
+        "responses_nested_tool",
+        planted(
+            Responses,
+            lambda w: w.update(tools=[{"type": "function", "function": {"name": "list_files"}}]),
+        ),
+        "tools",
+    ),
+]
 
 
 @pytest.mark.parametrize(("api", "said"), [c[1:] for c in PLANTED], ids=[c[0] for c in PLANTED])
@@ -293,12 +367,18 @@ async def test_retry_after_is_honoured_and_overload_retried_under_each_api(api: 
         ("responses", {"stop": ["END"]}, "`stop`"),
         ("responses", {"response_format": {"type": "json_object"}}, "['response_format']"),
         ("anthropic", {"seed": 7}, "`seed`"),
-        ("anthropic", {"messages": [{"role": "user", "content": "a"},
-                                    {"role": "system", "content": "b"}]}, "messages[1]"),
-        ("anthropic", {"tools": [{"type": "function",
-                                  "function": {"name": "ls", "strict": True}}]}, "strict"),
+        (
+            "anthropic",
+            {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]},
+            "messages[1]",
+        ),
+        (
+            "anthropic",
+            {"tools": [{"type": "function", "function": {"name": "ls", "strict": True}}]},
+            "strict",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_a_request_the_api_cannot_carry_goes_to_another_runner_before_any_call(
     api: str, body: dict[str, Any], said: str
 ) -> None:
@@ -311,20 +391,33 @@ async def test_a_request_the_api_cannot_carry_goes_to_another_runner_before_any_
 
 
 MALFORMED: list[tuple[str, dict[str, Any], str]] = [
-    ("responses", {"object": "response", "output": [{"type": "function_call", "name": "ls"}]},
-     "output[0] is not a function call"),
-    ("responses", {"object": "response", "status": "failed", "output": [],
-                   "error": {"code": "server_error"}}, "the response failed (server_error)"),
+    (
+        "responses",
+        {"object": "response", "output": [{"type": "function_call", "name": "ls"}]},
+        "output[0] is not a function call",
+    ),
+    (
+        "responses",
+        {"object": "response", "status": "failed", "output": [], "error": {"code": "server_error"}},
+        "the response failed (server_error)",
+    ),
     ("responses", {"output": "text"}, "not an OpenAI response"),
-    ("anthropic", {"type": "message", "content": [
-        {"type": "tool_use", "id": "t1", "name": "ls", "input": "not an object"}]},
-     "content[0] is a tool_use whose input is not an object"),
-    ("anthropic", {"type": "message", "content": [{"type": "tool_use", "name": "ls",
-                                                   "input": {}}]},
-     "content[0] is not a function call"),
+    (
+        "anthropic",
+        {
+            "type": "message",
+            "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": "not an object"}],
+        },
+        "content[0] is a tool_use whose input is not an object",
+    ),
+    (
+        "anthropic",
+        {"type": "message", "content": [{"type": "tool_use", "name": "ls", "input": {}}]},
+        "content[0] is not a function call",
+    ),
     ("anthropic", {"content": "hello"}, "not an Anthropic message"),
     ("chat", {"choices": []}, "not a chat completion"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -346,11 +439,13 @@ async def test_a_malformed_answer_is_retried_then_refused_by_name(
 
 
 ANSWERS = {
-    "chat": {"model": "m", "choices": [{"message": {"role": "assistant", "content": "x"},
-                                        "finish_reason": "stop"}]},
+    "chat": {
+        "model": "m",
+        "choices": [{"message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
+    },
     "responses": {"object": "response", "status": "completed", "output": []},
     "anthropic": {"type": "message", "content": [{"type": "text", "text": "x"}]},
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("api", MODEL_APIS)
@@ -374,12 +469,18 @@ async def test_the_anthropic_request_carries_its_headers_and_the_runners_max_tok
     fake, clock = FakeModel(), VirtualClock()
     fake.default = json_response(200, ANSWERS["anthropic"])
     model = ModelClient(
-        base_url="http://m/v1/", clock=clock, transport=fake.transport,
+        base_url="http://m/v1/",
+        clock=clock,
+        transport=fake.transport,
         api=wire_api("anthropic", anthropic_max_tokens=321),
-    )  # fmt: skip
-    body = {**TOOL_ROUND, "messages": [{"role": "system", "content": "S"}, *TOOL_ROUND["messages"]],
-            "stop": "END", "tool_choice": "required",
-            "tools": [{"type": "function", "function": {"name": "list_files"}}]}  # fmt: skip
+    )
+    body = {
+        **TOOL_ROUND,
+        "messages": [{"role": "system", "content": "S"}, *TOOL_ROUND["messages"]],
+        "stop": "END",
+        "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "list_files"}}],
+    }
     await model.chat(body, key=KEY, deadline=clock.now() + 30)
     request = fake.requests[0]
     assert request.url == "http://m/v1/messages"
@@ -389,32 +490,53 @@ async def test_the_anthropic_request_carries_its_headers_and_the_runners_max_tok
     sent = fake.bodies()[0]
     assert (sent["system"], sent["max_tokens"], sent["stop_sequences"]) == ("S", 321, ["END"])
     assert sent["tool_choice"] == {"type": "any"}
-    assert sent["tools"] == [{"name": "list_files",
-                              "input_schema": {"type": "object", "properties": {}}}]  # fmt: skip
+    assert sent["tools"] == [
+        {"name": "list_files", "input_schema": {"type": "object", "properties": {}}}
+    ]
     assert sent["messages"][1]["content"] == [
         {"type": "tool_use", "id": "call_1", "name": "list_files", "input": {"path": "."}}
     ]
-    assert sent["messages"][2] == {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "call_1", "content": "[]"}]}  # fmt: skip
+    assert sent["messages"][2] == {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "[]"}],
+    }
 
 
 async def test_anthropic_usage_counts_the_cache_and_responses_usage_is_read() -> None:
     fake, clock = FakeModel(), VirtualClock()
     fake.script(
-        json_response(200, {**ANSWERS["anthropic"], "stop_reason": "max_tokens", "usage": {
-            "input_tokens": 3, "cache_creation_input_tokens": 10, "cache_read_input_tokens": 20,
-            "output_tokens": 4}}),
-        json_response(200, {**ANSWERS["responses"], "status": "incomplete",
-                            "incomplete_details": {"reason": "max_output_tokens"},
-                            "usage": {"input_tokens": 6, "output_tokens": 2, "total_tokens": 8}}),
-    )  # fmt: skip
-    anthropic = ModelClient(base_url="http://m/v1", clock=clock, transport=fake.transport,
-                            api=wire_api("anthropic"))  # fmt: skip
+        json_response(
+            200,
+            {
+                **ANSWERS["anthropic"],
+                "stop_reason": "max_tokens",
+                "usage": {
+                    "input_tokens": 3,
+                    "cache_creation_input_tokens": 10,
+                    "cache_read_input_tokens": 20,
+                    "output_tokens": 4,
+                },
+            },
+        ),
+        json_response(
+            200,
+            {
+                **ANSWERS["responses"],
+                "status": "incomplete",
+                "incomplete_details": {"reason": "max_output_tokens"},
+                "usage": {"input_tokens": 6, "output_tokens": 2, "total_tokens": 8},
+            },
+        ),
+    )
+    anthropic = ModelClient(
+        base_url="http://m/v1", clock=clock, transport=fake.transport, api=wire_api("anthropic")
+    )
     got = await anthropic.chat(TOOL_ROUND, key=KEY, deadline=clock.now() + 30)
     assert got.usage == {"prompt_tokens": 33, "completion_tokens": 4, "total_tokens": 37}
     assert got.finish_reason == "length"
-    responses = ModelClient(base_url="http://m/v1", clock=clock, transport=fake.transport,
-                            api=wire_api("responses"))  # fmt: skip
+    responses = ModelClient(
+        base_url="http://m/v1", clock=clock, transport=fake.transport, api=wire_api("responses")
+    )
     got = await responses.chat(TOOL_ROUND, key=KEY, deadline=clock.now() + 30)
     assert got.usage == {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8}
     assert got.finish_reason == "length"
@@ -425,8 +547,10 @@ async def test_every_apis_usage_counts_toward_the_tenants_budget(
     model_api: str, api: ApiHarness, tmp_path: Path
 ) -> None:
     payload = {"messages": [{"role": "user", "content": "count me"}]}
-    plan = {"idempotency_key": f"k-{model_api}", "plan": {"steps": [
-        {"name": "ask", "kind": "chat", "payload": payload}]}}  # fmt: skip
+    plan = {
+        "idempotency_key": f"k-{model_api}",
+        "plan": {"steps": [{"name": "ask", "kind": "chat", "payload": payload}]},
+    }
     task = await submitted(api, plan)
     view = await run_steps(api, tmp_path, standin(), task["id"], model_key=KEY, model_api=model_api)
     assert view["state"] == "SUCCEEDED", view
@@ -435,16 +559,21 @@ async def test_every_apis_usage_counts_toward_the_tenants_budget(
     assert view["budget"]["spent"] == usage["total_tokens"] > 0
 
 
-REQUIRED = {"TETHER_SUPERVISOR_URL": "http://s", "TETHER_MODEL_URL": "http://m/v1",
-            "TETHER_MODEL": "m"}  # fmt: skip
+REQUIRED = {
+    "TETHER_SUPERVISOR_URL": "http://s",
+    "TETHER_MODEL_URL": "http://m/v1",
+    "TETHER_MODEL": "m",
+}
 
 
 def test_model_api_is_a_setting_of_three_values_and_the_flag_wins() -> None:
     environ = {**REQUIRED, "TETHER_MODEL_API": "responses", "TETHER_TRACE_CONTENT": "1"}
     got = load_settings(RunnerSettings, environ=environ)
     assert (got.model_api, got.trace_content, got.anthropic_max_tokens) == (
-        "responses", True, 8192,
-    )  # fmt: skip
+        "responses",
+        True,
+        8192,
+    )
     flagged = load_settings(RunnerSettings, environ=environ, flags={"model_api": "anthropic"})
     assert flagged.model_api == "anthropic"
     with pytest.raises(SettingsError, match="'model_api' must be one of chat, responses"):
@@ -453,24 +582,57 @@ def test_model_api_is_a_setting_of_three_values_and_the_flag_wins() -> None:
         load_settings(RunnerSettings, environ={**REQUIRED, "TETHER_ANTHROPIC_MAX_TOKENS": "0"})
 
 
-ANTHROPIC_CREDIT = json_response(400, {"type": "error", "error": {
-    "type": "invalid_request_error",
-    "message": "Your credit balance is too low to access the Anthropic API."}})  # fmt: skip
-SPEND_LIMIT = json_response(429, {"type": "error", "error": {
-    "type": "rate_limit_error", "message": "spend limit",
-    "details": {"error_code": "enforced_spend_limit_reached"}}})  # fmt: skip
+ANTHROPIC_CREDIT = json_response(
+    400,
+    {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "Your credit balance is too low to access the Anthropic API.",
+        },
+    },
+)
+SPEND_LIMIT = json_response(
+    429,
+    {
+        "type": "error",
+        "error": {
+            "type": "rate_limit_error",
+            "message": "spend limit",
+            "details": {"error_code": "enforced_spend_limit_reached"},
+        },
+    },
+)
 RESPONSES_QUOTA = json_response(429, {"error": {"message": "quota", "code": "insufficient_quota"}})
 RELEASES: list[tuple[str, str, Any, dict[str, Any], tuple[str, bool], str]] = [
     ("anthropic_credit", "anthropic", ANTHROPIC_CREDIT, {}, ("operator", True), "quota"),
     ("anthropic_spend_limit", "anthropic", SPEND_LIMIT, {}, ("operator", True), "quota"),
     ("responses_quota", "responses", RESPONSES_QUOTA, {}, ("operator", True), "quota"),
-    ("anthropic_answered_as_chat", "anthropic", json_response(200, ANSWERS["chat"]), {},
-     ("operator", True), "in the shape of model_api 'chat'"),
-    ("responses_malformed", "responses", json_response(200, {"output": 3}), {},
-     ("transient", True), "not an OpenAI response"),
-    ("responses_seed", "responses", json_response(200, ANSWERS["responses"]), {"seed": 1},
-     ("invalid", True), "model_api 'chat'"),
-]  # fmt: skip
+    (
+        "anthropic_answered_as_chat",
+        "anthropic",
+        json_response(200, ANSWERS["chat"]),
+        {},
+        ("operator", True),
+        "in the shape of model_api 'chat'",
+    ),
+    (
+        "responses_malformed",
+        "responses",
+        json_response(200, {"output": 3}),
+        {},
+        ("transient", True),
+        "not an OpenAI response",
+    ),
+    (
+        "responses_seed",
+        "responses",
+        json_response(200, ANSWERS["responses"]),
+        {"seed": 1},
+        ("invalid", True),
+        "model_api 'chat'",
+    ),
+]
 
 
 @pytest.mark.parametrize(

@@ -18,13 +18,24 @@ from tests.runner.test_runner_processes import POOL, Cluster, wait_for
 pytestmark = pytest.mark.slow
 
 KEY = "sk-process-model-key-77aa"
-SCENARIO = {"turns": [
-    {"name": "look", "assistant_turns": 0, "last_contains": "write notes",
-     "tool_calls": [{"name": "write_file", "arguments": {"path": "notes.txt", "content": "hi"}}]},
-    {"name": "check", "assistant_turns": 1,
-     "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
-    {"name": "answer", "assistant_turns": 2, "text": "notes.txt says hi"},
-]}  # fmt: skip
+SCENARIO = {
+    "turns": [
+        {
+            "name": "look",
+            "assistant_turns": 0,
+            "last_contains": "write notes",
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "notes.txt", "content": "hi"}}
+            ],
+        },
+        {
+            "name": "check",
+            "assistant_turns": 1,
+            "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}],
+        },
+        {"name": "answer", "assistant_turns": 2, "text": "notes.txt says hi"},
+    ]
+}
 
 
 @pytest.fixture
@@ -60,11 +71,22 @@ def test_a_runner_process_runs_a_chat_step_and_an_agent_loop_under_each_api(
     answer = httpx.post(f"{cluster.model_url}/_admin/scenario", json=SCENARIO, trust_env=False)
     assert answer.status_code == 200, answer.text
     cluster.start_runner(
-        "r1", "--model-api", api, "--model-key-file", str(key_file),
+        "r1",
+        "--model-api",
+        api,
+        "--model-key-file",
+        str(key_file),
         XDG_CACHE_HOME=str(tmp_path / "cache"),
-    )  # fmt: skip
-    chat = submit(cluster, "chat", {"name": "ask", "kind": "chat", "payload": {
-        "messages": [{"role": "user", "content": "hello there"}]}})  # fmt: skip
+    )
+    chat = submit(
+        cluster,
+        "chat",
+        {
+            "name": "ask",
+            "kind": "chat",
+            "payload": {"messages": [{"role": "user", "content": "hello there"}]},
+        },
+    )
     notes = {"messages": [{"role": "user", "content": "write notes"}], "allowed_commands": []}
     agent = submit(cluster, "agent", {"name": "fix", "kind": "agent", "payload": notes})
     for task_id in (chat, agent):

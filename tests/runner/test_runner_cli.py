@@ -47,8 +47,13 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_public_surface_is_deliberate() -> None:
     assert sorted(tether.runner.__all__) == [
-        "KindRegistry", "Runner", "RunnerSettings", "StepContext", "StepKind", "StepOutput",
-    ]  # fmt: skip
+        "KindRegistry",
+        "Runner",
+        "RunnerSettings",
+        "StepContext",
+        "StepKind",
+        "StepOutput",
+    ]
     for name in tether.runner.__all__:
         assert getattr(tether.runner, name) is not None
 
@@ -216,8 +221,14 @@ def test_the_runner_hands_commands_without_sandbox_to_the_agent_kind(
         monkeypatch.setenv("TETHER_COMMANDS_WITHOUT_SANDBOX", env)
     served: list[tuple[RunnerSettings, KindRegistry]] = []
 
-    async def fake_serve(settings: RunnerSettings, _token: str, _t: Any, _k: Any,
-                         kinds: KindRegistry, *_transports_and_buffer: Any) -> int:  # fmt: skip
+    async def fake_serve(
+        settings: RunnerSettings,
+        _token: str,
+        _t: Any,
+        _k: Any,
+        kinds: KindRegistry,
+        *_transports_and_buffer: Any,
+    ) -> int:
         served.append((settings, kinds))
         return 0
 

@@ -66,9 +66,10 @@ def test_one_url_keeps_its_meaning_and_several_are_listed_with_commas(tmp_path: 
     from_file = load_settings(RunnerSettings, config_file=config, environ={}, flags=REQUIRED)
     assert from_file.supervisor_urls == ("http://a:8080", "http://b:8080/")
     from_env = load_settings(
-        RunnerSettings, environ={"TETHER_SUPERVISOR_URL": "http://a,http://b,http://c"},
+        RunnerSettings,
+        environ={"TETHER_SUPERVISOR_URL": "http://a,http://b,http://c"},
         flags=REQUIRED,
-    )  # fmt: skip
+    )
     assert from_env.supervisor_urls == ("http://a", "http://b", "http://c")
     flag = load_settings(
         RunnerSettings,
@@ -397,12 +398,21 @@ def test_a_runner_process_finishes_its_step_through_the_second_supervisor_proces
         runner = cluster.start(
             "runner",
             [
-                *program("tether-runner"), "run", "--supervisor", f"{cluster.url},{other_url}",
-                "--runner-id", "r-failover", "--token-file", str(cluster.runner_token_file),
-                "--model", "stand-in", "--model-url", f"{cluster.model_url}/v1",
+                *program("tether-runner"),
+                "run",
+                "--supervisor",
+                f"{cluster.url},{other_url}",
+                "--runner-id",
+                "r-failover",
+                "--token-file",
+                str(cluster.runner_token_file),
+                "--model",
+                "stand-in",
+                "--model-url",
+                f"{cluster.model_url}/v1",
             ],
             environment(TETHER_LOG_FORMAT="json", TETHER_CLAIM_WAIT_S="1"),
-        )  # fmt: skip
+        )
         wait_for(lambda: runner.events("supervisor answered"), "the runner", 20, cluster)
         task_id = cluster.submit()
         wait_for(lambda: cluster.leased_to(task_id), "the lease", 20, cluster)

@@ -198,9 +198,13 @@ class FakeSupervisor:
         if parts[1] == "artifacts":
             return await self._artifact(request, parts[2])
         kind = {
-            "claim": "claim", "renew": "renew", "release": "release", "result": "result",
-            "runner": "whoami", "checkpoint": "checkpoint",
-        }.get(parts[-1], "other")  # fmt: skip
+            "claim": "claim",
+            "renew": "renew",
+            "release": "release",
+            "result": "result",
+            "runner": "whoami",
+            "checkpoint": "checkpoint",
+        }.get(parts[-1], "other")
         step_id = parts[2] if kind in ("renew", "release", "result", "checkpoint") else None
         body = json.loads(request.content) if request.content else None
         self.calls.append(
@@ -254,9 +258,11 @@ class FakeSupervisor:
         for item in json.loads(request.content)["results"]:
             step_id = item.pop("step_id")
             single = httpx.Request(
-                "POST", f"http://supervisor.test/v1/steps/{step_id}/result",
-                headers=request.headers, json=item,
-            )  # fmt: skip
+                "POST",
+                f"http://supervisor.test/v1/steps/{step_id}/result",
+                headers=request.headers,
+                json=item,
+            )
             answer = await self._handle(single)
             await answer.aread()
             if answer.status_code == 200:
@@ -297,10 +303,12 @@ class FakeSupervisor:
         answers = []
         for x in held:
             single = httpx.Request(
-                "POST", f"http://supervisor.test/v1/leases/{x['step_id']}/renew",
-                headers=request.headers, json={"fence": x["fence"]},
+                "POST",
+                f"http://supervisor.test/v1/leases/{x['step_id']}/renew",
+                headers=request.headers,
+                json={"fence": x["fence"]},
                 extensions=request.extensions,  # its timeout, for a scripted hang
-            )  # fmt: skip
+            )
             answer = await self._handle(single)
             await answer.aread()
             if answer.status_code not in (200, 404, 409) or "json" not in answer.headers.get(

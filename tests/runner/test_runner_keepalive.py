@@ -94,8 +94,9 @@ async def _relay_one(client: anyio.abc.SocketStream, port: int) -> None:
 async def relayed_uvicorn() -> AsyncIterator[str]:
     """A real uvicorn (keep-alive `KEEP_ALIVE_S`) behind the delaying relay; yields its URL."""
     app = Starlette(routes=[Route("/v1/runner", _identity)])
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                            timeout_keep_alive=KEEP_ALIVE_S)  # type: ignore[arg-type]  # fmt: skip
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+    )  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -68,13 +68,22 @@ async def test_run_chat_answers_text_finish_reason_model_and_usage() -> None:
         return Completion(text="t", finish_reason="stop", model="m-1", usage={"total_tokens": 9})
 
     ctx = StepContext(
-        step_id="s", task_id="t", name="n", attempt=1, payload={"messages": MSGS},
-        outputs=(), default_model="m", chat=chat,
-    )  # fmt: skip
+        step_id="s",
+        task_id="t",
+        name="n",
+        attempt=1,
+        payload={"messages": MSGS},
+        outputs=(),
+        default_model="m",
+        chat=chat,
+    )
     out = await run_chat(ctx)
     assert out.output == {
-        "text": "t", "finish_reason": "stop", "model": "m-1", "usage": {"total_tokens": 9},
-    }  # fmt: skip
+        "text": "t",
+        "finish_reason": "stop",
+        "model": "m-1",
+        "usage": {"total_tokens": 9},
+    }
     assert out.usage == {"total_tokens": 9}
     assert seen[0]["model"] == "m"
 
@@ -126,14 +135,22 @@ def test_a_kind_written_against_the_package_names_is_served() -> None:
 # -- tool calls (issue 12, item 1) ---------------------------------------------------------
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read one file.", "strict": True,
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-    }},
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read one file.",
+            "strict": True,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    },
     {"type": "function", "function": {"name": "list_files"}},
-]  # fmt: skip
-CALL = {"id": "call_1", "type": "function",
-        "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}  # fmt: skip
+]
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "read_file", "arguments": '{"path": "a.py"}'},
+}
 TOOL_TURNS = [
     {"role": "user", "content": "read a.py"},
     {"role": "assistant", "content": None, "tool_calls": [CALL]},
@@ -163,38 +180,67 @@ def _with(index: int, **changes: Any) -> list[dict[str, Any]]:
     ("payload", "words"),
     [
         ({"messages": MSGS, "tools": []}, "`payload.tools`"),
-        ({"messages": MSGS, "tools": [{"type": "fn", "function": {"name": "x"}}]},
-         "`payload.tools[0].type`"),
-        ({"messages": MSGS, "tools": [{"type": "function", "function": {"name": "read file"}}]},
-         "`payload.tools[0].function.name`"),
-        ({"messages": MSGS, "tools": [{"type": "function", "function": {"nam": "x"}}]},
-         "did you mean `name`"),
-        ({"messages": MSGS, "tools": [{"type": "function", "function": {
-            "name": "x", "parameters": {"type": "array"}}}]}, "JSON Schema of type `object`"),
-        ({"messages": MSGS, "tools": [{"type": "function", "function": {
-            "name": "x", "parameters": "{}"}}]}, "`payload.tools[0].function.parameters`"),
+        (
+            {"messages": MSGS, "tools": [{"type": "fn", "function": {"name": "x"}}]},
+            "`payload.tools[0].type`",
+        ),
+        (
+            {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "read file"}}]},
+            "`payload.tools[0].function.name`",
+        ),
+        (
+            {"messages": MSGS, "tools": [{"type": "function", "function": {"nam": "x"}}]},
+            "did you mean `name`",
+        ),
+        (
+            {
+                "messages": MSGS,
+                "tools": [
+                    {"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}
+                ],
+            },
+            "JSON Schema of type `object`",
+        ),
+        (
+            {
+                "messages": MSGS,
+                "tools": [{"type": "function", "function": {"name": "x", "parameters": "{}"}}],
+            },
+            "`payload.tools[0].function.parameters`",
+        ),
         ({"messages": MSGS, "tools": [TOOLS[0], TOOLS[0]]}, "declared twice"),
         ({"messages": MSGS, "tool_choice": "auto"}, "`payload.tool_choice`: needs `tools`"),
-        ({"messages": MSGS, "tools": TOOLS, "tool_choice": "always"},
-         "`payload.tool_choice`: invalid enum value 'always'"),
-        ({"messages": MSGS, "tools": TOOLS,
-          "tool_choice": {"type": "function", "function": {"name": "write_file"}}},
-         "`payload.tool_choice.function.name`: 'write_file' is not a declared tool"),
+        (
+            {"messages": MSGS, "tools": TOOLS, "tool_choice": "always"},
+            "`payload.tool_choice`: invalid enum value 'always'",
+        ),
+        (
+            {
+                "messages": MSGS,
+                "tools": TOOLS,
+                "tool_choice": {"type": "function", "function": {"name": "write_file"}},
+            },
+            "`payload.tool_choice.function.name`: 'write_file' is not a declared tool",
+        ),
         ({"messages": _with(1, tool_calls=[])}, "`payload.messages[1].tool_calls`"),
-        ({"messages": _with(1, tool_calls=[{**CALL, "function": {"name": "read_file"}}])},
-         "`payload.messages[1].tool_calls[0].function`"),
+        (
+            {"messages": _with(1, tool_calls=[{**CALL, "function": {"name": "read_file"}}])},
+            "`payload.messages[1].tool_calls[0].function`",
+        ),
         ({"messages": _with(1, tool_calls=[CALL, CALL])}, "ids of `tool_calls` must differ"),
         ({"messages": _with(0, tool_calls=[CALL])}, "only an `assistant` message"),
         ({"messages": _with(1, tool_calls=None)}, "`payload.messages[1].tool_calls`"),
         ({"messages": [TOOL_TURNS[0], {"role": "assistant"}]}, "`content` (a string) or"),
-        ({"messages": _with(2, tool_call_id="call_9")},
-         "`payload.messages[2].tool_call_id`: 'call_9' answers no open call"),
+        (
+            {"messages": _with(2, tool_call_id="call_9")},
+            "`payload.messages[2].tool_call_id`: 'call_9' answers no open call",
+        ),
         ({"messages": [{"role": "tool", "content": "x"}]}, "needs `tool_call_id`"),
         ({"messages": _with(0, tool_call_id="call_1")}, "only a `tool` message"),
         ({"messages": TOOL_TURNS[:2]}, "of the last message are not answered"),
         ({"messages": [*TOOL_TURNS[:2], MSGS[1]]}, "`payload.messages[2]`: tool calls"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_tool_shape_is_rejected_with_its_field_named(payload: Any, words: str) -> None:
     with pytest.raises(StepRejected) as caught:
         chat_request(payload, (), "m")
@@ -207,18 +253,36 @@ async def test_run_chat_keeps_the_models_tool_calls_and_the_providers_other_keys
 
     async def chat(body: dict[str, Any]) -> Completion:
         return Completion(
-            text="", finish_reason="tool_calls", model="m-1", usage={"total_tokens": 9},
-            tool_calls=(call,), extra={"reasoning_content": "look first"},
-        )  # fmt: skip
+            text="",
+            finish_reason="tool_calls",
+            model="m-1",
+            usage={"total_tokens": 9},
+            tool_calls=(call,),
+            extra={"reasoning_content": "look first"},
+        )
 
     ctx = StepContext(
-        step_id="s", task_id="t", name="n", attempt=1,
-        payload={"messages": MSGS, "tools": TOOLS}, outputs=(), default_model="m", chat=chat,
-    )  # fmt: skip
+        step_id="s",
+        task_id="t",
+        name="n",
+        attempt=1,
+        payload={"messages": MSGS, "tools": TOOLS},
+        outputs=(),
+        default_model="m",
+        chat=chat,
+    )
     out = await run_chat(ctx)
     assert out.output == {
-        "text": "", "finish_reason": "tool_calls", "model": "m-1", "usage": {"total_tokens": 9},
-        "tool_calls": [{"id": "c1", "type": "function",
-                        "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}],
+        "text": "",
+        "finish_reason": "tool_calls",
+        "model": "m-1",
+        "usage": {"total_tokens": 9},
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": '{"path": "a.py"}'},
+            }
+        ],
         "extra": {"reasoning_content": "look first"},
-    }  # fmt: skip
+    }

@@ -37,9 +37,12 @@ def test_only_lines_about_an_attempt_are_buffered_masked_and_without_the_runners
     log.info("runner starting", runner_id="r")  # about no attempt: not shipped
     with structlog.contextvars.bound_contextvars(task_id="t1", step_id="s1", attempt=2, fence=9):
         log.warning(
-            "model call failed", error=f"401 for key {secret}", cause=ValueError(secret),
-            usage={"total_tokens": 5}, authorization=f"Bearer {secret}",
-        )  # fmt: skip
+            "model call failed",
+            error=f"401 for key {secret}",
+            cause=ValueError(secret),
+            usage={"total_tokens": 5},
+            authorization=f"Bearer {secret}",
+        )
         try:
             raise RuntimeError(f"boom {secret}")
         except RuntimeError:
@@ -69,8 +72,10 @@ def test_each_attempt_keeps_its_newest_lines_and_says_how_many_it_lost() -> None
     buffer.add(LogLine(step_id="s2", fence=2, level="info", event="other attempt"))
     first = buffer.take(most=3)
     assert [(x.event, x.fields) for x in first] == [
-        (DROPPED_EVENT, {"dropped": 2, "by": "runner"}), ("line 2", {}), ("line 3", {}),
-    ]  # fmt: skip
+        (DROPPED_EVENT, {"dropped": 2, "by": "runner"}),
+        ("line 2", {}),
+        ("line 3", {}),
+    ]
     buffer.lost(first)  # that batch got no answer: its lines are lost too, and counted
     rest = buffer.take()
     assert [(x.step_id, x.event, x.fields) for x in rest] == [

@@ -47,9 +47,10 @@ def json_entries(cluster: Cluster, task_id: str) -> list[dict[str, Any]]:
 
 def shipped(cluster: Cluster, task_id: str, runner_id: str) -> list[dict[str, Any]]:
     return [
-        e for e in json_entries(cluster, task_id)
+        e
+        for e in json_entries(cluster, task_id)
         if e["source"] == "runner" and e["runner_id"] == runner_id
-    ]  # fmt: skip
+    ]
 
 
 def test_the_runners_lines_outlive_its_server_and_a_forged_line_is_refused(
@@ -76,20 +77,27 @@ def test_the_runners_lines_outlive_its_server_and_a_forged_line_is_refused(
     # Another runner token of the same pool cannot write into runner-a's attempt.
     step_id = cluster.task(task_id)["steps"][0]["id"]
     forger = cluster.token(POOL, "runner")
-    forged = {"step_id": step_id, "fence": first["fence"], "level": "info",
-              "event": "forged: runner-a deployed to production"}  # fmt: skip
+    forged = {
+        "step_id": step_id,
+        "fence": first["fence"],
+        "level": "info",
+        "event": "forged: runner-a deployed to production",
+    }
     answer = httpx.post(
-        f"{cluster.url}/v1/logs", json={"lines": [forged]}, trust_env=False,
+        f"{cluster.url}/v1/logs",
+        json={"lines": [forged]},
+        trust_env=False,
         headers={"Authorization": f"Bearer {forger}"},
-    )  # fmt: skip
+    )
     assert answer.status_code == 200, answer.text
     assert answer.json() == {"kept": 0, "refused": 1, "over_limit": 0}
 
     entries = json_entries(cluster, task_id)
     assert sup.stop() == 0
     assert not any("forged" in e["event"] for e in entries)
-    runner_lines = [(e["runner_id"], e["fence"], e["event"]) for e in entries
-                    if e["source"] == "runner"]  # fmt: skip
+    runner_lines = [
+        (e["runner_id"], e["fence"], e["event"]) for e in entries if e["source"] == "runner"
+    ]
     assert ("runner-a", first["fence"], "step leased") in runner_lines
     assert ("runner-b", second["fence"], "step leased") in runner_lines
     assert ("runner-b", second["fence"], "step reported") in runner_lines

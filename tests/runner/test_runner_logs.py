@@ -179,19 +179,24 @@ class _Hang:
 
 def tool_call(name: str, **arguments: Any) -> httpx.Response:
     """A model answer asking for one tool call."""
-    call = {"id": "c1", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
     return json_response(
         200,
         {
             "model": "m",
             "choices": [
-                {"message": {"role": "assistant", "content": None, "tool_calls": [call]},
-                 "finish_reason": "tool_calls"}
+                {
+                    "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    "finish_reason": "tool_calls",
+                }
             ],
             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
         },
-    )  # fmt: skip
+    )
 
 
 async def test_a_step_kinds_own_lines_checkpoint_and_resuming_carry_the_steps_ids(
@@ -219,19 +224,32 @@ async def test_a_step_kinds_own_lines_checkpoint_and_resuming_carry_the_steps_id
             (saved,) = sup.checkpoints["s1"]
             resume = {"turn": 1, "fence": 41, "transcript": saved["transcript"]}
             sup.offer(
-                make_lease("s1", task_id="t1", kind="agent", fence=42, attempt=2,
-                           payload=payload, resume=resume)
-            )  # fmt: skip
+                make_lease(
+                    "s1",
+                    task_id="t1",
+                    kind="agent",
+                    fence=42,
+                    attempt=2,
+                    payload=payload,
+                    resume=resume,
+                )
+            )
             await sup.until(lambda: len(sup.of("result", "s1")) == 2)
             rig.runner.request_shutdown()
     (checkpoint,) = [e for e in logs if e["event"] == "checkpoint"]
     (resuming,) = [e for e in logs if e["event"] == "resuming"]
     assert {f: checkpoint.get(f) for f in STEP_FIELDS} == {
-        "task_id": "t1", "step_id": "s1", "attempt": 1, "fence": 41,
-    }  # fmt: skip
+        "task_id": "t1",
+        "step_id": "s1",
+        "attempt": 1,
+        "fence": 41,
+    }
     assert {f: resuming.get(f) for f in STEP_FIELDS} == {
-        "task_id": "t1", "step_id": "s1", "attempt": 2, "fence": 42,
-    }  # fmt: skip
+        "task_id": "t1",
+        "step_id": "s1",
+        "attempt": 2,
+        "fence": 42,
+    }
     assert resuming["from_fence"] == 41
     done = [e for e in logs if e["event"] == "agent step done"]
     assert [e["fence"] for e in done] == [41, 42]

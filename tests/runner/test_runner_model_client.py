@@ -156,22 +156,36 @@ def test_retry_after_forms() -> None:
 def tool_answer(message: dict[str, object], finish: str = "tool_calls") -> httpx.Response:
     return json_response(
         200,
-        {"model": "m", "choices": [{"message": message, "finish_reason": finish}],
-         "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}},
-    )  # fmt: skip
+        {
+            "model": "m",
+            "choices": [{"message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
+        },
+    )
 
 
 async def test_tool_calls_are_kept_and_the_providers_other_keys_go_to_extra() -> None:
     model, clock = FakeModel(), VirtualClock()
-    call = {"id": "call_a", "type": "function", "index": 0, "extra_content": {"sig": "x1"},
-            "function": {"name": "run", "arguments": '{"cmd": "ls"}', "note": None}}  # fmt: skip
+    call = {
+        "id": "call_a",
+        "type": "function",
+        "index": 0,
+        "extra_content": {"sig": "x1"},
+        "function": {"name": "run", "arguments": '{"cmd": "ls"}', "note": None},
+    }
     bare = {"id": "call_b", "function": {"name": "list_files", "arguments": "{}"}}  # no `type`
     model.script(
-        tool_answer({
-            "role": "assistant", "content": None, "tool_calls": [call, bare],
-            "refusal": None, "annotations": [], "reasoning_content": "ls first",
-        })
-    )  # fmt: skip
+        tool_answer(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [call, bare],
+                "refusal": None,
+                "annotations": [],
+                "reasoning_content": "ls first",
+            }
+        )
+    )
     got = await _client(model, clock).chat(BODY, key=MODEL_KEY, deadline=clock.now() + 60)
     assert got.text == ""
     assert got.finish_reason == "tool_calls"

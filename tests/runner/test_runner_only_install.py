@@ -26,14 +26,26 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 
 # Supervisor-side distributions, listed even before they are dependencies so that no runner
 # module starts importing one unnoticed; the extras below add whatever pyproject.toml lists.
-ALWAYS_FORBIDDEN = frozenset({
-    "starlette", "uvicorn", "httptools", "prometheus_client", "cachetools", "jinja2",
-    "psycopg", "aiosqlite",
-    "opentelemetry",  # the otel extra: tracing is optional on a runner too
-    # what a runner never imports: the supervisor and the schedule explorer (both in the
-    # wheel), and packages of the checkout that a borrowed server never has
-    "tether.supervisor", "tether.sim", "examples", "bench", "tests",
-})  # fmt: skip
+ALWAYS_FORBIDDEN = frozenset(
+    {
+        "starlette",
+        "uvicorn",
+        "httptools",
+        "prometheus_client",
+        "cachetools",
+        "jinja2",
+        "psycopg",
+        "aiosqlite",
+        "opentelemetry",  # the otel extra: tracing is optional on a runner too
+        # what a runner never imports: the supervisor and the schedule explorer (both in the
+        # wheel), and packages of the checkout that a borrowed server never has
+        "tether.supervisor",
+        "tether.sim",
+        "examples",
+        "bench",
+        "tests",
+    }
+)
 
 
 # In the dev extra to build the wheel, but any virtual environment may hold them, and
@@ -95,9 +107,12 @@ def test_the_forbidden_list_covers_the_supervisor_and_dev_extras() -> None:
 
 def test_every_runner_module_imports_and_help_runs_without_them() -> None:
     result = probe(
-        "--forbid", ",".join(sorted(forbidden_modules())), "--walk", "tether",
+        "--forbid",
+        ",".join(sorted(forbidden_modules())),
+        "--walk",
+        "tether",
         "--runner-help",
-    )  # fmt: skip
+    )
     assert result["failures"] == []
     imported = set(result["imported"])
     runner = {"tether.runner.cli", "tether.runner.daemon", "tether.runner.step"}

@@ -147,8 +147,12 @@ class Cluster:
         argv = [*program("tether-supervisor"), "token", "create", "--init", "--db", str(self.db)]
         done = subprocess.run(
             [*argv, "--tenant", tenant, "--role", role],
-            capture_output=True, text=True, timeout=30, check=True, env=environment(),
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+            env=environment(),
+        )
         return done.stdout.strip()
 
     def add_repository(self, name: str, url: str | Path, tenant: str = TENANT) -> None:
@@ -156,8 +160,12 @@ class Cluster:
         argv = [*program("tether-supervisor"), "repo", "add", name, "--url", str(url)]
         done = subprocess.run(
             [*argv, "--tenant", tenant, "--db", str(self.db)],
-            capture_output=True, text=True, timeout=60, check=False, env=environment(),
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=environment(),
+        )
         assert done.returncode == 0, done.stderr
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> Proc:
@@ -219,10 +227,15 @@ class Cluster:
         self._tasks += 1
         plan = {
             "steps": [
-                {"name": "ask", "kind": "chat", "payload": {"messages": [
-                    {"role": "user", "content": f"{text} #{self._tasks}"}]}},
+                {
+                    "name": "ask",
+                    "kind": "chat",
+                    "payload": {
+                        "messages": [{"role": "user", "content": f"{text} #{self._tasks}"}]
+                    },
+                },
             ]
-        }  # fmt: skip
+        }
         body = {"idempotency_key": f"k{self._tasks}-{os.getpid()}", "plan": plan, "pool": POOL}
         task = self.http.post("/v1/tasks", json=body)
         assert task.status_code == 201, task.text
@@ -393,8 +406,10 @@ def test_a_rejected_key_pauses_without_failing_and_a_good_key_completes_the_same
     assert str(key_file) in paused[0]["event"]
     released = wait_for(
         lambda: [x for x in cluster.attempts(task_id) if x["state"] == "released"],
-        "the operator release", 10, cluster,
-    )  # fmt: skip
+        "the operator release",
+        10,
+        cluster,
+    )
     assert released[0]["reason"].startswith("operator")
     assert cluster.state(task_id) in ("QUEUED", "RUNNING")
     # The provider is also flaky now: one 429 (Retry-After 1 s), one 500; both are retried.

@@ -226,9 +226,11 @@ async def test_a_result_that_cannot_be_encoded_is_refused_to_its_own_step_only()
         return httpx.Response(200, json={"results": answers})
 
     client = SupervisorClient(
-        base_url="http://supervisor.test", token="t", clock=LoopClock(),
+        base_url="http://supervisor.test",
+        token="t",
+        clock=LoopClock(),
         transport=httpx.MockTransport(supervisor),
-    )  # fmt: skip
+    )
     results = ResultSender(client)
     out: dict[str, Any] = {}
 

@@ -74,9 +74,12 @@ def services(
 
 def checkpoint(fence: int = 7, turn: int = 1) -> Checkpoint:
     return Checkpoint(
-        fence=fence, turn=turn, transcript="c" * 64, usage={"total_tokens": 9},
+        fence=fence,
+        turn=turn,
+        transcript="c" * 64,
+        usage={"total_tokens": 9},
         step_usage={"total_tokens": 9},
-    )  # fmt: skip
+    )
 
 
 # -- the artifact store ------------------------------------------------------------------------
@@ -226,9 +229,16 @@ async def test_a_checkpoint_is_put_under_the_step_and_its_fence() -> None:
     assert call.path == "/v1/steps/s1/checkpoint"
     assert call.headers["authorization"] == f"Bearer {TOKEN}"
     assert sup.checkpoints["s1"] == [
-        {"fence": 7, "turn": 2, "transcript": "c" * 64, "bundle": None, "sha": None,
-         "usage": {"total_tokens": 9}, "step_usage": {"total_tokens": 9}},
-    ]  # fmt: skip
+        {
+            "fence": 7,
+            "turn": 2,
+            "transcript": "c" * 64,
+            "bundle": None,
+            "sha": None,
+            "usage": {"total_tokens": 9},
+            "step_usage": {"total_tokens": 9},
+        },
+    ]
     assert svc.checkpoints == 1
 
 
@@ -308,17 +318,24 @@ async def test_the_context_carries_what_the_lease_bound_and_the_result_its_bundl
         bundle = await ctx.services.upload(b"a bundle")
         check = CheckRun(log=log, exit_code=0, duration_s=1.5)
         return StepOutput(
-            output={"done": True}, usage={"total_tokens": 4}, candidate_sha=SHA_B,
-            bundle=bundle, checks={"tests": check},
-        )  # fmt: skip
+            output={"done": True},
+            usage={"total_tokens": 4},
+            candidate_sha=SHA_B,
+            bundle=bundle,
+            checks={"tests": check},
+        )
 
     rig = make_rig(tmp_path, kinds=KindRegistry([("repo-work", repo_work)]))
     sup = rig.supervisor
     repository = {
-        "name": "app", "url": "/srv/git/app.git", "base_sha": SHA_A, "start_sha": SHA_A,
-        "start_bundle": None, "allowed_paths": ["src/"],
+        "name": "app",
+        "url": "/srv/git/app.git",
+        "base_sha": SHA_A,
+        "start_sha": SHA_A,
+        "start_bundle": None,
+        "allowed_paths": ["src/"],
         "checks": [{"name": "tests", "command": "python -m pytest -q"}],
-    }  # fmt: skip
+    }
     resume = {"turn": 2, "fence": 40, "transcript": "e" * 64, "usage": {"total_tokens": 7}}
     sup.offer(make_lease("s1", kind="repo-work", fence=41, repository=repository, resume=resume))
     async with anyio.create_task_group() as tg:

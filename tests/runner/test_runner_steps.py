@@ -109,9 +109,11 @@ async def test_work_starts_at_once_the_lease_is_renewed_during_it_and_reported(
     first_claim = sup.of("claim")[0].body
     # READY=1 came with the answer to `GET /v1/runner`: the first claim long-polls like any.
     assert first_claim == {
-        "runner_id": "test-runner", "capacity": 2, "wait_s": 0.2,
+        "runner_id": "test-runner",
+        "capacity": 2,
+        "wait_s": 0.2,
         "kinds": ["agent", "chat", "verify"],
-    }  # fmt: skip
+    }
 
 
 async def test_a_step_answered_within_half_a_renew_interval_sends_no_renew(
@@ -323,9 +325,11 @@ async def test_a_custom_kind_gets_earlier_outputs_and_reports_candidate_and_arti
     async def patch(ctx: StepContext) -> StepOutput:
         seen.append(ctx)
         return StepOutput(
-            output={"ok": True}, usage={"total_tokens": 0}, candidate_sha="c0ffee",
+            output={"ok": True},
+            usage={"total_tokens": 0},
+            candidate_sha="c0ffee",
             artifacts={"tests": "ab" * 32},
-        )  # fmt: skip
+        )
 
     kinds = KindRegistry.default(entry_points=False)
     kinds.register("patch", patch)
@@ -441,9 +445,9 @@ async def test_a_crashing_kind_costs_one_release_not_the_daemon(tmp_path: Path) 
     rig.supervisor.requeue_released = False
     rig.supervisor.offer(make_lease("s1", kind="broken"))
     rig.supervisor.offer(make_lease("s2", task_id="t2"))
-    await run_until(rig, lambda: sorted(map(str, step_outcomes(rig))) == [
-        "applied", "released: transient"
-    ])  # fmt: skip
+    await run_until(
+        rig, lambda: sorted(map(str, step_outcomes(rig))) == ["applied", "released: transient"]
+    )
     body = rig.supervisor.of("release", "s1")[0].body
     assert (body["reason"], body["retryable"]) == ("transient", True)
     assert "RuntimeError" in body["detail"]
@@ -452,9 +456,10 @@ async def test_a_crashing_kind_costs_one_release_not_the_daemon(tmp_path: Path) 
 def garbled(status: int = 200) -> httpx.Response:
     """An answer httpx cannot decode: it says gzip, and is not (a broken proxy, say)."""
     return httpx.Response(
-        status, headers={"content-encoding": "gzip", "content-type": "application/json"},
+        status,
+        headers={"content-encoding": "gzip", "content-type": "application/json"},
         stream=httpx.ByteStream(b"not gzip at all"),  # decoded when read, by the client
-    )  # fmt: skip
+    )
 
 
 async def test_an_undecodable_answer_is_retried_like_a_lost_one(tmp_path: Path) -> None:

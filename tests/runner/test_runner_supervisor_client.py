@@ -33,9 +33,11 @@ def client_answering(*answers: httpx.Response | Exception) -> SupervisorClient:
         return answer
 
     return SupervisorClient(
-        base_url="http://sup", token="t", clock=LoopClock(),
+        base_url="http://sup",
+        token="t",
+        clock=LoopClock(),
         transport=httpx.MockTransport(handle),
-    )  # fmt: skip
+    )
 
 
 async def test_a_claim_answers_leases_or_nothing() -> None:

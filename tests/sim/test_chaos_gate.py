@@ -68,9 +68,13 @@ class Expect:
 
 def result(lease: Lease, **extra: Any) -> Report:
     return Report(
-        step_id=lease.step_id, fence=lease.fence, payload_hash=lease.payload_hash,
-        output={"done": lease.step_id}, usage={"total_tokens": 5}, **extra,
-    )  # fmt: skip
+        step_id=lease.step_id,
+        fence=lease.fence,
+        payload_hash=lease.payload_hash,
+        output={"done": lease.step_id},
+        usage={"total_tokens": 5},
+        **extra,
+    )
 
 
 async def claim_one(ledger: LedgerStore, runner: str) -> Lease:

@@ -13,17 +13,26 @@ from tether.wire.records import LeaseRepository
 
 def bound(start: str = BASE) -> LeaseRepository:
     return LeaseRepository(
-        name="repo0", url="/srv/git/repo0.git", base_sha=BASE, start_sha=start,
+        name="repo0",
+        url="/srv/git/repo0.git",
+        base_sha=BASE,
+        start_sha=start,
         allowed_paths=("src/",),
-    )  # fmt: skip
+    )
 
 
 def observe(repos: Repos, step_id: str, fence: int, forgery: Finding | None = None) -> Evidence:
     work = repos.work(step_id, fence, bound(), ["lint", "test"], forgery)
     return repos.gather(
-        tenant="acme", repository="repo0", approved_base=BASE, step_id=step_id, fence=fence,
-        candidate=work.candidate, bundle=work.bundle, checks=work.checks,
-    )  # fmt: skip
+        tenant="acme",
+        repository="repo0",
+        approved_base=BASE,
+        step_id=step_id,
+        fence=fence,
+        candidate=work.candidate,
+        bundle=work.bundle,
+        checks=work.checks,
+    )
 
 
 def test_an_honest_attempt_is_clean_and_gets_its_own_ref() -> None:
@@ -48,9 +57,15 @@ def test_a_ref_is_created_only_where_none_is() -> None:
     # another commit for the committed attempt's ref is refused, and the ref does not move
     work = repos.work("T1.0", 3, bound(), [], sha="c9late")
     evidence = repos.gather(
-        tenant="acme", repository="repo0", approved_base=BASE, step_id="T1.0", fence=3,
-        candidate=work.candidate, bundle=work.bundle, checks={},
-    )  # fmt: skip
+        tenant="acme",
+        repository="repo0",
+        approved_base=BASE,
+        step_id="T1.0",
+        fence=3,
+        candidate=work.candidate,
+        bundle=work.bundle,
+        checks={},
+    )
     assert [p.code for p in evidence.problems] == [Finding.BUNDLE_REFUSED]
     assert repos.refs == {"refs/tether/T1/T1.0/3": "c3"}
 
@@ -69,8 +84,14 @@ def test_the_head_is_read_as_the_report_arrives() -> None:
     work = repos.work("T1.0", 3, bound(), [])
     repos.push("acme", "repo0", "sha7")
     evidence = repos.gather(
-        tenant="acme", repository="repo0", approved_base=BASE, step_id="T1.0", fence=3,
-        candidate=work.candidate, bundle=work.bundle, checks={},
-    )  # fmt: skip
+        tenant="acme",
+        repository="repo0",
+        approved_base=BASE,
+        step_id="T1.0",
+        fence=3,
+        candidate=work.candidate,
+        bundle=work.bundle,
+        checks={},
+    )
     assert evidence == Evidence(head_sha="sha7")
     assert repos.head("globex", "repo0") == BASE  # another tenant's repository did not move

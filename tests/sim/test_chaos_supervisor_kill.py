@@ -67,10 +67,13 @@ def call(cluster: Cluster, path: str, body: dict[str, Any]) -> httpx.Response | 
 def submit(cluster: Cluster, rng: random.Random, n: int) -> str | None:
     """Create and approve a task of 1-3 steps; answer its id once the create was answered."""
     steps = [
-        {"name": f"s{j}", "kind": "chat",
-         "payload": {"messages": [{"role": "user", "content": f"task {n} step {j}"}]}}
+        {
+            "name": f"s{j}",
+            "kind": "chat",
+            "payload": {"messages": [{"role": "user", "content": f"task {n} step {j}"}]},
+        }
         for j in range(rng.randint(1, 3))
-    ]  # fmt: skip
+    ]
     body = {"idempotency_key": f"kill-{SEED}-{n}", "plan": {"steps": steps}, "pool": POOL}
     created = call(cluster, "/v1/tasks", body)
     if created is None:
@@ -142,8 +145,9 @@ def test_sigkill_the_supervisor_under_load_loses_no_acknowledged_commit(tmp_path
         wait_for(all_ended, "every task to end after the last restart", 60, cluster)
         known = {str(t) for (t,) in read(cluster.db, "SELECT id FROM tasks")}
         assert acknowledged <= known
-        doubled = read(cluster.db, "SELECT step_id, COUNT(*) FROM effects GROUP BY step_id"
-                       " HAVING COUNT(*) > 1")  # fmt: skip
+        doubled = read(
+            cluster.db, "SELECT step_id, COUNT(*) FROM effects GROUP BY step_id HAVING COUNT(*) > 1"
+        )
         assert doubled == []
         effects = committed(cluster.db)
         told = [(r.name, e) for r in runners for e in r.events("step reported")]

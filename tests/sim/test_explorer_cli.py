@@ -42,8 +42,12 @@ CI_SEED = 20_260_601
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tether.sim", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def run_replay(command: str) -> subprocess.CompletedProcess[str]:
@@ -51,9 +55,11 @@ def run_replay(command: str) -> subprocess.CompletedProcess[str]:
     when it is there, else through `python -m supervisor.chaos`."""
     words = shlex.split(command)
     assert words[:2] == ["tether-supervisor", "chaos"], command
-    argv = [str(CLI_SCRIPT), *words[1:]] if CLI_SCRIPT.exists() else [
-        sys.executable, "-m", "tether.sim", *words[2:]
-    ]  # fmt: skip
+    argv = (
+        [str(CLI_SCRIPT), *words[1:]]
+        if CLI_SCRIPT.exists()
+        else [sys.executable, "-m", "tether.sim", *words[2:]]
+    )
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -25,10 +25,16 @@ def outgoing(
     effect_id: str = "T1.1", *, kind: str = "http", keyed: bool = True, **request: object
 ) -> Outgoing:
     return Outgoing(
-        effect_id=effect_id, task_id=effect_id.split(".", maxsplit=1)[0], tenant="acme", kind=kind,
-        effect_key=f"key-{effect_id}", keyed=keyed, request=dict(request), digest="d",
+        effect_id=effect_id,
+        task_id=effect_id.split(".", maxsplit=1)[0],
+        tenant="acme",
+        kind=kind,
+        effect_key=f"key-{effect_id}",
+        keyed=keyed,
+        request=dict(request),
+        digest="d",
         deadline_at=0.0,
-    )  # fmt: skip
+    )
 
 
 def rows(world: World, sql: str) -> list[tuple[object, ...]]:

@@ -322,10 +322,17 @@ def test_the_observer_flags_an_eager_grant_no_result_allows() -> None:
 
     observer = Observer(CONFIG)
     lease = Lease(
-        step_id="T1.1", task_id="T1", name="s1", kind="chat", attempt=1, fence=2, payload={},
+        step_id="T1.1",
+        task_id="T1",
+        name="s1",
+        kind="chat",
+        attempt=1,
+        fence=2,
+        payload={},
         payload_hash="h",
-        ttl_s=30.0, renew_every_s=10.0,
-    )  # fmt: skip
+        ttl_s=30.0,
+        renew_every_s=10.0,
+    )
     observer.eager_granted("r0", [("T1.0", 1)], 1, [lease])
     assert any("none of which is committed" in v for v in observer.violations)
     observer.violations.clear()

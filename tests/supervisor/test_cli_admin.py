@@ -48,8 +48,18 @@ def one_line(text: str) -> str:
 def test_token_create_prints_the_token_alone(
     capsys: pytest.CaptureFixture[str], ledger_path: Path
 ) -> None:
-    code, out, err = run(capsys, "token", "create", "--init", "--db", str(ledger_path),
-                         "--tenant", "acme", "--role", "operator")  # fmt: skip
+    code, out, err = run(
+        capsys,
+        "token",
+        "create",
+        "--init",
+        "--db",
+        str(ledger_path),
+        "--tenant",
+        "acme",
+        "--role",
+        "operator",
+    )
     assert code == 0
     secret = one_line(out)
     assert re.fullmatch(r"tether_[A-Za-z0-9_-]{20,}", secret)
@@ -70,8 +80,19 @@ def test_token_create_with_a_name_prints_its_id_and_list_shows_name_and_last_use
     stderr (the secret alone stays on stdout), and `list` shows with its last use."""
     db = str(ledger_path)
     admin.create_token(ledger_path, "acme", "operator", init=True)
-    code, out, err = run(capsys, "token", "create", "--db", db, "--tenant", "default",
-                         "--role", "runner", "--name", "box-17")  # fmt: skip
+    code, out, err = run(
+        capsys,
+        "token",
+        "create",
+        "--db",
+        db,
+        "--tenant",
+        "default",
+        "--role",
+        "runner",
+        "--name",
+        "box-17",
+    )
     assert code == 0
     secret = one_line(out)
     created = re.fullmatch(r"created token (?P<id>[0-9a-f]{12}) name=box-17", one_line(err))
@@ -167,8 +188,19 @@ def test_a_token_name_is_unique_among_live_tokens(
 ) -> None:
     db = str(ledger_path)
     held = admin.create_token(ledger_path, "default", "runner", name="box-17", init=True)
-    code, out, err = run(capsys, "token", "create", "--db", db, "--tenant", "acme",
-                         "--role", "operator", "--name", "box-17")  # fmt: skip
+    code, out, err = run(
+        capsys,
+        "token",
+        "create",
+        "--db",
+        db,
+        "--tenant",
+        "acme",
+        "--role",
+        "operator",
+        "--name",
+        "box-17",
+    )
     assert (code, out) == (1, "")
     assert held.id in one_line(err)
     assert token_rows(ledger_path) == [("box-17", False)]
@@ -179,8 +211,18 @@ def test_token_names_that_would_break_a_listing_are_refused(
     capsys: pytest.CaptureFixture[str], ledger_path: Path, name: str
 ) -> None:
     admin.init_ledger(ledger_path)
-    code, out, err = run(capsys, "token", "create", "--db", str(ledger_path), "--tenant", "acme",
-                         "--role", "operator", f"--name={name}")  # fmt: skip
+    code, out, err = run(
+        capsys,
+        "token",
+        "create",
+        "--db",
+        str(ledger_path),
+        "--tenant",
+        "acme",
+        "--role",
+        "operator",
+        f"--name={name}",
+    )
     assert (code, out) == (1, "")
     assert "token name" in one_line(err)
     assert token_rows(ledger_path) == []
@@ -216,8 +258,17 @@ def test_token_create_on_a_mistyped_path_is_refused_and_creates_nothing(
     it. Without `--init` it is one line and exit 1; no file appears."""
     admin.create_token(tmp_path / "tether.db", "acme", "operator", init=True)
     before = sorted(p.name for p in tmp_path.iterdir())
-    code, out, err = run(capsys, "token", "create", "--db", str(tmp_path / "tehter.db"),
-                         "--tenant", "default", "--role", "runner")  # fmt: skip
+    code, out, err = run(
+        capsys,
+        "token",
+        "create",
+        "--db",
+        str(tmp_path / "tehter.db"),
+        "--tenant",
+        "default",
+        "--role",
+        "runner",
+    )
     assert (code, out) == (1, "")
     assert f"no ledger file at {tmp_path / 'tehter.db'}" in one_line(err)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
@@ -229,8 +280,9 @@ def test_init_then_token_create_works(capsys: pytest.CaptureFixture[str], tmp_pa
     assert (code, out) == (0, "")
     assert one_line(err) == f"created ledger {path}"
     assert token_rows(path) == []  # a ledger: its tables are there, empty
-    code, out, err = run(capsys, "token", "create", "--db", str(path), "--tenant", "acme",
-                         "--role", "operator")  # fmt: skip
+    code, out, err = run(
+        capsys, "token", "create", "--db", str(path), "--tenant", "acme", "--role", "operator"
+    )
     assert code == 0
     assert one_line(out).startswith("tether_")
     assert "new ledger" not in one_line(err)
@@ -412,8 +464,9 @@ def test_budget_refuses_what_is_not_a_whole_number(
     capsys: pytest.CaptureFixture[str], ledger_path: Path, tokens: str
 ) -> None:
     admin.create_token(ledger_path, "acme", "operator", init=True)
-    code, out, err = run(capsys, "budget", "--db", str(ledger_path), "--tenant", "acme",
-                         "--tokens", tokens)  # fmt: skip
+    code, out, err = run(
+        capsys, "budget", "--db", str(ledger_path), "--tenant", "acme", "--tokens", tokens
+    )
     assert code != 0
     assert out == ""
     assert "--tokens" in one_line(err)
@@ -424,8 +477,7 @@ def test_budget_on_a_missing_ledger_creates_none(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     typo = tmp_path / "tehter.db"
-    code, out, err = run(capsys, "budget", "--db", str(typo), "--tenant", "acme",
-                         "--tokens", "5")  # fmt: skip
+    code, out, err = run(capsys, "budget", "--db", str(typo), "--tenant", "acme", "--tokens", "5")
     assert (code, out) == (1, "")
     assert "no ledger file" in one_line(err)
     assert not typo.exists()
@@ -461,8 +513,18 @@ def test_a_refused_first_token_leaves_no_ledger_behind(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     fresh = tmp_path / "fresh.db"
-    code, _out, err = run(capsys, "token", "create", "--init", "--db", str(fresh),
-                          "--tenant", "two words", "--role", "operator")  # fmt: skip
+    code, _out, err = run(
+        capsys,
+        "token",
+        "create",
+        "--init",
+        "--db",
+        str(fresh),
+        "--tenant",
+        "two words",
+        "--role",
+        "operator",
+    )
     assert code == 1
     assert "not allowed" in one_line(err)
     assert list(tmp_path.iterdir()) == []
@@ -523,10 +585,25 @@ def test_a_reader_that_leaves_the_pipe_gets_no_traceback(
 # -- --help and bad usage ----------------------------------------------------------------------
 
 COMMANDS = [
-    [], ["serve"], ["init"], ["token"], ["token", "create"], ["token", "list"], ["token", "revoke"],
-    ["check"], ["backup"], ["budget"], ["task"], ["task", "submit"], ["task", "approve"],
-    ["task", "cancel"], ["task", "show"], ["task", "watch"], ["chaos"], ["chaos", "explore"],
-]  # fmt: skip
+    [],
+    ["serve"],
+    ["init"],
+    ["token"],
+    ["token", "create"],
+    ["token", "list"],
+    ["token", "revoke"],
+    ["check"],
+    ["backup"],
+    ["budget"],
+    ["task"],
+    ["task", "submit"],
+    ["task", "approve"],
+    ["task", "cancel"],
+    ["task", "show"],
+    ["task", "watch"],
+    ["chaos"],
+    ["chaos", "explore"],
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top")

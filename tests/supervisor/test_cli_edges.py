@@ -49,9 +49,13 @@ def run_cli(*argv: str, user: int | None = None) -> subprocess.CompletedProcess[
     """`tether-supervisor ARGV` as a process (as the uid `user` when given)."""
     prefix = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user else []
     return subprocess.run(
-        [*prefix, *program(), *argv], env=clean_env(), capture_output=True, text=True,
-        timeout=60, check=False,
-    )  # fmt: skip
+        [*prefix, *program(), *argv],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -83,8 +87,9 @@ def plain_http() -> Iterator[int]:
 
 
 def test_https_to_an_http_port_asks_if_it_is_one(plain_http: int, token_file: Path) -> None:
-    done = run_cli("status", "--url", f"https://127.0.0.1:{plain_http}", "--token-file",
-                   str(token_file))  # fmt: skip
+    done = run_cli(
+        "status", "--url", f"https://127.0.0.1:{plain_http}", "--token-file", str(token_file)
+    )
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1
     assert "is this an http port?" in done.stderr
@@ -110,8 +115,9 @@ def test_a_read_only_ledger_says_who_cannot_write_it(tmp_path: Path) -> None:
     else:
         db.chmod(0o444)
     before = db.read_bytes()
-    done = run_cli("token", "create", "--db", str(db), "--tenant", "acme", "--role", "operator",
-                   user=user)  # fmt: skip
+    done = run_cli(
+        "token", "create", "--db", str(db), "--tenant", "acme", "--role", "operator", user=user
+    )
     assert (done.returncode, done.stdout) == (1, "")
     assert "the ledger file is not writable by this user" in done.stderr
     assert db.read_bytes() == before
@@ -120,9 +126,19 @@ def test_a_read_only_ledger_says_who_cannot_write_it(tmp_path: Path) -> None:
 def test_a_typo_gets_one_hint_the_closest() -> None:
     body = {
         "idempotency_key": "k",
-        "plan": {"steps": [{"name": "fix", "kind": "agent", "payload": {
-            "messages": [{"role": "user", "content": "x"}], "allowed_command": ["ls"]}}]},
-    }  # fmt: skip
+        "plan": {
+            "steps": [
+                {
+                    "name": "fix",
+                    "kind": "agent",
+                    "payload": {
+                        "messages": [{"role": "user", "content": "x"}],
+                        "allowed_command": ["ls"],
+                    },
+                }
+            ]
+        },
+    }
     with pytest.raises(BadMessage) as refused:
         decode(json.dumps(body).encode(), TaskCreate)
     detail = refused.value.detail

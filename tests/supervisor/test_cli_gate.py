@@ -17,25 +17,46 @@ __all__ = ["token_file"]  # the fixture, used by name
 
 DIGEST = "d" * 64
 REQUEST = {
-    "method": "POST", "url": "https://deploy.example/hook",
+    "method": "POST",
+    "url": "https://deploy.example/hook",
     "headers": {"Authorization": "Bearer {{ credential.deploy-token }}"},
     "body": {"amount": "$82,000"},
-}  # fmt: skip
+}
 
 
 def gated_view(state: str = "gated") -> dict[str, Any]:
     effect = {
-        "kind": "http", "keyed": False, "state": state, "request": REQUEST, "digest": DIGEST,
-        "key": "k" * 64, "deliveries": [],
-    }  # fmt: skip
-    step = {"id": "t1.0", "name": "deploy", "kind": "http", "state": "due", "effect": effect,
-            **STEP_FIELDS}  # fmt: skip
+        "kind": "http",
+        "keyed": False,
+        "state": state,
+        "request": REQUEST,
+        "digest": DIGEST,
+        "key": "k" * 64,
+        "deliveries": [],
+    }
+    step = {
+        "id": "t1.0",
+        "name": "deploy",
+        "kind": "http",
+        "state": "due",
+        "effect": effect,
+        **STEP_FIELDS,
+    }
     return task_json("RUNNING", 3, steps=[step])
 
 
 def argv(token_file: Path, *rest: str) -> list[str]:
-    return ["task", "gate", "t1", "deploy", *rest, "--url", "http://sup",
-            "--token-file", str(token_file)]  # fmt: skip
+    return [
+        "task",
+        "gate",
+        "t1",
+        "deploy",
+        *rest,
+        "--url",
+        "http://sup",
+        "--token-file",
+        str(token_file),
+    ]
 
 
 def sent_json(script: Script, path: str) -> list[Any]:

@@ -27,9 +27,13 @@ def client(handler: Handler) -> oc.OperatorClient:
 
 @pytest.mark.parametrize(
     ("status", "text"),
-    [(404, "<html>\n<body>\n<p>Error code: 404</p>\n</body>\n</html>\n"),
-     (502, "Bad Gateway\n\nnginx"), (200, "<html>not json</html>"), (200, "[1, 2")],
-)  # fmt: skip
+    [
+        (404, "<html>\n<body>\n<p>Error code: 404</p>\n</body>\n</html>\n"),
+        (502, "Bad Gateway\n\nnginx"),
+        (200, "<html>not json</html>"),
+        (200, "[1, 2"),
+    ],
+)
 def test_an_answer_that_is_not_the_supervisors_is_a_one_line_error(status: int, text: str) -> None:
     http = client(lambda _request: httpx.Response(status, text=text))
     with pytest.raises(oc.ClientError) as caught:
@@ -74,17 +78,22 @@ def test_plan_hash_of_a_task_file_is_the_supervisors() -> None:
         },
     }
     spec = TaskSpec(
-        tenant="acme", idempotency_key="k",
+        tenant="acme",
+        idempotency_key="k",
         steps=(StepSpec(name="a", kind="chat", payload={"q": 1}),),
-    )  # fmt: skip
+    )
     assert oc.plan_hash_of(body) == spec.plan_hash
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(b"\xff\xfe\x00binary", "not UTF-8"), (b"{oops", "not valid JSON"),
-     (b"[]", "must hold a task object"), (b'{"plan": []}', "must hold a task object")],
-)  # fmt: skip
+    [
+        (b"\xff\xfe\x00binary", "not UTF-8"),
+        (b"{oops", "not valid JSON"),
+        (b"[]", "must hold a task object"),
+        (b'{"plan": []}', "must hold a task object"),
+    ],
+)
 def test_a_bad_task_file_is_a_one_line_error(tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "task.json"
     path.write_bytes(content)
@@ -183,8 +192,15 @@ def test_describe_is_one_readable_line() -> None:
 
 
 def test_describe_names_a_committed_steps_candidate_and_a_moved_head() -> None:
-    committed = event(13, "step_committed", "RUNNING", step_id="t1.0", fence=7,
-                      candidate_sha="c" * 40, effect_key="e" * 64)  # fmt: skip
+    committed = event(
+        13,
+        "step_committed",
+        "RUNNING",
+        step_id="t1.0",
+        fence=7,
+        candidate_sha="c" * 40,
+        effect_key="e" * 64,
+    )
     line = oc.describe(Event(**committed), {"t1.0": "fix"})
     assert "step=fix fence=7 candidate_sha=" + "c" * 40 in line
     assert "effect_key" not in line

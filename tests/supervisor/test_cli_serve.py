@@ -135,8 +135,10 @@ def test_serve_answers_healthz_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     assert claims == [204]
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert [e["event"] for e in lines if e["event"].startswith("supervisor st")] == [
-        "supervisor starting", "supervisor stopping", "supervisor stopped"
-    ]  # fmt: skip
+        "supervisor starting",
+        "supervisor stopping",
+        "supervisor stopped",
+    ]
 
 
 def damage(path: Path) -> None:
@@ -226,11 +228,16 @@ class Served:
 
     def task_file(self, key: str, steps: int = 1, **extra: Any) -> Path:
         self.files += 1
-        plan = {"steps": [
-            {"name": f"s{i}", "kind": "chat",
-             "payload": {"messages": [{"role": "user", "content": f"step {i}"}]}}
-            for i in range(steps)
-        ]}  # fmt: skip
+        plan = {
+            "steps": [
+                {
+                    "name": f"s{i}",
+                    "kind": "chat",
+                    "payload": {"messages": [{"role": "user", "content": f"step {i}"}]},
+                }
+                for i in range(steps)
+            ]
+        }
         path = self.folder / f"task-{self.files}.json"
         path.write_text(json.dumps({"idempotency_key": key, "plan": plan, **extra}))
         return path
@@ -279,9 +286,12 @@ def test_submit_with_approve_binds_the_files_base_sha_and_checks(
     served: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = served.task_file(
-        "repo-task", repository="tether", base_sha=served.head, allowed_paths=["src/"],
+        "repo-task",
+        repository="tether",
+        base_sha=served.head,
+        allowed_paths=["src/"],
         checks={"tests": "python -m pytest -q"},
-    )  # fmt: skip
+    )
     code, out, err = run(capsys, served.args("submit", "--file", str(path), "--approve"))
     assert code == 0, err
     task = json.loads(out)
@@ -356,8 +366,15 @@ def test_show_of_an_unknown_task_fails_with_one_line(
 def test_show_against_nothing_listening_fails_with_one_line(
     served: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["task", "show", "--url", f"http://127.0.0.1:{free_port()}",
-            "--token-file", str(served.token_file), "anything"]  # fmt: skip
+    argv = [
+        "task",
+        "show",
+        "--url",
+        f"http://127.0.0.1:{free_port()}",
+        "--token-file",
+        str(served.token_file),
+        "anything",
+    ]
     code, out, err = run(capsys, argv)
     assert code == 1
     assert out == ""
@@ -377,10 +394,15 @@ def drive_to_success(served: Served, task_id: str, steps: int) -> None:
             step = lease["step_id"]
             renewed = http.post(f"/v1/leases/{step}/renew", json={"fence": lease["fence"]})
             assert renewed.status_code == 200
-            result = http.post(f"/v1/steps/{step}/result", json={
-                "fence": lease["fence"], "payload_hash": lease["payload_hash"],
-                "output": {"ok": True}, "usage": {"total_tokens": 1},
-            })  # fmt: skip
+            result = http.post(
+                f"/v1/steps/{step}/result",
+                json={
+                    "fence": lease["fence"],
+                    "payload_hash": lease["payload_hash"],
+                    "output": {"ok": True},
+                    "usage": {"total_tokens": 1},
+                },
+            )
             assert result.json() == {"outcome": "applied"}
 
 

@@ -21,15 +21,23 @@ from tether.supervisor import operator_client as oc
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
-RUNNER_WAIT = {"reason": "runner", "pool": "gpu", "kind": "chat", "last_seen_s": None,
-               "pool_last_seen_s": None}  # fmt: skip
+RUNNER_WAIT = {
+    "reason": "runner",
+    "pool": "gpu",
+    "kind": "chat",
+    "last_seen_s": None,
+    "pool_last_seen_s": None,
+}
 
 
 # What every task view and summary holds besides what a test varies.
 TASK_FIELDS: dict[str, Any] = {
-    "tenant": "acme", "idempotency_key": "k1", "plan_hash": "h" * 64, "base_sha": None,
+    "tenant": "acme",
+    "idempotency_key": "k1",
+    "plan_hash": "h" * 64,
+    "base_sha": None,
     "repository": None,
-}  # fmt: skip
+}
 
 
 def task_json(state: str, seq: int, **extra: Any) -> dict[str, Any]:
@@ -87,9 +95,10 @@ def run(monkeypatch: pytest.MonkeyPatch, script: Handler, argv: list[str]) -> in
     """`tether-supervisor argv` with every request answered by `script`."""
     real = oc.OperatorClient
     monkeypatch.setattr(
-        oc, "OperatorClient",
+        oc,
+        "OperatorClient",
         functools.partial(real, transport=httpx.MockTransport(script)),
-    )  # fmt: skip
+    )
     try:
         return cli.main(argv)
     except SystemExit as exc:
@@ -130,8 +139,10 @@ def test_submit_wait_submits_approves_and_exits_as_watch(
     assert run(monkeypatch, script, argv) == 3
     asked = [(r.method, r.url.path) for r in script.requests]
     assert asked[:3] == [
-        ("POST", "/v1/tasks"), ("POST", "/v1/tasks/t1/approve"), ("GET", "/v1/tasks/t1")
-    ]  # fmt: skip
+        ("POST", "/v1/tasks"),
+        ("POST", "/v1/tasks/t1/approve"),
+        ("GET", "/v1/tasks/t1"),
+    ]
     assert ("GET", "/v1/tasks/t1/events") in asked
 
 
@@ -178,15 +189,22 @@ def test_no_url_anywhere_is_a_usage_error(
 
 # What every step of a task view holds besides what a test varies.
 STEP_FIELDS: dict[str, Any] = {
-    "payload_hash": "p" * 64, "effect_key": None, "fence": None, "candidate_sha": None,
-}  # fmt: skip
+    "payload_hash": "p" * 64,
+    "effect_key": None,
+    "fence": None,
+    "candidate_sha": None,
+}
 
 
 def step(i: int, name: str, kind: str, state: str, output: Any = None) -> dict[str, Any]:
     return {
-        "id": f"t1.{i}", "name": name, "kind": kind, "state": state, "output": output,
+        "id": f"t1.{i}",
+        "name": name,
+        "kind": kind,
+        "state": state,
+        "output": output,
         **STEP_FIELDS,
-    }  # fmt: skip
+    }
 
 
 STEPS = [
@@ -198,9 +216,13 @@ STEPS = [
 
 @pytest.mark.parametrize(
     ("which", "printed"),
-    [([], '{\n  "words": 2\n}\n'), (["draft"], "Hello\nworld\n"), (["0"], "Hello\nworld\n"),
-     (["t1.1"], '{\n  "words": 2\n}\n')],
-)  # fmt: skip
+    [
+        ([], '{\n  "words": 2\n}\n'),
+        (["draft"], "Hello\nworld\n"),
+        (["0"], "Hello\nworld\n"),
+        (["t1.1"], '{\n  "words": 2\n}\n'),
+    ],
+)
 def test_task_output_prints_a_steps_text_or_json(
     monkeypatch: pytest.MonkeyPatch,
     token_file: Path,
@@ -234,11 +256,16 @@ def test_task_list_follows_the_cursor_one_line_per_task(
     monkeypatch: pytest.MonkeyPatch, token_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def page(request: httpx.Request) -> dict[str, Any]:
-        summary = {**TASK_FIELDS, "pool": "gpu", "seq": 1, "created_at": iso(0.0),
-                   "steps_total": 2}  # fmt: skip
+        summary = {**TASK_FIELDS, "pool": "gpu", "seq": 1, "created_at": iso(0.0), "steps_total": 2}
         if "cursor" not in request.url.params:
-            first = {**summary, "id": "t9", "state": "QUEUED", "steps_committed": 1,
-                     "waiting_for": RUNNER_WAIT, "idempotency_key": "deploy-7"}  # fmt: skip
+            first = {
+                **summary,
+                "id": "t9",
+                "state": "QUEUED",
+                "steps_committed": 1,
+                "waiting_for": RUNNER_WAIT,
+                "idempotency_key": "deploy-7",
+            }
             return {"tasks": [first], "next": "9"}
         last = {**summary, "id": "t1", "state": "SUCCEEDED", "steps_committed": 2}
         return {"tasks": [last], "next": None}
@@ -254,21 +281,35 @@ def test_task_list_follows_the_cursor_one_line_per_task(
     ]
     assert lines[1].index("deploy-7") == lines[0].index("KEY")  # the columns line up
     params = [dict(r.url.params) for r in script.requests]
-    assert params == [{"limit": "50", "state": "QUEUED"},
-                      {"limit": "50", "state": "QUEUED", "cursor": "9"}]  # fmt: skip
+    assert params == [
+        {"limit": "50", "state": "QUEUED"},
+        {"limit": "50", "state": "QUEUED", "cursor": "9"},
+    ]
 
 
 def test_status_prints_each_pools_queue_and_runners(
     monkeypatch: pytest.MonkeyPatch, token_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pools = {"pools": [
-        {"pool": "acme", "queued": 0, "in_flight": 0, "oldest_queued_s": None, "runners": []},
-        {"pool": "default", "queued": 3, "in_flight": 1, "oldest_queued_s": 42.5,
-         "runners": [
-             {"runner_id": "box-1", "kinds": ["agent", "chat"], "last_seen_s": 2.0,
-              "online": True},
-             {"runner_id": "box-2", "kinds": ["chat"], "last_seen_s": 61.0, "online": False}]},
-    ]}  # fmt: skip
+    pools = {
+        "pools": [
+            {"pool": "acme", "queued": 0, "in_flight": 0, "oldest_queued_s": None, "runners": []},
+            {
+                "pool": "default",
+                "queued": 3,
+                "in_flight": 1,
+                "oldest_queued_s": 42.5,
+                "runners": [
+                    {
+                        "runner_id": "box-1",
+                        "kinds": ["agent", "chat"],
+                        "last_seen_s": 2.0,
+                        "online": True,
+                    },
+                    {"runner_id": "box-2", "kinds": ["chat"], "last_seen_s": 61.0, "online": False},
+                ],
+            },
+        ]
+    }
     script = Script([task_json("QUEUED", 1)], routes={("GET", "/v1/pools"): pools})
     assert run(monkeypatch, script, ["status", *flags(token_file)]) == 0
     assert capsys.readouterr().out.splitlines() == [
@@ -295,14 +336,22 @@ def test_show_prints_what_the_task_waits_for_on_stderr(
 
 @pytest.mark.parametrize(
     ("waiting", "line"),
-    [({"reason": "approval"}, "waiting for approval"),
-     ({"reason": "budget", "tenant": "acme", "spent": 120, "budget": 100},
-      "waiting for budget: tenant 'acme' has spent 120 of its 100 tokens"),
-     ({**RUNNER_WAIT, "pool_last_seen_s": 4.0},
-      "waiting for a runner in pool 'gpu' serving kind 'chat': its runners serve other kinds"),
-     ({**RUNNER_WAIT, "last_seen_s": 400.0, "pool_last_seen_s": 4.0},
-      "waiting for a runner in pool 'gpu': last claim 400 s ago")],
-)  # fmt: skip
+    [
+        ({"reason": "approval"}, "waiting for approval"),
+        (
+            {"reason": "budget", "tenant": "acme", "spent": 120, "budget": 100},
+            "waiting for budget: tenant 'acme' has spent 120 of its 100 tokens",
+        ),
+        (
+            {**RUNNER_WAIT, "pool_last_seen_s": 4.0},
+            "waiting for a runner in pool 'gpu' serving kind 'chat': its runners serve other kinds",
+        ),
+        (
+            {**RUNNER_WAIT, "last_seen_s": 400.0, "pool_last_seen_s": 4.0},
+            "waiting for a runner in pool 'gpu': last claim 400 s ago",
+        ),
+    ],
+)
 def test_each_wait_reads_as_one_line(waiting: dict[str, Any], line: str) -> None:
     record = oc.view_of(task_json("QUEUED", 1, waiting_for=waiting)).waiting_for
     assert record is not None
@@ -321,13 +370,18 @@ def test_a_gate_wait_names_the_command_for_this_task() -> None:
 def test_watch_says_at_once_what_a_task_waits_for_and_again_when_it_changes() -> None:
     waits_approval = task_json("PLANNED", 1, waiting_for={"reason": "approval"})
     waits_runner = task_json("QUEUED", 3, waiting_for=RUNNER_WAIT)
-    runner_later = task_json("QUEUED", 3, waiting_for={**RUNNER_WAIT, "pool_last_seen_s": 3.0,
-                                                       "last_seen_s": 3.0})  # fmt: skip
+    runner_later = task_json(
+        "QUEUED", 3, waiting_for={**RUNNER_WAIT, "pool_last_seen_s": 3.0, "last_seen_s": 3.0}
+    )
     script = Script(
         [waits_approval, waits_runner, waits_runner, runner_later, task_json("SUCCEEDED", 6)],
-        [[event(2, "state", "APPROVED"), event(3, "state", "QUEUED")], [], [],
-         [event(4, "step_leased", "RUNNING", step_id="t1.0"), event(5, "state", "SUCCEEDED")]],
-    )  # fmt: skip
+        [
+            [event(2, "state", "APPROVED"), event(3, "state", "QUEUED")],
+            [],
+            [],
+            [event(4, "step_leased", "RUNNING", step_id="t1.0"), event(5, "state", "SUCCEEDED")],
+        ],
+    )
     out = io.StringIO()
     assert (
         oc.watch(
@@ -354,12 +408,16 @@ def test_watch_names_steps_and_says_how_long_they_took() -> None:
     steps = [step(0, "draft", "chat", "leased"), step(1, "polish", "chat", "waiting")]
     script = Script(
         [task_json("RUNNING", 2, steps=steps)],
-        [[event(3, "step_leased", "RUNNING", at=101.0, step_id="t1.0", attempt=1, fence=7),
-          event(4, "step_committed", "RUNNING", at=103.5, step_id="t1.0", fence=7),
-          event(5, "step_leased", "RUNNING", at=104.0, step_id="t1.1", attempt=1, fence=8),
-          event(6, "step_requeued", "RUNNING", at=134.0, step_id="t1.1", why="lease expired"),
-          event(7, "state", "FAILED", at=140.0)]],
-    )  # fmt: skip
+        [
+            [
+                event(3, "step_leased", "RUNNING", at=101.0, step_id="t1.0", attempt=1, fence=7),
+                event(4, "step_committed", "RUNNING", at=103.5, step_id="t1.0", fence=7),
+                event(5, "step_leased", "RUNNING", at=104.0, step_id="t1.1", attempt=1, fence=8),
+                event(6, "step_requeued", "RUNNING", at=134.0, step_id="t1.1", why="lease expired"),
+                event(7, "state", "FAILED", at=140.0),
+            ]
+        ],
+    )
     out = io.StringIO()
     client = oc.OperatorClient("http://s.test", "tok", transport=httpx.MockTransport(script))
     assert oc.watch(client, "t1", after=2, out=out) == "FAILED"

@@ -72,10 +72,12 @@ async def test_a_release_detail_or_a_claim_runner_with_nul_is_refused_and_the_le
         f"/v1/leases/{lease['step_id']}/release",
         headers=api.runner,
         json={
-            "fence": lease["fence"], "reason": "transient", "retryable": True,
+            "fence": lease["fence"],
+            "reason": "transient",
+            "retryable": True,
             "detail": "the tool said: " + NUL,
         },
-    )  # fmt: skip
+    )
     refused(release, "detail")
     claim = await api.client.post(
         "/v1/leases/claim",

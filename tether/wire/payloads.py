@@ -400,12 +400,14 @@ class _Anything:
 _ANY: Final = _Anything()
 
 # The built-in kinds and their payload records: adding a kind is one line here.
-PAYLOADS: Final[Mapping[str, type[msgspec.Struct]]] = MappingProxyType({
-    "chat": ChatPayload,
-    "agent": AgentPayload,
-    "http": HttpPayload,
-    "git.push": GitPushPayload,
-})  # fmt: skip
+PAYLOADS: Final[Mapping[str, type[msgspec.Struct]]] = MappingProxyType(
+    {
+        "chat": ChatPayload,
+        "agent": AgentPayload,
+        "http": HttpPayload,
+        "git.push": GitPushPayload,
+    }
+)
 # The built-in kinds the supervisor delivers itself; the others are leased to runners.
 EFFECT_KINDS: Final = frozenset({"http", "git.push"})
 BUILT_IN_KINDS: Final = frozenset(PAYLOADS)

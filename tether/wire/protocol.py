@@ -44,9 +44,11 @@ def plan_document(
     verifier the task names (`{"pool"}`), when it names one. Any other key a client sends
     along with a step is not part of the plan."""
     document: dict[str, Any] = {
-        "steps": [{"name": s.get("name"), "kind": s.get("kind"), "payload": s.get("payload")}
-                  for s in steps]
-    }  # fmt: skip
+        "steps": [
+            {"name": s.get("name"), "kind": s.get("kind"), "payload": s.get("payload")}
+            for s in steps
+        ]
+    }
     if verify is not None:
         document["verify"] = {"pool": verify.get("pool")}
     return document
@@ -106,29 +108,31 @@ class Meaning:
 
 
 _R = RunnerAction
-ERRORS: Final[Mapping[ErrorCode, Meaning]] = MappingProxyType({
-    ErrorCode.BAD_REQUEST: Meaning(400, _R.REFUSED),
-    ErrorCode.MALFORMED_JSON: Meaning(400, _R.REFUSED),
-    ErrorCode.INVALID_FIELD: Meaning(422, _R.REFUSED),
-    ErrorCode.BODY_TOO_LARGE: Meaning(413, _R.REFUSED),
-    ErrorCode.QUOTA_EXCEEDED: Meaning(413, _R.REFUSED),
-    ErrorCode.UNAUTHORIZED: Meaning(401, _R.STOP),
-    ErrorCode.FORBIDDEN: Meaning(403, _R.STOP),
-    ErrorCode.NOT_FOUND: Meaning(404, _R.DROP),
-    ErrorCode.METHOD_NOT_ALLOWED: Meaning(405, _R.REFUSED),
-    ErrorCode.IDEMPOTENCY_CONFLICT: Meaning(409, _R.REFUSED),
-    ErrorCode.PLAN_MISMATCH: Meaning(409, _R.REFUSED),
-    ErrorCode.INVALID_TRANSITION: Meaning(409, _R.REFUSED),
-    ErrorCode.TERMINAL: Meaning(409, _R.DROP),
-    ErrorCode.STALE_FENCE: Meaning(409, _R.DROP),
-    ErrorCode.STALE_BASE: Meaning(409, _R.REFUSED),
-    ErrorCode.PAYLOAD_DRIFT: Meaning(409, _R.DROP),
-    ErrorCode.DIGEST_MISMATCH: Meaning(422, _R.REFUSED),
-    ErrorCode.GATE_MISMATCH: Meaning(409, _R.REFUSED),
-    ErrorCode.EFFECT_NOT_HELD: Meaning(409, _R.DROP),
-    ErrorCode.UNAVAILABLE: Meaning(503, _R.RETRY),
-    ErrorCode.INTERNAL: Meaning(500, _R.RETRY),
-})  # fmt: skip
+ERRORS: Final[Mapping[ErrorCode, Meaning]] = MappingProxyType(
+    {
+        ErrorCode.BAD_REQUEST: Meaning(400, _R.REFUSED),
+        ErrorCode.MALFORMED_JSON: Meaning(400, _R.REFUSED),
+        ErrorCode.INVALID_FIELD: Meaning(422, _R.REFUSED),
+        ErrorCode.BODY_TOO_LARGE: Meaning(413, _R.REFUSED),
+        ErrorCode.QUOTA_EXCEEDED: Meaning(413, _R.REFUSED),
+        ErrorCode.UNAUTHORIZED: Meaning(401, _R.STOP),
+        ErrorCode.FORBIDDEN: Meaning(403, _R.STOP),
+        ErrorCode.NOT_FOUND: Meaning(404, _R.DROP),
+        ErrorCode.METHOD_NOT_ALLOWED: Meaning(405, _R.REFUSED),
+        ErrorCode.IDEMPOTENCY_CONFLICT: Meaning(409, _R.REFUSED),
+        ErrorCode.PLAN_MISMATCH: Meaning(409, _R.REFUSED),
+        ErrorCode.INVALID_TRANSITION: Meaning(409, _R.REFUSED),
+        ErrorCode.TERMINAL: Meaning(409, _R.DROP),
+        ErrorCode.STALE_FENCE: Meaning(409, _R.DROP),
+        ErrorCode.STALE_BASE: Meaning(409, _R.REFUSED),
+        ErrorCode.PAYLOAD_DRIFT: Meaning(409, _R.DROP),
+        ErrorCode.DIGEST_MISMATCH: Meaning(422, _R.REFUSED),
+        ErrorCode.GATE_MISMATCH: Meaning(409, _R.REFUSED),
+        ErrorCode.EFFECT_NOT_HELD: Meaning(409, _R.DROP),
+        ErrorCode.UNAVAILABLE: Meaning(503, _R.RETRY),
+        ErrorCode.INTERNAL: Meaning(500, _R.RETRY),
+    }
+)
 _BY_CODE: Final = {str(code): meaning for code, meaning in ERRORS.items()}
 
 

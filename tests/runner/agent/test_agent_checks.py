@@ -36,9 +36,18 @@ def context(
     if check_timeout_s is not None:
         payload["check_timeout_s"] = check_timeout_s
     return StepContext(
-        step_id=step_id, task_id="task-1", name="fix", attempt=1, fence=1, payload=payload,
-        outputs=(), default_model="m", chat=chat, repository=repo, services=services,
-    )  # fmt: skip
+        step_id=step_id,
+        task_id="task-1",
+        name="fix",
+        attempt=1,
+        fence=1,
+        payload=payload,
+        outputs=(),
+        default_model="m",
+        chat=chat,
+        repository=repo,
+        services=services,
+    )
 
 
 def agent(tmp_path: Path, name: str = "cache", **kw: object) -> AgentKind:
@@ -72,8 +81,10 @@ async def test_checks_run_at_the_candidate_with_their_exit_codes_and_logs(
     assert services.store[tests.log] == b""
     assert tests.duration_s >= 0
     assert done.output["checks"]["lint"] == {
-        "exit_code": 3, "duration_s": lint.duration_s, "log": lint.log
-    }  # fmt: skip
+        "exit_code": 3,
+        "duration_s": lint.duration_s,
+        "log": lint.log,
+    }
     assert done.output["cleanup"]["gone"] is True
 
 

@@ -67,9 +67,16 @@ def context(
     repository: LeaseRepository | None = None,
 ) -> StepContext:
     return StepContext(
-        step_id=step_id, task_id="task-1", name="fix", attempt=1, payload=payload,
-        outputs=(), default_model="stand-in", chat=chat, repository=repository,
-    )  # fmt: skip
+        step_id=step_id,
+        task_id="task-1",
+        name="fix",
+        attempt=1,
+        payload=payload,
+        outputs=(),
+        default_model="stand-in",
+        chat=chat,
+        repository=repository,
+    )
 
 
 def kind(tmp_path: Path) -> AgentKind:
@@ -102,17 +109,33 @@ def tool_entries(output: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in output["transcript"] if e.get("role") == "tool"]
 
 
-FIX_SCENARIO = {"turns": [
-    {"name": "list", "assistant_turns": 0,
-     "tool_calls": [{"name": "list_files", "arguments": {"path": "src"}}]},
-    {"name": "read", "assistant_turns": 1,
-     "tool_calls": [{"name": "read_file", "arguments": {"path": "src/app.py"}}]},
-    {"name": "write", "assistant_turns": 2,
-     "tool_calls": [{"name": "write_file", "arguments": {"path": "src/app.py", "content": FIXED}}]},
-    {"name": "check", "assistant_turns": 3,
-     "tool_calls": [{"name": "run", "arguments": {"command": CHECK}}]},
-    {"name": "answer", "assistant_turns": 4, "text": "answer() returns 42 now"},
-]}  # fmt: skip
+FIX_SCENARIO = {
+    "turns": [
+        {
+            "name": "list",
+            "assistant_turns": 0,
+            "tool_calls": [{"name": "list_files", "arguments": {"path": "src"}}],
+        },
+        {
+            "name": "read",
+            "assistant_turns": 1,
+            "tool_calls": [{"name": "read_file", "arguments": {"path": "src/app.py"}}],
+        },
+        {
+            "name": "write",
+            "assistant_turns": 2,
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "src/app.py", "content": FIXED}}
+            ],
+        },
+        {
+            "name": "check",
+            "assistant_turns": 3,
+            "tool_calls": [{"name": "run", "arguments": {"command": CHECK}}],
+        },
+        {"name": "answer", "assistant_turns": 4, "text": "answer() returns 42 now"},
+    ]
+}
 
 
 async def test_a_loop_lists_reads_writes_runs_and_answers_with_a_candidate(
@@ -169,16 +192,29 @@ async def test_the_same_changes_give_the_same_candidate_on_another_attempt(
     assert first.output["cleanup"]["path"] != second.output["cleanup"]["path"]
 
 
-REFUSED_SCENARIO = {"turns": [
-    {"name": "escape", "assistant_turns": 0, "tool_calls": [
-        {"name": "write_file", "arguments": {"path": "tests/test_app.py", "content": "pass\n"}},
-        {"name": "write_file", "arguments": {"path": "../outside.txt", "content": "x\n"}},
-        {"name": "run", "arguments": {"command": "rm -rf src"}},
-    ]},
-    # Answers only if the last tool result the model got is the refused command.
-    {"name": "answer", "assistant_turns": 1, "last_contains": "command_not_allowed",
-     "text": "I may not do that"},
-]}  # fmt: skip
+REFUSED_SCENARIO = {
+    "turns": [
+        {
+            "name": "escape",
+            "assistant_turns": 0,
+            "tool_calls": [
+                {
+                    "name": "write_file",
+                    "arguments": {"path": "tests/test_app.py", "content": "pass\n"},
+                },
+                {"name": "write_file", "arguments": {"path": "../outside.txt", "content": "x\n"}},
+                {"name": "run", "arguments": {"command": "rm -rf src"}},
+            ],
+        },
+        # Answers only if the last tool result the model got is the refused command.
+        {
+            "name": "answer",
+            "assistant_turns": 1,
+            "last_contains": "command_not_allowed",
+            "text": "I may not do that",
+        },
+    ]
+}
 
 
 async def test_a_refused_tool_call_is_counted_answered_as_an_error_and_never_run(
@@ -196,8 +232,10 @@ async def test_a_refused_tool_call_is_counted_answered_as_an_error_and_never_run
     assert (out["tool_calls"], out["tool_errors"], out["tool_refusals"]) == (3, 3, 3)
     entries = tool_entries(out)
     assert [e["error"] for e in entries] == [
-        "path_not_allowed", "path_escapes", "command_not_allowed"
-    ]  # fmt: skip
+        "path_not_allowed",
+        "path_escapes",
+        "command_not_allowed",
+    ]
     assert all(e["refused"] and not e["ok"] for e in entries)
     assert json.loads(entries[2]["content"])["error"] == "command_not_allowed"
     # Nothing changed: no candidate, and the origin's files as they were.
@@ -252,12 +290,21 @@ async def test_the_token_budget_stops_the_loop_before_the_next_model_call(
 
 async def test_the_transcript_is_capped_in_entries_and_in_each_text(tmp_path: Path) -> None:
     long_text = "x" * (3 * TRANSCRIPT_TEXT_MAX)
-    scenario = {"turns": [
-        {"name": "long", "assistant_turns": 0, "tool_calls": [
-            {"name": "write_file", "arguments": {"path": "notes.txt", "content": long_text}}]},
-        {"name": "again", "tool_calls": [
-            {"name": "read_file", "arguments": {"path": "notes.txt"}}]},
-    ]}  # fmt: skip
+    scenario = {
+        "turns": [
+            {
+                "name": "long",
+                "assistant_turns": 0,
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "notes.txt", "content": long_text}}
+                ],
+            },
+            {
+                "name": "again",
+                "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}],
+            },
+        ]
+    }
     _app, chat = model_for(scenario)
     payload = {"messages": ASK, "allowed_commands": [], "max_turns": 100}
     done = await kind(tmp_path)(context(payload, chat))
@@ -281,8 +328,11 @@ async def test_a_cancelled_loop_leaves_no_worktree_and_no_process(tmp_path: Path
     sleeper = py(
         f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     )
-    scenario = {"turns": [{"name": "sleep", "tool_calls": [
-        {"name": "run", "arguments": {"command": sleeper}}]}]}  # fmt: skip
+    scenario = {
+        "turns": [
+            {"name": "sleep", "tool_calls": [{"name": "run", "arguments": {"command": sleeper}}]}
+        ]
+    }
     _app, chat = model_for(scenario)
     payload = {"messages": ASK, "allowed_commands": [sleeper]}
     repo = lease_repository(str(origin), base, allowed_paths=("",))
@@ -328,36 +378,59 @@ def test_agent_is_a_built_in_kind_on_both_sides() -> None:
 
 
 def plan(payload: Any) -> dict[str, Any]:
-    return {"idempotency_key": "k", "plan": {"steps": [
-        {"name": "fix", "kind": "agent", "payload": payload}]}}  # fmt: skip
+    return {
+        "idempotency_key": "k",
+        "plan": {"steps": [{"name": "fix", "kind": "agent", "payload": payload}]},
+    }
 
 
 GOOD = {"messages": ASK, "allowed_commands": ["python -m pytest -q"]}
 BAD_AGENT: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("no_allowed_commands", {"messages": ASK},
-     ["'plan.steps[0].payload'", "missing required field `allowed_commands`", "'fix'"]),
+    (
+        "no_allowed_commands",
+        {"messages": ASK},
+        ["'plan.steps[0].payload'", "missing required field `allowed_commands`", "'fix'"],
+    ),
     ("max_turns_zero", {**GOOD, "max_turns": 0}, ["'plan.steps[0].payload.max_turns'", ">= 1"]),
-    ("max_turns_too_many", {**GOOD, "max_turns": 101},
-     ["'plan.steps[0].payload.max_turns'", "<= 100"]),
-    ("budget_zero", {**GOOD, "max_tokens_total": 0},
-     ["'plan.steps[0].payload.max_tokens_total'"]),
+    (
+        "max_turns_too_many",
+        {**GOOD, "max_turns": 101},
+        ["'plan.steps[0].payload.max_turns'", "<= 100"],
+    ),
+    ("budget_zero", {**GOOD, "max_tokens_total": 0}, ["'plan.steps[0].payload.max_tokens_total'"]),
     ("unknown_key", {**GOOD, "max_turn": 3}, ["`max_turn`", "did you mean `max_turns`"]),
-    ("empty_command", {**GOOD, "allowed_commands": ["  "]},
-     ["'plan.steps[0].payload.allowed_commands[0]'", "the command is empty"]),
-    ("path_climbs", {**GOOD, "allowed_paths": ["src/../../etc"]},
-     ["'plan.steps[0].payload.allowed_paths[0]'", "not a path inside the repository"]),
-    ("path_git", {**GOOD, "allowed_paths": [".git/hooks"]},
-     ["'plan.steps[0].payload.allowed_paths[0]'"]),
-    ("repository_in_payload",
-     {**GOOD, "repository": {"url": "/srv/repo.git", "base_sha": "a" * 40}},
-     ["`repository`"]),
-    ("check_timeout_zero", {**GOOD, "check_timeout_s": 0},
-     ["'plan.steps[0].payload.check_timeout_s'"]),
-    ("timeout_negative", {**GOOD, "run_timeout_s": -1},
-     ["'plan.steps[0].payload.run_timeout_s'"]),
-    ("bad_role", {**GOOD, "messages": [{"role": "robot", "content": "hi"}]},
-     ["'plan.steps[0].payload.messages[0].role'"]),
-]  # fmt: skip
+    (
+        "empty_command",
+        {**GOOD, "allowed_commands": ["  "]},
+        ["'plan.steps[0].payload.allowed_commands[0]'", "the command is empty"],
+    ),
+    (
+        "path_climbs",
+        {**GOOD, "allowed_paths": ["src/../../etc"]},
+        ["'plan.steps[0].payload.allowed_paths[0]'", "not a path inside the repository"],
+    ),
+    (
+        "path_git",
+        {**GOOD, "allowed_paths": [".git/hooks"]},
+        ["'plan.steps[0].payload.allowed_paths[0]'"],
+    ),
+    (
+        "repository_in_payload",
+        {**GOOD, "repository": {"url": "/srv/repo.git", "base_sha": "a" * 40}},
+        ["`repository`"],
+    ),
+    (
+        "check_timeout_zero",
+        {**GOOD, "check_timeout_s": 0},
+        ["'plan.steps[0].payload.check_timeout_s'"],
+    ),
+    ("timeout_negative", {**GOOD, "run_timeout_s": -1}, ["'plan.steps[0].payload.run_timeout_s'"]),
+    (
+        "bad_role",
+        {**GOOD, "messages": [{"role": "robot", "content": "hi"}]},
+        ["'plan.steps[0].payload.messages[0].role'"],
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -377,9 +450,13 @@ async def test_a_bad_agent_payload_is_refused_at_submit_naming_the_field(
 
 async def test_a_good_agent_payload_is_accepted_at_submit(api: ApiHarness) -> None:
     payload = {
-        **GOOD, "allowed_paths": ["src/"], "max_turns": 5, "max_tokens_total": 10_000,
-        "run_timeout_s": 60, "check_timeout_s": 120,
-    }  # fmt: skip
+        **GOOD,
+        "allowed_paths": ["src/"],
+        "max_turns": 5,
+        "max_tokens_total": 10_000,
+        "run_timeout_s": 60,
+        "check_timeout_s": 120,
+    }
     response = await api.client.post("/v1/tasks", headers=api.operator, json=plan(payload))
     assert response.status_code == 201, response.text
 
@@ -400,13 +477,19 @@ async def test_a_runner_commits_an_agent_step_whose_output_tells_what_it_did(
     output = step["output"]
     assert (output["finish"], output["turns"], output["tool_calls"]) == ("answered", 5, 4)
     assert [e["name"] for e in output["transcript"] if e["role"] == "tool"] == [
-        "list_files", "read_file", "write_file", "run"
-    ]  # fmt: skip
+        "list_files",
+        "read_file",
+        "write_file",
+        "run",
+    ]
     assert output["cleanup"]["gone"] is True
     # In a scratch folder the model's first two calls find nothing; its write and run work.
     assert [e["ok"] for e in output["transcript"] if e["role"] == "tool"] == [
-        False, False, True, True
-    ]  # fmt: skip
+        False,
+        False,
+        True,
+        True,
+    ]
     assert step["candidate_sha"] is None
     assert "candidate_sha" not in output
     assert model_app.state.turns == ["list", "read", "write", "check", "answer"]

@@ -53,13 +53,22 @@ async def run_step(
         tmp_path / "origin", {"src/app.py": "answer = 41\n", "tools/server.py": SERVER}
     )
     kind = AgentKind(
-        cache_dir=tmp_path / "cache", sandbox=sandbox,
-        commands_without_sandbox=commands_without_sandbox, command_limits=command_limits,
-    )  # fmt: skip
+        cache_dir=tmp_path / "cache",
+        sandbox=sandbox,
+        commands_without_sandbox=commands_without_sandbox,
+        command_limits=command_limits,
+    )
     ctx = StepContext(
-        step_id="step-1", task_id="task-1", name="fix", attempt=1, payload=body, outputs=(),
-        default_model="scripted", chat=chat, repository=lease_repository(str(origin), base),
-    )  # fmt: skip
+        step_id="step-1",
+        task_id="task-1",
+        name="fix",
+        attempt=1,
+        payload=body,
+        outputs=(),
+        default_model="scripted",
+        chat=chat,
+        repository=lease_repository(str(origin), base),
+    )
     return await kind(ctx)
 
 
@@ -92,8 +101,11 @@ async def test_a_repositorys_own_server_is_called_inside_bubblewrap(
     output: dict[str, Any] = done.output  # type: ignore[assignment]
     assert (output["tool_calls"], output["tool_errors"]) == (4, 2)
     assert [e["name"] for e in output["transcript"] if e["role"] == "tool"] == [
-        "mcp__repo__echo", "mcp__repo__read", "mcp__repo__read", "mcp__repo__fail",
-    ]  # fmt: skip
+        "mcp__repo__echo",
+        "mcp__repo__read",
+        "mcp__repo__read",
+        "mcp__repo__fail",
+    ]
 
 
 async def test_a_server_runs_under_the_command_limits(
@@ -101,10 +113,12 @@ async def test_a_server_runs_under_the_command_limits(
     bubblewrap: Bubblewrap,  # noqa: F811
 ) -> None:
     chat = ScriptedChat(
-        [call("mcp__repo__write", path="small.bin", size=1000),
-         call("mcp__repo__write", path="big.bin", size=2 * 1024 * 1024)],
+        [
+            call("mcp__repo__write", path="small.bin", size=1000),
+            call("mcp__repo__write", path="big.bin", size=2 * 1024 * 1024),
+        ],
         "done",
-    )  # fmt: skip
+    )
     limits = CommandLimits(max_file_mb=1)  # the runner's command_max_file_mb
     await run_step(tmp_path, bubblewrap, chat, payload(repo_server()), command_limits=limits)
     small, big = chat.tool_results(1)
@@ -121,9 +135,12 @@ async def test_without_a_sandbox_no_server_starts_unless_the_operator_allows_it(
         await run_step(tmp_path, NoSandbox(), chat, payload(repo_server()))
     assert chat.requests == []  # refused before the model was asked anything
     allowed = await run_step(
-        tmp_path / "allowed", NoSandbox(), ScriptedChat([call("mcp__repo__echo", text="x")], "ok"),
-        payload(repo_server()), commands_without_sandbox=True,
-    )  # fmt: skip
+        tmp_path / "allowed",
+        NoSandbox(),
+        ScriptedChat([call("mcp__repo__echo", text="x")], "ok"),
+        payload(repo_server()),
+        commands_without_sandbox=True,
+    )
     assert allowed.output["tool_errors"] == 0  # type: ignore[index]
 
 
@@ -131,9 +148,12 @@ async def test_a_server_that_does_not_start_fails_the_step_by_name(tmp_path: Pat
     broken = {"name": "broken", "command": [sys.executable, "-c", "raise SystemExit(3)"]}
     with pytest.raises(StepRejected, match="MCP server broken did not start"):
         await run_step(
-            tmp_path, NoSandbox(), ScriptedChat("done"), payload(repo_server(), broken),
+            tmp_path,
+            NoSandbox(),
+            ScriptedChat("done"),
+            payload(repo_server(), broken),
             commands_without_sandbox=True,
-        )  # fmt: skip
+        )
 
 
 async def test_a_runner_without_the_sdk_releases_the_step_to_an_operator(
@@ -142,9 +162,12 @@ async def test_a_runner_without_the_sdk_releases_the_step_to_an_operator(
     monkeypatch.setitem(sys.modules, "mcp", None)  # `import mcp` fails, as where it is absent
     with pytest.raises(McpUnavailable) as refused:
         await run_step(
-            tmp_path, NoSandbox(), ScriptedChat("done"), payload(repo_server()),
+            tmp_path,
+            NoSandbox(),
+            ScriptedChat("done"),
+            payload(repo_server()),
             commands_without_sandbox=True,
-        )  # fmt: skip
+        )
     assert refused.value.reason is ReleaseReason.OPERATOR
     assert "tether[mcp]" in refused.value.action
 

@@ -121,10 +121,19 @@ def context(
     payload: dict[str, Any] | None = None,
 ) -> StepContext:
     return StepContext(
-        step_id="step-1", task_id="task-1", name="fix", attempt=fence, fence=fence,
-        payload=payload or {"messages": ASK, "allowed_commands": []}, outputs=(),
-        default_model="m", chat=chat, repository=repo, resume=resume, services=services,
-    )  # fmt: skip
+        step_id="step-1",
+        task_id="task-1",
+        name="fix",
+        attempt=fence,
+        fence=fence,
+        payload=payload or {"messages": ASK, "allowed_commands": []},
+        outputs=(),
+        default_model="m",
+        chat=chat,
+        repository=repo,
+        resume=resume,
+        services=services,
+    )
 
 
 @pytest.fixture

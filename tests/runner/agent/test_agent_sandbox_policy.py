@@ -59,9 +59,17 @@ def context(
     repository: LeaseRepository | None = None,
 ) -> StepContext:
     return StepContext(
-        step_id=step_id, task_id="task-1", name="fix", attempt=1, payload=payload, outputs=(),
-        default_model="m", chat=chat, repository=repository, services=FakeServices(),
-    )  # fmt: skip
+        step_id=step_id,
+        task_id="task-1",
+        name="fix",
+        attempt=1,
+        payload=payload,
+        outputs=(),
+        default_model="m",
+        chat=chat,
+        repository=repository,
+        services=FakeServices(),
+    )
 
 
 def leftovers(tmp_path: Path) -> list[str]:
@@ -88,9 +96,12 @@ async def test_a_step_with_commands_is_refused_uncounted_and_runs_nothing(tmp_pa
     assert (problem.reason, problem.retryable) == (ReleaseReason.OPERATOR, True)
     assert problem.detail == refusal(WHY)
     for words in (
-        WHY, "read its token and model key", "install bubblewrap",
-        "systemd/tether-runner-bwrap.conf", "commands_without_sandbox = true",
-    ):  # fmt: skip
+        WHY,
+        "read its token and model key",
+        "install bubblewrap",
+        "systemd/tether-runner-bwrap.conf",
+        "commands_without_sandbox = true",
+    ):
         assert words in problem.detail
     # The supervisor keeps 500 characters of "<reason>: <detail>"; the ways out always fit.
     assert len(f"operator: {refusal('x' * 1000)}") <= 500
@@ -161,14 +172,25 @@ async def test_through_a_supervisor_the_task_waits_with_the_reason_in_its_attemp
     """A real supervisor that fails a task on its first counted release (max_attempts 1): the
     refused step is released again and again, uncounted, and its task waits."""
     marker = tmp_path / "ran"
-    model_app = create_app(scenario=read_scenario({"turns": [
-        {"name": "run", "assistant_turns": 0,
-         "tool_calls": [{"name": "run", "arguments": {"command": touch(marker)}}]},
-        {"name": "done", "assistant_turns": 1, "text": "done"},
-    ]}))  # fmt: skip
+    model_app = create_app(
+        scenario=read_scenario(
+            {
+                "turns": [
+                    {
+                        "name": "run",
+                        "assistant_turns": 0,
+                        "tool_calls": [{"name": "run", "arguments": {"command": touch(marker)}}],
+                    },
+                    {"name": "done", "assistant_turns": 1, "text": "done"},
+                ]
+            }
+        )
+    )
     payload = {"messages": ASK, "allowed_commands": [touch(marker)]}
-    plan = {"idempotency_key": "k", "plan": {"steps": [
-        {"name": "fix", "kind": "agent", "payload": payload}]}}  # fmt: skip
+    plan = {
+        "idempotency_key": "k",
+        "plan": {"steps": [{"name": "fix", "kind": "agent", "payload": payload}]},
+    }
     async with open_api(tmp_path / "api.db", FakeClock(), max_attempts=1) as api:
         task = await submitted(api, plan)
         token = tmp_path / "runner-token"
@@ -178,17 +200,21 @@ async def test_through_a_supervisor_the_task_waits_with_the_reason_in_its_attemp
         runner = Runner(
             settings=cfg,
             supervisor=SupervisorClient(
-                base_url=cfg.supervisor_url, token=api.secrets["runner"], clock=clock,
+                base_url=cfg.supervisor_url,
+                token=api.secrets["runner"],
+                clock=clock,
                 transport=httpx.ASGITransport(app=api.app),
             ),
             model=ModelClient(
                 base_url=cfg.model_url, clock=clock, transport=httpx.ASGITransport(app=model_app)
             ),
-            model_key=SecretSource(path=None, credential="model-key", setting="model_key_file",
-                                   optional=True),
-            kinds=KindRegistry([("agent", agent(tmp_path, allowed=False))]), clock=clock,
+            model_key=SecretSource(
+                path=None, credential="model-key", setting="model_key_file", optional=True
+            ),
+            kinds=KindRegistry([("agent", agent(tmp_path, allowed=False))]),
+            clock=clock,
             backoff_max_s=0.05,
-        )  # fmt: skip
+        )
         view: Any = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(runner.run)

@@ -229,7 +229,7 @@ async def test_a_models_mistake_is_an_error_result_never_an_exception(
         ("read_file", '{"path": "src/missing.py"}', "not_a_file"),
         ("apply_patch", json.dumps({"patch": STALE_PATCH}), "patch_does_not_apply"),
         ("search", '{"pattern": "(", "regex": true}', "bad_pattern"),
-    ]  # fmt: skip
+    ]
     for name, arguments, code in cases:
         result = await box.call(name, arguments)
         assert not result.ok
@@ -431,11 +431,37 @@ def test_the_agent_package_exports_its_surface() -> None:
     import tether.runner.agent
 
     assert sorted(tether.runner.agent.__all__) == sorted(
-        ["AgentKind", "BaseNotFound", "Bubblewrap", "CheckLimits", "Checkpointer",
-         "CleanupRecord", "Confinement", "FetchFailed", "Finish", "LoopResult", "NoSandbox",
-         "RepoCache", "Sandbox", "Snapshot", "Start", "ToolBox", "ToolError", "ToolFailed",
-         "ToolLimits", "ToolLog", "ToolRefused", "ToolResult", "Workspace", "WorkspaceFailed",
-         "commit_date", "detect_sandbox", "resume_start", "run_checks", "run_loop"]
-    )  # fmt: skip
+        [
+            "AgentKind",
+            "BaseNotFound",
+            "Bubblewrap",
+            "CheckLimits",
+            "Checkpointer",
+            "CleanupRecord",
+            "Confinement",
+            "FetchFailed",
+            "Finish",
+            "LoopResult",
+            "NoSandbox",
+            "RepoCache",
+            "Sandbox",
+            "Snapshot",
+            "Start",
+            "ToolBox",
+            "ToolError",
+            "ToolFailed",
+            "ToolLimits",
+            "ToolLog",
+            "ToolRefused",
+            "ToolResult",
+            "Workspace",
+            "WorkspaceFailed",
+            "commit_date",
+            "detect_sandbox",
+            "resume_start",
+            "run_checks",
+            "run_loop",
+        ]
+    )
     for name in tether.runner.agent.__all__:
         assert getattr(tether.runner.agent, name) is not None

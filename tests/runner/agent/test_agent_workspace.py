@@ -62,8 +62,15 @@ async def test_the_candidate_sha_depends_only_on_the_step_and_the_changes(
             shas.append(await ws.commit(step_id=step_id, paths=["src/"]))
             sha = shas[-1]
             assert sha is not None
-            who = sh("git", "log", "-1", "--format=%an <%ae>|%cn <%ce>|%ad", "--date=raw", sha,
-                     cwd=ws.tree).strip()  # fmt: skip
+            who = sh(
+                "git",
+                "log",
+                "-1",
+                "--format=%an <%ae>|%cn <%ce>|%ad",
+                "--date=raw",
+                sha,
+                cwd=ws.tree,
+            ).strip()
             date = commit_date(step_id).lstrip("@")
             assert who == f"tether <tether@localhost>|tether <tether@localhost>|{date}"
             assert sh("git", "rev-parse", f"{sha}^", cwd=ws.tree).strip() == base

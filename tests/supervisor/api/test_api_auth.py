@@ -37,19 +37,34 @@ def good_body(method: str, path: str, task: dict[str, Any], lease: dict[str, Any
     if method == "GET":
         return None
     return {
-        "/v1/tasks": {"idempotency_key": "new", "plan": {"steps": [
-            {"name": "s", "kind": "chat",
-             "payload": {"messages": [{"role": "user", "content": "hi"}]}}]}},
+        "/v1/tasks": {
+            "idempotency_key": "new",
+            "plan": {
+                "steps": [
+                    {
+                        "name": "s",
+                        "kind": "chat",
+                        "payload": {"messages": [{"role": "user", "content": "hi"}]},
+                    }
+                ]
+            },
+        },
         "/v1/tasks/{task}/approve": {"plan_hash": task["plan_hash"]},
         "/v1/tasks/{task}/cancel": {"reason": "no"},
         "/v1/repositories/repo/head": {"sha": "a" * 40},
         "/v1/leases/claim": {"runner_id": "r2", "capacity": 1, "wait_s": 0},
         "/v1/leases/{step}/renew": {"fence": lease["fence"]},
-        "/v1/leases/{step}/release": {"fence": lease["fence"], "reason": "shutdown",
-                                      "retryable": True},
-        "/v1/steps/{step}/result": {"fence": lease["fence"], "payload_hash": lease["payload_hash"],
-                                    "output": "x"},
-    }[path]  # fmt: skip
+        "/v1/leases/{step}/release": {
+            "fence": lease["fence"],
+            "reason": "shutdown",
+            "retryable": True,
+        },
+        "/v1/steps/{step}/result": {
+            "fence": lease["fence"],
+            "payload_hash": lease["payload_hash"],
+            "output": "x",
+        },
+    }[path]
 
 
 async def prepared(api: ApiHarness) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -61,9 +76,13 @@ async def prepared(api: ApiHarness) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 async def call(
-    api: ApiHarness, method: str, path: str, headers: dict[str, str],
-    task: dict[str, Any], lease: dict[str, Any],
-) -> Any:  # fmt: skip
+    api: ApiHarness,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    task: dict[str, Any],
+    lease: dict[str, Any],
+) -> Any:
     url = path.format(task=task["id"], step=lease["step_id"])
     body = good_body(method, path, task, lease)
     return await api.client.request(method, url, headers=headers, json=body)
@@ -71,11 +90,29 @@ async def call(
 
 @pytest.mark.parametrize(
     "header",
-    [None, "", "Bearer", "Bearer ", "Basic dXNlcjpwYXNz", "Token abc", "tether_abc",
-     "Bearer tether_not-a-real-token", "Bearer  "],
-    ids=["missing", "empty", "bare_scheme", "scheme_and_space", "basic", "other_scheme",
-         "no_scheme", "unknown_token", "only_spaces"],
-)  # fmt: skip
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Basic dXNlcjpwYXNz",
+        "Token abc",
+        "tether_abc",
+        "Bearer tether_not-a-real-token",
+        "Bearer  ",
+    ],
+    ids=[
+        "missing",
+        "empty",
+        "bare_scheme",
+        "scheme_and_space",
+        "basic",
+        "other_scheme",
+        "no_scheme",
+        "unknown_token",
+        "only_spaces",
+    ],
+)
 async def test_without_a_valid_token_every_route_is_401(
     api: ApiHarness, header: str | None
 ) -> None:
@@ -161,8 +198,9 @@ async def test_a_revoked_operator_is_refused_once_the_cache_expires(
         json={"plan_hash": task["plan_hash"]},
     )
     assert_error(response, 401, "unauthorized")
-    assert_error(await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator), 401,
-                 "unauthorized")  # fmt: skip
+    assert_error(
+        await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator), 401, "unauthorized"
+    )
     assert ledger_snapshot(api.path) == before
     # Other tokens are untouched by one revocation.
     assert (await api.client.get("/v1/tasks", headers=api.auth("rival"))).status_code == 200

@@ -13,9 +13,18 @@ from tether.wire.records import Lease, LeaseRepository
 
 def lease(step_id: str, repository: LeaseRepository | None = None) -> Lease:
     return Lease(
-        step_id=step_id, task_id="t", name="s", kind="chat", attempt=1, fence=1, payload={},
-        payload_hash="h", ttl_s=30.0, renew_every_s=10.0, repository=repository,
-    )  # fmt: skip
+        step_id=step_id,
+        task_id="t",
+        name="s",
+        kind="chat",
+        attempt=1,
+        fence=1,
+        payload={},
+        payload_hash="h",
+        ttl_s=30.0,
+        renew_every_s=10.0,
+        repository=repository,
+    )
 
 
 def test_only_unbound_leases_are_remembered_and_each_is_taken_once() -> None:

@@ -40,16 +40,24 @@ async def test_a_disconnected_claim_grants_nothing_and_the_step_stays_queued(
     client = Client(body)
 
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": "/v1/leases/claim", "raw_path": b"/v1/leases/claim",
-        "query_string": b"", "root_path": "", "server": ("test", 80), "client": ("test", 1),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/leases/claim",
+        "raw_path": b"/v1/leases/claim",
+        "query_string": b"",
+        "root_path": "",
+        "server": ("test", 80),
+        "client": ("test", 1),
         "headers": [
             (b"authorization", api.runner["Authorization"].encode()),
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
         ],
         "state": dict(api.app.state._state) if hasattr(api.app.state, "_state") else {},
-    }  # fmt: skip
+    }
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
@@ -74,12 +82,20 @@ async def test_an_events_poll_whose_client_hung_up_ends_at_once(api: ApiHarness)
     query = f"after={after}&wait=60".encode()
     path = f"/v1/tasks/{task['id']}/events"
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
-        "root_path": "", "server": ("test", 80), "client": ("test", 1),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "server": ("test", 80),
+        "client": ("test", 1),
         "headers": [(b"authorization", api.operator["Authorization"].encode())],
         "state": dict(api.app.state._state) if hasattr(api.app.state, "_state") else {},
-    }  # fmt: skip
+    }
 
     with anyio.fail_after(5):  # well within the 60 s the poll asked for
         async with anyio.create_task_group() as tg:

@@ -25,8 +25,9 @@ async def test_a_two_step_task_runs_to_success(api: ApiHarness) -> None:
 
     outputs: list[Any] = []
     for position in range(2):
-        claim = await c.post("/v1/leases/claim", headers=rn,
-                             json={"runner_id": "r1", "capacity": 2, "wait_s": 0})  # fmt: skip
+        claim = await c.post(
+            "/v1/leases/claim", headers=rn, json={"runner_id": "r1", "capacity": 2, "wait_s": 0}
+        )
         assert claim.status_code == 200
         [lease] = claim.json()["leases"]  # steps run in order: one at a time
         assert lease["step_id"] == task["steps"][position]["id"]
@@ -37,10 +38,15 @@ async def test_a_two_step_task_runs_to_success(api: ApiHarness) -> None:
         assert renew.json()["cancelled"] is False
         output = {"answer": position}
         result = await c.post(
-            f"/v1/steps/{lease['step_id']}/result", headers=rn,
-            json={"fence": lease["fence"], "payload_hash": lease["payload_hash"],
-                  "output": output, "usage": {"total_tokens": 10}},
-        )  # fmt: skip
+            f"/v1/steps/{lease['step_id']}/result",
+            headers=rn,
+            json={
+                "fence": lease["fence"],
+                "payload_hash": lease["payload_hash"],
+                "output": output,
+                "usage": {"total_tokens": 10},
+            },
+        )
         assert result.json() == {"outcome": "applied"}
         outputs.append(output)
     nothing = await c.post("/v1/leases/claim", headers=rn, json={"runner_id": "r1", "capacity": 1})

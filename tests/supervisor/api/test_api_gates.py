@@ -102,24 +102,24 @@ async def test_a_gate_opens_for_the_shown_digest_only_and_once(api: ApiHarness) 
 async def test_an_uncertain_effect_is_resolved_only_by_an_operator(api: ApiHarness) -> None:
     task = await submitted(api, effect_task())
     digest = task["steps"][0]["effect"]["digest"]
-    early = await api.client.post(happened(task["id"]), headers=api.operator,
-                                  json={"happened": True})  # fmt: skip
+    early = await api.client.post(
+        happened(task["id"]), headers=api.operator, json={"happened": True}
+    )
     assert_error(early, 409, "invalid_transition")
     await api.client.post(gate(task["id"]), headers=api.operator, json={"digest": digest})
     await send_unanswered(api)
     view = (await api.client.get(f"/v1/tasks/{task['id']}", headers=api.operator)).json()
     assert view["waiting_for"]["reason"] == "uncertain"
-    no = await api.client.post(happened(task["id"]), headers=api.operator,
-                               json={"happened": False})  # fmt: skip
+    no = await api.client.post(happened(task["id"]), headers=api.operator, json={"happened": False})
     assert no.status_code == 200, no.text
     assert no.json()["steps"][0]["effect"]["state"] == "gated"
     await api.client.post(gate(task["id"]), headers=api.operator, json={"digest": digest})
     await send_unanswered(api)
-    second_no = await api.client.post(happened(task["id"]), headers=api.operator,
-                                      json={"happened": False})  # fmt: skip
+    second_no = await api.client.post(
+        happened(task["id"]), headers=api.operator, json={"happened": False}
+    )
     assert_error(second_no, 409, "invalid_transition")
-    yes = await api.client.post(happened(task["id"]), headers=api.operator,
-                                json={"happened": True})  # fmt: skip
+    yes = await api.client.post(happened(task["id"]), headers=api.operator, json={"happened": True})
     assert yes.status_code == 200, yes.text
     done = yes.json()
     assert done["state"] == "SUCCEEDED"
@@ -134,8 +134,10 @@ async def test_an_uncertain_effect_is_resolved_only_by_an_operator(api: ApiHarne
 async def test_the_gate_routes_are_the_tenant_s_and_an_operator_s(api: ApiHarness) -> None:
     task = await submitted(api, effect_task())
     digest = task["steps"][0]["effect"]["digest"]
-    for path, body in ((gate(task["id"]), {"digest": digest}),
-                       (happened(task["id"]), {"happened": True})):  # fmt: skip
+    for path, body in (
+        (gate(task["id"]), {"digest": digest}),
+        (happened(task["id"]), {"happened": True}),
+    ):
         assert_error(await api.client.post(path, json=body), 401, "unauthorized")
         assert_error(await api.client.post(path, headers=api.runner, json=body), 403, "forbidden")
         rival = await api.client.post(path, headers=api.auth("rival"), json=body)
@@ -143,8 +145,9 @@ async def test_the_gate_routes_are_the_tenant_s_and_an_operator_s(api: ApiHarnes
     unknown = f"/v1/tasks/{task['id']}/steps/nosuch/gate"
     assert_error(
         await api.client.post(unknown, headers=api.operator, json={"digest": digest}),
-        404, "not_found",
-    )  # fmt: skip
+        404,
+        "not_found",
+    )
 
 
 async def test_a_credential_the_folder_does_not_hold_refuses_the_plan(

@@ -343,9 +343,12 @@ async def test_an_unreadable_remote_is_unavailable_and_records_nothing(
 
 def _item(lease: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     return {
-        "step_id": lease["step_id"], "fence": lease["fence"],
-        "payload_hash": lease["payload_hash"], "output": "done", **fields,
-    }  # fmt: skip
+        "step_id": lease["step_id"],
+        "fence": lease["fence"],
+        "payload_hash": lease["payload_hash"],
+        "output": "done",
+        **fields,
+    }
 
 
 async def test_the_batch_route_gathers_each_bound_reports_evidence(
@@ -355,9 +358,10 @@ async def test_the_batch_route_gathers_each_bound_reports_evidence(
     bound_id = await queued(api, origin)
     chat = await api.create("chat")
     approved = await api.client.post(
-        f"/v1/tasks/{chat['id']}/approve", headers=api.operator,
+        f"/v1/tasks/{chat['id']}/approve",
+        headers=api.operator,
         json={"plan_hash": chat["plan_hash"]},
-    )  # fmt: skip
+    )
     assert approved.status_code == 200
     leases = {lease["task_id"]: lease for lease in await api.claim(capacity=2)}
     bound, plain = leases[bound_id], leases[chat["id"]]

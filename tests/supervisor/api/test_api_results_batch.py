@@ -156,6 +156,8 @@ async def test_a_storage_failure_is_503_unavailable_on_both_routes(
     assert_error(await api.report(lease), 503, "unavailable")
     [answer] = (await post(api, [item(lease)])).json()["results"]
     assert answer == {
-        "step_id": lease["step_id"], "status": 503, "error": "unavailable",
+        "step_id": lease["step_id"],
+        "status": 503,
+        "error": "unavailable",
         "detail": "disk I/O error",
-    }  # fmt: skip
+    }

@@ -251,14 +251,27 @@ async def test_events_long_poll_returns_when_an_event_is_appended(api: ApiHarnes
 # -- GET /v1/tasks/{id}/review -----------------------------------------------------------------
 
 EXPECTATIONS = {
-    "owner", "repository", "base_commit", "requirement_revision", "allowed_paths",
-    "expected_checks", "verify_pool",
-}  # fmt: skip
+    "owner",
+    "repository",
+    "base_commit",
+    "requirement_revision",
+    "allowed_paths",
+    "expected_checks",
+    "verify_pool",
+}
 OBSERVATIONS = {
-    "repository_head", "candidate_sha", "start_time", "stop_time", "observed_checks", "checks",
-    "observed_terminal_state", "reviewer_decision", "cleanup_proof", "effects",
+    "repository_head",
+    "candidate_sha",
+    "start_time",
+    "stop_time",
+    "observed_checks",
+    "checks",
+    "observed_terminal_state",
+    "reviewer_decision",
+    "cleanup_proof",
+    "effects",
     "unresolved_questions",
-}  # fmt: skip
+}
 
 
 async def test_review_marks_every_field_expectation_or_observation(
@@ -267,9 +280,14 @@ async def test_review_marks_every_field_expectation_or_observation(
     origin = make_remote(tmp_path)
     await add_app(api, origin)
     task = await api.queued(
-        "k", repository="app", base_sha=origin.base, owner="ana", requirement_revision="req-7",
-        allowed_paths=["src/"], checks={"tests": "python -m pytest -q"},
-    )  # fmt: skip
+        "k",
+        repository="app",
+        base_sha=origin.base,
+        owner="ana",
+        requirement_revision="req-7",
+        allowed_paths=["src/"],
+        checks={"tests": "python -m pytest -q"},
+    )
     [lease] = await api.claim()
     fields = await work(api, origin, lease)
     result = await api.report(lease, **fields)
@@ -356,9 +374,16 @@ async def test_claim_grants_a_lease_with_every_promised_field(api: ApiHarness) -
     assert response.status_code == 200
     [lease] = response.json()["leases"]
     for key in (
-        "step_id", "task_id", "attempt", "fence", "payload", "payload_hash", "ttl_s",
-        "renew_every_s", "outputs",
-    ):  # fmt: skip
+        "step_id",
+        "task_id",
+        "attempt",
+        "fence",
+        "payload",
+        "payload_hash",
+        "ttl_s",
+        "renew_every_s",
+        "outputs",
+    ):
         assert key in lease
     assert lease["task_id"] == task["id"]
     assert lease["attempt"] == 1
@@ -418,8 +443,12 @@ async def test_renew_answers_ttl_and_refuses_a_fence_the_step_never_had(api: Api
     url = f"/v1/leases/{lease['step_id']}/renew"
     response = await api.client.post(url, headers=api.runner, json={"fence": lease["fence"]})
     assert response.status_code == 200
-    assert response.json() == {"ttl_s": 30.0, "renew_every_s": lease["renew_every_s"],
-                               "cancelled": False, "budget_exhausted": False}  # fmt: skip
+    assert response.json() == {
+        "ttl_s": 30.0,
+        "renew_every_s": lease["renew_every_s"],
+        "cancelled": False,
+        "budget_exhausted": False,
+    }
     # A fence never granted to the step is no lease: `not_found`, as an unknown step, and not
     # recorded (it was a recorded `stale_fence` before leases belonged to their token).
     guessed = await api.client.post(url, headers=api.runner, json={"fence": lease["fence"] + 1})

@@ -48,9 +48,12 @@ async def test_a_queued_task_in_a_pool_no_runner_ever_claimed_in_says_so(
     task = await api.queued("k")
     assert task["state"] == "QUEUED"
     assert task["waiting_for"] == {
-        "reason": "runner", "pool": "default", "kind": "chat", "last_seen_s": None,
+        "reason": "runner",
+        "pool": "default",
+        "kind": "chat",
+        "last_seen_s": None,
         "pool_last_seen_s": None,
-    }  # fmt: skip
+    }
 
 
 async def test_a_queued_task_says_how_long_ago_its_pools_runners_claimed(

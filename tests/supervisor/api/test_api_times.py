@@ -44,21 +44,29 @@ async def test_every_time_the_operator_reads_is_iso_8601_utc(api: ApiHarness) ->
     [lease] = await api.claim()
     assert (await api.report(lease, "done")).status_code == 200
     decided = await api.client.post(
-        f"/v1/tasks/{task['id']}/review", headers=api.operator,
+        f"/v1/tasks/{task['id']}/review",
+        headers=api.operator,
         json={"decision": "accept", "note": "fine"},
-    )  # fmt: skip
+    )
     assert decided.status_code == 200, decided.text
     answers = {}
-    for path in ("/v1/tasks", f"/v1/tasks/{task['id']}", f"/v1/tasks/{task['id']}/events",
-                 f"/v1/tasks/{task['id']}/review"):  # fmt: skip
+    for path in (
+        "/v1/tasks",
+        f"/v1/tasks/{task['id']}",
+        f"/v1/tasks/{task['id']}/events",
+        f"/v1/tasks/{task['id']}/review",
+    ):
         answer = await api.client.get(path, headers=api.operator)
         assert answer.status_code == 200, answer.text
         answers[path] = answer.json()
     found = [(path + at, value) for path, body in answers.items() for at, value in times(body)]
     named = {at.rsplit(".", 1)[1] for at, value in found if value is not None}
     assert {"created_at", "at", "granted_at", "ended_at", "start_time", "stop_time"} <= named
-    wrong = [(at, value) for at, value in found if value is not None and not (
-        isinstance(value, str) and ISO_UTC.fullmatch(value))]  # fmt: skip
+    wrong = [
+        (at, value)
+        for at, value in found
+        if value is not None and not (isinstance(value, str) and ISO_UTC.fullmatch(value))
+    ]
     assert not wrong
 
 

@@ -154,10 +154,14 @@ async def test_the_batch_route_grants_for_the_whole_request(api: ApiHarness) -> 
         await api.queued(f"k{k}")
     held = await api.claim(2)
     items = [
-        {"step_id": x["step_id"], "fence": x["fence"], "payload_hash": x["payload_hash"],
-         "output": "ok"}
+        {
+            "step_id": x["step_id"],
+            "fence": x["fence"],
+            "payload_hash": x["payload_hash"],
+            "output": "ok",
+        }
         for x in held
-    ]  # fmt: skip
+    ]
     answer = await api.client.post(
         "/v1/steps/results", headers=api.runner, json={"results": items, "want": want(2)}
     )
@@ -222,7 +226,9 @@ def runner_on(api: ApiHarness, tmp_path: Path, kind: Counting, **overrides: Any)
     return Runner(
         settings=cfg,
         supervisor=SupervisorClient(
-            base_url="http://supervisor.test", token=api.secrets["runner"], clock=clock,
+            base_url="http://supervisor.test",
+            token=api.secrets["runner"],
+            clock=clock,
             transport=counting_route(api, seen),
         ),
         model=ModelClient(base_url=cfg.model_url, clock=clock, transport=FakeModel().transport),
@@ -230,7 +236,7 @@ def runner_on(api: ApiHarness, tmp_path: Path, kind: Counting, **overrides: Any)
         kinds=KindRegistry([("chat", kind)]),
         clock=clock,
         backoff_max_s=0.05,
-    )  # fmt: skip
+    )
 
 
 async def test_the_runner_starts_eager_leases_within_its_concurrency(

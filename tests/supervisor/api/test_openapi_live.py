@@ -130,10 +130,13 @@ def test_generated_requests_get_answers_the_document_allows(live: Live, schema: 
 
         @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
         @hypothesis.settings(
-            max_examples=EXAMPLES_PER_OPERATION, deadline=DEADLINE, database=None,
-            derandomize=True, phases=[Phase.explicit, Phase.generate],
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=DEADLINE,
+            database=None,
+            derandomize=True,
+            phases=[Phase.explicit, Phase.generate],
             suppress_health_check=list(HealthCheck),
-        )  # fmt: skip
+        )
         def run(case: Any) -> None:
             _call(live, case)
 
@@ -169,9 +172,11 @@ def test_a_task_walked_through_its_life_gets_answers_the_document_allows(
     assert call("GET", "/v1/tasks", query={"limit": 5}).json()["tasks"][0]["id"] == task["id"]
     assert call("GET", "/v1/tasks/{task_id}", path_parameters=task_id).status_code == 200
     approved = call(
-        "POST", "/v1/tasks/{task_id}/approve", path_parameters=task_id,
+        "POST",
+        "/v1/tasks/{task_id}/approve",
+        path_parameters=task_id,
         body={"plan_hash": task["plan_hash"]},
-    )  # fmt: skip
+    )
     assert approved.json()["state"] == "QUEUED", approved.text
     claim = {"runner_id": "r1", "capacity": 1, "kinds": ["chat"]}
     lease = call("POST", "/v1/leases/claim", body=claim).json()["leases"][0]
@@ -187,18 +192,23 @@ def test_a_task_walked_through_its_life_gets_answers_the_document_allows(
     log = b"checks passed\n"
     digest = hashlib.sha256(log).hexdigest()
     stored = call(
-        "PUT", "/v1/artifacts/{digest}", path_parameters={"digest": digest}, body=log,
+        "PUT",
+        "/v1/artifacts/{digest}",
+        path_parameters={"digest": digest},
+        body=log,
         media_type="application/octet-stream",
         query={"step_id": lease["step_id"], "fence": lease["fence"]},  # for the task's tenant
-    )  # fmt: skip
+    )
     assert stored.json()["created"] is True, stored.text
     for reader in ("operator", "runner"):  # the tenant, and the pool's runners
         read = call("GET", "/v1/artifacts/{digest}", reader, path_parameters={"digest": digest})
         assert read.content == log, reader
     result = {
-        "fence": lease["fence"], "payload_hash": lease["payload_hash"], "output": "done",
+        "fence": lease["fence"],
+        "payload_hash": lease["payload_hash"],
+        "output": "done",
         "usage": {"total_tokens": 3},
-    }  # fmt: skip
+    }
     applied = call("POST", "/v1/steps/{step_id}/result", path_parameters=step, body=result)
     assert applied.json() == {"outcome": "applied"}
     batch = call("POST", "/v1/steps/results", body={"results": [{**result, **step}]})
@@ -207,16 +217,20 @@ def test_a_task_walked_through_its_life_gets_answers_the_document_allows(
     assert events.json()["events"], events.text
     assert call("GET", "/v1/tasks/{task_id}/review", path_parameters=task_id).status_code == 200
     reviewed = call(
-        "POST", "/v1/tasks/{task_id}/review", path_parameters=task_id,
+        "POST",
+        "/v1/tasks/{task_id}/review",
+        path_parameters=task_id,
         body={"decision": "accept", "note": "fine"},
-    )  # fmt: skip
+    )
     assert reviewed.status_code == 200, reviewed.text
     ended = call("POST", "/v1/tasks/{task_id}/cancel", path_parameters=task_id, body={})
     assert ended.status_code == 409, ended.text
     head = call(
-        "PUT", "/v1/repositories/{name}/head", path_parameters={"name": "app"},
+        "PUT",
+        "/v1/repositories/{name}/head",
+        path_parameters={"name": "app"},
         body={"sha": "a" * 40},
-    )  # fmt: skip
+    )
     assert head.status_code == 200, head.text
     for path in ["/v1/pools", "/v1/budget", "/v1/runner", "/healthz", "/readyz", "/metrics"]:
         assert call("GET", path).status_code == 200, path  # /metrics with the metrics token

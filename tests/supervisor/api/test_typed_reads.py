@@ -36,9 +36,16 @@ FREE_JSON: Final = {
     (answers.WorkspaceRemoval, "gone"),
 }
 READS: Final = (
-    "task", "list_tasks", "events", "review", "task_log", "pools", "runners", "budget",
+    "task",
+    "list_tasks",
+    "events",
+    "review",
+    "task_log",
+    "pools",
+    "runners",
+    "budget",
     "queue_depth",
-)  # fmt: skip
+)
 
 
 def untyped(hint: Any, where: str, bound: dict[Any, Any] | None = None) -> Iterator[str]:

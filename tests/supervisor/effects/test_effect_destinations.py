@@ -83,9 +83,21 @@ def test_public_addresses_are_not_internal(address: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["0x7f000001", "2130706433", "017700000001", "127.1", "127.0.0.1.", "0177.0.0.1",
-     "1.2.3.4.5", "localhost", "api.localhost", "LOCALHOST.", "exa mple.com", "[::1"],
-)  # fmt: skip
+    [
+        "0x7f000001",
+        "2130706433",
+        "017700000001",
+        "127.1",
+        "127.0.0.1.",
+        "0177.0.0.1",
+        "1.2.3.4.5",
+        "localhost",
+        "api.localhost",
+        "LOCALHOST.",
+        "exa mple.com",
+        "[::1",
+    ],
+)
 def test_numeric_spellings_and_localhost_are_refused_whatever_the_list(text: str) -> None:
     with pytest.raises(HostRefused):
         read_host(text)
@@ -101,9 +113,14 @@ def test_hosts_read_as_sent() -> None:
 
 @pytest.mark.parametrize(
     ("entry", "problem"),
-    [("[::1]x", "only ':<port>'"), ("h:0", "1..65535"), ("h:x", "1..65535"),
-     ("::1", "in brackets"), ("*.10.0.0.1", "a domain name")],
-)  # fmt: skip
+    [
+        ("[::1]x", "only ':<port>'"),
+        ("h:0", "1..65535"),
+        ("h:x", "1..65535"),
+        ("::1", "in brackets"),
+        ("*.10.0.0.1", "a domain name"),
+    ],
+)
 def test_a_bad_entry_is_refused_naming_it(entry: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         HostPattern.parse(entry)
@@ -143,9 +160,13 @@ def test_the_default_refuses_internal_destinations_by_the_plan_text(url: str) ->
 
 @pytest.mark.parametrize(
     "url",
-    ["https://hooks.example.com/deploy/{{ steps.build.output.v }}", "http://8.8.8.8/x",
-     "https://[2001:4860:4860::8888]:8443/", "http://r/x"],
-)  # fmt: skip
+    [
+        "https://hooks.example.com/deploy/{{ steps.build.output.v }}",
+        "http://8.8.8.8/x",
+        "https://[2001:4860:4860::8888]:8443/",
+        "http://r/x",
+    ],
+)
 def test_the_default_admits_names_and_public_addresses(url: str) -> None:
     assert _refusal(DEFAULT, url) is None
 
@@ -213,8 +234,10 @@ def test_the_settings_read_lists_tables_and_inline_tables() -> None:
     )
     rule = settings.effect_destinations
     assert [p.text for p in rule.entries_for("acme")] == [
-        "hooks.example.com", "127.0.0.1:8099", "10.0.0.5:443",
-    ]  # fmt: skip
+        "hooks.example.com",
+        "127.0.0.1:8099",
+        "10.0.0.5:443",
+    ]
     assert [p.text for p in rule.entries_for("b")][-1] == "[::1]"
     assert settings.ledger_config.effect_destinations == rule
     with pytest.raises(SettingsError, match=r"effect_allowed_hosts_by_tenant\.acme"):
@@ -309,9 +332,11 @@ async def test_an_address_host_is_not_resolved() -> None:
 
 def test_the_pin_adds_to_the_credential_s_environment() -> None:
     credential_env = {
-        "GIT_ASKPASS": "/x/askpass", "GIT_CONFIG_COUNT": "1",
-        "GIT_CONFIG_KEY_0": "credential.helper", "GIT_CONFIG_VALUE_0": "",
-    }  # fmt: skip
+        "GIT_ASKPASS": "/x/askpass",
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "credential.helper",
+        "GIT_CONFIG_VALUE_0": "",
+    }
     pin = git_pin("https", Host(name="forge.example"), 443, ip("2001:db8::7"))
     env = pinned_environment(credential_env, pin)
     assert env["GIT_CONFIG_COUNT"] == "4"
@@ -366,9 +391,14 @@ def recorder() -> Iterator[tuple[int, type[Recording]]]:
 
 def ls_remote(url: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["git", "ls-remote", url], env=git_env(env), cwd=cwd, capture_output=True, text=True,
-        timeout=60, check=False,
-    )  # fmt: skip
+        ["git", "ls-remote", url],
+        env=git_env(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_git_is_held_to_the_checked_address_and_follows_no_redirect(

@@ -71,9 +71,10 @@ def test_outputs_never_build_a_credential_placeholder_where_credentials_are_fill
 def test_a_sealed_render_keeps_the_template_s_own_credentials_and_plain_outputs() -> None:
     outputs = {"a": "v1 {curly}", "b": {"n": 1}}
     header = t.render(
-        "Bearer {{ credential.x }}; {{ steps.a.output }} {{ steps.b.output }}", outputs,
+        "Bearer {{ credential.x }}; {{ steps.a.output }} {{ steps.b.output }}",
+        outputs,
         as_text=True,
-    )  # fmt: skip
+    )
     assert header == 'Bearer {{ credential.x }}; v1 {curly} {"n":1}'
     assert (
         t.fill_credentials(header, {"x": "s3cret"}.__getitem__)
@@ -84,9 +85,13 @@ def test_a_sealed_render_keeps_the_template_s_own_credentials_and_plain_outputs(
 
 @pytest.mark.parametrize(
     "value",
-    ["{{ steps.build.output.missing }}", "{{ steps.build.output.sizes.9 }}",
-     "{{ steps.other.output }}", "x{{ steps.build.output.version.deeper }}"],
-)  # fmt: skip
+    [
+        "{{ steps.build.output.missing }}",
+        "{{ steps.build.output.sizes.9 }}",
+        "{{ steps.other.output }}",
+        "x{{ steps.build.output.version.deeper }}",
+    ],
+)
 def test_a_missing_value_is_a_render_error(value: str) -> None:
     with pytest.raises(t.RenderError):
         t.render({"body": value}, OUTPUTS)
@@ -114,8 +119,10 @@ def test_check_refuses_what_cannot_be_rendered(text: str, words: str) -> None:
 def test_check_names_the_field_and_returns_the_placeholders() -> None:
     found = t.check(
         {"Authorization": "Bearer {{ credential.deploy-token }}", "X": "{{ steps.build.output }}"},
-        "headers", earlier=["build"], credentials_allowed=True,
-    )  # fmt: skip
+        "headers",
+        earlier=["build"],
+        credentials_allowed=True,
+    )
     assert found == [t.CredentialRef("deploy-token"), t.StepRef("build", ())]
     with pytest.raises(t.TemplateError, match=r"^body\.items\[1\]: "):
         t.check({"items": ["ok", "{{ nope }}"]}, "body", earlier=[], credentials_allowed=False)
@@ -204,8 +211,9 @@ def test_a_header_value_http_cannot_carry_is_refused_when_filled(value: str) -> 
     with pytest.raises(t.RenderError, match=r"payload\.headers\.X-Version: the filled value"):
         t.render_headers(headers, {"build": {"v": value}})
     assert t.render_headers(headers, {"build": {"v": "1.0\tok"}}) == {
-        "X-Version": "1.0\tok", "Authorization": "{{ credential.k }}",
-    }  # fmt: skip
+        "X-Version": "1.0\tok",
+        "Authorization": "{{ credential.k }}",
+    }
 
 
 @pytest.mark.parametrize(

@@ -327,18 +327,29 @@ def ledger_dispatcher(
 ) -> Dispatcher:
     """A dispatcher on the real ledger with the scripted deliverer, polling every 50 ms."""
     return Dispatcher(
-        ledger, EffectKinds([script]), Credentials(None), hold_s=60, clock=clock, poll_s=0.05,
+        ledger,
+        EffectKinds([script]),
+        Credentials(None),
+        hold_s=60,
+        clock=clock,
+        poll_s=0.05,
         **extra,
-    )  # fmt: skip
+    )
 
 
 def real_dispatcher(ledger: Any, receiver: Any, clock: FakeClock, **extra: Any) -> Dispatcher:
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=receiver))
     kinds = EffectKinds([http_deliverer(client, clock=clock)])
     return Dispatcher(
-        ledger, kinds, Credentials(None), hold_s=LEDGER_CONFIG.effect_hold_s, clock=clock,
-        poll_s=0.05, retry_base_s=0.01, **extra,
-    )  # fmt: skip
+        ledger,
+        kinds,
+        Credentials(None),
+        hold_s=LEDGER_CONFIG.effect_hold_s,
+        clock=clock,
+        poll_s=0.05,
+        retry_base_s=0.01,
+        **extra,
+    )
 
 
 async def task_state(ledger: SqliteLedger, task_id: str) -> str:
@@ -361,8 +372,12 @@ async def test_an_http_step_is_delivered_to_the_receiver_exactly_once(
         await until_task(ledger, task_id, "SUCCEEDED")
     counts = receiver_counts(tmp_path / "receiver.db")
     assert (counts["requests"], counts["applied"], counts["replayed"]) == (1, 1, 0)
-    assert count(ledger_path, "effects", "step_id IN (SELECT id FROM steps WHERE name = ?)",
-                 ("deploy",)) == 1  # fmt: skip
+    assert (
+        count(
+            ledger_path, "effects", "step_id IN (SELECT id FROM steps WHERE name = ?)", ("deploy",)
+        )
+        == 1
+    )
     applied = applied_bodies(tmp_path / "receiver.db")
     assert applied == [{"version": "1.2.3"}]
 

@@ -214,12 +214,18 @@ def test_a_token_is_answered_by_the_askpass_script_from_the_environment(tmp_path
         ask = [str(script)]
         password = subprocess.run(
             [*ask, "Password for 'https://x-access-token@example.org': "],
-            env=full, capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            env=full,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         user = subprocess.run(
             [*ask, "Username for 'https://example.org': "],
-            env=full, capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            env=full,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert password.stdout == "tok-123\n"
         assert user.stdout == "x-access-token\n"
         assert env["GIT_CONFIG_KEY_0"] == "credential.helper"
@@ -256,8 +262,10 @@ def test_a_push_killed_mid_attempt_leaves_its_key_only_until_the_next_start(
     def hold(value: str) -> subprocess.Popen[str]:
         child = subprocess.Popen(
             [sys.executable, "-c", LEFTOVER, str(scratch), value],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert child.stdout is not None
         child.stdout.readline()  # the folder is there
         return child

@@ -218,10 +218,14 @@ async def test_a_credential_http_cannot_carry_is_refused_unsent_and_unnamed(
 async def test_encoded_echoes_of_a_credential_are_masked(secrets: Credentials) -> None:
     raw = TOKEN.encode()
     echoes = [
-        TOKEN.upper(), raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode(),
+        TOKEN.upper(),
+        raw.hex(),
+        raw.hex().upper(),
+        base64.b64encode(raw).decode(),
         base64.urlsafe_b64encode(raw).decode().rstrip("="),
-        base64.b64encode(b"Bearer " + raw).decode(), quote(TOKEN, safe=""),
-    ]  # fmt: skip
+        base64.b64encode(b"Bearer " + raw).decode(),
+        quote(TOKEN, safe=""),
+    ]
     headers = {"Authorization": "Bearer {{ credential.hook }}"}
     deliverer = mocked(lambda _: httpx.Response(400, text=" | ".join(echoes)))
     answer = await deliverer.deliver(outgoing(request(headers=headers)), secrets)
@@ -237,11 +241,30 @@ def tls_hook(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     `openssl`); its port and the certificate, which the client trusts."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-         "-nodes", "-days", "1", "-subj", "/CN=hooks.test",
-         "-addext", "subjectAltName=DNS:hooks.test", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=hooks.test",
+            "-addext",
+            "subjectAltName=DNS:hooks.test",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
 
     class Answer(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:

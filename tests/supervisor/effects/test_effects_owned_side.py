@@ -58,11 +58,17 @@ def echoes(token: str) -> list[str]:
     """How a careless receiver echoes a credential: each is stored nowhere."""
     raw = token.encode()
     return [
-        token.lower(), token.upper(), raw.hex(), raw.hex().upper(),
-        base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode().rstrip("="),
-        base64.b64encode(b"Bearer " + raw).decode(), base64.b64encode(b"x:" + raw).decode(),
-        quote(token, safe=""), quote(token, safe="").lower(),
-    ]  # fmt: skip
+        token.lower(),
+        token.upper(),
+        raw.hex(),
+        raw.hex().upper(),
+        base64.b64encode(raw).decode(),
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        base64.b64encode(b"Bearer " + raw).decode(),
+        base64.b64encode(b"x:" + raw).decode(),
+        quote(token, safe=""),
+        quote(token, safe="").lower(),
+    ]
 
 
 class Hook(Served):
@@ -76,12 +82,14 @@ class Hook(Served):
 
     async def receive(self, request: Request) -> Response:
         query = request.scope["query_string"].decode()
-        self.seen.append({
-            "method": request.method,
-            "target": request.scope["raw_path"].decode() + (f"?{query}" if query else ""),
-            "host": request.headers.get("host", ""),
-            "authorization": request.headers.get("authorization", ""),
-        })  # fmt: skip
+        self.seen.append(
+            {
+                "method": request.method,
+                "target": request.scope["raw_path"].decode() + (f"?{query}" if query else ""),
+                "host": request.headers.get("host", ""),
+                "authorization": request.headers.get("authorization", ""),
+            }
+        )
         token = request.headers.get("authorization", "").removeprefix("Bearer ")
         return PlainTextResponse(" | ".join(echoes(token)) if token else "ok")
 
@@ -121,9 +129,11 @@ class Owned:
 
     def _client(self, token: str) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=WAIT_S,
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=WAIT_S,
             trust_env=False,
-        )  # fmt: skip
+        )
 
     def _healthy(self) -> bool:
         if self.proc.popen.poll() is not None:
@@ -351,10 +361,14 @@ def test_a_line_break_from_an_output_fails_the_render(owned: Owned) -> None:
 def test_a_line_break_in_a_credential_fails_an_unkeyed_send_unsent(owned: Owned) -> None:
     before = len(owned.hook.seen)
     notify = {
-        "name": "notify", "kind": "http",
-        "payload": {"url": f"{owned.hook.url}/charge", "keyed": False,
-                    "headers": {"Authorization": "Bearer {{ credential.crlf }}"}},
-    }  # fmt: skip
+        "name": "notify",
+        "kind": "http",
+        "payload": {
+            "url": f"{owned.hook.url}/charge",
+            "keyed": False,
+            "headers": {"Authorization": "Bearer {{ credential.crlf }}"},
+        },
+    }
     gated = owned.run("crlf-credential", [notify])
     assert gated["waiting_for"]["reason"] == "gate"
     digest = gated["waiting_for"]["digest"]

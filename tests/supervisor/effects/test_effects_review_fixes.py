@@ -176,9 +176,13 @@ async def test_two_outputs_building_a_credential_placeholder_fail_the_effect_uns
 async def test_a_runner_step_after_a_push_is_refused_at_create(ledger: SqliteLedger) -> None:
     await ledger.write(lambda tx: add_repository(tx, "acme", "repo", "/srv/git/repo.git"))
     spec = spec_with(
-        ("code", "chat", {}), ("push", "git.push", {"branch": "main"}), ("more", "chat", {}),
-        repository="repo", base_sha="base1", checks=check_specs(),
-    )  # fmt: skip
+        ("code", "chat", {}),
+        ("push", "git.push", {"branch": "main"}),
+        ("more", "chat", {}),
+        repository="repo",
+        base_sha="base1",
+        checks=check_specs(),
+    )
     with pytest.raises(InvalidRequest, match=r"'plan\.steps\[2\]'.*after the git\.push step"):
         await ledger.create_task(spec)
     assert plain(await ledger.list_tasks("acme", None, None, 10))["tasks"] == []
@@ -188,9 +192,11 @@ async def test_a_head_report_of_the_task_s_own_push_does_not_fail_it(
     ledger: SqliteLedger, ledger_path: Path
 ) -> None:
     task_id = await bound(
-        ledger, ("code", "chat", {}), ("push", "git.push", {"branch": "main"}),
+        ledger,
+        ("code", "chat", {}),
+        ("push", "git.push", {"branch": "main"}),
         ("deploy", "http", http()),
-    )  # fmt: skip
+    )
     await run_chat(ledger, "patched", **ran("cand1"))
     [push] = await ledger.take_effects("d1", 8)
     n = await ledger.begin_attempt(push.effect_id, "d1", push.digest)
@@ -227,9 +233,13 @@ async def test_push_then_deploy_with_a_webhook_between_succeeds_on_a_real_reposi
     bare, base, candidate, mirrors = origin
     await ledger.write(lambda tx: add_repository(tx, "acme", "repo", str(bare)))
     spec = spec_with(
-        ("code", "chat", {}), ("push", "git.push", {"branch": "main"}),
-        ("deploy", "http", http()), repository="repo", base_sha=base, checks=check_specs(),
-    )  # fmt: skip
+        ("code", "chat", {}),
+        ("push", "git.push", {"branch": "main"}),
+        ("deploy", "http", http()),
+        repository="repo",
+        base_sha=base,
+        checks=check_specs(),
+    )
     task_id = await approved(ledger, spec, base)
     [lease] = await ledger.claim("r1", "default", 1, 0, kinds=("chat",))
     await ledger.report(
@@ -358,8 +368,9 @@ async def test_a_second_no_is_refused_and_a_keyed_no_on_a_live_task_fails_it(
     await ledger.resolve_effect("acme", task_id, "deploy", False, "bob")
     view = plain(await ledger.task(task_id))
     assert (view["state"], view["reason"]) == (
-        "FAILED", "delivery_deadline: an operator (bob) said it did not happen",
-    )  # fmt: skip
+        "FAILED",
+        "delivery_deadline: an operator (bob) said it did not happen",
+    )
     assert outbox(ledger_path, effect_id)["state"] == OutboxState.FAILED
     with pytest.raises(EffectNotGated):
         await ledger.resolve_effect("acme", task_id, "deploy", False, "bob")

@@ -98,13 +98,21 @@ def keyed_plan(receiver: str, n: int) -> dict[str, Any]:
     """Two keyed effects, the second's body taking the first's answer."""
     return {
         "steps": [
-            {"name": "build", "kind": "http",
-             "payload": {"url": f"{receiver}/build/{n}", "body": {"task": n}}},
-            {"name": "deploy", "kind": "http",
-             "payload": {"url": f"{receiver}/deploy/{n}",
-                         "body": {"task": n, "build": "{{ steps.build.output.status }}"}}},
+            {
+                "name": "build",
+                "kind": "http",
+                "payload": {"url": f"{receiver}/build/{n}", "body": {"task": n}},
+            },
+            {
+                "name": "deploy",
+                "kind": "http",
+                "payload": {
+                    "url": f"{receiver}/deploy/{n}",
+                    "body": {"task": n, "build": "{{ steps.build.output.status }}"},
+                },
+            },
         ]
-    }  # fmt: skip
+    }
 
 
 def unkeyed_plan(receiver: str, n: int) -> dict[str, Any]:
@@ -112,12 +120,18 @@ def unkeyed_plan(receiver: str, n: int) -> dict[str, Any]:
     return {
         "steps": [
             {"name": "prepare", "kind": "http", "payload": {"url": f"{receiver}/prepare/{n}"}},
-            {"name": "charge", "kind": "http",
-             "payload": {"url": f"{receiver}/charge/{n}", "body": {"amount": 82000, "task": n},
-                         "keyed": False}},
+            {
+                "name": "charge",
+                "kind": "http",
+                "payload": {
+                    "url": f"{receiver}/charge/{n}",
+                    "body": {"amount": 82000, "task": n},
+                    "keyed": False,
+                },
+            },
             {"name": "notify", "kind": "http", "payload": {"url": f"{receiver}/notify/{n}"}},
         ]
-    }  # fmt: skip
+    }
 
 
 def submit(cluster: Cluster, plan: dict[str, Any], key: str) -> str:

@@ -31,18 +31,23 @@ async def test_each_lease_gets_its_own_answer_in_one_transaction(api: ApiHarness
     answer = await api.client.post(
         "/v1/leases/renewals",
         headers=api.runner,
-        json={"leases": [
-            {"step_id": good["step_id"], "fence": good["fence"]},
-            {"step_id": stale["step_id"], "fence": stale["fence"]},
-            {"step_id": "no-such-step", "fence": 1},
-        ]},
-    )  # fmt: skip
+        json={
+            "leases": [
+                {"step_id": good["step_id"], "fence": good["fence"]},
+                {"step_id": stale["step_id"], "fence": stale["fence"]},
+                {"step_id": "no-such-step", "fence": 1},
+            ]
+        },
+    )
     assert answer.status_code == 200, answer.text
     renewed, refused, unknown = answer.json()["leases"]
     assert renewed == {
-        "step_id": good["step_id"], "ttl_s": 30.0, "renew_every_s": 5.0, "cancelled": False,
+        "step_id": good["step_id"],
+        "ttl_s": 30.0,
+        "renew_every_s": 5.0,
+        "cancelled": False,
         "budget_exhausted": False,
-    }  # fmt: skip
+    }
     assert (refused["status"], refused["error"]) == (409, "stale_fence")
     assert (unknown["status"], unknown["error"]) == (404, "not_found")
     assert api.app.state.ledger.counters.batches - batches == 1

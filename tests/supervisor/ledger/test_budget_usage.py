@@ -158,8 +158,12 @@ async def test_get_budget_shows_the_operators_own_tenant(api: ApiHarness) -> Non
 async def test_a_release_over_http_carries_its_usage(api: ApiHarness) -> None:
     await api.queued()
     [lease] = await api.claim()
-    body = {"fence": lease["fence"], "reason": "transient", "retryable": True,
-            "usage": {"prompt_tokens": 4, "completion_tokens": 2}}  # fmt: skip
+    body = {
+        "fence": lease["fence"],
+        "reason": "transient",
+        "retryable": True,
+        "usage": {"prompt_tokens": 4, "completion_tokens": 2},
+    }
     url = f"/v1/leases/{lease['step_id']}/release"
     assert (await api.client.post(url, headers=api.runner, json=body)).status_code == 200
     assert_error(await api.client.post(url, headers=api.runner, json=body), 409, "stale_fence")
@@ -229,7 +233,9 @@ async def test_a_runner_told_the_budget_is_spent_releases_uncounted_and_the_task
         runner = Runner(
             settings=cfg,
             supervisor=SupervisorClient(
-                base_url=cfg.supervisor_url, token=api.secrets["runner"], clock=runner_clock,
+                base_url=cfg.supervisor_url,
+                token=api.secrets["runner"],
+                clock=runner_clock,
                 transport=httpx.ASGITransport(app=api.app),
             ),
             model=ModelClient(
@@ -238,9 +244,10 @@ async def test_a_runner_told_the_budget_is_spent_releases_uncounted_and_the_task
             model_key=SecretSource(
                 path=tmp_path / "model-key", credential="model-key", setting="model_key_file"
             ),
-            kinds=KindRegistry.default(entry_points=False), clock=runner_clock,
+            kinds=KindRegistry.default(entry_points=False),
+            clock=runner_clock,
             backoff_max_s=0.05,
-        )  # fmt: skip
+        )
         async with anyio.create_task_group() as tg:
             tg.start_soon(runner.run)
             with anyio.fail_after(10):

@@ -34,24 +34,36 @@ from tether.wire import Outcome, ReleaseReason, content_hash
 from tether.wire.records import CheckRun, Report
 
 settings.register_profile(
-    "ledger-dev", max_examples=40, stateful_step_count=25, deadline=None,
+    "ledger-dev",
+    max_examples=40,
+    stateful_step_count=25,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+)
 settings.register_profile(
-    "ledger-ci", max_examples=1000, stateful_step_count=40, deadline=None,
+    "ledger-ci",
+    max_examples=1000,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+)
 # The CI profile's thousand examples take 60-110 s alone and more beside the rest of the suite
 # on two loaded cores: past the suite's 120 s per-test bound, which is for hangs, not this.
 pytestmark = pytest.mark.timeout(900)
 settings.register_profile(
-    "ledger-pg-dev", max_examples=15, stateful_step_count=25, deadline=None,
+    "ledger-pg-dev",
+    max_examples=15,
+    stateful_step_count=25,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+)
 settings.register_profile(
-    "ledger-pg-ci", max_examples=150, stateful_step_count=40, deadline=None,
+    "ledger-pg-ci",
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+)
 ON_CI = os.environ.get("CI", "").lower() == "true"
 PROFILE = "ledger-ci" if ON_CI else "ledger-dev"
 PG_PROFILE = "ledger-pg-ci" if ON_CI else "ledger-pg-dev"
@@ -150,10 +162,12 @@ class Model:
 
     def move(self, task: MTask, target: str) -> None:
         allowed = {
-            "PLANNED": {"APPROVED", "CANCELLED"}, "APPROVED": {"QUEUED", "CANCELLED"},
+            "PLANNED": {"APPROVED", "CANCELLED"},
+            "APPROVED": {"QUEUED", "CANCELLED"},
             "QUEUED": {"RUNNING", "FAILED", "CANCELLED"},
-            "RUNNING": {"VERIFYING", "FAILED", "CANCELLED"}, "VERIFYING": {"SUCCEEDED", "FAILED"},
-        }  # fmt: skip
+            "RUNNING": {"VERIFYING", "FAILED", "CANCELLED"},
+            "VERIFYING": {"SUCCEEDED", "FAILED"},
+        }
         if task.state in TERMINAL:
             raise Refusal("terminal")
         if target not in allowed[task.state]:
@@ -371,9 +385,11 @@ class LedgerVersusModel(RuleBasedStateMachine):
         assert added.error is None
 
     @rule(
-        key=st.sampled_from(["k0", "k1", "k2"]), variant=st.integers(0, 1),
-        steps=st.integers(1, 2), repository=st.booleans(),
-    )  # fmt: skip
+        key=st.sampled_from(["k0", "k1", "k2"]),
+        variant=st.integers(0, 1),
+        steps=st.integers(1, 2),
+        repository=st.booleans(),
+    )
     def create(self, key: str, variant: int, steps: int, repository: bool) -> None:
         spec = make_spec(key, variant, steps, repository)
         value, code = self.ledger(lambda tx: identity.create_task(tx, spec))
@@ -468,9 +484,10 @@ class LedgerVersusModel(RuleBasedStateMachine):
 
     @precondition(lambda self: self.leases)
     @rule(
-        data=st.data(), drift=FEW,
+        data=st.data(),
+        drift=FEW,
         evidence=st.sampled_from(["full", "full", "none", "partial", "failing"]),
-    )  # fmt: skip
+    )
     def report(self, data: st.DataObject, drift: bool, evidence: str) -> None:
         step_id, fence = self.pick_lease(data)
         self.report_as(step_id, fence, drift, evidence, self.caller(data, step_id, fence))
@@ -485,15 +502,20 @@ class LedgerVersusModel(RuleBasedStateMachine):
         task, s = self.model.step(step_id)
         candidate = None if evidence == "none" else f"c{fence}"
         exit_code = {"full": 0, "failing": 1}.get(evidence)
-        checks = {} if exit_code is None else {
-            "lint": CheckRun(log=f"d{fence}", exit_code=exit_code, duration_s=1.0)
-        }  # fmt: skip
+        checks = (
+            {}
+            if exit_code is None
+            else {"lint": CheckRun(log=f"d{fence}", exit_code=exit_code, duration_s=1.0)}
+        )
         rep = Report(
-            step_id=step_id, fence=fence,
+            step_id=step_id,
+            fence=fence,
             payload_hash=content_hash({"drift": step_id}) if drift else s.payload_hash,
-            output={"fence": fence}, usage={"total_tokens": 1}, candidate_sha=candidate,
+            output={"fence": fence},
+            usage={"total_tokens": 1},
+            candidate_sha=candidate,
             checks=checks,
-        )  # fmt: skip
+        )
         seen = Evidence(head_sha=self.model.real) if task.spec.repository else None
         outcome, expected = self.both(
             lambda tx: effects.report(tx, rep, "default", seen, token_id=token),

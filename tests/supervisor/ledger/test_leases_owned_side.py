@@ -38,9 +38,11 @@ def served(tmp_path: Path) -> Iterator[Cluster]:
 
 def intruder_client(cluster: Cluster, token: str) -> httpx.Client:
     return httpx.Client(
-        base_url=cluster.url, headers={"Authorization": f"Bearer {token}"}, timeout=10,
+        base_url=cluster.url,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
         trust_env=False,
-    )  # fmt: skip
+    )
 
 
 def refused_not_found(answer: httpx.Response) -> None:

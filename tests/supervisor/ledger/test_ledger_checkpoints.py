@@ -30,10 +30,14 @@ async def claim_one(ledger: SqliteLedger) -> Lease:
 
 def turn(lease: Lease, n: int, **extra: object) -> Checkpoint:
     fields: dict[str, object] = {
-        "fence": lease.fence, "turn": n, "transcript": digest(f"transcript {n}"),
-        "bundle": digest(f"bundle {n}"), "sha": f"wip{n}",
-        "usage": {"total_tokens": 10 * n}, "step_usage": {"total_tokens": 10 * n},
-    }  # fmt: skip
+        "fence": lease.fence,
+        "turn": n,
+        "transcript": digest(f"transcript {n}"),
+        "bundle": digest(f"bundle {n}"),
+        "sha": f"wip{n}",
+        "usage": {"total_tokens": 10 * n},
+        "step_usage": {"total_tokens": 10 * n},
+    }
     fields.update(extra)
     return Checkpoint(**fields)  # type: ignore[arg-type]
 
@@ -128,9 +132,13 @@ async def test_the_next_grant_of_the_same_step_resumes_from_its_checkpoint(
     replay = await claim_one(ledger)
     assert replay.step_id == first.step_id
     assert replay.resume == ResumePoint(
-        turn=2, fence=first.fence, transcript=digest("transcript 2"), bundle=digest("bundle 2"),
-        sha="wip2", usage={"total_tokens": 25},
-    )  # fmt: skip
+        turn=2,
+        fence=first.fence,
+        transcript=digest("transcript 2"),
+        bundle=digest("bundle 2"),
+        sha="wip2",
+        usage={"total_tokens": 25},
+    )
     await ledger.report(report_for(replay))
     following = await claim_one(ledger)
     assert following.step_id == f"{task_id}.1"
@@ -160,9 +168,13 @@ async def test_a_release_after_checkpoints_charges_only_the_rest(
     lease = await claim_one(ledger)
     await ledger.checkpoint(lease.step_id, turn(lease, 1, usage={"total_tokens": 40}))
     await ledger.release(
-        lease.step_id, lease.fence, ReleaseReason.SHUTDOWN, True, "sigterm",
+        lease.step_id,
+        lease.fence,
+        ReleaseReason.SHUTDOWN,
+        True,
+        "sigterm",
         usage={"total_tokens": 55},
-    )  # fmt: skip
+    )
     assert await spent(ledger) == 55
     replay = await claim_one(ledger)
     assert replay.resume is not None

@@ -81,8 +81,10 @@ async def test_a_step_that_succeeds_logs_created_approved_granted_committed_veri
     ]
     created_line, approved, granted, committed, verified = logs
     assert (created_line["task_id"], created_line["tenant"], created_line["pool"]) == (
-        task_id, "acme", "default",
-    )  # fmt: skip
+        task_id,
+        "acme",
+        "default",
+    )
     assert created_line["plan_hash"] == spec.plan_hash
     assert (approved["task_id"], approved["plan_hash"]) == (task_id, spec.plan_hash)
     assert_about_attempt(granted, lease)
@@ -218,8 +220,10 @@ async def test_a_cancel_logs_cancelled(ledger: SqliteLedger) -> None:
         await ledger.cancel("acme", task_id, "changed mind")
     cancelled = only(logs, "task cancelled")
     assert (cancelled["task_id"], cancelled["tenant"], cancelled["pool"]) == (
-        task_id, "acme", "default",
-    )  # fmt: skip
+        task_id,
+        "acme",
+        "default",
+    )
     assert cancelled["from_state"] == "QUEUED"
     with capture_logs() as logs, pytest.raises(TerminalState):
         await ledger.cancel("acme", task_id, "again")

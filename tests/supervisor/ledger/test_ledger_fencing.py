@@ -100,9 +100,16 @@ async def test_a_lease_tells_durations_never_deadlines(ledger: SqliteLedger) -> 
     assert lease.ttl_s == 30
     assert 0 < lease.renew_every_s <= 5  # often enough to acknowledge within accept_window_s
     assert set(msgspec.to_builtins(lease)) >= {
-        "step_id", "task_id", "attempt", "fence", "payload", "payload_hash", "ttl_s",
-        "renew_every_s", "outputs",
-    }  # fmt: skip
+        "step_id",
+        "task_id",
+        "attempt",
+        "fence",
+        "payload",
+        "payload_hash",
+        "ttl_s",
+        "renew_every_s",
+        "outputs",
+    }
 
 
 async def test_capacity_bounds_one_answer_oldest_task_first(ledger: SqliteLedger) -> None:
@@ -407,9 +414,12 @@ async def test_a_preempted_release_requeues_at_once_uncounted_from_its_checkpoin
         task_id = await queued_task(ledger)
         lease = await claim_one(ledger, "spot-a")
         checkpoint = Checkpoint(
-            fence=lease.fence, turn=2, transcript="a" * 64, usage={"total_tokens": 20},
+            fence=lease.fence,
+            turn=2,
+            transcript="a" * 64,
+            usage={"total_tokens": 20},
             step_usage={"total_tokens": 20},
-        )  # fmt: skip
+        )
         await ledger.checkpoint(lease.step_id, checkpoint)
         await ledger.release(
             lease.step_id, lease.fence, ReleaseReason.PREEMPTED, True, "aws: terminate at 12:00"

@@ -90,23 +90,35 @@ def world(sim: Sim) -> World:
     queued = queue(sim, "queued")
     states = dict(sim.execute("SELECT id, state FROM tasks").fetchall())
     assert states == {
-        done: "SUCCEEDED", running: "RUNNING", repo: "SUCCEEDED", queued: "QUEUED",
+        done: "SUCCEEDED",
+        running: "RUNNING",
+        repo: "SUCCEEDED",
+        queued: "QUEUED",
         retried: "RUNNING",
-    }  # fmt: skip
+    }
     attempts = sim.execute(
         "SELECT s.task_id, a.fence, a.state FROM attempts a JOIN steps s ON s.id = a.step_id"
         " ORDER BY a.fence"
     ).fetchall()
     assert [tuple(a) for a in attempts] == [
-        (done, old_fence, "expired"), (done, new_fence, "committed"),
-        (retried, first, "expired"), (retried, second, "expired"),
-        (running, new_fence + 3, "committed"), (running, new_fence + 4, "leased"),
+        (done, old_fence, "expired"),
+        (done, new_fence, "committed"),
+        (retried, first, "expired"),
+        (retried, second, "expired"),
+        (running, new_fence + 3, "committed"),
+        (running, new_fence + 4, "leased"),
         (repo, new_fence + 5, "committed"),
-    ]  # fmt: skip
+    ]
     return World(
-        done=done, old_fence=old_fence, new_fence=new_fence, running=running, repo=repo,
-        queued=queued, retried=retried, retried_fences=(first, second),
-    )  # fmt: skip
+        done=done,
+        old_fence=old_fence,
+        new_fence=new_fence,
+        running=running,
+        repo=repo,
+        queued=queued,
+        retried=retried,
+        retried_fences=(first, second),
+    )
 
 
 def names(db: Sim) -> set[str]:
@@ -230,8 +242,10 @@ def success_with_an_uncommitted_step(db: Sim, w: World) -> None:
 
 
 def success_without_evidence(db: Sim, w: World) -> None:
-    db.execute("DELETE FROM check_runs WHERE step_id IN (SELECT id FROM steps WHERE task_id = ?)",
-               (w.repo,))  # fmt: skip
+    db.execute(
+        "DELETE FROM check_runs WHERE step_id IN (SELECT id FROM steps WHERE task_id = ?)",
+        (w.repo,),
+    )
 
 
 def success_without_its_verifier(db: Sim, w: World) -> None:
@@ -273,8 +287,9 @@ def success_after_the_base_moved(db: Sim, w: World) -> None:
         " WHERE task_id = ? AND state = 'SUCCEEDED'",
         (top + 2, w.repo),
     )
-    db.execute("DELETE FROM events WHERE task_id = ? AND state = 'SUCCEEDED' AND seq <= ?",
-               (w.repo, top))  # fmt: skip
+    db.execute(
+        "DELETE FROM events WHERE task_id = ? AND state = 'SUCCEEDED' AND seq <= ?", (w.repo, top)
+    )
     db.execute(
         f"INSERT INTO events (seq, task_id, kind, state, data_json, at){given}"
         " VALUES (?, ?, 'base_changed', 'RUNNING', '{\"head_sha\": \"b2\"}', 0)",
@@ -423,9 +438,12 @@ def test_a_head_at_the_task_s_own_pushed_candidate_is_no_moved_base(sim: Sim, wo
 
 @pytest.mark.parametrize(
     "plant",
-    [success_with_a_failed_check, success_with_a_problem_in_the_evidence,
-     success_without_a_candidate],
-)  # fmt: skip
+    [
+        success_with_a_failed_check,
+        success_with_a_problem_in_the_evidence,
+        success_without_a_candidate,
+    ],
+)
 def test_each_hole_in_a_success_s_evidence_is_named(sim: Sim, world: World, plant: Plant) -> None:
     plant(sim, world)
     assert names(sim) == {"success-is-verified"}

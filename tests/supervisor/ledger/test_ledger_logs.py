@@ -34,8 +34,10 @@ async def test_lines_are_kept_only_under_a_fence_granted_to_the_sending_token(
     lease = await claim_one(ledger)
     kept = await ledger.keep_log_lines([line(lease, "step leased", kind="chat")], POOL, "tok-a")
     assert kept == LogLinesKept(kept=1, refused=0, over_limit=0)
-    forged = [line(lease, "forged"), LogLine(step_id="other", fence=lease.fence, level="info",
-                                             event="wrong step")]  # fmt: skip
+    forged = [
+        line(lease, "forged"),
+        LogLine(step_id="other", fence=lease.fence, level="info", event="wrong step"),
+    ]
     assert await ledger.keep_log_lines(forged, POOL, "tok-b") == LogLinesKept(
         kept=0, refused=2, over_limit=0
     )
@@ -48,8 +50,11 @@ async def test_lines_are_kept_only_under_a_fence_granted_to_the_sending_token(
     assert [(e.event, e.fields) for e in runner_lines] == [("step leased", {"kind": "chat"})]
     (only,) = runner_lines
     assert (only.step_id, only.fence, only.attempt, only.runner_id) == (
-        lease.step_id, lease.fence, 1, "r1",
-    )  # fmt: skip
+        lease.step_id,
+        lease.fence,
+        1,
+        "r1",
+    )
 
 
 async def test_a_lines_fields_past_their_bound_keep_only_their_names(
@@ -59,8 +64,9 @@ async def test_a_lines_fields_past_their_bound_keep_only_their_names(
     lease = await claim_one(ledger)
     big = line(lease, "big", a="x" * (FIELDS_MAX_CHARS + 1), b=1)
     assert (await ledger.keep_log_lines([big], POOL, "tok-a")).kept == 1
-    (kept,) = [e for e in (await ledger.task_log(task_id, "acme", 0, 0)).entries
-               if e.source == "runner"]  # fmt: skip
+    (kept,) = [
+        e for e in (await ledger.task_log(task_id, "acme", 0, 0)).entries if e.source == "runner"
+    ]
     assert kept.fields == {"fields_cut": ["a", "b"]}
 
 

@@ -41,8 +41,11 @@ def start_serve(db: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
             [*program(), "serve", "--db", str(db), "--port", str(port)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=clean_env(),
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=clean_env(),
+        )
 
 
 def wait_up(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
@@ -62,8 +65,12 @@ def refused_line(db: Path, tmp_path: Path) -> str:
     """A second `serve` on `db`: it must exit 1 at once; its one line on stderr."""
     done = subprocess.run(
         [*program(), "serve", "--db", str(db), "--port", str(free_port())],
-        check=False, capture_output=True, text=True, timeout=60, env=clean_env(),
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+    )
     assert done.returncode == 1, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("tether-supervisor:")]
     assert len(lines) == 1, done.stderr
@@ -112,8 +119,12 @@ def read_only_mount(folder: Path, *command: str) -> subprocess.CompletedProcess[
     script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
     return subprocess.run(
         ["unshare", "--mount", "sh", "-c", script, str(folder), *command],
-        check=False, capture_output=True, text=True, timeout=120, env=clean_env(),
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
 
 
 @pytest.fixture

@@ -80,9 +80,11 @@ async def test_an_effect_becomes_due_with_its_rendered_request_in_the_same_write
     await run_chat(ledger, {"version": {"tag": "1.2"}, "n": 7})
     row = outbox(ledger, f"{task_id}.1")
     request = {
-        "method": "POST", "url": HOOK, "headers": {"X-Ver": "7"},
+        "method": "POST",
+        "url": HOOK,
+        "headers": {"X-Ver": "7"},
         "body": {"version": {"tag": "1.2"}, "note": "v7"},
-    }  # fmt: skip
+    }
     assert row["state"] == OutboxState.DUE
     assert json.loads(row["request_json"]) == request
     assert row["digest"] == content_hash(request)
@@ -116,8 +118,10 @@ async def test_a_plan_with_a_bad_placeholder_is_refused_at_create(
     ledger: SqliteLedger, payload: dict[str, Any], words: str
 ) -> None:
     spec = spec_with(
-        ("first", "chat", {}), ("effect", "http", payload), ("later", "chat", {}),
-    )  # fmt: skip
+        ("first", "chat", {}),
+        ("effect", "http", payload),
+        ("later", "chat", {}),
+    )
     with pytest.raises(InvalidRequest, match=words):
         await ledger.create_task(spec)
     assert count(ledger, "tasks") == 0
@@ -162,8 +166,12 @@ async def test_a_push_renders_the_candidate_and_the_approved_base(ledger: Sqlite
     await run_chat(ledger, "patched", **ran("cand1"))
     [out] = await ledger.take_effects("d1", 8)
     assert out.request == {
-        "url": URL, "branch": "main", "expected": BASE, "candidate": "cand1", "credential": "k",
-    }  # fmt: skip
+        "url": URL,
+        "branch": "main",
+        "expected": BASE,
+        "candidate": "cand1",
+        "credential": "k",
+    }
     attempt = await ledger.begin_attempt(out.effect_id, "d1", out.digest)
     await ledger.record_attempt(
         out.effect_id, attempt, "d1", Delivered(status=None, detail="pushed", replayed=True)
@@ -239,8 +247,10 @@ async def test_a_keyed_hold_that_lapses_is_taken_again_with_the_same_key(
     clock.advance(61)  # the holder vanished: its hold lapses
     [again] = await ledger.take_effects("d2", 8)
     assert (again.effect_id, again.effect_key, again.digest) == (
-        out.effect_id, out.effect_key, out.digest,
-    )  # fmt: skip
+        out.effect_id,
+        out.effect_key,
+        out.digest,
+    )
     with pytest.raises(EffectNotHeld):
         await ledger.begin_attempt(out.effect_id, "d1", out.digest)
     assert await ledger.begin_attempt(out.effect_id, "d2", out.digest) == 2

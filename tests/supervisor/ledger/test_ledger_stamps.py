@@ -38,8 +38,12 @@ def test_each_stamp_is_set_once_when_its_state_is_entered(sim: Sim, clock: FakeC
 
         sim.run(move)
     assert stamps(sim, task_id) == (
-        "FAILED", "checks failed", at[S.APPROVED], at[S.RUNNING], at[S.FAILED],
-    )  # fmt: skip
+        "FAILED",
+        "checks failed",
+        at[S.APPROVED],
+        at[S.RUNNING],
+        at[S.FAILED],
+    )
 
 
 def test_a_stamp_already_held_is_kept(sim: Sim, clock: FakeClock) -> None:

@@ -7,19 +7,46 @@ import tether.supervisor.ledger as ledger_pkg
 
 PUBLIC = {
     # the state machine
-    "ALLOWED", "TERMINAL", "TaskState", "StepState", "AttemptState",
+    "ALLOWED",
+    "TERMINAL",
+    "TaskState",
+    "StepState",
+    "AttemptState",
     # records in and out
-    "TaskSpec", "StepSpec", "Created", "Lease", "Renewal", "Report", "Principal", "Role",
+    "TaskSpec",
+    "StepSpec",
+    "Created",
+    "Lease",
+    "Renewal",
+    "Report",
+    "Principal",
+    "Role",
     # what the adapters observe about a repository-bound task, and what it binds
-    "Evidence", "Problem", "Finding", "Binding",
+    "Evidence",
+    "Problem",
+    "Finding",
+    "Binding",
     # the store adapters use (over either backend), its SQLite form and its knobs
-    "LedgerStore", "SqliteLedger", "LedgerConfig", "Tx",
+    "LedgerStore",
+    "SqliteLedger",
+    "LedgerConfig",
+    "Tx",
     # errors
-    "LedgerError", "Refused", "InvalidRequest", "NotFound", "IdempotencyConflict",
-    "PlanMismatch", "InvalidTransition", "TerminalState", "StaleFence", "StaleBase",
+    "LedgerError",
+    "Refused",
+    "InvalidRequest",
+    "NotFound",
+    "IdempotencyConflict",
+    "PlanMismatch",
+    "InvalidTransition",
+    "TerminalState",
+    "StaleFence",
+    "StaleBase",
     "PayloadDrift",
-    "StorageError", "IntegrityCheckFailed", "SchemaTooNew",
-}  # fmt: skip
+    "StorageError",
+    "IntegrityCheckFailed",
+    "SchemaTooNew",
+}
 
 
 def test_all_is_exactly_the_public_surface() -> None:

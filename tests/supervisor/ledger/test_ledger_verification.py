@@ -250,9 +250,13 @@ async def test_the_review_record_shows_runs_removal_records_and_problems(
 ) -> None:
     task_id = await repo_task(ledger)
     cleanup = {
-        "path": "/var/cache/tether/w/1", "bytes_removed": 2048, "files_removed": 3,
-        "exists_after": False, "listed_after": False, "gone": True,
-    }  # fmt: skip
+        "path": "/var/cache/tether/w/1",
+        "bytes_removed": 2048,
+        "files_removed": 3,
+        "exists_after": False,
+        "listed_after": False,
+        "gone": True,
+    }
     problem = Problem(code=Finding.PATH_NOT_ALLOWED, detail="README.md is outside src/")
     fields = ran(checks=("tests",))
     await run_step(
@@ -265,9 +269,14 @@ async def test_the_review_record_shows_runs_removal_records_and_problems(
     }
     proof = record["cleanup_proof"]["value"]
     assert proof["removed"] == [
-        {"step_id": f"{task_id}.0", "path": "/var/cache/tether/w/1", "bytes_removed": 2048,
-         "files_removed": 3, "gone": True},
-    ]  # fmt: skip
+        {
+            "step_id": f"{task_id}.0",
+            "path": "/var/cache/tether/w/1",
+            "bytes_removed": 2048,
+            "files_removed": 3,
+            "gone": True,
+        },
+    ]
     assert proof["live_leases"] == 0
     assert record["unresolved_questions"]["value"] == [
         "path_not_allowed: README.md is outside src/",
@@ -361,12 +370,16 @@ async def test_each_step_starts_at_the_latest_earlier_candidate(ledger: SqliteLe
     bound = [lease.repository for lease in (first, second, third)]
     assert all(r is not None for r in bound)
     assert [(r.start_sha, r.start_bundle) for r in bound if r] == [
-        (BASE, None), ("cand1", digest("bundle cand1")), ("cand1", digest("bundle cand1")),
-    ]  # fmt: skip
+        (BASE, None),
+        ("cand1", digest("bundle cand1")),
+        ("cand1", digest("bundle cand1")),
+    ]
     assert first.repository is not None
     assert (first.repository.name, first.repository.url, first.repository.base_sha) == (
-        "repo", URL, BASE,
-    )  # fmt: skip
+        "repo",
+        URL,
+        BASE,
+    )
     assert first.repository.allowed_paths == ("src/", "tests/")
     assert first.repository.checks == check_specs()
 
@@ -441,11 +454,17 @@ async def test_bindings_name_what_the_adapters_need(ledger: SqliteLedger) -> Non
     bound = await ledger.binding_of_task("acme", task_id)
     assert bound is not None
     assert (bound.task_id, bound.tenant, bound.pool, bound.repository, bound.url) == (
-        task_id, "acme", "default", "repo", URL,
-    )  # fmt: skip
+        task_id,
+        "acme",
+        "default",
+        "repo",
+        URL,
+    )
     assert (bound.approved_base, bound.allowed_paths, bound.expected_checks) == (
-        BASE, ("src/",), CHECKS,
-    )  # fmt: skip
+        BASE,
+        ("src/",),
+        CHECKS,
+    )
     assert await ledger.binding_of_step(f"{task_id}.0", "default") == bound
     assert await ledger.binding_of_step(f"{task_id}.0", None) == bound
     assert await ledger.binding_of_task("acme", plain) is None

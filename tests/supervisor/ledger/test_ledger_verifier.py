@@ -91,8 +91,9 @@ async def test_the_verify_step_goes_to_the_verifier_pool_only_and_holds_the_task
     assert lease.payload == {"candidate_sha": "cand1", "bundle": digest("bundle cand1")}
     assert lease.repository is not None
     assert (lease.repository.start_sha, lease.repository.start_bundle) == (
-        "cand1", digest("bundle cand1"),
-    )  # fmt: skip
+        "cand1",
+        digest("bundle cand1"),
+    )
     assert [c.name for c in lease.repository.checks] == list(CHECKS)
     assert lease.outputs == ()
     # Its step is the verifier pool's: the making pool cannot see it.

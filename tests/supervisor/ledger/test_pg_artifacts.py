@@ -85,16 +85,20 @@ async def queued(api: ApiHarness, origin: Origin, key: str, *steps: dict[str, An
     origin's base; its id."""
     plan = list(steps) or [{"name": "s0", "kind": "chat", "payload": chat_payload("work")}]
     body = {
-        "idempotency_key": key, "plan": {"steps": plan}, "repository": "app",
-        "allowed_paths": ["src/"], "checks": CHECKS,
-    }  # fmt: skip
+        "idempotency_key": key,
+        "plan": {"steps": plan},
+        "repository": "app",
+        "allowed_paths": ["src/"],
+        "checks": CHECKS,
+    }
     created = await api.client.post("/v1/tasks", headers=api.operator, json=body)
     assert created.status_code == 201, created.text
     task = created.json()
     approved = await api.client.post(
-        f"/v1/tasks/{task['id']}/approve", headers=api.operator,
+        f"/v1/tasks/{task['id']}/approve",
+        headers=api.operator,
         json={"plan_hash": task["plan_hash"], "base_sha": origin.base},
-    )  # fmt: skip
+    )
     assert approved.status_code == 200, approved.text
     return str(task["id"])
 
@@ -110,8 +114,10 @@ async def test_bytes_uploaded_to_a_are_read_and_are_evidence_through_b(
         await add_app(pg_url, origin)
         digest = await upload(a, big)
         assert rows(pg_url, "SELECT n, octet_length(data) FROM artifact_chunks ORDER BY n") == [
-            (0, CHUNK_BYTES), (1, CHUNK_BYTES), (2, 4),
-        ]  # fmt: skip
+            (0, CHUNK_BYTES),
+            (1, CHUNK_BYTES),
+            (2, 4),
+        ]
         got = await b.client.get(f"/v1/artifacts/{digest}", headers=b.runner)
         assert got.status_code == 200
         assert got.headers["content-length"] == str(len(big))
@@ -123,9 +129,10 @@ async def test_bytes_uploaded_to_a_are_read_and_are_evidence_through_b(
         [lease] = await b.claim()
         data, sha = candidate(origin, "a")
         fields = {
-            "candidate_sha": sha, "bundle": await upload(a, data),
+            "candidate_sha": sha,
+            "bundle": await upload(a, data),
             "checks": {"tests": {"log": await upload(a, PASSED), "exit_code": 0, "duration_s": 1}},
-        }  # fmt: skip
+        }
         result = await b.report(lease, **fields)
         assert result.json() == {"outcome": "applied"}, result.text
         shown = await view(a, task_id)
@@ -228,9 +235,10 @@ async def test_a_push_taken_by_b_imports_the_candidate_a_verified(
         [lease] = await a.claim()
         data, sha = candidate(origin, "a")
         fields = {
-            "candidate_sha": sha, "bundle": await upload(a, data),
+            "candidate_sha": sha,
+            "bundle": await upload(a, data),
             "checks": {"tests": {"log": await upload(a, PASSED), "exit_code": 0, "duration_s": 1}},
-        }  # fmt: skip
+        }
         assert (await a.report(lease, **fields)).json() == {"outcome": "applied"}
         verified = a.app.state.mirrors.path(origin.url)
         assert rev(verified, candidate_ref(task_id, lease["step_id"], lease["fence"])) == sha
@@ -335,8 +343,9 @@ async def test_stalled_uploads_hold_no_connection_and_no_transaction(
             go_on.set()
         assert sorted(r.json()["created"] for r in answers) == [False] * (stalled - 1) + [True]
         assert rows(pg_url, f"SELECT n FROM artifact_chunks WHERE digest = '{digest}'") == [
-            (0,), (1,),
-        ]  # fmt: skip
+            (0,),
+            (1,),
+        ]
 
 
 async def test_tenants_quota_and_collector_hold_on_the_shared_database(

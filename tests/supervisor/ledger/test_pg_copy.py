@@ -65,8 +65,13 @@ async def build(path: Path, clock: FakeClock) -> None:
         clock.advance(31)
         assert await ledger.expire() == 1
         [new] = await ledger.claim("r1", "default", 1, 0, token_id="tok")
-        shipped = LogLine(step_id=new.step_id, fence=new.fence, level="info", event="resuming",
-                          fields={"turn": 1, "from_fence": old.fence})  # fmt: skip
+        shipped = LogLine(
+            step_id=new.step_id,
+            fence=new.fence,
+            level="info",
+            event="resuming",
+            fields={"turn": 1, "from_fence": old.fence},
+        )
         assert (await ledger.keep_log_lines([shipped], "default", "tok")).kept == 1
         with pytest.raises(StaleFence):
             await ledger.report(report_for(old))
@@ -318,8 +323,11 @@ def test_an_unreachable_target_is_one_line_without_the_password(tmp_path: Path) 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tether.supervisor.cli", *args],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 async def test_the_cli_copies_then_check_passes_on_the_copy(source: Path) -> None:

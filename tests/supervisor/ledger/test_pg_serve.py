@@ -52,9 +52,11 @@ def test_two_supervisors_on_one_database_serve_one_api(pg_url: str, tmp_path: Pa
         task = created.json()
         queued_at = time.monotonic()
         approved = httpx.post(
-            f"{on_b}/v1/tasks/{task['id']}/approve", headers=operator,
-            json={"plan_hash": task["plan_hash"]}, timeout=10,
-        )  # fmt: skip
+            f"{on_b}/v1/tasks/{task['id']}/approve",
+            headers=operator,
+            json={"plan_hash": task["plan_hash"]},
+            timeout=10,
+        )
         assert approved.status_code == 200, approved.text
         claimer.join(timeout=10)
         assert time.monotonic() - queued_at < 3  # woken through B's notification, not at 20 s
@@ -76,11 +78,16 @@ def test_two_supervisors_on_one_database_serve_one_api(pg_url: str, tmp_path: Pa
         watcher.join(timeout=0.5)
         assert watcher.is_alive()  # no event after `seq` yet
         result = httpx.post(
-            f"{on_b}/v1/steps/{lease['step_id']}/result", headers=runner,
-            json={"fence": lease["fence"], "payload_hash": lease["payload_hash"],
-                  "output": {"ok": True}, "usage": {"total_tokens": 1}},
+            f"{on_b}/v1/steps/{lease['step_id']}/result",
+            headers=runner,
+            json={
+                "fence": lease["fence"],
+                "payload_hash": lease["payload_hash"],
+                "output": {"ok": True},
+                "usage": {"total_tokens": 1},
+            },
             timeout=10,
-        )  # fmt: skip
+        )
         assert result.json() == {"outcome": "applied"}
         reported_at = time.monotonic()
         watcher.join(timeout=10)

@@ -246,12 +246,18 @@ def plan_for(rng: random.Random, n: int, receiver: str) -> dict[str, Any]:
 
     def chat(j: int) -> dict[str, Any]:
         content = f"task {n} step {j}"
-        return {"name": f"s{j}", "kind": "chat",
-                "payload": {"messages": [{"role": "user", "content": content}]}}  # fmt: skip
+        return {
+            "name": f"s{j}",
+            "kind": "chat",
+            "payload": {"messages": [{"role": "user", "content": content}]},
+        }
 
     if n % 3 == 0:
-        effect = {"name": "notify", "kind": "http",
-                  "payload": {"url": f"{receiver}/notify/{n}", "body": {"task": n}}}  # fmt: skip
+        effect = {
+            "name": "notify",
+            "kind": "http",
+            "payload": {"url": f"{receiver}/notify/{n}", "body": {"task": n}},
+        }
         return {"steps": [chat(0), effect, chat(2)]}
     return {"steps": [chat(j) for j in range(rng.randint(1, 3))]}
 

@@ -33,28 +33,55 @@ GOOD = chat_payload("hello")
 # The five plans accepted by the old `task submit` and run only to fail: each is refused with
 # 422 invalid_field, and the detail names the step and the field.
 BAD_PLANS: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("unknown_kind", {"steps": [{"name": "ask", "kind": "chta", "payload": GOOD}]},
-     ["'plan.steps[0].kind'", "'chta'", "'ask'", "known: agent, chat"]),
-    ("payload_key_typo", {"steps": [
-        {"name": "ask", "kind": "chat", "payload": {"mesages": GOOD["messages"]}}]},
-     ["'plan.steps[0].payload'", "`mesages`", "did you mean `messages`", "'ask'"]),
-    ("use_output", {"steps": [
-        {"name": "ask", "kind": "chat", "payload": GOOD},
-        {"name": "more", "kind": "chat", "payload": {**GOOD, "use_output": True}}]},
-     ["'plan.steps[1].payload'", "`use_output`", "did you mean `use_outputs`", "'more'"]),
-    ("bad_role", {"steps": [{"name": "ask", "kind": "chat",
-                            "payload": {"messages": [{"role": "usr", "content": "hi"}]}}]},
-     ["'plan.steps[0].payload.messages[0].role'", "'usr'", "'ask'"]),
-    ("wrong_type", {"steps": [{"name": "ask", "kind": "chat",
-                              "payload": {**GOOD, "temperature": "warm"}}]},
-     ["'plan.steps[0].payload.temperature'", "expected `float`", "'ask'"]),
-    ("unknown_step_key", {"steps": [{"name": "ask", "kind": "chat", "payload": GOOD,
-                                     "note": "dropped before"}]},
-     ["'plan.steps[0]'", "unknown field `note`"]),
-]  # fmt: skip
+    (
+        "unknown_kind",
+        {"steps": [{"name": "ask", "kind": "chta", "payload": GOOD}]},
+        ["'plan.steps[0].kind'", "'chta'", "'ask'", "known: agent, chat"],
+    ),
+    (
+        "payload_key_typo",
+        {"steps": [{"name": "ask", "kind": "chat", "payload": {"mesages": GOOD["messages"]}}]},
+        ["'plan.steps[0].payload'", "`mesages`", "did you mean `messages`", "'ask'"],
+    ),
+    (
+        "use_output",
+        {
+            "steps": [
+                {"name": "ask", "kind": "chat", "payload": GOOD},
+                {"name": "more", "kind": "chat", "payload": {**GOOD, "use_output": True}},
+            ]
+        },
+        ["'plan.steps[1].payload'", "`use_output`", "did you mean `use_outputs`", "'more'"],
+    ),
+    (
+        "bad_role",
+        {
+            "steps": [
+                {
+                    "name": "ask",
+                    "kind": "chat",
+                    "payload": {"messages": [{"role": "usr", "content": "hi"}]},
+                }
+            ]
+        },
+        ["'plan.steps[0].payload.messages[0].role'", "'usr'", "'ask'"],
+    ),
+    (
+        "wrong_type",
+        {"steps": [{"name": "ask", "kind": "chat", "payload": {**GOOD, "temperature": "warm"}}]},
+        ["'plan.steps[0].payload.temperature'", "expected `float`", "'ask'"],
+    ),
+    (
+        "unknown_step_key",
+        {"steps": [{"name": "ask", "kind": "chat", "payload": GOOD, "note": "dropped before"}]},
+        ["'plan.steps[0]'", "unknown field `note`"],
+    ),
+]
 ONE_STEP = {"steps": [{"name": "a", "kind": "chat", "payload": GOOD}]}
-UNKNOWN_TOP_LEVEL = ({"idempotency_key": "k", "plan": ONE_STEP, "pool_name": "gpu"},
-                     ["unknown field `pool_name`", "did you mean `pool`"])  # fmt: skip
+UNKNOWN_TOP_LEVEL = (
+    {"idempotency_key": "k", "plan": ONE_STEP, "pool_name": "gpu"},
+    ["unknown field `pool_name`", "did you mean `pool`"],
+)
 
 
 def spec(*kinds: str, key: str = "k1", pool: str = "default") -> TaskSpec:

@@ -29,17 +29,22 @@ async def api(tmp_path: Path, clock: FakeClock) -> AsyncIterator[ApiHarness]:
 async def test_a_unique_prefix_names_the_task_on_every_task_route(api: ApiHarness) -> None:
     task = await api.create("by-prefix")
     prefix = task["id"][:12]
-    for path in (f"/v1/tasks/{prefix}", f"/v1/tasks/{prefix}/review",
-                 f"/v1/tasks/{prefix}/events", f"/v1/tasks/{prefix}/logs"):  # fmt: skip
+    for path in (
+        f"/v1/tasks/{prefix}",
+        f"/v1/tasks/{prefix}/review",
+        f"/v1/tasks/{prefix}/events",
+        f"/v1/tasks/{prefix}/logs",
+    ):
         answer = await api.client.get(path, headers=api.operator)
         assert answer.status_code == 200, (path, answer.text)
     assert (await api.client.get(f"/v1/tasks/{prefix}", headers=api.operator)).json()["id"] == task[
         "id"
     ]
     approved = await api.client.post(
-        f"/v1/tasks/{prefix}/approve", headers=api.operator,
+        f"/v1/tasks/{prefix}/approve",
+        headers=api.operator,
         json={"plan_hash": task["plan_hash"][:12]},
-    )  # fmt: skip
+    )
     assert approved.status_code == 200, approved.text
     assert (approved.json()["id"], approved.json()["state"]) == (task["id"], "QUEUED")
 
@@ -52,9 +57,10 @@ async def test_a_short_prefix_or_another_tenants_task_is_refused(api: ApiHarness
     rival = {"Authorization": f"Bearer {api.secrets['rival']}"}
     assert (await api.client.get(f"/v1/tasks/{task['id'][:12]}", headers=rival)).status_code == 404
     wrong = await api.client.post(
-        f"/v1/tasks/{task['id']}/approve", headers=api.operator,
+        f"/v1/tasks/{task['id']}/approve",
+        headers=api.operator,
         json={"plan_hash": task["plan_hash"][:7]},
-    )  # fmt: skip
+    )
     assert wrong.status_code == 409
     assert "at least 8" in wrong.json()["detail"]
 
@@ -76,14 +82,18 @@ def _ambiguous(db: Path | str) -> None:
     ids = iter(["abcdef0123" + tail for tail in ("aa" * 11, "bb" * 11)])
     with admin.ledger_file(db) as opened:
         transactions = Transactions(
-            db=opened.db, config=LedgerConfig(), clock=time.time, backend=opened.backend,
+            db=opened.db,
+            config=LedgerConfig(),
+            clock=time.time,
+            backend=opened.backend,
             new_id=lambda: next(ids),
-        )  # fmt: skip
+        )
         for key in ("one", "two"):
             spec = TaskSpec(
-                tenant="acme", idempotency_key=key,
+                tenant="acme",
+                idempotency_key=key,
                 steps=(StepSpec(name="s", kind="chat", payload=chat_payload(key)),),
-            )  # fmt: skip
+            )
             transactions.one(lambda tx, spec=spec: identity.create_task(tx, spec))
         reads = opened.reads()
         with pytest.raises(InvalidRequest, match="ambiguous") as refused:

@@ -45,10 +45,15 @@ async def api(tmp_path: Path, clock: FakeClock) -> AsyncIterator[ApiHarness]:
 
 def binding(origin: Origin, **changes: object) -> Binding:
     fields: dict[str, object] = {
-        "task_id": TASK, "tenant": "acme", "pool": "default", "repository": "app",
-        "url": origin.url, "approved_base": origin.base, "allowed_paths": ("src/",),
+        "task_id": TASK,
+        "tenant": "acme",
+        "pool": "default",
+        "repository": "app",
+        "url": origin.url,
+        "approved_base": origin.base,
+        "allowed_paths": ("src/",),
         "expected_checks": ("tests",),
-    }  # fmt: skip
+    }
     return Binding(**(fields | changes))  # type: ignore[arg-type]
 
 
@@ -75,9 +80,15 @@ async def observe(api: ApiHarness, origin: Origin, rep: Result, **changes: objec
     store: ArtifactStore = api.app.state.artifacts
     mirrors: Mirrors = api.app.state.mirrors
     return await gather(
-        mirrors, store, api.app.state.ledger, binding(origin, **changes), rep,
-        step_id=STEP, fence=rep.fence, pool="default",
-    )  # fmt: skip
+        mirrors,
+        store,
+        api.app.state.ledger,
+        binding(origin, **changes),
+        rep,
+        step_id=STEP,
+        fence=rep.fence,
+        pool="default",
+    )
 
 
 def codes(evidence: Evidence) -> list[Finding]:

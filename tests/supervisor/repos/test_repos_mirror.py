@@ -303,17 +303,31 @@ def test_allowed_paths_are_read_as_the_runner_reads_them(
 
 
 PUBLIC = {
-    "Mirrors", "candidate_ref", "ls_remote", "remote_head", "path_allowed", "redact",
-    "Refusal", "RefusalCode",
-    "MirrorError", "RemoteFailed", "NoSuchHead", "BundleRefused", "RefTaken", "GitError",
+    "Mirrors",
+    "candidate_ref",
+    "ls_remote",
+    "remote_head",
+    "path_allowed",
+    "redact",
+    "Refusal",
+    "RefusalCode",
+    "MirrorError",
+    "RemoteFailed",
+    "NoSuchHead",
+    "BundleRefused",
+    "RefTaken",
+    "GitError",
     "MirrorDamaged",
-}  # fmt: skip
+}
 
 
 def test_the_public_surface_is_deliberate() -> None:
     assert set(repos_pkg.__all__) == PUBLIC
     assert all(hasattr(repos_pkg, name) for name in PUBLIC)
     assert {code.value for code in RefusalCode} == {
-        "unknown_candidate", "not_descendant", "path_not_allowed", "entry_not_allowed",
+        "unknown_candidate",
+        "not_descendant",
+        "path_not_allowed",
+        "entry_not_allowed",
         "mode_changed",
-    }  # fmt: skip
+    }

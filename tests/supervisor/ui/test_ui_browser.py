@@ -59,9 +59,16 @@ class Served:
         # log_config=None: uvicorn's own would take over the process's `uvicorn.*` loggers
         # (handlers of its own, propagate off) for every test that runs after.
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="warning", ws="none",
-            lifespan="on", timeout_graceful_shutdown=2, interface="asgi3", log_config=None,
-        )  # fmt: skip
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            ws="none",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+            interface="asgi3",
+            log_config=None,
+        )
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -119,9 +126,10 @@ class Supervisor(Served):
 
     def api(self, who: str) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, timeout=WAIT_S,
+            base_url=self.url,
+            timeout=WAIT_S,
             headers={"Authorization": f"Bearer {self.secrets[who]}"},
-        )  # fmt: skip
+        )
 
 
 class Receiver(Served):
@@ -170,9 +178,14 @@ def browser() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for arg in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--window-size=1280,1000", "--hide-scrollbars", "--no-first-run",
-    ):  # fmt: skip
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+        "--hide-scrollbars",
+        "--no-first-run",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
     try:
@@ -293,9 +306,11 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
         wait_for(browser, "expired")
         assert runner.post(renew[0], json=renew[1]).status_code == 200
         result = {
-            "fence": second["fence"], "payload_hash": second["payload_hash"],
-            "output": "patched", "usage": {"total_tokens": 7},
-        }  # fmt: skip
+            "fence": second["fence"],
+            "payload_hash": second["payload_hash"],
+            "output": "patched",
+            "usage": {"total_tokens": 7},
+        }
         answer = runner.post(f"/v1/steps/{second['step_id']}/result", json=result)
         assert answer.json() == {"outcome": "applied"}
         wait_for(browser, "SUCCEEDED")
@@ -508,13 +523,26 @@ def test_an_agent_transcript_reads_as_a_conversation_in_the_browser(
 
     transcript = [
         {"role": "user", "content": "Make the failing test pass."},
-        {"role": "assistant", "turn": 1, "content": "Reading the module.",
-         "tool_calls": [{"id": "c1", "name": "read_file", "arguments": '{"path": "src/a.py"}'}]},
-        {"role": "tool", "tool_call_id": "c1", "name": "read_file", "ok": True,
-         "content": "def answer():\n    return 41\n"},
-        {"role": "assistant", "turn": 2, "content": "Fixed: answer() returns 42.",
-         "finish_reason": "stop"},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "turn": 1,
+            "content": "Reading the module.",
+            "tool_calls": [{"id": "c1", "name": "read_file", "arguments": '{"path": "src/a.py"}'}],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "name": "read_file",
+            "ok": True,
+            "content": "def answer():\n    return 41\n",
+        },
+        {
+            "role": "assistant",
+            "turn": 2,
+            "content": "Fixed: answer() returns 42.",
+            "finish_reason": "stop",
+        },
+    ]
     with supervisor.api("operator") as operator, supervisor.api("runner") as runner:
         task = operator.post("/v1/tasks", json=task_body("transcript", 1)).json()
         operator.post(f"/v1/tasks/{task['id']}/approve", json={"plan_hash": task["plan_hash"]})

@@ -128,9 +128,10 @@ async def test_a_runner_or_unknown_token_is_refused(
 
 async def test_a_login_posted_from_another_site_is_refused(web: ApiHarness) -> None:
     answer = await web.client.post(
-        "/ui/login", data={"token": web.secrets["operator"]},
+        "/ui/login",
+        data={"token": web.secrets["operator"]},
         headers={"Origin": "https://evil.example"},
-    )  # fmt: skip
+    )
     assert answer.status_code == 403
     assert "set-cookie" not in answer.headers
 
@@ -183,9 +184,10 @@ async def test_a_write_without_the_sessions_csrf_token_changes_nothing(web: ApiH
     assert all(e["path"] == url and e["log_level"] == "warning" for e in refusals)
     assert web.secrets["operator"] not in repr(logs)
     referred = await client.post(
-        url, data={"plan_hash": task["plan_hash"], "csrf": good},
+        url,
+        data={"plan_hash": task["plan_hash"], "csrf": good},
         headers={"Referer": "https://evil.example/page"},
-    )  # fmt: skip
+    )
     assert referred.status_code == 403
     as_json = await client.post(url, json={"plan_hash": task["plan_hash"], "csrf": good})
     assert as_json.status_code == 403
@@ -321,21 +323,37 @@ TRANSCRIPT = [
     {"role": "system", "content": "You fix bugs."},
     {"role": "user", "content": "Make the test pass."},
     {
-        "role": "assistant", "turn": 1, "content": "Reading the module first.",
+        "role": "assistant",
+        "turn": 1,
+        "content": "Reading the module first.",
         "tool_calls": [{"id": "c1", "name": "read_file", "arguments": '{"path": "src/a.py"}'}],
         "finish_reason": "tool_calls",
     },
-    {"role": "tool", "tool_call_id": "c1", "name": "read_file", "ok": True,
-     "content": "def answer():\n    return 41\n"},
+    {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "name": "read_file",
+        "ok": True,
+        "content": "def answer():\n    return 41\n",
+    },
     {"omitted": 3},
     {
-        "role": "assistant", "turn": 2, "content": HOSTILE,
+        "role": "assistant",
+        "turn": 2,
+        "content": HOSTILE,
         "tool_calls": [{"id": "c2", "name": "run", "arguments": '{"argv": ["rm", "-rf", "/"]}'}],
     },
-    {"role": "tool", "tool_call_id": "c2", "name": "run", "ok": False, "refused": True,
-     "error": "command_not_allowed", "content": "rm is not an allowed command"},
+    {
+        "role": "tool",
+        "tool_call_id": "c2",
+        "name": "run",
+        "ok": False,
+        "refused": True,
+        "error": "command_not_allowed",
+        "content": "rm is not an allowed command",
+    },
     {"role": "assistant", "turn": 3, "content": "Done.", "finish_reason": "stop"},
-]  # fmt: skip
+]
 
 
 async def test_an_agent_transcript_reads_as_a_conversation_turn_by_turn(web: ApiHarness) -> None:
@@ -384,10 +402,18 @@ async def test_the_task_page_shows_the_plan_steps_attempts_review_and_budget(
     task = (await web.client.get(f"/v1/tasks/{task_id}", headers=web.operator)).json()
     step = task["steps"][0]
     for shown in (
-        task["plan_hash"], step["payload_hash"], step["effect_key"], "SUCCEEDED", "r1",
-        "committed", "Expected (declared before the run)", "Observed (recorded by the ledger)",
-        "Verdict", "spent 3 tokens", "answer",
-    ):  # fmt: skip
+        task["plan_hash"],
+        step["payload_hash"],
+        step["effect_key"],
+        "SUCCEEDED",
+        "r1",
+        "committed",
+        "Expected (declared before the run)",
+        "Observed (recorded by the ledger)",
+        "Verdict",
+        "spent 3 tokens",
+        "answer",
+    ):
         assert shown in text, shown
     fragment = await client.get(f"/ui/tasks/{task_id}/fragment")
     strict_fragment(fragment.text)
@@ -398,9 +424,10 @@ async def test_hostile_output_is_escaped_and_every_page_still_parses(web: ApiHar
     client = await signed_in(web)
     task = await web.queued("hostile")
     answer = await web.client.post(
-        "/v1/leases/claim", headers=web.runner,
+        "/v1/leases/claim",
+        headers=web.runner,
         json={"runner_id": "<b>r</b>", "capacity": 1, "wait_s": 0},
-    )  # fmt: skip
+    )
     [lease] = answer.json()["leases"]
     await web.report(lease, {HOSTILE: [HOSTILE]})
     text = await page(client, f"/ui/tasks/{task['id']}")
@@ -417,16 +444,27 @@ async def test_each_attempt_shows_its_runners_shipped_lines_escaped(web: ApiHarn
     client = await signed_in(web)
     task = await web.queued("shipped")
     answer = await web.client.post(
-        "/v1/leases/claim", headers=web.runner,
+        "/v1/leases/claim",
+        headers=web.runner,
         json={"runner_id": "r1", "capacity": 1, "wait_s": 0},
-    )  # fmt: skip
+    )
     [lease] = answer.json()["leases"]
     lines = [
-        {"step_id": lease["step_id"], "fence": lease["fence"], "level": "info",
-         "event": "step leased", "fields": {"kind": "chat"}},
-        {"step_id": lease["step_id"], "fence": lease["fence"], "level": "warning",
-         "event": "model call failed\x1b[2J", "fields": {"error": HOSTILE + "\nnext"}},
-    ]  # fmt: skip
+        {
+            "step_id": lease["step_id"],
+            "fence": lease["fence"],
+            "level": "info",
+            "event": "step leased",
+            "fields": {"kind": "chat"},
+        },
+        {
+            "step_id": lease["step_id"],
+            "fence": lease["fence"],
+            "level": "warning",
+            "event": "model call failed\x1b[2J",
+            "fields": {"error": HOSTILE + "\nnext"},
+        },
+    ]
     kept = await web.client.post("/v1/logs", headers=web.runner, json={"lines": lines})
     assert kept.json() == {"kept": 2, "refused": 0, "over_limit": 0}
     await web.report(lease, "done")
@@ -497,9 +535,10 @@ async def test_approve_binds_the_plan_hash_the_form_shows(web: ApiHarness) -> No
     text = await page(client, f"/ui/tasks/{task['id']}")
     assert f'name="plan_hash" value="{task["plan_hash"]}"' in text
     answer = await post_form(
-        client, f"/ui/tasks/{task['id']}/approve",
+        client,
+        f"/ui/tasks/{task['id']}/approve",
         {"csrf": csrf_of(text), "plan_hash": task["plan_hash"]},
-    )  # fmt: skip
+    )
     assert (answer.status_code, answer.headers["location"]) == (303, f"/ui/tasks/{task['id']}")
     assert "QUEUED" in await page(client, answer.headers["location"])
 
@@ -513,14 +552,16 @@ async def test_the_approval_form_shows_each_steps_prompt_above_approve(web: ApiH
         "steps": [
             {"name": "tidy", "kind": "chat", "payload": chat_payload(prompt)},
             {
-                "name": "notify", "kind": "http",
+                "name": "notify",
+                "kind": "http",
                 "payload": {
-                    "url": "https://hooks.example.org/done", "keyed": True,
+                    "url": "https://hooks.example.org/done",
+                    "keyed": True,
                     "headers": {"Authorization": "Bearer sekrit-in-the-plan"},
                 },
             },
         ]
-    }  # fmt: skip
+    }
     answer = await web.client.post(
         "/v1/tasks", headers=web.operator, json={"idempotency_key": "read-me", "plan": plan}
     )
@@ -547,9 +588,10 @@ async def test_a_repository_tasks_approval_shows_its_base(web: ApiHarness, tmp_p
     text = await page(client, f"/ui/tasks/{task['id']}")
     assert f'name="base_sha" value="{head}"' in text
     answer = await post_form(
-        client, f"/ui/tasks/{task['id']}/approve",
+        client,
+        f"/ui/tasks/{task['id']}/approve",
         {"csrf": csrf_of(text), "plan_hash": task["plan_hash"], "base_sha": head},
-    )  # fmt: skip
+    )
     assert answer.status_code == 303
     view = (await web.client.get(f"/v1/tasks/{task['id']}", headers=web.operator)).json()
     assert (view["state"], view["base_sha"]) == ("QUEUED", head)
@@ -714,10 +756,18 @@ async def test_a_gate_shows_the_request_to_approve_masked_with_its_digest(
     assert request, "no request shown"
     shown = request.group(0)
     for part in (
-        "The request to approve", "POST", "https://***@deploy.example/hook", "X-Team", "blue",
-        "Bearer {{ credential.deploy-token }}", "credential <code>deploy-token</code>",
-        "X-Api-Key", "masked", "&#34;amount&#34;: &#34;$82,000&#34;", effect["digest"],
-    ):  # fmt: skip
+        "The request to approve",
+        "POST",
+        "https://***@deploy.example/hook",
+        "X-Team",
+        "blue",
+        "Bearer {{ credential.deploy-token }}",
+        "credential <code>deploy-token</code>",
+        "X-Api-Key",
+        "masked",
+        "&#34;amount&#34;: &#34;$82,000&#34;",
+        effect["digest"],
+    ):
         assert part in shown, part
     for hidden in (SECRET, LITERAL, "hunter2"):
         assert hidden not in text, hidden
@@ -801,8 +851,9 @@ async def test_a_gate_needs_the_tenants_operator_session_and_its_csrf_token(
         client, url, {"csrf": csrf, "step": "deploy", "digest": digest}, "https://evil.example"
     )
     assert other_site.status_code == 403
-    happened = await post_form(client, f"/ui/tasks/{task['id']}/happened",
-                               {"step": "deploy", "happened": "yes"})  # fmt: skip
+    happened = await post_form(
+        client, f"/ui/tasks/{task['id']}/happened", {"step": "deploy", "happened": "yes"}
+    )
     assert happened.status_code == 403
     client.cookies.clear()
     await signed_in(effects, "rival")
@@ -842,8 +893,9 @@ async def test_an_uncertain_effect_is_resolved_from_its_page_with_the_clis_rules
     assert "connection reset" in text
     listing = await page(client, "/ui")
     assert "say whether effect <code>deploy</code> happened" in listing
-    maybe = await post_form(client, happened_url,
-                            {"csrf": csrf, "step": "deploy", "happened": "maybe"})  # fmt: skip
+    maybe = await post_form(
+        client, happened_url, {"csrf": csrf, "step": "deploy", "happened": "maybe"}
+    )
     assert maybe.status_code == 422
     assert "yes or no" in notice_of(maybe.text)
     no = await post_form(client, happened_url, {"csrf": csrf, "step": "deploy", "happened": "no"})
@@ -851,8 +903,9 @@ async def test_an_uncertain_effect_is_resolved_from_its_page_with_the_clis_rules
     assert (await effect_now(effects, task["id"]))["state"] == "gated"
     text = await open_and_lose_the_answer()
     before = without_rejections(ledger_snapshot(effects.path))
-    second_no = await post_form(client, happened_url,
-                                {"csrf": csrf, "step": "deploy", "happened": "no"})  # fmt: skip
+    second_no = await post_form(
+        client, happened_url, {"csrf": csrf, "step": "deploy", "happened": "no"}
+    )
     assert second_no.status_code == 409
     assert "already re-opened once" in notice_of(second_no.text)
     assert without_rejections(ledger_snapshot(effects.path)) == before
