@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import psycopg
 from psycopg import pq
 
@@ -241,6 +242,60 @@ def measure(url: str, *, steps: int, workers: int = 64) -> RoundTrips:
         return anyio.run(main)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CpuPerStep:
+    steps: int
+    seconds: float
+    writer_ms: float  # the writer thread's CPU per committed step
+    server_ms: float | None  # the scratch database's server processes'; None: not on this host
+
+
+def _server_cpu_s(database: str) -> float | None:
+    """CPU seconds of this host's PostgreSQL processes serving `database` (their titles name
+    it); None when none is seen here (a server on another host)."""
+    total, seen = 0.0, False
+    for proc in psutil.process_iter(["cmdline"]):
+        title = " ".join(proc.info["cmdline"] or ())
+        if title.startswith("postgres:") and f" {database} " in f"{title} ":
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total, seen = total + times.user + times.system, True
+    return total if seen else None
+
+
+def cpu_per_step(url: str, *, steps: int, workers: int = 64) -> CpuPerStep:
+    """What a committed step costs the serialized writer in CPU, its own and the server's, in
+    the same loops as `measure` but untraced (libpq's trace costs the writer CPU)."""
+    pool = "roundtrips"
+    with server.scratch(url, "roundtrips") as db:
+        PgLedger(db).create_tasks(pool, steps, approve=True)
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("ANALYZE")
+        database = psycopg.conninfo.conninfo_to_dict(db)["dbname"]
+
+        def writer_s() -> float:
+            [writer] = [t for t in threading.enumerate() if t.name == WRITER_THREAD]
+            [mine] = [t for t in psutil.Process().threads() if t.id == writer.native_id]
+            return float(mine.user_time + mine.system_time)
+
+        async def main() -> CpuPerStep:
+            async with open_ledger(db) as ledger:
+                writer, served = writer_s(), _server_cpu_s(str(database))
+                start = time.perf_counter()
+                done = await _drive(ledger, pool, workers)
+                seconds = time.perf_counter() - start
+                writer, after = writer_s() - writer, _server_cpu_s(str(database))
+            per = 1000 / max(1, done)
+            return CpuPerStep(
+                steps=done,
+                seconds=seconds,
+                writer_ms=writer * per,
+                server_ms=None if served is None or after is None else (after - served) * per,
+            )
+
+        return anyio.run(main)
+
+
 def figures(r: RoundTrips, workers: int) -> dict[str, Any]:
     """The measurement as the bench's JSON keeps it."""
     return {**dataclasses.asdict(r), "per_step": r.per_step, "workers": workers}
@@ -252,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--workers", type=int, default=64)
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="then, untraced, the CPU a step costs the writer thread and the server",
+    )
     args = p.parse_args(argv)
     from tether.logs import configure_logging
 
@@ -264,6 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     r = measure(url, steps=args.steps, workers=args.workers)
     print(f"{r.steps} steps in {r.seconds:.1f} s ({r.steps / r.seconds:.0f}/s in process)")
     print(round_trips_row(figures(r, args.workers)))
+    if args.cpu:
+        c = cpu_per_step(url, steps=args.steps, workers=args.workers)
+        server_ms = "not on this host" if c.server_ms is None else f"{c.server_ms:.2f} ms"
+        print(
+            f"untraced: {c.steps} steps in {c.seconds:.1f} s ({c.steps / c.seconds:.0f}/s in"
+            f" process); CPU per step: writer thread {c.writer_ms:.2f} ms, server {server_ms}"
+        )
     return 0
 
 
