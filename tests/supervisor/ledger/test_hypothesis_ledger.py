@@ -595,9 +595,8 @@ class LedgerVersusModelOnPostgresql(LedgerVersusModel):
 def pg_scratch() -> Iterator[None]:
     """A scratch database for the PostgreSQL examples, beside a fresh one on the test server
     (which skips or fails these tests with one line when there is no server)."""
+    from tests import pgdb
     from tether.sim.pgscratch import PgWorkspace, scratch_server
-
-    from . import pgdb
 
     with (
         pgdb.fresh_database() as server,

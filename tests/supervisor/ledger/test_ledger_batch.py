@@ -139,9 +139,13 @@ def test_a_write_whose_error_comes_back_in_a_later_rule_fails_its_own_rule_alone
     keys = [r[0] for r in sim.execute("SELECT idempotency_key FROM tasks ORDER BY created_order")]
     assert keys == ["a", "b"]
     assert sim.execute("SELECT owner FROM tasks WHERE owner = 'half-written'").fetchone() is None
-    # Pipelined, the error came back in the reader: the first run was rolled back whole.
-    ran_twice = ["writer", "reader", "writer", "reader"]
-    assert calls == (ran_twice if sim.on_postgresql else ["writer", "reader"])
+    # Pipelined, the error comes back with the reader's read or, when the server's answer is
+    # there first, as the writer's rule ends: either way the first run was rolled back whole
+    # and the batch ran again, each statement alone.
+    if sim.on_postgresql:
+        assert calls in (["writer", "reader", "writer", "reader"], ["writer", "writer", "reader"])
+    else:
+        assert calls == ["writer", "reader"]
 
 
 def crash_after_writing(tx: Tx) -> None:
