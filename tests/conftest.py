@@ -60,8 +60,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-# `make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). The tests of
-# one group below run on one worker, one after another:
+# `make test PYTEST_ARGS="-n 2 --dist loadgroup"` runs the suite on two pytest-xdist workers.
+# The tests of one group below run on one worker, one after another:
 # - "limits": tests/runner/agent/test_agent_limits.py, whose commands storm, balloon and spin
 #   into their limits in cgroups of the host's one hierarchy, and sweep it;
 # - "drills": the heaviest real-process drills, each a stream of work on several processes
