@@ -89,9 +89,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return GROUPS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], nodeid)
+            return xdist_scope(nodeid)
 
     return GroupScheduling(config, log)
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The work unit of a test: its file's group in GROUPS, else the test alone."""
+    return GROUPS.get(nodeid.split("::", 1)[0].rsplit("/", 1)[-1], nodeid)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
