@@ -106,8 +106,6 @@ def _run(
     connection still there (it is rolled back then): run it again unpipelined."""
     outcomes = [RuleOutcome() for _ in rules]
     notes: list[Note] = []
-    woken: set[str] = set()
-    touched: set[str] = set()
     pipe: Pipeline | None = None
     begun = committing = False
     try:
@@ -122,10 +120,9 @@ def _run(
         committing = True
         db.execute("COMMIT" if commit else "ROLLBACK")
     except BaseException as exc:
-        if pipe is not None and not committing and backend.is_driver_error(exc) and not pipe.lost:
-            _roll_back(db, backend)
-            return None
         _roll_back(db, backend)
+        if pipe is not None and not committing and backend.is_driver_error(exc) and not pipe.lost:
+            return None
         failure = StorageError(f"the ledger could not commit: {exc}")
         failure.__cause__ = exc
         for outcome in outcomes:
