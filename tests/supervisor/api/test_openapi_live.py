@@ -75,7 +75,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     app = create_app(settings, reaper=False)
     port = _free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        # log_config=None: uvicorn's own would take the process's `uvicorn.*` loggers off the
+        # root handler for every later test (tests/test_logs_redaction.py saw no uvicorn line).
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", log_config=None
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
