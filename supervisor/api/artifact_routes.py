@@ -17,8 +17,8 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError
+from tether.supervisor.api.operation import Call
 from tether.supervisor.artifacts import DigestMismatch, InvalidDigest, TooLarge, check_digest
 from tether.supervisor.artifacts.collector import DigestLocks
 from tether.supervisor.artifacts.port import Artifacts
@@ -70,8 +70,8 @@ def _quota_error(refusal: Exception) -> ApiError:
     return ApiError(ErrorCode.QUOTA_EXCEEDED, str(refusal))
 
 
-async def put_artifact(request: Request) -> ArtifactStored:
-    who = await require(request, Role.RUNNER, Role.OPERATOR)
+async def put_artifact(call: Call[None]) -> ArtifactStored:
+    request, who = call.request, call.who
     digest = _digest(request)
     lease = _lease(request, who)
     store: Artifacts = request.app.state.artifacts
@@ -133,8 +133,8 @@ def readable_by(who: Principal, owner: ArtifactOwner) -> bool:
     return visible_to(who.scope, owner)
 
 
-async def get_artifact(request: Request) -> Response:
-    who: Principal = await require(request, Role.OPERATOR, Role.RUNNER)
+async def get_artifact(call: Call[None]) -> Response:
+    request, who = call.request, call.who
     digest = _digest(request)
     ledger: LedgerStore = request.app.state.ledger
     owners = await ledger.artifact_owners(digest)

@@ -4,21 +4,20 @@ supervisor's mirror (`tether.supervisor.repos.diffs`), never the remote."""
 
 from __future__ import annotations
 
-from starlette.requests import Request
 from starlette.responses import Response
 
-from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError
-from tether.supervisor.ledger import LedgerStore, Role
+from tether.supervisor.api.operation import Call
+from tether.supervisor.ledger import LedgerStore
 from tether.supervisor.repos import Mirrors, diffs
 from tether.wire import ErrorCode
 from tether.wire.records import CandidateDiffView
 
 
-async def chosen(request: Request) -> tuple[Mirrors, str, diffs.Candidate]:
+async def chosen(call: Call[None]) -> tuple[Mirrors, str, diffs.Candidate]:
     """The caller's task the path names (by id or unique prefix), its candidate the `step`
     query names (default: the last step with one) and the mirror of its repository."""
-    who = await require(request, Role.OPERATOR)
+    request, who = call.request, call.who
     ledger: LedgerStore = request.app.state.ledger
     task_id = await ledger.resolve_task_id(who.scope, request.path_params["task_id"])
     binding = await ledger.binding_of_task(who.scope, task_id)
@@ -32,8 +31,8 @@ async def chosen(request: Request) -> tuple[Mirrors, str, diffs.Candidate]:
     return request.app.state.mirrors, binding.url, candidate
 
 
-async def candidate_diff(request: Request) -> CandidateDiffView:
-    mirrors, url, candidate = await chosen(request)
+async def candidate_diff(call: Call[None]) -> CandidateDiffView:
+    mirrors, url, candidate = await chosen(call)
     try:
         found = await diffs.diff(mirrors.path(url), candidate)
     except diffs.CandidateError as exc:
@@ -41,8 +40,8 @@ async def candidate_diff(request: Request) -> CandidateDiffView:
     return found.view()
 
 
-async def candidate_bundle(request: Request) -> Response:
-    mirrors, url, candidate = await chosen(request)
+async def candidate_bundle(call: Call[None]) -> Response:
+    mirrors, url, candidate = await chosen(call)
     try:
         data = await diffs.bundle(mirrors.path(url), candidate)
     except diffs.CandidateError as exc:

@@ -3,9 +3,12 @@ call it, the record it reads, what it answers per status, and the error codes it
 
 The app's routes (`tether.supervisor.api.app`) and the OpenAPI document
 (`tether.supervisor.api.openapi`, from these declarations and the records' JSON Schemas) are
-both made from `OPERATIONS`. tests/supervisor/api/test_openapi.py holds each handler's return
-type to the record its operation declares, and tests/supervisor/api/test_openapi_live.py runs
-schemathesis against a live supervisor to hold its answers to the document.
+both made from `OPERATIONS`; each route checks the caller against `roles` and decodes `body`
+before its handler runs (`tether.supervisor.api.operation`). The type checker holds each
+handler to the body and the record its operation declares, as do
+tests/supervisor/api/test_openapi_answers.py and test_operation_calls.py where it cannot see;
+tests/supervisor/api/test_openapi_live.py runs schemathesis against a live supervisor to hold
+its answers to the document.
 """
 
 from __future__ import annotations

@@ -11,12 +11,11 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.requests import Request
 from starlette.responses import Response
 
-from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError
-from tether.supervisor.ledger import LedgerError, LedgerStore, Role
+from tether.supervisor.api.operation import Call
+from tether.supervisor.ledger import LedgerError, LedgerStore
 from tether.supervisor.ledger.views import RUNNER_RECENT_S
 from tether.wire import ErrorCode, Outcome
 from tether.wire.answers import Alive, Ready
@@ -142,16 +141,16 @@ class Metrics:
         return generate_latest(self._registry)
 
 
-async def healthz(request: Request) -> Alive:
+async def healthz(call: Call[None]) -> Alive:
     """Alive: the process replies and its ledger is open (its writer has not died)."""
-    ledger: Openness | None = getattr(request.app.state, "ledger", None)
+    ledger: Openness | None = getattr(call.request.app.state, "ledger", None)
     if ledger is not None and not ledger.is_open:
         raise ApiError(ErrorCode.UNAVAILABLE, "the ledger is closed; the supervisor stops")
     return Alive(status="ok")
 
 
-async def readyz(request: Request) -> Ready:
-    ledger: LedgerStore = request.app.state.ledger
+async def readyz(call: Call[None]) -> Ready:
+    ledger: LedgerStore = call.request.app.state.ledger
     try:
         await ledger.queue_depth()
     except (LedgerError, RuntimeError) as exc:
@@ -159,7 +158,6 @@ async def readyz(request: Request) -> Ready:
     return Ready(status="ready")
 
 
-async def metrics(request: Request) -> Response:
-    await require(request, Role.METRICS)
-    exposition: Metrics = request.app.state.metrics
+async def metrics(call: Call[None]) -> Response:
+    exposition: Metrics = call.request.app.state.metrics
     return Response(await exposition.exposition(), media_type=CONTENT_TYPE_PLAIN_0_0_4)

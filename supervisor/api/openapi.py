@@ -12,10 +12,9 @@ from http import HTTPStatus
 from typing import Any, Final
 
 import msgspec
-from starlette.requests import Request
 from starlette.responses import Response
 
-from tether.supervisor.api.operation import Answer, Body, Declared, Param, Raw
+from tether.supervisor.api.operation import Answer, Body, Call, Declared, Param, Raw
 from tether.supervisor.settings import SupervisorSettings
 from tether.wire import ERRORS, ErrorCode
 from tether.wire.records import ErrorBody, Record
@@ -32,7 +31,7 @@ DESCRIPTION: Final = (
 )
 
 
-def _records(operations: Sequence[Declared]) -> list[type[Record]]:
+def _records(operations: Sequence[Declared[Any]]) -> list[type[Record]]:
     """Every record the operations read or answer with, ErrorBody first, each once."""
     found: dict[type[Record], None] = {ErrorBody: None}
     for op in operations:
@@ -95,7 +94,7 @@ class _Builder:
             for status, named in sorted(by_status.items())
         }
 
-    def operation(self, op: Declared) -> dict[str, Any]:
+    def operation(self, op: Declared[Any]) -> dict[str, Any]:
         errors = self._errors(op.codes)
         clash = set(errors) & {str(status) for status in op.answers}
         if clash:
@@ -123,7 +122,7 @@ class _Builder:
 
 
 def _bound(
-    schemas: dict[str, Any], operations: Sequence[Declared], settings: SupervisorSettings
+    schemas: dict[str, Any], operations: Sequence[Declared[Any]], settings: SupervisorSettings
 ) -> None:
     """Give each body field whose maximum is a setting (`Operation.bound_by`) that maximum."""
     for op in operations:
@@ -163,7 +162,7 @@ def short_names(schemas: dict[str, Any]) -> dict[str, Any]:
     return {renamed.get(name, name): follow(schema) for name, schema in schemas.items()}
 
 
-def document(settings: SupervisorSettings, operations: Sequence[Declared]) -> dict[str, Any]:
+def document(settings: SupervisorSettings, operations: Sequence[Declared[Any]]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `operations`, with the limits `settings` set."""
     records = _records(operations)
     refs, generated = msgspec.json.schema_components(records, ref_template=REF)
@@ -189,10 +188,10 @@ def document(settings: SupervisorSettings, operations: Sequence[Declared]) -> di
     }
 
 
-async def openapi_json(request: Request) -> Response:
+async def openapi_json(call: Call[None]) -> Response:
     """The document of the operations the app serves (`app.state.operations`), for this
     supervisor's settings, built once per app."""
-    state = request.app.state
+    state = call.request.app.state
     built: bytes | None = getattr(state, "openapi_json", None)
     if built is None:
         built = msgspec.json.encode(document(state.settings, state.operations))

@@ -3,8 +3,17 @@ call it, the record it reads, what it answers per status, the error codes it can
 the handler that serves it. The app's routes and the document are both made from a table of
 these (`tether.supervisor.api.contract`), so neither can name a route the other lacks.
 
-A record operation's handler returns the record its declaration names (`Operation` is generic
-in it, so the type checker holds the two together); the route writes it with the one codec.
+The endpoint made from an operation does, in this order: check the token against the declared
+`roles` (401 `unauthorized` without a known token, 403 `forbidden` for another role; no roles:
+no token needed), then read and decode the declared record `body` (400, 413, 422), then call
+the handler with a `Call`: the request, the caller's principal and the decoded body. A caller
+without a valid token never has its body read: no CPU is spent decoding for strangers, and no
+detail of a body's fault reaches them. A handler neither authenticates nor decodes
+(tests/supervisor/api/test_operation_calls.py holds it to that). A raw body (an artifact's
+bytes) is the handler's to stream.
+
+`Operation` is generic in the body it reads and the record it answers, so the type checker
+holds each handler to both; the route writes the answer with the one codec.
 """
 
 from __future__ import annotations
@@ -12,17 +21,21 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar, cast
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import record_response
-from tether.supervisor.ledger import Role
+from tether.supervisor.api.requests import read
+from tether.supervisor.ledger import Principal, Role
 from tether.wire import ErrorCode
 from tether.wire.records import Record
 
 R = TypeVar("R", bound=Record)
+# The record an operation's body decodes into; None for an operation without a record body.
+B = TypeVar("B", bound=Record | None)
 E = ErrorCode
 
 
@@ -42,6 +55,32 @@ Body = type[Record] | Raw
 # A status's answer: a record, raw bytes, or None for no body at all (204).
 Answer = Body | None
 Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call(Generic[B]):
+    """What an operation's endpoint established before calling its handler: the request, its
+    decoded `body` (None when the operation declares no record body) and the caller's
+    `principal` (None when the operation declares no roles)."""
+
+    request: Request
+    body: B
+    principal: Principal | None = None
+
+    @property
+    def who(self) -> Principal:
+        """The caller, who holds one of the operation's roles."""
+        if self.principal is None:
+            raise TypeError("an operation without roles has no caller to name")
+        return self.principal
+
+
+async def _call(request: Request, roles: tuple[Role, ...], body: type[B] | Raw | None) -> Call[B]:
+    """Authenticate against `roles`, then decode `body` (see the module's docstring)."""
+    principal = await require(request, roles[0], *roles[1:]) if roles else None
+    # A record `body` is a `type[B]` that decodes into a `B`; without one `B` is None.
+    decoded = await read(request, cast(type[Record], body)) if isinstance(body, type) else None
+    return Call(request, cast(B, decoded), principal)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,7 +104,7 @@ class Answered(Generic[R]):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Declared(abc.ABC):
+class Declared(abc.ABC, Generic[B]):
     """What the document says of a route. `roles` empty: no token needed. `errors` are the
     codes particular to the route; `codes` adds the ones its token, body and the server itself
     can send. `bound_by` names, for a field of the body, the `SupervisorSettings` field that
@@ -77,7 +116,7 @@ class Declared(abc.ABC):
     summary: str
     tag: str
     roles: tuple[Role, ...]
-    body: Body | None = None
+    body: type[B] | Raw | None = None
     errors: tuple[ErrorCode, ...] = ()
     params: tuple[Param, ...] = ()
     query: tuple[Param, ...] = ()
@@ -104,14 +143,15 @@ class Declared(abc.ABC):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Operation(Declared, Generic[R]):
-    """A route that answers the record `answer`, with each of `statuses` (200 alone by
-    default), and with no body at all under `empty` when its handler returns None (a claim
-    that got no lease: 204). Its handler returns `answer`, `Answered[answer]` when there is
-    more than one status, and `answer | None` when there is an `empty` one."""
+class Operation(Declared[B], Generic[B, R]):
+    """A route that reads the record `body` (or none) and answers the record `answer`, with
+    each of `statuses` (200 alone by default), and with no body at all under `empty` when its
+    handler returns None (a claim that got no lease: 204). Its handler takes a `Call[body]`
+    (`Call[None]` without a record body) and returns `answer`, `Answered[answer]` when there
+    is more than one status, and `answer | None` when there is an `empty` one."""
 
     answer: type[R]
-    handler: Callable[[Request], Awaitable[R | Answered[R] | None]]
+    handler: Callable[[Call[B]], Awaitable[R | Answered[R] | None]]
     statuses: tuple[int, ...] = (200,)
     empty: int | None = None
 
@@ -124,9 +164,10 @@ class Operation(Declared, Generic[R]):
 
     def endpoint(self) -> Endpoint:
         handler, empty, route = self.handler, self.empty, f"{self.method} {self.path}"
+        roles, body = self.roles, self.body
 
         async def answer(request: Request) -> Response:
-            found = await handler(request)
+            found = await handler(await _call(request, roles, body))
             if found is None:
                 if empty is None:
                     raise TypeError(f"{route} answered nothing and declares no empty answer")
@@ -139,16 +180,22 @@ class Operation(Declared, Generic[R]):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RawOperation(Declared):
+class RawOperation(Declared[None]):
     """A route that answers bytes (`answer`: an artifact, a bundle, the metrics, the
-    document), written by its handler."""
+    document), written by its handler; it reads no record body."""
 
+    body: Raw | None = None
     answer: Raw
-    handler: Endpoint
+    handler: Callable[[Call[None]], Awaitable[Response]]
 
     @property
     def answers(self) -> Mapping[int, Answer]:
         return {200: self.answer}
 
     def endpoint(self) -> Endpoint:
-        return self.handler
+        handler, roles, body = self.handler, self.roles, self.body
+
+        async def answer(request: Request) -> Response:
+            return await handler(await _call(request, roles, body))
+
+        return answer

@@ -6,12 +6,12 @@ from __future__ import annotations
 from starlette.requests import Request
 
 from tether.supervisor.api import requests as rq
-from tether.supervisor.api.auth import may_use_pool, require, require_pool_access
+from tether.supervisor.api.auth import may_use_pool, require_pool_access
 from tether.supervisor.api.errors import ApiError
 from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
-from tether.supervisor.api.operation import Answered
+from tether.supervisor.api.operation import Answered, Call
 from tether.supervisor.effects.credentials import Credentials
-from tether.supervisor.ledger import LedgerStore, Role, StepSpec, TaskSpec
+from tether.supervisor.ledger import LedgerStore, StepSpec, TaskSpec
 from tether.supervisor.ledger.identity import credentials_named
 from tether.supervisor.repos.evidence import read_head
 from tether.wire import ErrorCode
@@ -81,9 +81,9 @@ def require_credentials(request: Request, spec: TaskSpec) -> None:
         )
 
 
-async def create_task(request: Request) -> Answered[TaskDetail]:
-    who = await require(request, Role.OPERATOR)
-    spec = task_spec(who.scope, await rq.read(request, TaskCreate))
+async def create_task(call: Call[TaskCreate]) -> Answered[TaskDetail]:
+    request, who = call.request, call.who
+    spec = task_spec(who.scope, call.body)
     shared = request.app.state.settings.shared_pool_names
     require_pool_access(request, who, spec.pool, shared)
     if spec.verify is not None:
@@ -94,8 +94,8 @@ async def create_task(request: Request) -> Answered[TaskDetail]:
     return Answered(view, 201 if created.created else 200)
 
 
-async def list_tasks(request: Request) -> TaskPage:
-    who = await require(request, Role.OPERATOR)
+async def list_tasks(call: Call[None]) -> TaskPage:
+    request, who = call.request, call.who
     cursor_raw = request.query_params.get("cursor")
     cursor = None
     if cursor_raw is not None:
@@ -109,32 +109,31 @@ async def list_tasks(request: Request) -> TaskPage:
     return page
 
 
-async def get_task(request: Request) -> TaskDetail:
-    who = await require(request, Role.OPERATOR)
+async def get_task(call: Call[None]) -> TaskDetail:
+    request, who = call.request, call.who
     return await _ledger(request).task(await _task_id(request, who.scope), who.scope)
 
 
-async def pools(request: Request) -> PoolsAnswer:
+async def pools(call: Call[None]) -> PoolsAnswer:
     """The queues and recent runners of the pools the caller's tenant may use: the shared
     pools and its own, listed even when empty. A shared pool's counts include other tenants'
     steps (its runners serve them all), never their tasks."""
-    who = await require(request, Role.OPERATOR)
+    request, who = call.request, call.who
     shared = request.app.state.settings.shared_pool_names
     found = await _ledger(request).pools(also={*shared, who.scope})
     usable = tuple(p for p in found if may_use_pool(who.scope, p.pool, shared))
     return PoolsAnswer(pools=usable)
 
 
-async def budget(request: Request) -> Budget:
+async def budget(call: Call[None]) -> Budget:
     """The caller's tenant's tokens spent, budget and what is left (`tether-supervisor budget
     --show` reads the same)."""
-    who = await require(request, Role.OPERATOR)
+    request, who = call.request, call.who
     return await _ledger(request).budget(who.scope)
 
 
-async def approve(request: Request) -> TaskDetail:
-    who = await require(request, Role.OPERATOR)
-    ask = await rq.read(request, Approval)
+async def approve(call: Call[Approval]) -> TaskDetail:
+    request, who, ask = call.request, call.who, call.body
     task_id = await _task_id(request, who.scope)
     ledger = _ledger(request)
     # A repository task's base must be the repository's head now: read here (git is an
@@ -145,16 +144,15 @@ async def approve(request: Request) -> TaskDetail:
     return await _ledger(request).task(task_id, who.scope)
 
 
-async def cancel(request: Request) -> TaskDetail:
-    who = await require(request, Role.OPERATOR)
-    ask = await rq.read(request, Cancel)
+async def cancel(call: Call[Cancel]) -> TaskDetail:
+    request, who, ask = call.request, call.who, call.body
     task_id = await _task_id(request, who.scope)
     await _ledger(request).cancel(who.scope, task_id, ask.reason[:MAX_TEXT] or "cancelled")
     return await _ledger(request).task(task_id, who.scope)
 
 
-async def events(request: Request) -> Events:
-    who = await require(request, Role.OPERATOR)
+async def events(call: Call[None]) -> Events:
+    request, who = call.request, call.who
     settings = request.app.state.settings
     after = rq.query_int(request, "after", default=0, low=0, high=2**62)
     wait = rq.query_float(request, "wait", default=0.0, low=0.0, high=settings.events_wait_max_s)
@@ -170,52 +168,49 @@ async def events(request: Request) -> Events:
     return Events(events=tuple(found))
 
 
-async def task_log(request: Request) -> TaskLogs:
+async def task_log(call: Call[None]) -> TaskLogs:
     """The task's journal and its runners' lines after the cursor, merged in the owned box's
     order (`ledger.logs.task_log`); `tether-supervisor logs` pages through it."""
-    who = await require(request, Role.OPERATOR)
+    request, who = call.request, call.who
     after_seq = rq.query_int(request, "after_seq", default=0, low=0, high=2**62)
     after_line = rq.query_int(request, "after_line", default=0, low=0, high=2**62)
     task_id = await _task_id(request, who.scope)
     return await _ledger(request).task_log(task_id, who.scope, after_seq, after_line)
 
 
-async def review(request: Request) -> ReviewRecord:
-    who = await require(request, Role.OPERATOR)
+async def review(call: Call[None]) -> ReviewRecord:
+    request, who = call.request, call.who
     task_id = await _task_id(request, who.scope)
     return await _ledger(request).review(task_id, who.scope)
 
 
-async def record_review(request: Request) -> ReviewRecord:
-    who = await require(request, Role.OPERATOR)
-    ask = await rq.read(request, ReviewDecision)
+async def record_review(call: Call[ReviewDecision]) -> ReviewRecord:
+    request, who, ask = call.request, call.who, call.body
     task_id = await _task_id(request, who.scope)
     await _ledger(request).record_review(who.scope, task_id, ask.decision, ask.note[:MAX_TEXT])
     return await _ledger(request).review(task_id, who.scope)
 
 
-async def open_gate(request: Request) -> TaskDetail:
+async def open_gate(call: Call[GateOpen]) -> TaskDetail:
     """Open an unkeyed effect's gate for the digest of the request the operator was shown.
     `task submit --approve` never opens a gate: only this does."""
-    who = await require(request, Role.OPERATOR)
-    ask = await rq.read(request, GateOpen)
+    request, who, ask = call.request, call.who, call.body
     task_id, step = await _task_id(request, who.scope), request.path_params["step_name"]
     await _ledger(request).open_gate(who.scope, task_id, step, ask.digest, who.token_id)
     return await _ledger(request).task(task_id, who.scope)
 
 
-async def effect_happened(request: Request) -> TaskDetail:
+async def effect_happened(call: Call[EffectHappened]) -> TaskDetail:
     """An operator's word on an uncertain effect: it happened, or (once) it did not."""
-    who = await require(request, Role.OPERATOR)
-    ask = await rq.read(request, EffectHappened)
+    request, who, ask = call.request, call.who, call.body
     task_id, step = await _task_id(request, who.scope), request.path_params["step_name"]
     await _ledger(request).resolve_effect(who.scope, task_id, step, ask.happened, who.token_id)
     return await _ledger(request).task(task_id, who.scope)
 
 
-async def repository_head(request: Request) -> HeadMoved:
-    who = await require(request, Role.OPERATOR)
-    sha = (await rq.read(request, RepositoryHead)).sha
+async def repository_head(call: Call[RepositoryHead]) -> HeadMoved:
+    request, who = call.request, call.who
+    sha = call.body.sha
     name = request.path_params["name"]
     await _ledger(request).set_repository_head(who.scope, name, sha)
     return HeadMoved(repository=name, head_sha=sha)

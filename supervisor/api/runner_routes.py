@@ -2,9 +2,9 @@
 leases, when asked), checkpoint, log lines. A runner token acts for its pool only; a step of
 another pool is `not_found`.
 
-Each route reads and authenticates its request, calls the ledger or one use case
-(`tether.supervisor.usecases`: what a grant goes through, what is observed about a report
-before the ledger judges it) and writes the answer.
+Each route is handed its caller and decoded body (`operation.Call`), calls the ledger or one
+use case (`tether.supervisor.usecases`: what a grant goes through, what is observed about a
+report before the ledger judges it) and returns the answer.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from collections.abc import Callable
 import structlog
 from starlette.requests import Request
 
-from tether.supervisor.api.auth import require
 from tether.supervisor.api.errors import ApiError, ledger_error_code
 from tether.supervisor.api.longpoll import LongPolls, unless_disconnected
-from tether.supervisor.api.requests import read
+from tether.supervisor.api.operation import Call
 from tether.supervisor.artifacts.port import Artifacts
-from tether.supervisor.ledger import Lease, LedgerError, LedgerStore, Role
+from tether.supervisor.ledger import Lease, LedgerError, LedgerStore
 from tether.supervisor.repos.evidence import PoolArtifacts, RepositoryUnavailable
 from tether.supervisor.usecases import grants, reports
 from tether.supervisor.usecases.parts import Parts
@@ -73,18 +72,17 @@ def _draining(request: Request) -> Callable[[], bool]:
     return lambda: polls.draining
 
 
-async def whoami(request: Request) -> RunnerIdentity:
+async def whoami(call: Call[None]) -> RunnerIdentity:
     """The pool and token id behind the caller's runner token: a runner asks at start, to know
     that it talks to a supervisor and to name its pool in its first line."""
-    who = await require(request, Role.RUNNER)
+    who = call.who
     return RunnerIdentity(pool=who.scope, token_id=who.token_id)
 
 
-async def claim(request: Request) -> ClaimAnswer | None:
+async def claim(call: Call[ClaimRequest]) -> ClaimAnswer | None:
     """The leases the ledger grants the caller's runner, waited for up to `wait_s` (a long
     poll that ends on drain or hang-up), as `grants.hand_out` lets them go."""
-    who = await require(request, Role.RUNNER)
-    ask = await read(request, ClaimRequest)
+    request, who, ask = call.request, call.who, call.body
     wait_max = request.app.state.settings.claim_wait_max_s
     if ask.wait_s > wait_max:
         raise ApiError(ErrorCode.INVALID_FIELD, f"'wait_s' must be in 0.0..{wait_max}")
@@ -111,21 +109,20 @@ async def claim(request: Request) -> ClaimAnswer | None:
     return ClaimAnswer(leases=tuple(leases))
 
 
-async def renew(request: Request) -> Renewal:
-    who = await require(request, Role.RUNNER)
-    ask = await read(request, RenewRequest)
+async def renew(call: Call[RenewRequest]) -> Renewal:
+    request, who, ask = call.request, call.who, call.body
     renewal = await _ledger(request).renew(
         request.path_params["step_id"], ask.fence, who.scope, token_id=who.token_id
     )
     return renewal
 
 
-async def renewals(request: Request) -> RenewalsAnswer:
+async def renewals(call: Call[Renewals]) -> RenewalsAnswer:
     """`renew` for many leases of one runner at once (`renewals.renew_many`): each gets its
     own answer, in order, a refused one the status, code and detail the single route would
     have sent. A malformed request refuses them all before anything is renewed."""
-    who = await require(request, Role.RUNNER)
-    held = (await read(request, Renewals)).leases
+    request, who = call.request, call.who
+    held = call.body.leases
     if len({lease.step_id for lease in held}) != len(held):
         raise ApiError(ErrorCode.INVALID_FIELD, "'leases' names a step more than once")
 
@@ -139,9 +136,8 @@ async def renewals(request: Request) -> RenewalsAnswer:
     return answer
 
 
-async def release(request: Request) -> Released:
-    who = await require(request, Role.RUNNER)
-    ask = await read(request, ReleaseRequest)
+async def release(call: Call[ReleaseRequest]) -> Released:
+    request, who, ask = call.request, call.who, call.body
     await _ledger(request).release(
         request.path_params["step_id"],
         ask.fence,
@@ -155,9 +151,8 @@ async def release(request: Request) -> Released:
     return Released()
 
 
-async def result(request: Request) -> ResultAnswer:
-    who = await require(request, Role.RUNNER)
-    ask = await read(request, Result)
+async def result(call: Call[Result]) -> ResultAnswer:
+    request, who, ask = call.request, call.who, call.body
     answer = await reports.report_one(
         _parts(request),
         who,
@@ -180,12 +175,11 @@ def _item_error(
     return ItemAnswer(step_id=step_id, status=ERRORS[code].status, error=code.value, detail=detail)
 
 
-async def results(request: Request) -> ResultsAnswer:
+async def results(call: Call[Results]) -> ResultsAnswer:
     """`result` for many steps at once (`reports.report_many`): each gets its own reply, in
     order: an outcome, or the status, code and detail the single route would have sent. A
     malformed item refuses the whole request before anything is applied."""
-    who = await require(request, Role.RUNNER)
-    ask = await read(request, Results)
+    request, who, ask = call.request, call.who, call.body
     if len({r.step_id for r in ask.results}) != len(ask.results):
         raise ApiError(ErrorCode.INVALID_FIELD, "'results' names a step more than once")
     answer = await reports.report_many(
@@ -200,12 +194,11 @@ async def results(request: Request) -> ResultsAnswer:
     return answer
 
 
-async def checkpoint(request: Request) -> Checkpointed:
+async def checkpoint(call: Call[Checkpoint]) -> Checkpointed:
     """An `agent` step's state after a completed turn, under the attempt's fence. Its
     transcript and bundle must be bytes a runner of the caller's pool uploaded (else
     `invalid_field` naming which); the ledger decides whether the fence may write it."""
-    who = await require(request, Role.RUNNER)
-    ask = await read(request, Checkpoint)
+    request, who, ask = call.request, call.who, call.body
     store: Artifacts = request.app.state.artifacts
     artifacts = PoolArtifacts(store, _ledger(request), who.scope)
     for field, digest in (("transcript", ask.transcript), ("bundle", ask.bundle)):
@@ -220,12 +213,11 @@ async def checkpoint(request: Request) -> Checkpointed:
     return done
 
 
-async def log_lines(request: Request) -> LogLinesKept:
+async def log_lines(call: Call[LogLines]) -> LogLinesKept:
     """Lines a runner wrote about its attempts, kept on the owned box (`ledger.logs`): only
     under fences granted to the caller's token. A line refused for another token's fence is
     counted in the answer and in one warning, never kept."""
-    who = await require(request, Role.RUNNER)
-    ask = await read(request, LogLines)
+    request, who, ask = call.request, call.who, call.body
     kept = await _ledger(request).keep_log_lines(ask.lines, who.scope, who.token_id)
     if kept.refused:
         log.warning(

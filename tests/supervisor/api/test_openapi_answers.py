@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from tether.supervisor.api import openapi, operator_routes
 from tether.supervisor.api.contract import OPERATIONS
-from tether.supervisor.api.operation import Answered, Declared, Operation, RawOperation
+from tether.supervisor.api.operation import Answered, Call, Declared, Operation, RawOperation
 from tether.supervisor.settings import SupervisorSettings
 from tether.wire import records as m
 from tether.wire.answers import ReviewRecord
@@ -57,6 +57,11 @@ def mismatches(operations: Sequence[Declared]) -> list[str]:
 
 def _operation(name: str) -> Any:
     return next(op for op in OPERATIONS if op.name == name)
+
+
+def _open(name: str, **changes: Any) -> Any:
+    """The operation `name`, without roles or a body, changed by `changes`."""
+    return dataclasses.replace(_operation(name), roles=(), body=None, **changes)
 
 
 def test_each_handler_returns_what_its_operation_documents() -> None:
@@ -116,7 +121,7 @@ class GrownTaskDetail(m.TaskDetail, frozen=True, kw_only=True):
     planted: int = 0
 
 
-async def get_grown_task(request: Request) -> GrownTaskDetail:
+async def get_grown_task(call: Call[None]) -> GrownTaskDetail:
     raise NotImplementedError
 
 
@@ -133,29 +138,30 @@ def test_a_field_added_to_an_answered_record_is_in_the_document(
 
 
 async def test_the_routes_answer_the_records_they_document() -> None:
-    """The handler's record reaches the wire through the one codec."""
+    """The handler's record reaches the wire through the one codec. (The operations are made
+    open and bodiless here: tests/supervisor/api/test_operation_calls.py covers the token and
+    the body.)"""
     detail = msgspec.json.decode(
         msgspec.json.encode(m.Budget(tenant="acme", spent=3, budget=None, left=None))
     )
 
-    async def budget(request: Request) -> m.Budget:
+    async def budget(call: Call[None]) -> m.Budget:
         return m.Budget(tenant="acme", spent=3, budget=None, left=None)
 
-    async def created(request: Request) -> Answered[m.Budget]:
+    async def created(call: Call[None]) -> Answered[m.Budget]:
         return Answered(m.Budget(tenant="acme", spent=3), 201)
 
     scope: dict[str, Any] = {"type": "http", "method": "GET", "path": "/", "headers": []}
     request = Request(scope)
-    sent = await dataclasses.replace(_operation("budget"), handler=budget).endpoint()(request)
+    sent = await _open("budget", handler=budget).endpoint()(request)
     assert (sent.status_code, json.loads(sent.body)) == (200, detail)
-    replaced = dataclasses.replace(_operation("budget"), handler=created, statuses=(201, 200))
+    replaced = _open("budget", handler=created, statuses=(201, 200))
     sent = await replaced.endpoint()(request)
     assert (sent.status_code, json.loads(sent.body)) == (201, detail)
-    claim = _operation("claim")
 
-    async def nothing(request: Request) -> m.ClaimAnswer | None:
+    async def nothing(call: Call[None]) -> m.ClaimAnswer | None:
         return None
 
-    empty = await dataclasses.replace(claim, handler=nothing).endpoint()(request)
+    empty = await _open("claim", handler=nothing).endpoint()(request)
     assert (empty.status_code, empty.body) == (204, b"")
     assert operator_routes.budget is _operation("budget").handler
