@@ -42,6 +42,8 @@ class Stack:
     runner_log_level: str = "warning"
     supervisor_log_level: str = "warning"
     lease_ttl_s: float = 30.0
+    # Added to the supervisors' environment (`bench.ab`: another tree's code on PYTHONPATH).
+    supervisor_env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def ledger(self) -> BenchLedger:
@@ -77,6 +79,7 @@ class Stack:
             "TETHER_SYNCHRONOUS": "FULL",
             "TETHER_LOG_LEVEL": self.supervisor_log_level,
             "TETHER_LEASE_TTL_S": str(self.lease_ttl_s),
+            **self.supervisor_env,
         }
         if profile is not None:
             program = [sys.executable, "-m", "bench.profiled"]
