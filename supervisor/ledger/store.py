@@ -26,11 +26,13 @@ hop 1.3-2.7 / 1.3-1.4 / 0.8-0.9 ms, async psycopg (a pool as large) 1.9-3.4 / 2.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import sys
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -62,7 +64,7 @@ from tether.supervisor.ledger.backends import SqliteBackend, open_backend
 from tether.supervisor.ledger.batch import BatchResult, RuleOutcome, Transactions, random_id
 from tether.supervisor.ledger.counts import LedgerCounts
 from tether.supervisor.ledger.decisions import log_decisions
-from tether.supervisor.ledger.errors import Refused, StorageError
+from tether.supervisor.ledger.errors import LedgerError, Refused, StorageError
 from tether.supervisor.ledger.outbox import Answer, Outgoing
 from tether.supervisor.ledger.renewal_memory import RenewalMemory
 from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
@@ -372,6 +374,44 @@ class LedgerStore:
         self.counters.commits[outcome] += 1
         return outcome
 
+    def queue_reports(
+        self,
+        reports: Sequence[tuple[Report, Evidence | None]],
+        pool: str | None = None,
+        *,
+        token_id: str | None = None,
+    ) -> Awaitable[list[ResultOutcome | LedgerError]]:
+        """`report` for each of `reports` (with its evidence), queued for the next batch now,
+        in order, before this returns: a rule queued after it runs after them. Await the
+        answer for each one's outcome, or the `LedgerError` that refused it, once their batch
+        is durable. One future per report instead of one task each: a batch of results is
+        the runner's usual request (bench/README.md, issue 28)."""
+        if self._writer is None:
+            raise RuntimeError("the ledger is not open")
+        writer = self._writer
+        futures = [
+            writer.submit(
+                functools.partial(_report, rep=rep, pool=pool, evidence=ev, token_id=token_id)
+            )
+            for rep, ev in reports
+        ]
+        return self._reported(futures)
+
+    async def _reported(
+        self, futures: list[asyncio.Future[RuleOutcome]]
+    ) -> list[ResultOutcome | LedgerError]:
+        found: list[ResultOutcome | LedgerError] = []
+        for future in futures:
+            outcome = await future
+            if outcome.error is None:
+                self.counters.commits[outcome.value] += 1
+                found.append(outcome.value)
+            elif isinstance(outcome.error, LedgerError):
+                found.append(outcome.error)
+            else:
+                raise outcome.error
+        return found
+
     async def checkpoint(
         self, step_id: str, cp: Checkpoint, pool: str | None = None, *, token_id: str | None = None
     ) -> Checkpointed:
@@ -577,6 +617,12 @@ class LedgerStore:
 
     async def revoke_token(self, token_id: str) -> None:
         await self.write(lambda tx: tokens.revoke_token(tx, token_id))
+
+
+def _report(
+    tx: Tx, *, rep: Report, pool: str | None, evidence: Evidence | None, token_id: str | None
+) -> ResultOutcome:
+    return effects.report(tx, rep, pool, evidence, token_id=token_id)
 
 
 class SqliteLedger(LedgerStore):

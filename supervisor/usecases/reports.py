@@ -41,6 +41,12 @@ async def evidence_for(parts: Parts, report: Report, pool: str, token_id: str) -
     """
     if parts.unbound.take(report.step_id):
         return None
+    return await _read_evidence(parts, report, pool, token_id)
+
+
+async def _read_evidence(parts: Parts, report: Report, pool: str, token_id: str) -> Evidence | None:
+    """`evidence_for` a step not known to be unbound: its binding read, and the evidence
+    gathered if it has one."""
     ledger = parts.ledger
     binding = await ledger.binding_of_lease(report.step_id, report.fence, token_id, pool)
     if binding is None:
@@ -115,37 +121,54 @@ async def report_many(
     async def observe(n: int, report: Report) -> None:
         try:
             async with gatherers:
-                evidence[n] = await evidence_for(parts, report, who.scope, who.token_id)
+                evidence[n] = await _read_evidence(parts, report, who.scope, who.token_id)
         except (LedgerError, RepositoryUnavailable) as exc:
             answers[n] = refusal(report.step_id, exc)
 
+    # Evidence first, every report's at once, but for the steps this process granted unbound
+    # (`evidence_for`), which need none and get no task.
+    unknown = [(n, r) for n, r in enumerate(reports) if not parts.unbound.take(r.step_id)]
+    if unknown:
+        async with anyio.create_task_group() as tg:
+            for n, report in unknown:
+                tg.start_soon(observe, n, report)
+    # Then the reports that got theirs, queued together so that they reach the ledger's
+    # writer together: one transaction. The eager grant's task queues its claim after them,
+    # into the same batch; a report refused before the ledger (its evidence) still counts as
+    # not accepted.
     sole = len(reports) == 1
-
-    async def one(n: int, report: Report) -> None:
-        try:
-            with tracing.commit(
-                report.step_id, report.fence, header=traceparent, sole=sole
-            ) as span:
-                outcome = await ledger.report(report, who.scope, evidence[n], token_id=who.token_id)
-                span.set(outcome=str(outcome))
-        except LedgerError as exc:
-            answers[n] = refusal(report.step_id, exc)
-        else:
-            answers[n] = ItemAnswer(step_id=report.step_id, outcome=outcome)
-
-    # Evidence first, every report's at once; then the reports that got theirs, started
-    # together so that they reach the ledger's writer together: one transaction.
-    async with anyio.create_task_group() as tg:
-        for n, report in enumerate(reports):
-            tg.start_soon(observe, n, report)
-    # The eager grant is queued after them, into the same batch; a report refused before the
-    # ledger (its evidence) still counts as not accepted.
+    going = [n for n in range(len(reports)) if answers[n] is None]
     eager = EagerGrant(parts, want, who.scope, who.token_id, draining=draining())
     async with anyio.create_task_group() as tg:
-        for n, report in enumerate(reports):
-            if answers[n] is None:
-                tg.start_soon(one, n, report)
+        # Started first, so it does not run inside the commit spans below (its task runs
+        # only once this one waits, after the reports are queued).
         eager.start(tg, [(r.step_id, r.fence) for r in reports])
+        spans = [
+            tracing.commit(reports[n].step_id, reports[n].fence, header=traceparent, sole=sole)
+            for n in going
+        ]
+        opened = [manager.__enter__() for manager in spans]
+        try:
+            outcomes = await ledger.queue_reports(
+                [(reports[n], evidence[n]) for n in going], who.scope, token_id=who.token_id
+            )
+        except BaseException as exc:
+            for manager in reversed(spans):
+                manager.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        # Each span ends as its `with` block would have (innermost first), a refused
+        # report's with its error.
+        for n, manager, span, outcome in reversed(
+            list(zip(going, spans, opened, outcomes, strict=True))
+        ):
+            step_id = reports[n].step_id
+            if isinstance(outcome, LedgerError):
+                manager.__exit__(type(outcome), outcome, outcome.__traceback__)
+                answers[n] = refusal(step_id, outcome)
+            else:
+                span.set(outcome=str(outcome))
+                manager.__exit__(None, None, None)
+                answers[n] = ItemAnswer(step_id=step_id, outcome=outcome)
     done = tuple(a for a in answers if a is not None)
     assert len(done) == len(reports)
     return ResultsAnswer(results=done, leases=await eager.sent())

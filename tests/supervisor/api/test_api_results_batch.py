@@ -152,7 +152,14 @@ async def test_a_storage_failure_is_503_unavailable_on_both_routes(
     async def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise StorageError("disk I/O error")
 
+    async def refused(reports: list[Any]) -> list[StorageError]:
+        return [StorageError("disk I/O error") for _ in reports]
+
     monkeypatch.setattr(api.app.state.ledger, "report", broken)
+    # The batch route queues its reports together (`LedgerStore.queue_reports`).
+    monkeypatch.setattr(
+        api.app.state.ledger, "queue_reports", lambda reports, *_a, **_k: refused(reports)
+    )
     assert_error(await api.report(lease), 503, "unavailable")
     [answer] = (await post(api, [item(lease)])).json()["results"]
     assert answer == {
