@@ -32,7 +32,16 @@ import functools
 import sys
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
@@ -323,6 +332,42 @@ class LedgerStore:
         self.counters.leases_granted += len(leases)
         return leases
 
+    def queue_claim_after(
+        self,
+        reported: Sequence[tuple[str, int]],
+        runner_id: str,
+        pool: str,
+        want: int,
+        *,
+        token_id: str | None = None,
+        kinds: Collection[str] = ("chat",),
+    ) -> Awaitable[list[Lease]]:
+        """`claim_after`, queued for the next batch now, before this returns: queued right
+        after `queue_reports`, it runs after those reports in their batch. Await the answer
+        for the leases (or the `LedgerError` it raises); the rule runs even if nobody does."""
+        if self._writer is None:
+            raise RuntimeError("the ledger is not open")
+        future = self._writer.submit(
+            functools.partial(
+                _claim_after,
+                reported=reported,
+                runner_id=runner_id,
+                pool=pool,
+                want=want,
+                token_id=token_id,
+                kinds=kinds,
+            )
+        )
+        return _Later(lambda: self._granted(future))
+
+    async def _granted(self, future: asyncio.Future[RuleOutcome]) -> list[Lease]:
+        outcome = await future
+        if outcome.error is not None:
+            raise outcome.error
+        leases: list[Lease] = outcome.value
+        self.counters.leases_granted += len(leases)
+        return leases
+
     async def renew(
         self, step_id: str, fence: int, pool: str | None = None, *, token_id: str | None = None
     ) -> Renewal:
@@ -395,7 +440,7 @@ class LedgerStore:
             )
             for rep, ev in reports
         ]
-        return self._reported(futures)
+        return _Later(lambda: self._reported(futures))
 
     async def _reported(
         self, futures: list[asyncio.Future[RuleOutcome]]
@@ -619,10 +664,38 @@ class LedgerStore:
         await self.write(lambda tx: tokens.revoke_token(tx, token_id))
 
 
+class _Later(Awaitable[T]):
+    """An awaitable whose coroutine is made only when it is awaited: one never awaited (its
+    request failed first) leaves no coroutine unawaited behind."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[], Coroutine[Any, Any, T]]) -> None:
+        self._make = make
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._make().__await__()
+
+
 def _report(
     tx: Tx, *, rep: Report, pool: str | None, evidence: Evidence | None, token_id: str | None
 ) -> ResultOutcome:
     return effects.report(tx, rep, pool, evidence, token_id=token_id)
+
+
+def _claim_after(
+    tx: Tx,
+    *,
+    reported: Sequence[tuple[str, int]],
+    runner_id: str,
+    pool: str,
+    want: int,
+    token_id: str | None,
+    kinds: Collection[str],
+) -> list[Lease]:
+    return fencing.claim_after_results(
+        tx, reported, runner_id, pool, want, token_id=token_id, kinds=kinds
+    )
 
 
 class SqliteLedger(LedgerStore):

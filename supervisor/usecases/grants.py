@@ -6,6 +6,8 @@ report (`on_current_heads`; docs/design.md, Verification).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import anyio
 import anyio.abc
 import structlog
@@ -45,10 +47,26 @@ class EagerGrant:
         self._pool = pool
         self._token_id = token_id
         self.leases: list[Lease] = []
+        self._queued: Awaitable[list[Lease]] | None = None
 
     def start(self, tg: anyio.abc.TaskGroup, reported: list[tuple[str, int]]) -> None:
         if self._want is not None and reported:
             tg.start_soon(self._grant, self._want, reported)
+
+    def queue(self, reported: list[tuple[str, int]]) -> None:
+        """`start` without a task: the claim is queued for the next batch now, so call it
+        right after the reports are queued (`LedgerStore.queue_reports`); `sent` waits for
+        it."""
+        want = self._want
+        if want is not None and reported:
+            self._queued = self._parts.ledger.queue_claim_after(
+                reported,
+                want.runner_id,
+                self._pool,
+                want.leases,
+                token_id=self._token_id,
+                kinds=want.kinds,
+            )
 
     async def _grant(self, want: WantLeases, reported: list[tuple[str, int]]) -> None:
         try:
@@ -67,6 +85,13 @@ class EagerGrant:
         """The granted leases as the answer carries them (`hand_out`)."""
         if self._want is None:
             return ()
+        queued, self._queued = self._queued, None
+        if queued is not None:
+            try:
+                with anyio.CancelScope(shield=True):  # as `claim_after`: seen through
+                    self.leases = await queued
+            except LedgerError as exc:
+                log.warning("eager grant failed", code=exc.code.value, detail=exc.detail)
         leases = await hand_out(self._parts, self.leases, self._want.runner_id, self._pool)
         return tuple(leases)
 

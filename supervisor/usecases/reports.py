@@ -133,42 +133,40 @@ async def report_many(
             for n, report in unknown:
                 tg.start_soon(observe, n, report)
     # Then the reports that got theirs, queued together so that they reach the ledger's
-    # writer together: one transaction. The eager grant's task queues its claim after them,
+    # writer together: one transaction. The eager grant's claim is queued right after them,
     # into the same batch; a report refused before the ledger (its evidence) still counts as
     # not accepted.
     sole = len(reports) == 1
     going = [n for n in range(len(reports)) if answers[n] is None]
     eager = EagerGrant(parts, want, who.scope, who.token_id, draining=draining())
-    async with anyio.create_task_group() as tg:
-        # Started first, so it does not run inside the commit spans below (its task runs
-        # only once this one waits, after the reports are queued).
-        eager.start(tg, [(r.step_id, r.fence) for r in reports])
-        spans = [
-            tracing.commit(reports[n].step_id, reports[n].fence, header=traceparent, sole=sole)
-            for n in going
-        ]
-        opened = [manager.__enter__() for manager in spans]
-        try:
-            outcomes = await ledger.queue_reports(
-                [(reports[n], evidence[n]) for n in going], who.scope, token_id=who.token_id
-            )
-        except BaseException as exc:
-            for manager in reversed(spans):
-                manager.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        # Each span ends as its `with` block would have (innermost first), a refused
-        # report's with its error.
-        for n, manager, span, outcome in reversed(
-            list(zip(going, spans, opened, outcomes, strict=True))
-        ):
-            step_id = reports[n].step_id
-            if isinstance(outcome, LedgerError):
-                manager.__exit__(type(outcome), outcome, outcome.__traceback__)
-                answers[n] = refusal(step_id, outcome)
-            else:
-                span.set(outcome=str(outcome))
-                manager.__exit__(None, None, None)
-                answers[n] = ItemAnswer(step_id=step_id, outcome=outcome)
+    spans = [
+        tracing.commit(reports[n].step_id, reports[n].fence, header=traceparent, sole=sole)
+        for n in going
+    ]
+    opened = [manager.__enter__() for manager in spans]
+    try:
+        queued = ledger.queue_reports(
+            [(reports[n], evidence[n]) for n in going], who.scope, token_id=who.token_id
+        )
+        eager.queue([(r.step_id, r.fence) for r in reports])  # after them, in their batch
+        outcomes = await queued
+    except BaseException as exc:
+        for manager in reversed(spans):
+            manager.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    # Each span ends as its `with` block would have (innermost first), a refused report's
+    # with its error.
+    for n, manager, span, outcome in reversed(
+        list(zip(going, spans, opened, outcomes, strict=True))
+    ):
+        step_id = reports[n].step_id
+        if isinstance(outcome, LedgerError):
+            manager.__exit__(type(outcome), outcome, outcome.__traceback__)
+            answers[n] = refusal(step_id, outcome)
+        else:
+            span.set(outcome=str(outcome))
+            manager.__exit__(None, None, None)
+            answers[n] = ItemAnswer(step_id=step_id, outcome=outcome)
     done = tuple(a for a in answers if a is not None)
     assert len(done) == len(reports)
     return ResultsAnswer(results=done, leases=await eager.sent())

@@ -162,10 +162,13 @@ async def test_the_batch_route_grants_for_the_whole_request(api: ApiHarness) -> 
         }
         for x in held
     ]
+    ledger = api.app.state.ledger
+    batches = ledger.counters.batches
     answer = await api.client.post(
         "/v1/steps/results", headers=api.runner, json={"results": items, "want": want(2)}
     )
     assert answer.status_code == 200, answer.text
+    assert ledger.counters.batches - batches == 1  # both results and the grant: one transaction
     body = answer.json()
     assert [r["outcome"] for r in body["results"]] == ["applied", "applied"]
     assert len(body["leases"]) == 2
