@@ -1,15 +1,16 @@
-"""Two supervisors' code, measured in alternating windows of one run, and Huey between them
+"""Two trees' code, measured in alternating windows of one run, and Huey between them
 (issue 28): on a shared, noisy machine a ratio taken in one run means more than two runs'
 absolute figures.
 
-`python -m bench.ab --before DIR [--after DIR] [--rounds N] [--seconds S]`: `DIR` is a source
-tree of tether (`git archive <commit> | tar -x -C DIR`); its supervisor is started with that
-tree first on `PYTHONPATH`, so it imports that code, while the runners, the stand-in and the
-seeding are this checkout's. `--after` defaults to this checkout. Each round measures, in
-turn, before, after and Huey at concurrency 64 (`bench.cpu.per_step`: the supervisor's CPU
-per committed step and the steps committed in the window; Huey end to end, as
-`bench.peers_run`), each supervisor on a ledger of its own that grows alike; the order of
-the two supervisors swaps every round. Prints each window and the medians.
+`python -m bench.ab --before DIR [--after DIR] [--runners] [--rounds N] [--seconds S]`: `DIR`
+is a source tree of tether (`git archive <commit> | tar -x -C DIR`); its supervisor is started
+with that tree first on `PYTHONPATH`, so it imports that code, while the runners, the stand-in
+and the seeding are this checkout's; with `--runners` each arm's runners are started the same
+way, on its tree's code. `--after` defaults to this checkout. Each round measures, in turn,
+before, after and Huey at concurrency 64 (`bench.cpu.per_step`: the supervisor's CPU per
+committed step and the steps committed in the window; Huey end to end, as `bench.peers_run`),
+each supervisor on a ledger of its own that grows alike; the order of the two arms swaps every
+round. Prints each window (with the runners' and the stand-in's CPU per step) and the medians.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def _main() -> None:
     parser.add_argument("--after", type=Path, default=None, help="another (default: this one)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="each window")
+    parser.add_argument("--runners", action="store_true", help="the runners from each tree too")
     parser.add_argument("--no-huey", action="store_true")
     parser.add_argument("--dir", type=Path, default=None, help="where the work folder goes")
     args = parser.parse_args()
@@ -132,7 +134,13 @@ def _main() -> None:
                 db = workdir / f"ledger-{arm}.db"
                 seed.create_tasks(db, "warm", 1, approve=False)
                 env = {"PYTHONPATH": str(tree)} if tree is not None else {}
-                stacks[arm] = Stack(kids=kids, workdir=workdir, db=db, supervisor_env=env)
+                stacks[arm] = Stack(
+                    kids=kids,
+                    workdir=workdir,
+                    db=db,
+                    supervisor_env=env,
+                    runner_env=env if args.runners else {},
+                )
             model = stacks["before"]
             model.start_model(latency_s=0.0)
             for stack in stacks.values():
@@ -161,9 +169,10 @@ def _main() -> None:
         rate = statistics.median(r.steps_per_s for r in runs)
         ratio = f"; {rate / statistics.median(hueys):.2f}x Huey" if hueys else ""
         each = ", ".join(f"{r.ms(r.supervisor_s):.3f}" for r in runs)
+        reach = ", ".join(f"{r.ms(r.runners_s):.3f}" for r in runs)
         rates = ", ".join(f"{r.steps_per_s:.0f}" for r in runs)
         print(
-            f"{arm}: supervisor CPU/step {ms:.3f} ms ({each}); runners {rms:.3f} ms;"
+            f"{arm}: supervisor CPU/step {ms:.3f} ms ({each}); runners {rms:.3f} ms ({reach});"
             f" steps/s {rate:.0f} ({rates}){ratio}"
         )
     if hueys:

@@ -44,6 +44,8 @@ class Stack:
     lease_ttl_s: float = 30.0
     # Added to the supervisors' environment (`bench.ab`: another tree's code on PYTHONPATH).
     supervisor_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Added to the runners' environment, under `start_runners`' own `env`.
+    runner_env: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def ledger(self) -> BenchLedger:
@@ -221,7 +223,7 @@ class Stack:
                         "--log-format",
                         "json",
                     ],
-                    env=env,
+                    env={**self.runner_env, **(env or {})},
                 ),
             )
         return procs
