@@ -7,10 +7,12 @@ from __future__ import annotations
 import http.cookiejar
 import itertools
 import os
+import ssl
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import httpcore
 import httpx
 
 # A server closes a keep-alive connection that stayed idle past its own timeout, and a request
@@ -63,7 +65,10 @@ def make_client(
     )
 
 
-CONNECTIONS_PER_POOL = 4
+# Two, not four: httpcore's check of each idle connection is most of a request's cost in a pool
+# (issue 28: at 32 concurrent requests, 904 -> 680 us of CPU per request; one a pool read 642,
+# within the noise of two, and would open more connections whenever a pool's one is busy).
+CONNECTIONS_PER_POOL = 2
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 
 
@@ -85,7 +90,9 @@ class ShardedPools(httpx.AsyncBaseTransport):
         if make_pool is None:
             context = httpx.create_ssl_context()  # one, shared: building one is not cheap
             limits = httpx.Limits(keepalive_expiry=keepalive_expiry_s)
-            make_pool = lambda: httpx.AsyncHTTPTransport(verify=context, limits=limits)  # noqa: E731
+            make_pool = lambda: one_write_requests(  # noqa: E731
+                httpx.AsyncHTTPTransport(verify=context, limits=limits)
+            )
         self._pools = [make_pool() for _ in range(max(1, shards))]
         self._turn = itertools.cycle(self._pools)
 
@@ -106,3 +113,110 @@ def pooled_transport(
         return None
     shards = -(-concurrency // CONNECTIONS_PER_POOL)
     return ShardedPools(shards, keepalive_expiry_s=keepalive_expiry_s)
+
+
+# A request's head and a body of up to this many bytes go out in one write; a larger body is
+# sent as httpcore writes it, not copied.
+JOINED_BODY_MAX = 64 * 1024
+
+
+class OneWriteStream(httpcore.AsyncNetworkStream):
+    """A connection that holds each write back until the next write or read, and sends a held
+    write together with the write that follows it.
+
+    httpcore writes an HTTP/1.1 request's head and its body separately, two sends and so two
+    TCP segments, and the server wakes up for each. Held and joined, a request with a body
+    of up to `JOINED_BODY_MAX` bytes is one send: in `bench.ab` at 64 this cut the runner's
+    CPU per step (see bench/README.md, issue 28). The connection always reads the answer
+    after writing the request, so a held write never waits for anything but the next call.
+    """
+
+    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
+        self._stream = stream
+        self._held = b""
+        self._held_timeout: float | None = None
+
+    async def _flush(self) -> None:
+        if self._held:
+            held, self._held = self._held, b""
+            await self._stream.write(held, timeout=self._held_timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        if not buffer:
+            return
+        if not self._held:
+            self._held, self._held_timeout = buffer, timeout
+        elif len(buffer) <= JOINED_BODY_MAX:
+            held, self._held = self._held, b""
+            await self._stream.write(held + buffer, timeout=timeout)
+        else:
+            await self._flush()
+            await self._stream.write(buffer, timeout=timeout)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        await self._flush()
+        return await self._stream.read(max_bytes, timeout=timeout)
+
+    async def aclose(self) -> None:
+        self._held = b""
+        await self._stream.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> httpcore.AsyncNetworkStream:
+        await self._flush()
+        tls = await self._stream.start_tls(ssl_context, server_hostname, timeout)
+        return OneWriteStream(tls)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class OneWriteBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend, its connections `OneWriteStream`s."""
+
+    def __init__(self, backend: httpcore.AsyncNetworkBackend) -> None:
+        self._backend = backend
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._backend.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+        )
+        return OneWriteStream(stream)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._backend.connect_unix_socket(
+            path, timeout=timeout, socket_options=socket_options
+        )
+        return OneWriteStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
+def one_write_requests(transport: httpx.AsyncHTTPTransport) -> httpx.AsyncHTTPTransport:
+    """`transport`, its connections `OneWriteStream`s.
+
+    httpx's transport takes no network backend, so this sets its httpcore pool's
+    (`_pool._network_backend`, private to both; tests/runner/test_http.py fails if either
+    moves).
+    """
+    pool = transport._pool
+    if isinstance(pool, httpcore.AsyncConnectionPool):
+        pool._network_backend = OneWriteBackend(pool._network_backend)
+    return transport

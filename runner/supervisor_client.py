@@ -73,6 +73,9 @@ Transports = httpx.AsyncBaseTransport | Sequence[httpx.AsyncBaseTransport | None
 
 # A reply slower than the long-poll by this much means the supervisor is in trouble.
 CLAIM_GRACE_S = 10.0
+# The paths a runner calls for every step or batch of steps, their URLs parsed once
+# (`Endpoint.target`); paths holding a step's id are parsed on each call.
+_HOT_PATHS = frozenset({"/leases/claim", "/leases/renewals", "/steps/results", "/logs"})
 # A downloaded artifact arrives in pieces of at most this many bytes.
 ARTIFACT_CHUNK_BYTES = 64 * 1024
 
@@ -319,7 +322,7 @@ class SupervisorClient:
             try:
                 response = await endpoint.http.request(
                     method,
-                    API_PREFIX + path,
+                    endpoint.target(API_PREFIX + path) if path in _HOT_PATHS else API_PREFIX + path,
                     content=content,
                     headers=headers,
                     timeout=timeout_s or self._timeout_s,

@@ -43,7 +43,7 @@ def test_pools_hold_a_few_connections_each(monkeypatch: pytest.MonkeyPatch) -> N
     for name in ("http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
-    for concurrency, pools in [(1, 1), (CONNECTIONS_PER_POOL, 1), (17, 5), (100, 25)]:
+    for concurrency, pools in [(1, 1), (CONNECTIONS_PER_POOL, 1), (17, 9), (100, 50)]:
         transport = pooled_transport(concurrency)
         assert isinstance(transport, ShardedPools)
         assert len(transport._pools) == pools
