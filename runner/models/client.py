@@ -36,7 +36,6 @@ from tether.runner.models.base import (
 from tether.runner.models.chat import ChatCompletions
 from tether.runner.retry_after import parse_retry_after, stop_before_deadline
 from tether.runner.retry_after import wait_retry_after as wait_retry_after_header
-from tether.tracing import Span
 
 
 class ModelClient:
@@ -147,23 +146,6 @@ class ModelClient:
         claiming. A request the API cannot carry raises `StepUnsupported` before any call.
         """
         request = self.api.request(body)
-
-        def before_sleep(state: RetryCallState) -> None:
-            if on_retry is None or state.outcome is None:
-                return
-            failure = state.outcome.exception()
-            why = failure.detail if isinstance(failure, Retryable) else str(failure)
-            wait_s = state.next_action.sleep if state.next_action is not None else 0.0
-            on_retry(state.attempt_number, why, wait_s)
-
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(Retryable),
-            wait=wait_retry_after_header(self._backoff),
-            stop=stop_before_deadline(self._clock, deadline),
-            sleep=self._clock.sleep,
-            before_sleep=before_sleep,
-            reraise=True,
-        )
         model = str(body.get("model", ""))
         with tracing.model_call(
             provider=self.api.provider,
@@ -174,24 +156,51 @@ class ModelClient:
         ) as span:
             if span.recording and tracing.records_content():
                 span.set_standard(genai.input_content(body))
-            completion = await self._chat(retrying, request, key, deadline)
-            self._answered(span, retrying, completion)
+            completion, tries = await self._chat(request, key, deadline, on_retry)
+            span.set(tries=tries)
+            span.set_standard(genai.response_attributes(completion))
+            if span.recording and tracing.records_content():
+                span.set_standard(genai.output_content(completion))
             return completion
 
-    @staticmethod
-    def _answered(span: Span, retrying: AsyncRetrying, completion: Completion) -> None:
-        span.set(tries=retrying.statistics.get("attempt_number", 1))
-        span.set_standard(genai.response_attributes(completion))
-        if span.recording and tracing.records_content():
-            span.set_standard(genai.output_content(completion))
+    def _retrying(self, deadline: float, on_retry: RetryHook | None) -> AsyncRetrying:
+        def before_sleep(state: RetryCallState) -> None:
+            if on_retry is None or state.outcome is None:
+                return
+            failure = state.outcome.exception()
+            why = failure.detail if isinstance(failure, Retryable) else str(failure)
+            wait_s = state.next_action.sleep if state.next_action is not None else 0.0
+            on_retry(state.attempt_number, why, wait_s)
+
+        return AsyncRetrying(
+            retry=retry_if_exception_type(Retryable),
+            wait=wait_retry_after_header(self._backoff),
+            stop=stop_before_deadline(self._clock, deadline),
+            sleep=self._clock.sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
 
     async def _chat(
-        self, retrying: AsyncRetrying, request: dict[str, Any], key: str | None, deadline: float
-    ) -> Completion:
+        self, request: dict[str, Any], key: str | None, deadline: float, on_retry: RetryHook | None
+    ) -> tuple[Completion, int]:
+        """The completion and the tries it took. The first try is made before tenacity's loop
+        is built (issue 28: building it cost about 3 % of a runner's CPU per step); a first
+        failure is handed to the loop as its first attempt, so waits, tries and the deadline
+        (on the runner's clock, not tenacity's start time) are what they were."""
+        try:
+            return await self._try_once(request, key, deadline), 1
+        except Retryable as exc:
+            first: Retryable | None = exc
+        retrying = self._retrying(deadline, on_retry)
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._try_once(request, key, deadline)
+                    if first is not None:
+                        failed, first = first, None
+                        raise failed
+                    completion = await self._try_once(request, key, deadline)
+                    return completion, retrying.statistics.get("attempt_number", 1)
         except Retryable as exc:
             tries = retrying.statistics.get("attempt_number", 1)
             raise TransientFailure(

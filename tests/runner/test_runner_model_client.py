@@ -119,6 +119,27 @@ async def test_a_retry_after_beyond_the_deadline_gives_up_at_once_and_says_how_l
     assert clock.sleeps == []
 
 
+async def test_each_retry_is_heard_with_its_try_number_and_the_give_up_counts_every_try() -> None:
+    model, clock = FakeModel(), VirtualClock()
+    model.script(
+        openai_error(429, "rate_limit_exceeded", {"Retry-After": "2"}),
+        openai_error(429, "rate_limit_exceeded", {"Retry-After": "3"}),
+        openai_error(429, "rate_limit_exceeded", {"Retry-After": "100"}),
+    )
+    heard: list[tuple[int, float]] = []
+    with pytest.raises(TransientFailure) as caught:
+        await _client(model, clock).chat(
+            BODY,
+            key=MODEL_KEY,
+            deadline=clock.now() + 60,
+            on_retry=lambda tries, _why, wait_s: heard.append((tries, wait_s)),
+        )
+    assert heard == [(1, 2.0), (2, 3.0)]
+    assert clock.sleeps == [2.0, 3.0]
+    assert len(model.requests) == 3
+    assert "gave up after 3 tries" in caught.value.detail
+
+
 async def test_persistent_5xx_stops_before_the_deadline() -> None:
     model, clock = FakeModel(), VirtualClock()
     model.default = openai_error(502, "bad_gateway")

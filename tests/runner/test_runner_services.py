@@ -14,6 +14,7 @@ import anyio
 import httpx
 import msgspec
 import pytest
+from tenacity import stop_after_attempt, stop_never
 
 from tests.conftest import ApiHarness
 from tests.runner.test_runner_fakes import (
@@ -38,7 +39,7 @@ from tether.runner.errors import (
 from tether.runner.kinds.base import StepContext, StepOutput
 from tether.runner.kinds.registry import KindRegistry
 from tether.runner.lease import Lease
-from tether.runner.services import CHUNK_BYTES, SupervisorServices
+from tether.runner.services import CHUNK_BYTES, SupervisorServices, while_unreachable
 from tether.runner.supervisor_client import SupervisorClient
 from tether.wire import records as messages
 from tether.wire.records import Checkpoint, CheckRun, LeaseRepository, ResumePoint
@@ -578,3 +579,32 @@ async def test_a_kind_that_reports_no_usage_is_charged_what_its_model_calls_spen
         rig.runner.request_shutdown()
     (result,) = sup.of("result", "s1")
     assert result.body["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
+
+
+async def test_a_call_unanswered_is_asked_again_after_a_wait_and_a_stop_ends_it() -> None:
+    clock = VirtualClock()
+    calls: list[float] = []
+    answers: list[str | None] = [None, None, "yes"]
+
+    async def call() -> str:
+        calls.append(clock.now())
+        answer = answers.pop(0)
+        if answer is None:
+            raise SupervisorUnreachable("no answer")
+        return answer
+
+    got = await while_unreachable(call, clock=clock, stop=stop_never, max_wait_s=5.0)
+    assert got == "yes"
+    assert len(calls) == 3
+    assert len(clock.sleeps) == 2  # a wait before each try again, none before the first
+    assert calls[1] - calls[0] == pytest.approx(clock.sleeps[0])
+
+    tries: list[float] = []
+
+    async def never() -> str:
+        tries.append(clock.now())
+        raise SupervisorUnreachable("no answer")
+
+    with pytest.raises(SupervisorUnreachable):
+        await while_unreachable(never, clock=clock, stop=stop_after_attempt(2), max_wait_s=5.0)
+    assert len(tries) == 2
