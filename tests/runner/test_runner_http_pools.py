@@ -47,3 +47,26 @@ def test_pools_hold_a_few_connections_each(monkeypatch: pytest.MonkeyPatch) -> N
         transport = pooled_transport(concurrency)
         assert isinstance(transport, ShardedPools)
         assert len(transport._pools) == pools
+
+
+async def test_an_answers_cookies_are_neither_read_nor_kept_nor_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_urllib_request(*_args: object) -> None:
+        raise AssertionError("httpx built a urllib request to read cookies")
+
+    monkeypatch.setattr(httpx.Cookies, "_CookieCompatRequest", no_urllib_request)
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, headers={"Set-Cookie": "session=abc; Path=/"})
+
+    transport = httpx.MockTransport(answer)
+    async with make_client(transport=transport, base_url="http://supervisor.test") as client:
+        await client.get("/a")
+        await client.get("/b")
+        assert not client.cookies
+        with pytest.raises(TypeError):
+            client.cookies = {"session": "abc"}
+    assert all("cookie" not in r.headers for r in sent)
