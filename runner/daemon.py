@@ -50,6 +50,9 @@ from tether.wire.records import MAX_CAPACITY, WantLeases
 log = structlog.get_logger("runner")
 
 RECENT_STEPS = 256
+# The longest wait between two tries of a call to a supervisor that cannot be reached
+# (random exponential backoff).
+BACKOFF_MAX_S = 30.0
 # The exit code when `supervisor_url` is not a supervisor's: a configuration error, as in
 # `tether.runner.cli`.
 NOT_A_SUPERVISOR_EXIT = 2
@@ -75,7 +78,7 @@ class Runner:
         kinds: KindRegistry | None = None,
         clock: MonotonicClock | None = None,
         notifier: Notifier | None = None,
-        backoff_max_s: float = 30.0,
+        backoff_max_s: float = BACKOFF_MAX_S,
         log_buffer: LogBuffer | None = None,
         preemption: NoticeSource | None = None,
     ) -> None:

@@ -37,6 +37,9 @@ from tether.runner.models.chat import ChatCompletions
 from tether.runner.retry_after import parse_retry_after, stop_before_deadline
 from tether.runner.retry_after import wait_retry_after as wait_retry_after_header
 
+# The longest wait between two tries of a model call (random exponential backoff).
+BACKOFF_MAX_S = 20.0
+
 
 class ModelClient:
     """Calls of one model API (`api`, Chat Completions by default) at one base URL."""
@@ -52,7 +55,7 @@ class ModelClient:
     ) -> None:
         self.api = api or ChatCompletions()
         self._clock = clock
-        self._backoff = backoff or wait_random_exponential(multiplier=0.5, max=20.0)
+        self._backoff = backoff or wait_random_exponential(multiplier=0.5, max=BACKOFF_MAX_S)
         self._url = base_url.rstrip("/") + self.api.path
         # Parsed once: httpx parses a URL given as text on every request (issue 28: about 5 % of
         # a request's CPU).
