@@ -11,8 +11,10 @@ as a JSON line:
     TETHER_DRILLS_REPORT=/tmp/drills.jsonl \
         .venv/bin/python -m pytest -q tests/drills/test_recovery_drills.py
 
-The figure is reported, not asserted tightly (machines are shared and noisy); each drill only
-asserts that recovery came within `RECOVERY_BOUND_S`.
+The figure is reported, not asserted (machines are shared and noisy: docs/how-to/recover.md
+keeps a measured run). What each drill asserts is that recovery came, without a burned
+attempt, a second effect or a reused fence, before a hang guard: the longest wait the recovery
+may have to sit out by configuration (a backoff or a pause in progress), plus `MARGIN_S`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import httpx
 import pytest
 
 from tests.runner.test_runner_processes import (
+    PAUSE_INITIAL_S,
     TTL_S,
     Cluster,
     cluster,
@@ -41,12 +44,17 @@ from tests.runner.test_runner_processes import (
     program,
     wait_for,
 )
+from tether.runner import daemon
+from tether.runner.models import client as model_client
 
 __all__ = ["cluster"]  # the harness's fixture, re-exported for pytest
 
 pytestmark = pytest.mark.slow
 
-RECOVERY_BOUND_S = 30.0
+# Beyond the wait a recovery sits out by configuration: what starting processes and one step
+# may take on a loaded 2-core machine (under a second each, quiet). A hang guard, not a figure.
+MARGIN_S = 30.0
+PAUSE_MAX_S = 0.5  # the quota drill's runner: each pause as long as the first
 MAX_ATTEMPTS = 5  # the supervisor's default `max_attempts`; the harness does not change it
 REPORT_ENV = "TETHER_DRILLS_REPORT"
 
@@ -179,7 +187,9 @@ def test_drill_model_provider_outage_the_step_waits_and_completes_once(
 
     started = time.monotonic()  # the provider comes back on the same address
     cluster.start_model(name="model-back")
-    wait_for(lambda: succeeded(cluster, task_id), "the same step to finish", 30, cluster)
+    # The runner tries the provider again when its model backoff in progress ends.
+    guard = model_client.BACKOFF_MAX_S + MARGIN_S
+    wait_for(lambda: succeeded(cluster, task_id), "the same step to finish", guard, cluster)
     seconds = time.monotonic() - started
 
     (committed,) = cluster.attempts(task_id)
@@ -188,7 +198,6 @@ def test_drill_model_provider_outage_the_step_waits_and_completes_once(
     assert one_effect(cluster, task_id) == (step_id_of(cluster, task_id), leased["fence"])
     assert burned(cluster, task_id) == 0
     assert cluster.model_stats()["by_status"] == {"200": 1}
-    assert seconds < RECOVERY_BOUND_S
     record(
         "model provider outage",
         symptom,
@@ -196,7 +205,8 @@ def test_drill_model_provider_outage_the_step_waits_and_completes_once(
         " no runner restart, no resubmission",
         seconds,
         conditions=f"outage of {TTL_S + 1.0:g} s (longer than the {TTL_S:g} s lease); recovery"
-        " waits out the runner's model backoff (random exponential, up to 20 s)",
+        f" waits out the runner's model backoff (random exponential, up to"
+        f" {model_client.BACKOFF_MAX_S:g} s)",
     )
     assert a.stop() == 0
     cluster.check_ledger()
@@ -224,13 +234,18 @@ def test_drill_missing_secret_releases_without_burning_until_the_key_is_installe
     assert burned(cluster, task_id) == 0
     assert cluster.model_stats()["calls"] == 0  # no call to the provider without a key
 
+    # The runner looks again when the pause in progress ends; each pause doubles the last,
+    # so with n releases so far it is at most PAUSE_INITIAL_S * 2**n (one more for a release
+    # on its way).
+    pause_s = PAUSE_INITIAL_S * 2 ** (len(released(cluster, task_id)) + 1)
     started = time.monotonic()  # the operator installs the key (atomically, mode 0600)
     key_file.parent.mkdir(mode=0o700)
     staged = key_file.with_name(".model-key.new")
     staged.write_text("sk-drill-key\n")
     staged.chmod(0o600)
     staged.replace(key_file)
-    wait_for(lambda: succeeded(cluster, task_id), "the same step to finish", 30, cluster)
+    guard = pause_s + MARGIN_S
+    wait_for(lambda: succeeded(cluster, task_id), "the same step to finish", guard, cluster)
     seconds = time.monotonic() - started
 
     committed = settled_without_burning(cluster, task_id)
@@ -238,7 +253,6 @@ def test_drill_missing_secret_releases_without_burning_until_the_key_is_installe
     assert cluster.model_stats()["by_status"] == {"200": 1}
     log_text = a.log_path.read_text()
     assert "sk-drill-key" not in log_text
-    assert seconds < RECOVERY_BOUND_S
     record(
         "missing secret",
         f"runner at start: {warned['event']}; per step: {paused[0]['event']}",
@@ -259,7 +273,7 @@ def test_drill_exhausted_quota_pauses_without_burning_until_the_quota_is_raised(
     cluster.start_model("--quota-exhausted")
     # Pauses capped at their first length, so that the step goes round more often than
     # `max_attempts` would allow if these releases were counted.
-    a = cluster.start_runner("runner-a", TETHER_PAUSE_MAX_S="0.5")
+    a = cluster.start_runner("runner-a", TETHER_PAUSE_MAX_S=str(PAUSE_MAX_S))
     task_id = cluster.submit("over quota")
     wait_for(
         lambda: len(released(cluster, task_id)) > MAX_ATTEMPTS,
@@ -275,7 +289,8 @@ def test_drill_exhausted_quota_pauses_without_burning_until_the_quota_is_raised(
 
     started = time.monotonic()  # the operator raises the quota
     cluster.knobs(quota_exhausted=False)
-    wait_for(lambda: succeeded(cluster, task_id), "the same step to finish", 30, cluster)
+    guard = PAUSE_MAX_S + MARGIN_S  # the runner looks again when the pause in progress ends
+    wait_for(lambda: succeeded(cluster, task_id), "the same step to finish", guard, cluster)
     seconds = time.monotonic() - started
 
     settled_without_burning(cluster, task_id)
@@ -284,7 +299,6 @@ def test_drill_exhausted_quota_pauses_without_burning_until_the_quota_is_raised(
     # One call per attempt: `insufficient_quota` is never retried within a step.
     assert cluster.model_stats()["by_status"] == {"429": len(releases), "200": 1}
     assert len(requeues(cluster, task_id)) == len(releases)
-    assert seconds < RECOVERY_BOUND_S
     record(
         "exhausted quota",
         paused[0]["event"],
@@ -358,10 +372,13 @@ def test_drill_corrupted_ledger_is_refused_and_a_restored_backup_serves(
         Path(f"{cluster.db}{leftover}").unlink(missing_ok=True)
     shutil.copyfile(backup, cluster.db)
     cluster.start_supervisor()
-    wait_for(lambda: ready(cluster), "/readyz", 20, cluster)
+    wait_for(lambda: ready(cluster), "/readyz", MARGIN_S, cluster)
     ready_s = time.monotonic() - started
     fresh = cluster.submit("after the restore")
-    wait_for(lambda: succeeded(cluster, fresh), "a new task on the restored ledger", 30, cluster)
+    # The runner, which kept trying the supervisor through the outage, asks again when its
+    # backoff in progress ends: at most the runner's backoff cap after the restart.
+    guard = daemon.BACKOFF_MAX_S + MARGIN_S
+    wait_for(lambda: succeeded(cluster, fresh), "a new task on the restored ledger", guard, cluster)
     seconds = time.monotonic() - started
 
     cluster.check_ledger()
@@ -373,7 +390,6 @@ def test_drill_corrupted_ledger_is_refused_and_a_restored_backup_serves(
     assert committed["runner_id"] == "runner-a"  # the runner rode out the outage
     assert committed["fence"] > lost_fence  # no fence handed out twice
     assert one_effect(cluster, fresh) == (step_id_of(cluster, fresh), committed["fence"])
-    assert seconds < RECOVERY_BOUND_S
     record(
         "corrupted state",
         f"serve exit {refused.returncode}: {symptom}",
@@ -381,5 +397,7 @@ def test_drill_corrupted_ledger_is_refused_and_a_restored_backup_serves(
         f" ledger (page {page}, the effects table's root, was garbage); start the supervisor",
         seconds,
         seconds_to_ready=round(ready_s, 3),
+        conditions="the runner rides out the outage: recovery waits out its backoff in progress"
+        f" (random exponential, up to {daemon.BACKOFF_MAX_S:g} s)",
     )
     assert a.stop() == 0
