@@ -194,26 +194,39 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+# The page's live parts are replaced whole while a test reads them (ui/static/live.js swaps
+# `#live` at each event, list.js the list and the runners every 5 s): an element handle taken
+# a moment before may be detached, or gone from chromium's inspector, by the time its text is
+# asked for ("No node with given id found"). So the tests read what a page shows in one
+# script run, which no swap can interleave with, and wait for a state, never for a handle.
+READ = """
+const found = document.querySelector(arguments[0]);
+return found === null ? null : found.innerText.replace(/[ \\t]+/g, " ");
+"""
+
+
+def shown(driver: Any, css: str) -> str:
+    """What the first element matching `css` shows now (cells separated by one space), or ""
+    when there is none."""
+    text: str | None = driver.execute_script(READ, css)
+    return text or ""
+
+
 def wait_for(driver: Any, text: str, where: str = "live") -> None:
-    """Wait until the element `where` shows `text` (live updates replace it meanwhile)."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from selenium.webdriver.common.by import By
+    """Wait until the element of id `where` shows `text` (live updates replace it meanwhile)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    replaced = (NoSuchElementException, StaleElementReferenceException)
-    WebDriverWait(driver, WAIT_S, ignored_exceptions=replaced).until(
-        lambda d: text in d.find_element(By.ID, where).text,
-        f"{where!r} never showed {text!r}",
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: text in shown(d, f"#{where}"), f"{where!r} never showed {text!r}"
     )
 
 
 def notice(driver: Any) -> str:
     """The page's one-line refusal, once the page that carries it has loaded."""
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     found: str = WebDriverWait(driver, WAIT_S).until(
-        lambda d: d.find_element(By.CSS_SELECTOR, ".notice").text, "no refusal shown"
+        lambda d: shown(d, ".notice"), "no refusal shown"
     )
     return found
 
@@ -283,14 +296,13 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
         browser.delete_all_cookies()
         sign_in(browser, supervisor, supervisor.secrets["operator"])
         assert browser.current_url == f"{supervisor.url}/ui"
-        assert task["id"][:8] in browser.find_element(By.TAG_NAME, "main").text  # its short id
+        assert task["id"][:8] in shown(browser, "main")  # its short id
         [cookie] = browser.get_cookies()
         assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict", "/ui")
 
         browser.get(f"{supervisor.url}/ui/tasks/{task['id']}")
-        approve = browser.find_element(By.ID, "approve")
-        assert task["plan_hash"] in approve.text
-        approve.find_element(By.CSS_SELECTOR, "button").click()
+        assert task["plan_hash"] in shown(browser, "#approve")
+        browser.find_element(By.CSS_SELECTOR, "#approve button").click()
         wait_for(browser, "QUEUED")
         browser.execute_script("window.notReloaded = true;")
 
@@ -316,13 +328,10 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
         wait_for(browser, "SUCCEEDED")
         assert browser.execute_script("return window.notReloaded === true;")
         wait_for(browser, "Review decision", "actions")  # the state changed: so did the forms
-        live = browser.find_element(By.ID, "live").text
-        assert "box-killed" in live
-        assert "box-replay" in live
-        assert "committed" in live
-        effect = browser.find_element(By.ID, "effect-step-2").text
-        assert "delivered" in effect
-        assert '"patched": "patched"' in effect  # the body took the chat step's output
+        for attempts in ("box-killed", "box-replay", "committed"):
+            wait_for(browser, attempts)
+        wait_for(browser, "delivered", "effect-step-2")
+        wait_for(browser, '"patched": "patched"', "effect-step-2")  # the chat step's output
         key = operator.get(f"/v1/tasks/{task['id']}").json()["steps"][1]["effect"]["key"]
         assert receiver.counts()["by_key"][key] == 1
 
@@ -352,30 +361,31 @@ def test_open_a_gate_from_the_page_and_see_the_effect_delivered_live(
         assert effect["state"] == "gated"  # approval opens no gate
         browser.delete_all_cookies()
         sign_in(browser, supervisor, supervisor.secrets["operator"])
-        assert "open the gate of effect charge" in browser.find_element(By.TAG_NAME, "main").text
+        assert "open the gate of effect charge" in shown(browser, "main")
 
         browser.get(f"{supervisor.url}/ui/tasks/{task['id']}")
         wait_for(browser, "needs an operator", "effect-step-1")
-        request = browser.find_element(By.ID, "request-step-1").text
-        for shown in ("POST", f"{receiver.url}/charge", '"amount": "$82,000"', effect["digest"]):
-            assert shown in request, shown
-        gate = browser.find_element(By.ID, "gate-step-1")
-        digest = gate.find_element(By.CSS_SELECTOR, "input[name=digest]")
-        assert digest.get_attribute("value") == effect["digest"]
+        request = shown(browser, "#request-step-1")
+        for part in ("POST", f"{receiver.url}/charge", '"amount": "$82,000"', effect["digest"]):
+            assert part in request, part
+        digest = browser.execute_script(
+            'return document.querySelector("#gate-step-1 input[name=digest]").value;'
+        )
+        assert digest == effect["digest"]
         assert receiver.counts()["by_key"].get(effect["key"]) is None
 
         receiver.released.clear()  # the send waits at the receiver while the page is read
         try:
             browser.execute_script("window.gatePage = true;")
-            gate.find_element(By.CSS_SELECTOR, "button").click()
+            browser.find_element(By.CSS_SELECTOR, "#gate-step-1 button").click()
             WebDriverWait(browser, WAIT_S).until(
                 lambda d: d.execute_script("return window.gatePage !== true;"), "no new page"
             )
             # 303 back to the task page, the effect open or being sent: held at the receiver.
             wait_for(browser, "Gate opened", "effect-step-1")
-            shown = browser.find_element(By.ID, "effect-step-1").text
-            assert "delivered" not in shown
-            assert "Open the gate" not in shown
+            held = shown(browser, "#effect-step-1")
+            assert "delivered" not in held
+            assert "Open the gate" not in held
             browser.execute_script("window.notReloaded = true;")
         finally:
             receiver.released.set()
@@ -409,17 +419,6 @@ def test_the_event_stream_resumes_after_the_last_event_id(supervisor: Supervisor
     assert ids == seqs[1:]
 
 
-def table_text(driver: Any, css: str) -> str:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from selenium.webdriver.common.by import By
-
-    try:
-        found: str = driver.find_element(By.CSS_SELECTOR, css).text
-    except (NoSuchElementException, StaleElementReferenceException):
-        return ""
-    return found
-
-
 def claim_for(runner: httpx.Client, task_id: str, runner_id: str) -> dict[str, Any]:
     """A lease on `task_id`'s step: a lease another test left queued is finished first."""
     for _ in range(10):
@@ -440,9 +439,11 @@ def renewing(supervisor: Supervisor, lease: dict[str, Any]) -> Iterator[None]:
 
     def renew() -> None:
         with supervisor.api("runner") as runner:
-            while not done.wait(0.5):
+            while True:  # at once, then every half second
                 path = f"/v1/leases/{lease['step_id']}/renew"
                 runner.post(path, json={"fence": lease["fence"]})
+                if done.wait(0.5):
+                    return
 
     thread = threading.Thread(target=renew, daemon=True)
     thread.start()
@@ -468,22 +469,24 @@ def test_search_the_list_and_see_a_new_task_appear_without_a_reload(
         field.send_keys(wanted["id"][:10])
         field.submit()
         WebDriverWait(browser, WAIT_S).until(lambda d: "q=" in d.current_url, "not searched")
-        shown = table_text(browser, "#tasks-live")
-        assert "search-wanted" in shown
-        assert "search-other" not in shown
-        assert other["id"][:8] not in shown
-        link = browser.find_element(By.CSS_SELECTOR, "#tasks-live td a")
-        assert link.get_attribute("title") == wanted["id"]  # the whole id on hover
-        assert len(link.text) == 8
+        found = shown(browser, "#tasks-live")
+        assert "search-wanted" in found
+        assert "search-other" not in found
+        assert other["id"][:8] not in found
+        title, short = browser.execute_script(
+            'const a = document.querySelector("#tasks-live td a"); return [a.title, a.innerText];'
+        )
+        assert title == wanted["id"]  # the whole id on hover
+        assert len(short) == 8
 
         browser.get(f"{supervisor.url}/ui?pool=default")
         browser.execute_script("window.notReloaded = true;")
         later = operator.post("/v1/tasks", json=task_body("search-later", 1)).json()
         WebDriverWait(browser, WAIT_S).until(
-            lambda d: "search-later" in table_text(d, "#tasks-live"), "the list never updated"
+            lambda d: "search-later" in shown(d, "#tasks-live"), "the list never updated"
         )
         assert browser.execute_script("return window.notReloaded === true;")
-        assert later["id"][:8] in table_text(browser, "#tasks-live")
+        assert later["id"][:8] in shown(browser, "#tasks-live")
         screenshot(browser, "tasks.png")
 
 
@@ -504,13 +507,11 @@ def test_the_runners_page_shows_a_runner_online_and_its_pool(
         lease = claim_for(runner, task["id"], "box-on-the-page")
         with renewing(supervisor, lease):
             WebDriverWait(browser, WAIT_S).until(
-                lambda d: (
-                    "box-on-the-page online default chat 1 " in table_text(d, "table.runners")
-                ),
+                lambda d: "box-on-the-page online default chat 1 " in shown(d, "table.runners"),
                 "the runner never showed online holding its lease",
             )
             assert browser.execute_script("return window.notReloaded === true;")
-            assert "default" in table_text(browser, "table.pools")
+            assert "default" in shown(browser, "table.pools")
             screenshot(browser, "runners.png")
         result = {"fence": lease["fence"], "payload_hash": lease["payload_hash"], "output": "ok"}
         assert runner.post(f"/v1/steps/{lease['step_id']}/result", json=result).status_code == 200
@@ -519,7 +520,6 @@ def test_the_runners_page_shows_a_runner_online_and_its_pool(
 def test_an_agent_transcript_reads_as_a_conversation_in_the_browser(
     browser: Any, supervisor: Supervisor
 ) -> None:
-    from selenium.webdriver.common.by import By
 
     transcript = [
         {"role": "user", "content": "Make the failing test pass."},
@@ -555,10 +555,12 @@ def test_an_agent_transcript_reads_as_a_conversation_in_the_browser(
         sign_in(browser, supervisor, supervisor.secrets["operator"])
         browser.get(f"{supervisor.url}/ui/tasks/{task['id']}")
         wait_for(browser, "SUCCEEDED")
-        talk = browser.find_element(By.CSS_SELECTOR, "section.conversation")
-        turns = [h.text for h in talk.find_elements(By.TAG_NAME, "h5")]
+        turns = browser.execute_script(
+            'return [...document.querySelectorAll("section.conversation h5")]'
+            ".map((h) => h.innerText);"
+        )
         assert turns == ["Turn 1", "Turn 2"]
-        text = talk.text
+        text = shown(browser, "section.conversation")
         assert text.index("Make the failing test pass.") < text.index("Reading the module.")
         assert "read_file" in text
         assert '{"path": "src/a.py"}' in text
