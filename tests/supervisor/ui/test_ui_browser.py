@@ -315,8 +315,8 @@ def test_approve_then_watch_an_expired_attempt_its_replay_and_success_live(
         assert second["fence"] > first["fence"]
         renew = (f"/v1/leases/{second['step_id']}/renew", {"fence": second["fence"]})
         assert runner.post(renew[0], json=renew[1]).status_code == 200  # box-replay lives on
-        wait_for(browser, "expired")
-        assert runner.post(renew[0], json=renew[1]).status_code == 200
+        with renewing(supervisor, second):  # however long the page takes on a loaded machine
+            wait_for(browser, "expired")
         result = {
             "fence": second["fence"],
             "payload_hash": second["payload_hash"],
