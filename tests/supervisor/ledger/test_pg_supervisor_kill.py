@@ -42,11 +42,8 @@ import pytest
 
 from tests import pgdb
 from tests.runner.test_runner_processes import (
-    ACCEPT_S,
     POOL,
-    RENEW_EVERY_S,
     TENANT,
-    TTL_S,
     Proc,
     environment,
     free_port,
@@ -67,10 +64,21 @@ OUTSTANDING = 24  # tasks kept not yet ended: a backlog beyond the runners' 12 s
 MODEL_LATENCY_S = 0.2  # steps stay in flight across kills
 HOLD_S = 2.0  # effect_hold_s: a killed supervisor's effects are taken again this long after
 RECEIVER_DELAY_S = 0.1  # the receiver applies, then answers: a kill may fall in between
+# The leases, longer than the other process tests' (3 s, accept window 1.5 s), a third of
+# the defaults (30 s, 10 s). A runner drops a step whose grant no renew answered within 1.5
+# renew intervals (runner/keeper.py), and here a kill often cuts that first renew: it must
+# fail over to a live supervisor and be answered in time. With the other tests' window that
+# was 1.125 s, and with a CPU hog and another worker's tests on the second core a runner
+# missed it (a step dropped, no lease lost). Now 3.75 s; once acknowledged, a lease outlives
+# four renew intervals. A grant a killed supervisor never answered is taken again after the
+# accept window (5 s).
+TTL_S = 10.0
+ACCEPT_S = 5.0
+RENEW_EVERY_S = min(TTL_S / 3, ACCEPT_S / 2)  # as the supervisor picks it (ledger/tx.py)
 # A hang guard on the pause between a kill and a runner's next commit, not the target (one
-# renew interval, `make bench`'s figure): ten leases. A runner stuck that long would have lost
-# its leases to expiry, which the test reports first, with their fences.
-RESUME_GUARD_S = 10 * TTL_S
+# renew interval, `make bench`'s figure): three leases. A runner stuck that long would have
+# lost its leases to expiry, which the test reports first, with their fences.
+RESUME_GUARD_S = 3 * TTL_S
 SWITCHED = "supervisor gave no answer; switching to the next"
 CHECKOUT = Path(__file__).resolve().parents[3]  # examples/ is not installed
 ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
