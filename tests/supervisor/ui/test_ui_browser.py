@@ -233,16 +233,22 @@ def notice(driver: Any) -> str:
 
 def sign_in(driver: Any, supervisor: Supervisor, secret: str) -> None:
     """Submit the login form and wait for the page it leads to (the status page, or the login
-    page again with its refusal): `click` returns before that navigation ends."""
+    page again with its refusal): `click` returns before that navigation ends. The wait is for
+    a new document, marked in the old one, not for the button's handle to go stale: asked about
+    mid-navigation, chromium can answer that the node "does not belong to the document"."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(f"{supervisor.url}/ui/login")
     driver.find_element(By.ID, "token").send_keys(secret)
-    submit = driver.find_element(By.CSS_SELECTOR, "form.card button[type=submit]")
-    submit.click()
-    WebDriverWait(driver, WAIT_S).until(expected_conditions.staleness_of(submit), "no new page")
+    driver.execute_script("window.loginPage = true;")
+    driver.find_element(By.CSS_SELECTOR, "form.card button[type=submit]").click()
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.execute_script(
+            "return window.loginPage !== true && document.readyState === 'complete';"
+        ),
+        "no new page",
+    )
 
 
 def screenshot(driver: Any, name: str) -> None:
