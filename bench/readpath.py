@@ -18,13 +18,14 @@ import contextlib
 import dataclasses
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from tether.supervisor.ledger import LedgerConfig, Report, StepSpec, TaskSpec, queries, views
+from tether.supervisor.ledger.queries import Query
 from tether.supervisor.ledger.store import LedgerStore, open_ledger
 from tether.supervisor.ledger.tx import Row, Statements
 
@@ -38,15 +39,15 @@ class Recorder:
     """A `Statements` that runs on another and writes down each query it ran."""
 
     inner: Statements
-    ran: list[tuple[str, Sequence[Any], bool]] = dataclasses.field(default_factory=list)
+    ran: list[tuple[str, Mapping[str, Any], bool]] = dataclasses.field(default_factory=list)
 
-    def one(self, name: str, params: Sequence[Any] = ()) -> Row | None:
+    def one(self, name: str, /, **params: Any) -> Row | None:
         self.ran.append((name, params, False))
-        return self.inner.one(name, params)
+        return self.inner.one(name, **params)
 
-    def all(self, name: str, params: Sequence[Any] = ()) -> list[Row]:
+    def all(self, name: str, /, **params: Any) -> list[Row]:
         self.ran.append((name, params, True))
-        return self.inner.all(name, params)
+        return self.inner.all(name, **params)
 
 
 async def seeded(ledger: LedgerStore) -> str:
@@ -98,8 +99,13 @@ async def timed(view: Callable[[], Awaitable[object]]) -> tuple[float, float, fl
     return serial * per, parallel * per, used * per / 2
 
 
+def _bound(query: Query, params: Mapping[str, Any]) -> tuple[str, Any]:
+    """A query's text and what it is given for `params` (`Query.bind`)."""
+    return query.text, params if query.bind is None else query.bind(params)
+
+
 @contextlib.asynccontextmanager
-async def sqlite_replay(path: Path, sql: dict[str, str]) -> AsyncIterator[Any]:
+async def sqlite_replay(path: Path, sql: Mapping[str, Query]) -> AsyncIterator[Any]:
     import importlib
     import sqlite3
 
@@ -110,11 +116,12 @@ async def sqlite_replay(path: Path, sql: dict[str, str]) -> AsyncIterator[Any]:
         db.row_factory = sqlite3.Row
         one_at_a_time = anyio.Lock()  # one connection, as the store's one reader
 
-        async def replay(ran: list[tuple[str, Sequence[Any], bool]]) -> None:
+        async def replay(ran: list[tuple[str, Mapping[str, Any], bool]]) -> None:
             async with one_at_a_time:
                 await db.execute("BEGIN")
                 for name, params, many in ran:
-                    cursor = await db.execute(sql[name], params)
+                    text, values = _bound(sql[name], params)
+                    cursor = await db.execute(text, values)
                     await (cursor.fetchall() if many else cursor.fetchone())
                 await db.execute("COMMIT")
 
@@ -122,7 +129,7 @@ async def sqlite_replay(path: Path, sql: dict[str, str]) -> AsyncIterator[Any]:
 
 
 @contextlib.asynccontextmanager
-async def pg_replay(url: str, sql: dict[str, str]) -> AsyncIterator[Any]:
+async def pg_replay(url: str, sql: Mapping[str, Query]) -> AsyncIterator[Any]:
     import psycopg
     from psycopg_pool import AsyncConnectionPool
 
@@ -143,16 +150,17 @@ async def pg_replay(url: str, sql: dict[str, str]) -> AsyncIterator[Any]:
     )  # as many connections as the store's read pool
     async with pool:
 
-        async def replay(ran: list[tuple[str, Sequence[Any], bool]]) -> None:
+        async def replay(ran: list[tuple[str, Mapping[str, Any], bool]]) -> None:
             async with pool.connection() as db:
                 for name, params, many in ran:
-                    cursor = await db.execute(sql[name], params)
+                    text, values = _bound(sql[name], params)
+                    cursor = await db.execute(text, values)
                     await (cursor.fetchall() if many else cursor.fetchone())
 
         yield replay
 
 
-async def measure(db: str, replaying: Callable[[dict[str, str]], Any], driver: str) -> None:
+async def measure(db: str, replaying: Callable[[Mapping[str, Query]], Any], driver: str) -> None:
     async with open_ledger(db, config=LedgerConfig(), synchronous="OFF") as ledger:
         task_id = await seeded(ledger)
         recorded: list[Recorder] = []
@@ -165,7 +173,7 @@ async def measure(db: str, replaying: Callable[[dict[str, str]], Any], driver: s
         await ledger.read(record)
         ran = recorded[0].ran
         hop = await timed(lambda: ledger.task(task_id))
-        async with replaying(dict(queries.texts(ledger.backend.dialect))) as replay:
+        async with replaying(queries.load(ledger.backend.dialect)) as replay:
             awaits = await timed(lambda: replay(ran))
     print(f"{ledger.backend.dialect}: a task view of {len(ran)} queries, {STEPS} steps")
     print("  us per view       one at a time   8 at a time   CPU")

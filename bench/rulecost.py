@@ -84,10 +84,12 @@ def timed_statements() -> Iterator[tuple[collections.Counter[str], collections.C
     originals = {m: getattr(Tx, m) for m in ("one", "all", "run", "count", "many")}
     for method, original in originals.items():
 
-        def timed(tx: Tx, name: str, params: Any = (), _original: Any = original) -> Any:
+        def timed(
+            tx: Tx, name: str, /, *rows: Any, _original: Any = original, **params: Any
+        ) -> Any:
             start = time.thread_time_ns()
             try:
-                return _original(tx, name, params)
+                return _original(tx, name, *rows, **params)
             finally:
                 spent[name] += time.thread_time_ns() - start
                 calls[name] += 1

@@ -157,7 +157,7 @@ class Harness:
         self.config = config
         self.now = START
         self._ids = 0
-        self.sql = queries.texts(workspace.dialect)
+        self.sql = queries.load(workspace.dialect)
         self.db = workspace.fresh(plant.drop_index if plant is not None else None)
         self.transactions = self._transactions()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -70,13 +70,15 @@ class CountingConnection(PgConnection):
         self._sent: list[psycopg.Cursor[PgRow]] = []
 
     def execute(
-        self, sql: str, parameters: Sequence[Any] = (), /
+        self, sql: str, parameters: Mapping[str, Any] | Sequence[Any] = (), /
     ) -> psycopg.Cursor[PgRow] | Queued:
         result = super().execute(sql, parameters)
         self._sent.append(result.cursor if isinstance(result, Queued) else result)
         return result
 
-    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
+    def executemany(
+        self, sql: str, parameters: Iterable[Mapping[str, Any] | Sequence[Any]], /
+    ) -> None:
         rows = list(parameters)
         super().executemany(sql, rows)
         self._changed += len(rows)

@@ -102,7 +102,7 @@ def gates_open_themselves(tx: Tx, step: sqlite3.Row) -> None:
         "UPDATE outbox SET state = 'open', openings = openings + 1, gate_digest = digest,"
         " deadline_at = ? + deadline_s, not_before = ? WHERE step_id = ? AND state = 'gated'"
     )
-    if tx.sql is queries.texts("postgresql"):  # a plant is no named query: raw SQL, by hand
+    if tx.sql is queries.load("postgresql"):  # a plant is no named query: raw SQL, by hand
         opened = queries.to_pyformat(opened)
     tx.db.execute(opened, (tx.now, tx.now, step["id"]))
 
@@ -112,7 +112,7 @@ def leases_held_by_any_token(
 ) -> Row:
     """lease-takeover: a result is taken from any runner token of the pool that names the
     fence, not only from the token the attempt was granted to."""
-    step = s.one("held_step_with_task", (fence, step_id))
+    step = s.one("held_step_with_task", fence=fence, step_id=step_id)
     if step is None or (pool is not None and step["pool"] != pool) or step["held_fence"] is None:
         raise NotFound(f"no step {step_id}")
     return step

@@ -70,7 +70,7 @@ class OpenLedger:
     db: WriteConnection
 
     def reads(self) -> ReadSession:
-        return ReadSession(self.db, named_queries.texts(self.backend.dialect))
+        return ReadSession(self.db, named_queries.load(self.backend.dialect))
 
 
 @contextlib.contextmanager

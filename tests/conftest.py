@@ -307,7 +307,7 @@ class Sim:
 
 def own_sql(tx: Tx, sql: str) -> str:
     """A test's own SQL (`?` placeholders) in `tx`'s dialect, for `tx.db.execute` in a rule."""
-    return to_pyformat(sql) if tx.sql is queries.texts("postgresql") else sql
+    return to_pyformat(sql) if tx.sql is queries.load("postgresql") else sql
 
 
 @pytest.fixture

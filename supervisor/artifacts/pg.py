@@ -48,6 +48,8 @@ def _load() -> Mapping[str, str]:
     folder = resources.files("tether.supervisor.artifacts")
     source = folder.joinpath("sql", "artifacts.postgresql.sql")
     found = queries.parse(source.read_text(encoding="utf-8"), source.name)
+    for name, _, text in found:
+        queries.params_of(text, source.name, name)  # named parameters only, as the ledger's
     return {name: queries.to_pyformat(text) for name, _, text in found}
 
 
@@ -141,17 +143,21 @@ class PgArtifactStore:
                     return False
                 for n in range(count):
                     piece = await anyio.to_thread.run_sync(upload.chunk, n)
-                    await _storage(conn.execute(Q["put_artifact_chunk"], (digest, n, piece)))
+                    await _storage(
+                        conn.execute(
+                            Q["put_artifact_chunk"], {"digest": digest, "n": n, "data": piece}
+                        )
+                    )
         except psycopg.errors.UniqueViolation:  # waited for a concurrent upload's commit
             return False
         return True
 
     async def _stored(self, conn: psycopg.AsyncConnection[Any], digest: str) -> bool:
-        cursor = await _storage(conn.execute(Q["artifact_stored"], (digest,)))
+        cursor = await _storage(conn.execute(Q["artifact_stored"], {"digest": digest}))
         row = await cursor.fetchone()
         return bool(row and row[0])
 
-    async def _one(self, query: str, params: tuple[Any, ...]) -> Any:
+    async def _one(self, query: str, params: Mapping[str, Any]) -> Any:
         async with self._connection() as conn:
             cursor = await _storage(conn.execute(Q[query], params, binary=True))
             row = await cursor.fetchone()
@@ -162,7 +168,7 @@ class PgArtifactStore:
             check_digest(digest)
         except InvalidDigest:
             return None
-        size = await self._one("artifact_size", (digest,))
+        size = await self._one("artifact_size", {"digest": digest})
         return None if size is None else int(size)
 
     async def chunks(self, digest: str) -> AsyncIterator[bytes]:
@@ -171,7 +177,7 @@ class PgArtifactStore:
         except InvalidDigest:
             return
         n = 0
-        while (data := await self._one("artifact_chunk", (digest, n))) is not None:
+        while (data := await self._one("artifact_chunk", {"digest": digest, "n": n})) is not None:
             yield bytes(data)
             n += 1
 
@@ -190,7 +196,7 @@ class PgArtifactStore:
         now; False when none were removed."""
         check_digest(digest)
         async with self._connection() as conn:
-            cursor = await _storage(conn.execute(Q["remove_unowned_artifact"], (digest, digest)))
+            cursor = await _storage(conn.execute(Q["remove_unowned_artifact"], {"digest": digest}))
         return bool(cursor.rowcount)
 
     @contextlib.asynccontextmanager

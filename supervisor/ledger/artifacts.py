@@ -63,7 +63,7 @@ def upload_tenant(
 def bytes_kept(s: Statements, who: Principal, besides: str) -> int:
     """The bytes of the distinct digests `who`'s role and scope uploaded, but `besides`: what
     its quota counts before an upload of `besides` (the same bytes again count once)."""
-    row = s.one("artifact_bytes_kept", (who.role.value, who.scope, besides))
+    row = s.one("artifact_bytes_kept", role=who.role.value, scope=who.scope, besides=besides)
     return int(row["kept"]) if row is not None else 0
 
 
@@ -86,13 +86,23 @@ def record_upload(
     refusal = quota_problem(bytes_kept(tx, who, digest), size, who, quota)
     if refusal is not None:
         raise refusal
-    row = (digest, who.role.value, who.scope, upload.tenant, upload.step_id, size)
-    return tx.count("record_artifact_owner", (*row, who.token_id, tx.now)) == 1
+    changed = tx.count(
+        "record_artifact_owner",
+        digest=digest,
+        role=who.role.value,
+        scope=who.scope,
+        tenant=upload.tenant,
+        step_id=upload.step_id,
+        size=size,
+        token_id=who.token_id,
+        now=tx.now,
+    )
+    return changed == 1
 
 
 def owners(s: Statements, digest: str) -> list[ArtifactOwner]:
     """Every role, scope and tenant that `digest` was uploaded by and for, oldest first."""
-    rows = s.all("owners_of_artifact", (digest,))
+    rows = s.all("owners_of_artifact", digest=digest)
     return [
         ArtifactOwner(
             digest=r["digest"],
@@ -118,23 +128,29 @@ class Forgotten:
 def forget_unreferenced(tx: Tx, uploaded_before: float, limit: int) -> Forgotten:
     """Remove up to `limit` owner rows older than `uploaded_before` whose digest no step names
     and whose step is not leased now; return them and the digests left with no row."""
-    found = tx.all("unreferenced_artifact_owners", (uploaded_before, limit))
+    found = tx.all("unreferenced_artifact_owners", uploaded_before=uploaded_before, limit=limit)
     for r in found:
-        tx.run("forget_artifact_owner", (r["digest"], r["role"], r["scope"], r["tenant"]))
+        tx.run(
+            "forget_artifact_owner",
+            digest=r["digest"],
+            role=r["role"],
+            scope=r["scope"],
+            tenant=r["tenant"],
+        )
     orphaned = {
         r["digest"]: int(r["size"])
         for r in found
-        if tx.one("artifact_owned", (r["digest"],)) is None
+        if tx.one("artifact_owned", digest=r["digest"]) is None
     }
     return Forgotten(rows=len(found), digests=orphaned)
 
 
 def owned(s: Statements, digest: str) -> bool:
     """Whether any owner row names `digest`."""
-    return s.one("artifact_owned", (digest,)) is not None
+    return s.one("artifact_owned", digest=digest) is not None
 
 
 def verified_in_pool(s: Statements, digest: str, pool: str) -> bool:
     """Whether `digest` is the candidate's bundle of a verify step leased now to a runner of
     `pool` (docs/design.md, Verification): the verifier reads what another pool uploaded."""
-    return s.one("bundle_verified_in_pool", (digest, pool)) is not None
+    return s.one("bundle_verified_in_pool", bundle=digest, pool=pool) is not None

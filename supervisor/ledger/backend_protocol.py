@@ -5,7 +5,7 @@ The rules, the group commit (`batch`), the writer thread (`writer`) and the stor
 are written once over a `Backend`: how the writer's connection is opened (synchronously, on
 the writer thread: the rules are synchronous functions shared with the schedule explorer),
 how a batch's transaction begins, whether one is open, which errors are the storage failing,
-which dialect's named queries to run (`queries.texts`), how reads run, and how a commit wakes
+which dialect's named queries to run (`queries.load`), how reads run, and how a commit wakes
 the long-polls of other supervisors on the same database. SQLite's is in `backends`,
 PostgreSQL's in `postgres`; `backends.open_backend` picks one from `--db`.
 """
@@ -13,7 +13,7 @@ PostgreSQL's in `postgres`; `backends.open_backend` picks one from `--db`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
@@ -43,7 +43,7 @@ Fire = Callable[[Wakeup], None]
 
 
 class Cursor(Protocol):
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Any: ...
+    def execute(self, sql: str, parameters: Mapping[str, Any] | Sequence[Any] = (), /) -> Any: ...
 
 
 class WriteConnection(Connection, Protocol):
@@ -75,7 +75,7 @@ class Backend(Protocol):
 
     @property
     def dialect(self) -> Dialect:
-        """Which named queries the rules run (`queries.texts`)."""
+        """Which named queries the rules run (`queries.load`)."""
         ...
 
     @property

@@ -45,7 +45,7 @@ class _SqliteReads:
     run beside the writer and see only committed data."""
 
     def __init__(self, db: sqlite3.Connection) -> None:
-        self._session = ReadSession(db, queries.texts("sqlite"))
+        self._session = ReadSession(db, queries.load("sqlite"))
         self._limiter = anyio.CapacityLimiter(1)
 
     async def run(self, query: Callable[[Statements], T]) -> T:

@@ -232,11 +232,11 @@ def _refusal_note(tx: Tx, exc: Refused, task_id: str | None) -> Note:
         "fence": exc.fence,
     }
     if task_id is not None:
-        task = tx.one("refusal_task", (task_id,))
+        task = tx.one("refusal_task", task_id=task_id)
         if task is not None:
             fields.update(tenant=task["tenant"], pool=task["pool"])
     if exc.fence is not None:
-        row = tx.one("refusal_attempt", (exc.fence,))
+        row = tx.one("refusal_attempt", fence=exc.fence)
         if row is not None:
             fields.update(
                 attempt=row["attempt"], runner_id=row["runner_id"], token_id=row["token_id"]
@@ -263,7 +263,7 @@ class Transactions:
             now=self.clock(),
             config=self.config,
             new_id=self.new_id,
-            sql=queries.texts(self.backend.dialect),
+            sql=queries.load(self.backend.dialect),
         )
 
     def run(self, rules: Sequence[Rule], *, commit: bool = True) -> BatchResult:

@@ -43,7 +43,7 @@ def checkpoint(
         )
     if (cp.bundle is None) != (cp.sha is None):
         raise InvalidRequest("a checkpoint names its bundle and the commit `sha` in it together")
-    held = tx.one("checkpoint_held", (step_id,))
+    held = tx.one("checkpoint_held", step_id=step_id)
     if held is not None:
         if held["fence"] == cp.fence and held["turn"] == cp.turn:
             return Checkpointed(turn=cp.turn)
@@ -54,16 +54,14 @@ def checkpoint(
             )
     tx.run(
         "save_checkpoint",
-        (
-            step_id,
-            cp.fence,
-            cp.turn,
-            cp.transcript,
-            cp.bundle,
-            cp.sha,
-            dumps(dict(cp.step_usage)),
-            tx.now,
-        ),
+        step_id=step_id,
+        fence=cp.fence,
+        turn=cp.turn,
+        transcript=cp.transcript,
+        bundle=cp.bundle,
+        sha=cp.sha,
+        step_usage_json=dumps(dict(cp.step_usage)),
+        now=tx.now,
     )
     tx.note(Decision.CHECKPOINTED, **about_step(tx, step), turn=cp.turn, tokens=spent)
     return Checkpointed(turn=cp.turn)

@@ -90,43 +90,52 @@ def report(
         )
     tx.run(
         "insert_effect",
-        (
-            key,
-            rep.step_id,
-            step["task_id"],
-            rep.fence,
-            rep.payload_hash,
-            dumps(rep.output),
-            dumps(rep.usage),
-            rep.candidate_sha,
-            tx.now,
-        ),
+        effect_key=key,
+        step_id=rep.step_id,
+        task_id=step["task_id"],
+        fence=rep.fence,
+        payload_hash=rep.payload_hash,
+        output_json=dumps(rep.output),
+        usage_json=dumps(rep.usage),
+        candidate_sha=rep.candidate_sha,
+        now=tx.now,
     )
     tx.run(
         "commit_step",
-        (
-            # A verify step names no candidate of its own: it keeps the bundle it read.
-            StepState.COMMITTED.value,
-            dumps(rep.output),
-            None if verifying else rep.candidate_sha,
-            step["bundle"] if verifying else rep.bundle,
-            None if evidence is None else dumps(evidence.as_dict()),
-            tx.now,
-            rep.step_id,
-        ),
+        # A verify step names no candidate of its own: it keeps the bundle it read.
+        state=StepState.COMMITTED.value,
+        output_json=dumps(rep.output),
+        candidate_sha=None if verifying else rep.candidate_sha,
+        bundle=step["bundle"] if verifying else rep.bundle,
+        evidence_json=None if evidence is None else dumps(evidence.as_dict()),
+        now=tx.now,
+        step_id=rep.step_id,
     )
     end_attempt(tx, rep.step_id, rep.fence, AttemptState.COMMITTED, "committed")
     tx.many(
         "record_step_artifact",
         [
-            (step["task_id"], rep.step_id, rep.candidate_sha, name, digest)
+            {
+                "task_id": step["task_id"],
+                "step_id": rep.step_id,
+                "candidate_sha": rep.candidate_sha,
+                "name": name,
+                "digest": digest,
+            }
             for name, digest in rep.artifacts.items()
         ],
     )
     tx.many(
         "record_check_run",
         [
-            (rep.step_id, name, rep.candidate_sha, run.log, run.exit_code, run.duration_s)
+            {
+                "step_id": rep.step_id,
+                "name": name,
+                "candidate_sha": rep.candidate_sha,
+                "log_digest": run.log,
+                "exit_code": run.exit_code,
+                "duration_s": run.duration_s,
+            }
             for name, run in rep.checks.items()
         ],
     )
@@ -172,7 +181,7 @@ def check_report(rep: Report) -> None:
 def _committed_attempt(tx: Tx, step: Row) -> dict[str, object]:
     """`about_step` for a committed step, whose fence was cleared: the committing attempt's."""
     about = about_step(tx, step)
-    row = tx.one("committing_attempt", (step["id"],))
+    row = tx.one("committing_attempt", step_id=step["id"])
     if row is not None:
         about.update(
             attempt=row["attempt"],

@@ -77,14 +77,24 @@ def claim(
         kinds = [k for k in kinds if k != VERIFY_KIND]
         if not kinds:
             return []
-    rows = tx.all("claim_queued_steps", (pool, dumps(list(kinds)), token_id, capacity))
+    rows = tx.all(
+        "claim_queued_steps",
+        pool=pool,
+        kinds=dumps(list(kinds)),
+        token_id=token_id,
+        capacity=capacity,
+    )
     granted: set[str] = set()
     leases = []
     for row in rows:
         # Each row holds its task's columns as the claim read them; a task granted a step
         # already in this claim (a task has one queued step: never, but not assumed) is read
         # again, its state having moved.
-        task = row if row["task_id"] not in granted else tx.one("task_for_lease", (row["task_id"],))
+        task = (
+            row
+            if row["task_id"] not in granted
+            else tx.one("task_for_lease", task_id=row["task_id"])
+        )
         assert task is not None
         leases.append(_grant(tx, row, task, runner_id, token_id))
         granted.add(row["task_id"])
@@ -117,7 +127,13 @@ def claim_after_results(
     accepted = sum(
         1
         for step_id, fence in reported
-        if tx.one("committed_attempt_in_pool", (step_id, fence, AttemptState.COMMITTED.value, pool))
+        if tx.one(
+            "committed_attempt_in_pool",
+            step_id=step_id,
+            fence=fence,
+            committed=AttemptState.COMMITTED.value,
+            pool=pool,
+        )
         is not None
     )
     grant = want - (len(reported) - accepted)
@@ -134,19 +150,23 @@ def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -
     cfg = tx.config
     tx.run(
         "lease_step",
-        (
-            StepState.LEASED.value,
-            attempt,
-            fence,
-            runner_id,
-            tx.now + cfg.lease_ttl_s,
-            tx.now + cfg.accept_window_s,
-            step["id"],
-        ),
+        state=StepState.LEASED.value,
+        attempt=attempt,
+        fence=fence,
+        runner_id=runner_id,
+        lease_deadline=tx.now + cfg.lease_ttl_s,
+        accept_deadline=tx.now + cfg.accept_window_s,
+        step_id=step["id"],
     )
     tx.run(
         "insert_attempt",
-        (step["id"], attempt, fence, runner_id, token_id, AttemptState.LEASED.value, tx.now),
+        step_id=step["id"],
+        attempt=attempt,
+        fence=fence,
+        runner_id=runner_id,
+        token_id=token_id,
+        state=AttemptState.LEASED.value,
+        now=tx.now,
     )
     task_id = step["task_id"]
     state = TaskState(task["task_state"])
@@ -175,7 +195,7 @@ def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -
     # skipped.
     verifying = step["verifies"] is not None
     earlier = (
-        tx.all("earlier_outputs", (task_id, step["position"]))
+        tx.all("earlier_outputs", task_id=task_id, position=step["position"])
         if step["position"] and not verifying
         else []
     )
@@ -212,7 +232,7 @@ def lease_repository(tx: Tx, task: Row, step: Row) -> LeaseRepository:
     if step["verifies"] is not None:  # a verify step starts at the candidate it re-checks
         start_sha, start_bundle = step["verifies"], step["bundle"]
     else:
-        start = tx.one("lease_start_point", (step["task_id"], step["position"]))
+        start = tx.one("lease_start_point", task_id=step["task_id"], position=step["position"])
         if start is not None:
             start_sha, start_bundle = start["candidate_sha"], start["bundle"]
     return LeaseRepository(
@@ -231,7 +251,7 @@ def lease_repository(tx: Tx, task: Row, step: Row) -> LeaseRepository:
 
 def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
     """The step's last accepted checkpoint as a lease carries it, if it has one."""
-    row = tx.one("step_checkpoint", (step_id,))
+    row = tx.one("step_checkpoint", step_id=step_id)
     if row is None:
         return None
     return ResumePoint(
@@ -256,7 +276,7 @@ def binding_of_lease(
 
 def budget_exhausted(tx: Tx, tenant: str) -> bool:
     """The tenant has a budget and has spent it: the claim rule grants none of its steps."""
-    row = tx.one("tenant_budget_spent", (tenant,))
+    row = tx.one("tenant_budget_spent", tenant=tenant)
     return row is not None
 
 
@@ -286,7 +306,7 @@ def renew_lease(
         )
     else:
         deadline = tx.now + cfg.lease_ttl_s
-        tx.run("extend_lease", (deadline, step_id))
+        tx.run("extend_lease", lease_deadline=deadline, step_id=step_id)
         renewal = Renewal(
             ttl_s=cfg.lease_ttl_s,
             renew_every_s=cfg.renew_every_s,

@@ -347,7 +347,7 @@ def verifier_pool(tx: Tx, spec: TaskSpec) -> str | None:
         return spec.verify
     if not spec.checks or not spec.repository:
         return None
-    row = tx.one("tenant_verify_pool", (spec.tenant,))
+    row = tx.one("tenant_verify_pool", tenant=spec.tenant)
     if row is None or row["verify_pool"] is None:
         return None
     pool = str(row["verify_pool"])
@@ -358,7 +358,9 @@ def verifier_pool(tx: Tx, spec: TaskSpec) -> str | None:
 def existing_task(tx: Tx, spec: TaskSpec) -> Created | None:
     """The task that `spec`'s idempotency key already names, if it has the same plan and
     declarations; `IdempotencyConflict` if it has others; None for a new key."""
-    row = tx.one("task_by_idempotency_key", (spec.tenant, spec.idempotency_key))
+    row = tx.one(
+        "task_by_idempotency_key", tenant=spec.tenant, idempotency_key=spec.idempotency_key
+    )
     if row is None:
         return None
     declared = spec.declared()
@@ -389,42 +391,40 @@ def create_task(tx: Tx, spec: TaskSpec) -> Created:
     assert order is not None
     tx.run(
         "insert_task",
-        (
-            task_id,
-            spec.tenant,
-            spec.idempotency_key,
-            plan_hash,
-            dumps(spec.plan),
-            declared["repository"],
-            declared["declared_base_sha"],
-            declared["requirement_revision"],
-            declared["allowed_paths_json"],
-            declared["expected_checks_json"],
-            declared["checks_json"],
-            declared["owner"],
-            declared["pool"],
-            verify_pool,
-            order["n"],
-            tx.now,
-        ),
+        task_id=task_id,
+        tenant=spec.tenant,
+        idempotency_key=spec.idempotency_key,
+        plan_hash=plan_hash,
+        plan_json=dumps(spec.plan),
+        repository=declared["repository"],
+        declared_base_sha=declared["declared_base_sha"],
+        requirement_revision=declared["requirement_revision"],
+        allowed_paths_json=declared["allowed_paths_json"],
+        expected_checks_json=declared["expected_checks_json"],
+        checks_json=declared["checks_json"],
+        owner=declared["owner"],
+        pool=declared["pool"],
+        verify_pool=verify_pool,
+        created_order=order["n"],
+        now=tx.now,
     )
     tx.many(
         "insert_planned_step",
         [
-            (
-                step_id_for(task_id, i),
-                task_id,
-                i,
-                order["n"],
-                s.name,
-                s.kind,
-                dumps(s.payload),
-                content_hash(s.payload),
-            )
+            {
+                "step_id": step_id_for(task_id, i),
+                "task_id": task_id,
+                "position": i,
+                "task_order": order["n"],
+                "name": s.name,
+                "kind": s.kind,
+                "payload_json": dumps(s.payload),
+                "payload_hash": content_hash(s.payload),
+            }
             for i, s in enumerate(spec.steps)
         ],
     )
-    tx.run("insert_tenant", (spec.tenant,))
+    tx.run("insert_tenant", tenant=spec.tenant)
     append_event(
         tx,
         task_id,

@@ -7,7 +7,7 @@ invariant with `_` for `-`) that finds counter-examples; no row is a pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.tx import Row, Statements
@@ -16,13 +16,13 @@ from tether.wire import effect_key
 Describe = Callable[[Row], str]
 
 
-def _check(describe: Describe, *params: str) -> tuple[Sequence[str], Describe]:
+def _check(describe: Describe, **params: str) -> tuple[Mapping[str, str], Describe]:
     """How to describe one offending row, and the outbox states the query is given."""
     return params, describe
 
 
 # name -> (its query's parameters, how to describe an offending row)
-_CHECKS: dict[str, tuple[Sequence[str], Describe]] = {
+_CHECKS: dict[str, tuple[Mapping[str, str], Describe]] = {
     "one-effect-per-step": _check(lambda r: f"step {r['step_id']} has {r['n']} effects"),
     "committed-has-effect": _check(lambda r: f"step {r['id']} is committed without an effect"),
     "effect-has-commit": _check(
@@ -84,8 +84,7 @@ _CHECKS: dict[str, tuple[Sequence[str], Describe]] = {
     # Effect steps (docs/design.md, Effects): the supervisor delivers them, no runner does.
     "delivered-effect-has-one-effect": _check(
         lambda r: f"effect {r['step_id']} is recorded with {r['n']} effect rows",
-        OutboxState.DELIVERED.value,
-        OutboxState.DELIVERED.value,
+        delivered=OutboxState.DELIVERED.value,
     ),
     "unkeyed-sent-once-per-opening": _check(
         lambda r: (
@@ -95,7 +94,7 @@ _CHECKS: dict[str, tuple[Sequence[str], Describe]] = {
     ),
     "no-idle-sending-of-ended-task": _check(
         lambda r: f"effect {r['step_id']} of an ended task is held with no delivery begun",
-        OutboxState.SENDING.value,
+        sending=OutboxState.SENDING.value,
     ),
     # An operator's word settles the attempts before it (`settled_attempts`).
     "withdrawn-effect-sent-nothing": _check(
@@ -103,7 +102,7 @@ _CHECKS: dict[str, tuple[Sequence[str], Describe]] = {
             f"effect {r['step_id']} is withdrawn, yet its attempt {r['attempt']} may have"
             " reached the receiver"
         ),
-        OutboxState.WITHDRAWN.value,
+        withdrawn=OutboxState.WITHDRAWN.value,
     ),
     "effect-step-never-leased": _check(
         lambda r: f"effect step {r['step_id']} was leased to a runner"
@@ -118,7 +117,7 @@ def find_violations(s: Statements) -> list[str]:
     """Every invariant violation in the ledger, as `name: description` lines."""
     found: list[str] = []
     for name, (params, describe) in _CHECKS.items():
-        rows = s.all(name.replace("-", "_"), params)
+        rows = s.all(name.replace("-", "_"), **params)
         found.extend(f"{name}: {describe(row)}" for row in rows)
     for row in s.all("effect_keys"):
         if row["effect_key"] != effect_key(row["step_id"], row["payload_hash"]):

@@ -16,7 +16,14 @@ def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str,
     """Append one event of `task_id`'s. Its sequence number is not read back: the write asks
     nothing of the server, so on PostgreSQL it rides the rule's next round trip (docs/design.md,
     The ledger on disk)."""
-    tx.run("append_event", (task_id, kind, str(state), dumps(dict(data)), tx.now))
+    tx.run(
+        "append_event",
+        task_id=task_id,
+        kind=kind,
+        state=str(state),
+        data_json=dumps(dict(data)),
+        now=tx.now,
+    )
     tx.evented.add(task_id)
 
 
@@ -26,7 +33,7 @@ def settle(tx: Tx) -> None:
     a last result three). The batch calls it as the rule ends, inside the rule's savepoint;
     nothing reads `last_seq` in a rule."""
     for task_id in tx.evented:
-        tx.run("set_task_last_seq", (task_id, task_id))
+        tx.run("set_task_last_seq", task_id=task_id)
 
 
 def record_rejection(
@@ -41,7 +48,15 @@ def record_rejection(
     """A refused write, kept for operators and the review record; it never changes a state.
     Returns the task it concerns, if known."""
     if task_id is None and step_id is not None:
-        row = tx.one("task_of_step", (step_id,))
+        row = tx.one("task_of_step", step_id=step_id)
         task_id = row["task_id"] if row else None
-    tx.run("record_rejection", (task_id, step_id, fence, code, detail, tx.now))
+    tx.run(
+        "record_rejection",
+        task_id=task_id,
+        step_id=step_id,
+        fence=fence,
+        code=code,
+        detail=detail,
+        now=tx.now,
+    )
     return task_id

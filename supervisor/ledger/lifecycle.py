@@ -32,12 +32,12 @@ def requeue(tx: Tx, step: Row, *, counted: bool, why: str) -> None:
     its attempts. The old fence stops being current here."""
     burned = step["burned"] + (1 if counted else 0)
     if burned >= tx.config.max_attempts:
-        tx.run("set_step_burned", (burned, step["id"]))
+        tx.run("set_step_burned", burned=burned, step_id=step["id"])
         fail_step(
             tx, step, f"step {step['name']} used {burned} of {tx.config.max_attempts} attempts"
         )
         return
-    tx.run("requeue_step", (StepState.QUEUED.value, burned, step["id"]))
+    tx.run("requeue_step", state=StepState.QUEUED.value, burned=burned, step_id=step["id"])
     append_event(
         tx,
         step["task_id"],
@@ -51,7 +51,7 @@ def requeue(tx: Tx, step: Row, *, counted: bool, why: str) -> None:
 
 def fail_step(tx: Tx, step: Row, reason: str) -> None:
     """Fail the step and its task (`step` a row of `find_step` or the reaper)."""
-    tx.run("fail_step", (StepState.FAILED.value, step["id"]))
+    tx.run("fail_step", state=StepState.FAILED.value, step_id=step["id"])
     transition(tx, step["task_id"], TaskState.FAILED, reason=reason)
     tx.note(Decision.FAILED, **about_step(tx, step), reason=reason)
 
@@ -63,7 +63,11 @@ def fail_task(tx: Tx, task: Row, reason: str) -> None:
     task_id = task["id"]
     tx.run(
         "fail_live_attempts_of_task",
-        (AttemptState.FAILED.value, reason[:500], tx.now, AttemptState.LEASED.value, task_id),
+        failed=AttemptState.FAILED.value,
+        reason=reason[:500],
+        now=tx.now,
+        leased=AttemptState.LEASED.value,
+        task_id=task_id,
     )
     transition(tx, task_id, TaskState.FAILED, reason=reason)
     withdraw_effects(tx, task_id)
@@ -71,16 +75,13 @@ def fail_task(tx: Tx, task: Row, reason: str) -> None:
     # records what happened.
     tx.run(
         "end_steps_of_failed_task",
-        (
-            StepState.LEASED.value,
-            StepState.FAILED.value,
-            StepState.CANCELLED.value,
-            task_id,
-            StepState.COMMITTED.value,
-            StepState.FAILED.value,
-            OutboxState.SENDING.value,
-            OutboxState.UNCERTAIN.value,
-        ),
+        leased=StepState.LEASED.value,
+        failed=StepState.FAILED.value,
+        cancelled=StepState.CANCELLED.value,
+        task_id=task_id,
+        committed=StepState.COMMITTED.value,
+        sending=OutboxState.SENDING.value,
+        uncertain=OutboxState.UNCERTAIN.value,
     )
     tx.note(
         Decision.FAILED, task_id=task_id, tenant=task["tenant"], pool=task["pool"], reason=reason
@@ -103,7 +104,7 @@ def advance(tx: Tx, step: Row, task_state: TaskState | None = None) -> None:
     `task_state`: the task's state if the rule knows it is still the one it read."""
     task_id, pool = step["task_id"], step["pool"]
     about = {"task_id": task_id, "tenant": step["tenant"], "pool": pool}
-    pending = tx.one("first_uncommitted_step", (task_id, StepState.COMMITTED.value))
+    pending = tx.one("first_uncommitted_step", task_id=task_id, committed=StepState.COMMITTED.value)
     if pending is not None:
         if pending["state"] == StepState.WAITING:
             # An effect falls due only once a verifier, if the task names one, agreed.
@@ -131,7 +132,7 @@ def start(tx: Tx, step_id: str) -> None:
     if step["kind"] in tx.config.effect_kinds:
         make_due(tx, step)
         return
-    tx.run("queue_ready_step", (step_id,))
+    tx.run("queue_ready_step", step_id=step_id)
     tx.wake(step["pool"])
 
 
@@ -144,7 +145,7 @@ def make_due(tx: Tx, step: Row) -> None:
     effect is never due. A request that cannot be rendered (a path missing from an earlier
     step's output, no candidate for a push) fails the step and the task; nothing is written.
     """
-    task = tx.one("task_by_id", (step["task_id"],))
+    task = tx.one("task_by_id", task_id=step["task_id"])
     assert task is not None
     if TaskState(task["state"]) is TaskState.QUEUED:
         transition(tx, task["id"], TaskState.RUNNING)
@@ -167,22 +168,19 @@ def make_due(tx: Tx, step: Row) -> None:
     digest = content_hash(request)
     tx.run(
         "insert_due_effect",
-        (
-            step["id"],
-            step["task_id"],
-            step["kind"],
-            effect_key(step["id"], step["payload_hash"]),
-            int(keyed),
-            dumps(request),
-            digest,
-            state.value,
-            deadline_s,
-            tx.now + deadline_s if keyed else None,
-            tx.now,
-            tx.now,
-        ),
+        step_id=step["id"],
+        task_id=step["task_id"],
+        kind=step["kind"],
+        effect_key=effect_key(step["id"], step["payload_hash"]),
+        keyed=int(keyed),
+        request_json=dumps(request),
+        digest=digest,
+        state=state.value,
+        deadline_s=deadline_s,
+        deadline_at=tx.now + deadline_s if keyed else None,
+        now=tx.now,
     )
-    tx.run("mark_effect_step_due", (step["id"],))
+    tx.run("mark_effect_step_due", step_id=step["id"])
     append_event(
         tx,
         step["task_id"],

@@ -32,9 +32,9 @@ def keep(tx: Tx, lines: Sequence[LogLine], pool: str, token_id: str) -> LogLines
     """Keep each of `lines` whose fence was granted to `token_id` in `pool` for its step."""
     tx.request = "log lines"
     fences = sorted({line.fence for line in lines})
-    held = {r["fence"]: r for r in tx.all("attempts_of_fences", (dumps(fences),))}
+    held = {r["fence"]: r for r in tx.all("attempts_of_fences", fences=dumps(fences))}
     count = {fence: int(r["kept"]) for fence, r in held.items()}
-    rows: list[tuple[Any, ...]] = []
+    rows: list[dict[str, Any]] = []
     refused = over = 0
     for line in lines:
         attempt = held.get(line.fence)
@@ -71,17 +71,17 @@ def _fields(fields: dict[str, Any]) -> str:
     return text
 
 
-def _row(tx: Tx, attempt: Row, level: str, event: str, fields_json: str) -> tuple[Any, ...]:
-    return (
-        attempt["task_id"],
-        attempt["step_id"],
-        attempt["fence"],
-        attempt["last_seq"],
-        level,
-        event,
-        fields_json,
-        tx.now,
-    )
+def _row(tx: Tx, attempt: Row, level: str, event: str, fields_json: str) -> dict[str, Any]:
+    return {
+        "task_id": attempt["task_id"],
+        "step_id": attempt["step_id"],
+        "fence": attempt["fence"],
+        "after_seq": attempt["last_seq"],
+        "level": level,
+        "event": event,
+        "fields_json": fields_json,
+        "at": tx.now,
+    }
 
 
 def task_log(
@@ -92,8 +92,8 @@ def task_log(
     fills its page, the other is cut where the page ends, so the next read goes on from
     there without skipping or repeating anything."""
     views._task_row(s, tenant, task_id)  # not found, or another tenant's: NotFound
-    events = s.all("events_after", (task_id, after_seq, EVENTS_PAGE))
-    lines = s.all("log_lines_after", (task_id, after_line, LINES_PAGE))
+    events = s.all("events_after", task_id=task_id, after=after_seq, limit=EVENTS_PAGE)
+    lines = s.all("log_lines_after", task_id=task_id, after_line=after_line, limit=LINES_PAGE)
     events_end = events[-1]["seq"] if len(events) == EVENTS_PAGE else None
     lines_end = lines[-1]["after_seq"] if len(lines) == LINES_PAGE else None
     if events_end is not None:

@@ -30,7 +30,7 @@ def _known(tx: Tx | None, kind: str, name: str) -> bool:
     its budget set."""
     if tx is None or name == ALL_POOLS or not name.strip():
         return False
-    return tx.one(_HELD[kind], (name, name)) is not None
+    return tx.one(_HELD[kind], name=name) is not None
 
 
 def check_tenant_name(name: str, tx: Tx | None = None) -> str:

@@ -24,7 +24,7 @@ from tether.wire.records import Budget
 
 
 def owned_task(tx: Tx, tenant: str, task_id: str) -> Row:
-    row = tx.one("owned_task", (task_id, tenant))
+    row = tx.one("owned_task", task_id=task_id, tenant=tenant)
     if row is None:
         raise NotFound(f"no task {task_id}")
     return row
@@ -68,7 +68,7 @@ def approve(
                 f" {observed_head}: approve that head, or plan against it"
             )
     transition(tx, task_id, TaskState.APPROVED, data={"plan_hash": plan_hash, "base_sha": base_sha})
-    tx.run("set_approved_base", (base_sha, task_id))
+    tx.run("set_approved_base", approved_base_sha=base_sha, task_id=task_id)
     if repository and observed_head:
         observe_head(tx, tenant, repository, observed_head, approving=task_id)
     transition(tx, task_id, TaskState.QUEUED)
@@ -94,19 +94,20 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
     transition(tx, task_id, TaskState.CANCELLED, reason=reason or "cancelled")
     tx.run(
         "cancel_live_attempts_of_task",
-        (AttemptState.CANCELLED.value, tx.now, AttemptState.LEASED.value, task_id),
+        cancelled=AttemptState.CANCELLED.value,
+        now=tx.now,
+        leased=AttemptState.LEASED.value,
+        task_id=task_id,
     )
     withdraw_effects(tx, task_id)
     tx.run(
         "cancel_steps_of_task",
-        (
-            StepState.CANCELLED.value,
-            task_id,
-            StepState.COMMITTED.value,
-            StepState.FAILED.value,
-            OutboxState.SENDING.value,
-            OutboxState.UNCERTAIN.value,
-        ),
+        cancelled=StepState.CANCELLED.value,
+        task_id=task_id,
+        committed=StepState.COMMITTED.value,
+        failed=StepState.FAILED.value,
+        sending=OutboxState.SENDING.value,
+        uncertain=OutboxState.UNCERTAIN.value,
     )
     tx.note(
         Decision.CANCELLED,
@@ -133,9 +134,9 @@ def observe_head(
     head changes; every approved one whose base is not `sha` fails at once with `stale_base`
     (docs/design.md, Verification), so no later step is granted on a moved base -- except the
     task whose own `git.push` put `sha` there (`pushed_sha`): only effects follow a push."""
-    held = tx.one("repository_head_sha", (tenant, repository))
-    tx.run("set_repository_head", (tenant, repository, sha, tx.now))
-    for row in tx.all("live_tasks_of_repository", (tenant, repository)):
+    held = tx.one("repository_head_sha", tenant=tenant, repository=repository)
+    tx.run("set_repository_head", tenant=tenant, repository=repository, head_sha=sha, now=tx.now)
+    for row in tx.all("live_tasks_of_repository", tenant=tenant, repository=repository):
         if row["id"] != approving and (held is None or held["head_sha"] != sha):
             append_event(tx, row["id"], "base_changed", row["state"], {"head_sha": sha})
         if row["approved_at"] is not None and sha not in (
@@ -150,7 +151,7 @@ def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
     names.check_tenant_name(tenant, tx)
     if tokens is not None and tokens < 0:
         raise InvalidRequest("a token budget cannot be negative")
-    tx.run("set_tenant_budget", (tenant, tokens))
+    tx.run("set_tenant_budget", tenant=tenant, tokens=tokens)
     if tokens is None or tokens > 0:
         tx.wake(ALL_POOLS)
 
@@ -161,7 +162,7 @@ def set_verify_pool(tx: Tx, tenant: str, pool: str | None) -> None:
     names.check_tenant_name(tenant, tx)
     if pool is not None:
         names.check_pool_name(pool, tx)
-    tx.run("set_tenant_verify_pool", (tenant, pool))
+    tx.run("set_tenant_verify_pool", tenant=tenant, pool=pool)
 
 
 def budget_record(tenant: str, spent: int, budget: int | None) -> Budget:
@@ -174,10 +175,10 @@ def budget_of(s: Statements, tenant: str) -> Budget:
     """The tenant's tokens spent (by every attempt, committed or not), budget and what is left.
     `NotFound` for a tenant the ledger has never heard of (no task, budget or operator
     token), so a mistyped name is not shown as a tenant with nothing spent."""
-    row = s.one("tenant_spending", (tenant,))
+    row = s.one("tenant_spending", tenant=tenant)
     if row is not None:
         return budget_record(tenant, row["tokens_used"], row["token_budget"])
-    if s.one("tenant_has_operator_token", (tenant,)):
+    if s.one("tenant_has_operator_token", tenant=tenant):
         return budget_record(tenant, 0, None)
     raise NotFound(f"no tenant {tenant!r} in this ledger (no task, budget or operator token)")
 
@@ -217,5 +218,5 @@ def record_review(tx: Tx, tenant: str, task_id: str, decision: str, note: str) -
         if not verdict.acceptable:
             raise InvalidRequest("cannot accept: " + "; ".join(verdict.reasons))
     record = {"decision": decision, "note": note[:2000], "at": tx.now}
-    tx.run("set_reviewer_decision", (dumps(record), task_id))
+    tx.run("set_reviewer_decision", reviewer_decision=dumps(record), task_id=task_id)
     append_event(tx, task_id, "reviewed", task["state"], {"decision": decision})

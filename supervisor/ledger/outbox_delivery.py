@@ -60,7 +60,7 @@ def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
     tx.request = "take"
     taken: list[Row] = []
     hold = tx.now + tx.config.effect_hold_s
-    for row in tx.all("lapsed_effects", (OutboxState.SENDING.value, tx.now)):
+    for row in tx.all("lapsed_effects", sending=OutboxState.SENDING.value, now=tx.now):
         if outbox_rows.task_ended(row):
             outbox_rows.settle_ended(tx, row, "its dispatcher vanished")
         elif row["keyed"]:
@@ -74,16 +74,20 @@ def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
     if room:
         taken += tx.all(
             "ready_effects",
-            (
-                OutboxState.DUE.value,
-                OutboxState.OPEN.value,
-                tx.now,
-                *(s.value for s in TERMINAL),
-                room,
-            ),
+            due=OutboxState.DUE.value,
+            open=OutboxState.OPEN.value,
+            now=tx.now,
+            room=room,
+            **{s.name.lower(): s.value for s in TERMINAL},
         )
     for row in taken:
-        tx.run("hold_effect", (OutboxState.SENDING.value, holder, hold, row["step_id"]))
+        tx.run(
+            "hold_effect",
+            state=OutboxState.SENDING.value,
+            holder=holder,
+            held_until=hold,
+            step_id=row["step_id"],
+        )
     return [_to_outgoing(row) for row in taken]
 
 
@@ -121,15 +125,22 @@ def begin_attempt(tx: Tx, effect_id: str, holder: str, digest: str) -> int:
             ).about(**about)
     if row["deadline_at"] is not None and tx.now > row["deadline_at"]:
         raise EffectNotHeld(f"effect {effect_id}'s delivery deadline has passed").about(**about)
-    last = tx.one("last_delivery_attempt", (effect_id,))
+    last = tx.one("last_delivery_attempt", step_id=effect_id)
     attempt = int((last["n"] if last else None) or 0) + 1
-    tx.run("insert_delivery", (effect_id, attempt, opening, holder, tx.now))
+    tx.run(
+        "insert_delivery",
+        step_id=effect_id,
+        attempt=attempt,
+        opening=opening,
+        holder=holder,
+        now=tx.now,
+    )
     if row["kind"] == "git.push":
         # Before the push leaves: a head read that reports this candidate is the task's own
         # push (`operator.observe_head`), however soon the forge's webhook arrives.
         candidate = loads(row["request_json"]).get("candidate")
-        tx.run("record_pushed_sha", (candidate, row["task_id"]))
-    tx.run("extend_effect_hold", (tx.now + tx.config.effect_hold_s, effect_id))
+        tx.run("record_pushed_sha", pushed_sha=candidate, task_id=row["task_id"])
+    tx.run("extend_effect_hold", held_until=tx.now + tx.config.effect_hold_s, step_id=effect_id)
     return attempt
 
 
@@ -147,7 +158,7 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     tx.request = "record_attempt"
     late = outbox_rows.effect_row(tx, effect_id)
     row = late if _answers_uncertain(tx, late, attempt, holder) else _held(tx, effect_id, holder)
-    delivery = tx.one("delivery_attempt", (effect_id, attempt))
+    delivery = tx.one("delivery_attempt", step_id=effect_id, attempt=attempt)
     if delivery is None or delivery["answer"] is not None or delivery["holder"] != holder:
         raise EffectNotHeld(
             f"effect {effect_id} has no attempt {attempt} waiting for its answer"
@@ -155,16 +166,14 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     kind, sent = _answer_columns(answer)
     tx.run(
         "answer_delivery",
-        (
-            tx.now,
-            kind,
-            sent,
-            answer.status,
-            answer.detail[:DETAIL_MAX],
-            answer.code if isinstance(answer, Undeliverable) else None,
-            effect_id,
-            attempt,
-        ),
+        now=tx.now,
+        answer=kind,
+        sent=sent,
+        status=answer.status,
+        detail=answer.detail[:DETAIL_MAX],
+        error=answer.code if isinstance(answer, Undeliverable) else None,
+        step_id=effect_id,
+        attempt=attempt,
     )
     if isinstance(answer, Delivered):
         observation = {
@@ -180,7 +189,7 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     elif row["state"] == OutboxState.UNCERTAIN:
         return  # still only an operator can say
     elif row["keyed"] or not answer.sent:
-        tx.run("extend_effect_hold", (tx.now + tx.config.effect_hold_s, effect_id))
+        tx.run("extend_effect_hold", held_until=tx.now + tx.config.effect_hold_s, step_id=effect_id)
     else:
         outbox_rows.make_uncertain(tx, row, "an unkeyed send went unanswered")
 
@@ -191,7 +200,10 @@ def _answers_uncertain(s: Statements, row: Row, attempt: int, holder: str) -> bo
     if row["state"] != OutboxState.UNCERTAIN:
         return False
     delivery = s.one(
-        "unsettled_delivery_attempt", (row["step_id"], attempt, row["settled_attempts"])
+        "unsettled_delivery_attempt",
+        step_id=row["step_id"],
+        attempt=attempt,
+        settled_attempts=row["settled_attempts"],
     )
     return delivery is not None and delivery["holder"] == holder and delivery["answer"] is None
 
@@ -215,18 +227,16 @@ def deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
     step = find_step(tx, effect_id, None)
     tx.run(
         "insert_delivered_effect",
-        (
-            row["effect_key"],
-            effect_id,
-            row["task_id"],
-            EFFECT_FENCE,
-            step["payload_hash"],
-            dumps(observation),
-            NO_USAGE,
-            tx.now,
-        ),
+        effect_key=row["effect_key"],
+        step_id=effect_id,
+        task_id=row["task_id"],
+        fence=EFFECT_FENCE,
+        payload_hash=step["payload_hash"],
+        output_json=dumps(observation),
+        usage_json=NO_USAGE,
+        now=tx.now,
     )
-    tx.run("commit_delivered_step", (dumps(observation), tx.now, effect_id))
+    tx.run("commit_delivered_step", output_json=dumps(observation), now=tx.now, step_id=effect_id)
     append_event(
         tx,
         row["task_id"],
@@ -265,7 +275,7 @@ def fail_effect(tx: Tx, row: Row, reason: str) -> None:
     """Fail the effect step, and its task unless the task has ended already."""
     step = find_step(tx, row["step_id"], None)
     if TaskState(step["task_state"]) in TERMINAL:
-        tx.run("fail_effect_step", (row["step_id"],))
+        tx.run("fail_effect_step", step_id=row["step_id"])
         return
     fail_step(tx, step, reason)
 
@@ -293,7 +303,7 @@ def release(tx: Tx, effect_id: str, holder: str) -> None:
     back to `open`. A row whose task ended is settled (`outbox_rows.settle_ended`)."""
     tx.request = "release_effect"
     row = _held(tx, effect_id, holder)
-    tx.run("release_unanswered_deliveries", (tx.now, effect_id))
+    tx.run("release_unanswered_deliveries", now=tx.now, step_id=effect_id)
     if outbox_rows.task_ended(row):
         outbox_rows.settle_ended(tx, row, "released")
     elif row["keyed"]:

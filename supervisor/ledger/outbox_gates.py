@@ -21,15 +21,15 @@ from tether.supervisor.ledger.tx import EFFECTS, Row, Tx
 def _effect_of(tx: Tx, tenant: str, task_id: str, step_name: str) -> Row:
     """The outbox row of `tenant`'s task's step named `step_name`; `NotFound` for another
     tenant's task, an unknown step, and a step that is not (yet) an effect with a row."""
-    task = tx.one("tenant_task_id", (task_id, tenant))
+    task = tx.one("tenant_task_id", task_id=task_id, tenant=tenant)
     if task is None:
         raise NotFound(f"no task {task_id}")
-    step = tx.one("first_step_named", (task_id, step_name))
+    step = tx.one("first_step_named", task_id=task_id, step_name=step_name)
     if step is None:
         raise NotFound(f"task {task_id} has no step {step_name!r}")
     if step["kind"] not in tx.config.effect_kinds:
         raise InvalidRequest(f"step {step_name!r} is a {step['kind']} step, not an effect")
-    row = tx.one("effect_row", (step["id"],))
+    row = tx.one("effect_row", step_id=step["id"])
     if row is None:
         raise EffectNotGated(f"step {step_name!r} of task {task_id} is not due yet").about(
             task_id=task_id, step_id=step["id"]
@@ -58,14 +58,12 @@ def open_gate(tx: Tx, tenant: str, task_id: str, step_name: str, digest: str, by
         ).about(**about)
     tx.run(
         "open_effect_gate",
-        (
-            OutboxState.OPEN.value,
-            row["openings"] + 1,
-            digest,
-            tx.now + row["deadline_s"],
-            tx.now,
-            row["step_id"],
-        ),
+        state=OutboxState.OPEN.value,
+        openings=row["openings"] + 1,
+        gate_digest=digest,
+        deadline_at=tx.now + row["deadline_s"],
+        now=tx.now,
+        step_id=row["step_id"],
     )
     _decided(tx, row, "open", by, digest)
     append_event(
@@ -100,7 +98,7 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
         raise EffectNotGated(
             f"step {step_name!r} is {row['state']}: only an uncertain effect is resolved"
         ).about(**about)
-    tx.run("settle_effect_attempts", (row["step_id"], row["step_id"]))
+    tx.run("settle_effect_attempts", step_id=row["step_id"])
     if happened:
         _decided(tx, row, "happened", by, row["digest"])
         deliver(
@@ -122,19 +120,26 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
     _decided(tx, row, "not_happened", by, row["digest"])
     said = f"an operator ({by}) said it did not happen"
     if outbox_rows.task_ended(row):
-        tx.run("mark_effect_said_no", (row["step_id"],))
+        tx.run("mark_effect_said_no", step_id=row["step_id"])
         outbox_rows.withdraw(tx, row, said, by=by)
         return
     if row["keyed"]:
-        tx.run("mark_effect_said_no", (row["step_id"],))
+        tx.run("mark_effect_said_no", step_id=row["step_id"])
         outbox_rows.set_state(tx, row["step_id"], OutboxState.FAILED)
         fail_effect(tx, row, f"delivery_deadline: {said}")
         return
-    tx.run("regate_effect", (OutboxState.GATED.value, row["step_id"]))
+    tx.run("regate_effect", state=OutboxState.GATED.value, step_id=row["step_id"])
     append_event(
         tx, task_id, "effect_regated", row["task_state"], {"step_id": row["step_id"], "by": by}
     )
 
 
 def _decided(tx: Tx, row: Row, action: str, by: str, digest: str | None) -> None:
-    tx.run("insert_effect_decision", (row["step_id"], action, digest, by, tx.now))
+    tx.run(
+        "insert_effect_decision",
+        step_id=row["step_id"],
+        action=action,
+        digest=digest,
+        by=by,
+        now=tx.now,
+    )

@@ -50,7 +50,7 @@ def render_request(tx: Tx, step: Row, task: Row, payload: dict[str, Any]) -> dic
         }
     outputs = {
         r["name"]: loads(r["output_json"])
-        for r in tx.all("committed_outputs_before", (task["id"], step["position"]))
+        for r in tx.all("committed_outputs_before", task_id=task["id"], position=step["position"])
     }
     if step["kind"] == "http":
         return {

@@ -19,7 +19,7 @@ SEAMS: Final = frozenset({"maybe_sent"})
 
 
 def effect_row(s: Statements, effect_id: str) -> Row:
-    row = s.one("effect_row", (effect_id,))
+    row = s.one("effect_row", step_id=effect_id)
     if row is None:
         raise NotFound(f"no effect {effect_id}")
     return row
@@ -36,9 +36,9 @@ def set_state(tx: Tx, effect_id: str, state: OutboxState) -> None:
     if state is OutboxState.SENDING:
         raise ValueError("a row becomes `sending` only when a dispatcher takes it")
     if state in ENDS:
-        tx.run("end_effect", (state.value, tx.now, effect_id))
+        tx.run("end_effect", state=state.value, now=tx.now, step_id=effect_id)
     else:
-        tx.run("move_effect", (state.value, effect_id))
+        tx.run("move_effect", state=state.value, step_id=effect_id)
 
 
 def unsettled_attempts(s: Statements, row: Row, opening_only: bool) -> list[Row]:
@@ -47,9 +47,13 @@ def unsettled_attempts(s: Statements, row: Row, opening_only: bool) -> list[Row]
     if opening_only:
         return s.all(
             "unsettled_deliveries_of_opening",
-            (row["step_id"], row["settled_attempts"], row["openings"]),
+            step_id=row["step_id"],
+            settled_attempts=row["settled_attempts"],
+            opening=row["openings"],
         )
-    return s.all("unsettled_deliveries", (row["step_id"], row["settled_attempts"]))
+    return s.all(
+        "unsettled_deliveries", step_id=row["step_id"], settled_attempts=row["settled_attempts"]
+    )
 
 
 def maybe_sent(attempts: list[Row]) -> bool:
@@ -91,7 +95,7 @@ def settle_ended(tx: Tx, row: Row, why: str) -> None:
 def withdraw(tx: Tx, row: Row, why: str, **data: Any) -> None:
     """The effect will never be sent: its row `withdrawn`, its step cancelled."""
     set_state(tx, row["step_id"], OutboxState.WITHDRAWN)
-    tx.run("cancel_effect_step", (row["step_id"],))
+    tx.run("cancel_effect_step", step_id=row["step_id"])
     append_event(
         tx,
         row["task_id"],
@@ -107,7 +111,8 @@ def end_with_task(tx: Tx, task_id: str) -> None:
     no attempt begun. A `sending` row with an attempt begun is left to its dispatcher, whose
     answer is recorded and whose next attempt is refused (docs/design.md, Effects). Called by
     `lifecycle.withdraw_effects` after the task's state moved."""
+    unheld = {s.name.lower(): s.value for s in UNHELD}
     for row in tx.all(
-        "unheld_effects_of_task", (task_id, *(s.value for s in UNHELD), OutboxState.SENDING.value)
+        "unheld_effects_of_task", task_id=task_id, sending=OutboxState.SENDING.value, **unheld
     ):
         settle_ended(tx, row, "an attempt of it may have been sent")

@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -92,12 +92,14 @@ class PgConnection:
         self.pipeline: psycopg.Pipeline | None = None
 
     def execute(
-        self, sql: str, parameters: Sequence[Any] = (), /
+        self, sql: str, parameters: Mapping[str, Any] | Sequence[Any] = (), /
     ) -> psycopg.Cursor[PgRow] | Queued:
         cursor = self.conn.execute(sql, parameters)
         return cursor if self.pipeline is None else Queued(cursor, self.pipeline)
 
-    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
+    def executemany(
+        self, sql: str, parameters: Iterable[Mapping[str, Any] | Sequence[Any]], /
+    ) -> None:
         with self.conn.cursor() as cursor:
             cursor.executemany(sql, list(parameters))
 
@@ -396,7 +398,7 @@ class _PgReads:
         self._pool = pool
         self._url = url
         self._where = where
-        self._sql = queries.texts("postgresql")
+        self._sql = queries.load("postgresql")
         self._limiter = anyio.CapacityLimiter(size)
 
     async def run(self, query: Callable[[Statements], T]) -> T:

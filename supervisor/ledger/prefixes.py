@@ -26,18 +26,18 @@ def resolve_task_id(s: Statements, tenant: str | None, given: str) -> str:
     tenant's task is not found either, nor any for a prefix too short); `InvalidRequest` for a
     prefix several begin with."""
     if tenant is None:
-        exact = s.one("task_by_id", (given,))
+        exact = s.one("task_by_id", task_id=given)
     else:
-        exact = s.one("owned_task", (given, tenant))
+        exact = s.one("owned_task", task_id=given, tenant=tenant)
     if exact is not None:
         return str(exact["id"])
     if len(given) < MIN_PREFIX:
         raise NotFound(f"no task {given[:80]}{_too_short(given)}")
-    bound = (len(given), given, SHOWN_MATCHES)
+    bound = {"length": len(given), "prefix": given, "limit": SHOWN_MATCHES}
     if tenant is None:
-        found = s.all("task_ids_with_prefix", bound)
+        found = s.all("task_ids_with_prefix", **bound)
     else:
-        found = s.all("tenant_task_ids_with_prefix", (tenant, *bound))
+        found = s.all("tenant_task_ids_with_prefix", tenant=tenant, **bound)
     if not found:
         raise NotFound(f"no task {given[:80]}")
     if len(found) > 1:

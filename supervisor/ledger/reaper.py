@@ -25,8 +25,8 @@ ALIVE_PER_S = 1_000_000  # 'alive' is kept in microseconds: counters hold intege
 def expire(tx: Tx) -> int:
     """Stamp 'alive', then reap every lease past its deadline or never acknowledged in time;
     return how many were reaped."""
-    tx.run("stamp_alive", (int(tx.now * ALIVE_PER_S),))
-    rows = tx.all("leases_to_reap", (tx.now, tx.now))
+    tx.run("stamp_alive", alive=int(tx.now * ALIVE_PER_S))
+    rows = tx.all("leases_to_reap", now=tx.now)
     for step in rows:
         unacknowledged = step["accept_deadline"] is not None and step["accept_deadline"] <= tx.now
         why = "not acknowledged" if unacknowledged else "lease expired"
@@ -66,11 +66,14 @@ def refresh_after_restart(tx: Tx) -> int:
     cfg = tx.config
     row = tx.one("last_alive")
     if row is None:
-        fresh = (tx.now + cfg.lease_ttl_s, tx.now + cfg.accept_window_s)
-        changed = tx.count("refresh_leases", fresh)
+        changed = tx.count(
+            "refresh_leases",
+            lease_deadline=tx.now + cfg.lease_ttl_s,
+            accept_deadline=tx.now + cfg.accept_window_s,
+        )
     else:
         unattended = tx.now - row["value"] / ALIVE_PER_S - ALIVE_GRACE_S
-        changed = tx.count("extend_leases", (unattended, unattended)) if unattended > 0 else 0
-    tx.run("stamp_alive", (int(tx.now * ALIVE_PER_S),))
-    tx.run("raise_fence_floor", (int(tx.now * FENCE_FLOOR_PER_S),))
+        changed = tx.count("extend_leases", unattended=unattended) if unattended > 0 else 0
+    tx.run("stamp_alive", alive=int(tx.now * ALIVE_PER_S))
+    tx.run("raise_fence_floor", floor=int(tx.now * FENCE_FLOOR_PER_S))
     return changed

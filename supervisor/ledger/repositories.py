@@ -144,10 +144,17 @@ def add_repository(
             )
         if setup is None or setup == held.setup:
             return held, False
-        tx.run("update_repository_setup", (dumps(list(setup)), tenant, name))
+        tx.run("update_repository_setup", setup_json=dumps(list(setup)), tenant=tenant, name=name)
         return dataclasses.replace(held, setup=setup), False
     setup = setup or ()
-    tx.run("insert_repository_remote", (tenant, name, url, tx.now, dumps(list(setup))))
+    tx.run(
+        "insert_repository_remote",
+        tenant=tenant,
+        name=name,
+        url=url,
+        now=tx.now,
+        setup_json=dumps(list(setup)),
+    )
     return Repository(tenant=tenant, name=name, url=url, added_at=tx.now, setup=setup), True
 
 
@@ -156,13 +163,13 @@ def remove_repository(tx: Tx, tenant: str, name: str) -> Repository:
     held = _find(tx, tenant, name)
     if held is None:
         raise NotFound(f"tenant {tenant!r} has no repository {name!r}")
-    busy = tx.one("task_keeping_repository", (tenant, name))
+    busy = tx.one("task_keeping_repository", tenant=tenant, name=name)
     if busy is not None:
         raise InvalidRequest(
             f"repository {name!r} is named by task {busy['id']}, which has not ended:"
             " cancel it or let it end first"
         )
-    tx.run("delete_repository_remote", (tenant, name))
+    tx.run("delete_repository_remote", tenant=tenant, name=name)
     return held
 
 
@@ -176,7 +183,7 @@ def list_repositories(s: Statements, tenant: str | None = None) -> list[Reposito
     if tenant is None:
         rows = s.all("all_repository_remotes")
     else:
-        rows = s.all("repository_remotes_of_tenant", (tenant,))
+        rows = s.all("repository_remotes_of_tenant", tenant=tenant)
     return [_record(r) for r in rows]
 
 
@@ -190,12 +197,12 @@ def committed_candidates(s: Statements, url: str) -> list[Candidate]:
             sha=r["candidate_sha"],
             bundle=r["bundle"],
         )
-        for r in s.all("committed_candidates_of_url", (url,))
+        for r in s.all("committed_candidates_of_url", url=url)
     ]
 
 
 def _find(s: Statements, tenant: str, name: str) -> Repository | None:
-    row = s.one("repository_remote", (tenant, name))
+    row = s.one("repository_remote", tenant=tenant, name=name)
     return None if row is None else _record(row)
 
 
@@ -213,9 +220,9 @@ def binding_of_task(s: Statements, tenant: str | None, task_id: str) -> Binding 
     """The binding of `tenant`'s task `task_id` (None: any tenant's, for commands on the
     ledger itself); None when it names no repository. `NotFound` when there is no such task."""
     if tenant is None:
-        task = s.one("task_by_id", (task_id,))
+        task = s.one("task_by_id", task_id=task_id)
     else:
-        task = s.one("owned_task", (task_id, tenant))
+        task = s.one("owned_task", task_id=task_id, tenant=tenant)
     if task is None:
         raise NotFound(f"no task {task_id}")
     return _binding(s, task)
@@ -224,7 +231,7 @@ def binding_of_task(s: Statements, tenant: str | None, task_id: str) -> Binding 
 def binding_of_step(s: Statements, step_id: str, pool: str | None) -> Binding | None:
     """The binding of the task of step `step_id`; None when it names no repository. `NotFound`
     when there is no such step, or it is not of `pool` (a runner's, when given)."""
-    task = s.one("task_row_of_step", (step_id,))
+    task = s.one("task_row_of_step", step_id=step_id)
     if task is None or (pool is not None and task["step_pool"] != pool):
         raise NotFound(f"no step {step_id}")
     binding = _binding(s, task)

@@ -23,10 +23,15 @@ def seen(tx: Tx, pool: str, runner_id: str, token_id: str | None, kinds: Iterabl
     kinds_json = dumps(sorted(set(kinds)))
     tx.run(
         "record_runner_seen",
-        (pool, runner_id, token_id, kinds_json, tx.now, tx.now, SEEN_RESOLUTION_S),
+        pool=pool,
+        runner_id=runner_id,
+        token_id=token_id,
+        kinds_json=kinds_json,
+        now=tx.now,
+        resolution=SEEN_RESOLUTION_S,
     )
 
 
 def kinds_served(tx: Tx, pool: str, since: float) -> set[str]:
     """The kinds announced by the runners of `pool` seen at or after `since`."""
-    return {row["kind"] for row in tx.all("kinds_served", (pool, since))}
+    return {row["kind"] for row in tx.all("kinds_served", pool=pool, since=since)}

@@ -21,7 +21,7 @@ TOKENS_CEILING = 2**62
 
 def find_step(s: Statements, step_id: str, pool: str | None) -> Row:
     """The step with its task's state, tenant and pool; `NotFound` outside the runner's pool."""
-    step = s.one("step_with_task", (step_id,))
+    step = s.one("step_with_task", step_id=step_id)
     if step is None or (pool is not None and step["pool"] != pool):
         raise NotFound(f"no step {step_id}")
     return step
@@ -39,7 +39,7 @@ def held_step(
     runner token of the same pool, knowing or guessing the fence, learns nothing and changes
     nothing. Whether the fence is still current is `require_current`'s question, asked after.
     """
-    step = s.one("held_step_with_task", (fence, step_id))
+    step = s.one("held_step_with_task", fence=fence, step_id=step_id)
     if (
         step is None
         or (pool is not None and step["pool"] != pool)
@@ -106,8 +106,8 @@ def _count(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
     spent = tokens_spent(usage) - before
     if spent <= 0:
         return 0
-    tx.run("set_attempt_usage", (dumps(dict(usage)), fence, step["id"]))
-    tx.run("charge_tenant_tokens", (spent, TOKENS_CEILING, step["tenant"]))
+    tx.run("set_attempt_usage", usage_json=dumps(dict(usage)), fence=fence, step_id=step["id"])
+    tx.run("charge_tenant_tokens", spent=spent, ceiling=TOKENS_CEILING, tenant=step["tenant"])
     return spent
 
 
@@ -118,7 +118,7 @@ def about_step(tx: Tx, step: Row) -> dict[str, object]:
     if "lease_token_id" in step.keys():  # noqa: SIM118 - `in` a row looks at its values
         token_id = step["lease_token_id"]
     else:
-        attempt = tx.one("attempt_token", (step["fence"],))
+        attempt = tx.one("attempt_token", fence=step["fence"])
         token_id = None if attempt is None else attempt["token_id"]
     return {
         "task_id": step["task_id"],
@@ -134,4 +134,11 @@ def about_step(tx: Tx, step: Row) -> dict[str, object]:
 
 def end_attempt(tx: Tx, step_id: str, fence: int, state: AttemptState, reason: str) -> None:
     """Close a live attempt. An attempt that already ended keeps how it ended."""
-    tx.run("end_live_attempt", (state.value, reason, tx.now, step_id, fence))
+    tx.run(
+        "end_live_attempt",
+        state=state.value,
+        reason=reason,
+        now=tx.now,
+        step_id=step_id,
+        fence=fence,
+    )

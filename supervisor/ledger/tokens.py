@@ -71,7 +71,7 @@ def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewT
         names.check_tenant_name(scope, tx)
     if name is not None:
         names.check_token_name(name)
-        held = tx.one("live_token_named", (name,))
+        held = tx.one("live_token_named", name=name)
         if held is not None:
             raise InvalidRequest(
                 f"token {held['id']} is already named {name!r}: revoke it or choose another name"
@@ -80,7 +80,12 @@ def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewT
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     tx.run(
         "insert_token",
-        (token_id, scope, parsed.value, hash_secret(secret), tx.now, name),
+        token_id=token_id,
+        scope=scope,
+        role=parsed.value,
+        secret_hash=hash_secret(secret),
+        now=tx.now,
+        name=name,
     )
     return NewToken(id=token_id, name=name, secret=secret)
 
@@ -88,10 +93,10 @@ def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewT
 def revoke_token(tx: Tx, token: str) -> TokenRecord:
     """Revoke the token whose id is `token`, or else the live token named `token`, and return
     it. Revoking again changes nothing: by name, that finds the newest revoked token so named."""
-    row = tx.one("token_by_id", (token,)) or tx.one("token_by_name", (token,))
+    row = tx.one("token_by_id", token_id=token) or tx.one("token_by_name", name=token)
     if row is None:
         raise NotFound(f"no token with id or name {token!r}")
-    tx.run("revoke_token", (tx.now, row["id"]))
+    tx.run("revoke_token", now=tx.now, token_id=row["id"])
     return _record(row)
 
 
@@ -113,7 +118,7 @@ def list_tokens(s: Statements) -> list[TokenRecord]:
 
 def authenticate(s: Statements, secret: str) -> Principal | None:
     """The principal behind a live token, or None for an unknown or revoked one."""
-    row = s.one("live_token_by_secret_hash", (hash_secret(secret),))
+    row = s.one("live_token_by_secret_hash", secret_hash=hash_secret(secret))
     if row is None:
         return None
     return Principal(
@@ -134,5 +139,7 @@ def note_use(tx: Tx, token_id: str) -> None:
     """Record that the token authenticated now, unless another request just did."""
     tx.run(
         "note_token_use",
-        (tx.now, token_id, tx.now - LAST_USE_EVERY_S),
+        now=tx.now,
+        token_id=token_id,
+        used_before=tx.now - LAST_USE_EVERY_S,
     )

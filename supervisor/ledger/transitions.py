@@ -16,7 +16,7 @@ from tether.supervisor.ledger.tx import Tx
 SEAMS: Final = frozenset({"require_allowed"})
 
 # The query that moves a task into a state which stamps a column for the review record
-# (approved_at, started_at, finished_at); the time is its third parameter.
+# (approved_at, started_at, finished_at) at its parameter `now`.
 _STAMPING: Mapping[TaskState, str] = {
     TaskState.APPROVED: "move_task_approving",
     TaskState.RUNNING: "move_task_starting",
@@ -27,7 +27,7 @@ _STAMPING: Mapping[TaskState, str] = {
 
 
 def task_state(tx: Tx, task_id: str) -> TaskState:
-    row = tx.one("task_state", (task_id,))
+    row = tx.one("task_state", task_id=task_id)
     if row is None:
         raise NotFound(f"no task {task_id}")
     return TaskState(row["state"])
@@ -62,9 +62,9 @@ def transition(
     require_allowed(task_id, current, target)
     stamping = _STAMPING.get(target)
     if stamping is None:
-        tx.run("move_task", (target.value, reason, task_id))
+        tx.run("move_task", state=target.value, reason=reason, task_id=task_id)
     else:
-        tx.run(stamping, (target.value, reason, tx.now, task_id))
+        tx.run(stamping, state=target.value, reason=reason, now=tx.now, task_id=task_id)
     payload = {"from": current.value, **(data or {})}
     if reason:
         payload["reason"] = reason

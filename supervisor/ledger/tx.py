@@ -18,6 +18,7 @@ import msgspec
 from tether.supervisor.ledger import queries
 from tether.supervisor.ledger.decisions import Decision, Note
 from tether.supervisor.ledger.destinations import PUBLIC_HOSTS, Destinations
+from tether.supervisor.ledger.queries import Query
 from tether.wire.payloads import EFFECT_KINDS
 
 
@@ -58,17 +59,26 @@ class Row(Protocol):
 
 
 class Statements(Protocol):
-    """What reads run named queries (`queries`) on: a `Tx`, or a read-only session."""
+    """What reads run named queries (`queries`) on: a `Tx`, or a read-only session. The
+    query's name is positional only (a query may have a parameter called `name`); its
+    parameters are keywords, exactly those its text names (`queries.QueryParamsError`)."""
 
-    def one(self, name: str, params: Sequence[Any] = ()) -> Row | None: ...
-    def all(self, name: str, params: Sequence[Any] = ()) -> list[Row]: ...
+    def one(self, name: str, /, **params: Any) -> Row | None: ...
+    def all(self, name: str, /, **params: Any) -> list[Row]: ...
 
 
 class Connection(Protocol):
-    """The DB-API surface the ledger uses: `sqlite3.Connection`, or the PostgreSQL adapter's."""
+    """The DB-API surface the ledger uses: `sqlite3.Connection`, or the PostgreSQL adapter's.
+    The named queries pass their parameters by name; the backends' own statements, in order."""
 
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Any: ...
-    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Any: ...
+    def execute(self, sql: str, parameters: Mapping[str, Any] | Sequence[Any] = (), /) -> Any: ...
+    def executemany(
+        self, sql: str, parameters: Iterable[Mapping[str, Any] | Sequence[Any]], /
+    ) -> Any: ...
+
+
+def _default_queries() -> Mapping[str, Query]:
+    return queries.load("sqlite")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,14 +86,28 @@ class ReadSession:
     """Named queries on a read-only connection (the store's reader, `check`, the explorer)."""
 
     db: Connection
-    sql: Mapping[str, str] = dataclasses.field(default_factory=lambda: queries.texts("sqlite"))
+    sql: Mapping[str, Query] = dataclasses.field(default_factory=_default_queries)
 
-    def one(self, name: str, params: Sequence[Any] = ()) -> Row | None:
-        row: Row | None = self.db.execute(self.sql[name], params).fetchone()
+    def one(self, name: str, /, **params: Any) -> Row | None:
+        query = self.sql[name]
+        try:
+            values = query.bind(params)
+        except KeyError:
+            raise query.wrong_params(params) from None
+        if len(params) != query.size:
+            raise query.wrong_params(params)
+        row: Row | None = self.db.execute(query.text, values).fetchone()
         return row
 
-    def all(self, name: str, params: Sequence[Any] = ()) -> list[Row]:
-        rows: list[Row] = self.db.execute(self.sql[name], params).fetchall()
+    def all(self, name: str, /, **params: Any) -> list[Row]:
+        query = self.sql[name]
+        try:
+            values = query.bind(params)
+        except KeyError:
+            raise query.wrong_params(params) from None
+        if len(params) != query.size:
+            raise query.wrong_params(params)
+        rows: list[Row] = self.db.execute(query.text, values).fetchall()
         return rows
 
 
@@ -96,8 +120,8 @@ class Tx:
     now: float
     config: LedgerConfig
     new_id: Callable[[], str]
-    # The named queries in this connection's dialect (`queries.texts`).
-    sql: Mapping[str, str] = dataclasses.field(default_factory=lambda: queries.texts("sqlite"))
+    # The named queries in this connection's dialect (`queries.load`).
+    sql: Mapping[str, Query] = dataclasses.field(default_factory=_default_queries)
     # Set by rules so the store can wake long-pollers after the commit is durable: the pools
     # whose claims may now find work (ALL_POOLS for every pool). The tasks given events are
     # `evented`.
@@ -121,31 +145,67 @@ class Tx:
         """Log `decision` with `fields` once this transaction is durable (`decisions`)."""
         self.notes.append((decision, fields))
 
-    def one(self, name: str, params: Sequence[Any] = ()) -> Row | None:
+    def one(self, name: str, /, **params: Any) -> Row | None:
         """Run the query `name`; its first row, or None."""
-        row: Row | None = self.db.execute(self.sql[name], params).fetchone()
+        query = self.sql[name]
+        try:
+            values = query.bind(params)
+        except KeyError:
+            raise query.wrong_params(params) from None
+        if len(params) != query.size:
+            raise query.wrong_params(params)
+        row: Row | None = self.db.execute(query.text, values).fetchone()
         return row
 
-    def all(self, name: str, params: Sequence[Any] = ()) -> list[Row]:
+    def all(self, name: str, /, **params: Any) -> list[Row]:
         """Run the query `name`; every row."""
-        rows: list[Row] = self.db.execute(self.sql[name], params).fetchall()
+        query = self.sql[name]
+        try:
+            values = query.bind(params)
+        except KeyError:
+            raise query.wrong_params(params) from None
+        if len(params) != query.size:
+            raise query.wrong_params(params)
+        rows: list[Row] = self.db.execute(query.text, values).fetchall()
         return rows
 
-    def run(self, name: str, params: Sequence[Any] = ()) -> None:
+    def run(self, name: str, /, **params: Any) -> None:
         """Run the write `name`. It asks nothing back, so on PostgreSQL it is sent with the
         rule's next statement that does (`count`, a read, the rule's end)."""
-        self.db.execute(self.sql[name], params)
+        query = self.sql[name]
+        try:
+            values = query.bind(params)
+        except KeyError:
+            raise query.wrong_params(params) from None
+        if len(params) != query.size:
+            raise query.wrong_params(params)
+        self.db.execute(query.text, values)
 
-    def count(self, name: str, params: Sequence[Any] = ()) -> int:
+    def count(self, name: str, /, **params: Any) -> int:
         """Run the write `name`; return the number of rows it changed."""
-        count: int = self.db.execute(self.sql[name], params).rowcount
+        query = self.sql[name]
+        try:
+            values = query.bind(params)
+        except KeyError:
+            raise query.wrong_params(params) from None
+        if len(params) != query.size:
+            raise query.wrong_params(params)
+        count: int = self.db.execute(query.text, values).rowcount
         return count
 
-    def many(self, name: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Run the write `name` once per parameter row; nothing at all for no rows."""
-        rows = list(rows)
-        if rows:
-            self.db.executemany(self.sql[name], rows)
+    def many(self, name: str, rows: Iterable[Mapping[str, Any]], /) -> None:
+        """Run the write `name` once per row of parameters; nothing at all for no rows."""
+        query = self.sql[name]
+        values = []
+        for row in rows:
+            try:
+                values.append(query.bind(row))
+            except KeyError:
+                raise query.wrong_params(row) from None
+            if len(row) != query.size:
+                raise query.wrong_params(row)
+        if values:
+            self.db.executemany(query.text, values)
 
 
 _encode = msgspec.json.Encoder(order="sorted").encode

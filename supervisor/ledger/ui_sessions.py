@@ -21,16 +21,22 @@ def start(tx: Tx, operator: Principal, ttl_s: float) -> str:
     """A new session of `operator`'s token, live for `ttl_s`: its id, shown once (the cookie)."""
     if operator.role is not Role.OPERATOR:
         raise ValueError("a status-page session is an operator token's")
-    tx.run("forget_old_ui_sessions", (tx.now - KEEP_ENDED_S, tx.now - KEEP_ENDED_S))
+    tx.run("forget_old_ui_sessions", before=tx.now - KEEP_ENDED_S)
     session_id = SESSION_PREFIX + secrets.token_urlsafe(32)
-    tx.run("start_ui_session", (hash_secret(session_id), operator.token_id, tx.now, tx.now + ttl_s))
+    tx.run(
+        "start_ui_session",
+        id_hash=hash_secret(session_id),
+        token_id=operator.token_id,
+        now=tx.now,
+        expires_at=tx.now + ttl_s,
+    )
     return session_id
 
 
 def operator_of(s: Statements, session_id: str, now: float) -> Principal | None:
     """The operator of a live session; None when it is unknown, ended, expired, or its token
     was revoked."""
-    row = s.one("live_ui_session", (hash_secret(session_id), now))
+    row = s.one("live_ui_session", id_hash=hash_secret(session_id), now=now)
     if row is None:
         return None
     return Principal(
@@ -43,4 +49,4 @@ def operator_of(s: Statements, session_id: str, now: float) -> Principal | None:
 
 def end(tx: Tx, session_id: str) -> None:
     """Sign-out: the session is over from now on."""
-    tx.run("end_ui_session", (tx.now, hash_secret(session_id)))
+    tx.run("end_ui_session", now=tx.now, id_hash=hash_secret(session_id))

@@ -81,20 +81,20 @@ def stale_base(approved: str | None, head: str, repository: str) -> Problem:
 
 def repository_head(s: Statements, task: Row) -> str | None:
     """The head SHA last known for the task's repository."""
-    row = s.one("repository_head_sha", (task["tenant"], task["repository"]))
+    row = s.one("repository_head_sha", tenant=task["tenant"], repository=task["repository"])
     return None if row is None else str(row["head_sha"])
 
 
 def candidate_sha(s: Statements, task_id: str) -> str | None:
     """The candidate SHA the task's result stands for: the last one a committed step reported."""
-    row = s.one("task_candidate_sha", (task_id,))
+    row = s.one("task_candidate_sha", task_id=task_id)
     return None if row is None else str(row["candidate_sha"])
 
 
 def token_label(s: Statements, step_id: str) -> str:
     """The runner token that committed `step_id`, as a line names it: its name (and id), else
     its id."""
-    row = s.one("committing_token", (step_id,))
+    row = s.one("committing_token", step_id=step_id)
     if row is None or row["token_id"] is None:
         return "an unknown token"
     return f"{row['name']} ({row['token_id']})" if row["name"] else str(row["token_id"])
@@ -106,7 +106,7 @@ def verify(tx: Tx, task_id: str) -> str | None:
     Every step must be committed with exactly one effect. When the task names a repository,
     its findings (`findings`) must be empty; the reason is the first one's `<code>: <detail>`.
     """
-    task = tx.one("task_to_verify", (task_id,))
+    task = tx.one("task_to_verify", task_id=task_id)
     assert task is not None
     if task["uneven_step"] is not None:
         return f"unverified: step {task['uneven_step']} does not have exactly one effect"
@@ -115,7 +115,7 @@ def verify(tx: Tx, task_id: str) -> str | None:
         return found[0].reason
     if task["verify_pool"] and task["repository"]:
         sha = candidate_sha(tx, task_id)
-        done = None if sha is None else tx.one("verify_step_at", (task_id, sha))
+        done = None if sha is None else tx.one("verify_step_at", task_id=task_id, sha=sha)
         if done is None or done["state"] != StepState.COMMITTED:
             return (
                 f"unverified: no runner of verifier pool {task['verify_pool']!r} re-ran the"
@@ -136,7 +136,7 @@ def findings(s: Statements, task: Row) -> list[Problem]:
     """
     if not task["repository"]:
         return []
-    steps = s.all("committed_step_evidence", (task["id"],))
+    steps = s.all("committed_step_evidence", task_id=task["id"])
     found: list[Problem] = []
     for step in steps:
         evidence = loads(step["evidence_json"])
@@ -186,11 +186,11 @@ def verifier_findings(
     moved), an expected check it did not run (`missing_check`), and each check whose exit
     code is not the one the runner that made the candidate reported (`check_disputed`,
     naming both runners' tokens and logs)."""
-    step = s.one("verify_step_at", (task_id, sha))
+    step = s.one("verify_step_at", task_id=task_id, sha=sha)
     if step is None or step["state"] != StepState.COMMITTED:
         return []
     found = problems_of(step["evidence_json"])
-    theirs = {r["name"]: r for r in s.all("check_runs_of_step", (step["id"],))}
+    theirs = {r["name"]: r for r in s.all("check_runs_of_step", step_id=step["id"])}
     verifier = token_label(s, step["id"])
     for check in expected:
         run, ours = theirs.get(check), runs.get(check)
@@ -232,7 +232,7 @@ def checks_standing(s: Statements, task: Row) -> str | None:
         return attested
     expected = loads(task["expected_checks_json"])
     assert sha is not None
-    step = s.one("verify_step_at", (task["id"], sha))
+    step = s.one("verify_step_at", task_id=task["id"], sha=sha)
     if step is None or step["state"] != StepState.COMMITTED:
         return f"{attested}; a runner of verifier pool {pool!r} has not re-run them yet"
     disputes = verifier_findings(s, task["id"], sha, expected, runs)
@@ -252,7 +252,7 @@ def _stale_failure(task: Row) -> Problem | None:
 
 def check_runs_at(s: Statements, task_id: str, sha: str | None) -> dict[str, Row]:
     """The task's check runs at candidate `sha` by name: the latest step's run of each."""
-    rows = s.all("check_runs_at_candidate", (task_id, sha))
+    rows = s.all("check_runs_at_candidate", task_id=task_id, sha=sha)
     return {r["name"]: r for r in rows}
 
 
@@ -284,7 +284,7 @@ def review_verdict(s: Statements, task: Row) -> Verdict:
     state = TaskState(task["state"])
     head = repository_head(s, task)
     candidate = candidate_sha(s, task["id"])
-    leases = s.one("live_leases_of_task", (task["id"],))
+    leases = s.one("live_leases_of_task", task_id=task["id"])
     live_leases = int(leases["n"]) if leases is not None else 0
     reasons: list[str] = []
     if state in TERMINAL and live_leases:

@@ -33,13 +33,13 @@ def ask_verifier(tx: Tx, step: Row) -> bool:
     if not step["verify_pool"] or not step["repository"]:
         return False  # read with the step: a task without a verifier pays no read here
     task_id = step["task_id"]
-    task = tx.one("task_by_id", (task_id,))
+    task = tx.one("task_by_id", task_id=task_id)
     assert task is not None
-    candidate = tx.one("task_candidate", (task_id,))
+    candidate = tx.one("task_candidate", task_id=task_id)
     if candidate is None or candidate["bundle"] is None:
         return False  # verification fails on its own (`no_candidate`, `unknown_candidate`)
     sha = candidate["candidate_sha"]
-    if tx.one("verify_step_at", (task_id, sha)) is not None:
+    if tx.one("verify_step_at", task_id=task_id, sha=sha) is not None:
         return False  # reported: its word is in `findings`
     if findings(tx, task):
         return False  # the candidate fails on the runner's own report
@@ -63,23 +63,21 @@ def _add_verify_step(tx: Tx, task: Row, sha: str, bundle: str, setup: list[str])
     payload: dict[str, object] = {"candidate_sha": sha, "bundle": bundle}
     if setup:
         payload["setup"] = setup
-    position = tx.one("next_step_position", (task_id,))
+    position = tx.one("next_step_position", task_id=task_id)
     assert position is not None
     step_id = step_id_for(task_id, position["n"])
     tx.run(
         "insert_verify_step",
-        (
-            step_id,
-            task_id,
-            position["n"],
-            task["created_order"],
-            VERIFY_STEP_NAME,
-            VERIFY_KIND,
-            dumps(payload),
-            content_hash(payload),
-            sha,
-            bundle,
-        ),
+        step_id=step_id,
+        task_id=task_id,
+        position=position["n"],
+        task_order=task["created_order"],
+        name=VERIFY_STEP_NAME,
+        kind=VERIFY_KIND,
+        payload_json=dumps(payload),
+        payload_hash=content_hash(payload),
+        verifies=sha,
+        bundle=bundle,
     )
     append_event(
         tx,
@@ -111,7 +109,7 @@ def check_verify_report(step: Row, rep: Report) -> None:
 def note_dispute(tx: Tx, step: Row) -> None:
     """Log a warning naming both runners' tokens when the verify step `step`, just committed,
     disagrees with the runner that made its candidate (the task fails on it in `advance`)."""
-    task = tx.one("task_by_id", (step["task_id"],))
+    task = tx.one("task_by_id", task_id=step["task_id"])
     assert task is not None
     sha = step["verifies"]
     expected = loads(task["expected_checks_json"])
@@ -136,5 +134,5 @@ def _maker_token(s: Statements, task_id: str, sha: str) -> str | None:
 
 
 def _token(s: Statements, step_id: str) -> str | None:
-    row = s.one("committing_token", (step_id,))
+    row = s.one("committing_token", step_id=step_id)
     return None if row is None else row["token_id"]

@@ -79,9 +79,9 @@ def shown_state(task_state: str, unrun: bool, state: str) -> str:
 
 def _task_row(s: Statements, tenant: str | None, task_id: str) -> Row:
     if tenant is None:
-        row = s.one("task_by_id", (task_id,))
+        row = s.one("task_by_id", task_id=task_id)
     else:
-        row = s.one("owned_task", (task_id, tenant))
+        row = s.one("owned_task", task_id=task_id, tenant=tenant)
     if row is None:
         raise NotFound(f"no task {task_id}")
     return row
@@ -113,15 +113,22 @@ def waiting_for(s: Statements, task: Row, now: float) -> WaitingFor | None:
         return None
     operator_word = s.one(
         "operator_word_awaited",
-        (task["id"], OutboxState.GATED.value, OutboxState.UNCERTAIN.value),
+        task_id=task["id"],
+        gated=OutboxState.GATED.value,
+        uncertain=OutboxState.UNCERTAIN.value,
     )
     if operator_word is not None:
         reason = "gate" if operator_word["state"] == OutboxState.GATED else "uncertain"
         return WaitingFor(reason=reason, step=operator_word["name"], digest=operator_word["digest"])
-    step = s.one("next_step_in_line", (task["id"], StepState.QUEUED.value, StepState.LEASED.value))
+    step = s.one(
+        "next_step_in_line",
+        task_id=task["id"],
+        queued=StepState.QUEUED.value,
+        leased=StepState.LEASED.value,
+    )
     if step is None or step["state"] == StepState.LEASED:
         return None
-    spending = s.one("tenant_spending", (task["tenant"],))
+    spending = s.one("tenant_spending", tenant=task["tenant"])
     if (
         spending is not None
         and spending["token_budget"] is not None
@@ -135,7 +142,7 @@ def waiting_for(s: Statements, task: Row, now: float) -> WaitingFor | None:
         )
     # A verify step waits for a runner of the task's verifier pool.
     pool = task["verify_pool"] if step["kind"] == VERIFY_KIND else task["pool"]
-    seen = s.one("runners_last_seen", (step["kind"], pool))
+    seen = s.one("runners_last_seen", kind=step["kind"], pool=pool)
     assert seen is not None  # an aggregate without GROUP BY: always one row
     return WaitingFor(
         reason="runner",
@@ -178,14 +185,16 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
     supervisor's evidence found against its result and its last checkpoint (turn, fence);
     `findings` are what verification holds against the task (`verification.findings`)."""
     row = _task_row(s, tenant, task_id)
-    steps = s.all("steps_of_task_view", (task_id,))
+    steps = s.all("steps_of_task_view", task_id=task_id)
     attempts = _by_step(
-        (a["step_id"], view_rows.attempt(a)) for a in s.all("attempts_of_task", (task_id,))
+        (a["step_id"], view_rows.attempt(a)) for a in s.all("attempts_of_task", task_id=task_id)
     )
     checks = _by_step(
-        (c["step_id"], view_rows.check_run(c)) for c in s.all("check_runs_of_task", (task_id,))
+        (c["step_id"], view_rows.check_run(c)) for c in s.all("check_runs_of_task", task_id=task_id)
     )
-    held = {r["step_id"]: view_rows.checkpoint(r) for r in s.all("checkpoints_of_task", (task_id,))}
+    held = {
+        r["step_id"]: view_rows.checkpoint(r) for r in s.all("checkpoints_of_task", task_id=task_id)
+    }
     effects = effect_views(s, task_id)
     return view_rows.task_detail(
         row,
@@ -206,7 +215,9 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
         ),
         findings=_problems(findings(s, row)),
         checks_standing=checks_standing(s, row),
-        rejections=tuple(view_rows.rejection(r) for r in s.all("rejections_of_task", (task_id,))),
+        rejections=tuple(
+            view_rows.rejection(r) for r in s.all("rejections_of_task", task_id=task_id)
+        ),
     )
 
 
@@ -216,11 +227,11 @@ def effect_views(s: Statements, task_id: str) -> dict[str, EffectView]:
     every delivery attempt, the last gate opening and the operator's word on an uncertain
     effect."""
     deliveries = _by_step(
-        (d["step_id"], view_rows.delivery(d)) for d in s.all("deliveries_of_task", (task_id,))
+        (d["step_id"], view_rows.delivery(d)) for d in s.all("deliveries_of_task", task_id=task_id)
     )
     gates: dict[str, GateView] = {}
     resolved: dict[str, ResolvedView] = {}
-    for a in s.all("effect_decisions_of_task", (task_id,)):
+    for a in s.all("effect_decisions_of_task", task_id=task_id):
         if a["action"] == "open":
             gates[a["step_id"]] = view_rows.gate_opening(a)
         else:
@@ -229,7 +240,7 @@ def effect_views(s: Statements, task_id: str) -> dict[str, EffectView]:
         o["step_id"]: view_rows.effect(
             o, deliveries.get(o["step_id"], ()), gates.get(o["step_id"]), resolved.get(o["step_id"])
         )
-        for o in s.all("outbox_of_task", (task_id,))
+        for o in s.all("outbox_of_task", task_id=task_id)
     }
 
 
@@ -267,27 +278,29 @@ def list_tasks(
         text, id_prefix = search.text, None if search.text is None else search.text.lower()
         rows = s.all(
             "tenant_tasks_search_page",
-            (
-                committed,
-                tenant,
-                cursor,
-                state,
-                state,
-                id_prefix,
-                id_prefix,
-                id_prefix,
-                text,
-                search.repository,
-                search.repository,
-                search.pool,
-                search.pool,
-                limit + 1,
-            ),
+            committed=committed,
+            tenant=tenant,
+            cursor=cursor,
+            state=state,
+            id_prefix=id_prefix,
+            text=text,
+            repository=search.repository,
+            pool=search.pool,
+            limit=limit + 1,
         )
     elif state is None:
-        rows = s.all("tenant_tasks_page", (committed, tenant, cursor, limit + 1))
+        rows = s.all(
+            "tenant_tasks_page", committed=committed, tenant=tenant, cursor=cursor, limit=limit + 1
+        )
     else:
-        rows = s.all("tenant_tasks_in_state_page", (committed, tenant, state, cursor, limit + 1))
+        rows = s.all(
+            "tenant_tasks_in_state_page",
+            committed=committed,
+            tenant=tenant,
+            state=state,
+            cursor=cursor,
+            limit=limit + 1,
+        )
     more = len(rows) > limit
     rows = rows[:limit]
     return TaskPage(
@@ -297,7 +310,9 @@ def list_tasks(
 
 
 def events_after(s: Statements, task_id: str, after: int, limit: int = 500) -> list[Event]:
-    return [view_rows.event(r) for r in s.all("events_after", (task_id, after, limit))]
+    return [
+        view_rows.event(r) for r in s.all("events_after", task_id=task_id, after=after, limit=limit)
+    ]
 
 
 def review(s: Statements, task_id: str, tenant: str | None = None) -> ReviewRecord:
@@ -312,12 +327,12 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> ReviewReco
     observed_checks = {
         name: view_rows.observed_check(runs[name]) if name in runs else None for name in expected
     }
-    attempts = s.all("attempts_by_state_of_task", (task_id,))
-    counted = s.one("rejection_count_of_task", (task_id,))
+    attempts = s.all("attempts_by_state_of_task", task_id=task_id)
+    counted = s.one("rejection_count_of_task", task_id=task_id)
     rejected = 0 if counted is None else counted["n"]
 
     effects = effect_views(s, task_id)
-    names = {r["id"]: r["name"] for r in s.all("step_names_of_task", (task_id,))}
+    names = {r["id"]: r["name"] for r in s.all("step_names_of_task", task_id=task_id)}
     questions: list[str] = [p.reason for p in findings(s, task)]
     questions += [
         f"effect {names[step_id]!r} is uncertain: an operator must say whether it happened"
@@ -391,7 +406,7 @@ def _position(step_id: str) -> int:
 def removal_records(s: Statements, task_id: str) -> tuple[WorkspaceRemoval, ...]:
     """The runners' records of removing their workspaces, from the committed outputs that hold
     one (an `agent` step's `cleanup`: path, bytes and files removed, gone), by step."""
-    rows = s.all("step_outputs_in_state", (task_id, StepState.COMMITTED.value))
+    rows = s.all("step_outputs_in_state", task_id=task_id, state=StepState.COMMITTED.value)
     return tuple(r for r in map(view_rows.workspace_removal, rows) if r is not None)
 
 
@@ -411,20 +426,15 @@ def pool_status(s: Statements, now: float, also: Iterable[str] = ()) -> list[Poo
         r["pool"]: r
         for r in s.all(
             "pool_queues",
-            (
-                StepState.QUEUED.value,
-                StepState.LEASED.value,
-                StepState.QUEUED.value,
-                StepState.QUEUED.value,
-                StepState.LEASED.value,
-                TaskState.QUEUED.value,
-                TaskState.RUNNING.value,
-            ),
+            queued=StepState.QUEUED.value,
+            leased=StepState.LEASED.value,
+            task_queued=TaskState.QUEUED.value,
+            task_running=TaskState.RUNNING.value,
         )
     }
     online = {(r.pool, r.runner_id) for r in runners(s, now) if r.online}
     seen: dict[str, list[RunnerSeen]] = {}
-    for r in s.all("runners_seen_since", (now - RUNNER_RECENT_S,)):
+    for r in s.all("runners_seen_since", since=now - RUNNER_RECENT_S):
         seen.setdefault(r["pool"], []).append(
             RunnerSeen(
                 runner_id=r["runner_id"],
@@ -470,7 +480,7 @@ def runner_online(now: float, last_seen: float, in_flight: int) -> bool:
 
 def runners(s: Statements, now: float) -> list[RunnerRow]:
     """Every runner that ever claimed, by pool, the most recently seen first."""
-    rows = s.all("runners_with_leases", (AttemptState.LEASED.value,))
+    rows = s.all("runners_with_leases", leased=AttemptState.LEASED.value)
     return [
         RunnerRow(
             pool=r["pool"],

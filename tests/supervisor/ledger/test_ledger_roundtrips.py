@@ -48,14 +48,19 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[
         def counting(
             tx: Tx,
             name: str,
-            params: Any = (),
+            /,
+            *rows: Any,
             _original: Any = original,
             _many: bool = method == "many",
+            **params: Any,
         ) -> Any:
-            params = list(params)
-            if params or not _many:
-                seen[name] += 1
-            return _original(tx, name, params)
+            if _many:
+                listed = list(rows[0])
+                if listed:
+                    seen[name] += 1
+                return _original(tx, name, listed)
+            seen[name] += 1
+            return _original(tx, name, **params)
 
         monkeypatch.setattr(Tx, method, counting)
     yield seen

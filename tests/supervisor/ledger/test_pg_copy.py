@@ -162,7 +162,7 @@ async def test_every_table_arrives_row_for_row(source: Path, pg_url: str) -> Non
     assert sqlite_rows(source) == before  # the source is only read
     assert check(source) == []
     with connect(pg_url) as conn:
-        on_pg = ReadSession(PgConnection(conn), queries.texts("postgresql"))
+        on_pg = ReadSession(PgConnection(conn), queries.load("postgresql"))
         assert invariants.find_violations(on_pg) == []
         conn.execute("SELECT setval('fences', 1)")  # the check is live: a fence behind is seen
         assert [v.split(":")[0] for v in invariants.find_violations(on_pg)] == [

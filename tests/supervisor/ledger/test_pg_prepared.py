@@ -30,7 +30,7 @@ def test_a_refused_rule_costs_the_writer_its_prepared_statements_for_one_run(
     pg_url: str, clock: FakeClock
 ) -> None:
     backend = PostgresBackend(pg_url)
-    statement = queries.texts("postgresql")["next_lease_deadline"]
+    statement = queries.load("postgresql")["next_lease_deadline"].text
     db = backend.open_writer()
     try:
         transactions = Transactions(db=db, config=LedgerConfig(), clock=clock, backend=backend)

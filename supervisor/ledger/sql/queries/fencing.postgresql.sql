@@ -9,16 +9,16 @@ SELECT s.*, t.state AS task_state, t.tenant, t.pool, t.repository, t.approved_ba
 FROM steps s JOIN tasks t ON t.id = s.task_id
 LEFT JOIN tenants b ON b.name = t.tenant
 WHERE s.state = {StepState.QUEUED} AND t.state IN ({TaskState.QUEUED}, {TaskState.RUNNING})
-    AND (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) = ?
-    AND s.kind IN (SELECT jsonb_array_elements_text(?::jsonb))
+    AND (CASE WHEN s.verifies IS NULL THEN t.pool ELSE t.verify_pool END) = :pool
+    AND s.kind IN (SELECT jsonb_array_elements_text(:kinds::jsonb))
     AND (b.token_budget IS NULL OR b.tokens_used < b.token_budget)
     AND (s.verifies IS NULL OR NOT EXISTS (
         SELECT 1 FROM attempts a JOIN steps m ON m.id = a.step_id
         WHERE m.task_id = s.task_id AND m.verifies IS NULL
-            AND (a.token_id = ? OR a.token_id IS NULL)))
-ORDER BY s.task_order, s.position LIMIT ?
+            AND (a.token_id = :token_id OR a.token_id IS NULL)))
+ORDER BY s.task_order, s.position LIMIT :capacity
 FOR UPDATE OF s SKIP LOCKED;
 
 -- name: charge_tenant_tokens
 -- Add tokens to a tenant's spent total, saturating at the ceiling given.
-UPDATE tenants SET tokens_used = LEAST(tokens_used + ?, ?) WHERE name = ?;
+UPDATE tenants SET tokens_used = LEAST(tokens_used + :spent, :ceiling) WHERE name = :tenant;

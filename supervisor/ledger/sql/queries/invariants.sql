@@ -105,7 +105,7 @@ SELECT x.step_id, x.n FROM (
     SELECT o.step_id, o.state, (SELECT COUNT(*) FROM effects e WHERE e.step_id = o.step_id) AS n
     FROM outbox o
 ) x
-WHERE (x.state = ? AND x.n != 1) OR (x.state != ? AND x.n != 0);
+WHERE (x.state = :delivered AND x.n != 1) OR (x.state != :delivered AND x.n != 0);
 
 -- name: unkeyed_sent_once_per_opening
 -- Unkeyed effects with more than one attempt that may have sent under one gate opening (or under none).
@@ -116,14 +116,14 @@ GROUP BY d.step_id, d.opening HAVING COUNT(*) > 1 OR d.opening < 1;
 -- name: no_idle_sending_of_ended_task
 -- Effects of ended tasks held for sending (the state given) with no delivery begun.
 SELECT o.step_id FROM outbox o JOIN tasks t ON t.id = o.task_id
-WHERE o.state = ?
+WHERE o.state = :sending
     AND t.state IN ({TaskState.SUCCEEDED}, {TaskState.FAILED}, {TaskState.CANCELLED})
     AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.step_id = o.step_id);
 
 -- name: withdrawn_effect_sent_nothing
 -- Withdrawn effects (the state given) with an attempt no operator settled that may have reached the receiver.
 SELECT o.step_id, d.attempt FROM outbox o JOIN deliveries d ON d.step_id = o.step_id
-WHERE o.state = ? AND d.attempt > o.settled_attempts AND (d.sent IS NULL OR d.sent = 1);
+WHERE o.state = :withdrawn AND d.attempt > o.settled_attempts AND (d.sent IS NULL OR d.sent = 1);
 
 -- name: effect_step_never_leased
 -- Effect steps (the supervisor delivers them) that were leased to a runner.

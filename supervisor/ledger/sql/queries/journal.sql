@@ -1,15 +1,15 @@
 -- name: append_event
 -- Append one event to the journal; its sequence number is the ledger-wide order.
-INSERT INTO events (task_id, kind, state, data_json, at) VALUES (?, ?, ?, ?, ?);
+INSERT INTO events (task_id, kind, state, data_json, at) VALUES (:task_id, :kind, :state, :data_json, :now);
 
 -- name: set_task_last_seq
 -- Record on a task the sequence number of its latest event (`events_by_task` finds it).
-UPDATE tasks SET last_seq = (SELECT MAX(seq) FROM events WHERE task_id = ?) WHERE id = ?;
+UPDATE tasks SET last_seq = (SELECT MAX(seq) FROM events WHERE task_id = :task_id) WHERE id = :task_id;
 
 -- name: task_of_step
 -- The task a step belongs to.
-SELECT task_id FROM steps WHERE id = ?;
+SELECT task_id FROM steps WHERE id = :step_id;
 
 -- name: record_rejection
 -- Keep a refused write for operators and the review record.
-INSERT INTO rejections (task_id, step_id, fence, code, detail, at) VALUES (?, ?, ?, ?, ?, ?);
+INSERT INTO rejections (task_id, step_id, fence, code, detail, at) VALUES (:task_id, :step_id, :fence, :code, :detail, :now);

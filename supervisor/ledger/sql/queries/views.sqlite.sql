@@ -1,6 +1,6 @@
 -- name: runners_last_seen
 -- When a pool's runners last claimed: any of them, and those announcing a kind.
 SELECT MAX(last_seen) AS any_kind,
-    MAX(CASE WHEN EXISTS (SELECT 1 FROM json_each(kinds_json) WHERE value = ?)
+    MAX(CASE WHEN EXISTS (SELECT 1 FROM json_each(kinds_json) WHERE value = :kind)
         THEN last_seen END) AS this_kind
-FROM runners WHERE pool = ?;
+FROM runners WHERE pool = :pool;
