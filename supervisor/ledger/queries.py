@@ -71,7 +71,7 @@ class Query:
     params: tuple[str, ...] = ()  # its parameters' names, each once, in order of first use
     # What the text is given for the keywords of a call (`Tx`): on SQLite their values in the
     # order of the text's `?`s, on PostgreSQL the keywords (`%(name)s`). A KeyError when one
-    # of `params` is missing; `Tx` compares the number given with `size` for the unexpected.
+    # of `params` is missing; `values` compares the number given with `size` for the unexpected.
     bind: Callable[[Mapping[str, Any]], Any] = dataclasses.field(init=False, compare=False)
     size: int = dataclasses.field(init=False)
     # The same names as a set (`wrong_params`).
@@ -88,6 +88,17 @@ class Query:
             text, order = to_qmark(self.text)
             object.__setattr__(self, "text", text)
             object.__setattr__(self, "bind", binder(order))
+
+    def values(self, params: Mapping[str, Any]) -> Any:
+        """What the text is given for the keywords `params` of a call; `QueryParamsError` when
+        they are not this query's parameters."""
+        try:
+            values = self.bind(params)
+        except KeyError:
+            raise self.wrong_params(params) from None
+        if len(params) != self.size:
+            raise self.wrong_params(params)
+        return values
 
     def wrong_params(self, given: Iterable[str]) -> QueryParamsError:
         """The error for a call whose keywords are not this query's parameters."""

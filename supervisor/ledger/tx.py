@@ -90,23 +90,13 @@ class ReadSession:
 
     def one(self, name: str, /, **params: Any) -> Row | None:
         query = self.sql[name]
-        try:
-            values = query.bind(params)
-        except KeyError:
-            raise query.wrong_params(params) from None
-        if len(params) != query.size:
-            raise query.wrong_params(params)
+        values = query.values(params)
         row: Row | None = self.db.execute(query.text, values).fetchone()
         return row
 
     def all(self, name: str, /, **params: Any) -> list[Row]:
         query = self.sql[name]
-        try:
-            values = query.bind(params)
-        except KeyError:
-            raise query.wrong_params(params) from None
-        if len(params) != query.size:
-            raise query.wrong_params(params)
+        values = query.values(params)
         rows: list[Row] = self.db.execute(query.text, values).fetchall()
         return rows
 
@@ -148,24 +138,14 @@ class Tx:
     def one(self, name: str, /, **params: Any) -> Row | None:
         """Run the query `name`; its first row, or None."""
         query = self.sql[name]
-        try:
-            values = query.bind(params)
-        except KeyError:
-            raise query.wrong_params(params) from None
-        if len(params) != query.size:
-            raise query.wrong_params(params)
+        values = query.values(params)
         row: Row | None = self.db.execute(query.text, values).fetchone()
         return row
 
     def all(self, name: str, /, **params: Any) -> list[Row]:
         """Run the query `name`; every row."""
         query = self.sql[name]
-        try:
-            values = query.bind(params)
-        except KeyError:
-            raise query.wrong_params(params) from None
-        if len(params) != query.size:
-            raise query.wrong_params(params)
+        values = query.values(params)
         rows: list[Row] = self.db.execute(query.text, values).fetchall()
         return rows
 
@@ -173,37 +153,20 @@ class Tx:
         """Run the write `name`. It asks nothing back, so on PostgreSQL it is sent with the
         rule's next statement that does (`count`, a read, the rule's end)."""
         query = self.sql[name]
-        try:
-            values = query.bind(params)
-        except KeyError:
-            raise query.wrong_params(params) from None
-        if len(params) != query.size:
-            raise query.wrong_params(params)
+        values = query.values(params)
         self.db.execute(query.text, values)
 
     def count(self, name: str, /, **params: Any) -> int:
         """Run the write `name`; return the number of rows it changed."""
         query = self.sql[name]
-        try:
-            values = query.bind(params)
-        except KeyError:
-            raise query.wrong_params(params) from None
-        if len(params) != query.size:
-            raise query.wrong_params(params)
+        values = query.values(params)
         count: int = self.db.execute(query.text, values).rowcount
         return count
 
     def many(self, name: str, rows: Iterable[Mapping[str, Any]], /) -> None:
         """Run the write `name` once per row of parameters; nothing at all for no rows."""
         query = self.sql[name]
-        values = []
-        for row in rows:
-            try:
-                values.append(query.bind(row))
-            except KeyError:
-                raise query.wrong_params(row) from None
-            if len(row) != query.size:
-                raise query.wrong_params(row)
+        values = [query.values(row) for row in rows]
         if values:
             self.db.executemany(query.text, values)
 
