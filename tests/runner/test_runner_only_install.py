@@ -18,6 +18,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from packaging.markers import Marker
+
 from tests.wheels import build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,12 +61,39 @@ def _distribution_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group(0)).lower()
 
 
+def _with_their_requirements(names: set[str]) -> set[str]:
+    """`names` and every distribution they require, all the way down (extras and markers that
+    do not hold here left out): what `pip install` of `names` puts on a server."""
+    found: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for requirement in requires:
+            _, _, marker = requirement.partition(";")
+            if "extra" in marker or (marker.strip() and not _marker_holds(marker)):
+                continue
+            todo.append(_distribution_name(requirement))
+    return found
+
+
+def _marker_holds(marker: str) -> bool:
+    return Marker(marker.strip()).evaluate()
+
+
 def forbidden_modules() -> frozenset[str]:
     """The top-level modules of the `supervisor`, `otel` and `dev` extras' distributions (less
-    any the base dependencies also need, and the venv's own tools), with the ones named above:
-    tracing is optional on a runner too, so no runner module may need it."""
+    any the base dependencies also install, e.g. h11 under httpx's httpcore, and the venv's own
+    tools), with the ones named above: tracing is optional on a runner too, so no runner module
+    may need it."""
     project = PYPROJECT["project"]
-    base = {_distribution_name(r) for r in project["dependencies"]}
+    base = _with_their_requirements({_distribution_name(r) for r in project["dependencies"]})
     extras = project["optional-dependencies"]
     optional = [*extras["supervisor"], *extras["otel"], *extras["dev"]]
     wanted = {_distribution_name(r) for r in optional}
