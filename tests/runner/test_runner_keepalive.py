@@ -62,7 +62,9 @@ async def _relay_one(client: anyio.abc.SocketStream, port: int) -> None:
 
         async def read() -> None:
             with send:
-                with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                with contextlib.suppress(
+                    anyio.BrokenResourceError, anyio.ClosedResourceError, OSError
+                ):
                     async for chunk in src:
                         send.send_nowait((anyio.current_time() + DELAY_S, chunk))
                 send.send_nowait((anyio.current_time() + DELAY_S, b""))  # the close
@@ -83,11 +85,15 @@ async def _relay_one(client: anyio.abc.SocketStream, port: int) -> None:
             tg.start_soon(read)
             tg.start_soon(write)
 
-    # A connection's end, however abrupt, is the relay's own business: never the fixture's.
-    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+    # A connection's end, however abrupt, is the relay's own business: never the fixture's,
+    # whose task group would otherwise cancel the test mid-sweep. A task group raises an
+    # ExceptionGroup, which `contextlib.suppress` matches only from Python 3.12: `except*`.
+    try:
         async with client, server, anyio.create_task_group() as tg:
             tg.start_soon(pipe, client, server)
             tg.start_soon(pipe, server, client)
+    except* (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
 
 
 @pytest.fixture
