@@ -103,6 +103,14 @@ class StaleFence(Refused):
     recorded = True
 
 
+class LeaseOver(StaleFence):
+    """The step is committed under this very fence: the holder's renewal crossed its own
+    result on the way (the runner renews while its result is out). Answered as a stale fence,
+    but not recorded: nobody but the holder was refused, and its step succeeded."""
+
+    recorded = False
+
+
 class StaleBase(Refused):
     """The base named is not the repository's head; approve the head, or rebase the plan."""
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from tether.supervisor.ledger import repositories, runners
 from tether.supervisor.ledger.decisions import Decision
-from tether.supervisor.ledger.errors import InvalidRequest, StaleFence
+from tether.supervisor.ledger.errors import InvalidRequest, LeaseOver, StaleFence
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.lifecycle import fail_step, requeue
 from tether.supervisor.ledger.renewal_memory import WrittenRenewal
@@ -301,7 +301,8 @@ def renew_lease(
         renewal = Renewal(ttl_s=0.0, renew_every_s=cfg.renew_every_s, cancelled=True)
         deadline = None
     elif step["state"] != StepState.LEASED:
-        raise StaleFence(f"step {step_id} is {step['state']}; the lease is over").about(
+        over = LeaseOver if step["state"] == StepState.COMMITTED else StaleFence
+        raise over(f"step {step_id} is {step['state']}; the lease is over").about(
             task_id=step["task_id"], step_id=step_id, fence=fence
         )
     else:

@@ -245,6 +245,21 @@ async def test_stale_fences_are_refused_recorded_and_change_nothing(
     assert await ledger.report(report_for(new)) is Outcome.APPLIED
 
 
+async def test_a_renewal_crossing_its_own_result_is_refused_but_not_recorded(
+    ledger: SqliteLedger,
+) -> None:
+    """The runner renews while its result is out, so a renewal can reach the ledger after
+    the result committed under the same fence: the lease is over (`stale_fence`), but the
+    holder's step succeeded, so no rejected attempt is recorded for the review to question."""
+    task_id = await queued_task(ledger)
+    lease = await claim_one(ledger)
+    assert await ledger.report(report_for(lease)) is Outcome.APPLIED
+    with pytest.raises(StaleFence) as refused:
+        await ledger.renew(lease.step_id, lease.fence)
+    assert refused.value.code == "stale_fence"
+    assert plain(await ledger.task(task_id))["rejections"] == []
+
+
 async def test_payload_drift_is_refused_recorded_and_changes_nothing(ledger: SqliteLedger) -> None:
     task_id = await queued_task(ledger)
     lease = await claim_one(ledger)
