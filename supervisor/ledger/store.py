@@ -212,13 +212,15 @@ class LedgerStore:
 
     async def write(self, rule: Callable[[Tx], T]) -> T:
         """Run one rule in the next group-commit batch; return once it is durable."""
+        value: T = _value(await self._queue(rule))
+        return value
+
+    def _queue(self, rule: Callable[[Tx], object]) -> asyncio.Future[RuleOutcome]:
+        """`rule` queued for the next group-commit batch now: a rule queued after it runs
+        after it, in the same batch or a later one."""
         if self._writer is None:
             raise RuntimeError("the ledger is not open")
-        outcome = await self._writer.submit(rule)
-        if outcome.error is not None:
-            raise outcome.error
-        value: T = outcome.value
-        return value
+        return self._writer.submit(rule)
 
     async def read(self, query: Callable[[Statements], T]) -> T:
         """Run `query` on committed data, beside the writer (`Backend.reads`)."""
@@ -321,15 +323,12 @@ class LedgerStore:
         kinds: Collection[str] = ("chat",),
     ) -> list[Lease]:
         """Eager dispatch: up to `want` leases granted after the results `reported` (step id,
-        fence), none unless one of them is committed (`fencing.claim_after_results`). Queue it
-        beside their reports so it runs in their batch. Never waits for work."""
+        fence), none unless one of them is committed (`fencing.claim_after_results`). Never
+        waits for work. `queue_claim_after` queues it right behind the reports instead."""
         with anyio.CancelScope(shield=True):  # as `claim`: a grant on its way is seen through
-            leases = await self.write(
-                lambda tx: fencing.claim_after_results(
-                    tx, reported, runner_id, pool, want, token_id=token_id, kinds=kinds
-                )
+            leases = await self.queue_claim_after(
+                reported, runner_id, pool, want, token_id=token_id, kinds=kinds
             )
-        self.counters.leases_granted += len(leases)
         return leases
 
     def queue_claim_after(
@@ -345,26 +344,15 @@ class LedgerStore:
         """`claim_after`, queued for the next batch now, before this returns: queued right
         after `queue_reports`, it runs after those reports in their batch. Await the answer
         for the leases (or the `LedgerError` it raises); the rule runs even if nobody does."""
-        if self._writer is None:
-            raise RuntimeError("the ledger is not open")
-        future = self._writer.submit(
-            functools.partial(
-                _claim_after,
-                reported=reported,
-                runner_id=runner_id,
-                pool=pool,
-                want=want,
-                token_id=token_id,
-                kinds=kinds,
+        future = self._queue(
+            lambda tx: fencing.claim_after_results(
+                tx, reported, runner_id, pool, want, token_id=token_id, kinds=kinds
             )
         )
         return _Later(lambda: self._granted(future))
 
     async def _granted(self, future: asyncio.Future[RuleOutcome]) -> list[Lease]:
-        outcome = await future
-        if outcome.error is not None:
-            raise outcome.error
-        leases: list[Lease] = outcome.value
+        leases: list[Lease] = _value(await future)
         self.counters.leases_granted += len(leases)
         return leases
 
@@ -431,12 +419,11 @@ class LedgerStore:
         answer for each one's outcome, or the `LedgerError` that refused it, once their batch
         is durable. One future per report instead of one task each: a batch of results is
         the runner's usual request (bench/README.md, issue 28)."""
-        if self._writer is None:
-            raise RuntimeError("the ledger is not open")
-        writer = self._writer
         futures = [
-            writer.submit(
-                functools.partial(_report, rep=rep, pool=pool, evidence=ev, token_id=token_id)
+            self._queue(
+                functools.partial(
+                    effects.report, rep=rep, pool=pool, evidence=ev, token_id=token_id
+                )
             )
             for rep, ev in reports
         ]
@@ -677,25 +664,11 @@ class _Later(Awaitable[T]):
         return self._make().__await__()
 
 
-def _report(
-    tx: Tx, *, rep: Report, pool: str | None, evidence: Evidence | None, token_id: str | None
-) -> ResultOutcome:
-    return effects.report(tx, rep, pool, evidence, token_id=token_id)
-
-
-def _claim_after(
-    tx: Tx,
-    *,
-    reported: Sequence[tuple[str, int]],
-    runner_id: str,
-    pool: str,
-    want: int,
-    token_id: str | None,
-    kinds: Collection[str],
-) -> list[Lease]:
-    return fencing.claim_after_results(
-        tx, reported, runner_id, pool, want, token_id=token_id, kinds=kinds
-    )
+def _value(outcome: RuleOutcome) -> Any:
+    """A rule's value, or the error it raised."""
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value
 
 
 class SqliteLedger(LedgerStore):

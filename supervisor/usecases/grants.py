@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 import anyio
-import anyio.abc
 import structlog
 
 from tether.git import redact
@@ -35,7 +34,7 @@ async def hand_out(parts: Parts, leases: list[Lease], runner_id: str, pool: str)
 
 class EagerGrant:
     """The leases a result request's `want` asks for (eager dispatch, docs/design.md, Runner
-    API): `start` queues the claim rule right after the request's reports, so it runs in their
+    API): `queue` queues the claim rule right after the request's reports, so it runs in their
     group-commit batch; `leases` are then what the runner gets. A supervisor draining for
     shutdown grants none, as its claims do."""
 
@@ -49,14 +48,10 @@ class EagerGrant:
         self.leases: list[Lease] = []
         self._queued: Awaitable[list[Lease]] | None = None
 
-    def start(self, tg: anyio.abc.TaskGroup, reported: list[tuple[str, int]]) -> None:
-        if self._want is not None and reported:
-            tg.start_soon(self._grant, self._want, reported)
-
     def queue(self, reported: list[tuple[str, int]]) -> None:
-        """`start` without a task: the claim is queued for the next batch now, so call it
-        right after the reports are queued (`LedgerStore.queue_reports`); `sent` waits for
-        it."""
+        """Queue the claim rule for the next batch now: called right after the reports are
+        queued (`LedgerStore.queue_reports`), it runs after them in their batch; `sent` waits
+        for it."""
         want = self._want
         if want is not None and reported:
             self._queued = self._parts.ledger.queue_claim_after(
@@ -67,19 +62,6 @@ class EagerGrant:
                 token_id=self._token_id,
                 kinds=want.kinds,
             )
-
-    async def _grant(self, want: WantLeases, reported: list[tuple[str, int]]) -> None:
-        try:
-            self.leases = await self._parts.ledger.claim_after(
-                reported,
-                want.runner_id,
-                self._pool,
-                want.leases,
-                token_id=self._token_id,
-                kinds=want.kinds,
-            )
-        except LedgerError as exc:  # the results stand; the runner's claim finds the work
-            log.warning("eager grant failed", code=exc.code.value, detail=exc.detail)
 
     async def sent(self) -> tuple[Lease, ...]:
         """The granted leases as the answer carries them (`hand_out`)."""

@@ -18,7 +18,6 @@ from tether.supervisor.ledger.verification import Evidence
 from tether.supervisor.repos.evidence import RepositoryUnavailable, gather
 from tether.supervisor.usecases.grants import EagerGrant
 from tether.supervisor.usecases.parts import Parts
-from tether.wire import Outcome
 from tether.wire.records import ItemAnswer, ResultAnswer, ResultsAnswer, WantLeases
 
 # Reports of one batch whose evidence is gathered at the same time.
@@ -77,26 +76,14 @@ async def report_one(
     the supervisor is on its way down (then nothing more is granted)."""
     evidence = await evidence_for(parts, report, who.scope, who.token_id)
     eager = EagerGrant(parts, want, who.scope, who.token_id, draining=draining())
-    outcomes: list[Outcome] = []
-    refused: list[LedgerError] = []
-
-    async def one() -> None:
-        try:
-            with tracing.commit(report.step_id, report.fence, header=traceparent) as span:
-                outcome = await parts.ledger.report(
-                    report, who.scope, evidence, token_id=who.token_id
-                )
-                outcomes.append(outcome)
-                span.set(outcome=str(outcomes[0]))
-        except LedgerError as exc:
-            refused.append(exc)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(one)
-        eager.start(tg, [(report.step_id, report.fence)])
-    if refused:
-        raise refused[0]
-    return ResultAnswer(outcome=outcomes[0], leases=await eager.sent())
+    with tracing.commit(report.step_id, report.fence, header=traceparent) as span:
+        queued = parts.ledger.queue_reports([(report, evidence)], who.scope, token_id=who.token_id)
+        eager.queue([(report.step_id, report.fence)])  # after it, in its batch
+        (outcome,) = await queued
+        if isinstance(outcome, LedgerError):
+            raise outcome
+        span.set(outcome=str(outcome))
+    return ResultAnswer(outcome=outcome, leases=await eager.sent())
 
 
 async def report_many(
