@@ -29,6 +29,7 @@ from tether.runner.errors import (
     TransientFailure,
 )
 from tether.runner.lease import Lease
+from tether.runner.retry_after import first_then_retrying
 from tether.runner.supervisor_client import SupervisorClient
 from tether.wire.records import Checkpoint, Checkpointed
 
@@ -57,30 +58,19 @@ async def while_unreachable(
     """`call()`, asked again with jittered exponential backoff (at most `max_wait_s` apart)
     while it raises `SupervisorUnreachable`, until `stop` says so; then that error. The one
     retry rule of a step's calls to the supervisor (results, releases, artifacts,
-    checkpoints).
-
-    The first try is made before tenacity's loop is built (issue 28: building it for every
-    result cost about 2 % of a runner's CPU per step); a first failure is handed to the loop
-    as its first attempt, so the waits are what they were. `stop` is therefore read against
-    the runner's clock (`stop_never`, a deadline), never tenacity's time since its start."""
-    try:
-        return await call()
-    except SupervisorUnreachable as exc:
-        first: SupervisorUnreachable | None = exc
-    retrying = AsyncRetrying(
-        retry=retry_if_exception_type(SupervisorUnreachable),
-        wait=wait_random_exponential(multiplier=0.2, max=max_wait_s),
-        stop=stop,
-        sleep=clock.sleep,
-        reraise=True,
+    checkpoints). The first try is made before tenacity's loop is built
+    (`first_then_retrying`)."""
+    return await first_then_retrying(
+        call,
+        SupervisorUnreachable,
+        lambda: AsyncRetrying(
+            retry=retry_if_exception_type(SupervisorUnreachable),
+            wait=wait_random_exponential(multiplier=0.2, max=max_wait_s),
+            stop=stop,
+            sleep=clock.sleep,
+            reraise=True,
+        ),
     )
-    async for attempt in retrying:
-        with attempt:
-            if first is not None:
-                failed, first = first, None
-                raise failed
-            return await call()
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def file_digest(path: Path) -> tuple[str, int]:

@@ -34,7 +34,11 @@ from tether.runner.models.base import (
     read_provider_error,
 )
 from tether.runner.models.chat import ChatCompletions
-from tether.runner.retry_after import parse_retry_after, stop_before_deadline
+from tether.runner.retry_after import (
+    first_then_retrying,
+    parse_retry_after,
+    stop_before_deadline,
+)
 from tether.runner.retry_after import wait_retry_after as wait_retry_after_header
 
 # The longest wait between two tries of a model call (random exponential backoff).
@@ -187,27 +191,22 @@ class ModelClient:
     async def _chat(
         self, request: dict[str, Any], key: str | None, deadline: float, on_retry: RetryHook | None
     ) -> tuple[Completion, int]:
-        """The completion and the tries it took. The first try is made before tenacity's loop
-        is built (issue 28: building it cost about 3 % of a runner's CPU per step); a first
-        failure is handed to the loop as its first attempt, so waits, tries and the deadline
-        (on the runner's clock, not tenacity's start time) are what they were."""
+        """The completion and the tries it took; the first try is made before tenacity's loop
+        is built (`first_then_retrying`)."""
+        tries = 0
+
+        async def once() -> Completion:
+            nonlocal tries
+            tries += 1
+            return await self._try_once(request, key, deadline)
+
         try:
-            return await self._try_once(request, key, deadline), 1
+            completion = await first_then_retrying(
+                once, Retryable, lambda: self._retrying(deadline, on_retry)
+            )
         except Retryable as exc:
-            first: Retryable | None = exc
-        retrying = self._retrying(deadline, on_retry)
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    if first is not None:
-                        failed, first = first, None
-                        raise failed
-                    completion = await self._try_once(request, key, deadline)
-                    return completion, retrying.statistics.get("attempt_number", 1)
-        except Retryable as exc:
-            tries = retrying.statistics.get("attempt_number", 1)
             raise TransientFailure(
                 f"{exc.detail}; gave up after {tries} tries within the step's deadline",
                 retry_after_s=exc.retry_after_s,
             ) from None
-        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+        return completion, tries
