@@ -3,10 +3,12 @@ in another (with a thousand idle runners, a broadcast would cost a claim each pe
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from tests.conftest import make_spec
@@ -14,6 +16,29 @@ from tether.supervisor.ledger import SqliteLedger, StorageError, batch
 from tether.supervisor.ledger.batch import BatchResult, Rule, RuleOutcome
 
 pytestmark = pytest.mark.backends
+
+PG_LISTENER = "PostgresBackend._listen_forever"
+
+
+async def all_tasks_blocked() -> None:
+    """`anyio.wait_all_tasks_blocked`, not counting the PostgreSQL listener. psycopg's
+    `notifies()` wakes every 0.1 s (`_WAIT_INTERVAL`), and anyio looks again every 0.1 s: once
+    a slow loop turn brings the two into step, every look finds the listener awake and the
+    wait never ends (a CI run timed out that way). The listener drops this store's own
+    notifications, so no test here waits on it."""
+    this_task = asyncio.current_task()
+    while True:
+        await anyio.lowlevel.checkpoint()
+        busy = [
+            task
+            for task in asyncio.all_tasks()
+            if task is not this_task
+            and not task.get_name().endswith(PG_LISTENER)
+            and (task._fut_waiter is None or task._fut_waiter.done())  # type: ignore[attr-defined]
+        ]
+        if not busy:
+            return
+        await anyio.sleep(0.01)
 
 
 async def test_work_in_one_pool_wakes_only_that_pools_claims(ledger: SqliteLedger) -> None:
@@ -27,13 +52,13 @@ async def test_work_in_one_pool_wakes_only_that_pools_claims(ledger: SqliteLedge
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait_in, "gpu")
             tg.start_soon(wait_in, "cpu")
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             rules_before = ledger.counters.batched_rules
 
             spec = make_spec("cpu-work", pool="cpu")
             created = await ledger.create_task(spec)
             await ledger.approve(spec.tenant, created.task_id, spec.plan_hash, None)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
 
             # create + approve + the woken cpu claim; the gpu claim ran no rule at all.
             assert ledger.counters.batched_rules - rules_before == 3
@@ -54,7 +79,7 @@ async def test_raising_a_budget_wakes_every_pool(ledger: SqliteLedger) -> None:
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait_in_gpu)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert granted == []  # over budget: the task waits
             await ledger.set_budget(spec.tenant, 1000)
     assert granted == [created.task_id]
@@ -83,7 +108,7 @@ async def test_a_batch_whose_commit_answer_was_lost_wakes_every_waiting_claim(
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait_in_gpu)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             monkeypatch.setattr(batch, "execute_batch", answer_lost)
             with pytest.raises(StorageError):
                 await ledger.approve(spec.tenant, created.task_id, spec.plan_hash, None)
