@@ -39,8 +39,8 @@ def _unavailable(server: str, why: str) -> NoReturn:
 
 @contextlib.contextmanager
 def fresh_database() -> Iterator[str]:
-    """A new, empty database `tether_test_<random>` on the test server; its URL. Dropped after,
-    with whatever connections are still open to it."""
+    """A new, empty database `tether_test_<random>` on the test server, its commits not waiting
+    for the disk; its URL. Dropped after, with whatever connections are still open to it."""
     server = pg_server_url()
     if server in _unreachable:
         _unavailable(server, _unreachable[server])
@@ -53,6 +53,11 @@ def fresh_database() -> Iterator[str]:
     with admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         try:
+            # A throwaway database: its commits need not wait for the server's disk, 3 ms
+            # each on this machine, 0.3 ms without (the tests kill sessions and supervisors,
+            # never the server, so none can tell but by the clock).
+            no_wait = sql.SQL("ALTER DATABASE {} SET synchronous_commit = off")
+            admin.execute(no_wait.format(sql.Identifier(name)))
             yield with_database(server, name)
         finally:
             admin.execute(
