@@ -5,7 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # Two pytest-xdist workers by default, the cgroup tests and the heaviest drills each one after
-# another on one of them (tests/conftest.py): about half the serial wall. `make test
+# another on one of them, the longest other tests started first (tests/conftest.py): about half
+# the serial wall. `make test
 # PYTEST_ARGS=` runs the suite serially. The timing-bound drills that once missed their bounds
 # with the second core busy now assert what does not depend on speed (bench/README.md, "The
 # test suite").

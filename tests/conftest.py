@@ -79,6 +79,32 @@ GROUPS = {
 }
 
 
+# The longest single tests, longest first (seconds on two loaded workers): collected ahead of
+# the rest, so that under xdist they start first, right after the two groups above, and the
+# run ends on short tests instead of waiting for one long one.
+FIRST = (
+    "tests/sim/test_explorer_cli.py::test_ci_explores_ten_thousand_schedules",  # 4 x 62
+    "tests/supervisor/ledger/test_hypothesis_ledger.py",  # 53 and 38 with CI=true
+    "tests/sim/test_explorer_pg.py::test_schedules_on_postgresql_find_no_violation",  # 43
+    "tests/packaging/test_python_floor.py::test_the_agent_demo_runs",  # 25
+    "tests/examples/test_demo_agent.py::test_demo_agent_prints",  # 11-27 each, the demos
+    "tests/examples/test_demo_effects.py::test_demo_effects_prints",
+    "tests/examples/test_demo.py::test_demo_prints",
+    "tests/sim/test_explorer_scenarios.py::test_every_hazard_is_reachable",  # 17
+    "tests/sim/test_explorer_cli.py::test_planted_bug_is_caught",  # 5-15 each
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests FIRST names ahead of the others, in its order; the rest as collected."""
+    items.sort(key=lambda item: first_rank(item.nodeid))
+
+
+def first_rank(nodeid: str) -> int:
+    """The place in FIRST of the entry `nodeid` begins with; past its end if none."""
+    return next((i for i, head in enumerate(FIRST) if nodeid.startswith(head)), len(FIRST))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadgroup` by GROUPS, by file name. xdist's own reads `xdist_group` marks
     through a node id suffix that pytest 9.2 no longer takes (`Node.nodeid` is now made from
