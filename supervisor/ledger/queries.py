@@ -77,6 +77,9 @@ class Query:
     # The same names as a set (`wrong_params`).
     names: frozenset[str] = dataclasses.field(init=False)
     dialect: Dialect = "sqlite"
+    # The record types whose fields this query's columns were checked against
+    # (`records.from_row`).
+    read_as: set[type] = dataclasses.field(default_factory=set, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", frozenset(self.params))

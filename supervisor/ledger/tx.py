@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -19,6 +19,7 @@ from tether.supervisor.ledger import queries
 from tether.supervisor.ledger.decisions import Decision, Note
 from tether.supervisor.ledger.destinations import PUBLIC_HOSTS, Destinations
 from tether.supervisor.ledger.queries import Query
+from tether.supervisor.ledger.records import Record, from_row
 from tether.wire.payloads import EFFECT_KINDS
 
 
@@ -55,7 +56,11 @@ class Row(Protocol):
     PostgreSQL adapter's rows)."""
 
     def __getitem__(self, key: int | str, /) -> Any: ...
+    def __iter__(self) -> Iterator[Any]: ...
     def keys(self) -> list[str]: ...
+
+
+R = TypeVar("R", bound=Record)
 
 
 class Statements(Protocol):
@@ -65,6 +70,14 @@ class Statements(Protocol):
 
     def one(self, name: str, /, **params: Any) -> Row | None: ...
     def all(self, name: str, /, **params: Any) -> list[Row]: ...
+
+
+class TypedReads(Statements, Protocol):
+    """`Statements` that also give rows as typed records (`records`): a `Tx`, or a
+    `ReadSession`."""
+
+    def one_as(self, record: type[R], name: str, /, **params: Any) -> R | None: ...
+    def all_as(self, record: type[R], name: str, /, **params: Any) -> list[R]: ...
 
 
 class Connection(Protocol):
@@ -99,6 +112,14 @@ class ReadSession:
         values = query.values(params)
         rows: list[Row] = self.db.execute(query.text, values).fetchall()
         return rows
+
+    def one_as(self, record: type[R], name: str, /, **params: Any) -> R | None:
+        row = self.one(name, **params)
+        return None if row is None else from_row(record, row, self.sql[name])
+
+    def all_as(self, record: type[R], name: str, /, **params: Any) -> list[R]:
+        query = self.sql[name]
+        return [from_row(record, row, query) for row in self.all(name, **params)]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -148,6 +169,16 @@ class Tx:
         values = query.values(params)
         rows: list[Row] = self.db.execute(query.text, values).fetchall()
         return rows
+
+    def one_as(self, record: type[R], name: str, /, **params: Any) -> R | None:
+        """`one`, its row as a `record` (`records.from_row`)."""
+        row = self.one(name, **params)
+        return None if row is None else from_row(record, row, self.sql[name])
+
+    def all_as(self, record: type[R], name: str, /, **params: Any) -> list[R]:
+        """`all`, each row as a `record` (`records.from_row`)."""
+        query = self.sql[name]
+        return [from_row(record, row, query) for row in self.all(name, **params)]
 
     def run(self, name: str, /, **params: Any) -> None:
         """Run the write `name`. It asks nothing back, so on PostgreSQL it is sent with the

@@ -1,0 +1,201 @@
+"""The rows the rules read most, as typed records: a step with its task's columns, a task, an
+attempt. A row becomes a record at one place, `from_row`, which `Tx.one_as` and `Tx.all_as`
+(and a `ReadSession`'s) call; the rules then read attributes, which mypy checks.
+
+A record is a msgspec `Struct` built positionally from the row, its fields in the query's
+column order (`steps.*` in its table's order, then what the query adds). The first row each
+query gives a record type is checked by column name (`RowShapeError` on a missing, extra or
+reordered column); later rows of that query are not. Measured per row of 28 columns
+(Python 3.11): a Struct from `*row` 0.35 us, a NamedTuple's `_make` 0.72 us, a slotted
+dataclass 0.85 us (5.4 us frozen); reading a field 20 ns against 170 ns for `row["name"]`.
+In `bench.rulecost` the typed rules cost no more CPU per step than the keyed ones (within the
+run's noise; figures in the commit that made this module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import msgspec
+
+from tether.supervisor.ledger.queries import Query
+
+if TYPE_CHECKING:
+    from tether.supervisor.ledger.tx import Row
+
+
+class RowShapeError(TypeError):
+    """A query's columns are not a record's fields, in order: a mistake in the code."""
+
+
+class Record(msgspec.Struct, frozen=True, gc=False):
+    """A row as a record. Rows hold only scalars, so the records need no cycle collection."""
+
+
+R = TypeVar("R", bound=Record)
+
+
+def from_row(record: type[R], row: Row, query: Query | None = None) -> R:
+    """`row` as a `record`, checked by column name (`RowShapeError`): every row, or when the
+    row's `query` is given, the first row that query gives a record of this type."""
+    if query is None:
+        check_columns(record, row.keys(), "given")
+    elif record not in query.read_as:
+        check_columns(record, row.keys(), query.name)
+        query.read_as.add(record)
+    return record(*row)
+
+
+def check_columns(record: type[Record], columns: Sequence[str], query: str) -> None:
+    """`RowShapeError` unless `columns` are `record`'s fields, in order."""
+    fields = record.__struct_fields__
+    if tuple(columns) != fields:
+        missing = [f for f in fields if f not in columns]
+        extra = [c for c in columns if c not in fields]
+        said = f"missing {missing}, extra {extra}" if missing or extra else "in another order"
+        raise RowShapeError(f"the columns of query {query} are not {record.__name__}'s: {said}")
+
+
+class StepColumns(Record, frozen=True):
+    """The columns of `steps`, in the table's order."""
+
+    id: str
+    task_id: str
+    position: int
+    task_order: int
+    name: str
+    kind: str
+    payload_json: str
+    payload_hash: str
+    state: str
+    attempt: int
+    burned: int
+    fence: int | None
+    runner_id: str | None
+    lease_deadline: float | None
+    accept_deadline: float | None
+    output_json: str | None
+    candidate_sha: str | None
+    committed_at: float | None
+    bundle: str | None
+    evidence_json: str | None
+    verifies: str | None
+
+
+class StepOfTask(StepColumns, frozen=True):
+    """A step with its task's state and tenant, and its pool (`leases_to_reap`)."""
+
+    task_state: str
+    tenant: str
+    pool: str
+
+
+class StepWithTask(StepOfTask, frozen=True):
+    """A step as a request names it (`step_with_task`): with its task's repository, approved
+    base and verifier pool, and the runner token of its current attempt."""
+
+    repository: str | None
+    approved_base_sha: str | None
+    verify_pool: str | None
+    lease_token_id: str | None
+
+
+class HeldStep(StepWithTask, frozen=True):
+    """`StepWithTask`, with the fence, runner token and usage counted of its attempt under the
+    fence a request gives, None when it never had that fence (`held_step_with_task`)."""
+
+    held_fence: int | None
+    held_token_id: str | None
+    held_usage_json: str | None
+
+
+class QueuedStep(StepOfTask, frozen=True):
+    """A queued step with what a lease carries of its task (`claim_queued_steps`); `pool` is
+    the task's."""
+
+    repository: str | None
+    approved_base_sha: str | None
+    allowed_paths_json: str
+    checks_json: str
+    verify_pool: str | None
+
+
+class NextStep(Record, frozen=True):
+    """A task's first step not yet committed (`first_uncommitted_step`)."""
+
+    id: str
+    state: str
+    kind: str
+
+
+class LeaseTask(Record, frozen=True):
+    """What a lease carries of a task (`task_for_lease`): the columns `QueuedStep` adds."""
+
+    task_state: str
+    tenant: str
+    pool: str
+    repository: str | None
+    approved_base_sha: str | None
+    allowed_paths_json: str
+    checks_json: str
+    verify_pool: str | None
+
+
+class TaskRow(Record, frozen=True):
+    """The columns of `tasks`, in the table's order."""
+
+    id: str
+    tenant: str
+    idempotency_key: str
+    pool: str
+    state: str
+    plan_hash: str
+    plan_json: str
+    repository: str | None
+    declared_base_sha: str | None
+    approved_base_sha: str | None
+    requirement_revision: str | None
+    allowed_paths_json: str
+    expected_checks_json: str
+    owner: str | None
+    reason: str | None
+    reviewer_decision: str | None
+    created_order: int
+    created_at: float
+    approved_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    last_seq: int
+    checks_json: str
+    pushed_sha: str | None
+    verify_pool: str | None
+
+
+class TaskCounted(TaskRow, frozen=True):
+    """A task with its steps in all and committed (`tenant_tasks_page` and its kin)."""
+
+    steps_total: int
+    steps_committed: int
+
+
+class TaskToVerify(TaskRow, frozen=True):
+    """A task with a step of it not committed with exactly one effect, if any
+    (`task_to_verify`)."""
+
+    uneven_step: str | None
+
+
+class AttemptRow(Record, frozen=True):
+    """The columns of `attempts`, in the table's order."""
+
+    step_id: str
+    attempt: int
+    fence: int
+    runner_id: str
+    state: str
+    reason: str | None
+    granted_at: float
+    ended_at: float | None
+    token_id: str | None
+    usage_json: str | None
