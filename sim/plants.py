@@ -31,17 +31,18 @@ from tether.supervisor.ledger import (
 )
 from tether.supervisor.ledger.errors import NotFound
 from tether.supervisor.ledger.identity import Created, TaskSpec
+from tether.supervisor.ledger.records import HeldStep, StepColumns, StepWithTask
 from tether.supervisor.ledger.states import TERMINAL, TaskState
-from tether.supervisor.ledger.tx import Row, Statements, Tx
+from tether.supervisor.ledger.tx import Tx, TypedReads
 from tether.supervisor.ledger.verification import Problem
 from tether.wire import effect_key
 
 
-def results_skip_the_fence(tx: Tx, step: sqlite3.Row, fence: int) -> None:
+def results_skip_the_fence(tx: Tx, step: StepColumns, fence: int) -> None:
     """stale-fence: a result is taken whatever fence it carries."""
 
 
-def effects_keyed_by_attempt(tx: Tx, step: sqlite3.Row, rep: Report) -> str | None:
+def effects_keyed_by_attempt(tx: Tx, step: HeldStep, rep: Report) -> str | None:
     """double-effect: every commit gets a fresh key, so a replay commits a second effect."""
     return effect_key(rep.step_id, tx.new_id())
 
@@ -65,7 +66,7 @@ def success_needs_no_evidence(tx: Tx, task_id: str) -> str | None:
     return None
 
 
-def leases_never_lapse(step: sqlite3.Row, now: float) -> bool:
+def leases_never_lapse(step: StepColumns, now: float) -> bool:
     """lapsed-lease: a lease past its deadline is current until the reaper ends it."""
     return False
 
@@ -76,7 +77,7 @@ def evidence_ignored(evidence_json: str | None) -> list[Problem]:
     return []
 
 
-def checkpoints_skip_the_fence(tx: Tx, step: sqlite3.Row, fence: int) -> None:
+def checkpoints_skip_the_fence(tx: Tx, step: StepColumns, fence: int) -> None:
     """stale-checkpoint: a checkpoint is taken whatever fence it carries, lapsed or fenced
     out, as long as the step is leased to someone."""
 
@@ -93,7 +94,7 @@ def sends_never_recorded(attempts: list[sqlite3.Row]) -> bool:
 _make_due = lifecycle.make_due
 
 
-def gates_open_themselves(tx: Tx, step: sqlite3.Row) -> None:
+def gates_open_themselves(tx: Tx, step: StepWithTask) -> None:
     """ungated: an unkeyed effect skips its gate: it becomes due already opened, for its
     own digest, as if an operator had opened it (so the ledger's own rows look consistent;
     only the operator's absence shows)."""
@@ -104,16 +105,16 @@ def gates_open_themselves(tx: Tx, step: sqlite3.Row) -> None:
     )
     if tx.sql is queries.load("postgresql"):  # a plant is no named query: raw SQL, by hand
         opened = queries.to_pyformat(opened)
-    tx.db.execute(opened, (tx.now, tx.now, step["id"]))
+    tx.db.execute(opened, (tx.now, tx.now, step.id))
 
 
 def leases_held_by_any_token(
-    s: Statements, step_id: str, fence: int, token_id: str | None, pool: str | None = None
-) -> Row:
+    s: TypedReads, step_id: str, fence: int, token_id: str | None, pool: str | None = None
+) -> HeldStep:
     """lease-takeover: a result is taken from any runner token of the pool that names the
     fence, not only from the token the attempt was granted to."""
-    step = s.one("held_step_with_task", fence=fence, step_id=step_id)
-    if step is None or (pool is not None and step["pool"] != pool) or step["held_fence"] is None:
+    step = s.one_as(HeldStep, "held_step_with_task", fence=fence, step_id=step_id)
+    if step is None or (pool is not None and step.pool != pool) or step.held_fence is None:
         raise NotFound(f"no step {step_id}")
     return step
 

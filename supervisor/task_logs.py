@@ -68,7 +68,7 @@ class LedgerLogs:
     def state(self) -> str:
         with admin.ledger_reads(self._db) as reads:
             try:
-                return str(views._task_row(reads, None, self._task_id)["state"])
+                return str(views._task_row(reads, None, self._task_id).state)
             except LedgerError as exc:
                 raise admin.AdminError(str(exc)) from None
 

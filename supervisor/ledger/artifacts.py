@@ -16,7 +16,7 @@ from tether.supervisor.ledger.errors import QuotaExceeded, StaleFence
 from tether.supervisor.ledger.states import StepState
 from tether.supervisor.ledger.steps import held_step, lapsed
 from tether.supervisor.ledger.tokens import Principal, Role
-from tether.supervisor.ledger.tx import Statements, Tx
+from tether.supervisor.ledger.tx import Statements, Tx, TypedReads
 
 NO_TENANT = ""  # a runner's upload that named no lease
 
@@ -43,7 +43,7 @@ class Upload:
 
 
 def upload_tenant(
-    s: Statements, who: Principal, lease: tuple[str, int] | None, now: float
+    s: TypedReads, who: Principal, lease: tuple[str, int] | None, now: float
 ) -> Upload:
     """What an upload by `who` is recorded for. A runner names the lease (step id, fence) it
     uploads for: `NotFound` unless the step is of its pool and that lease was granted to its
@@ -55,9 +55,9 @@ def upload_tenant(
         return Upload(tenant=NO_TENANT)
     step_id, fence = lease
     step = held_step(s, step_id, fence, who.token_id, who.scope)
-    if step["fence"] != fence or step["state"] != StepState.LEASED or lapsed(step, now):
+    if step.fence != fence or step.state != StepState.LEASED or lapsed(step, now):
         raise StaleFence(f"fence {fence} holds no live lease on step {step_id}")
-    return Upload(tenant=step["tenant"], step_id=step_id)
+    return Upload(tenant=step.tenant, step_id=step_id)
 
 
 def bytes_kept(s: Statements, who: Principal, besides: str) -> int:

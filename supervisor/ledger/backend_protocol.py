@@ -18,7 +18,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 from tether.supervisor.ledger.queries import Dialect
-from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, Connection, Statements
+from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, Connection, TypedReads
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ class Reads(Protocol):
     """Runs one read function (the same synchronous functions the rules call) on committed
     data, off the event loop."""
 
-    async def run(self, query: Callable[[Statements], T]) -> T: ...
+    async def run(self, query: Callable[[TypedReads], T]) -> T: ...
 
 
 class Backend(Protocol):

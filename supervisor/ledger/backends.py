@@ -18,7 +18,7 @@ from tether.supervisor.ledger import queries
 from tether.supervisor.ledger.backend_protocol import Backend, Fire, Reads, Wakeup, WriteConnection
 from tether.supervisor.ledger.queries import Dialect
 from tether.supervisor.ledger.schema import connect, open_ledger_file
-from tether.supervisor.ledger.tx import ReadSession, Statements
+from tether.supervisor.ledger.tx import ReadSession, TypedReads
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class _SqliteReads:
         self._session = ReadSession(db, queries.load("sqlite"))
         self._limiter = anyio.CapacityLimiter(1)
 
-    async def run(self, query: Callable[[Statements], T]) -> T:
+    async def run(self, query: Callable[[TypedReads], T]) -> T:
         session = self._session
         return await anyio.to_thread.run_sync(lambda: query(session), limiter=self._limiter)
 

@@ -37,9 +37,9 @@ def checkpoint(
     step = held_step(tx, step_id, cp.fence, token_id, pool)
     spent = charge(tx, step, cp.fence, cp.usage)
     require_current(tx, step, cp.fence)
-    if step["state"] != StepState.LEASED:
-        raise StaleFence(f"step {step_id} is {step['state']}; the lease is over").about(
-            task_id=step["task_id"], step_id=step_id, fence=cp.fence
+    if step.state != StepState.LEASED:
+        raise StaleFence(f"step {step_id} is {step.state}; the lease is over").about(
+            task_id=step.task_id, step_id=step_id, fence=cp.fence
         )
     if (cp.bundle is None) != (cp.sha is None):
         raise InvalidRequest("a checkpoint names its bundle and the commit `sha` in it together")

@@ -16,6 +16,7 @@ from tether.supervisor.ledger.errors import InvalidRequest, PayloadDrift, Termin
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.lifecycle import advance
 from tether.supervisor.ledger.operator import observe_head
+from tether.supervisor.ledger.records import HeldStep
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.steps import (
     about_step,
@@ -24,7 +25,7 @@ from tether.supervisor.ledger.steps import (
     held_step,
     require_current,
 )
-from tether.supervisor.ledger.tx import Row, Tx, dumps
+from tether.supervisor.ledger.tx import Tx, dumps
 from tether.supervisor.ledger.verification import Evidence
 from tether.wire import Outcome, effect_key
 from tether.wire.records import Report
@@ -34,10 +35,10 @@ from tether.wire.records import Report
 SEAMS: Final = frozenset({"effect_identity", "held_step", "require_current"})
 
 
-def effect_identity(tx: Tx, step: Row, rep: Report) -> str | None:
+def effect_identity(tx: Tx, step: HeldStep, rep: Report) -> str | None:
     """The key the report's effect is stored under: the step's identity, so a step has one
     effect whichever attempt commits it. None when the step is committed already: a replay."""
-    if step["state"] == StepState.COMMITTED:
+    if step.state == StepState.COMMITTED:
         # Only the attempt that committed may hear `replayed`: a fenced-out worker that
         # reports late must learn the step is not its own, and the refusal is recorded.
         require_current(tx, step, rep.fence)
@@ -65,24 +66,25 @@ def report(
     tx.request = "result"
     step = held_step(tx, rep.step_id, rep.fence, token_id, pool)
     spent = charge(tx, step, rep.fence, rep.usage)
-    about = {"task_id": step["task_id"], "step_id": rep.step_id, "fence": rep.fence}
-    if rep.payload_hash != step["payload_hash"]:
+    if rep.payload_hash != step.payload_hash:
         raise PayloadDrift(
             f"payload hash {rep.payload_hash} is not step {rep.step_id}'s intent"
-            f" {step['payload_hash']}"
-        ).about(**about)
+            f" {step.payload_hash}"
+        ).about(task_id=step.task_id, step_id=rep.step_id, fence=rep.fence)
     key = effect_identity(tx, step, rep)
     if key is None:
         tx.note(Decision.REPLAYED, **_committed_attempt(tx, step))
         return Outcome.REPLAYED
-    if TaskState(step["task_state"]) in TERMINAL:
-        raise TerminalState(f"task {step['task_id']} is {step['task_state']}").about(**about)
+    if TaskState(step.task_state) in TERMINAL:
+        raise TerminalState(f"task {step.task_id} is {step.task_state}").about(
+            task_id=step.task_id, step_id=rep.step_id, fence=rep.fence
+        )
     require_current(tx, step, rep.fence)
     check_report(rep)
-    verifying = step["verifies"] is not None
+    verifying = step.verifies is not None
     if verifying:
         verifier.check_verify_report(step, rep)
-    repository = step["repository"]  # the task's, read with the step
+    repository = step.repository  # the task's, read with the step
     if repository and evidence is None:
         raise InvalidRequest(
             f"step {rep.step_id} is bound to repository {repository}: its result"
@@ -92,7 +94,7 @@ def report(
         "insert_effect",
         effect_key=key,
         step_id=rep.step_id,
-        task_id=step["task_id"],
+        task_id=step.task_id,
         fence=rep.fence,
         payload_hash=rep.payload_hash,
         output_json=dumps(rep.output),
@@ -106,7 +108,7 @@ def report(
         state=StepState.COMMITTED.value,
         output_json=dumps(rep.output),
         candidate_sha=None if verifying else rep.candidate_sha,
-        bundle=step["bundle"] if verifying else rep.bundle,
+        bundle=step.bundle if verifying else rep.bundle,
         evidence_json=None if evidence is None else dumps(evidence.as_dict()),
         now=tx.now,
         step_id=rep.step_id,
@@ -116,7 +118,7 @@ def report(
         "record_step_artifact",
         [
             {
-                "task_id": step["task_id"],
+                "task_id": step.task_id,
                 "step_id": rep.step_id,
                 "candidate_sha": rep.candidate_sha,
                 "name": name,
@@ -141,9 +143,9 @@ def report(
     )
     append_event(
         tx,
-        step["task_id"],
+        step.task_id,
         "step_committed",
-        step["task_state"],
+        step.task_state,
         {
             "step_id": rep.step_id,
             "fence": rep.fence,
@@ -157,12 +159,12 @@ def report(
     if evidence is not None and repository:
         # The head the adapter read is an observation like a webhook's: on a moved base this
         # task (and any other approved on the old one) fails `stale_base` here.
-        observe_head(tx, step["tenant"], repository, evidence.head_sha)
-        if evidence.head_sha != step["approved_base_sha"]:
+        observe_head(tx, step.tenant, repository, evidence.head_sha)
+        if evidence.head_sha != step.approved_base_sha:
             return Outcome.APPLIED
         advance(tx, step)  # the head observed may have moved other tasks: read the state
     else:
-        advance(tx, step, TaskState(step["task_state"]))
+        advance(tx, step, TaskState(step.task_state))
     return Outcome.APPLIED
 
 
@@ -178,10 +180,10 @@ def check_report(rep: Report) -> None:
         )
 
 
-def _committed_attempt(tx: Tx, step: Row) -> dict[str, object]:
+def _committed_attempt(tx: Tx, step: HeldStep) -> dict[str, object]:
     """`about_step` for a committed step, whose fence was cleared: the committing attempt's."""
     about = about_step(tx, step)
-    row = tx.one("committing_attempt", step_id=step["id"])
+    row = tx.one("committing_attempt", step_id=step.id)
     if row is not None:
         about.update(
             attempt=row["attempt"],

@@ -15,6 +15,7 @@ from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, LeaseOver, StaleFence
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.lifecycle import fail_step, requeue
+from tether.supervisor.ledger.records import LeaseTask, QueuedStep
 from tether.supervisor.ledger.renewal_memory import WrittenRenewal
 from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
 from tether.supervisor.ledger.steps import (
@@ -25,7 +26,7 @@ from tether.supervisor.ledger.steps import (
     require_current,
 )
 from tether.supervisor.ledger.transitions import transition
-from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.tx import Tx, TypedReads, dumps, loads
 from tether.wire import ReleaseReason
 from tether.wire.payloads import VERIFY_KIND
 from tether.wire.records import (
@@ -77,7 +78,8 @@ def claim(
         kinds = [k for k in kinds if k != VERIFY_KIND]
         if not kinds:
             return []
-    rows = tx.all(
+    rows = tx.all_as(
+        QueuedStep,
         "claim_queued_steps",
         pool=pool,
         kinds=dumps(list(kinds)),
@@ -92,12 +94,12 @@ def claim(
         # again, its state having moved.
         task = (
             row
-            if row["task_id"] not in granted
-            else tx.one("task_for_lease", task_id=row["task_id"])
+            if row.task_id not in granted
+            else tx.one_as(LeaseTask, "task_for_lease", task_id=row.task_id)
         )
         assert task is not None
         leases.append(_grant(tx, row, task, runner_id, token_id))
-        granted.add(row["task_id"])
+        granted.add(row.task_id)
     return leases
 
 
@@ -142,11 +144,13 @@ def claim_after_results(
     return claim(tx, runner_id, pool, grant, token_id=token_id, kinds=kinds)
 
 
-def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -> Lease:
+def _grant(
+    tx: Tx, step: QueuedStep, task: QueuedStep | LeaseTask, runner_id: str, token_id: str | None
+) -> Lease:
     """Lease `step` to the runner under a new fence. `task`: what a lease carries of the step's
     task (`task_for_lease`'s columns, which a claim's rows hold too)."""
     fence = next_fence(tx)
-    attempt = step["attempt"] + 1
+    attempt = step.attempt + 1
     cfg = tx.config
     tx.run(
         "lease_step",
@@ -156,11 +160,11 @@ def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -
         runner_id=runner_id,
         lease_deadline=tx.now + cfg.lease_ttl_s,
         accept_deadline=tx.now + cfg.accept_window_s,
-        step_id=step["id"],
+        step_id=step.id,
     )
     tx.run(
         "insert_attempt",
-        step_id=step["id"],
+        step_id=step.id,
         attempt=attempt,
         fence=fence,
         runner_id=runner_id,
@@ -168,8 +172,8 @@ def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -
         state=AttemptState.LEASED.value,
         now=tx.now,
     )
-    task_id = step["task_id"]
-    state = TaskState(task["task_state"])
+    task_id = step.task_id
+    state = TaskState(task.task_state)
     if state is TaskState.QUEUED:
         transition(tx, task_id, TaskState.RUNNING, current=state)
         state = TaskState.RUNNING
@@ -178,72 +182,75 @@ def _grant(tx: Tx, step: Row, task: Row, runner_id: str, token_id: str | None) -
         task_id,
         "step_leased",
         state,
-        {"step_id": step["id"], "attempt": attempt, "fence": fence, "runner_id": runner_id},
+        {"step_id": step.id, "attempt": attempt, "fence": fence, "runner_id": runner_id},
     )
     tx.note(
         Decision.GRANTED,
         task_id=task_id,
-        step_id=step["id"],
+        step_id=step.id,
         attempt=attempt,
         fence=fence,
         runner_id=runner_id,
         token_id=token_id,
-        tenant=task["tenant"],
-        pool=task["pool"],
+        tenant=task.tenant,
+        pool=task.pool,
     )
     # A task's first step has no earlier outputs, and a verifier is handed none: the read is
     # skipped.
-    verifying = step["verifies"] is not None
+    verifying = step.verifies is not None
     earlier = (
-        tx.all("earlier_outputs", task_id=task_id, position=step["position"])
-        if step["position"] and not verifying
+        tx.all("earlier_outputs", task_id=task_id, position=step.position)
+        if step.position and not verifying
         else []
     )
     return Lease(
-        step_id=step["id"],
+        step_id=step.id,
         task_id=task_id,
-        name=step["name"],
-        kind=step["kind"],
+        name=step.name,
+        kind=step.kind,
         attempt=attempt,
         fence=fence,
-        payload=loads(step["payload_json"]),
-        payload_hash=step["payload_hash"],
+        payload=loads(step.payload_json),
+        payload_hash=step.payload_hash,
         ttl_s=cfg.lease_ttl_s,
         renew_every_s=cfg.renew_every_s,
         outputs=tuple(
             EarlierOutput(step_id=r["id"], name=r["name"], output=loads(r["output_json"]))
             for r in earlier
         ),
-        repository=None if task["repository"] is None else lease_repository(tx, task, step),
+        repository=None if task.repository is None else lease_repository(tx, task, step),
         # Only a replayed attempt can find a checkpoint: the first grant skips the lookup.
-        resume=None if attempt == 1 else resume_point(tx, step["id"]),
+        resume=None if attempt == 1 else resume_point(tx, step.id),
     )
 
 
-def lease_repository(tx: Tx, task: Row, step: Row) -> LeaseRepository:
+def lease_repository(tx: Tx, task: QueuedStep | LeaseTask, step: QueuedStep) -> LeaseRepository:
     """What the approval of `task` (repository-bound) binds, for a lease of `step`: the
     worktree starts at the candidate of the latest earlier step that reported one, whose
     bundle the runner fetches from the artifact store, else at the approved base; a verify
     step's, at the candidate it re-checks."""
-    held = repositories.find_repository(tx, task["tenant"], task["repository"])
+    name, base = task.repository, task.approved_base_sha
+    assert name is not None, "called for a repository-bound task"
+    assert base is not None, "an approved repository-bound task has a base"
+    held = repositories.find_repository(tx, task.tenant, name)
     if held is None:  # `repo remove` is refused while a task that has not ended names it
-        raise RuntimeError(f"task {step['task_id']}'s repository {task['repository']} is gone")
-    start_sha, start_bundle = task["approved_base_sha"], None
-    if step["verifies"] is not None:  # a verify step starts at the candidate it re-checks
-        start_sha, start_bundle = step["verifies"], step["bundle"]
+        raise RuntimeError(f"task {step.task_id}'s repository {name} is gone")
+    start_sha, start_bundle = base, None
+    if step.verifies is not None:  # a verify step starts at the candidate it re-checks
+        start_sha, start_bundle = step.verifies, step.bundle
     else:
-        start = tx.one("lease_start_point", task_id=step["task_id"], position=step["position"])
+        start = tx.one("lease_start_point", task_id=step.task_id, position=step.position)
         if start is not None:
             start_sha, start_bundle = start["candidate_sha"], start["bundle"]
     return LeaseRepository(
-        name=task["repository"],
+        name=name,
         url=held.url,
-        base_sha=task["approved_base_sha"],
+        base_sha=base,
         start_sha=start_sha,
         start_bundle=start_bundle,
-        allowed_paths=tuple(loads(task["allowed_paths_json"])),
+        allowed_paths=tuple(loads(task.allowed_paths_json)),
         checks=tuple(
-            CheckSpec(name=c["name"], command=c["command"]) for c in loads(task["checks_json"])
+            CheckSpec(name=c["name"], command=c["command"]) for c in loads(task.checks_json)
         ),
         setup=held.setup,
     )
@@ -265,7 +272,7 @@ def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
 
 
 def binding_of_lease(
-    s: Statements, step_id: str, fence: int, token_id: str | None, pool: str | None
+    s: TypedReads, step_id: str, fence: int, token_id: str | None, pool: str | None
 ) -> repositories.Binding | None:
     """The binding of the step's task, for a report under `fence` by `token_id` (`held_step`
     first): what the evidence of a report is gathered against, so no bundle but the lease
@@ -297,13 +304,13 @@ def renew_lease(
     step = held_step(tx, step_id, fence, token_id, pool)
     require_current(tx, step, fence)
     cfg = tx.config
-    if step["task_state"] == TaskState.CANCELLED:
+    if step.task_state == TaskState.CANCELLED:
         renewal = Renewal(ttl_s=0.0, renew_every_s=cfg.renew_every_s, cancelled=True)
         deadline = None
-    elif step["state"] != StepState.LEASED:
-        over = LeaseOver if step["state"] == StepState.COMMITTED else StaleFence
-        raise over(f"step {step_id} is {step['state']}; the lease is over").about(
-            task_id=step["task_id"], step_id=step_id, fence=fence
+    elif step.state != StepState.LEASED:
+        over = LeaseOver if step.state == StepState.COMMITTED else StaleFence
+        raise over(f"step {step_id} is {step.state}; the lease is over").about(
+            task_id=step.task_id, step_id=step_id, fence=fence
         )
     else:
         deadline = tx.now + cfg.lease_ttl_s
@@ -312,14 +319,14 @@ def renew_lease(
             ttl_s=cfg.lease_ttl_s,
             renew_every_s=cfg.renew_every_s,
             cancelled=False,
-            budget_exhausted=budget_exhausted(tx, step["tenant"]),
+            budget_exhausted=budget_exhausted(tx, step.tenant),
         )
     return WrittenRenewal(
         step_id=step_id,
         fence=fence,
         token_id=token_id,
         pool=pool,
-        task_id=step["task_id"],
+        task_id=step.task_id,
         at=tx.now,
         deadline=deadline,
         renewal=renewal,
@@ -348,11 +355,11 @@ def release(
     step = held_step(tx, step_id, fence, token_id, pool)
     spent = charge(tx, step, fence, usage or {})
     require_current(tx, step, fence)
-    if step["task_state"] == TaskState.CANCELLED:
+    if step.task_state == TaskState.CANCELLED:
         return
-    if step["state"] != StepState.LEASED:
-        raise StaleFence(f"step {step_id} is {step['state']}; the lease is over").about(
-            task_id=step["task_id"], step_id=step_id, fence=fence
+    if step.state != StepState.LEASED:
+        raise StaleFence(f"step {step_id} is {step.state}; the lease is over").about(
+            task_id=step.task_id, step_id=step_id, fence=fence
         )
     end_attempt(tx, step_id, fence, AttemptState.RELEASED, f"{reason}: {detail}"[:500])
     tx.note(
@@ -363,7 +370,7 @@ def release(
         tokens=spent,
     )
     if not retryable:
-        fail_step(tx, step, f"step {step['name']} failed ({reason}): {detail}"[:500])
+        fail_step(tx, step, f"step {step.name} failed ({reason}): {detail}"[:500])
         return
     counted = reason not in UNCOUNTED_RELEASES
     requeue(tx, step, counted=counted, why=f"released ({reason})")

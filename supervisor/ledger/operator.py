@@ -16,15 +16,16 @@ from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.lifecycle import fail_task, start, withdraw_effects
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.prefixes import resolve_plan_hash
+from tether.supervisor.ledger.records import TaskRow
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.transitions import transition
-from tether.supervisor.ledger.tx import ALL_POOLS, Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.tx import ALL_POOLS, Statements, Tx, dumps, loads
 from tether.supervisor.ledger.verification import review_verdict, stale_base
 from tether.wire.records import Budget
 
 
-def owned_task(tx: Tx, tenant: str, task_id: str) -> Row:
-    row = tx.one("owned_task", task_id=task_id, tenant=tenant)
+def owned_task(tx: Tx, tenant: str, task_id: str) -> TaskRow:
+    row = tx.one_as(TaskRow, "owned_task", task_id=task_id, tenant=tenant)
     if row is None:
         raise NotFound(f"no task {task_id}")
     return row
@@ -48,13 +49,13 @@ def approve(
     """
     tx.request = "approve"
     task = owned_task(tx, tenant, task_id)
-    plan_hash = resolve_plan_hash(task_id, task["plan_hash"], plan_hash)
-    repository = task["repository"]
+    plan_hash = resolve_plan_hash(task_id, task.plan_hash, plan_hash)
+    repository = task.repository
     if repository and not base_sha:
         raise InvalidRequest(f"task {task_id} names repository {repository}: give base_sha")
     if base_sha and not repository:
         raise InvalidRequest(f"task {task_id} names no repository: a base_sha binds nothing")
-    if task["approved_at"] is not None and task["approved_base_sha"] == base_sha:
+    if task.approved_at is not None and task.approved_base_sha == base_sha:
         return
     if repository:
         if not observed_head:
@@ -76,7 +77,7 @@ def approve(
         Decision.APPROVED,
         task_id=task_id,
         tenant=tenant,
-        pool=task["pool"],
+        pool=task.pool,
         plan_hash=plan_hash,
         base_sha=base_sha,
     )
@@ -113,8 +114,8 @@ def cancel(tx: Tx, tenant: str, task_id: str, reason: str) -> None:
         Decision.CANCELLED,
         task_id=task_id,
         tenant=tenant,
-        pool=task["pool"],
-        from_state=task["state"],
+        pool=task.pool,
+        from_state=task.state,
     )
 
 
@@ -136,14 +137,14 @@ def observe_head(
     task whose own `git.push` put `sha` there (`pushed_sha`): only effects follow a push."""
     held = tx.one("repository_head_sha", tenant=tenant, repository=repository)
     tx.run("set_repository_head", tenant=tenant, repository=repository, head_sha=sha, now=tx.now)
-    for row in tx.all("live_tasks_of_repository", tenant=tenant, repository=repository):
-        if row["id"] != approving and (held is None or held["head_sha"] != sha):
-            append_event(tx, row["id"], "base_changed", row["state"], {"head_sha": sha})
-        if row["approved_at"] is not None and sha not in (
-            row["approved_base_sha"],
-            row["pushed_sha"],
+    for row in tx.all_as(TaskRow, "live_tasks_of_repository", tenant=tenant, repository=repository):
+        if row.id != approving and (held is None or held["head_sha"] != sha):
+            append_event(tx, row.id, "base_changed", row.state, {"head_sha": sha})
+        if row.approved_at is not None and sha not in (
+            row.approved_base_sha,
+            row.pushed_sha,
         ):
-            fail_task(tx, row, stale_base(row["approved_base_sha"], sha, repository).reason)
+            fail_task(tx, row, stale_base(row.approved_base_sha, sha, repository).reason)
 
 
 def set_budget(tx: Tx, tenant: str, tokens: int | None) -> None:
@@ -204,10 +205,10 @@ def record_review(tx: Tx, tenant: str, task_id: str, decision: str, note: str) -
     if decision not in REVIEW_DECISIONS:
         raise InvalidRequest("decision must be 'accept' or 'reject'")
     task = owned_task(tx, tenant, task_id)
-    if TaskState(task["state"]) not in TERMINAL:
-        raise InvalidRequest(f"task {task_id} is {task['state']}: review it once it has ended")
-    if task["reviewer_decision"] is not None:
-        previous = loads(task["reviewer_decision"])["decision"]
+    if TaskState(task.state) not in TERMINAL:
+        raise InvalidRequest(f"task {task_id} is {task.state}: review it once it has ended")
+    if task.reviewer_decision is not None:
+        previous = loads(task.reviewer_decision)["decision"]
         if previous == decision:
             return
         raise InvalidTransition(f"task {task_id} was already reviewed: {previous}").about(
@@ -219,4 +220,4 @@ def record_review(tx: Tx, tenant: str, task_id: str, decision: str, note: str) -
             raise InvalidRequest("cannot accept: " + "; ".join(verdict.reasons))
     record = {"decision": decision, "note": note[:2000], "at": tx.now}
     tx.run("set_reviewer_decision", reviewer_decision=dumps(record), task_id=task_id)
-    append_event(tx, task_id, "reviewed", task["state"], {"decision": decision})
+    append_event(tx, task_id, "reviewed", task.state, {"decision": decision})

@@ -231,7 +231,7 @@ def deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
         step_id=effect_id,
         task_id=row["task_id"],
         fence=EFFECT_FENCE,
-        payload_hash=step["payload_hash"],
+        payload_hash=step.payload_hash,
         output_json=dumps(observation),
         usage_json=NO_USAGE,
         now=tx.now,
@@ -241,7 +241,7 @@ def deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
         tx,
         row["task_id"],
         "step_committed",
-        step["task_state"],
+        step.task_state,
         {
             "step_id": effect_id,
             "effect_key": row["effect_key"],
@@ -256,10 +256,10 @@ def deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
         kind=row["kind"],
         effect_key=row["effect_key"],
         tenant=row["tenant"],
-        pool=step["pool"],
+        pool=step.pool,
         replayed=bool(observation.get("replayed")),
     )
-    if TaskState(step["task_state"]) not in TERMINAL:
+    if TaskState(step.task_state) not in TERMINAL:
         advance(tx, step)
 
 
@@ -274,7 +274,7 @@ NO_USAGE = dumps({})
 def fail_effect(tx: Tx, row: Row, reason: str) -> None:
     """Fail the effect step, and its task unless the task has ended already."""
     step = find_step(tx, row["step_id"], None)
-    if TaskState(step["task_state"]) in TERMINAL:
+    if TaskState(step.task_state) in TERMINAL:
         tx.run("fail_effect_step", step_id=row["step_id"])
         return
     fail_step(tx, step, reason)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from tether.supervisor.ledger import repositories
-from tether.supervisor.ledger.tx import Row, Tx, loads
+from tether.supervisor.ledger.records import StepColumns, TaskRow
+from tether.supervisor.ledger.tx import Tx, loads
 from tether.supervisor.ledger.verification import Finding, candidate_sha
 from tether.wire import templates
 from tether.wire.payloads import valid_branch
@@ -21,7 +22,9 @@ def render_code(exc: Exception) -> str:
     return Finding.NO_CANDIDATE.value if isinstance(exc, NoCandidate) else "effect_render_failed"
 
 
-def render_request(tx: Tx, step: Row, task: Row, payload: dict[str, Any]) -> dict[str, Any]:
+def render_request(
+    tx: Tx, step: StepColumns, task: TaskRow, payload: dict[str, Any]
+) -> dict[str, Any]:
     """The request the dispatcher sends for `step`, from its payload and what the ledger
     holds now. Credentials stay as placeholders (by name).
 
@@ -33,26 +36,26 @@ def render_request(tx: Tx, step: Row, task: Row, payload: dict[str, Any]) -> dic
     a string that is one placeholder becomes the output's JSON value, a placeholder inside
     a longer string its text as it is (not encoded: the deliverer knows where it puts it),
     credential placeholders by name, and no `{{`/`}}` an output built."""
-    if step["kind"] == "git.push":
-        remote = repositories.find_repository(tx, task["tenant"], task["repository"] or "")
+    if step.kind == "git.push":
+        remote = repositories.find_repository(tx, task.tenant, task.repository or "")
         if remote is None:
-            raise ValueError(f"task {task['id']} has no repository to push to")
-        candidate = candidate_sha(tx, task["id"])
+            raise ValueError(f"task {task.id} has no repository to push to")
+        candidate = candidate_sha(tx, task.id)
         if candidate is None:
             raise NoCandidate("no step of the task reported a candidate to push")
         check_push(payload.get("branch"))
         return {
             "url": remote.url,
             "branch": payload.get("branch"),
-            "expected": task["approved_base_sha"],
+            "expected": task.approved_base_sha,
             "candidate": candidate,
             "credential": payload.get("credential"),
         }
     outputs = {
         r["name"]: loads(r["output_json"])
-        for r in tx.all("committed_outputs_before", task_id=task["id"], position=step["position"])
+        for r in tx.all("committed_outputs_before", task_id=task.id, position=step.position)
     }
-    if step["kind"] == "http":
+    if step.kind == "http":
         return {
             "method": payload.get("method", "POST"),
             "url": templates.render_url(str(payload.get("url")), outputs, "payload.url"),

@@ -17,7 +17,7 @@ rules per batch; more supervisors add the Python work done outside the lock, not
 
 Reads: a `psycopg_pool.ConnectionPool` (sync) of a few read-only REPEATABLE READ connections,
 one worker-thread hop per read function, so that one view sees one snapshot. Not async psycopg:
-the read functions are synchronous functions over `Statements`, shared with the rules.
+the read functions are synchronous functions over `TypedReads`, shared with the rules.
 
 Wakeups: a batch that woke anything runs `pg_notify(CHANNEL, ...)` inside its transaction
 (delivered only if it commits); each supervisor LISTENs on one dedicated async connection and
@@ -55,7 +55,7 @@ from tether.supervisor.ledger.backend_protocol import (
 from tether.supervisor.ledger.errors import StorageError
 from tether.supervisor.ledger.pg_schema import PgRow
 from tether.supervisor.ledger.queries import Dialect
-from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, ReadSession, Statements
+from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, ReadSession, TypedReads
 
 T = TypeVar("T")
 
@@ -401,10 +401,10 @@ class _PgReads:
         self._sql = queries.load("postgresql")
         self._limiter = anyio.CapacityLimiter(size)
 
-    async def run(self, query: Callable[[Statements], T]) -> T:
+    async def run(self, query: Callable[[TypedReads], T]) -> T:
         return await anyio.to_thread.run_sync(lambda: self._run(query), limiter=self._limiter)
 
-    def _run(self, query: Callable[[Statements], T]) -> T:
+    def _run(self, query: Callable[[TypedReads], T]) -> T:
         for tries_left in (1, 0):
             try:
                 with self._pool.connection(timeout=READ_WAIT_S) as conn:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.lifecycle import requeue
+from tether.supervisor.ledger.records import StepOfTask
 from tether.supervisor.ledger.states import AttemptState
 from tether.supervisor.ledger.steps import about_step, end_attempt
 from tether.supervisor.ledger.tx import Tx
@@ -26,11 +27,12 @@ def expire(tx: Tx) -> int:
     """Stamp 'alive', then reap every lease past its deadline or never acknowledged in time;
     return how many were reaped."""
     tx.run("stamp_alive", alive=int(tx.now * ALIVE_PER_S))
-    rows = tx.all("leases_to_reap", now=tx.now)
+    rows = tx.all_as(StepOfTask, "leases_to_reap", now=tx.now)
     for step in rows:
-        unacknowledged = step["accept_deadline"] is not None and step["accept_deadline"] <= tx.now
+        unacknowledged = step.accept_deadline is not None and step.accept_deadline <= tx.now
         why = "not acknowledged" if unacknowledged else "lease expired"
-        end_attempt(tx, step["id"], step["fence"], AttemptState.EXPIRED, why)
+        assert step.fence is not None, "a leased step has a fence"
+        end_attempt(tx, step.id, step.fence, AttemptState.EXPIRED, why)
         tx.note(Decision.EXPIRED, **about_step(tx, step), why=why)
         requeue(tx, step, counted=True, why=why)
     return len(rows)

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from typing import Final
 
 from tether.supervisor.ledger.errors import NotFound, StaleFence
+from tether.supervisor.ledger.records import HeldStep, StepColumns, StepOfTask, StepWithTask
 from tether.supervisor.ledger.states import AttemptState, StepState
-from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.tx import Tx, TypedReads, dumps, loads
 
 # The names a planted bug of the schedule explorer may swap while a run lasts
 # (`tether.sim.plants`): the rules here call each through this module's globals.
@@ -19,17 +20,17 @@ SEAMS: Final = frozenset({"lapsed"})
 TOKENS_CEILING = 2**62
 
 
-def find_step(s: Statements, step_id: str, pool: str | None) -> Row:
+def find_step(s: TypedReads, step_id: str, pool: str | None) -> StepWithTask:
     """The step with its task's state, tenant and pool; `NotFound` outside the runner's pool."""
-    step = s.one("step_with_task", step_id=step_id)
-    if step is None or (pool is not None and step["pool"] != pool):
+    step = s.one_as(StepWithTask, "step_with_task", step_id=step_id)
+    if step is None or (pool is not None and step.pool != pool):
         raise NotFound(f"no step {step_id}")
     return step
 
 
 def held_step(
-    s: Statements, step_id: str, fence: int, token_id: str | None, pool: str | None = None
-) -> Row:
+    s: TypedReads, step_id: str, fence: int, token_id: str | None, pool: str | None = None
+) -> HeldStep:
     """The step (as `find_step` reads it), if an attempt of it was granted under `fence` to
     the token `token_id` (None: a lease claimed without a token, in process); else
     `NotFound`, the answer an unknown step gets.
@@ -39,29 +40,30 @@ def held_step(
     runner token of the same pool, knowing or guessing the fence, learns nothing and changes
     nothing. Whether the fence is still current is `require_current`'s question, asked after.
     """
-    step = s.one("held_step_with_task", fence=fence, step_id=step_id)
+    step = s.one_as(HeldStep, "held_step_with_task", fence=fence, step_id=step_id)
     if (
         step is None
-        or (pool is not None and step["pool"] != pool)
-        or step["held_fence"] is None
-        or step["held_token_id"] != token_id
+        or (pool is not None and step.pool != pool)
+        or step.held_fence is None
+        or step.held_token_id != token_id
     ):
         raise NotFound(f"no step {step_id}")
     return step
 
 
-def require_current(tx: Tx, step: Row, fence: int) -> None:
+def require_current(tx: Tx, step: StepColumns, fence: int) -> None:
     """`StaleFence` unless `fence` is the current token of `step` (a row already read)."""
-    about = {"task_id": step["task_id"], "step_id": step["id"], "fence": fence}
-    if step["fence"] != fence:
-        raise StaleFence(f"fence {fence} is not step {step['id']}'s current token").about(**about)
-    if step["state"] == StepState.LEASED and lapsed(step, tx.now):
-        raise StaleFence(f"the lease on step {step['id']} under fence {fence} has lapsed").about(
-            **about
+    if step.fence != fence:
+        raise StaleFence(f"fence {fence} is not step {step.id}'s current token").about(
+            task_id=step.task_id, step_id=step.id, fence=fence
+        )
+    if step.state == StepState.LEASED and lapsed(step, tx.now):
+        raise StaleFence(f"the lease on step {step.id} under fence {fence} has lapsed").about(
+            task_id=step.task_id, step_id=step.id, fence=fence
         )
 
 
-def lapsed(step: Row, now: float) -> bool:
+def lapsed(step: StepColumns, now: float) -> bool:
     """Past its deadline, or never acknowledged within the acceptance window.
 
     A runner acknowledges a lease by its first renew (half a renew interval after the claim
@@ -69,8 +71,9 @@ def lapsed(step: Row, now: float) -> bool:
     within `accept_window_s` (its claim reply was lost on the wire) is reaped early instead of
     stranding its step for a whole TTL.
     """
-    accept = step["accept_deadline"]
-    return bool(step["lease_deadline"] <= now or (accept is not None and accept <= now))
+    accept, deadline = step.accept_deadline, step.lease_deadline
+    assert deadline is not None, "a leased step has a lease deadline"
+    return bool(deadline <= now or (accept is not None and accept <= now))
 
 
 def tokens_spent(usage: Mapping[str, int]) -> int:
@@ -80,7 +83,7 @@ def tokens_spent(usage: Mapping[str, int]) -> int:
     return max(0, int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)))
 
 
-def charge(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
+def charge(tx: Tx, step: HeldStep, fence: int, usage: Mapping[str, int]) -> int:
     """Charge the tenant for what the attempt under `fence` spent, as its running total
     `usage` tells, and return how many tokens were added: the increase over what was counted
     for that attempt before (0 for a repeat or a smaller total).
@@ -95,40 +98,40 @@ def charge(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
     return _count(tx, step, fence, usage)
 
 
-def _count(tx: Tx, step: Row, fence: int, usage: Mapping[str, int]) -> int:
+def _count(tx: Tx, step: HeldStep, fence: int, usage: Mapping[str, int]) -> int:
     """Raise the total counted for the attempt of `step` under `fence` to `usage`, and the
     tenant's spent total by the difference, when `usage` counts more than was counted.
     `step` is `held_step`'s row for `fence`: it holds what was counted when the rule began,
     which is what there is again after the rule is rolled back (`charge`)."""
-    if not usage or step["held_fence"] != fence:
+    if not usage or step.held_fence != fence:
         return 0
-    before = tokens_spent(loads(step["held_usage_json"]) or {})
+    before = tokens_spent(loads(step.held_usage_json) or {})
     spent = tokens_spent(usage) - before
     if spent <= 0:
         return 0
-    tx.run("set_attempt_usage", usage_json=dumps(dict(usage)), fence=fence, step_id=step["id"])
-    tx.run("charge_tenant_tokens", spent=spent, ceiling=TOKENS_CEILING, tenant=step["tenant"])
+    tx.run("set_attempt_usage", usage_json=dumps(dict(usage)), fence=fence, step_id=step.id)
+    tx.run("charge_tenant_tokens", spent=spent, ceiling=TOKENS_CEILING, tenant=step.tenant)
     return spent
 
 
-def about_step(tx: Tx, step: Row) -> dict[str, object]:
+def about_step(tx: Tx, step: StepOfTask) -> dict[str, object]:
     """The fields of a decision's log line about `step` (a row of `find_step` or the reaper):
     its task, tenant and pool, and the attempt it was last leased under with its token (read
     with `find_step`'s row; looked up for the reaper's)."""
-    if "lease_token_id" in step.keys():  # noqa: SIM118 - `in` a row looks at its values
-        token_id = step["lease_token_id"]
+    if isinstance(step, StepWithTask):
+        token_id = step.lease_token_id
     else:
-        attempt = tx.one("attempt_token", fence=step["fence"])
+        attempt = tx.one("attempt_token", fence=step.fence)
         token_id = None if attempt is None else attempt["token_id"]
     return {
-        "task_id": step["task_id"],
-        "step_id": step["id"],
-        "attempt": step["attempt"],
-        "fence": step["fence"],
-        "runner_id": step["runner_id"],
+        "task_id": step.task_id,
+        "step_id": step.id,
+        "attempt": step.attempt,
+        "fence": step.fence,
+        "runner_id": step.runner_id,
         "token_id": token_id,
-        "tenant": step["tenant"],
-        "pool": step["pool"],
+        "tenant": step.tenant,
+        "pool": step.pool,
     }
 
 

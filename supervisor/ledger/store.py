@@ -14,7 +14,7 @@ lock for the milliseconds it runs. Fences come from the database sequence `fence
 never repeat whichever supervisor grants them. A batch that woke anything says so with
 `pg_notify` inside its transaction; every supervisor listens and wakes its own long-polls.
 
-Reads stay synchronous functions over `Statements` (the rules call the same helpers inside
+Reads stay synchronous functions over `TypedReads` (the rules call the same helpers inside
 their transactions): one worker-thread hop per read function, on SQLite's read-only
 connection or a small psycopg pool, rather than aiosqlite or async psycopg with one await
 per query (a departure from the design's aiosqlite for reads). bench/readpath.py measured a
@@ -76,7 +76,7 @@ from tether.supervisor.ledger.decisions import log_decisions
 from tether.supervisor.ledger.errors import LedgerError, Refused, StorageError
 from tether.supervisor.ledger.outbox import Answer, Outgoing
 from tether.supervisor.ledger.renewal_memory import RenewalMemory
-from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Statements, Tx
+from tether.supervisor.ledger.tx import ALL_POOLS, EFFECTS, LedgerConfig, Tx, TypedReads
 from tether.supervisor.ledger.verification import Evidence
 from tether.supervisor.ledger.views import RunnerRow, TaskSearch
 from tether.supervisor.ledger.writer import Writer
@@ -222,7 +222,7 @@ class LedgerStore:
             raise RuntimeError("the ledger is not open")
         return self._writer.submit(rule)
 
-    async def read(self, query: Callable[[Statements], T]) -> T:
+    async def read(self, query: Callable[[TypedReads], T]) -> T:
         """Run `query` on committed data, beside the writer (`Backend.reads`)."""
         reads = self._reads
         if reads is None:

@@ -13,6 +13,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from tether.supervisor.ledger.records import TaskRow, TaskToVerify
 from tether.supervisor.ledger.states import TERMINAL, StepState, TaskState
 from tether.supervisor.ledger.tx import Row, Statements, Tx, loads
 
@@ -79,9 +80,9 @@ def stale_base(approved: str | None, head: str, repository: str) -> Problem:
     )
 
 
-def repository_head(s: Statements, task: Row) -> str | None:
+def repository_head(s: Statements, task: TaskRow) -> str | None:
     """The head SHA last known for the task's repository."""
-    row = s.one("repository_head_sha", tenant=task["tenant"], repository=task["repository"])
+    row = s.one("repository_head_sha", tenant=task.tenant, repository=task.repository)
     return None if row is None else str(row["head_sha"])
 
 
@@ -106,25 +107,25 @@ def verify(tx: Tx, task_id: str) -> str | None:
     Every step must be committed with exactly one effect. When the task names a repository,
     its findings (`findings`) must be empty; the reason is the first one's `<code>: <detail>`.
     """
-    task = tx.one("task_to_verify", task_id=task_id)
+    task = tx.one_as(TaskToVerify, "task_to_verify", task_id=task_id)
     assert task is not None
-    if task["uneven_step"] is not None:
-        return f"unverified: step {task['uneven_step']} does not have exactly one effect"
+    if task.uneven_step is not None:
+        return f"unverified: step {task.uneven_step} does not have exactly one effect"
     found = findings(tx, task)
     if found:
         return found[0].reason
-    if task["verify_pool"] and task["repository"]:
+    if task.verify_pool and task.repository:
         sha = candidate_sha(tx, task_id)
         done = None if sha is None else tx.one("verify_step_at", task_id=task_id, sha=sha)
         if done is None or done["state"] != StepState.COMMITTED:
             return (
-                f"unverified: no runner of verifier pool {task['verify_pool']!r} re-ran the"
+                f"unverified: no runner of verifier pool {task.verify_pool!r} re-ran the"
                 f" checks at {sha}"
             )
     return None
 
 
-def findings(s: Statements, task: Row) -> list[Problem]:
+def findings(s: Statements, task: TaskRow) -> list[Problem]:
     """What stands between a repository-bound task (a row of `tasks`) and success, first
     first; none for a task without a repository.
 
@@ -134,15 +135,15 @@ def findings(s: Statements, task: Row) -> list[Problem]:
     reports of the check runs used; then, for each expected check in order, no run at the
     final candidate (`missing_check`) or a run that exited non-zero (`check_failed`).
     """
-    if not task["repository"]:
+    if not task.repository:
         return []
-    steps = s.all("committed_step_evidence", task_id=task["id"])
+    steps = s.all("committed_step_evidence", task_id=task.id)
     found: list[Problem] = []
     for step in steps:
         evidence = loads(step["evidence_json"])
-        if evidence and evidence["head_sha"] != task["approved_base_sha"]:
-            approved, head = task["approved_base_sha"], evidence["head_sha"]
-            found.append(stale_base(approved, head, task["repository"]))
+        if evidence and evidence["head_sha"] != task.approved_base_sha:
+            approved, head = task.approved_base_sha, evidence["head_sha"]
+            found.append(stale_base(approved, head, task.repository))
     failed_on = _stale_failure(task)
     if failed_on is not None and not found:
         # Failed by a head read outside any step's evidence (at grant, or a webhook): the
@@ -153,12 +154,12 @@ def findings(s: Statements, task: Row) -> list[Problem]:
         found.append(Problem(code=Finding.NO_CANDIDATE, detail="no step reported a candidate"))
         return found
     sha = final["candidate_sha"]
-    runs = check_runs_at(s, task["id"], sha)
+    runs = check_runs_at(s, task.id, sha)
     reporting = {final["id"]} | {run["step_id"] for run in runs.values()}
     for step in steps:
         if step["id"] in reporting:
             found.extend(problems_of(step["evidence_json"]))
-    expected = loads(task["expected_checks_json"])
+    expected = loads(task.expected_checks_json)
     for check in expected:
         run = runs.get(check)
         if run is None:
@@ -173,8 +174,8 @@ def findings(s: Statements, task: Row) -> list[Problem]:
                     f" (log {run['log_digest']})",
                 )
             )
-    if task["verify_pool"]:
-        found.extend(verifier_findings(s, task["id"], sha, expected, runs))
+    if task.verify_pool:
+        found.extend(verifier_findings(s, task.id, sha, expected, runs))
     return _unique(found)
 
 
@@ -215,37 +216,37 @@ def verifier_findings(
     return found
 
 
-def checks_standing(s: Statements, task: Row) -> str | None:
+def checks_standing(s: Statements, task: TaskRow) -> str | None:
     """Who vouches for the checks at the task's candidate (a row of `tasks`), in words the
     task view, the review record and the status page show: `attested by runner <token>` (the
     runner that made the candidate, alone: the supervisor holds its word and its logs, and
     has run nothing), `verified by runner <token> of pool <pool>` once a verifier agreed,
     `disputed` when it did not. None before any check ran."""
-    sha = candidate_sha(s, task["id"])
-    runs = check_runs_at(s, task["id"], sha) if sha else {}
+    sha = candidate_sha(s, task.id)
+    runs = check_runs_at(s, task.id, sha) if sha else {}
     if not runs:
         return None
     maker = token_label(s, next(iter(runs.values()))["step_id"])
     attested = f"attested by runner {maker}"
-    pool = task["verify_pool"]
+    pool = task.verify_pool
     if not pool:
         return attested
-    expected = loads(task["expected_checks_json"])
+    expected = loads(task.expected_checks_json)
     assert sha is not None
-    step = s.one("verify_step_at", task_id=task["id"], sha=sha)
+    step = s.one("verify_step_at", task_id=task.id, sha=sha)
     if step is None or step["state"] != StepState.COMMITTED:
         return f"{attested}; a runner of verifier pool {pool!r} has not re-run them yet"
-    disputes = verifier_findings(s, task["id"], sha, expected, runs)
+    disputes = verifier_findings(s, task.id, sha, expected, runs)
     if disputes:
         return f"disputed: {disputes[0].reason}"
     return f"verified by runner {token_label(s, step['id'])} of pool {pool!r}; {attested}"
 
 
-def _stale_failure(task: Row) -> Problem | None:
+def _stale_failure(task: TaskRow) -> Problem | None:
     """The `stale_base` finding of a task that failed with it, from its recorded reason."""
     prefix = f"{Finding.STALE_BASE.value}: "
-    reason = task["reason"] or ""
-    if task["state"] != TaskState.FAILED or not reason.startswith(prefix):
+    reason = task.reason or ""
+    if task.state != TaskState.FAILED or not reason.startswith(prefix):
         return None
     return Problem(code=Finding.STALE_BASE, detail=reason.removeprefix(prefix))
 
@@ -279,18 +280,18 @@ class Verdict:
         return not self.reasons
 
 
-def review_verdict(s: Statements, task: Row) -> Verdict:
+def review_verdict(s: Statements, task: TaskRow) -> Verdict:
     """The verdict on `task` (a row of `tasks`), from what the ledger holds now."""
-    state = TaskState(task["state"])
+    state = TaskState(task.state)
     head = repository_head(s, task)
-    candidate = candidate_sha(s, task["id"])
-    leases = s.one("live_leases_of_task", task_id=task["id"])
+    candidate = candidate_sha(s, task.id)
+    leases = s.one("live_leases_of_task", task_id=task.id)
     live_leases = int(leases["n"]) if leases is not None else 0
     reasons: list[str] = []
     if state in TERMINAL and live_leases:
         reasons.append("a runner still holds a lease on an ended task: authority not revoked")
-    if task["repository"] and state is TaskState.SUCCEEDED:
-        if head not in (task["approved_base_sha"], candidate):
+    if task.repository and state is TaskState.SUCCEEDED:
+        if head not in (task.approved_base_sha, candidate):
             reasons.append(f"repository head {head} is neither the approved base nor the candidate")
         if candidate is None:
             reasons.append("the evidence names no candidate revision")

@@ -16,7 +16,8 @@ from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest
 from tether.supervisor.ledger.identity import step_id_for
 from tether.supervisor.ledger.journal import append_event
-from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.records import StepColumns, StepWithTask, TaskRow
+from tether.supervisor.ledger.tx import Statements, Tx, dumps, loads
 from tether.supervisor.ledger.verification import check_runs_at, findings, verifier_findings
 from tether.wire import content_hash
 from tether.wire.payloads import VERIFY_KIND
@@ -25,15 +26,15 @@ from tether.wire.records import Report
 VERIFY_STEP_NAME = "verify"
 
 
-def ask_verifier(tx: Tx, step: Row) -> bool:
+def ask_verifier(tx: Tx, step: StepWithTask) -> bool:
     """Add a verify step for the candidate of the task of `step` (a row of `find_step`) when
     the task names a verifier pool, its evidence holds nothing against it so far, and no
     verifier has reported at that candidate; True when one was added (the task waits for it).
     Called where an effect would fall due or the task would end (`lifecycle.advance`)."""
-    if not step["verify_pool"] or not step["repository"]:
+    if not step.verify_pool or not step.repository:
         return False  # read with the step: a task without a verifier pays no read here
-    task_id = step["task_id"]
-    task = tx.one("task_by_id", task_id=task_id)
+    task_id = step.task_id
+    task = tx.one_as(TaskRow, "task_by_id", task_id=task_id)
     assert task is not None
     candidate = tx.one("task_candidate", task_id=task_id)
     if candidate is None or candidate["bundle"] is None:
@@ -57,9 +58,10 @@ def _setup_of(payload_json: str) -> list[str]:
     return [c for c in setup if isinstance(c, str)]
 
 
-def _add_verify_step(tx: Tx, task: Row, sha: str, bundle: str, setup: list[str]) -> None:
+def _add_verify_step(tx: Tx, task: TaskRow, sha: str, bundle: str, setup: list[str]) -> None:
     """The verify step's intent, durable in this transaction, queued for the verifier pool."""
-    task_id, pool = task["id"], task["verify_pool"]
+    task_id, pool = task.id, task.verify_pool
+    assert pool is not None, "asked only for a task that names a verifier pool"
     payload: dict[str, object] = {"candidate_sha": sha, "bundle": bundle}
     if setup:
         payload["setup"] = setup
@@ -71,7 +73,7 @@ def _add_verify_step(tx: Tx, task: Row, sha: str, bundle: str, setup: list[str])
         step_id=step_id,
         task_id=task_id,
         position=position["n"],
-        task_order=task["created_order"],
+        task_order=task.created_order,
         name=VERIFY_STEP_NAME,
         kind=VERIFY_KIND,
         payload_json=dumps(payload),
@@ -83,7 +85,7 @@ def _add_verify_step(tx: Tx, task: Row, sha: str, bundle: str, setup: list[str])
         tx,
         task_id,
         "verifier_asked",
-        task["state"],
+        task.state,
         {"step_id": step_id, "candidate_sha": sha, "pool": pool},
     )
     tx.note(
@@ -91,40 +93,41 @@ def _add_verify_step(tx: Tx, task: Row, sha: str, bundle: str, setup: list[str])
         task_id=task_id,
         step_id=step_id,
         candidate_sha=sha,
-        tenant=task["tenant"],
+        tenant=task.tenant,
         pool=pool,
     )
     tx.wake(pool)
 
 
-def check_verify_report(step: Row, rep: Report) -> None:
+def check_verify_report(step: StepColumns, rep: Report) -> None:
     """`InvalidRequest` unless a verify step's report names the candidate it was given."""
-    if rep.candidate_sha != step["verifies"]:
+    if rep.candidate_sha != step.verifies:
         raise InvalidRequest(
-            f"step {step['id']} verifies candidate {step['verifies']}: its report must name"
+            f"step {step.id} verifies candidate {step.verifies}: its report must name"
             f" that candidate_sha, not {rep.candidate_sha}"
         )
 
 
-def note_dispute(tx: Tx, step: Row) -> None:
+def note_dispute(tx: Tx, step: StepColumns) -> None:
     """Log a warning naming both runners' tokens when the verify step `step`, just committed,
     disagrees with the runner that made its candidate (the task fails on it in `advance`)."""
-    task = tx.one("task_by_id", task_id=step["task_id"])
+    task = tx.one_as(TaskRow, "task_by_id", task_id=step.task_id)
     assert task is not None
-    sha = step["verifies"]
-    expected = loads(task["expected_checks_json"])
-    disputes = verifier_findings(tx, task["id"], sha, expected, check_runs_at(tx, task["id"], sha))
+    sha = step.verifies
+    assert sha is not None, "a verify step names the candidate it verifies"
+    expected = loads(task.expected_checks_json)
+    disputes = verifier_findings(tx, task.id, sha, expected, check_runs_at(tx, task.id, sha))
     if disputes:
         tx.note(
             Decision.CHECKS_DISPUTED,
-            task_id=task["id"],
-            step_id=step["id"],
+            task_id=task.id,
+            step_id=step.id,
             candidate_sha=sha,
-            tenant=task["tenant"],
-            pool=task["verify_pool"],
+            tenant=task.tenant,
+            pool=task.verify_pool,
             reason=disputes[0].reason,
-            maker_token=_maker_token(tx, task["id"], sha),
-            verifier_token=_token(tx, step["id"]),
+            maker_token=_maker_token(tx, task.id, sha),
+            verifier_token=_token(tx, step.id),
         )
 
 

@@ -5,6 +5,7 @@ JSON columns their values here; what the values mean is the views' business (`vi
 from __future__ import annotations
 
 from tether.clocks import iso
+from tether.supervisor.ledger.records import TaskCounted, TaskRow
 from tether.supervisor.ledger.tx import Row, loads
 from tether.wire.answers import ObservedCheck, WorkspaceRemoval
 from tether.wire.records import (
@@ -29,34 +30,34 @@ from tether.wire.records import (
 )
 
 
-def base_sha(task: Row) -> str | None:
+def base_sha(task: TaskRow) -> str | None:
     """The base a row of `tasks` binds: the approved one, else the one it was submitted with."""
-    approved: str | None = task["approved_base_sha"]
-    return approved or task["declared_base_sha"]
+    approved: str | None = task.approved_base_sha
+    return approved or task.declared_base_sha
 
 
-def task_summary(task: Row, waiting_for: WaitingFor | None) -> TaskSummary:
+def task_summary(task: TaskCounted, waiting_for: WaitingFor | None) -> TaskSummary:
     """A row of a tenant's page of tasks (`tenant_tasks_page` and its kin)."""
     return TaskSummary(
-        id=task["id"],
-        tenant=task["tenant"],
-        idempotency_key=task["idempotency_key"],
-        state=task["state"],
-        reason=task["reason"],
-        plan_hash=task["plan_hash"],
+        id=task.id,
+        tenant=task.tenant,
+        idempotency_key=task.idempotency_key,
+        state=task.state,
+        reason=task.reason,
+        plan_hash=task.plan_hash,
         base_sha=base_sha(task),
-        repository=task["repository"],
-        pool=task["pool"],
-        seq=task["last_seq"],
-        created_at=iso(task["created_at"]),
-        steps_committed=task["steps_committed"],
-        steps_total=task["steps_total"],
+        repository=task.repository,
+        pool=task.pool,
+        seq=task.last_seq,
+        created_at=iso(task.created_at),
+        steps_committed=task.steps_committed,
+        steps_total=task.steps_total,
         waiting_for=waiting_for,
     )
 
 
 def task_detail(
-    task: Row,
+    task: TaskRow,
     *,
     plan: PlanView,
     waiting_for: WaitingFor | None,
@@ -68,32 +69,32 @@ def task_detail(
 ) -> TaskDetail:
     """A row of `tasks` with what the task view read beside it."""
     return TaskDetail(
-        id=task["id"],
-        tenant=task["tenant"],
-        idempotency_key=task["idempotency_key"],
-        state=task["state"],
-        reason=task["reason"],
-        plan_hash=task["plan_hash"],
+        id=task.id,
+        tenant=task.tenant,
+        idempotency_key=task.idempotency_key,
+        state=task.state,
+        reason=task.reason,
+        plan_hash=task.plan_hash,
         base_sha=base_sha(task),
-        repository=task["repository"],
-        pool=task["pool"],
-        seq=task["last_seq"],
-        created_at=iso(task["created_at"]),
+        repository=task.repository,
+        pool=task.pool,
+        seq=task.last_seq,
+        created_at=iso(task.created_at),
         plan=plan,
         waiting_for=waiting_for,
         budget=budget,
         steps=steps,
         findings=findings,
-        verify_pool=task["verify_pool"],
+        verify_pool=task.verify_pool,
         checks_standing=checks_standing,
         rejections=rejections,
     )
 
 
-def plan(task: Row, steps: list[Row]) -> PlanView:
+def plan(task: TaskRow, steps: list[Row]) -> PlanView:
     """A row of `tasks` and its steps' rows (`steps_of_task_view`) as the plan submitted."""
     return PlanView(
-        hash=task["plan_hash"],
+        hash=task.plan_hash,
         steps=tuple(
             PlanStepView(
                 name=step["name"],
@@ -103,9 +104,9 @@ def plan(task: Row, steps: list[Row]) -> PlanView:
             )
             for step in steps
         ),
-        allowed_paths=tuple(loads(task["allowed_paths_json"])),
+        allowed_paths=tuple(loads(task.allowed_paths_json)),
         checks=tuple(
-            CheckSpec(name=c["name"], command=c["command"]) for c in loads(task["checks_json"])
+            CheckSpec(name=c["name"], command=c["command"]) for c in loads(task.checks_json)
         ),
     )
 

@@ -14,8 +14,9 @@ from tether.clocks import iso
 from tether.supervisor.ledger import operator, view_rows
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
 from tether.supervisor.ledger.outbox import OutboxState
+from tether.supervisor.ledger.records import TaskCounted, TaskRow, from_row
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
-from tether.supervisor.ledger.tx import Row, Statements, loads
+from tether.supervisor.ledger.tx import Statements, loads
 from tether.supervisor.ledger.verification import (
     Problem,
     check_runs_at,
@@ -77,17 +78,17 @@ def shown_state(task_state: str, unrun: bool, state: str) -> str:
     return state
 
 
-def _task_row(s: Statements, tenant: str | None, task_id: str) -> Row:
+def _task_row(s: Statements, tenant: str | None, task_id: str) -> TaskRow:
     if tenant is None:
         row = s.one("task_by_id", task_id=task_id)
     else:
         row = s.one("owned_task", task_id=task_id, tenant=tenant)
     if row is None:
         raise NotFound(f"no task {task_id}")
-    return row
+    return from_row(TaskRow, row)
 
 
-def waiting_for(s: Statements, task: Row, now: float) -> WaitingFor | None:
+def waiting_for(s: Statements, task: TaskRow, now: float) -> WaitingFor | None:
     """What keeps the task's next step from running, or None when a step runs, the task is
     verifying, or it has ended. `reason` is one of:
 
@@ -106,14 +107,14 @@ def waiting_for(s: Statements, task: Row, now: float) -> WaitingFor | None:
     Checked in the order that releases a task: approval, then a gate or an uncertain effect,
     then the budget, then a runner.
     """
-    state = TaskState(task["state"])
+    state = TaskState(task.state)
     if state is TaskState.PLANNED:
         return WaitingFor(reason="approval")
     if state not in (TaskState.QUEUED, TaskState.RUNNING):
         return None
     operator_word = s.one(
         "operator_word_awaited",
-        task_id=task["id"],
+        task_id=task.id,
         gated=OutboxState.GATED.value,
         uncertain=OutboxState.UNCERTAIN.value,
     )
@@ -122,13 +123,13 @@ def waiting_for(s: Statements, task: Row, now: float) -> WaitingFor | None:
         return WaitingFor(reason=reason, step=operator_word["name"], digest=operator_word["digest"])
     step = s.one(
         "next_step_in_line",
-        task_id=task["id"],
+        task_id=task.id,
         queued=StepState.QUEUED.value,
         leased=StepState.LEASED.value,
     )
     if step is None or step["state"] == StepState.LEASED:
         return None
-    spending = s.one("tenant_spending", tenant=task["tenant"])
+    spending = s.one("tenant_spending", tenant=task.tenant)
     if (
         spending is not None
         and spending["token_budget"] is not None
@@ -136,12 +137,13 @@ def waiting_for(s: Statements, task: Row, now: float) -> WaitingFor | None:
     ):
         return WaitingFor(
             reason="budget",
-            tenant=task["tenant"],
+            tenant=task.tenant,
             spent=spending["tokens_used"],
             budget=spending["token_budget"],
         )
     # A verify step waits for a runner of the task's verifier pool.
-    pool = task["verify_pool"] if step["kind"] == VERIFY_KIND else task["pool"]
+    pool = task.verify_pool if step["kind"] == VERIFY_KIND else task.pool
+    assert pool is not None, "a verify step is added only for a task with a verifier pool"
     seen = s.one("runners_last_seen", kind=step["kind"], pool=pool)
     assert seen is not None  # an aggregate without GROUP BY: always one row
     return WaitingFor(
@@ -200,7 +202,7 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
         row,
         plan=view_rows.plan(row, steps),
         waiting_for=waiting_for(s, row, now),
-        budget=tenant_budget(s, row["tenant"]),
+        budget=tenant_budget(s, row.tenant),
         steps=tuple(
             view_rows.step_detail(
                 step,
@@ -302,10 +304,10 @@ def list_tasks(
             limit=limit + 1,
         )
     more = len(rows) > limit
-    rows = rows[:limit]
+    tasks = [from_row(TaskCounted, r) for r in rows[:limit]]
     return TaskPage(
-        tasks=tuple(view_rows.task_summary(r, waiting_for(s, r, now)) for r in rows),
-        next=str(rows[-1]["created_order"]) if more else None,
+        tasks=tuple(view_rows.task_summary(t, waiting_for(s, t, now)) for t in tasks),
+        next=str(tasks[-1].created_order) if more else None,
     )
 
 
@@ -320,10 +322,10 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> ReviewReco
     run; `observation`: recorded by the ledger or observed by the supervisor and its runners.
     `verdict` is `verification.review_verdict`."""
     task = _task_row(s, tenant, task_id)
-    state = TaskState(task["state"])
+    state = TaskState(task.state)
     verdict = review_verdict(s, task)
     runs = check_runs_at(s, task_id, verdict.candidate_sha)
-    expected: tuple[str, ...] = tuple(loads(task["expected_checks_json"]))
+    expected: tuple[str, ...] = tuple(loads(task.expected_checks_json))
     observed_checks = {
         name: view_rows.observed_check(runs[name]) if name in runs else None for name in expected
     }
@@ -346,22 +348,22 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> ReviewReco
 
     return ReviewRecord(
         task_id=task_id,
-        owner=Expectation(value=task["owner"]),
-        repository=Expectation(value=task["repository"]),
+        owner=Expectation(value=task.owner),
+        repository=Expectation(value=task.repository),
         base_commit=Expectation(value=view_rows.base_sha(task)),
         repository_head=Observation(value=verdict.head_sha),
         candidate_sha=Observation(value=verdict.candidate_sha),
-        requirement_revision=Expectation(value=task["requirement_revision"]),
-        allowed_paths=Expectation(value=tuple(loads(task["allowed_paths_json"]))),
-        start_time=Observation(value=iso(task["started_at"])),
-        stop_time=Observation(value=iso(task["finished_at"])),
+        requirement_revision=Expectation(value=task.requirement_revision),
+        allowed_paths=Expectation(value=tuple(loads(task.allowed_paths_json))),
+        start_time=Observation(value=iso(task.started_at)),
+        stop_time=Observation(value=iso(task.finished_at)),
         expected_checks=Expectation(value=expected),
         observed_checks=Observation(value=observed_checks),
         # Who vouches for them: `attested by runner <token>` unless a verifier re-ran them.
         checks=Observation(value=checks_standing(s, task)),
-        verify_pool=Expectation(value=task["verify_pool"]),
+        verify_pool=Expectation(value=task.verify_pool),
         observed_terminal_state=Observation(value=state.value if state in TERMINAL else None),
-        reviewer_decision=Observation(value=_decision(loads(task["reviewer_decision"]))),
+        reviewer_decision=Observation(value=_decision(loads(task.reviewer_decision))),
         cleanup_proof=Observation(
             value=CleanupProof(
                 live_leases=verdict.live_leases,
