@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sqlite3
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -31,7 +30,7 @@ from tether.supervisor.ledger import (
 )
 from tether.supervisor.ledger.errors import NotFound
 from tether.supervisor.ledger.identity import Created, TaskSpec
-from tether.supervisor.ledger.records import HeldStep, StepColumns, StepWithTask
+from tether.supervisor.ledger.records import DeliveryRow, HeldStep, StepColumns, StepWithTask
 from tether.supervisor.ledger.states import TERMINAL, TaskState
 from tether.supervisor.ledger.tx import Tx, TypedReads
 from tether.supervisor.ledger.verification import Problem
@@ -82,7 +81,7 @@ def checkpoints_skip_the_fence(tx: Tx, step: StepColumns, fence: int) -> None:
     out, as long as the step is leased to someone."""
 
 
-def sends_never_recorded(attempts: list[sqlite3.Row]) -> bool:
+def sends_never_recorded(attempts: list[DeliveryRow]) -> bool:
     """double-send: the dispatcher ignores the recorded send. An attempt begun and never
     answered no longer counts as maybe sent, so an unkeyed effect whose dispatcher died
     mid-send goes back to `open` (not `uncertain`) and is sent again under the same gate

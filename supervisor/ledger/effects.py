@@ -16,7 +16,7 @@ from tether.supervisor.ledger.errors import InvalidRequest, PayloadDrift, Termin
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.lifecycle import advance
 from tether.supervisor.ledger.operator import observe_head
-from tether.supervisor.ledger.records import HeldStep
+from tether.supervisor.ledger.records import CommittingAttempt, HeldStep
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.steps import (
     about_step,
@@ -183,12 +183,9 @@ def check_report(rep: Report) -> None:
 def _committed_attempt(tx: Tx, step: HeldStep) -> dict[str, object]:
     """`about_step` for a committed step, whose fence was cleared: the committing attempt's."""
     about = about_step(tx, step)
-    row = tx.one("committing_attempt", step_id=step.id)
+    row = tx.one_as(CommittingAttempt, "committing_attempt", step_id=step.id)
     if row is not None:
         about.update(
-            attempt=row["attempt"],
-            fence=row["fence"],
-            runner_id=row["runner_id"],
-            token_id=row["token_id"],
+            attempt=row.attempt, fence=row.fence, runner_id=row.runner_id, token_id=row.token_id
         )
     return about

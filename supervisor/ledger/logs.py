@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from tether.clocks import iso
 from tether.supervisor.ledger import views
+from tether.supervisor.ledger.records import LoggingAttempt
 from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
 from tether.wire.records import LogLine, LogLinesKept, TaskLogEntry, TaskLogs
 
@@ -32,8 +33,10 @@ def keep(tx: Tx, lines: Sequence[LogLine], pool: str, token_id: str) -> LogLines
     """Keep each of `lines` whose fence was granted to `token_id` in `pool` for its step."""
     tx.request = "log lines"
     fences = sorted({line.fence for line in lines})
-    held = {r["fence"]: r for r in tx.all("attempts_of_fences", fences=dumps(fences))}
-    count = {fence: int(r["kept"]) for fence, r in held.items()}
+    held = {
+        r.fence: r for r in tx.all_as(LoggingAttempt, "attempts_of_fences", fences=dumps(fences))
+    }
+    count = {fence: int(r.kept) for fence, r in held.items()}
     rows: list[dict[str, Any]] = []
     refused = over = 0
     for line in lines:
@@ -56,11 +59,9 @@ def keep(tx: Tx, lines: Sequence[LogLine], pool: str, token_id: str) -> LogLines
     return LogLinesKept(kept=len(lines) - refused - over, refused=refused, over_limit=over)
 
 
-def _granted(attempt: Row, line: LogLine, pool: str, token_id: str) -> bool:
+def _granted(attempt: LoggingAttempt, line: LogLine, pool: str, token_id: str) -> bool:
     return bool(
-        attempt["token_id"] == token_id
-        and attempt["pool"] == pool
-        and attempt["step_id"] == line.step_id
+        attempt.token_id == token_id and attempt.pool == pool and attempt.step_id == line.step_id
     )
 
 
@@ -71,12 +72,14 @@ def _fields(fields: dict[str, Any]) -> str:
     return text
 
 
-def _row(tx: Tx, attempt: Row, level: str, event: str, fields_json: str) -> dict[str, Any]:
+def _row(
+    tx: Tx, attempt: LoggingAttempt, level: str, event: str, fields_json: str
+) -> dict[str, Any]:
     return {
-        "task_id": attempt["task_id"],
-        "step_id": attempt["step_id"],
-        "fence": attempt["fence"],
-        "after_seq": attempt["last_seq"],
+        "task_id": attempt.task_id,
+        "step_id": attempt.step_id,
+        "fence": attempt.fence,
+        "after_seq": attempt.last_seq,
         "level": level,
         "event": event,
         "fields_json": fields_json,

@@ -19,32 +19,33 @@ from tether.supervisor.ledger.outbox import (
     Outgoing,
     Undeliverable,
 )
+from tether.supervisor.ledger.records import DeliveryRow, EffectRow
 from tether.supervisor.ledger.states import TERMINAL, TaskState
 from tether.supervisor.ledger.steps import find_step
-from tether.supervisor.ledger.tx import EFFECTS, Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.tx import EFFECTS, Tx, TypedReads, dumps, loads
 
 
-def _held(tx: Tx, effect_id: str, holder: str) -> Row:
+def _held(tx: Tx, effect_id: str, holder: str) -> EffectRow:
     """The row, if `holder` holds it; `EffectNotHeld` otherwise."""
     row = outbox_rows.effect_row(tx, effect_id)
-    if row["state"] != OutboxState.SENDING or row["holder"] != holder:
+    if row.state != OutboxState.SENDING or row.holder != holder:
         raise EffectNotHeld(
-            f"effect {effect_id} is {row['state']}, not held by this dispatcher"
-        ).about(task_id=row["task_id"], step_id=effect_id)
+            f"effect {effect_id} is {row.state}, not held by this dispatcher"
+        ).about(task_id=row.task_id, step_id=effect_id)
     return row
 
 
-def _to_outgoing(row: Row) -> Outgoing:
+def _to_outgoing(row: EffectRow) -> Outgoing:
     return Outgoing(
-        effect_id=row["step_id"],
-        task_id=row["task_id"],
-        tenant=row["tenant"],
-        kind=row["kind"],
-        effect_key=row["effect_key"],
-        keyed=bool(row["keyed"]),
-        request=loads(row["request_json"]),
-        digest=row["digest"],
-        deadline_at=math.inf if row["deadline_at"] is None else float(row["deadline_at"]),
+        effect_id=row.step_id,
+        task_id=row.task_id,
+        tenant=row.tenant,
+        kind=row.kind,
+        effect_key=row.effect_key,
+        keyed=bool(row.keyed),
+        request=loads(row.request_json),
+        digest=row.digest,
+        deadline_at=math.inf if row.deadline_at is None else float(row.deadline_at),
     )
 
 
@@ -58,21 +59,24 @@ def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
     `due` (keyed) and `open` (unkeyed) rows of live tasks, oldest first.
     """
     tx.request = "take"
-    taken: list[Row] = []
+    taken: list[EffectRow] = []
     hold = tx.now + tx.config.effect_hold_s
-    for row in tx.all("lapsed_effects", sending=OutboxState.SENDING.value, now=tx.now):
+    for row in tx.all_as(
+        EffectRow, "lapsed_effects", sending=OutboxState.SENDING.value, now=tx.now
+    ):
         if outbox_rows.task_ended(row):
             outbox_rows.settle_ended(tx, row, "its dispatcher vanished")
-        elif row["keyed"]:
+        elif row.keyed:
             if len(taken) < limit:
                 taken.append(row)
         elif outbox_rows.maybe_sent(outbox_rows.unsettled_attempts(tx, row, opening_only=True)):
             outbox_rows.make_uncertain(tx, row, "its dispatcher vanished after starting to send")
         else:
-            outbox_rows.set_state(tx, row["step_id"], OutboxState.OPEN)
+            outbox_rows.set_state(tx, row.step_id, OutboxState.OPEN)
     room = max(0, limit - len(taken))
     if room:
-        taken += tx.all(
+        taken += tx.all_as(
+            EffectRow,
             "ready_effects",
             due=OutboxState.DUE.value,
             open=OutboxState.OPEN.value,
@@ -86,7 +90,7 @@ def take(tx: Tx, holder: str, limit: int) -> list[Outgoing]:
             state=OutboxState.SENDING.value,
             holder=holder,
             held_until=hold,
-            step_id=row["step_id"],
+            step_id=row.step_id,
         )
     return [_to_outgoing(row) for row in taken]
 
@@ -102,29 +106,32 @@ def begin_attempt(tx: Tx, effect_id: str, holder: str, digest: str) -> int:
     """
     tx.request = "begin_attempt"
     row = _held(tx, effect_id, holder)
-    about = {"task_id": row["task_id"], "step_id": effect_id}
     if outbox_rows.task_ended(row):
         tx.after_refusal.append(
             lambda t: outbox_rows.settle_ended(t, outbox_rows.effect_row(t, effect_id), "cancelled")
         )
-        raise EffectNotHeld(f"task {row['task_id']} is {row['task_state']}").about(**about)
-    if digest != row["digest"]:
+        raise EffectNotHeld(f"task {row.task_id} is {row.task_state}").about(
+            task_id=row.task_id, step_id=effect_id
+        )
+    if digest != row.digest:
         raise GateMismatch(
-            f"digest {digest} is not effect {effect_id}'s request digest {row['digest']}"
-        ).about(**about)
+            f"digest {digest} is not effect {effect_id}'s request digest {row.digest}"
+        ).about(task_id=row.task_id, step_id=effect_id)
     opening = 0
-    if not row["keyed"]:
-        opening = row["openings"]
-        if digest != row["gate_digest"]:
+    if not row.keyed:
+        opening = row.openings
+        if digest != row.gate_digest:
             raise GateMismatch(
-                f"the gate of effect {effect_id} was opened for {row['gate_digest']}"
-            ).about(**about)
+                f"the gate of effect {effect_id} was opened for {row.gate_digest}"
+            ).about(task_id=row.task_id, step_id=effect_id)
         if outbox_rows.maybe_sent(outbox_rows.unsettled_attempts(tx, row, opening_only=True)):
             raise EffectNotHeld(
                 f"effect {effect_id} is unkeyed and its gate opening was used"
-            ).about(**about)
-    if row["deadline_at"] is not None and tx.now > row["deadline_at"]:
-        raise EffectNotHeld(f"effect {effect_id}'s delivery deadline has passed").about(**about)
+            ).about(task_id=row.task_id, step_id=effect_id)
+    if row.deadline_at is not None and tx.now > row.deadline_at:
+        raise EffectNotHeld(f"effect {effect_id}'s delivery deadline has passed").about(
+            task_id=row.task_id, step_id=effect_id
+        )
     last = tx.one("last_delivery_attempt", step_id=effect_id)
     attempt = int((last["n"] if last else None) or 0) + 1
     tx.run(
@@ -135,11 +142,11 @@ def begin_attempt(tx: Tx, effect_id: str, holder: str, digest: str) -> int:
         holder=holder,
         now=tx.now,
     )
-    if row["kind"] == "git.push":
+    if row.kind == "git.push":
         # Before the push leaves: a head read that reports this candidate is the task's own
         # push (`operator.observe_head`), however soon the forge's webhook arrives.
-        candidate = loads(row["request_json"]).get("candidate")
-        tx.run("record_pushed_sha", pushed_sha=candidate, task_id=row["task_id"])
+        candidate = loads(row.request_json).get("candidate")
+        tx.run("record_pushed_sha", pushed_sha=candidate, task_id=row.task_id)
     tx.run("extend_effect_hold", held_until=tx.now + tx.config.effect_hold_s, step_id=effect_id)
     return attempt
 
@@ -158,11 +165,11 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     tx.request = "record_attempt"
     late = outbox_rows.effect_row(tx, effect_id)
     row = late if _answers_uncertain(tx, late, attempt, holder) else _held(tx, effect_id, holder)
-    delivery = tx.one("delivery_attempt", step_id=effect_id, attempt=attempt)
-    if delivery is None or delivery["answer"] is not None or delivery["holder"] != holder:
+    delivery = tx.one_as(DeliveryRow, "delivery_attempt", step_id=effect_id, attempt=attempt)
+    if delivery is None or delivery.answer is not None or delivery.holder != holder:
         raise EffectNotHeld(
             f"effect {effect_id} has no attempt {attempt} waiting for its answer"
-        ).about(task_id=row["task_id"], step_id=effect_id)
+        ).about(task_id=row.task_id, step_id=effect_id)
     kind, sent = _answer_columns(answer)
     tx.run(
         "answer_delivery",
@@ -186,24 +193,24 @@ def record_attempt(tx: Tx, effect_id: str, attempt: int, holder: str, answer: An
     elif isinstance(answer, Undeliverable):
         outbox_rows.set_state(tx, effect_id, OutboxState.FAILED)
         fail_effect(tx, row, f"{answer.code}: {answer.detail[:DETAIL_MAX]}")
-    elif row["state"] == OutboxState.UNCERTAIN:
+    elif row.state == OutboxState.UNCERTAIN:
         return  # still only an operator can say
-    elif row["keyed"] or not answer.sent:
+    elif row.keyed or not answer.sent:
         tx.run("extend_effect_hold", held_until=tx.now + tx.config.effect_hold_s, step_id=effect_id)
     else:
         outbox_rows.make_uncertain(tx, row, "an unkeyed send went unanswered")
 
 
-def _answers_uncertain(s: Statements, row: Row, attempt: int, holder: str) -> bool:
+def _answers_uncertain(s: TypedReads, row: EffectRow, attempt: int, holder: str) -> bool:
     """Whether `holder`'s answer to `attempt` may settle `row`, which became uncertain while
     that attempt was in flight: the attempt is the holder's and still unanswered."""
-    if row["state"] != OutboxState.UNCERTAIN:
+    if row.state != OutboxState.UNCERTAIN:
         return False
     delivery = s.one(
         "unsettled_delivery_attempt",
-        step_id=row["step_id"],
+        step_id=row.step_id,
         attempt=attempt,
-        settled_attempts=row["settled_attempts"],
+        settled_attempts=row.settled_attempts,
     )
     return delivery is not None and delivery["holder"] == holder and delivery["answer"] is None
 
@@ -219,17 +226,17 @@ def _answer_columns(answer: Answer) -> tuple[str, int]:
     return "unanswered", int(answer.sent)
 
 
-def deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
+def deliver(tx: Tx, row: EffectRow, observation: dict[str, Any]) -> None:
     """The effect happened: its one effect row, the step committed with the observation as its
     output, and the task advanced (unless it has ended: the delivery is still recorded)."""
-    effect_id = row["step_id"]
+    effect_id = row.step_id
     outbox_rows.set_state(tx, effect_id, OutboxState.DELIVERED)
     step = find_step(tx, effect_id, None)
     tx.run(
         "insert_delivered_effect",
-        effect_key=row["effect_key"],
+        effect_key=row.effect_key,
         step_id=effect_id,
-        task_id=row["task_id"],
+        task_id=row.task_id,
         fence=EFFECT_FENCE,
         payload_hash=step.payload_hash,
         output_json=dumps(observation),
@@ -239,23 +246,23 @@ def deliver(tx: Tx, row: Row, observation: dict[str, Any]) -> None:
     tx.run("commit_delivered_step", output_json=dumps(observation), now=tx.now, step_id=effect_id)
     append_event(
         tx,
-        row["task_id"],
+        row.task_id,
         "step_committed",
         step.task_state,
         {
             "step_id": effect_id,
-            "effect_key": row["effect_key"],
+            "effect_key": row.effect_key,
             "delivered": True,
             "replayed": bool(observation.get("replayed")),
         },
     )
     tx.note(
         Decision.COMMITTED,
-        task_id=row["task_id"],
+        task_id=row.task_id,
         step_id=effect_id,
-        kind=row["kind"],
-        effect_key=row["effect_key"],
-        tenant=row["tenant"],
+        kind=row.kind,
+        effect_key=row.effect_key,
+        tenant=row.tenant,
         pool=step.pool,
         replayed=bool(observation.get("replayed")),
     )
@@ -271,11 +278,11 @@ EFFECT_FENCE = 0
 NO_USAGE = dumps({})
 
 
-def fail_effect(tx: Tx, row: Row, reason: str) -> None:
+def fail_effect(tx: Tx, row: EffectRow, reason: str) -> None:
     """Fail the effect step, and its task unless the task has ended already."""
-    step = find_step(tx, row["step_id"], None)
+    step = find_step(tx, row.step_id, None)
     if TaskState(step.task_state) in TERMINAL:
-        tx.run("fail_effect_step", step_id=row["step_id"])
+        tx.run("fail_effect_step", step_id=row.step_id)
         return
     fail_step(tx, step, reason)
 
@@ -288,9 +295,7 @@ def give_up(tx: Tx, effect_id: str, holder: str, reason: str) -> None:
     (`delivery_deadline`) only when none can have."""
     tx.request = "give_up"
     row = _held(tx, effect_id, holder)
-    if outbox_rows.maybe_sent(
-        outbox_rows.unsettled_attempts(tx, row, opening_only=not row["keyed"])
-    ):
+    if outbox_rows.maybe_sent(outbox_rows.unsettled_attempts(tx, row, opening_only=not row.keyed)):
         outbox_rows.make_uncertain(tx, row, f"delivery deadline passed: {reason}")
         return
     outbox_rows.set_state(tx, effect_id, OutboxState.FAILED)
@@ -306,7 +311,7 @@ def release(tx: Tx, effect_id: str, holder: str) -> None:
     tx.run("release_unanswered_deliveries", now=tx.now, step_id=effect_id)
     if outbox_rows.task_ended(row):
         outbox_rows.settle_ended(tx, row, "released")
-    elif row["keyed"]:
+    elif row.keyed:
         outbox_rows.set_state(tx, effect_id, OutboxState.DUE)
         tx.wake(EFFECTS)
     elif outbox_rows.maybe_sent(outbox_rows.unsettled_attempts(tx, row, opening_only=True)):

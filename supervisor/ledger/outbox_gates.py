@@ -15,10 +15,11 @@ from tether.supervisor.ledger.errors import (
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.outbox_delivery import deliver, fail_effect
-from tether.supervisor.ledger.tx import EFFECTS, Row, Tx
+from tether.supervisor.ledger.records import EffectRow
+from tether.supervisor.ledger.tx import EFFECTS, Tx
 
 
-def _effect_of(tx: Tx, tenant: str, task_id: str, step_name: str) -> Row:
+def _effect_of(tx: Tx, tenant: str, task_id: str, step_name: str) -> EffectRow:
     """The outbox row of `tenant`'s task's step named `step_name`; `NotFound` for another
     tenant's task, an unknown step, and a step that is not (yet) an effect with a row."""
     task = tx.one("tenant_task_id", task_id=task_id, tenant=tenant)
@@ -29,7 +30,7 @@ def _effect_of(tx: Tx, tenant: str, task_id: str, step_name: str) -> Row:
         raise NotFound(f"task {task_id} has no step {step_name!r}")
     if step["kind"] not in tx.config.effect_kinds:
         raise InvalidRequest(f"step {step_name!r} is a {step['kind']} step, not an effect")
-    row = tx.one("effect_row", step_id=step["id"])
+    row = tx.one_as(EffectRow, "effect_row", step_id=step["id"])
     if row is None:
         raise EffectNotGated(f"step {step_name!r} of task {task_id} is not due yet").about(
             task_id=task_id, step_id=step["id"]
@@ -44,39 +45,38 @@ def open_gate(tx: Tx, tenant: str, task_id: str, step_name: str, digest: str, by
     (`GateMismatch`). The delivery deadline starts at the opening."""
     tx.request = "gate"
     row = _effect_of(tx, tenant, task_id, step_name)
-    about = {"task_id": task_id, "step_id": row["step_id"]}
     if outbox_rows.task_ended(row):
-        raise TerminalState(f"task {task_id} is {row['task_state']}").about(task_id=task_id)
-    if row["state"] != OutboxState.GATED:
+        raise TerminalState(f"task {task_id} is {row.task_state}").about(task_id=task_id)
+    if row.state != OutboxState.GATED:
         raise EffectNotGated(
-            f"step {step_name!r} is {row['state']}: only a gated effect's gate can be opened"
-        ).about(**about)
-    if digest != row["digest"]:
+            f"step {step_name!r} is {row.state}: only a gated effect's gate can be opened"
+        ).about(task_id=task_id, step_id=row.step_id)
+    if digest != row.digest:
         raise GateMismatch(
             f"digest {digest} is not the digest of step {step_name!r}'s request"
-            f" ({row['digest']}); look at the request again"
-        ).about(**about)
+            f" ({row.digest}); look at the request again"
+        ).about(task_id=task_id, step_id=row.step_id)
     tx.run(
         "open_effect_gate",
         state=OutboxState.OPEN.value,
-        openings=row["openings"] + 1,
+        openings=row.openings + 1,
         gate_digest=digest,
-        deadline_at=tx.now + row["deadline_s"],
+        deadline_at=tx.now + row.deadline_s,
         now=tx.now,
-        step_id=row["step_id"],
+        step_id=row.step_id,
     )
     _decided(tx, row, "open", by, digest)
     append_event(
         tx,
         task_id,
         "gate_opened",
-        row["task_state"],
-        {"step_id": row["step_id"], "digest": digest, "by": by},
+        row.task_state,
+        {"step_id": row.step_id, "digest": digest, "by": by},
     )
     tx.note(
         Decision.GATE_OPENED,
         task_id=task_id,
-        step_id=row["step_id"],
+        step_id=row.step_id,
         by=by,
         digest=digest,
         tenant=tenant,
@@ -93,14 +93,13 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
     task)."""
     tx.request = "happened"
     row = _effect_of(tx, tenant, task_id, step_name)
-    about = {"task_id": task_id, "step_id": row["step_id"]}
-    if row["state"] != OutboxState.UNCERTAIN:
+    if row.state != OutboxState.UNCERTAIN:
         raise EffectNotGated(
-            f"step {step_name!r} is {row['state']}: only an uncertain effect is resolved"
-        ).about(**about)
-    tx.run("settle_effect_attempts", step_id=row["step_id"])
+            f"step {step_name!r} is {row.state}: only an uncertain effect is resolved"
+        ).about(task_id=task_id, step_id=row.step_id)
+    tx.run("settle_effect_attempts", step_id=row.step_id)
     if happened:
-        _decided(tx, row, "happened", by, row["digest"])
+        _decided(tx, row, "happened", by, row.digest)
         deliver(
             tx,
             row,
@@ -112,32 +111,30 @@ def resolve(tx: Tx, tenant: str, task_id: str, step_name: str, happened: bool, b
             },
         )
         return
-    if row["said_no"]:
+    if row.said_no:
         raise EffectNotGated(
             f"step {step_name!r} was already re-opened once after a `no`: say whether it"
             " happened, or cancel the task"
-        ).about(**about)
-    _decided(tx, row, "not_happened", by, row["digest"])
+        ).about(task_id=task_id, step_id=row.step_id)
+    _decided(tx, row, "not_happened", by, row.digest)
     said = f"an operator ({by}) said it did not happen"
     if outbox_rows.task_ended(row):
-        tx.run("mark_effect_said_no", step_id=row["step_id"])
+        tx.run("mark_effect_said_no", step_id=row.step_id)
         outbox_rows.withdraw(tx, row, said, by=by)
         return
-    if row["keyed"]:
-        tx.run("mark_effect_said_no", step_id=row["step_id"])
-        outbox_rows.set_state(tx, row["step_id"], OutboxState.FAILED)
+    if row.keyed:
+        tx.run("mark_effect_said_no", step_id=row.step_id)
+        outbox_rows.set_state(tx, row.step_id, OutboxState.FAILED)
         fail_effect(tx, row, f"delivery_deadline: {said}")
         return
-    tx.run("regate_effect", state=OutboxState.GATED.value, step_id=row["step_id"])
-    append_event(
-        tx, task_id, "effect_regated", row["task_state"], {"step_id": row["step_id"], "by": by}
-    )
+    tx.run("regate_effect", state=OutboxState.GATED.value, step_id=row.step_id)
+    append_event(tx, task_id, "effect_regated", row.task_state, {"step_id": row.step_id, "by": by})
 
 
-def _decided(tx: Tx, row: Row, action: str, by: str, digest: str | None) -> None:
+def _decided(tx: Tx, row: EffectRow, action: str, by: str, digest: str | None) -> None:
     tx.run(
         "insert_effect_decision",
-        step_id=row["step_id"],
+        step_id=row.step_id,
         action=action,
         digest=digest,
         by=by,

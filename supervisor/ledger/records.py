@@ -142,6 +142,49 @@ class LeaseTask(Record, frozen=True):
     verify_pool: str | None
 
 
+class EffectRow(Record, frozen=True):
+    """The columns of `outbox`, in the table's order, with its task's state and tenant
+    (`effect_row`, `ready_effects` and their kin)."""
+
+    step_id: str
+    task_id: str
+    kind: str
+    effect_key: str
+    keyed: int
+    request_json: str
+    digest: str
+    state: str
+    deadline_s: float
+    deadline_at: float | None
+    not_before: float
+    holder: str | None
+    held_until: float | None
+    openings: int
+    gate_digest: str | None
+    said_no: int
+    created_at: float
+    ended_at: float | None
+    settled_attempts: int
+    task_state: str
+    tenant: str
+
+
+class DeliveryRow(Record, frozen=True):
+    """The columns of `deliveries`, in the table's order: one attempt to deliver an effect."""
+
+    step_id: str
+    attempt: int
+    opening: int
+    holder: str
+    started_at: float
+    ended_at: float | None
+    answer: str | None
+    sent: int | None
+    status: int | None
+    detail: str | None
+    error: str | None
+
+
 class TaskRow(Record, frozen=True):
     """The columns of `tasks`, in the table's order."""
 
@@ -199,3 +242,25 @@ class AttemptRow(Record, frozen=True):
     ended_at: float | None
     token_id: str | None
     usage_json: str | None
+
+
+class CommittingAttempt(Record, frozen=True):
+    """The attempt that committed a step (`committing_attempt`)."""
+
+    attempt: int
+    fence: int
+    runner_id: str
+    token_id: str | None
+
+
+class LoggingAttempt(Record, frozen=True):
+    """An attempt a log line names, with its step's task and pool, the task's last seq and
+    the lines it holds (`attempts_of_fences`)."""
+
+    fence: int
+    step_id: str
+    token_id: str | None
+    task_id: str
+    pool: str
+    last_seq: int
+    kept: int

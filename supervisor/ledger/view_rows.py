@@ -5,7 +5,7 @@ JSON columns their values here; what the values mean is the views' business (`vi
 from __future__ import annotations
 
 from tether.clocks import iso
-from tether.supervisor.ledger.records import TaskCounted, TaskRow
+from tether.supervisor.ledger.records import AttemptRow, TaskCounted, TaskRow
 from tether.supervisor.ledger.tx import Row, loads
 from tether.wire.answers import ObservedCheck, WorkspaceRemoval
 from tether.wire.records import (
@@ -141,18 +141,18 @@ def step_detail(
     )
 
 
-def attempt(row: Row) -> AttemptView:
+def attempt(row: AttemptRow) -> AttemptView:
     """A row of `attempts_of_task`."""
     return AttemptView(
-        attempt=row["attempt"],
-        fence=row["fence"],
-        runner_id=row["runner_id"],
-        token_id=row["token_id"],
-        state=row["state"],
-        reason=row["reason"],
-        granted_at=iso(row["granted_at"]),
-        ended_at=iso(row["ended_at"]),
-        usage=loads(row["usage_json"]),
+        attempt=row.attempt,
+        fence=row.fence,
+        runner_id=row.runner_id,
+        token_id=row.token_id,
+        state=row.state,
+        reason=row.reason,
+        granted_at=iso(row.granted_at),
+        ended_at=iso(row.ended_at),
+        usage=loads(row.usage_json),
     )
 
 

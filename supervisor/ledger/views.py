@@ -14,7 +14,7 @@ from tether.clocks import iso
 from tether.supervisor.ledger import operator, view_rows
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
 from tether.supervisor.ledger.outbox import OutboxState
-from tether.supervisor.ledger.records import TaskCounted, TaskRow, from_row
+from tether.supervisor.ledger.records import AttemptRow, TaskCounted, TaskRow, from_row
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.tx import Statements, loads
 from tether.supervisor.ledger.verification import (
@@ -189,7 +189,8 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
     row = _task_row(s, tenant, task_id)
     steps = s.all("steps_of_task_view", task_id=task_id)
     attempts = _by_step(
-        (a["step_id"], view_rows.attempt(a)) for a in s.all("attempts_of_task", task_id=task_id)
+        (a.step_id, view_rows.attempt(a))
+        for a in (from_row(AttemptRow, r) for r in s.all("attempts_of_task", task_id=task_id))
     )
     checks = _by_step(
         (c["step_id"], view_rows.check_run(c)) for c in s.all("check_runs_of_task", task_id=task_id)
