@@ -20,8 +20,12 @@ from tether.supervisor.ledger.tx import ReadSession, Tx
 pg_url = pgdb.pg_url
 
 ROOT = Path(__file__).resolve().parents[3]
-# A query run by name: `tx.one("name", ...)`, `s.all("name")`, `tx.many("name", ...)`.
-CALL = re.compile(r"\.(?:one|all|run|count|many)\(\s*\"([a-z][a-z0-9_]*)\"")
+# A query run by name: `tx.one("name", ...)`, `s.all("name")`, `tx.many("name", ...)`, and
+# as a record: `tx.one_as(Record, "name", ...)`.
+CALL = re.compile(
+    r"\.(?:one|all|run|count|many)\(\s*\"([a-z][a-z0-9_]*)\""
+    r"|\.(?:one_as|all_as)\(\s*\w+,\s*\"([a-z][a-z0-9_]*)\""
+)
 LITERAL = re.compile(r"\"([a-z][a-z0-9_]*)\"")
 
 
@@ -30,7 +34,7 @@ def _sources() -> str:
 
 
 def test_every_name_the_code_runs_is_a_query_in_both_dialects() -> None:
-    called = set(CALL.findall(_sources()))
+    called = {a or b for a, b in CALL.findall(_sources())}
     assert len(called) > 100  # the pattern still finds the calls
     for dialect in queries.DIALECTS:
         missing = called - set(queries.load(dialect))
@@ -89,21 +93,23 @@ def test_each_call_names_its_querys_parameters() -> None:
             if any(part.startswith(".") for part in path.relative_to(ROOT).parts):
                 continue  # bench/.peers-venv, bench/.litellm-venv: other projects' code
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                # `one_as(Record, "name", ...)`: the name comes after the record.
+                first = 1 if node.func.attr in ("one_as", "all_as") else 0
                 if not (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("one", "all", "run", "count")
-                    and node.args
-                    and isinstance(node.args[0], ast.Constant)
-                    and node.args[0].value in known
+                    node.func.attr in ("one", "all", "run", "count", "one_as", "all_as")
+                    and len(node.args) > first
+                    and isinstance(node.args[first], ast.Constant)
+                    and node.args[first].value in known
                 ):
                     continue
                 given = {k.arg for k in node.keywords}
                 if None in given:  # a ** mapping: checked as it runs
                     continue
                 checked += 1
-                query = known[node.args[0].value]
-                if len(node.args) > 1 or given != query.names:
+                query = known[node.args[first].value]
+                if len(node.args) > first + 1 or given != query.names:
                     wrong.append(f"{path.name}:{node.lineno} {query.name}: {sorted(given)}")
     assert checked > 150  # the walk still finds the calls
     assert not wrong, "\n".join(wrong)
