@@ -15,7 +15,13 @@ from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, LeaseOver, StaleFence
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.lifecycle import fail_step, requeue
-from tether.supervisor.ledger.records import LeaseTask, QueuedStep
+from tether.supervisor.ledger.records import (
+    CheckpointRow,
+    LeaseTask,
+    QueuedStep,
+    StartPoint,
+    StepOutput,
+)
 from tether.supervisor.ledger.renewal_memory import WrittenRenewal
 from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
 from tether.supervisor.ledger.steps import (
@@ -199,7 +205,7 @@ def _grant(
     # skipped.
     verifying = step.verifies is not None
     earlier = (
-        tx.all("earlier_outputs", task_id=task_id, position=step.position)
+        tx.all_as(StepOutput, "earlier_outputs", task_id=task_id, position=step.position)
         if step.position and not verifying
         else []
     )
@@ -215,8 +221,7 @@ def _grant(
         ttl_s=cfg.lease_ttl_s,
         renew_every_s=cfg.renew_every_s,
         outputs=tuple(
-            EarlierOutput(step_id=r["id"], name=r["name"], output=loads(r["output_json"]))
-            for r in earlier
+            EarlierOutput(step_id=r.id, name=r.name, output=loads(r.output_json)) for r in earlier
         ),
         repository=None if task.repository is None else lease_repository(tx, task, step),
         # Only a replayed attempt can find a checkpoint: the first grant skips the lookup.
@@ -239,9 +244,11 @@ def lease_repository(tx: Tx, task: QueuedStep | LeaseTask, step: QueuedStep) -> 
     if step.verifies is not None:  # a verify step starts at the candidate it re-checks
         start_sha, start_bundle = step.verifies, step.bundle
     else:
-        start = tx.one("lease_start_point", task_id=step.task_id, position=step.position)
+        start = tx.one_as(
+            StartPoint, "lease_start_point", task_id=step.task_id, position=step.position
+        )
         if start is not None:
-            start_sha, start_bundle = start["candidate_sha"], start["bundle"]
+            start_sha, start_bundle = start.candidate_sha, start.bundle
     return LeaseRepository(
         name=name,
         url=held.url,
@@ -258,16 +265,16 @@ def lease_repository(tx: Tx, task: QueuedStep | LeaseTask, step: QueuedStep) -> 
 
 def resume_point(tx: Tx, step_id: str) -> ResumePoint | None:
     """The step's last accepted checkpoint as a lease carries it, if it has one."""
-    row = tx.one("step_checkpoint", step_id=step_id)
+    row = tx.one_as(CheckpointRow, "step_checkpoint", step_id=step_id)
     if row is None:
         return None
     return ResumePoint(
-        turn=row["turn"],
-        fence=row["fence"],
-        transcript=row["transcript"],
-        bundle=row["bundle"],
-        sha=row["sha"],
-        usage=loads(row["step_usage_json"]),
+        turn=row.turn,
+        fence=row.fence,
+        transcript=row.transcript,
+        bundle=row.bundle,
+        sha=row.sha,
+        usage=loads(row.step_usage_json),
     )
 
 

@@ -83,6 +83,69 @@ class StepColumns(Record, frozen=True):
     verifies: str | None
 
 
+class StepOutput(Record, frozen=True):
+    """The output of a step before the one leased (`earlier_outputs`)."""
+
+    id: str
+    name: str
+    output_json: str | None
+
+
+class StartPoint(Record, frozen=True):
+    """The candidate and bundle a lease's worktree starts at (`lease_start_point`)."""
+
+    candidate_sha: str
+    bundle: str | None
+
+
+class Candidate(Record, frozen=True):
+    """A task's latest candidate, its bundle and the payload of the step that made it
+    (`task_candidate`)."""
+
+    candidate_sha: str
+    bundle: str | None
+    payload_json: str
+
+
+class CheckpointRow(Record, frozen=True):
+    """The columns of `checkpoints`, in the table's order."""
+
+    step_id: str
+    fence: int
+    turn: int
+    transcript: str
+    bundle: str | None
+    sha: str | None
+    step_usage_json: str | None
+    created_at: float
+
+
+class StepEvidence(Record, frozen=True):
+    """A committed step's candidate and evidence (`committed_step_evidence`)."""
+
+    id: str
+    position: int
+    candidate_sha: str | None
+    evidence_json: str | None
+
+
+class CheckRunRow(Record, frozen=True):
+    """The columns of `check_runs`, in the table's order."""
+
+    step_id: str
+    name: str
+    candidate_sha: str
+    log_digest: str
+    exit_code: int
+    duration_s: float
+
+
+class CheckRunAt(CheckRunRow, frozen=True):
+    """A check run with its step's position (`check_runs_at_candidate`)."""
+
+    position: int
+
+
 class StepOfTask(StepColumns, frozen=True):
     """A step with its task's state and tenant, and its pool (`leases_to_reap`)."""
 
@@ -185,6 +248,38 @@ class DeliveryRow(Record, frozen=True):
     error: str | None
 
 
+class RemoteRow(Record, frozen=True):
+    """The columns of `repository_remotes`, in the table's order."""
+
+    tenant: str
+    name: str
+    url: str
+    added_at: float
+    setup_json: str
+
+
+class TokenRow(Record, frozen=True):
+    """The columns of `tokens`, in the table's order."""
+
+    id: str
+    scope: str
+    role: str
+    secret_hash: str
+    created_at: float
+    revoked_at: float | None
+    name: str | None
+    last_used_at: float | None
+
+
+class LiveToken(Record, frozen=True):
+    """Who a request's bearer is (`live_token_by_secret_hash`)."""
+
+    id: str
+    scope: str
+    role: str
+    last_used_at: float | None
+
+
 class TaskRow(Record, frozen=True):
     """The columns of `tasks`, in the table's order."""
 
@@ -213,6 +308,14 @@ class TaskRow(Record, frozen=True):
     checks_json: str
     pushed_sha: str | None
     verify_pool: str | None
+
+
+class TaskOfStep(TaskRow, frozen=True):
+    """A step's task, with the candidate the step verifies and the step's pool
+    (`task_row_of_step`)."""
+
+    verifies: str | None
+    step_pool: str
 
 
 class TaskCounted(TaskRow, frozen=True):

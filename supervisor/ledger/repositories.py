@@ -15,7 +15,8 @@ from typing import Any
 
 from tether.supervisor.ledger import names
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
-from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.records import RemoteRow, TaskOfStep, TaskRow
+from tether.supervisor.ledger.tx import Statements, Tx, TypedReads, dumps, loads
 from tether.wire.payloads import ENTRY_KINDS, command_line_problem
 
 MAX_URL = 2000
@@ -173,17 +174,17 @@ def remove_repository(tx: Tx, tenant: str, name: str) -> Repository:
     return held
 
 
-def find_repository(s: Statements, tenant: str, name: str) -> Repository | None:
+def find_repository(s: TypedReads, tenant: str, name: str) -> Repository | None:
     """`tenant`'s repository `name`, or None when the supervisor does not know it."""
     return _find(s, tenant, name)
 
 
-def list_repositories(s: Statements, tenant: str | None = None) -> list[Repository]:
+def list_repositories(s: TypedReads, tenant: str | None = None) -> list[Repository]:
     """The repositories known, by tenant and name (only `tenant`'s when given)."""
     if tenant is None:
-        rows = s.all("all_repository_remotes")
+        rows = s.all_as(RemoteRow, "all_repository_remotes")
     else:
-        rows = s.all("repository_remotes_of_tenant", tenant=tenant)
+        rows = s.all_as(RemoteRow, "repository_remotes_of_tenant", tenant=tenant)
     return [_record(r) for r in rows]
 
 
@@ -201,62 +202,62 @@ def committed_candidates(s: Statements, url: str) -> list[Candidate]:
     ]
 
 
-def _find(s: Statements, tenant: str, name: str) -> Repository | None:
-    row = s.one("repository_remote", tenant=tenant, name=name)
+def _find(s: TypedReads, tenant: str, name: str) -> Repository | None:
+    row = s.one_as(RemoteRow, "repository_remote", tenant=tenant, name=name)
     return None if row is None else _record(row)
 
 
-def _record(row: Row) -> Repository:
+def _record(row: RemoteRow) -> Repository:
     return Repository(
-        tenant=row["tenant"],
-        name=row["name"],
-        url=row["url"],
-        added_at=row["added_at"],
-        setup=tuple(loads(row["setup_json"])),
+        tenant=row.tenant,
+        name=row.name,
+        url=row.url,
+        added_at=row.added_at,
+        setup=tuple(loads(row.setup_json)),
     )
 
 
-def binding_of_task(s: Statements, tenant: str | None, task_id: str) -> Binding | None:
+def binding_of_task(s: TypedReads, tenant: str | None, task_id: str) -> Binding | None:
     """The binding of `tenant`'s task `task_id` (None: any tenant's, for commands on the
     ledger itself); None when it names no repository. `NotFound` when there is no such task."""
     if tenant is None:
-        task = s.one("task_by_id", task_id=task_id)
+        task = s.one_as(TaskRow, "task_by_id", task_id=task_id)
     else:
-        task = s.one("owned_task", task_id=task_id, tenant=tenant)
+        task = s.one_as(TaskRow, "owned_task", task_id=task_id, tenant=tenant)
     if task is None:
         raise NotFound(f"no task {task_id}")
     return _binding(s, task)
 
 
-def binding_of_step(s: Statements, step_id: str, pool: str | None) -> Binding | None:
+def binding_of_step(s: TypedReads, step_id: str, pool: str | None) -> Binding | None:
     """The binding of the task of step `step_id`; None when it names no repository. `NotFound`
     when there is no such step, or it is not of `pool` (a runner's, when given)."""
-    task = s.one("task_row_of_step", step_id=step_id)
-    if task is None or (pool is not None and task["step_pool"] != pool):
+    task = s.one_as(TaskOfStep, "task_row_of_step", step_id=step_id)
+    if task is None or (pool is not None and task.step_pool != pool):
         raise NotFound(f"no step {step_id}")
     binding = _binding(s, task)
     if binding is None:
         return None
     # The step's own pool (a verify step's is the verifier pool): its runners' uploads count.
-    return dataclasses.replace(binding, pool=task["step_pool"], verifies=task["verifies"])
+    return dataclasses.replace(binding, pool=task.step_pool, verifies=task.verifies)
 
 
-def _binding(s: Statements, task: Row) -> Binding | None:
-    if not task["repository"]:
+def _binding(s: TypedReads, task: TaskRow) -> Binding | None:
+    if not task.repository:
         return None
-    held = _find(s, task["tenant"], task["repository"])
+    held = _find(s, task.tenant, task.repository)
     if held is None:  # `repo remove` is refused while a task that has not ended names it
-        raise NotFound(f"task {task['id']}'s repository {task['repository']!r} is no longer known")
+        raise NotFound(f"task {task.id}'s repository {task.repository!r} is no longer known")
     return Binding(
-        task_id=task["id"],
-        tenant=task["tenant"],
-        pool=task["pool"],
-        repository=task["repository"],
+        task_id=task.id,
+        tenant=task.tenant,
+        pool=task.pool,
+        repository=task.repository,
         url=held.url,
-        approved_base=task["approved_base_sha"],
-        allowed_paths=tuple(loads(task["allowed_paths_json"])),
-        expected_checks=tuple(loads(task["expected_checks_json"])),
-        allowed_entries=allowed_entries(loads(task["plan_json"])),
+        approved_base=task.approved_base_sha,
+        allowed_paths=tuple(loads(task.allowed_paths_json)),
+        expected_checks=tuple(loads(task.expected_checks_json)),
+        allowed_entries=allowed_entries(loads(task.plan_json)),
     )
 
 

@@ -14,7 +14,8 @@ import secrets
 
 from tether.supervisor.ledger import names
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
-from tether.supervisor.ledger.tx import Row, Statements, Tx
+from tether.supervisor.ledger.records import LiveToken, TokenRow
+from tether.supervisor.ledger.tx import Tx, TypedReads
 from tether.wire import sha256_hex
 
 TOKEN_PREFIX = "tether_"  # noqa: S105 - a prefix, not a secret
@@ -93,39 +94,38 @@ def create_token(tx: Tx, scope: str, role: str, name: str | None = None) -> NewT
 def revoke_token(tx: Tx, token: str) -> TokenRecord:
     """Revoke the token whose id is `token`, or else the live token named `token`, and return
     it. Revoking again changes nothing: by name, that finds the newest revoked token so named."""
-    row = tx.one("token_by_id", token_id=token) or tx.one("token_by_name", name=token)
+    row = tx.one_as(TokenRow, "token_by_id", token_id=token) or tx.one_as(
+        TokenRow, "token_by_name", name=token
+    )
     if row is None:
         raise NotFound(f"no token with id or name {token!r}")
-    tx.run("revoke_token", now=tx.now, token_id=row["id"])
+    tx.run("revoke_token", now=tx.now, token_id=row.id)
     return _record(row)
 
 
-def _record(row: Row) -> TokenRecord:
+def _record(row: TokenRow) -> TokenRecord:
     return TokenRecord(
-        id=row["id"],
-        scope=row["scope"],
-        role=Role(row["role"]),
-        created_at=row["created_at"],
-        revoked=row["revoked_at"] is not None,
-        name=row["name"],
-        last_used_at=row["last_used_at"],
+        id=row.id,
+        scope=row.scope,
+        role=Role(row.role),
+        created_at=row.created_at,
+        revoked=row.revoked_at is not None,
+        name=row.name,
+        last_used_at=row.last_used_at,
     )
 
 
-def list_tokens(s: Statements) -> list[TokenRecord]:
-    return [_record(r) for r in s.all("list_tokens")]
+def list_tokens(s: TypedReads) -> list[TokenRecord]:
+    return [_record(r) for r in s.all_as(TokenRow, "list_tokens")]
 
 
-def authenticate(s: Statements, secret: str) -> Principal | None:
+def authenticate(s: TypedReads, secret: str) -> Principal | None:
     """The principal behind a live token, or None for an unknown or revoked one."""
-    row = s.one("live_token_by_secret_hash", secret_hash=hash_secret(secret))
+    row = s.one_as(LiveToken, "live_token_by_secret_hash", secret_hash=hash_secret(secret))
     if row is None:
         return None
     return Principal(
-        token_id=row["id"],
-        scope=row["scope"],
-        role=Role(row["role"]),
-        last_used_at=row["last_used_at"],
+        token_id=row.id, scope=row.scope, role=Role(row.role), last_used_at=row.last_used_at
     )
 
 

@@ -13,9 +13,17 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from tether.supervisor.ledger.records import TaskRow, TaskToVerify
+from tether.supervisor.ledger.records import (
+    CheckRunAt,
+    CheckRunRow,
+    StepColumns,
+    StepEvidence,
+    TaskRow,
+    TaskToVerify,
+    from_row,
+)
 from tether.supervisor.ledger.states import TERMINAL, StepState, TaskState
-from tether.supervisor.ledger.tx import Row, Statements, Tx, loads
+from tether.supervisor.ledger.tx import Statements, Tx, loads
 
 # The names a planted bug of the schedule explorer may swap while a run lasts
 # (`tether.sim.plants`): the rules here call each through this module's globals.
@@ -116,8 +124,8 @@ def verify(tx: Tx, task_id: str) -> str | None:
         return found[0].reason
     if task.verify_pool and task.repository:
         sha = candidate_sha(tx, task_id)
-        done = None if sha is None else tx.one("verify_step_at", task_id=task_id, sha=sha)
-        if done is None or done["state"] != StepState.COMMITTED:
+        done = None if sha is None else verify_step_at(tx, task_id, sha)
+        if done is None or done.state != StepState.COMMITTED:
             return (
                 f"unverified: no runner of verifier pool {task.verify_pool!r} re-ran the"
                 f" checks at {sha}"
@@ -137,10 +145,10 @@ def findings(s: Statements, task: TaskRow) -> list[Problem]:
     """
     if not task.repository:
         return []
-    steps = s.all("committed_step_evidence", task_id=task.id)
+    steps = [from_row(StepEvidence, r) for r in s.all("committed_step_evidence", task_id=task.id)]
     found: list[Problem] = []
     for step in steps:
-        evidence = loads(step["evidence_json"])
+        evidence = loads(step.evidence_json)
         if evidence and evidence["head_sha"] != task.approved_base_sha:
             approved, head = task.approved_base_sha, evidence["head_sha"]
             found.append(stale_base(approved, head, task.repository))
@@ -149,16 +157,17 @@ def findings(s: Statements, task: TaskRow) -> list[Problem]:
         # Failed by a head read outside any step's evidence (at grant, or a webhook): the
         # reason the ledger wrote then is the finding.
         found.append(failed_on)
-    final = next((s for s in reversed(steps) if s["candidate_sha"]), None)
+    final = next((s for s in reversed(steps) if s.candidate_sha), None)
     if final is None:
         found.append(Problem(code=Finding.NO_CANDIDATE, detail="no step reported a candidate"))
         return found
-    sha = final["candidate_sha"]
+    sha = final.candidate_sha
+    assert sha is not None  # the step was chosen for its candidate
     runs = check_runs_at(s, task.id, sha)
-    reporting = {final["id"]} | {run["step_id"] for run in runs.values()}
+    reporting = {final.id} | {run.step_id for run in runs.values()}
     for step in steps:
-        if step["id"] in reporting:
-            found.extend(problems_of(step["evidence_json"]))
+        if step.id in reporting:
+            found.extend(problems_of(step.evidence_json))
     expected = loads(task.expected_checks_json)
     for check in expected:
         run = runs.get(check)
@@ -166,12 +175,12 @@ def findings(s: Statements, task: TaskRow) -> list[Problem]:
             found.append(
                 Problem(code=Finding.MISSING_CHECK, detail=f"no run of check {check!r} at {sha}")
             )
-        elif run["exit_code"] != 0:
+        elif run.exit_code != 0:
             found.append(
                 Problem(
                     code=Finding.CHECK_FAILED,
-                    detail=f"check {check!r} exited {run['exit_code']} at {sha}"
-                    f" (log {run['log_digest']})",
+                    detail=f"check {check!r} exited {run.exit_code} at {sha}"
+                    f" (log {run.log_digest})",
                 )
             )
     if task.verify_pool:
@@ -180,19 +189,22 @@ def findings(s: Statements, task: TaskRow) -> list[Problem]:
 
 
 def verifier_findings(
-    s: Statements, task_id: str, sha: str, expected: list[str], runs: Mapping[str, Row]
+    s: Statements, task_id: str, sha: str, expected: list[str], runs: Mapping[str, CheckRunAt]
 ) -> list[Problem]:
     """What the verifier's committed report at candidate `sha` holds against it (none before
     a verifier reported): the problems its evidence found (its logs not its pool's, a head
     moved), an expected check it did not run (`missing_check`), and each check whose exit
     code is not the one the runner that made the candidate reported (`check_disputed`,
     naming both runners' tokens and logs)."""
-    step = s.one("verify_step_at", task_id=task_id, sha=sha)
-    if step is None or step["state"] != StepState.COMMITTED:
+    step = verify_step_at(s, task_id, sha)
+    if step is None or step.state != StepState.COMMITTED:
         return []
-    found = problems_of(step["evidence_json"])
-    theirs = {r["name"]: r for r in s.all("check_runs_of_step", step_id=step["id"])}
-    verifier = token_label(s, step["id"])
+    found = problems_of(step.evidence_json)
+    theirs = {
+        r.name: r
+        for r in (from_row(CheckRunRow, c) for c in s.all("check_runs_of_step", step_id=step.id))
+    }
+    verifier = token_label(s, step.id)
     for check in expected:
         run, ours = theirs.get(check), runs.get(check)
         if run is None:
@@ -203,14 +215,14 @@ def verifier_findings(
                     f" {check!r} at {sha}",
                 )
             )
-        elif ours is not None and run["exit_code"] != ours["exit_code"]:
-            maker = token_label(s, ours["step_id"])
+        elif ours is not None and run.exit_code != ours.exit_code:
+            maker = token_label(s, ours.step_id)
             found.append(
                 Problem(
                     code=Finding.CHECK_DISPUTED,
                     detail=f"check {check!r} at {sha}: runner token {maker} reported exit"
-                    f" {ours['exit_code']} (log {ours['log_digest']}), the verifier's runner"
-                    f" token {verifier} exit {run['exit_code']} (log {run['log_digest']})",
+                    f" {ours.exit_code} (log {ours.log_digest}), the verifier's runner"
+                    f" token {verifier} exit {run.exit_code} (log {run.log_digest})",
                 )
             )
     return found
@@ -226,20 +238,20 @@ def checks_standing(s: Statements, task: TaskRow) -> str | None:
     runs = check_runs_at(s, task.id, sha) if sha else {}
     if not runs:
         return None
-    maker = token_label(s, next(iter(runs.values()))["step_id"])
+    maker = token_label(s, next(iter(runs.values())).step_id)
     attested = f"attested by runner {maker}"
     pool = task.verify_pool
     if not pool:
         return attested
     expected = loads(task.expected_checks_json)
     assert sha is not None
-    step = s.one("verify_step_at", task_id=task.id, sha=sha)
-    if step is None or step["state"] != StepState.COMMITTED:
+    step = verify_step_at(s, task.id, sha)
+    if step is None or step.state != StepState.COMMITTED:
         return f"{attested}; a runner of verifier pool {pool!r} has not re-run them yet"
     disputes = verifier_findings(s, task.id, sha, expected, runs)
     if disputes:
         return f"disputed: {disputes[0].reason}"
-    return f"verified by runner {token_label(s, step['id'])} of pool {pool!r}; {attested}"
+    return f"verified by runner {token_label(s, step.id)} of pool {pool!r}; {attested}"
 
 
 def _stale_failure(task: TaskRow) -> Problem | None:
@@ -251,10 +263,16 @@ def _stale_failure(task: TaskRow) -> Problem | None:
     return Problem(code=Finding.STALE_BASE, detail=reason.removeprefix(prefix))
 
 
-def check_runs_at(s: Statements, task_id: str, sha: str | None) -> dict[str, Row]:
+def check_runs_at(s: Statements, task_id: str, sha: str | None) -> dict[str, CheckRunAt]:
     """The task's check runs at candidate `sha` by name: the latest step's run of each."""
     rows = s.all("check_runs_at_candidate", task_id=task_id, sha=sha)
-    return {r["name"]: r for r in rows}
+    return {r.name: r for r in (from_row(CheckRunAt, row) for row in rows)}
+
+
+def verify_step_at(s: Statements, task_id: str, sha: str) -> StepColumns | None:
+    """The task's latest verify step of candidate `sha`, whatever its state."""
+    row = s.one("verify_step_at", task_id=task_id, sha=sha)
+    return None if row is None else from_row(StepColumns, row)
 
 
 def _unique(problems: Iterable[Problem]) -> list[Problem]:

@@ -16,7 +16,7 @@ from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest
 from tether.supervisor.ledger.identity import step_id_for
 from tether.supervisor.ledger.journal import append_event
-from tether.supervisor.ledger.records import StepColumns, StepWithTask, TaskRow
+from tether.supervisor.ledger.records import Candidate, StepColumns, StepWithTask, TaskRow
 from tether.supervisor.ledger.tx import Statements, Tx, dumps, loads
 from tether.supervisor.ledger.verification import check_runs_at, findings, verifier_findings
 from tether.wire import content_hash
@@ -36,15 +36,15 @@ def ask_verifier(tx: Tx, step: StepWithTask) -> bool:
     task_id = step.task_id
     task = tx.one_as(TaskRow, "task_by_id", task_id=task_id)
     assert task is not None
-    candidate = tx.one("task_candidate", task_id=task_id)
-    if candidate is None or candidate["bundle"] is None:
+    candidate = tx.one_as(Candidate, "task_candidate", task_id=task_id)
+    if candidate is None or candidate.bundle is None:
         return False  # verification fails on its own (`no_candidate`, `unknown_candidate`)
-    sha = candidate["candidate_sha"]
+    sha = candidate.candidate_sha
     if tx.one("verify_step_at", task_id=task_id, sha=sha) is not None:
         return False  # reported: its word is in `findings`
     if findings(tx, task):
         return False  # the candidate fails on the runner's own report
-    _add_verify_step(tx, task, sha, candidate["bundle"], _setup_of(candidate["payload_json"]))
+    _add_verify_step(tx, task, sha, candidate.bundle, _setup_of(candidate.payload_json))
     return True
 
 
@@ -133,7 +133,7 @@ def note_dispute(tx: Tx, step: StepColumns) -> None:
 
 def _maker_token(s: Statements, task_id: str, sha: str) -> str | None:
     runs = check_runs_at(s, task_id, sha)
-    return _token(s, next(iter(runs.values()))["step_id"]) if runs else None
+    return _token(s, next(iter(runs.values())).step_id) if runs else None
 
 
 def _token(s: Statements, step_id: str) -> str | None:

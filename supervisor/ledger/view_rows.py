@@ -5,7 +5,7 @@ JSON columns their values here; what the values mean is the views' business (`vi
 from __future__ import annotations
 
 from tether.clocks import iso
-from tether.supervisor.ledger.records import AttemptRow, TaskCounted, TaskRow
+from tether.supervisor.ledger.records import AttemptRow, CheckRunRow, TaskCounted, TaskRow
 from tether.supervisor.ledger.tx import Row, loads
 from tether.wire.answers import ObservedCheck, WorkspaceRemoval
 from tether.wire.records import (
@@ -156,19 +156,16 @@ def attempt(row: AttemptRow) -> AttemptView:
     )
 
 
-def check_run(row: Row) -> CheckRunView:
+def check_run(row: CheckRunRow) -> CheckRunView:
     """A row of `check_runs_of_task`."""
     return CheckRunView(
-        name=row["name"],
-        log=row["log_digest"],
-        exit_code=row["exit_code"],
-        duration_s=row["duration_s"],
+        name=row.name, log=row.log_digest, exit_code=row.exit_code, duration_s=row.duration_s
     )
 
 
-def observed_check(row: Row) -> ObservedCheck:
+def observed_check(row: CheckRunRow) -> ObservedCheck:
     """A row of `check_runs_at_candidate`, as the review record shows it."""
-    return ObservedCheck(log=row["log_digest"], exit_code=row["exit_code"])
+    return ObservedCheck(log=row.log_digest, exit_code=row.exit_code)
 
 
 def checkpoint(row: Row) -> CheckpointView:

@@ -14,7 +14,13 @@ from tether.clocks import iso
 from tether.supervisor.ledger import operator, view_rows
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
 from tether.supervisor.ledger.outbox import OutboxState
-from tether.supervisor.ledger.records import AttemptRow, TaskCounted, TaskRow, from_row
+from tether.supervisor.ledger.records import (
+    AttemptRow,
+    CheckRunRow,
+    TaskCounted,
+    TaskRow,
+    from_row,
+)
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.tx import Statements, loads
 from tether.supervisor.ledger.verification import (
@@ -193,7 +199,8 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
         for a in (from_row(AttemptRow, r) for r in s.all("attempts_of_task", task_id=task_id))
     )
     checks = _by_step(
-        (c["step_id"], view_rows.check_run(c)) for c in s.all("check_runs_of_task", task_id=task_id)
+        (c.step_id, view_rows.check_run(c))
+        for c in (from_row(CheckRunRow, r) for r in s.all("check_runs_of_task", task_id=task_id))
     )
     held = {
         r["step_id"]: view_rows.checkpoint(r) for r in s.all("checkpoints_of_task", task_id=task_id)
