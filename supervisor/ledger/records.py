@@ -146,6 +146,14 @@ class CheckRunAt(CheckRunRow, frozen=True):
     position: int
 
 
+class StepInView(StepColumns, frozen=True):
+    """A step as the task view shows it, with its task's state and its effect's key
+    (`steps_of_task_view`)."""
+
+    task_state: str
+    effect_key: str | None
+
+
 class StepOfTask(StepColumns, frozen=True):
     """A step with its task's state and tenant, and its pool (`leases_to_reap`)."""
 
@@ -205,9 +213,8 @@ class LeaseTask(Record, frozen=True):
     verify_pool: str | None
 
 
-class EffectRow(Record, frozen=True):
-    """The columns of `outbox`, in the table's order, with its task's state and tenant
-    (`effect_row`, `ready_effects` and their kin)."""
+class OutboxColumns(Record, frozen=True):
+    """The columns of `outbox`, in the table's order (`outbox_of_task`)."""
 
     step_id: str
     task_id: str
@@ -228,6 +235,12 @@ class EffectRow(Record, frozen=True):
     created_at: float
     ended_at: float | None
     settled_attempts: int
+
+
+class EffectRow(OutboxColumns, frozen=True):
+    """An outbox row with its task's state and tenant (`effect_row`, `ready_effects` and
+    their kin)."""
+
     task_state: str
     tenant: str
 

@@ -5,7 +5,15 @@ JSON columns their values here; what the values mean is the views' business (`vi
 from __future__ import annotations
 
 from tether.clocks import iso
-from tether.supervisor.ledger.records import AttemptRow, CheckRunRow, TaskCounted, TaskRow
+from tether.supervisor.ledger.records import (
+    AttemptRow,
+    CheckRunRow,
+    DeliveryRow,
+    OutboxColumns,
+    StepInView,
+    TaskCounted,
+    TaskRow,
+)
 from tether.supervisor.ledger.tx import Row, loads
 from tether.wire.answers import ObservedCheck, WorkspaceRemoval
 from tether.wire.records import (
@@ -91,16 +99,16 @@ def task_detail(
     )
 
 
-def plan(task: TaskRow, steps: list[Row]) -> PlanView:
+def plan(task: TaskRow, steps: list[StepInView]) -> PlanView:
     """A row of `tasks` and its steps' rows (`steps_of_task_view`) as the plan submitted."""
     return PlanView(
         hash=task.plan_hash,
         steps=tuple(
             PlanStepView(
-                name=step["name"],
-                kind=step["kind"],
-                payload_hash=step["payload_hash"],
-                payload=loads(step["payload_json"]),
+                name=step.name,
+                kind=step.kind,
+                payload_hash=step.payload_hash,
+                payload=loads(step.payload_json),
             )
             for step in steps
         ),
@@ -112,7 +120,7 @@ def plan(task: TaskRow, steps: list[Row]) -> PlanView:
 
 
 def step_detail(
-    step: Row,
+    step: StepInView,
     *,
     state: str,
     checks: tuple[CheckRunView, ...],
@@ -123,16 +131,16 @@ def step_detail(
 ) -> StepDetail:
     """A row of `steps_of_task_view`, in the `state` views show, with what was read beside it."""
     return StepDetail(
-        id=step["id"],
-        name=step["name"],
-        kind=step["kind"],
+        id=step.id,
+        name=step.name,
+        kind=step.kind,
         state=state,
-        payload_hash=step["payload_hash"],
-        effect_key=step["effect_key"],
-        fence=step["fence"],
-        output=loads(step["output_json"]),
-        candidate_sha=step["candidate_sha"],
-        bundle=step["bundle"],
+        payload_hash=step.payload_hash,
+        effect_key=step.effect_key,
+        fence=step.fence,
+        output=loads(step.output_json),
+        candidate_sha=step.candidate_sha,
+        bundle=step.bundle,
         checks=checks,
         problems=problems,
         checkpoint=checkpoint,
@@ -180,18 +188,18 @@ def rejection(row: Row) -> Rejection:
     )
 
 
-def delivery(row: Row) -> DeliveryView:
+def delivery(row: DeliveryRow) -> DeliveryView:
     """A row of `deliveries_of_task`."""
     return DeliveryView(
-        attempt=row["attempt"],
-        started_at=iso(row["started_at"]),
-        ended_at=iso(row["ended_at"]),
-        answer=row["answer"],
-        sent=None if row["sent"] is None else bool(row["sent"]),
-        status=row["status"],
-        detail=row["detail"],
-        error=row["error"],
-        opening=row["opening"],
+        attempt=row.attempt,
+        started_at=iso(row.started_at),
+        ended_at=iso(row.ended_at),
+        answer=row.answer,
+        sent=None if row.sent is None else bool(row.sent),
+        status=row.status,
+        detail=row.detail,
+        error=row.error,
+        opening=row.opening,
     )
 
 
@@ -206,21 +214,21 @@ def resolution(row: Row) -> ResolvedView:
 
 
 def effect(
-    row: Row,
+    row: OutboxColumns,
     deliveries: tuple[DeliveryView, ...],
     gate: GateView | None,
     resolved: ResolvedView | None,
 ) -> EffectView:
     """A row of `outbox_of_task` with its deliveries and the operators' decisions on it."""
     return EffectView(
-        kind=row["kind"],
-        keyed=bool(row["keyed"]),
-        state=row["state"],
-        request=loads(row["request_json"]),
-        digest=row["digest"],
-        key=row["effect_key"],
-        deadline_at=iso(row["deadline_at"]),
-        openings=row["openings"],
+        kind=row.kind,
+        keyed=bool(row.keyed),
+        state=row.state,
+        request=loads(row.request_json),
+        digest=row.digest,
+        key=row.effect_key,
+        deadline_at=iso(row.deadline_at),
+        openings=row.openings,
         deliveries=deliveries,
         gate=gate,
         resolved=resolved,

@@ -17,6 +17,9 @@ from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.records import (
     AttemptRow,
     CheckRunRow,
+    DeliveryRow,
+    OutboxColumns,
+    StepInView,
     TaskCounted,
     TaskRow,
     from_row,
@@ -193,7 +196,7 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
     supervisor's evidence found against its result and its last checkpoint (turn, fence);
     `findings` are what verification holds against the task (`verification.findings`)."""
     row = _task_row(s, tenant, task_id)
-    steps = s.all("steps_of_task_view", task_id=task_id)
+    steps = [from_row(StepInView, r) for r in s.all("steps_of_task_view", task_id=task_id)]
     attempts = _by_step(
         (a.step_id, view_rows.attempt(a))
         for a in (from_row(AttemptRow, r) for r in s.all("attempts_of_task", task_id=task_id))
@@ -214,12 +217,12 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
         steps=tuple(
             view_rows.step_detail(
                 step,
-                state=shown_state(step["task_state"], step["attempt"] == 0, step["state"]),
-                checks=checks.get(step["id"], ()),
-                problems=_problems(problems_of(step["evidence_json"])),
-                checkpoint=held.get(step["id"]),
-                attempts=attempts.get(step["id"], ()),
-                effect=effects.get(step["id"]),
+                state=shown_state(step.task_state, step.attempt == 0, step.state),
+                checks=checks.get(step.id, ()),
+                problems=_problems(problems_of(step.evidence_json)),
+                checkpoint=held.get(step.id),
+                attempts=attempts.get(step.id, ()),
+                effect=effects.get(step.id),
             )
             for step in steps
         ),
@@ -237,7 +240,8 @@ def effect_views(s: Statements, task_id: str) -> dict[str, EffectView]:
     every delivery attempt, the last gate opening and the operator's word on an uncertain
     effect."""
     deliveries = _by_step(
-        (d["step_id"], view_rows.delivery(d)) for d in s.all("deliveries_of_task", task_id=task_id)
+        (d.step_id, view_rows.delivery(d))
+        for d in (from_row(DeliveryRow, r) for r in s.all("deliveries_of_task", task_id=task_id))
     )
     gates: dict[str, GateView] = {}
     resolved: dict[str, ResolvedView] = {}
@@ -247,10 +251,10 @@ def effect_views(s: Statements, task_id: str) -> dict[str, EffectView]:
         else:
             resolved[a["step_id"]] = view_rows.resolution(a)
     return {
-        o["step_id"]: view_rows.effect(
-            o, deliveries.get(o["step_id"], ()), gates.get(o["step_id"]), resolved.get(o["step_id"])
+        o.step_id: view_rows.effect(
+            o, deliveries.get(o.step_id, ()), gates.get(o.step_id), resolved.get(o.step_id)
         )
-        for o in s.all("outbox_of_task", task_id=task_id)
+        for o in (from_row(OutboxColumns, r) for r in s.all("outbox_of_task", task_id=task_id))
     }
 
 
