@@ -15,6 +15,7 @@ from tether.supervisor.ledger import names, repositories, runners
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import IdempotencyConflict, InvalidRequest
 from tether.supervisor.ledger.journal import append_event
+from tether.supervisor.ledger.records import TaskRow
 from tether.supervisor.ledger.states import TaskState
 from tether.supervisor.ledger.tx import Tx, dumps
 from tether.wire import content_hash, plan_document, templates
@@ -358,19 +359,24 @@ def verifier_pool(tx: Tx, spec: TaskSpec) -> str | None:
 def existing_task(tx: Tx, spec: TaskSpec) -> Created | None:
     """The task that `spec`'s idempotency key already names, if it has the same plan and
     declarations; `IdempotencyConflict` if it has others; None for a new key."""
-    row = tx.one(
-        "task_by_idempotency_key", tenant=spec.tenant, idempotency_key=spec.idempotency_key
+    row = tx.one_as(
+        TaskRow,
+        "task_by_idempotency_key",
+        tenant=spec.tenant,
+        idempotency_key=spec.idempotency_key,
     )
     if row is None:
         return None
-    declared = spec.declared()
-    same = row["plan_hash"] == spec.plan_hash and all(row[k] == v for k, v in declared.items())
+    declared = spec.declared()  # by column name: the columns a retry must repeat
+    same = row.plan_hash == spec.plan_hash and all(
+        getattr(row, k) == v for k, v in declared.items()
+    )
     if not same:
         raise IdempotencyConflict(
-            f"idempotency key {spec.idempotency_key!r} already names task {row['id']}"
+            f"idempotency key {spec.idempotency_key!r} already names task {row.id}"
             " with another plan"
         )
-    return Created(task_id=row["id"], created=False)
+    return Created(task_id=row.id, created=False)
 
 
 def create_task(tx: Tx, spec: TaskSpec) -> Created:
