@@ -336,7 +336,12 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
         say(f"supervisor profiled ({r['supervisor_profile']['profiler']})")
 
         pairs = 1 if mode == "smoke" else 3  # each feature off and on, alternating (issue 28)
-        r["features"] = features.measure(stack, seconds=min(plan.steps_s, 8.0), pairs=pairs)
+        r["features"] = features.measure(
+            stack,
+            seconds=min(plan.steps_s, 8.0),
+            pairs=pairs,
+            render_tasks=features.RENDER_TASKS[mode],
+        )
 
         stack.stop_supervisor()
         if peers and plan.peers_s is not None:
@@ -360,6 +365,7 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
         r["pg"] = {"skipped": "--no-pg"}
         say("PostgreSQL section skipped (--no-pg)")
     report.ratios(r)
+    r["loadavg_at_end"] = os.getloadavg()
     return r
 
 
@@ -395,7 +401,10 @@ def main(argv: list[str] | None = None) -> int:
         f" Python {m['python']}, SQLite {m['sqlite']}"
     )
     busy = "; ".join(m["busy_processes_at_start"]) or "none"
-    print(f"load average at start {m['loadavg_at_start'][0]:.2f}; other busy processes: {busy}")
+    print(
+        f"load average at start {m['loadavg_at_start'][0]:.2f}, at the end"
+        f" {results['loadavg_at_end'][0]:.2f}; other busy processes at start: {busy}"
+    )
     print(
         f"disk bound at the start {results['disk_commits_per_s']:,.0f} commits/s, at the end"
         f" {results['disk_commits_per_s_end']:,.0f} (ratios use the start)\n"
@@ -406,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(profile_groups.lines(results["supervisor_profile"])))
     print()
     print(report.pg_table(results["pg"]))
+    print()
+    print(report.issue28_table(results))
     print("\nmethod:")
     print(report.notes())
     out = os.environ.get("BENCH_JSON")

@@ -46,6 +46,8 @@ class Stack:
     supervisor_env: dict[str, str] = dataclasses.field(default_factory=dict)
     # Added to the runners' environment, under `start_runners`' own `env`.
     runner_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Started instead of `tether-supervisor` (`bench.features`: `python -m bench.variants`).
+    supervisor_program: list[str] | None = None
 
     @property
     def ledger(self) -> BenchLedger:
@@ -76,7 +78,7 @@ class Stack:
     def _serve(self, name: str, profile: Path | None) -> tuple[subprocess.Popen[bytes], str]:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        program = [tool("tether-supervisor")]
+        program = self.supervisor_program or [tool("tether-supervisor")]
         env = {
             "TETHER_SYNCHRONOUS": "FULL",
             "TETHER_LOG_LEVEL": self.supervisor_log_level,

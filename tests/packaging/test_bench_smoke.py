@@ -41,6 +41,21 @@ AGENT_ROWS = (
 )
 
 
+# Issue 28's table: every target has its row, whether this run measured it or not.
+ISSUE_28_ROWS = (
+    "| PostgreSQL, 1 supervisor, committed steps/s at 64 / procrastinate's best |",
+    "| PostgreSQL, 1 supervisor, committed steps/s at 64 / DBOS-PG's best |",
+    "| PostgreSQL round trips per committed step",
+    "| PostgreSQL, 3 supervisors on one database / 1, committed steps/s at 64 |",
+    "| SQLite, committed steps/s at 64 / Huey's best | not measured | >= 1.5x |  |",
+    "| SQLite, supervisor CPU per committed step at 64",
+    "| runner RSS idle",
+    "| token-bound leases: cost in steps/s",
+    "| rendering checks: cost in steps/s",
+    "| log shipping: cost in steps/s",
+)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_benchmark_suite_runs_and_writes_every_figure(tmp_path: Path) -> None:
@@ -102,9 +117,16 @@ def test_the_benchmark_suite_runs_and_writes_every_figure(tmp_path: Path) -> Non
     assert profile["steps"] > 0
     assert sum(g["share"] for g in profile["groups"]) == pytest.approx(1.0)
     assert "by group (own time):" in done.stdout
-    shipping = figures["features"]["log shipping"]  # off and on, one window each (issue 28)
-    assert len(shipping["off"]) == len(shipping["on"]) == 1
-    assert "| log shipping: committed steps/s at 64 off / on" in done.stdout
+    for name in ("log shipping", "token-bound leases", "rendering checks"):  # issue 28
+        feature = figures["features"][name]  # off and on, one window each, with their CPU
+        assert len(feature["off"]) == len(feature["on"]) == 1, name
+        assert all(ms > 0 for arm in ("off", "on") for ms in feature["cpu_ms"][arm]), name
+        assert f"| {name}: committed steps/s at 64 off / on" in done.stdout
+    rendering = figures["features"]["rendering checks"]  # every result rendered its effect
+    assert (rendering["effects_rendered"], rendering["effects_failed"]) == (200, 0)
+    assert "Issue 28's targets, from this run" in done.stdout
+    for row in ISSUE_28_ROWS:
+        assert row in done.stdout, row
     assert figures["peer_steps_per_s"] == {}  # --smoke skips the peers
     assert figures["ratio_to_peer"] == {}
     check_postgresql_section(figures["pg"], done.stdout, done.stderr)
@@ -132,6 +154,9 @@ def check_postgresql_section(pg: dict[str, Any], table: str, progress: str) -> N
         assert tether["overhead"]["steps"] > 0, count
         assert f"| tether on PostgreSQL, {who}: committed steps/s at 64 |" in table
         assert f"| {who}: claim->commit overhead p50 / p99" in table
+    # issue 28: three supervisors' steps/s over one's, with its target
+    assert "| 3 supervisors / 1 supervisor, committed steps/s at 64 |" in table
+    assert "| >= 1x (issue 28) | PASS |" in table or "| >= 1x (issue 28) | MISS |" in table
     # three supervisors ran three runners, one first on each supervisor's URL
     assert pg["tether"]["3"]["steps_detail"]["64"]["processes"] == 3
     assert pg["peers"] == {}  # --smoke skips the peers
