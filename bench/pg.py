@@ -7,6 +7,8 @@ afterwards) and its own stand-in model; the measurements are `bench.steps` and
 `bench.overhead`, unchanged, on a `Stack` whose supervisors serve the database:
 
 - committed steps/s at concurrency 64 and 256 (real runners, the stand-in at zero latency);
+  at 64, the two configurations in alternating windows (1, 3, 3, 1: issue 28 compares three
+  supervisors with one), each configuration's figure the median of its windows;
 - claim->commit overhead p50/p99 with approvals one at a time at 100 steps/s (the SQLite
   section's lighter-load reading); the commit's own cost added to each span is one
   single-row commit on this server (`pgdb.commits_per_s`), as the SQLite figures add one fsync;
@@ -20,9 +22,11 @@ afterwards) and its own stand-in model; the measurements are `bench.steps` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +54,7 @@ class Plan:
     kill_s: float | None  # the kill reading's window before the kill and after it; None: skip
     peers_s: float | None  # each peer's window per concurrency; None: skip
     roundtrip_steps: int  # steps counted by `bench.pg_roundtrips`
+    pairs: int  # windows at the first concurrency per configuration (`alternate`)
 
 
 FULL = Plan(
@@ -60,6 +65,7 @@ FULL = Plan(
     kill_s=6,
     peers_s=5,
     roundtrip_steps=2000,
+    pairs=2,
 )
 QUICK = Plan(
     probe_s=1,
@@ -69,6 +75,7 @@ QUICK = Plan(
     kill_s=3,
     peers_s=None,
     roundtrip_steps=500,
+    pairs=2,
 )
 SMOKE = Plan(
     probe_s=0.2,
@@ -78,6 +85,7 @@ SMOKE = Plan(
     kill_s=None,
     peers_s=None,
     roundtrip_steps=100,
+    pairs=1,
 )
 
 
@@ -104,13 +112,18 @@ def measure(
     r["round_trips"] = pg_roundtrips.figures(trips, SLOTS)
     per_step = f"{trips.per_step:.1f} round trips per committed step"
     say(f"PostgreSQL: {per_step} (target <= {ROUND_TRIPS_TARGET})")
-    for count in SUPERVISORS:
-        with server.scratch(url, f"tether{count}") as db:
+    with contextlib.ExitStack() as databases:
+        stacks = {}
+        for count in SUPERVISORS:
+            db = databases.enter_context(server.scratch(url, f"tether{count}"))
             folder = workdir / f"pg-{count}"
             folder.mkdir()
-            stack = Stack(kids=kids, workdir=folder, db=folder / "unused.db", url=db)
+            stacks[count] = Stack(kids=kids, workdir=folder, db=folder / "unused.db", url=db)
+            stacks[count].token(seed.TENANT, role="operator")  # creates and migrates it
+        first = alternate(plan, stacks, rate_hint=rate_hint)
+        for count, stack in stacks.items():
             r["tether"][str(count)] = tether(
-                plan, stack, count, fsync_ms=fsync_ms, rate_hint=rate_hint
+                plan, stack, count, fsync_ms=fsync_ms, rate_hint=rate_hint, first=first[count]
             )
     if peers and plan.peers_s is not None:
         if peers_run.available():
@@ -123,18 +136,71 @@ def measure(
     return r
 
 
+def alternate(
+    plan: Plan, stacks: dict[int, Stack], *, rate_hint: float
+) -> dict[int, list[steps.StepsRun]]:
+    """Steps/s at the first concurrency, each configuration in turn in alternating windows
+    (1, 3, 3, 1, ...: each pair in the other order, to cancel drift), its supervisors and
+    stand-in started for each window: three supervisors are read against one in the same
+    minutes, the issue-28 target being three's steps/s over one's."""
+    c = plan.concurrencies[0]
+    found: dict[int, list[steps.StepsRun]] = {count: [] for count in stacks}
+    order = list(stacks)
+    for n in range(plan.pairs):
+        for count in order if n % 2 == 0 else order[::-1]:
+            stack = stacks[count]
+            who = "1 supervisor" if count == 1 else f"{count} supervisors"
+            tasks = steps.tasks_for(rate_hint, plan.steps_s)
+            try:
+                stack.start_supervisors(count)
+                stack.start_model(latency_s=0.0)
+                pool = steps.prepare(stack, concurrency=c, tasks=tasks, label=f"-pg{count}-{n}")
+                analyze(stack)
+                at = steps.run(
+                    stack, concurrency=c, seconds=plan.steps_s, tasks=tasks, prepared=pool
+                )
+            finally:
+                stop(stack)
+            found[count].append(at)
+            say(
+                f"PostgreSQL, {who}, steps at {c} (window {n + 1} of {plan.pairs}):"
+                f" {at.steps_per_s:.0f}/s ({at.steps} steps, {at.processes} runners,"
+                f" supervisors {at.supervisor_cpu_pct:.0f}% cpu)"
+            )
+    return found
+
+
+def stop(stack: Stack) -> None:
+    """Stop the stack's supervisors and its stand-in."""
+    stack.stop_supervisor()
+    if stack.model is not None:
+        stack.kids.stop(stack.model)
+        stack.model = None
+
+
 def tether(
-    plan: Plan, stack: Stack, count: int, *, fsync_ms: float, rate_hint: float
+    plan: Plan,
+    stack: Stack,
+    count: int,
+    *,
+    fsync_ms: float,
+    rate_hint: float,
+    first: list[steps.StepsRun],
 ) -> dict[str, Any]:
-    """One configuration: `count` supervisors on the stack's (fresh) database."""
+    """One configuration: `count` supervisors on the stack's (fresh) database; `first`, its
+    windows at the first concurrency (`alternate`), the median of which is its figure."""
     out: dict[str, Any] = {"steps_per_s": {}, "steps_detail": {}}
     who = "1 supervisor" if count == 1 else f"{count} supervisors"
-    stack.token(seed.TENANT, role="operator")  # creates and migrates the database
+    c = plan.concurrencies[0]
+    at = sorted(first, key=lambda run: run.steps_per_s)[(len(first) - 1) // 2]
+    out["steps_per_s"][str(c)] = statistics.median(run.steps_per_s for run in first)
+    out["steps_detail"][str(c)] = dataclasses.asdict(at)
+    out["windows"] = {str(c): [run.steps_per_s for run in first]}
     try:
         stack.start_supervisors(count)
         stack.start_model(latency_s=0.0)
-        best = rate_hint
-        for c in plan.concurrencies:
+        best = max(rate_hint, out["steps_per_s"][str(c)])
+        for c in plan.concurrencies[1:]:
             tasks = steps.tasks_for(best, plan.steps_s)
             pool = steps.prepare(stack, concurrency=c, tasks=tasks, label=f"-pg{count}")
             analyze(stack)
@@ -168,10 +234,7 @@ def tether(
                 f" (renew interval {k['renew_every_s']:.0f} s)"
             )
     finally:
-        stack.stop_supervisor()
-        if stack.model is not None:
-            stack.kids.stop(stack.model)
-            stack.model = None
+        stop(stack)
     return out
 
 

@@ -79,7 +79,10 @@ NOTES = [
     " concurrency 1/16/64. ratio = tether steps/s at concurrency 64 / the peer's best.",
     "PostgreSQL (bench.pg): the server of BENCH_PG (default the local one), a fresh database"
     " per configuration; 1 and 3 `tether-supervisor serve --db postgresql://...` on it, each"
-    " runner given every supervisor (its list rotated one per runner); steps/s and the"
+    " runner given every supervisor (its list rotated one per runner); at 64 the two"
+    " configurations in alternating windows (1, 3, 3, 1; 2 each full, the median each"
+    " configuration's figure, its windows in the JSON), supervisors and stand-in started for"
+    " each window; steps/s and the"
     " overhead (approvals one at a time, 100 steps/s) as above, one single-row commit on the"
     " server added to each span instead of an fsync. Kill: 3 supervisors, runners at 64, the"
     " second supervisor SIGKILLed; lost = tasks not SUCCEEDED after every lease could expire;"
@@ -519,8 +522,15 @@ def pg_table(pg: dict[str, Any]) -> str:
                 got = pg["ratio_to_peer"]["1"]["64"]
                 if all(got.get(n) is not None for n in PG_TARGETS):
                     met = yes[all(got[n] >= need for n, need in PG_TARGETS.items())]
+            windows = figures.get("windows", {}).get(c, [])
+            if len(windows) > 1:
+                each = ", ".join(f"{w:,.0f}" for w in windows)
+                c_shown = f"{c} (median of {len(windows)} windows alternating with the other"
+                c_shown += f" configuration: {each})"
+            else:
+                c_shown = c
             lines.append(
-                f"| tether on PostgreSQL, {who}: committed steps/s at {c} | {v:,.0f}/s"
+                f"| tether on PostgreSQL, {who}: committed steps/s at {c_shown} | {v:,.0f}/s"
                 f" | {ratio(count, c, 'dbos_pg')} | {ratio(count, c, 'procrastinate')}"
                 f" | {target} | {met} |"
             )
