@@ -187,6 +187,7 @@ def rendered_effects(path: Path, label: str) -> tuple[int, int]:
     """(effects rendered due, effect steps failed) in the pools of `label`'s windows: every
     window's results must have rendered their effects, or the reading measured nothing."""
     from tether.supervisor.ledger.schema import connect
+    from tether.supervisor.ledger.states import StepState
 
     db = connect(path, readonly=True)
     try:
@@ -197,8 +198,8 @@ def rendered_effects(path: Path, label: str) -> tuple[int, int]:
         ).fetchone()[0]
         failed = db.execute(
             "SELECT count(*) FROM steps s JOIN tasks t ON t.id = s.task_id"
-            " WHERE t.pool LIKE ? AND s.kind = 'http' AND s.state = 'FAILED'",
-            (like,),
+            " WHERE t.pool LIKE ? AND s.kind = 'http' AND s.state = ?",
+            (like, StepState.FAILED.value),
         ).fetchone()[0]
         return int(due), int(failed)
     finally:
