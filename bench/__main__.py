@@ -341,6 +341,7 @@ def measure(plan: Plan, workdir: Path, peers: bool, postgres: bool = True) -> di
             seconds=min(plan.steps_s, 8.0),
             pairs=pairs,
             render_tasks=features.RENDER_TASKS[mode],
+            rate=best,
         )
 
         stack.stop_supervisor()

@@ -99,7 +99,9 @@ FEATURES = (
 )
 
 
-def window(stack: Stack, feature: Feature, on: bool, *, seconds: float, label: str) -> Reading:
+def window(
+    stack: Stack, feature: Feature, on: bool, *, seconds: float, rate: float, label: str
+) -> Reading:
     """Runners at 64 with the feature `on` or off, as `bench.ab` reads a window: after the
     runners' start-up, the steps committed in `seconds` and the CPU of the supervisor, the
     runners and the stand-in meanwhile."""
@@ -115,7 +117,8 @@ def window(stack: Stack, feature: Feature, on: bool, *, seconds: float, label: s
     if feature.variable:
         stack.runner_env = {**saved, feature.variable: feature.on if on else feature.off}
     try:
-        taken = ab.window(stack, seconds=seconds, tasks=cpu.tasks_for(seconds), label=label)
+        tasks = cpu.tasks_for(seconds, rate)
+        taken = ab.window(stack, seconds=seconds, tasks=tasks, label=label)
     finally:
         stack.runner_env = saved
     cpu_s = taken.supervisor_s + taken.runners_s + taken.model_s
@@ -206,9 +209,13 @@ def rendered_effects(path: Path, label: str) -> tuple[int, int]:
         db.close()
 
 
-def measure(stack: Stack, *, seconds: float, pairs: int, render_tasks: int) -> dict[str, Any]:
+def measure(
+    stack: Stack, *, seconds: float, pairs: int, render_tasks: int, rate: float = 1000.0
+) -> dict[str, Any]:
     """Each feature's arms, alternated `pairs` times; the figures by feature name. The stack's
-    runners log at `info` meanwhile; its supervisor is serving (as shipped) at the end."""
+    runners log at `info` meanwhile. A feature of the supervisor's runs on a ledger file of its
+    own (`_own_stack`), its supervisor stopped at the end; the stack's keeps serving. `rate`,
+    steps/s measured before, sizes each window's queue."""
     out: dict[str, Any] = {}
     level, stack.runner_log_level = stack.runner_log_level, "info"
     try:
@@ -220,8 +227,15 @@ def measure(stack: Stack, *, seconds: float, pairs: int, render_tasks: int) -> d
                 due, failed = rendered_effects(path, "")
                 out[feature.name]["effects_rendered"] = due
                 out[feature.name]["effects_failed"] = failed
+            elif feature.variant:
+                own = _own_stack(stack, feature)
+                try:
+                    take = functools.partial(_window, own, feature, seconds, rate)
+                    out[feature.name] = _arms(feature, take, pairs=pairs)
+                finally:
+                    own.stop_supervisor()
             else:
-                take = functools.partial(_window, stack, feature, seconds)
+                take = functools.partial(_window, stack, feature, seconds, rate)
                 out[feature.name] = _arms(feature, take, pairs=pairs)
     finally:
         stack.runner_log_level = level
@@ -232,8 +246,27 @@ def _render(path: Path, tasks: int, on: bool, label: str) -> Reading:
     return render_window(path, on, tasks=tasks, label=label)
 
 
-def _window(stack: Stack, feature: Feature, seconds: float, on: bool, label: str) -> Reading:
-    return window(stack, feature, on, seconds=seconds, label=label)
+def _window(
+    stack: Stack, feature: Feature, seconds: float, rate: float, on: bool, label: str
+) -> Reading:
+    return window(stack, feature, on, seconds=seconds, rate=rate, label=label)
+
+
+def _own_stack(stack: Stack, feature: Feature) -> Stack:
+    """A fresh ledger file for a feature whose windows restart the supervisor, beside the
+    stack's and with its stand-in: a supervisor checks its file's integrity as it starts,
+    which on the run's grown ledger takes longer than a window, and longer the later."""
+    db = stack.workdir / f"{feature.variant}.db"
+    seed.create_tasks(db, "warm", 1, approve=False)
+    return Stack(
+        kids=stack.kids,
+        workdir=stack.workdir,
+        db=db,
+        model=stack.model,
+        model_url=stack.model_url,
+        runner_log_level=stack.runner_log_level,
+        lease_ttl_s=stack.lease_ttl_s,
+    )
 
 
 def _arms(feature: Feature, take: Callable[[bool, str], Reading], *, pairs: int) -> dict[str, Any]:
