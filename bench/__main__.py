@@ -13,7 +13,9 @@ per committed step at 64 (issue 17), and at the end, before the peers, where tha
 the agent step, and the turns lost (`bench.preemption`, issue 27). Last, the PostgreSQL
 section (`bench.pg`, issue 14): tether with one and three supervisors on a PostgreSQL
 database, and procrastinate and DBOS on the same server; skipped with one line when no server
-answers (`BENCH_PG` names it) or with `--no-pg`.
+answers (`BENCH_PG` names it) or with `--no-pg`. Printed last, issue 28's targets in one table,
+each from this run's figures (`report.issue28_table`); before the peers, what each round-3
+feature costs (`bench.features`).
 """
 
 from __future__ import annotations
