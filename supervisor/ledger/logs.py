@@ -16,8 +16,8 @@ from typing import Any, Final
 
 from tether.clocks import iso
 from tether.supervisor.ledger import views
-from tether.supervisor.ledger.records import LoggingAttempt
-from tether.supervisor.ledger.tx import Row, Statements, Tx, dumps, loads
+from tether.supervisor.ledger.records import EventRow, LoggingAttempt, LogLineRow, from_row
+from tether.supervisor.ledger.tx import Statements, Tx, dumps, loads
 from tether.wire.records import LogLine, LogLinesKept, TaskLogEntry, TaskLogs
 
 LINES_PER_ATTEMPT: Final = 2_000
@@ -95,54 +95,60 @@ def task_log(
     fills its page, the other is cut where the page ends, so the next read goes on from
     there without skipping or repeating anything."""
     views._task_row(s, tenant, task_id)  # not found, or another tenant's: NotFound
-    events = s.all("events_after", task_id=task_id, after=after_seq, limit=EVENTS_PAGE)
-    lines = s.all("log_lines_after", task_id=task_id, after_line=after_line, limit=LINES_PAGE)
-    events_end = events[-1]["seq"] if len(events) == EVENTS_PAGE else None
-    lines_end = lines[-1]["after_seq"] if len(lines) == LINES_PAGE else None
+    events = [
+        from_row(EventRow, r)
+        for r in s.all("events_after", task_id=task_id, after=after_seq, limit=EVENTS_PAGE)
+    ]
+    lines = [
+        from_row(LogLineRow, r)
+        for r in s.all("log_lines_after", task_id=task_id, after_line=after_line, limit=LINES_PAGE)
+    ]
+    events_end = events[-1].seq if len(events) == EVENTS_PAGE else None
+    lines_end = lines[-1].after_seq if len(lines) == LINES_PAGE else None
     if events_end is not None:
-        lines = [r for r in lines if r["after_seq"] <= events_end]
+        lines = [r for r in lines if r.after_seq <= events_end]
     if lines_end is not None:
-        events = [r for r in events if r["seq"] <= lines_end]
-    keyed = [((r["seq"], 0, 0), _event_entry(r)) for r in events]
-    keyed += [((r["after_seq"], 1, r["id"]), _line_entry(r)) for r in lines]
+        events = [r for r in events if r.seq <= lines_end]
+    keyed = [((r.seq, 0, 0), _event_entry(r)) for r in events]
+    keyed += [((r.after_seq, 1, r.id), _line_entry(r)) for r in lines]
     keyed.sort(key=lambda pair: pair[0])
     return TaskLogs(
         entries=tuple(entry for _, entry in keyed),
-        next_seq=events[-1]["seq"] if events else after_seq,
-        next_line=lines[-1]["id"] if lines else after_line,
+        next_seq=events[-1].seq if events else after_seq,
+        next_line=lines[-1].id if lines else after_line,
     )
 
 
-def _event_entry(r: Row) -> TaskLogEntry:
-    data = loads(r["data_json"])
+def _event_entry(r: EventRow) -> TaskLogEntry:
+    data = loads(r.data_json)
     fields = data if isinstance(data, dict) else {"data": data}
     step_id = fields.get("step_id")
     fence = fields.get("fence")
     return TaskLogEntry(
         source="journal",
-        seq=r["seq"],
-        at=iso(r["at"]),
+        seq=r.seq,
+        at=iso(r.at),
         level="info",
-        event=r["kind"],
-        state=r["state"],
+        event=r.kind,
+        state=r.state,
         step_id=step_id if isinstance(step_id, str) else None,
         fence=fence if isinstance(fence, int) else None,
         fields={k: v for k, v in fields.items() if k not in ("step_id", "fence")},
     )
 
 
-def _line_entry(r: Row) -> TaskLogEntry:
-    fields = loads(r["fields_json"])
+def _line_entry(r: LogLineRow) -> TaskLogEntry:
+    fields = loads(r.fields_json)
     return TaskLogEntry(
         source="runner",
-        seq=r["after_seq"],
-        line=r["id"],
-        at=iso(r["at"]),
-        level=r["level"],
-        event=r["event"],
-        step_id=r["step_id"],
-        attempt=r["attempt"],
-        fence=r["fence"],
-        runner_id=r["runner_id"],
+        seq=r.after_seq,
+        line=r.id,
+        at=iso(r.at),
+        level=r.level,
+        event=r.event,
+        step_id=r.step_id,
+        attempt=r.attempt,
+        fence=r.fence,
+        runner_id=r.runner_id,
         fields=fields if isinstance(fields, dict) else {},
     )

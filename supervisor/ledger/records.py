@@ -384,3 +384,155 @@ class LoggingAttempt(Record, frozen=True):
     pool: str
     last_seq: int
     kept: int
+
+class EventRow(Record, frozen=True):
+    """The columns of `events`, in the table's order."""
+
+    seq: int
+    task_id: str
+    kind: str
+    state: str
+    data_json: str
+    at: float
+
+
+class RejectionRow(Record, frozen=True):
+    """The columns of `rejections`, in the table's order."""
+
+    id: int
+    task_id: str | None
+    step_id: str | None
+    fence: int | None
+    code: str
+    detail: str
+    at: float
+
+
+class EffectDecisionRow(Record, frozen=True):
+    """The columns of `effect_decisions`, in the table's order: an operator's word on an
+    effect (`open`, `happened`, `not_happened`)."""
+
+    id: int
+    step_id: str
+    action: str
+    digest: str | None
+    by: str
+    at: float
+
+
+class CheckpointHeld(Record, frozen=True):
+    """The checkpoint a step holds, as the task view shows it (`checkpoints_of_task`)."""
+
+    step_id: str
+    turn: int
+    fence: int
+
+
+class OperatorWord(Record, frozen=True):
+    """An effect waiting for an operator: its step's name, its state and request's digest
+    (`operator_word_awaited`)."""
+
+    name: str
+    state: str
+    digest: str
+
+
+class StepInLine(Record, frozen=True):
+    """A task's next queued or leased step (`next_step_in_line`)."""
+
+    kind: str
+    state: str
+
+
+class Spending(Record, frozen=True):
+    """A tenant's token budget and the tokens it spent (`tenant_spending`)."""
+
+    token_budget: int | None
+    tokens_used: int
+
+
+class LastSeen(Record, frozen=True):
+    """When a pool's runners last claimed: any of them, and those serving a kind
+    (`runners_last_seen`)."""
+
+    any_kind: float | None
+    this_kind: float | None
+
+
+class StateCount(Record, frozen=True):
+    """How many rows are in a state (`attempts_by_state_of_task`)."""
+
+    state: str
+    n: int
+
+
+class StepName(Record, frozen=True):
+    """A step's name (`step_names_of_task`)."""
+
+    id: str
+    name: str
+
+
+class StepOutputOnly(Record, frozen=True):
+    """A step's output (`step_outputs_in_state`)."""
+
+    id: str
+    output_json: str | None
+
+
+class StepCount(Record, frozen=True):
+    """Steps counted by what `views.shown_state` needs (`step_counts_by_state`); `unrun` is
+    0 or 1 on SQLite, a bool on PostgreSQL."""
+
+    task_state: str
+    unrun: int
+    state: str
+    n: int
+
+
+class PoolQueue(Record, frozen=True):
+    """A pool's steps queued and in flight, and when its oldest queued step was queued
+    (`pool_queues`)."""
+
+    pool: str
+    queued: int
+    in_flight: int
+    oldest: float | None
+
+
+class RunnerSeenRow(Record, frozen=True):
+    """A runner that claimed recently (`runners_seen_since`)."""
+
+    pool: str
+    runner_id: str
+    kinds_json: str
+    last_seen: float
+
+
+class RunnerLeases(Record, frozen=True):
+    """A runner with its token's name and the leases it holds in its pool
+    (`runners_with_leases`)."""
+
+    pool: str
+    runner_id: str
+    kinds_json: str
+    first_seen: float
+    last_seen: float
+    token_name: str | None
+    in_flight: int
+
+
+class LogLineRow(Record, frozen=True):
+    """A runner's log line with its attempt's number and runner (`log_lines_after`)."""
+
+    id: int
+    step_id: str
+    fence: int
+    after_seq: int
+    level: str
+    event: str
+    fields_json: str
+    at: float
+    attempt: int
+    runner_id: str
+

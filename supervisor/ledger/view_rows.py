@@ -7,14 +7,19 @@ from __future__ import annotations
 from tether.clocks import iso
 from tether.supervisor.ledger.records import (
     AttemptRow,
+    CheckpointHeld,
     CheckRunRow,
     DeliveryRow,
+    EffectDecisionRow,
+    EventRow,
     OutboxColumns,
+    RejectionRow,
     StepInView,
+    StepOutputOnly,
     TaskCounted,
     TaskRow,
 )
-from tether.supervisor.ledger.tx import Row, loads
+from tether.supervisor.ledger.tx import loads
 from tether.wire.answers import ObservedCheck, WorkspaceRemoval
 from tether.wire.records import (
     AttemptView,
@@ -176,16 +181,14 @@ def observed_check(row: CheckRunRow) -> ObservedCheck:
     return ObservedCheck(log=row.log_digest, exit_code=row.exit_code)
 
 
-def checkpoint(row: Row) -> CheckpointView:
+def checkpoint(row: CheckpointHeld) -> CheckpointView:
     """A row of `checkpoints_of_task`."""
-    return CheckpointView(turn=row["turn"], fence=row["fence"])
+    return CheckpointView(turn=row.turn, fence=row.fence)
 
 
-def rejection(row: Row) -> Rejection:
+def rejection(row: RejectionRow) -> Rejection:
     """A row of `rejections_of_task`."""
-    return Rejection(
-        step_id=row["step_id"], fence=row["fence"], code=row["code"], detail=row["detail"]
-    )
+    return Rejection(step_id=row.step_id, fence=row.fence, code=row.code, detail=row.detail)
 
 
 def delivery(row: DeliveryRow) -> DeliveryView:
@@ -203,14 +206,14 @@ def delivery(row: DeliveryRow) -> DeliveryView:
     )
 
 
-def gate_opening(row: Row) -> GateView:
+def gate_opening(row: EffectDecisionRow) -> GateView:
     """A row of `effect_decisions_of_task` whose action is `open`."""
-    return GateView(opened_by=row["by"], opened_at=iso(row["at"]), digest=row["digest"])
+    return GateView(opened_by=row.by, opened_at=iso(row.at), digest=row.digest)
 
 
-def resolution(row: Row) -> ResolvedView:
+def resolution(row: EffectDecisionRow) -> ResolvedView:
     """A row of `effect_decisions_of_task` whose action is `happened` or `not_happened`."""
-    return ResolvedView(by=row["by"], at=iso(row["at"]), happened=row["action"] == "happened")
+    return ResolvedView(by=row.by, at=iso(row.at), happened=row.action == "happened")
 
 
 def effect(
@@ -235,15 +238,15 @@ def effect(
     )
 
 
-def workspace_removal(row: Row) -> WorkspaceRemoval | None:
+def workspace_removal(row: StepOutputOnly) -> WorkspaceRemoval | None:
     """A row of `step_outputs_in_state` whose output holds a `cleanup` (an `agent` step's
     record of removing its workspace); None for any other output."""
-    output = loads(row["output_json"])
+    output = loads(row.output_json)
     cleanup = output.get("cleanup") if isinstance(output, dict) else None
     if not isinstance(cleanup, dict):
         return None
     return WorkspaceRemoval(
-        step_id=row["id"],
+        step_id=row.id,
         path=cleanup.get("path"),
         bytes_removed=cleanup.get("bytes_removed"),
         files_removed=cleanup.get("files_removed"),
@@ -251,13 +254,13 @@ def workspace_removal(row: Row) -> WorkspaceRemoval | None:
     )
 
 
-def event(row: Row) -> Event:
+def event(row: EventRow) -> Event:
     """A row of `events_after`."""
     return Event(
-        seq=row["seq"],
-        task_id=row["task_id"],
-        kind=row["kind"],
-        state=row["state"],
-        data=loads(row["data_json"]),
-        at=iso(row["at"]),
+        seq=row.seq,
+        task_id=row.task_id,
+        kind=row.kind,
+        state=row.state,
+        data=loads(row.data_json),
+        at=iso(row.at),
     )

@@ -16,10 +16,25 @@ from tether.supervisor.ledger.errors import InvalidRequest, NotFound
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.records import (
     AttemptRow,
+    CheckpointHeld,
     CheckRunRow,
     DeliveryRow,
+    EffectDecisionRow,
+    EventRow,
+    LastSeen,
+    OperatorWord,
     OutboxColumns,
+    PoolQueue,
+    RejectionRow,
+    RunnerLeases,
+    RunnerSeenRow,
+    Spending,
+    StateCount,
+    StepCount,
+    StepInLine,
     StepInView,
+    StepName,
+    StepOutputOnly,
     TaskCounted,
     TaskRow,
     from_row,
@@ -121,46 +136,52 @@ def waiting_for(s: Statements, task: TaskRow, now: float) -> WaitingFor | None:
         return WaitingFor(reason="approval")
     if state not in (TaskState.QUEUED, TaskState.RUNNING):
         return None
-    operator_word = s.one(
+    word_row = s.one(
         "operator_word_awaited",
         task_id=task.id,
         gated=OutboxState.GATED.value,
         uncertain=OutboxState.UNCERTAIN.value,
     )
-    if operator_word is not None:
-        reason = "gate" if operator_word["state"] == OutboxState.GATED else "uncertain"
-        return WaitingFor(reason=reason, step=operator_word["name"], digest=operator_word["digest"])
-    step = s.one(
+    if word_row is not None:
+        word = from_row(OperatorWord, word_row)
+        reason = "gate" if word.state == OutboxState.GATED else "uncertain"
+        return WaitingFor(reason=reason, step=word.name, digest=word.digest)
+    step_row = s.one(
         "next_step_in_line",
         task_id=task.id,
         queued=StepState.QUEUED.value,
         leased=StepState.LEASED.value,
     )
-    if step is None or step["state"] == StepState.LEASED:
+    if step_row is None:
         return None
-    spending = s.one("tenant_spending", tenant=task.tenant)
+    step = from_row(StepInLine, step_row)
+    if step.state == StepState.LEASED:
+        return None
+    spending_row = s.one("tenant_spending", tenant=task.tenant)
+    spending = None if spending_row is None else from_row(Spending, spending_row)
     if (
         spending is not None
-        and spending["token_budget"] is not None
-        and spending["tokens_used"] >= spending["token_budget"]
+        and spending.token_budget is not None
+        and spending.tokens_used >= spending.token_budget
     ):
         return WaitingFor(
             reason="budget",
             tenant=task.tenant,
-            spent=spending["tokens_used"],
-            budget=spending["token_budget"],
+            spent=spending.tokens_used,
+            budget=spending.token_budget,
         )
     # A verify step waits for a runner of the task's verifier pool.
-    pool = task.verify_pool if step["kind"] == VERIFY_KIND else task.pool
+    pool = task.verify_pool if step.kind == VERIFY_KIND else task.pool
     assert pool is not None, "a verify step is added only for a task with a verifier pool"
-    seen = s.one("runners_last_seen", kind=step["kind"], pool=pool)
-    assert seen is not None  # an aggregate without GROUP BY: always one row
+    seen_row = s.one("runners_last_seen", kind=step.kind, pool=pool)
+    assert seen_row is not None  # an aggregate without GROUP BY: always one row
+    seen = from_row(LastSeen, seen_row)
     return WaitingFor(
         reason="runner",
         pool=pool,
-        kind=step["kind"],
-        last_seen_s=_ago(now, seen["this_kind"]),
-        pool_last_seen_s=_ago(now, seen["any_kind"]),
+        kind=step.kind,
+        last_seen_s=_ago(now, seen.this_kind),
+        pool_last_seen_s=_ago(now, seen.any_kind),
     )
 
 
@@ -206,7 +227,10 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
         for c in (from_row(CheckRunRow, r) for r in s.all("check_runs_of_task", task_id=task_id))
     )
     held = {
-        r["step_id"]: view_rows.checkpoint(r) for r in s.all("checkpoints_of_task", task_id=task_id)
+        k.step_id: view_rows.checkpoint(k)
+        for k in (
+            from_row(CheckpointHeld, r) for r in s.all("checkpoints_of_task", task_id=task_id)
+        )
     }
     effects = effect_views(s, task_id)
     return view_rows.task_detail(
@@ -229,7 +253,8 @@ def task_view(s: Statements, task_id: str, tenant: str | None = None, *, now: fl
         findings=_problems(findings(s, row)),
         checks_standing=checks_standing(s, row),
         rejections=tuple(
-            view_rows.rejection(r) for r in s.all("rejections_of_task", task_id=task_id)
+            view_rows.rejection(from_row(RejectionRow, r))
+            for r in s.all("rejections_of_task", task_id=task_id)
         ),
     )
 
@@ -245,11 +270,12 @@ def effect_views(s: Statements, task_id: str) -> dict[str, EffectView]:
     )
     gates: dict[str, GateView] = {}
     resolved: dict[str, ResolvedView] = {}
-    for a in s.all("effect_decisions_of_task", task_id=task_id):
-        if a["action"] == "open":
-            gates[a["step_id"]] = view_rows.gate_opening(a)
+    for r in s.all("effect_decisions_of_task", task_id=task_id):
+        a = from_row(EffectDecisionRow, r)
+        if a.action == "open":
+            gates[a.step_id] = view_rows.gate_opening(a)
         else:
-            resolved[a["step_id"]] = view_rows.resolution(a)
+            resolved[a.step_id] = view_rows.resolution(a)
     return {
         o.step_id: view_rows.effect(
             o, deliveries.get(o.step_id, ()), gates.get(o.step_id), resolved.get(o.step_id)
@@ -325,7 +351,8 @@ def list_tasks(
 
 def events_after(s: Statements, task_id: str, after: int, limit: int = 500) -> list[Event]:
     return [
-        view_rows.event(r) for r in s.all("events_after", task_id=task_id, after=after, limit=limit)
+        view_rows.event(from_row(EventRow, r))
+        for r in s.all("events_after", task_id=task_id, after=after, limit=limit)
     ]
 
 
@@ -341,12 +368,17 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> ReviewReco
     observed_checks = {
         name: view_rows.observed_check(runs[name]) if name in runs else None for name in expected
     }
-    attempts = s.all("attempts_by_state_of_task", task_id=task_id)
+    attempts = [
+        from_row(StateCount, r) for r in s.all("attempts_by_state_of_task", task_id=task_id)
+    ]
     counted = s.one("rejection_count_of_task", task_id=task_id)
     rejected = 0 if counted is None else counted["n"]
 
     effects = effect_views(s, task_id)
-    names = {r["id"]: r["name"] for r in s.all("step_names_of_task", task_id=task_id)}
+    names = {
+        n.id: n.name
+        for n in (from_row(StepName, r) for r in s.all("step_names_of_task", task_id=task_id))
+    }
     questions: list[str] = [p.reason for p in findings(s, task)]
     questions += [
         f"effect {names[step_id]!r} is uncertain: an operator must say whether it happened"
@@ -379,7 +411,7 @@ def review(s: Statements, task_id: str, tenant: str | None = None) -> ReviewReco
         cleanup_proof=Observation(
             value=CleanupProof(
                 live_leases=verdict.live_leases,
-                attempts_by_state={r["state"]: r["n"] for r in attempts},
+                attempts_by_state={a.state: a.n for a in attempts},
                 removed=removal_records(s, task_id),
             )
         ),
@@ -421,14 +453,15 @@ def removal_records(s: Statements, task_id: str) -> tuple[WorkspaceRemoval, ...]
     """The runners' records of removing their workspaces, from the committed outputs that hold
     one (an `agent` step's `cleanup`: path, bytes and files removed, gone), by step."""
     rows = s.all("step_outputs_in_state", task_id=task_id, state=StepState.COMMITTED.value)
-    return tuple(r for r in map(view_rows.workspace_removal, rows) if r is not None)
+    outputs = (from_row(StepOutputOnly, r) for r in rows)
+    return tuple(r for r in map(view_rows.workspace_removal, outputs) if r is not None)
 
 
 def queue_depth(s: Statements) -> dict[str, int]:
     """Steps by the state views show (`shown_state`), by state."""
     depth: Counter[str] = Counter()
-    for r in s.all("step_counts_by_state"):
-        depth[shown_state(r["task_state"], bool(r["unrun"]), r["state"])] += r["n"]
+    for c in (from_row(StepCount, r) for r in s.all("step_counts_by_state")):
+        depth[shown_state(c.task_state, bool(c.unrun), c.state)] += c.n
     return dict(sorted(depth.items()))
 
 
@@ -436,34 +469,33 @@ def pool_status(s: Statements, now: float, also: Iterable[str] = ()) -> list[Poo
     """Per pool, by name: steps queued and in flight in live tasks, how long the oldest queued
     step has waited, and the runners that claimed there within `RUNNER_RECENT_S`, most recent
     first. Every pool with work or a recent runner is listed, and each of `also`."""
-    queues = {
-        r["pool"]: r
-        for r in s.all(
-            "pool_queues",
-            queued=StepState.QUEUED.value,
-            leased=StepState.LEASED.value,
-            task_queued=TaskState.QUEUED.value,
-            task_running=TaskState.RUNNING.value,
-        )
-    }
+    rows = s.all(
+        "pool_queues",
+        queued=StepState.QUEUED.value,
+        leased=StepState.LEASED.value,
+        task_queued=TaskState.QUEUED.value,
+        task_running=TaskState.RUNNING.value,
+    )
+    queues = {q.pool: q for q in (from_row(PoolQueue, r) for r in rows)}
     online = {(r.pool, r.runner_id) for r in runners(s, now) if r.online}
     seen: dict[str, list[RunnerSeen]] = {}
-    for r in s.all("runners_seen_since", since=now - RUNNER_RECENT_S):
-        seen.setdefault(r["pool"], []).append(
+    for row in s.all("runners_seen_since", since=now - RUNNER_RECENT_S):
+        r = from_row(RunnerSeenRow, row)
+        seen.setdefault(r.pool, []).append(
             RunnerSeen(
-                runner_id=r["runner_id"],
-                kinds=tuple(loads(r["kinds_json"])),
-                last_seen_s=_ago(now, r["last_seen"]) or 0.0,
-                online=(r["pool"], r["runner_id"]) in online,
+                runner_id=r.runner_id,
+                kinds=tuple(loads(r.kinds_json)),
+                last_seen_s=_ago(now, r.last_seen) or 0.0,
+                online=(r.pool, r.runner_id) in online,
             )
         )
     pools = sorted(set(queues) | set(seen) | set(also))
     return [
         PoolStatus(
             pool=pool,
-            queued=int(queues[pool]["queued"]) if pool in queues else 0,
-            in_flight=int(queues[pool]["in_flight"]) if pool in queues else 0,
-            oldest_queued_s=_ago(now, queues[pool]["oldest"]) if pool in queues else None,
+            queued=int(queues[pool].queued) if pool in queues else 0,
+            in_flight=int(queues[pool].in_flight) if pool in queues else 0,
+            oldest_queued_s=_ago(now, queues[pool].oldest) if pool in queues else None,
             runners=tuple(seen.get(pool, ())),
         )
         for pool in pools
@@ -497,15 +529,15 @@ def runners(s: Statements, now: float) -> list[RunnerRow]:
     rows = s.all("runners_with_leases", leased=AttemptState.LEASED.value)
     return [
         RunnerRow(
-            pool=r["pool"],
-            runner_id=r["runner_id"],
-            kinds=tuple(loads(r["kinds_json"])),
-            in_flight=int(r["in_flight"]),
-            first_seen=r["first_seen"],
-            last_seen=r["last_seen"],
-            last_seen_s=_ago(now, r["last_seen"]) or 0.0,
-            token_name=r["token_name"],
-            online=runner_online(now, r["last_seen"], int(r["in_flight"])),
+            pool=r.pool,
+            runner_id=r.runner_id,
+            kinds=tuple(loads(r.kinds_json)),
+            in_flight=int(r.in_flight),
+            first_seen=r.first_seen,
+            last_seen=r.last_seen,
+            last_seen_s=_ago(now, r.last_seen) or 0.0,
+            token_name=r.token_name,
+            online=runner_online(now, r.last_seen, int(r.in_flight)),
         )
-        for r in rows
+        for r in (from_row(RunnerLeases, row) for row in rows)
     ]

@@ -69,7 +69,88 @@ def _record_reads() -> list[tuple[type[records.Record], str]]:
                 ):
                     found.append((getattr(records, node.args[0].id), node.args[1].value))
     assert len(found) > 15  # the walk still finds the calls
+    return found + _rows_made_records()
+
+
+def _rows_made_records() -> list[tuple[type[records.Record], str]]:
+    """The record and query of every `from_row(Record, row)` in the supervisor whose `row`
+    comes from a named query: `row = s.one("q")`, `for row in s.all("q")` (a loop or a
+    comprehension), or a loop over a name so bound (the views, on `Statements`)."""
+    found: list[tuple[type[records.Record], str]] = []
+    for path in sorted((ROOT / "supervisor").rglob("*.py")):
+        _walk(ast.parse(path.read_text(), str(path)), {}, found)
+    assert len(found) > 30  # the walk still finds the calls
     return found
+
+
+Bound = dict[str, frozenset[str]]
+
+
+def _queries_of(node: ast.expr, bound: Bound) -> frozenset[str]:
+    if isinstance(node, ast.Subscript):  # `rows[:limit]`
+        return _queries_of(node.value, bound)
+    if isinstance(node, ast.Name):
+        return bound.get(node.id, frozenset())
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("one", "all")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        return frozenset({node.args[0].value})
+    return frozenset()
+
+
+def _bind(target: ast.expr, value: ast.expr, bound: Bound, *, join: bool = False) -> None:
+    if isinstance(target, ast.Name):
+        queries_ = _queries_of(value, bound)
+        if join and queries_:  # `row = s.one("a")` in one branch, `s.one("b")` in another
+            queries_ |= bound.get(target.id, frozenset())
+        bound[target.id] = queries_
+
+
+def _walk(node: ast.AST, bound: Bound, found: list[tuple[type[records.Record], str]]) -> None:
+    """Find the `from_row` calls under `node`, `bound` naming the queries each name's rows
+    come from: a comprehension's or a loop's names only inside it, a function's its own."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        inner: Bound = {}
+        for child in ast.iter_child_nodes(node):
+            _walk(child, inner, found)
+    elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        inner = dict(bound)
+        for generator in node.generators:
+            _walk(generator.iter, inner, found)
+            _bind(generator.target, generator.iter, inner)
+            for condition in generator.ifs:
+                _walk(condition, inner, found)
+        parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+        for part in parts:
+            _walk(part, inner, found)
+    elif isinstance(node, ast.For):
+        _walk(node.iter, bound, found)
+        inner = dict(bound)
+        _bind(node.target, node.iter, inner)
+        for child in node.body + node.orelse:
+            _walk(child, inner, found)
+    elif isinstance(node, ast.Assign):
+        _walk(node.value, bound, found)
+        for target in node.targets:
+            _bind(target, node.value, bound, join=True)
+    else:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "from_row"
+            and len(node.args) == 2
+            and isinstance(node.args[0], ast.Name)
+            and isinstance(node.args[1], ast.Name)
+        ):
+            record = getattr(records, node.args[0].id)
+            found += [(record, name) for name in sorted(bound.get(node.args[1].id, ()))]
+        for child in ast.iter_child_nodes(node):
+            _walk(child, bound, found)
 
 
 def _nulls(query: Query) -> dict[str, object]:
