@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from tether.supervisor.ledger.errors import QuotaExceeded, StaleFence
+from tether.supervisor.ledger.records import OwnerRow, OwnerSince
 from tether.supervisor.ledger.states import StepState
 from tether.supervisor.ledger.steps import held_step, lapsed
 from tether.supervisor.ledger.tokens import Principal, Role
@@ -100,17 +101,17 @@ def record_upload(
     return changed == 1
 
 
-def owners(s: Statements, digest: str) -> list[ArtifactOwner]:
+def owners(s: TypedReads, digest: str) -> list[ArtifactOwner]:
     """Every role, scope and tenant that `digest` was uploaded by and for, oldest first."""
-    rows = s.all("owners_of_artifact", digest=digest)
+    rows = s.all_as(OwnerSince, "owners_of_artifact", digest=digest)
     return [
         ArtifactOwner(
-            digest=r["digest"],
-            role=Role(r["role"]),
-            scope=r["scope"],
-            tenant=r["tenant"],
-            size=r["size"],
-            created_at=r["created_at"],
+            digest=r.digest,
+            role=Role(r.role),
+            scope=r.scope,
+            tenant=r.tenant,
+            size=r.size,
+            created_at=r.created_at,
         )
         for r in rows
     ]
@@ -128,19 +129,15 @@ class Forgotten:
 def forget_unreferenced(tx: Tx, uploaded_before: float, limit: int) -> Forgotten:
     """Remove up to `limit` owner rows older than `uploaded_before` whose digest no step names
     and whose step is not leased now; return them and the digests left with no row."""
-    found = tx.all("unreferenced_artifact_owners", uploaded_before=uploaded_before, limit=limit)
+    found = tx.all_as(
+        OwnerRow, "unreferenced_artifact_owners", uploaded_before=uploaded_before, limit=limit
+    )
     for r in found:
         tx.run(
-            "forget_artifact_owner",
-            digest=r["digest"],
-            role=r["role"],
-            scope=r["scope"],
-            tenant=r["tenant"],
+            "forget_artifact_owner", digest=r.digest, role=r.role, scope=r.scope, tenant=r.tenant
         )
     orphaned = {
-        r["digest"]: int(r["size"])
-        for r in found
-        if tx.one("artifact_owned", digest=r["digest"]) is None
+        r.digest: int(r.size) for r in found if tx.one("artifact_owned", digest=r.digest) is None
     }
     return Forgotten(rows=len(found), digests=orphaned)
 

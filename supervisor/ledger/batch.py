@@ -27,6 +27,7 @@ from tether.supervisor.ledger.backends import SQLITE
 from tether.supervisor.ledger.decisions import Decision, Note
 from tether.supervisor.ledger.errors import LedgerError, Refused, StorageError
 from tether.supervisor.ledger.journal import record_rejection, settle
+from tether.supervisor.ledger.records import RefusalAttempt, RefusalTask
 from tether.supervisor.ledger.tx import LedgerConfig, Tx
 
 Rule = Callable[[Tx], Any]
@@ -232,15 +233,13 @@ def _refusal_note(tx: Tx, exc: Refused, task_id: str | None) -> Note:
         "fence": exc.fence,
     }
     if task_id is not None:
-        task = tx.one("refusal_task", task_id=task_id)
+        task = tx.one_as(RefusalTask, "refusal_task", task_id=task_id)
         if task is not None:
-            fields.update(tenant=task["tenant"], pool=task["pool"])
+            fields.update(tenant=task.tenant, pool=task.pool)
     if exc.fence is not None:
-        row = tx.one("refusal_attempt", fence=exc.fence)
+        row = tx.one_as(RefusalAttempt, "refusal_attempt", fence=exc.fence)
         if row is not None:
-            fields.update(
-                attempt=row["attempt"], runner_id=row["runner_id"], token_id=row["token_id"]
-            )
+            fields.update(attempt=row.attempt, runner_id=row.runner_id, token_id=row.token_id)
     return Decision.REFUSED, fields
 
 

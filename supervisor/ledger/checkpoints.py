@@ -14,6 +14,7 @@ from typing import Final
 
 from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest, StaleFence
+from tether.supervisor.ledger.records import TurnHeld
 from tether.supervisor.ledger.states import StepState
 from tether.supervisor.ledger.steps import about_step, charge, held_step, require_current
 from tether.supervisor.ledger.tx import Tx, dumps
@@ -43,13 +44,13 @@ def checkpoint(
         )
     if (cp.bundle is None) != (cp.sha is None):
         raise InvalidRequest("a checkpoint names its bundle and the commit `sha` in it together")
-    held = tx.one("checkpoint_held", step_id=step_id)
+    held = tx.one_as(TurnHeld, "checkpoint_held", step_id=step_id)
     if held is not None:
-        if held["fence"] == cp.fence and held["turn"] == cp.turn:
+        if held.fence == cp.fence and held.turn == cp.turn:
             return Checkpointed(turn=cp.turn)
-        if cp.turn < held["turn"]:
+        if cp.turn < held.turn:
             raise InvalidRequest(
-                f"step {step_id} is checkpointed after turn {held['turn']}; turn {cp.turn}"
+                f"step {step_id} is checkpointed after turn {held.turn}; turn {cp.turn}"
                 " would go back"
             )
     tx.run(

@@ -16,7 +16,7 @@ from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.lifecycle import fail_task, start, withdraw_effects
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.prefixes import resolve_plan_hash
-from tether.supervisor.ledger.records import TaskRow
+from tether.supervisor.ledger.records import Spending, TaskRow, TenantSpending, from_row
 from tether.supervisor.ledger.states import TERMINAL, AttemptState, StepState, TaskState
 from tether.supervisor.ledger.transitions import transition
 from tether.supervisor.ledger.tx import ALL_POOLS, Statements, Tx, dumps, loads
@@ -176,9 +176,10 @@ def budget_of(s: Statements, tenant: str) -> Budget:
     """The tenant's tokens spent (by every attempt, committed or not), budget and what is left.
     `NotFound` for a tenant the ledger has never heard of (no task, budget or operator
     token), so a mistyped name is not shown as a tenant with nothing spent."""
-    row = s.one("tenant_spending", tenant=tenant)
-    if row is not None:
-        return budget_record(tenant, row["tokens_used"], row["token_budget"])
+    found = s.one("tenant_spending", tenant=tenant)
+    if found is not None:
+        row = from_row(Spending, found)
+        return budget_record(tenant, row.tokens_used, row.token_budget)
     if s.one("tenant_has_operator_token", tenant=tenant):
         return budget_record(tenant, 0, None)
     raise NotFound(f"no tenant {tenant!r} in this ledger (no task, budget or operator token)")
@@ -187,8 +188,8 @@ def budget_of(s: Statements, tenant: str) -> Budget:
 def all_budgets(s: Statements) -> list[Budget]:
     """Every tenant the ledger holds a row for, by name (the `tether_budget_tokens` gauge)."""
     return [
-        budget_record(r["name"], r["tokens_used"], r["token_budget"])
-        for r in s.all("all_tenant_spending")
+        budget_record(r.name, r.tokens_used, r.token_budget)
+        for r in (from_row(TenantSpending, row) for row in s.all("all_tenant_spending"))
     ]
 
 

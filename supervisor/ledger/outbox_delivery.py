@@ -19,7 +19,7 @@ from tether.supervisor.ledger.outbox import (
     Outgoing,
     Undeliverable,
 )
-from tether.supervisor.ledger.records import DeliveryRow, EffectRow
+from tether.supervisor.ledger.records import DeliveryAnswer, DeliveryRow, EffectRow
 from tether.supervisor.ledger.states import TERMINAL, TaskState
 from tether.supervisor.ledger.steps import find_step
 from tether.supervisor.ledger.tx import EFFECTS, Tx, TypedReads, dumps, loads
@@ -206,13 +206,14 @@ def _answers_uncertain(s: TypedReads, row: EffectRow, attempt: int, holder: str)
     that attempt was in flight: the attempt is the holder's and still unanswered."""
     if row.state != OutboxState.UNCERTAIN:
         return False
-    delivery = s.one(
+    delivery = s.one_as(
+        DeliveryAnswer,
         "unsettled_delivery_attempt",
         step_id=row.step_id,
         attempt=attempt,
         settled_attempts=row.settled_attempts,
     )
-    return delivery is not None and delivery["holder"] == holder and delivery["answer"] is None
+    return delivery is not None and delivery.holder == holder and delivery.answer is None
 
 
 DETAIL_MAX = 2048

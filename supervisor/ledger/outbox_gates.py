@@ -15,7 +15,7 @@ from tether.supervisor.ledger.errors import (
 from tether.supervisor.ledger.journal import append_event
 from tether.supervisor.ledger.outbox import OutboxState
 from tether.supervisor.ledger.outbox_delivery import deliver, fail_effect
-from tether.supervisor.ledger.records import EffectRow
+from tether.supervisor.ledger.records import EffectRow, NamedStep
 from tether.supervisor.ledger.tx import EFFECTS, Tx
 
 
@@ -25,15 +25,15 @@ def _effect_of(tx: Tx, tenant: str, task_id: str, step_name: str) -> EffectRow:
     task = tx.one("tenant_task_id", task_id=task_id, tenant=tenant)
     if task is None:
         raise NotFound(f"no task {task_id}")
-    step = tx.one("first_step_named", task_id=task_id, step_name=step_name)
+    step = tx.one_as(NamedStep, "first_step_named", task_id=task_id, step_name=step_name)
     if step is None:
         raise NotFound(f"task {task_id} has no step {step_name!r}")
-    if step["kind"] not in tx.config.effect_kinds:
-        raise InvalidRequest(f"step {step_name!r} is a {step['kind']} step, not an effect")
-    row = tx.one_as(EffectRow, "effect_row", step_id=step["id"])
+    if step.kind not in tx.config.effect_kinds:
+        raise InvalidRequest(f"step {step_name!r} is a {step.kind} step, not an effect")
+    row = tx.one_as(EffectRow, "effect_row", step_id=step.id)
     if row is None:
         raise EffectNotGated(f"step {step_name!r} of task {task_id} is not due yet").about(
-            task_id=task_id, step_id=step["id"]
+            task_id=task_id, step_id=step.id
         )
     return row
 

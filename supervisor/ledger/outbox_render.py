@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tether.supervisor.ledger import repositories
-from tether.supervisor.ledger.records import StepColumns, TaskRow
+from tether.supervisor.ledger.records import NamedOutput, StepColumns, TaskRow
 from tether.supervisor.ledger.tx import Tx, loads
 from tether.supervisor.ledger.verification import Finding, candidate_sha
 from tether.wire import templates
@@ -52,8 +52,10 @@ def render_request(
             "credential": payload.get("credential"),
         }
     outputs = {
-        r["name"]: loads(r["output_json"])
-        for r in tx.all("committed_outputs_before", task_id=task.id, position=step.position)
+        r.name: loads(r.output_json)
+        for r in tx.all_as(
+            NamedOutput, "committed_outputs_before", task_id=task.id, position=step.position
+        )
     }
     if step.kind == "http":
         return {

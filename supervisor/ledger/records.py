@@ -536,3 +536,86 @@ class LogLineRow(Record, frozen=True):
     attempt: int
     runner_id: str
 
+class OwnerRow(Record, frozen=True):
+    """Who uploaded a digest's bytes, and for which tenant (`unreferenced_artifact_owners`)."""
+
+    digest: str
+    role: str
+    scope: str
+    tenant: str
+    size: int
+
+
+class OwnerSince(OwnerRow, frozen=True):
+    """`OwnerRow`, with when it was uploaded (`owners_of_artifact`)."""
+
+    created_at: float
+
+
+class CommittedCandidate(Record, frozen=True):
+    """A committed candidate with its bundle, and the effect that names it
+    (`committed_candidates_of_url`)."""
+
+    task_id: str
+    step_id: str
+    fence: int
+    candidate_sha: str
+    bundle: str
+
+
+class CommittingToken(Record, frozen=True):
+    """The runner token of the attempt that committed a step (`committing_token`)."""
+
+    token_id: str | None
+    name: str | None
+
+
+class TenantSpending(Record, frozen=True):
+    """A tenant with its token budget and the tokens it spent (`all_tenant_spending`)."""
+
+    name: str
+    token_budget: int | None
+    tokens_used: int
+
+
+class NamedStep(Record, frozen=True):
+    """A task's first step of a name (`first_step_named`)."""
+
+    id: str
+    kind: str
+
+
+class TurnHeld(Record, frozen=True):
+    """The fence and turn of a step's latest checkpoint (`checkpoint_held`)."""
+
+    fence: int
+    turn: int
+
+
+class RefusalTask(Record, frozen=True):
+    """The tenant and pool a refusal's log line names (`refusal_task`)."""
+
+    tenant: str
+    pool: str
+
+
+class RefusalAttempt(Record, frozen=True):
+    """The attempt, runner and token a refusal's log line names (`refusal_attempt`)."""
+
+    attempt: int
+    runner_id: str
+    token_id: str | None
+
+
+class DeliveryAnswer(Record, frozen=True):
+    """Who holds a delivery attempt, and its answer (`unsettled_delivery_attempt`)."""
+
+    holder: str
+    answer: str | None
+
+
+class NamedOutput(Record, frozen=True):
+    """A committed step's name and output (`committed_outputs_before`)."""
+
+    name: str
+    output_json: str | None

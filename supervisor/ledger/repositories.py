@@ -15,8 +15,8 @@ from typing import Any
 
 from tether.supervisor.ledger import names
 from tether.supervisor.ledger.errors import InvalidRequest, NotFound
-from tether.supervisor.ledger.records import RemoteRow, TaskOfStep, TaskRow
-from tether.supervisor.ledger.tx import Statements, Tx, TypedReads, dumps, loads
+from tether.supervisor.ledger.records import CommittedCandidate, RemoteRow, TaskOfStep, TaskRow
+from tether.supervisor.ledger.tx import Tx, TypedReads, dumps, loads
 from tether.wire.payloads import ENTRY_KINDS, command_line_problem
 
 MAX_URL = 2000
@@ -188,17 +188,17 @@ def list_repositories(s: TypedReads, tenant: str | None = None) -> list[Reposito
     return [_record(r) for r in rows]
 
 
-def committed_candidates(s: Statements, url: str) -> list[Candidate]:
+def committed_candidates(s: TypedReads, url: str) -> list[Candidate]:
     """Every committed candidate (with a bundle) of the tasks of repositories read from `url`."""
     return [
         Candidate(
-            task_id=r["task_id"],
-            step_id=r["step_id"],
-            fence=r["fence"],
-            sha=r["candidate_sha"],
-            bundle=r["bundle"],
+            task_id=r.task_id,
+            step_id=r.step_id,
+            fence=r.fence,
+            sha=r.candidate_sha,
+            bundle=r.bundle,
         )
-        for r in s.all("committed_candidates_of_url", url=url)
+        for r in s.all_as(CommittedCandidate, "committed_candidates_of_url", url=url)
     ]
 
 

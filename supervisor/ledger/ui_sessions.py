@@ -9,8 +9,9 @@ from __future__ import annotations
 import secrets
 from typing import Final
 
+from tether.supervisor.ledger.records import LiveToken
 from tether.supervisor.ledger.tokens import Principal, Role, hash_secret
-from tether.supervisor.ledger.tx import Statements, Tx
+from tether.supervisor.ledger.tx import Tx, TypedReads
 
 SESSION_PREFIX: Final = "tether_ui_"
 # Ended and expired sessions are kept this long, then removed at a later sign-in.
@@ -33,17 +34,14 @@ def start(tx: Tx, operator: Principal, ttl_s: float) -> str:
     return session_id
 
 
-def operator_of(s: Statements, session_id: str, now: float) -> Principal | None:
+def operator_of(s: TypedReads, session_id: str, now: float) -> Principal | None:
     """The operator of a live session; None when it is unknown, ended, expired, or its token
     was revoked."""
-    row = s.one("live_ui_session", id_hash=hash_secret(session_id), now=now)
+    row = s.one_as(LiveToken, "live_ui_session", id_hash=hash_secret(session_id), now=now)
     if row is None:
         return None
     return Principal(
-        token_id=row["id"],
-        scope=row["scope"],
-        role=Role(row["role"]),
-        last_used_at=row["last_used_at"],
+        token_id=row.id, scope=row.scope, role=Role(row.role), last_used_at=row.last_used_at
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Final
 from tether.supervisor.ledger.records import (
     CheckRunAt,
     CheckRunRow,
+    CommittingToken,
     StepColumns,
     StepEvidence,
     TaskRow,
@@ -103,10 +104,11 @@ def candidate_sha(s: Statements, task_id: str) -> str | None:
 def token_label(s: Statements, step_id: str) -> str:
     """The runner token that committed `step_id`, as a line names it: its name (and id), else
     its id."""
-    row = s.one("committing_token", step_id=step_id)
-    if row is None or row["token_id"] is None:
+    found = s.one("committing_token", step_id=step_id)
+    row = None if found is None else from_row(CommittingToken, found)
+    if row is None or row.token_id is None:
         return "an unknown token"
-    return f"{row['name']} ({row['token_id']})" if row["name"] else str(row["token_id"])
+    return f"{row.name} ({row.token_id})" if row.name else str(row.token_id)
 
 
 def verify(tx: Tx, task_id: str) -> str | None:
