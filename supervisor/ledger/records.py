@@ -8,6 +8,13 @@ query gives a record type is checked by column name (`RowShapeError` on a missin
 reordered column); later rows of that query are not. A row read without its query (the views,
 which run on bare `Statements`) is checked every time.
 
+A query that gives one value (`value`, `n`, `d`, `token_id`, a count or an `EXISTS`) is read
+by its column name, `int(row["n"])`, converted where it is read: a one-field record would say
+no more than the query's name does, and a `Tx`-only helper (`value_as`) could not serve the
+views, whose `Statements` offer only `one` and `all`. The rows of two or more columns that
+rules and views read are records; the invariant checks (`invariants`), which only quote a
+violating row, and the backend copy (`copy`), which reads catalogs, keep column names.
+
 Why a Struct: per row of 28 columns (Python 3.11) a Struct from `*row` took 0.35 us, a
 NamedTuple's `_make` 0.72 us, a slotted dataclass 0.85 us (5.4 us frozen), and reading a field
 20 ns against 170 ns for `row["name"]`, so the typed rules cost less, not more: in
@@ -385,6 +392,7 @@ class LoggingAttempt(Record, frozen=True):
     last_seq: int
     kept: int
 
+
 class EventRow(Record, frozen=True):
     """The columns of `events`, in the table's order."""
 
@@ -535,6 +543,7 @@ class LogLineRow(Record, frozen=True):
     at: float
     attempt: int
     runner_id: str
+
 
 class OwnerRow(Record, frozen=True):
     """Who uploaded a digest's bytes, and for which tenant (`unreferenced_artifact_owners`)."""
