@@ -16,7 +16,14 @@ from tether.supervisor.ledger.decisions import Decision
 from tether.supervisor.ledger.errors import InvalidRequest
 from tether.supervisor.ledger.identity import step_id_for
 from tether.supervisor.ledger.journal import append_event
-from tether.supervisor.ledger.records import Candidate, StepColumns, StepWithTask, TaskRow
+from tether.supervisor.ledger.records import (
+    Candidate,
+    CommittingToken,
+    StepColumns,
+    StepWithTask,
+    TaskRow,
+    from_row,
+)
 from tether.supervisor.ledger.tx import Statements, Tx, dumps, loads
 from tether.supervisor.ledger.verification import check_runs_at, findings, verifier_findings
 from tether.wire import content_hash
@@ -138,4 +145,4 @@ def _maker_token(s: Statements, task_id: str, sha: str) -> str | None:
 
 def _token(s: Statements, step_id: str) -> str | None:
     row = s.one("committing_token", step_id=step_id)
-    return None if row is None else row["token_id"]
+    return None if row is None else from_row(CommittingToken, row).token_id
