@@ -3,12 +3,10 @@ in another (with a thousand idle runners, a broadcast would cost a claim each pe
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import pytest
 
 from tests.conftest import make_spec
@@ -17,51 +15,44 @@ from tether.supervisor.ledger.batch import BatchResult, Rule, RuleOutcome
 
 pytestmark = pytest.mark.backends
 
-PG_LISTENER = "PostgresBackend._listen_forever"
 
-
-async def all_tasks_blocked() -> None:
-    """`anyio.wait_all_tasks_blocked`, not counting the PostgreSQL listener. psycopg's
-    `notifies()` wakes every 0.1 s (`_WAIT_INTERVAL`), and anyio looks again every 0.1 s: once
-    a slow loop turn brings the two into step, every look finds the listener awake and the
-    wait never ends (a CI run timed out that way). The listener drops this store's own
-    notifications, so no test here waits on it."""
-    this_task = asyncio.current_task()
-    while True:
-        await anyio.lowlevel.checkpoint()
-        busy = [
-            task
-            for task in asyncio.all_tasks()
-            if task is not this_task
-            and not task.get_name().endswith(PG_LISTENER)
-            and (task._fut_waiter is None or task._fut_waiter.done())  # type: ignore[attr-defined]
-        ]
-        if not busy:
-            return
-        await anyio.sleep(0.01)
+async def rules_committed(ledger: SqliteLedger, count: int) -> None:
+    """Return once the ledger has committed `count` rules since it opened. A claim arms its
+    wake-up before its first rule runs, so once that rule is committed the claim is waiting:
+    whatever is committed after it wakes it. (`anyio.wait_all_tasks_blocked` cannot say this:
+    a batch in the writer's thread looks blocked, and on PostgreSQL the listener's 0.1 s poll
+    can keep it from ever returning.)"""
+    while ledger.counters.batched_rules < count:  # noqa: ASYNC110 (a counter, no event)
+        await anyio.sleep(0.005)
 
 
 async def test_work_in_one_pool_wakes_only_that_pools_claims(ledger: SqliteLedger) -> None:
     granted: dict[str, list[str]] = {}
+    cpu_granted = anyio.Event()
 
     async def wait_in(pool: str) -> None:
         leases = await ledger.claim(f"runner-{pool}", pool, 1, 30)
         granted[pool] = [lease.task_id for lease in leases]
+        if pool == "cpu":
+            cpu_granted.set()
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
+            rules_before = ledger.counters.batched_rules
             tg.start_soon(wait_in, "gpu")
             tg.start_soon(wait_in, "cpu")
-            await all_tasks_blocked()
-            rules_before = ledger.counters.batched_rules
+            await rules_committed(ledger, rules_before + 2)  # each claim looked once
 
             spec = make_spec("cpu-work", pool="cpu")
             created = await ledger.create_task(spec)
             await ledger.approve(spec.tenant, created.task_id, spec.plan_hash, None)
-            await all_tasks_blocked()
+            await cpu_granted.wait()
+            # A woken gpu claim would have queued its rule before this one.
+            await ledger.write(lambda tx: None)
 
-            # create + approve + the woken cpu claim; the gpu claim ran no rule at all.
-            assert ledger.counters.batched_rules - rules_before == 3
+            # The two looks, create + approve, the woken cpu claim, the write above; the gpu
+            # claim ran no rule after its first look.
+            assert ledger.counters.batched_rules - rules_before == 6
             assert granted == {"cpu": [created.task_id]}
             tg.cancel_scope.cancel()
 
@@ -78,8 +69,9 @@ async def test_raising_a_budget_wakes_every_pool(ledger: SqliteLedger) -> None:
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
+            rules_before = ledger.counters.batched_rules
             tg.start_soon(wait_in_gpu)
-            await all_tasks_blocked()
+            await rules_committed(ledger, rules_before + 1)
             assert granted == []  # over budget: the task waits
             await ledger.set_budget(spec.tenant, 1000)
     assert granted == [created.task_id]
@@ -107,8 +99,9 @@ async def test_a_batch_whose_commit_answer_was_lost_wakes_every_waiting_claim(
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
+            rules_before = ledger.counters.batched_rules
             tg.start_soon(wait_in_gpu)
-            await all_tasks_blocked()
+            await rules_committed(ledger, rules_before + 1)
             monkeypatch.setattr(batch, "execute_batch", answer_lost)
             with pytest.raises(StorageError):
                 await ledger.approve(spec.tenant, created.task_id, spec.plan_hash, None)
