@@ -94,36 +94,49 @@ def _default_queries() -> Mapping[str, Query]:
     return queries.load("sqlite")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReadSession:
-    """Named queries on a read-only connection (the store's reader, `check`, the explorer)."""
+class NamedReads:
+    """The reads of `Statements` and `TypedReads` over `db` and its named queries `sql`, for
+    `ReadSession` and `Tx`."""
 
+    __slots__ = ()
     db: Connection
-    sql: Mapping[str, Query] = dataclasses.field(default_factory=_default_queries)
+    sql: Mapping[str, Query]
 
     def one(self, name: str, /, **params: Any) -> Row | None:
+        """Run the query `name`; its first row, or None."""
         query = self.sql[name]
         values = query.values(params)
         row: Row | None = self.db.execute(query.text, values).fetchone()
         return row
 
     def all(self, name: str, /, **params: Any) -> list[Row]:
+        """Run the query `name`; every row."""
         query = self.sql[name]
         values = query.values(params)
         rows: list[Row] = self.db.execute(query.text, values).fetchall()
         return rows
 
     def one_as(self, record: type[R], name: str, /, **params: Any) -> R | None:
+        """`one`, its row as a `record` (`records.from_row`)."""
         row = self.one(name, **params)
         return None if row is None else from_row(record, row, self.sql[name])
 
     def all_as(self, record: type[R], name: str, /, **params: Any) -> list[R]:
+        """`all`, each row as a `record` (`records.from_row`)."""
         query = self.sql[name]
         return [from_row(record, row, query) for row in self.all(name, **params)]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadSession(NamedReads):
+    """Named queries on a read-only connection (the store's reader, `check`, the explorer)."""
+
+    db: Connection
+    sql: Mapping[str, Query] = dataclasses.field(default_factory=_default_queries)
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
-class Tx:
+class Tx(NamedReads):
     """One write transaction: the connection, the time it happens at, what it woke up, and the
     decisions it made (logged by the store once the transaction is durable)."""
 
@@ -155,30 +168,6 @@ class Tx:
     def note(self, decision: Decision, **fields: Any) -> None:
         """Log `decision` with `fields` once this transaction is durable (`decisions`)."""
         self.notes.append((decision, fields))
-
-    def one(self, name: str, /, **params: Any) -> Row | None:
-        """Run the query `name`; its first row, or None."""
-        query = self.sql[name]
-        values = query.values(params)
-        row: Row | None = self.db.execute(query.text, values).fetchone()
-        return row
-
-    def all(self, name: str, /, **params: Any) -> list[Row]:
-        """Run the query `name`; every row."""
-        query = self.sql[name]
-        values = query.values(params)
-        rows: list[Row] = self.db.execute(query.text, values).fetchall()
-        return rows
-
-    def one_as(self, record: type[R], name: str, /, **params: Any) -> R | None:
-        """`one`, its row as a `record` (`records.from_row`)."""
-        row = self.one(name, **params)
-        return None if row is None else from_row(record, row, self.sql[name])
-
-    def all_as(self, record: type[R], name: str, /, **params: Any) -> list[R]:
-        """`all`, each row as a `record` (`records.from_row`)."""
-        query = self.sql[name]
-        return [from_row(record, row, query) for row in self.all(name, **params)]
 
     def run(self, name: str, /, **params: Any) -> None:
         """Run the write `name`. It asks nothing back, so on PostgreSQL it is sent with the
