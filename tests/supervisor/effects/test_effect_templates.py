@@ -230,3 +230,21 @@ def test_header_names_and_plan_values_are_checked_at_create(
 ) -> None:
     with pytest.raises(ValueError, match=words):
         check_payload("http", {"url": "https://h/x", "headers": headers})
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "https://{{ steps.build.output.v }}/deploy",  # the whole host
+        "https://api.{{ steps.build.output.v }}/deploy",  # the rest of the host
+        "https://api.example.com{{ steps.build.output.v }}/deploy",  # host continued
+        "https://api.example.com:{{ steps.build.output.p }}/deploy",  # the port
+    ],
+)
+def test_a_step_output_cannot_steer_the_urls_host_or_port(template: str) -> None:
+    """A model-written output placed in the authority would send the credentialed request
+    elsewhere: the filled URL's scheme, host and port must read as the plan's."""
+    outputs = {"build": {"v": "evil.example", "p": "8443"}}
+    for _ in range(2):  # the second reads the plan's prefix from the cache
+        with pytest.raises(t.RenderError, match="differs from the plan's"):
+            t.render_url(template, outputs)
