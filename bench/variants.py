@@ -7,9 +7,11 @@ Only the benchmark runs these; the supervisor has no switch of its own.
   that calls it by the schedule explorer's `lease-takeover` plant (`tether.sim.plants`): the
   same read without the comparison of the attempt's token with the caller's.
 - `no-render-checks`: an `http` effect's URL and header values are filled as plain text, as
-  before issue 23: no percent-encoding by position, no check of the scheme, host, port and
-  literal prefix, no refusal of control characters or of a `{{` an output built
-  (`templates.render_url` and `render_headers` replaced by `templates.render`).
+  before issue 23 (`templates.render_url` and `render_headers` replaced by
+  `templates.render(..., as_text=True)`): no percent-encoding by position, no check of the
+  scheme, host, port and literal prefix, no refusal of control characters. The seal that
+  refuses a `{{` an output built stays: it came before issue 23 (credentials are filled into
+  that text at send time) and is no part of the checks measured.
 
 `python -m bench.variants NAME ARGS...` is `tether-supervisor ARGS...` with the variant in place.
 """
@@ -29,13 +31,14 @@ NAMES = ("no-token-binding", "no-render-checks")
 
 
 def _unchecked_url(template: str, outputs: Mapping[str, Any], where: str = "payload.url") -> str:
-    return str(templates.render(template, outputs, where))
+    return str(templates.render(template, outputs, where, as_text=True))
 
 
 def _unchecked_headers(
     headers: Mapping[str, Any], outputs: Mapping[str, Any], where: str = "payload.headers"
 ) -> dict[str, str]:
-    return {k: str(v) for k, v in templates.render(headers, outputs, where).items()}
+    rendered: dict[str, str] = templates.render(headers, outputs, where, as_text=True)
+    return rendered
 
 
 def _swaps(name: str) -> list[tuple[Any, str, Any]]:
