@@ -44,6 +44,7 @@ from typing import Any, Final
 from urllib.parse import quote, unquote
 
 import httpx
+from httpx._urlparse import MAX_URL_LENGTH
 
 CREDENTIAL_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _BRACES: Final = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
@@ -104,6 +105,11 @@ def parse(inner: str, where: str) -> Placeholder:
         f"{where}: malformed placeholder {{{{ {text} }}}}; write"
         " {{ steps.<step>.output.<path> }} or {{ credential.<name> }}"
     )
+
+
+# The same few placeholders are parsed for every step that falls due: parsed once (a
+# placeholder is a frozen value; an error is raised anew each time).
+_parsed = functools.lru_cache(maxsize=4096)(parse)
 
 
 def placeholders_in(text: str, where: str) -> list[Placeholder]:
@@ -215,7 +221,7 @@ def _render_string(
 ) -> Any:
     whole = _BRACES.fullmatch(text) if not as_text else None
     if whole is not None and len(_BRACES.findall(text)) == 1:
-        ref = parse(whole.group(1), where)
+        ref = _parsed(whole.group(1), where)
         if not isinstance(ref, StepRef):
             return text
         value = _lookup(outputs, ref, where)
@@ -225,7 +231,7 @@ def _render_string(
     own: list[str] = []
 
     def fill(match: re.Match[str]) -> str:
-        ref = parse(match.group(1), where)
+        ref = _parsed(match.group(1), where)
         if isinstance(ref, CredentialRef):
             own.append(match.group(0))
             return match.group(0)
@@ -283,33 +289,47 @@ def render_url(template: str, outputs: Mapping[str, Any], where: str = "payload.
     (`_URL_REFUSED`), makes its path segment a dot or empty segment, or the filled URL's
     scheme, host, port or text before the first placeholder does not read as the
     template's (`_check_url`). A credential placeholder has no place in a URL."""
-    pieces: list[str] = []
+    literals, inners, positions = _url_template(template)
+    pieces = [literals[0]]
     filled: list[tuple[int, int]] = []  # where each value sits in the rendered text
-    at = 0
-    for match in _BRACES.finditer(template):
-        literal = template[at : match.start()]
-        pieces.append(literal)
-        ref = parse(match.group(1), where)
+    length = len(literals[0])
+    for inner, position, literal in zip(inners, positions, literals[1:], strict=True):
+        ref = _parsed(inner, where)
         if not isinstance(ref, StepRef):
             raise RenderError(f"{where}: a credential has no place in a URL")
         text = _text(_lookup(outputs, ref, where))
-        position = _url_position(without_placeholders(template[: match.start()]))
-        refused = sorted({c for c in text if c in _URL_REFUSED[position]})
-        if refused:
-            shown = " ".join(repr(c) for c in refused)
+        if any(c in text for c in _URL_REFUSED[position]):
+            shown = " ".join(repr(c) for c in sorted(set(text) & set(_URL_REFUSED[position])))
             raise RenderError(
-                f"{where}: the value of {{{{ {match.group(1).strip()} }}}} holds {shown}, which"
+                f"{where}: the value of {{{{ {inner.strip()} }}}} holds {shown}, which"
                 f" would change the URL's {'path' if position == 'path' else 'query'}; refused"
             )
-        start = sum(len(p) for p in pieces)
-        pieces.append(quote(text, safe=""))
-        filled.append((start, start + len(pieces[-1])))
-        at = match.end()
-    pieces.append(template[at:])
+        value = quote(text, safe="")
+        pieces += (value, literal)
+        filled.append((length, length + len(value)))
+        length += len(value) + len(literal)
     rendered = "".join(pieces)
     if filled:
         _check_url(template, rendered, filled, where)
     return rendered
+
+
+@functools.lru_cache(maxsize=1024)
+def _url_template(template: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """`template` taken apart once (every step of a task renders the same text): the
+    literal text around its placeholders, each placeholder's inner text, and each one's
+    position (`_url_position`)."""
+    literals: list[str] = []
+    inners: list[str] = []
+    positions: list[str] = []
+    at = 0
+    for match in _BRACES.finditer(template):
+        literals.append(template[at : match.start()])
+        inners.append(match.group(1))
+        positions.append(_url_position(without_placeholders(template[: match.start()])))
+        at = match.end()
+    literals.append(template[at:])
+    return tuple(literals), tuple(inners), tuple(positions)
 
 
 def _url_position(before: str) -> str:
@@ -339,16 +359,24 @@ def _check_url(template: str, rendered: str, filled: list[tuple[int, int]], wher
                 f"{where}: a value makes the path segment {segment!r}, which would move the"
                 " request to another path; refused"
             )
-    first = filled[0][0]
+    plan = template[: filled[0][0]]
+    if not _reads_as_plan(plan, rendered):
+        _check_start(plan, rendered, where)
+
+
+def _check_start(plan: str, rendered: str, where: str) -> None:
+    """`RenderError` unless `rendered`, read as httpx sends it, has the scheme, host and port
+    of `plan` (the template's text before its first placeholder) and a path-and-query that
+    starts with `plan`'s."""
     try:
         origin, path = _origin_and_path(rendered)
-        prefix_origin, prefix_path = _plan_origin_and_path(template[:first])
+        prefix_origin, prefix_path = _plan_origin_and_path(plan)
     except httpx.InvalidURL as exc:
         raise RenderError(f"{where}: the filled URL is not a URL: {exc}") from None
     if origin != prefix_origin or not path.startswith(prefix_path):
         raise RenderError(
             f"{where}: the filled URL's scheme, host, port or start differs from the plan's"
-            f" {template[:first][:80]!r}; refused"
+            f" {plan[:80]!r}; refused"
         )
 
 
@@ -361,6 +389,56 @@ def _origin_and_path(url: str) -> tuple[tuple[str, bytes, int | None], bytes]:
 # The plan's text before its first placeholder is the same for every step of a task, and
 # httpx's parser is most of a check's cost (two parses were 60 of 71 us a URL): parsed once.
 _plan_origin_and_path = functools.lru_cache(maxsize=1024)(_origin_and_path)
+
+# `scheme://authority/`, as httpx's own URL pattern splits the start of a URL.
+_AUTHORITY_ENDED: Final = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*/")
+
+
+def _reads_as_plan(plan: str, rendered: str) -> bool:
+    """Whether `rendered` (which starts with `plan`) passes `_check_start` without being
+    parsed: true only when `_plan_path_start` vouches for `plan` and `rendered` is printable
+    ASCII within httpx's length limit whose path has no `.` or `..` segment. False says
+    nothing: `_check_start` decides.
+
+    Why that is enough, read from httpx's parser (tests/supervisor/effects/
+    test_effect_templates.py holds it to the full parse): the scheme and the authority end
+    inside `plan`, so httpx reads the same ones from both texts, and fails on `rendered`
+    only for its length or a control character; the path then starts at the same `/`.
+    httpx removes dot segments from the path (none here, nor in `plan`'s) and quotes the
+    path and the query character by character (`%` is left as it is), so what `plan` holds
+    of them, which httpx leaves as written, is the start of what `rendered` holds; where
+    `plan` already holds the `?` or the `#`, the path (and the query) are `plan`'s own."""
+    start = _plan_path_start(plan)
+    if start is None or len(rendered) > MAX_URL_LENGTH:
+        return False
+    if not (rendered.isascii() and rendered.isprintable()):
+        return False
+    ends = [i for i in (rendered.find("?", start), rendered.find("#", start)) if i >= 0]
+    path = rendered[start : min(ends, default=len(rendered))]
+    return "." not in path or not _DOT_NAMES.intersection(path.split("/"))
+
+
+_DOT_NAMES: Final = frozenset({".", ".."})
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_path_start(plan: str) -> int | None:
+    """Where the path starts in `plan` (the `/` that ends its authority) when httpx reads
+    `plan`'s path and query as written (so they hold no dot segment, which it drops); None
+    otherwise (the authority does not end inside `plan`, or httpx would quote, drop or
+    refuse some of it)."""
+    ended = _AUTHORITY_ENDED.match(plan)
+    if ended is None:
+        return None
+    start = ended.end() - 1
+    written = plan[start:].split("#", 1)[0]
+    if not written.isascii():
+        return None
+    try:
+        _, path = _plan_origin_and_path(plan)
+    except httpx.InvalidURL:
+        return None
+    return start if path == written.encode("ascii") else None
 
 
 # HTTP field values: visible ASCII, space and tab (RFC 9110, 5.5; h11 refuses the rest).

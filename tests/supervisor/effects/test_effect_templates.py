@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from tether.wire import templates as t
 from tether.wire.payloads import check_payload
@@ -248,3 +250,67 @@ def test_a_step_output_cannot_steer_the_urls_host_or_port(template: str) -> None
     for _ in range(2):  # the second reads the plan's prefix from the cache
         with pytest.raises(t.RenderError, match="differs from the plan's"):
             t.render_url(template, outputs)
+
+
+# -- the check's shortcut for a plan whose authority ends before its first placeholder -----------
+
+_URL_BITS = [
+    *("/", "//", ".", "..", "?", "#", "@", ":", ":80", ":443", "[", "]", "[::1]", "\\"),
+    *("%", "%2e", "%2E", "%41", "%zz", " ", "\t", "\x7f", "é", "{", "`", "~", "a", "A", "9"),
+]
+_URL_TEXT = st.lists(st.sampled_from(_URL_BITS), max_size=8).map("".join)
+_PLAN_REST = st.tuples(st.sampled_from(["", "/", "/a/"]), _URL_TEXT).map("".join)
+_STARTS = ["https://", "http://", "HTTPS://", "h+x.y://", "https:", "https:///", "//", ""]
+_HOSTS = ["h", "H.Example", "h:8443", "h:443", "h:x", "[::1]", "1.2.3.4", "u:p@h", "h%41", "é.e"]
+
+
+def _full_check_passes(plan: str, rendered: str) -> bool:
+    try:
+        t._check_start(plan, rendered, "url")
+    except t.RenderError:
+        return False
+    return True
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    start=st.sampled_from(_STARTS),
+    host=st.sampled_from(_HOSTS),
+    rest=_PLAN_REST,
+    tail=_URL_TEXT,
+)
+@example(start="https://", host="h", rest="/a/", tail="v/../../admin")  # a dot segment after
+@example(start="https://", host="h", rest="/a/.", tail="./admin")  # one the plan began
+@example(start="https://", host="h", rest="/a/", tail="v\t")  # httpx refuses a control char
+@example(start="https://", host="h", rest="", tail=".evil/x")  # the authority goes on
+@example(start="https://", host="h", rest="/a?q#", tail="/../x")  # fragment: path is plan's
+def test_the_check_s_shortcut_passes_only_what_httpx_reads_as_the_plan(
+    start: str, host: str, rest: str, tail: str
+) -> None:
+    """`_reads_as_plan` skips httpx's parse of the filled URL: whatever follows the plan's
+    text, it may say yes only where the full check (`_check_start`) passes too."""
+    plan = start + host + rest
+    if t._reads_as_plan(plan, plan + tail):
+        assert _full_check_passes(plan, plan + tail), (plan, tail)
+
+
+@pytest.mark.parametrize(
+    ("plan", "tail", "short"),
+    [
+        ("https://deploy.example/api/", "1.2.3/hook?tag=a%20b", True),
+        ("https://h:8443/a/b-", "1.2.3", True),
+        ("http://h/x?tag=", "a%26admin%3D1#f", True),
+        ("https://h/a#", "frag/../x", True),
+        ("https://h/a/", "v/../../admin", False),  # httpx drops the dot segments
+        ("https://h/a/", "v" * 70_000, False),  # longer than httpx reads
+        ("https://h/a/", "v\r\n", False),  # httpx refuses control characters
+        ("https://h/a b/", "v", False),  # httpx quotes the plan's own space
+        ("https://h/a/./", "v", False),  # and drops its dot segment
+        ("https://api.example.com", ".evil/x", False),  # the authority is not ended
+        ("https://h/é/", "v", False),
+    ],
+)
+def test_the_check_s_shortcut_is_taken_where_it_holds(plan: str, tail: str, short: bool) -> None:
+    assert t._reads_as_plan(plan, plan + tail) is short
+    if short:
+        assert _full_check_passes(plan, plan + tail)
