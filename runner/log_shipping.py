@@ -4,10 +4,11 @@ step's story outlives the borrowed server (docs/design.md, The runner, Logs).
 `LogBuffer` is a structlog processor placed after the secrets are masked: it copies each line
 that names an attempt (`step_id` and `fence`, which the step binds for all it runs) into a
 bounded buffer and hands the line on untouched. `LogShipper` sends what is buffered about once
-a second, a batch at a time. Neither can hold a step up: the processor only appends under a
-lock, and a supervisor that is down or slow costs lines, never the step. Each attempt keeps its
-newest `LINES_PER_ATTEMPT` lines; the lines it lost (to that bound, or to a batch that got no
-answer) are shipped as one marker line, `log lines dropped` with `dropped`, where they were.
+a second, in batches, the lines logged meanwhile waiting for the next turn. Neither can hold a
+step up: the processor only appends under a lock, and a supervisor that is down or slow costs
+lines, never the step. Each attempt keeps its newest `LINES_PER_ATTEMPT` lines; the lines it
+lost (to that bound, or to a batch that got no answer) are shipped as one marker line, `log
+lines dropped` with `dropped`, where they were.
 
 What a line carries is its level, its event and its fields as the log shows them after
 masking, strings cut to `FIELD_CHARS`; never the runner's clock (the supervisor orders lines as
@@ -194,9 +195,10 @@ def _marker(key: tuple[str, int], dropped: int) -> LogLine:
 
 
 class LogShipper:
-    """Sends the buffer's lines to the supervisor about every `SHIP_EVERY_S`, one batch after
-    another; after a batch without an answer, it waits longer (doubling up to
-    `SHIP_BACKOFF_MAX_S`). A supervisor without the route (404, 405) is not asked again."""
+    """Sends the buffer's lines to the supervisor about every `SHIP_EVERY_S`, a batch after
+    another while they go full (`ship`); after a batch without an answer, it waits longer
+    (doubling up to `SHIP_BACKOFF_MAX_S`). A supervisor without the route (404, 405) is not
+    asked again."""
 
     def __init__(
         self, buffer: LogBuffer, supervisor: SupervisorClient, *, clock: MonotonicClock
@@ -213,8 +215,12 @@ class LogShipper:
             await self._clock.sleep(self._wait_s)
             await self.ship()
 
-    async def ship(self) -> None:
-        """Send everything buffered now, batch by batch, until a batch fails."""
+    async def ship(self, *, drain: bool = False) -> None:
+        """Send what is buffered, batch by batch, until a batch fails or is not full; with
+        `drain`, until nothing is left. A turn that went on past a batch that was not full
+        would chase the lines steps log while each batch is on the wire: on a busy runner, a
+        small request after another instead of one a second, each costing both sides a
+        request and the supervisor a write."""
         while not self.off and (batch := self._buffer.take()):
             try:
                 await self._supervisor.ship_logs(batch)
@@ -230,8 +236,10 @@ class LogShipper:
                 return
             self.sent += len(batch)
             self._wait_s = SHIP_EVERY_S
+            if not drain and len(batch) < LOG_LINES_PER_REQUEST_MAX:
+                return
 
     async def flush(self, within: float = FLUSH_AT_EXIT_S) -> None:
         """Ship what is left, for at most `within` seconds (at shutdown)."""
         with anyio.move_on_after(within):
-            await self.ship()
+            await self.ship(drain=True)

@@ -15,9 +15,11 @@ import pytest
 import structlog
 
 from tests.runner.test_runner_fakes import MODEL_KEY, TOKEN, error, make_lease, make_rig
+from tether.clocks import LoopClock
 from tether.logs import configure_logging, register_secret
 from tether.runner.log_shipping import DROPPED_EVENT, LogBuffer, LogShipper
-from tether.wire.records import LogLine
+from tether.runner.supervisor_client import SupervisorClient
+from tether.wire.records import LOG_LINES_PER_REQUEST_MAX, LogLine
 
 
 @pytest.fixture
@@ -142,3 +144,39 @@ async def test_a_supervisor_without_the_route_is_not_asked_again(tmp_path: Path)
     assert len(sup.of("logs")) == 1
     assert rig.runner.log_shipper is not None
     assert rig.runner.log_shipper.off
+
+
+async def test_a_turn_ships_what_was_buffered_and_leaves_what_arrives_meanwhile() -> None:
+    """Lines logged while a batch is on the wire wait for the next turn, so a busy runner
+    sends one request a turn, not one after another; a full batch goes on to the backlog in
+    the same turn, and the flush at exit sends everything, what arrives meanwhile too."""
+    buffer = LogBuffer()
+    sizes: list[int] = []
+
+    def line(event: str) -> LogLine:
+        return LogLine(step_id="s1", fence=1, level="info", event=event)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sizes.append(len(json.loads(request.content)["lines"]))
+        if len(sizes) < 6:  # a step logs while the batch is on the wire
+            buffer.add(line(f"meanwhile {len(sizes)}"))
+        return httpx.Response(200, json={"kept": sizes[-1], "refused": 0, "over_limit": 0})
+
+    clock = LoopClock()
+    supervisor = SupervisorClient(
+        base_url="http://sup", token=TOKEN, clock=clock, transport=httpx.MockTransport(answer)
+    )
+    shipper = LogShipper(buffer, supervisor, clock=clock)
+    for n in range(3):
+        buffer.add(line(f"line {n}"))
+    await shipper.ship()
+    assert (sizes, len(buffer)) == ([3], 1)
+    await shipper.ship()
+    assert (sizes, len(buffer)) == ([3, 1], 1)
+    for n in range(LOG_LINES_PER_REQUEST_MAX + 1):
+        buffer.add(line(f"backlog {n}"))
+    await shipper.ship()
+    assert (sizes, len(buffer)) == ([3, 1, LOG_LINES_PER_REQUEST_MAX, 3], 1)
+    await shipper.flush()
+    assert (sizes[4:], len(buffer)) == ([1, 1], 0)
+    assert shipper.sent == 3 + 1 + LOG_LINES_PER_REQUEST_MAX + 3 + 1 + 1
