@@ -167,7 +167,8 @@ def _run_rules(
             settle(tx)
         except Refused as exc:
             db.execute("ROLLBACK TO rule")
-            tx.evented.clear()  # the events were rolled back with the rule
+            tx.events.clear()  # the rule's events, not yet written, go with it
+            tx.evented.clear()
             outcome.error = _after_refusal(db, tx, backend, queued) or exc
             if outcome.error is exc and exc.recorded:
                 task_id = record_rejection(

@@ -13,27 +13,27 @@ from tether.supervisor.ledger.tx import Tx, dumps
 
 
 def append_event(tx: Tx, task_id: str, kind: str, state: str, data: Mapping[str, Any]) -> None:
-    """Append one event of `task_id`'s. Its sequence number is not read back: the write asks
-    nothing of the server, so on PostgreSQL it rides the rule's next round trip (docs/design.md,
-    The ledger on disk)."""
-    tx.run(
-        "append_event",
-        task_id=task_id,
-        kind=kind,
-        state=str(state),
-        data_json=dumps(dict(data)),
-        now=tx.now,
-    )
+    """Append one event of `task_id`'s. It is kept in the `Tx` and written, after the rule's
+    earlier events, when the rule ends (`settle`); nothing reads the journal inside a rule."""
+    tx.events.append((task_id, kind, str(state), dumps(dict(data))))
     tx.evented.add(task_id)
 
 
 def settle(tx: Tx) -> None:
-    """Record on each task the sequence number of the latest event the rule gave it, read from
-    the journal by the write itself: one write per task and rule (a grant appends two events,
-    a last result three). The batch calls it as the rule ends, inside the rule's savepoint;
-    nothing reads `last_seq` in a rule."""
-    for task_id in tx.evented:
-        tx.run("set_task_last_seq", task_id=task_id)
+    """Write the rule's events in the order it appended them, and record on each task the
+    sequence number of its latest: on PostgreSQL one statement (`append_events`, its insert in
+    a data-modifying CTE), on SQLite, whose `WITH` cannot hold an insert, that insert and one
+    `set_task_last_seq` per task. The write asks nothing back, so on PostgreSQL it rides the
+    next round trip (docs/design.md, The ledger on disk). The batch calls it as the rule ends,
+    inside the rule's savepoint, and after a refused rule's kept writes; nothing reads
+    `last_seq` in a rule."""
+    if not tx.events:
+        return
+    tx.run("append_events", events=dumps(tx.events), now=tx.now)
+    tx.events.clear()
+    if tx.sql["append_events"].dialect == "sqlite":
+        for task_id in tx.evented:
+            tx.run("set_task_last_seq", task_id=task_id)
 
 
 def record_rejection(

@@ -156,9 +156,11 @@ class Tx(NamedReads):
     # Writes that stand even if the rule is refused: the batch runs them after rolling the
     # rule back, beside its rejection (the tokens a fenced-out attempt spent; `steps.charge`).
     after_refusal: list[Callable[[Tx], object]] = dataclasses.field(default_factory=list)
-    # The tasks given events in this rule: their `tasks.last_seq` is written once when the
-    # rule ends (`journal.settle`) rather than once per event; emptied when the rule is rolled
-    # back.
+    # The events this rule appended (`journal.append_event`), in order, as (task id, kind,
+    # state, data as JSON): written when the rule ends (`journal.settle`), with each task's
+    # `tasks.last_seq`, rather than one statement per event; dropped when the rule is rolled
+    # back, as are the tasks given events (`evented`).
+    events: list[tuple[str, str, str, str]] = dataclasses.field(default_factory=list)
     evented: set[str] = dataclasses.field(default_factory=set)
 
     def wake(self, pool: str) -> None:

@@ -1,9 +1,5 @@
--- name: append_event
--- Append one event to the journal; its sequence number is the ledger-wide order.
-INSERT INTO events (task_id, kind, state, data_json, at) VALUES (:task_id, :kind, :state, :data_json, :now);
-
 -- name: set_task_last_seq
--- Record on a task the sequence number of its latest event (`events_by_task` finds it).
+-- Record on a task the sequence number of its latest event (`events_by_task` finds it): SQLite, after append_events.
 UPDATE tasks SET last_seq = (SELECT MAX(seq) FROM events WHERE task_id = :task_id) WHERE id = :task_id;
 
 -- name: task_of_step
