@@ -26,7 +26,7 @@ cost judged is 1 - (CPU per step off / on), the steps/s the cores allow, since t
 CPU-bound and on shared cores a window's steps/s moves with others' load by more than 5 %;
 each arm's median steps/s and their difference are kept beside it (`wall_cost`).
 
-`python -m bench.features [--quick | --smoke] [--pairs N]` takes it alone.
+`python -m bench.features [--quick | --smoke] [--pairs N] [--only NAME]` takes it alone.
 """
 
 from __future__ import annotations
@@ -210,16 +210,22 @@ def rendered_effects(path: Path, label: str) -> tuple[int, int]:
 
 
 def measure(
-    stack: Stack, *, seconds: float, pairs: int, render_tasks: int, rate: float = 1000.0
+    stack: Stack,
+    *,
+    seconds: float,
+    pairs: int,
+    render_tasks: int,
+    rate: float = 1000.0,
+    features: tuple[Feature, ...] = FEATURES,
 ) -> dict[str, Any]:
     """Each feature's arms, alternated `pairs` times; the figures by feature name. The stack's
     runners log at `info` meanwhile. A feature of the supervisor's runs on a ledger file of its
     own (`_own_stack`), its supervisor stopped at the end; the stack's keeps serving. `rate`,
-    steps/s measured before, sizes each window's queue."""
+    steps/s measured before, sizes each window's queue; `features` narrows the list (`--only`)."""
     out: dict[str, Any] = {}
     level, stack.runner_log_level = stack.runner_log_level, "info"
     try:
-        for feature in FEATURES:
+        for feature in features:
             if feature.in_process:
                 path = stack.workdir / "render.db"
                 take = functools.partial(_render, path, render_tasks)
@@ -322,8 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         help="measure this feature alone (quoted: 'log shipping')",
     )
     args = p.parse_args(argv)
-    if args.only is not None:  # `measure` runs every feature of the module's list
-        globals()["FEATURES"] = tuple(f for f in FEATURES if f.name == args.only)
+    features = tuple(f for f in FEATURES if args.only in (None, f.name))
     from tether.logs import configure_logging
 
     configure_logging(json_lines=True, level="warning")
@@ -339,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             stack = Stack(kids=kids, workdir=workdir, db=db)
             stack.start_supervisor()
             stack.start_model(latency_s=0.0)
-            found = measure(stack, seconds=seconds, pairs=pairs, render_tasks=render_tasks)
+            found = measure(
+                stack, seconds=seconds, pairs=pairs, render_tasks=render_tasks, features=features
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(
