@@ -58,6 +58,50 @@ def next_fence(tx: Tx) -> int:
     return int(row["value"])
 
 
+def _lease(tx: Tx, step_id: str, attempt: int, runner_id: str, token_id: str | None) -> int:
+    """Take the next fence and lease `step_id` to the runner under it as `attempt`, recording
+    the attempt; the fence. Where the dialect folds the three writes into one statement
+    (`grant_lease`, PostgreSQL: `queries.FOLDS`), that one."""
+    cfg = tx.config
+    lease_deadline = tx.now + cfg.lease_ttl_s
+    accept_deadline = tx.now + cfg.accept_window_s
+    if "grant_lease" in tx.sql:
+        row = tx.one(
+            "grant_lease",
+            attempt=attempt,
+            runner_id=runner_id,
+            lease_deadline=lease_deadline,
+            accept_deadline=accept_deadline,
+            step_id=step_id,
+            token_id=token_id,
+            now=tx.now,
+        )
+        assert row is not None
+        return int(row["value"])
+    fence = next_fence(tx)
+    tx.run(
+        "lease_step",
+        state=StepState.LEASED.value,
+        attempt=attempt,
+        fence=fence,
+        runner_id=runner_id,
+        lease_deadline=lease_deadline,
+        accept_deadline=accept_deadline,
+        step_id=step_id,
+    )
+    tx.run(
+        "insert_attempt",
+        step_id=step_id,
+        attempt=attempt,
+        fence=fence,
+        runner_id=runner_id,
+        token_id=token_id,
+        state=AttemptState.LEASED.value,
+        now=tx.now,
+    )
+    return fence
+
+
 def claim(
     tx: Tx,
     runner_id: str,
@@ -155,29 +199,9 @@ def _grant(
 ) -> Lease:
     """Lease `step` to the runner under a new fence. `task`: what a lease carries of the step's
     task (`task_for_lease`'s columns, which a claim's rows hold too)."""
-    fence = next_fence(tx)
     attempt = step.attempt + 1
+    fence = _lease(tx, step.id, attempt, runner_id, token_id)
     cfg = tx.config
-    tx.run(
-        "lease_step",
-        state=StepState.LEASED.value,
-        attempt=attempt,
-        fence=fence,
-        runner_id=runner_id,
-        lease_deadline=tx.now + cfg.lease_ttl_s,
-        accept_deadline=tx.now + cfg.accept_window_s,
-        step_id=step.id,
-    )
-    tx.run(
-        "insert_attempt",
-        step_id=step.id,
-        attempt=attempt,
-        fence=fence,
-        runner_id=runner_id,
-        token_id=token_id,
-        state=AttemptState.LEASED.value,
-        now=tx.now,
-    )
     task_id = step.task_id
     state = TaskState(task.task_state)
     if state is TaskState.QUEUED:

@@ -9,9 +9,10 @@ one comment line saying what it is for, then the statement.
 
 `<topic>.sql` holds the queries both backends run as written; `<topic>.sqlite.sql` and
 `<topic>.postgresql.sql` hold, side by side, the ones whose text differs (a name must then be
-in both, and in no shared file). States are never written as literals: `{StepState.QUEUED}`
-is bound, when the files are loaded, to that member of `states.py`'s enums, so a renamed
-state fails at import rather than matching nothing.
+in both, and in no shared file), and the few of `FOLDS`: one statement of one dialect doing
+what the other runs as several, the code asking `name in tx.sql`. States are never written
+as literals: `{StepState.QUEUED}` is bound, when the files are loaded, to that member of
+`states.py`'s enums, so a renamed state fails at import rather than matching nothing.
 
 Parameters are named, `:step_id`, and a value used twice in a statement is named twice, not
 passed twice; a `?` is refused. `Query.params` lists each query's names, which `Tx` checks
@@ -45,6 +46,9 @@ from tether.supervisor.ledger.states import AttemptState, StepState, TaskState
 
 Dialect = Literal["sqlite", "postgresql"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
+# The queries only one dialect has, by name: its one statement for several the other runs
+# apart (issue 28: PostgreSQL's data-modifying CTEs, which SQLite's `WITH` cannot hold).
+FOLDS: Mapping[str, Dialect] = {"grant_lease": "postgresql"}
 
 _NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$")
 _BOUND = re.compile(r"\{([A-Za-z]+)\.([A-Z_]+)\}")
@@ -283,10 +287,13 @@ def load(dialect: Dialect) -> Mapping[str, Query]:
             params = params_of(bound, entry.name, name)
             home[name] = (purpose, bound, entry.name, params)
     sqlite_only, pg_only = set(per_dialect["sqlite"]), set(per_dialect["postgresql"])
-    if sqlite_only != pg_only:
-        lonely = sorted(sqlite_only ^ pg_only)
-        raise QueryFileError(f"queries in one dialect's file but not the other's: {lonely}")
-    if both := sorted(sqlite_only & set(shared)):
+    folds = {name for d in DIALECTS for name in per_dialect[d] if FOLDS.get(name) == d}
+    if wrong := sorted((sqlite_only ^ pg_only) ^ folds | (set(FOLDS) - folds)):
+        raise QueryFileError(
+            "queries in one dialect's file but not the other's (each of FOLDS in its own"
+            f" dialect's alone): {wrong}"
+        )
+    if both := sorted((sqlite_only | pg_only) & set(shared)):
         raise QueryFileError(f"queries both shared and per dialect: {both}")
     merged = {**shared, **per_dialect[dialect]}
     return {name: Query(name, *found, dialect) for name, found in merged.items()}

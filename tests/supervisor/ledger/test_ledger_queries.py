@@ -34,16 +34,21 @@ def _sources() -> str:
 
 
 def test_every_name_the_code_runs_is_a_query_in_both_dialects() -> None:
-    called = {a or b for a, b in CALL.findall(_sources())}
+    """But a fold (`queries.FOLDS`), which the code runs only where `name in tx.sql`."""
+    sources = _sources()
+    called = {a or b for a, b in CALL.findall(sources)}
     assert len(called) > 100  # the pattern still finds the calls
     for dialect in queries.DIALECTS:
         missing = called - set(queries.load(dialect))
-        assert not missing, f"{dialect}: no query named {sorted(missing)}"
+        elsewhere = {name for name, home in queries.FOLDS.items() if home != dialect}
+        assert missing == elsewhere, f"{dialect}: no query named {sorted(missing - elsewhere)}"
+    for name in queries.FOLDS:
+        assert f'"{name}" in tx.sql' in sources, name
 
 
 def test_no_query_is_dead() -> None:
     named = set(LITERAL.findall(_sources())) | {n.replace("-", "_") for n in INVARIANTS}
-    unused = set(queries.load("sqlite")) - named
+    unused = {name for dialect in queries.DIALECTS for name in queries.load(dialect)} - named
     assert not unused, f"queries nothing runs: {sorted(unused)}"
 
 
@@ -167,6 +172,42 @@ def test_the_loader_refuses_a_file_with_a_question_mark(
         monkeypatch.undo()
         queries.load.cache_clear()
     assert queries.load("sqlite")["extend_lease"].params == ("lease_deadline", "step_id")
+
+
+@pytest.mark.parametrize(
+    ("moved", "message"),
+    [
+        ("fencing.sqlite.sql", r"but not the other's .*: \['grant_lease'\]"),
+        ("fencing.sql", r"but not the other's .*: \['grant_lease'\]"),
+    ],
+)
+def test_the_loader_keeps_a_fold_in_its_own_dialect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moved: str, message: str
+) -> None:
+    """A fold (`queries.FOLDS`) found in the other dialect's file, or missing from its own
+    (put in a shared file), is refused like any query in one dialect's file alone."""
+    folder = tmp_path / "tether" / "supervisor" / "ledger"
+    sql = folder / "sql" / "queries"
+    sql.mkdir(parents=True)
+    source = ROOT / "supervisor" / "ledger" / "sql" / "queries"
+    fold = source.joinpath("fencing.postgresql.sql").read_text().split("-- name: grant_lease")
+    for f in source.iterdir():
+        text = f.read_text()
+        if f.name == "fencing.postgresql.sql":
+            text = fold[0]
+        if f.name == moved:
+            text += "\n-- name: grant_lease" + fold[1]
+        (sql / f.name).write_text(text)
+    monkeypatch.setattr(queries.resources, "files", lambda _: folder)  # the copy
+    queries.load.cache_clear()
+    try:
+        with pytest.raises(queries.QueryFileError, match=message):
+            queries.load("postgresql")
+    finally:
+        monkeypatch.undo()
+        queries.load.cache_clear()
+    assert "grant_lease" in queries.load("postgresql")
+    assert "grant_lease" not in queries.load("sqlite")
 
 
 def test_postgresql_text_has_pyformat_names_and_doubled_percents() -> None:

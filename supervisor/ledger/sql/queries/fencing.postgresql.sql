@@ -22,3 +22,19 @@ FOR UPDATE OF s SKIP LOCKED;
 -- name: charge_tenant_tokens
 -- Add tokens to a tenant's spent total, saturating at the ceiling given.
 UPDATE tenants SET tokens_used = LEAST(tokens_used + :spent, :ceiling) WHERE name = :tenant;
+
+-- name: grant_lease
+-- Take the next fencing token, lease a step to a runner under it with its deadlines and record the attempt, in one statement (SQLite: next_fence, lease_step, insert_attempt); the fence.
+WITH taken AS (SELECT nextval('fences') AS fence),
+leased AS (
+    UPDATE steps SET state = {StepState.LEASED}, attempt = :attempt,
+        fence = (SELECT fence FROM taken), runner_id = :runner_id,
+        lease_deadline = :lease_deadline, accept_deadline = :accept_deadline
+    WHERE id = :step_id
+),
+recorded AS (
+    INSERT INTO attempts (step_id, attempt, fence, runner_id, token_id, state, granted_at)
+    VALUES (:step_id, :attempt, (SELECT fence FROM taken), :runner_id, :token_id,
+        {AttemptState.LEASED}, :now)
+)
+SELECT fence AS value FROM taken;
