@@ -90,30 +90,7 @@ def report(
             f"step {rep.step_id} is bound to repository {repository}: its result"
             " commits only with the supervisor's evidence"
         )
-    tx.run(
-        "insert_effect",
-        effect_key=key,
-        step_id=rep.step_id,
-        task_id=step.task_id,
-        fence=rep.fence,
-        payload_hash=rep.payload_hash,
-        output_json=dumps(rep.output),
-        usage_json=dumps(rep.usage),
-        candidate_sha=rep.candidate_sha,
-        now=tx.now,
-    )
-    tx.run(
-        "commit_step",
-        # A verify step names no candidate of its own: it keeps the bundle it read.
-        state=StepState.COMMITTED.value,
-        output_json=dumps(rep.output),
-        candidate_sha=None if verifying else rep.candidate_sha,
-        bundle=step.bundle if verifying else rep.bundle,
-        evidence_json=None if evidence is None else dumps(evidence.as_dict()),
-        now=tx.now,
-        step_id=rep.step_id,
-    )
-    end_attempt(tx, rep.step_id, rep.fence, AttemptState.COMMITTED, "committed")
+    _commit(tx, step, rep, key, evidence)
     tx.many(
         "record_step_artifact",
         [
@@ -166,6 +143,50 @@ def report(
     else:
         advance(tx, step, TaskState(step.task_state))
     return Outcome.APPLIED
+
+
+def _commit(tx: Tx, step: HeldStep, rep: Report, key: str, evidence: Evidence | None) -> None:
+    """Record the step's one effect under `key`, commit the step with its output and end the
+    attempt under `rep.fence`: where the dialect folds the three writes into one statement
+    (`commit_result`, PostgreSQL: `queries.FOLDS`), that one."""
+    verifying = step.verifies is not None
+    output_json = dumps(rep.output)
+    # A verify step names no candidate of its own: it keeps the bundle it read.
+    step_candidate = None if verifying else rep.candidate_sha
+    bundle = step.bundle if verifying else rep.bundle
+    evidence_json = None if evidence is None else dumps(evidence.as_dict())
+    effect = {
+        "effect_key": key,
+        "step_id": rep.step_id,
+        "task_id": step.task_id,
+        "fence": rep.fence,
+        "payload_hash": rep.payload_hash,
+        "output_json": output_json,
+        "usage_json": dumps(rep.usage),
+        "now": tx.now,
+    }
+    if "commit_result" in tx.sql:
+        tx.run(
+            "commit_result",
+            **effect,
+            effect_candidate_sha=rep.candidate_sha,
+            step_candidate_sha=step_candidate,
+            bundle=bundle,
+            evidence_json=evidence_json,
+        )
+        return
+    tx.run("insert_effect", **effect, candidate_sha=rep.candidate_sha)
+    tx.run(
+        "commit_step",
+        state=StepState.COMMITTED.value,
+        output_json=output_json,
+        candidate_sha=step_candidate,
+        bundle=bundle,
+        evidence_json=evidence_json,
+        now=tx.now,
+        step_id=rep.step_id,
+    )
+    end_attempt(tx, rep.step_id, rep.fence, AttemptState.COMMITTED, "committed")
 
 
 def check_report(rep: Report) -> None:

@@ -109,7 +109,19 @@ def _count(tx: Tx, step: HeldStep, fence: int, usage: Mapping[str, int]) -> int:
     spent = tokens_spent(usage) - before
     if spent <= 0:
         return 0
-    tx.run("set_attempt_usage", usage_json=dumps(dict(usage)), fence=fence, step_id=step.id)
+    usage_json = dumps(dict(usage))
+    if "count_usage" in tx.sql:  # the two writes in one statement (`queries.FOLDS`)
+        tx.run(
+            "count_usage",
+            usage_json=usage_json,
+            fence=fence,
+            step_id=step.id,
+            spent=spent,
+            ceiling=TOKENS_CEILING,
+            tenant=step.tenant,
+        )
+        return spent
+    tx.run("set_attempt_usage", usage_json=usage_json, fence=fence, step_id=step.id)
     tx.run("charge_tenant_tokens", spent=spent, ceiling=TOKENS_CEILING, tenant=step.tenant)
     return spent
 

@@ -190,13 +190,16 @@ def test_the_loader_keeps_a_fold_in_its_own_dialect(
     sql = folder / "sql" / "queries"
     sql.mkdir(parents=True)
     source = ROOT / "supervisor" / "ledger" / "sql" / "queries"
-    fold = source.joinpath("fencing.postgresql.sql").read_text().split("-- name: grant_lease")
+    before, _, after = (
+        source.joinpath("fencing.postgresql.sql").read_text().partition("-- name: grant_lease\n")
+    )
+    fold, _, rest = after.partition("\n-- name:")
     for f in source.iterdir():
         text = f.read_text()
         if f.name == "fencing.postgresql.sql":
-            text = fold[0]
+            text = before + "-- name:" + rest
         if f.name == moved:
-            text += "\n-- name: grant_lease" + fold[1]
+            text += "\n-- name: grant_lease\n" + fold
         (sql / f.name).write_text(text)
     monkeypatch.setattr(queries.resources, "files", lambda _: folder)  # the copy
     queries.load.cache_clear()

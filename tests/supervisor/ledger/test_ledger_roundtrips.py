@@ -35,9 +35,10 @@ pg_url = pgdb.pg_url
 
 # The named statements a step's two rules run in their batch, the result (effects.report,
 # the task's last step) and the claim it frees (fencing.claim_after_results, one lease), by
-# dialect: SQLite also runs a `last_seq` update per rule, and the grant's fence, lease and
-# attempt apart (PostgreSQL's `grant_lease`).
-STEP_BUDGET = {"sqlite": 21, "postgresql": 17}  # 36 before issue 14's cuts, 26 and 24 in 28's
+# dialect: SQLite also runs a `last_seq` update per rule, and apart what PostgreSQL folds
+# into one statement each (`queries.FOLDS`): the grant's fence, lease and attempt; the
+# result's effect, step and attempt; the usage and the tenant's charge.
+STEP_BUDGET = {"sqlite": 21, "postgresql": 14}  # 36 before issue 14's cuts, 26 and 24 in 28's
 
 
 @contextlib.contextmanager
@@ -102,8 +103,9 @@ def test_a_step_runs_within_its_budget_of_statements(
     # once per rule; one last_seq write per task and rule on SQLite, none apart on PostgreSQL.
     assert seen["append_events"] == 2
     assert seen["set_task_last_seq"] == (0 if sim.on_postgresql else 2)
-    assert seen["grant_lease"] == (1 if sim.on_postgresql else 0)
     assert seen["next_fence"] == (0 if sim.on_postgresql else 1)
+    for fold in ("grant_lease", "commit_result", "count_usage"):
+        assert seen[fold] == (1 if sim.on_postgresql else 0), fold
     kinds = sim.execute("SELECT kind FROM events ORDER BY seq").fetchall()
     assert [row[0] for row in kinds][-5:] == [
         "step_committed",
@@ -120,6 +122,60 @@ def test_a_step_runs_within_its_budget_of_statements(
     assert sum(seen.values()) <= STEP_BUDGET[sim.backend.dialect], seen
     assert last_seq(sim, first)[0] == last_seq(sim, first)[1]
     assert last_seq(sim, second)[0] == last_seq(sim, second)[1]
+
+
+def test_the_grant_and_the_result_write_the_same_rows_on_either_storage(sim: Sim) -> None:
+    """What PostgreSQL folds into one statement each (`queries.FOLDS`: the grant's fence, lease
+    and attempt; the result's effect, step and attempt; the usage and the tenant's charge)
+    writes what SQLite's statements write apart."""
+    task_id = queued(sim, "k1")
+    sim.clock.advance(5.0)
+    granted_at = sim.clock()
+    [lease] = sim.run(lambda tx: claim(tx, "r1", "default", 1, token_id="tok"))
+    step = "SELECT state, attempt, fence, runner_id, lease_deadline, accept_deadline"
+    row = sim.execute(f"{step} FROM steps WHERE id = ?", (lease.step_id,)).fetchone()
+    config = sim.config
+    assert tuple(row) == (
+        "leased",
+        1,
+        lease.fence,
+        "r1",
+        granted_at + config.lease_ttl_s,
+        granted_at + config.accept_window_s,
+    )
+    attempt = "SELECT attempt, fence, runner_id, token_id, state, granted_at, ended_at"
+    row = sim.execute(f"{attempt} FROM attempts WHERE step_id = ?", (lease.step_id,)).fetchone()
+    assert tuple(row) == (1, lease.fence, "r1", "tok", "leased", granted_at, None)
+    sim.clock.advance(2.0)
+    done = sim.clock()
+    rep = report_for(lease, {"text": "hi"}, usage={"total_tokens": 7})
+    assert sim.run(lambda tx: report(tx, rep, "default", token_id="tok")).value == "applied"
+    row = sim.execute(
+        "SELECT state, output_json, committed_at, lease_deadline, accept_deadline FROM steps"
+        " WHERE id = ?",
+        (lease.step_id,),
+    ).fetchone()
+    assert tuple(row) == ("committed", '{"text":"hi"}', done, None, None)
+    row = sim.execute(
+        "SELECT state, reason, ended_at, usage_json FROM attempts WHERE fence = ?", (lease.fence,)
+    ).fetchone()
+    assert tuple(row) == ("committed", "committed", done, '{"total_tokens":7}')
+    row = sim.execute(
+        "SELECT step_id, task_id, fence, payload_hash, output_json, usage_json, created_at"
+        " FROM effects WHERE step_id = ?",
+        (lease.step_id,),
+    ).fetchone()
+    assert tuple(row) == (
+        lease.step_id,
+        task_id,
+        lease.fence,
+        lease.payload_hash,
+        '{"text":"hi"}',
+        '{"total_tokens":7}',
+        done,
+    )
+    [(used,)] = sim.execute("SELECT tokens_used FROM tenants WHERE name = 'acme'").fetchall()
+    assert used == 7
 
 
 def test_a_claim_granting_two_steps_of_one_task_moves_the_task_once(sim: Sim) -> None:

@@ -38,3 +38,10 @@ recorded AS (
         {AttemptState.LEASED}, :now)
 )
 SELECT fence AS value FROM taken;
+
+-- name: count_usage
+-- Record the usage counted for a step's attempt under a fence and add its tokens to the tenant's spent total, saturating at the ceiling given, in one statement (SQLite: set_attempt_usage, charge_tenant_tokens).
+WITH counted AS (
+    UPDATE attempts SET usage_json = :usage_json WHERE fence = :fence AND step_id = :step_id
+)
+UPDATE tenants SET tokens_used = LEAST(tokens_used + :spent, :ceiling) WHERE name = :tenant;
