@@ -4,13 +4,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-# Two pytest-xdist workers by default, the cgroup tests and the heaviest drills each one after
-# another on one of them, the longest other tests started first (tests/conftest.py): about half
-# the serial wall. `make test
-# PYTEST_ARGS=` runs the suite serially. The timing-bound drills that once missed their bounds
-# with the second core busy now assert what does not depend on speed (bench/README.md, "The
-# test suite").
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# Three pytest-xdist workers on the machine's two cores by default: a third of the suite's wall
+# is processes waiting (servers starting, leases lapsing), which a third worker fills (on 6
+# December, same tree one after the other: 668 s on two workers, 543 on three, 547 on four;
+# bench/README.md, "The test suite"). The cgroup tests and the heaviest drills run one after
+# another on one worker each, the longest other tests start first (tests/conftest.py).
+# `make test PYTEST_ARGS=` runs the suite serially. The drills assert what does not depend on
+# speed, so a busy core does not fail them.
+PYTEST_ARGS ?= -n 3 --dist loadgroup
 
 .PHONY: all venv test lint types pytest docs demo demo-agent demo-effects bench bench-quick bench-peers-venv bench-runner-venv litellm-venv clean
 

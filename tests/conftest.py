@@ -60,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-# `make test PYTEST_ARGS="-n 2 --dist loadgroup"` runs the suite on two pytest-xdist workers.
+# `make test` runs the suite on three pytest-xdist workers (`-n 3 --dist loadgroup`).
 # The tests of one group below run on one worker, one after another:
 # - "limits": tests/runner/agent/test_agent_limits.py, whose commands storm, balloon and spin
 #   into their limits in cgroups of the host's one hierarchy, and sweep it;
